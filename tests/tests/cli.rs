@@ -1,0 +1,10 @@
+//! The `flamia` binary starts and reports its version.
+
+use flamia_tests::flamia;
+
+#[test]
+fn version_prints() {
+    let out = flamia().arg("--version").output().expect("run flamia");
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("flamia "));
+}

@@ -1,0 +1,33 @@
+//! Subcommands of `flamia`. Each lives in its own module; this file only dispatches.
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "flamia", version, about = "FLAMIA low-precision attention LLM pretraining")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the build and what this machine offers (GPU, libtorch).
+    Info,
+}
+
+/// Parses the command line and runs the subcommand.
+pub fn run() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Info => {
+            println!("flamia {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+    }
+}
