@@ -1,3 +1,15 @@
 # Sourced by the scripts: puts the project's toolchain environment in place.
-# (The trainer issue adds the project-local PyTorch 2.11.0 virtualenv for libtorch here.)
+# libtorch for the trainer comes from PyTorch 2.11.0 in the project-local ./.venv, installed on
+# first use by scripts/setup-libtorch.sh; tch's build finds it through LIBTORCH_USE_PYTORCH=1 and
+# the venv's python first on PATH, and binaries/tests find its shared libraries via LD_LIBRARY_PATH.
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-auto}"
+_flamia_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+_flamia_torch_lib="$("$_flamia_root/scripts/setup-libtorch.sh")" || {
+    echo "env.sh: could not set up libtorch (see above)" >&2
+    return 1 2>/dev/null || exit 1
+}
+export FLAMIA_VENV="${FLAMIA_VENV:-$_flamia_root/.venv}"
+export LIBTORCH_USE_PYTORCH=1
+export PATH="$FLAMIA_VENV/bin:$PATH"
+export LD_LIBRARY_PATH="$_flamia_torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+unset _flamia_root _flamia_torch_lib
