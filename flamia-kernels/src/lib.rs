@@ -6,9 +6,18 @@
 //!
 //! - [`options`]: the attention paths and precision options shared by every implementation.
 //! - [`error`]: typed errors for bad input.
+//! - [`formats`]: E4M3, E2M1 and power-of-two block exponents, bit for bit.
+//! - [`quant`]: the token-block E4M3 quantiser over packed documents and the NVFP4 quantiser.
+//! - [`hadamard`]: the normalised Walsh-Hadamard rotation of Q and K.
+//!
+//! The numeric design and the bit-level contract GPU kernels must reproduce are in
+//! `docs/numerics.md`.
 
 pub mod error;
+pub mod formats;
+pub mod hadamard;
 pub mod options;
+pub mod quant;
 
 pub use error::{Error, Result};
 pub use options::{AttnOptions, AttnPath, Precision, VarlenShape};
