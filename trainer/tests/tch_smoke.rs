@@ -4,7 +4,9 @@ use tch::{Kind, Tensor};
 
 #[test]
 fn tch_matmul_and_grad() {
-    let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).reshape([2, 2]).set_requires_grad(true);
+    let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0])
+        .reshape([2, 2])
+        .set_requires_grad(true);
     let b = a.matmul(&a).sum(Kind::Float);
     b.backward();
     let g: Vec<f32> = a.grad().reshape([-1]).try_into().unwrap();

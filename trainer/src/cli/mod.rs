@@ -3,7 +3,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "flamia", version, about = "FLAMIA low-precision attention LLM pretraining")]
+#[command(
+    name = "flamia",
+    version,
+    about = "FLAMIA low-precision attention LLM pretraining"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -1,0 +1,258 @@
+// The attention bridge: the one place libtorch autograd and the FLAMIA kernels meet.
+//
+// A torch::autograd::Function whose forward/backward either call libtorch's varlen flash
+// attention (the `bf16` control on CUDA) or hand raw pointers, shapes and the current CUDA stream
+// to Rust callbacks (FLAMIA on CUDA; every path on CPU, where Rust runs the reference).
+//
+// Layouts: q (tokens, heads_q, head_dim), k/v (tokens, heads_kv, head_dim), documents packed back
+// to back and delimited by cu_seqlens (int32, [0, ..., tokens]); o like q; lse (heads_q, tokens)
+// float32 (natural-log log-sum-exp of the scaled scores, the flash-attention varlen layout).
+// Mirrored in trainer/src/attention/ffi.rs: keep the two structs identical.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#ifdef FLAMIA_WITH_CUDA
+// c10/cuda/CUDAStream.h needs the CUDA toolkit's crt/ headers, which the torch wheel does not
+// ship. We need two symbols of libc10_cuda only, so they are declared here with the exact layout
+// of the real class (one c10::Stream, trivially copyable, returned in registers); the mangled
+// names do not depend on the return types.
+struct CUstream_st;
+namespace c10 {
+namespace cuda {
+class CUDAStream {
+   public:
+    CUstream_st* stream() const;
+
+   private:
+    c10::Stream stream_;
+};
+CUDAStream getCurrentCUDAStream(c10::DeviceIndex device_index);
+}  // namespace cuda
+}  // namespace c10
+static_assert(sizeof(c10::cuda::CUDAStream) == 16, "CUDAStream holds one c10::Stream");
+#endif
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+extern "C" {
+
+// Options of one call (set by Rust, stored in the autograd context for the backward).
+struct FlamiaParams {
+    int32_t path;  // 0 exact / bf16 control, 1 mxfp8, 2 nvfp4, 3 leaky-fp8
+    uint8_t per_token_scales;
+    uint8_t row_ds_exponents;
+    uint8_t causal_dq_scaling;
+    uint8_t hadamard;
+    uint8_t causal;
+    uint8_t pad[3];
+    float softmax_scale;
+    int64_t max_seqlen;
+};
+
+// One forward or backward call handed to Rust. Pointers are host pointers on CPU (float32) and
+// device pointers on CUDA (bfloat16 for q/k/v/o/do/dq/dk/dv, float32 lse).
+struct FlamiaCall {
+    FlamiaParams params;
+    int64_t tokens;
+    int64_t heads_q;
+    int64_t heads_kv;
+    int64_t head_dim;
+    int64_t n_docs;
+    const int32_t* cu_seqlens_host;  // n_docs + 1 entries, always on the host
+    const int32_t* cu_seqlens_dev;   // the same on the device (CUDA) or the host (CPU)
+    int32_t device;                  // -1 for CPU, else the CUDA ordinal
+    int32_t is_backward;
+    void* stream;                    // cudaStream_t of the current stream (null on CPU)
+    const void* q;
+    const void* k;
+    const void* v;
+    void* o;    // written by forward, read by backward
+    void* lse;  // written by forward, read by backward
+    const void* d_o;
+    void* dq;
+    void* dk;
+    void* dv;
+};
+
+// Returns 0 on success; otherwise writes a NUL-terminated message into err.
+typedef int32_t (*flamia_callback)(const FlamiaCall* call, char* err, size_t err_len);
+
+}  // extern "C"
+
+namespace {
+
+flamia_callback g_forward = nullptr;
+flamia_callback g_backward = nullptr;
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+FlamiaParams params_from_ctx(AutogradContext* ctx) {
+    FlamiaParams p{};
+    p.path = static_cast<int32_t>(ctx->saved_data["path"].toInt());
+    p.per_token_scales = static_cast<uint8_t>(ctx->saved_data["pts"].toInt());
+    p.row_ds_exponents = static_cast<uint8_t>(ctx->saved_data["rds"].toInt());
+    p.causal_dq_scaling = static_cast<uint8_t>(ctx->saved_data["cdq"].toInt());
+    p.hadamard = static_cast<uint8_t>(ctx->saved_data["had"].toInt());
+    p.causal = static_cast<uint8_t>(ctx->saved_data["causal"].toInt());
+    p.softmax_scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
+    p.max_seqlen = ctx->saved_data["max_seqlen"].toInt();
+    return p;
+}
+
+void save_params(AutogradContext* ctx, const FlamiaParams& p) {
+    ctx->saved_data["path"] = static_cast<int64_t>(p.path);
+    ctx->saved_data["pts"] = static_cast<int64_t>(p.per_token_scales);
+    ctx->saved_data["rds"] = static_cast<int64_t>(p.row_ds_exponents);
+    ctx->saved_data["cdq"] = static_cast<int64_t>(p.causal_dq_scaling);
+    ctx->saved_data["had"] = static_cast<int64_t>(p.hadamard);
+    ctx->saved_data["causal"] = static_cast<int64_t>(p.causal);
+    ctx->saved_data["scale"] = static_cast<double>(p.softmax_scale);
+    ctx->saved_data["max_seqlen"] = p.max_seqlen;
+}
+
+FlamiaCall base_call(const FlamiaParams& p, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& cu_host, const at::Tensor& cu_dev) {
+    FlamiaCall c{};
+    c.params = p;
+    c.tokens = q.size(0);
+    c.heads_q = q.size(1);
+    c.heads_kv = k.size(1);
+    c.head_dim = q.size(2);
+    c.n_docs = cu_host.numel() - 1;
+    c.cu_seqlens_host = cu_host.data_ptr<int32_t>();
+    c.cu_seqlens_dev = cu_dev.data_ptr<int32_t>();
+    c.device = q.is_cuda() ? static_cast<int32_t>(q.get_device()) : -1;
+    c.stream = nullptr;
+#ifdef FLAMIA_WITH_CUDA
+    if (q.is_cuda()) {
+        c.stream = static_cast<void*>(c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+    }
+#endif
+    return c;
+}
+
+void call_rust(flamia_callback cb, const FlamiaCall& c, const char* what) {
+    if (cb == nullptr) {
+        throw std::runtime_error(std::string("flamia bridge: Rust ") + what + " callback not registered");
+    }
+    char err[2048];
+    err[0] = '\0';
+    if (cb(&c, err, sizeof(err)) != 0) {
+        throw std::runtime_error(std::string("flamia attention ") + what + ": " + err);
+    }
+}
+
+bool use_libtorch_flash(const at::Tensor& q, const FlamiaParams& p) { return q.is_cuda() && p.path == 0; }
+
+class FlamiaAttention : public torch::autograd::Function<FlamiaAttention> {
+   public:
+    static at::Tensor forward(AutogradContext* ctx, at::Tensor q, at::Tensor k, at::Tensor v,
+                              at::Tensor cu_host, at::Tensor cu_dev, FlamiaParams p) {
+        save_params(ctx, p);
+        if (use_libtorch_flash(q, p)) {
+            auto res = at::_flash_attention_forward(q, k, v, cu_dev, cu_dev, p.max_seqlen, p.max_seqlen, 0.0,
+                                                    p.causal != 0, false, static_cast<double>(p.softmax_scale));
+            at::Tensor o = std::get<0>(res);
+            ctx->save_for_backward({q, k, v, o, std::get<1>(res), cu_host, cu_dev, std::get<2>(res),
+                                    std::get<3>(res)});
+            return o;
+        }
+        // Rust path: float32 contiguous on CPU, bfloat16 contiguous on CUDA.
+        const auto kind = q.is_cuda() ? at::kBFloat16 : at::kFloat;
+        at::Tensor qc = q.to(kind).contiguous();
+        at::Tensor kc = k.to(kind).contiguous();
+        at::Tensor vc = v.to(kind).contiguous();
+        at::Tensor o = at::empty_like(qc);
+        at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
+        FlamiaCall c = base_call(p, qc, kc, cu_host, cu_dev);
+        c.q = qc.data_ptr();
+        c.k = kc.data_ptr();
+        c.v = vc.data_ptr();
+        c.o = o.data_ptr();
+        c.lse = lse.data_ptr();
+        call_rust(g_forward, c, "forward");
+        ctx->save_for_backward({qc, kc, vc, o, lse, cu_host, cu_dev});
+        return o.to(q.scalar_type());
+    }
+
+    static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+        const FlamiaParams p = params_from_ctx(ctx);
+        auto saved = ctx->get_saved_variables();
+        at::Tensor q = saved[0], k = saved[1], v = saved[2], o = saved[3], lse = saved[4];
+        at::Tensor cu_host = saved[5], cu_dev = saved[6];
+        at::Tensor dq, dk, dv;
+        if (use_libtorch_flash(q, p)) {
+            at::Tensor go = grads[0].to(q.scalar_type()).contiguous();
+            auto res = at::_flash_attention_backward(go, q, k, v, o, lse, cu_dev, cu_dev, p.max_seqlen,
+                                                     p.max_seqlen, 0.0, p.causal != 0, saved[7], saved[8],
+                                                     static_cast<double>(p.softmax_scale));
+            dq = std::get<0>(res);
+            dk = std::get<1>(res);
+            dv = std::get<2>(res);
+        } else {
+            at::Tensor go = grads[0].to(q.scalar_type()).contiguous();
+            dq = at::empty_like(q);
+            dk = at::empty_like(k);
+            dv = at::empty_like(v);
+            FlamiaCall c = base_call(p, q, k, cu_host, cu_dev);
+            c.is_backward = 1;
+            c.q = q.data_ptr();
+            c.k = k.data_ptr();
+            c.v = v.data_ptr();
+            c.o = o.data_ptr();
+            c.lse = lse.data_ptr();
+            c.d_o = go.data_ptr();
+            c.dq = dq.data_ptr();
+            c.dk = dk.data_ptr();
+            c.dv = dv.data_ptr();
+            call_rust(g_backward, c, "backward");
+        }
+        // Gradients in the dtype of the inputs as given to forward (autograd checks this).
+        return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+};
+
+void write_err(char* err, size_t err_len, const char* msg) {
+    if (err_len == 0) return;
+    std::strncpy(err, msg, err_len - 1);
+    err[err_len - 1] = '\0';
+}
+
+}  // namespace
+
+extern "C" {
+
+void flamia_bridge_register(flamia_callback forward, flamia_callback backward) {
+    g_forward = forward;
+    g_backward = backward;
+}
+
+// Applies the attention Function; on success *out is a new at::Tensor* owned by the caller.
+int32_t flamia_bridge_attention(const at::Tensor* q, const at::Tensor* k, const at::Tensor* v,
+                                const at::Tensor* cu_host, const at::Tensor* cu_dev, const FlamiaParams* p,
+                                at::Tensor** out, char* err, size_t err_len) {
+    try {
+        at::Tensor o = FlamiaAttention::apply(*q, *k, *v, *cu_host, *cu_dev, *p);
+        *out = new at::Tensor(std::move(o));
+        return 0;
+    } catch (const std::exception& e) {
+        write_err(err, err_len, e.what());
+        return 1;
+    }
+}
+
+// 1 when this build can see CUDA streams (compiled with the CUDA headers).
+int32_t flamia_bridge_has_cuda() {
+#ifdef FLAMIA_WITH_CUDA
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+}  // extern "C"

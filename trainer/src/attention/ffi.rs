@@ -1,0 +1,187 @@
+//! The C ABI shared with `csrc/bridge.cpp` (keep the structs identical) and the Rust callbacks
+//! the bridge calls for every path that is not libtorch's own flash attention.
+//!
+//! Layouts: q `(tokens, heads_q, head_dim)`, k/v `(tokens, heads_kv, head_dim)`, o like q,
+//! lse `(heads_q, tokens)` f32. CPU pointers are f32 host memory; CUDA pointers are BF16 device
+//! memory (lse f32).
+
+use std::ffi::{c_char, c_void};
+use std::sync::Once;
+
+use flamia_kernels::{AttnOptions, AttnPath, Precision, VarlenShape};
+
+/// Opaque libtorch tensor (`at::Tensor`), the same type torch-sys calls `C_tensor`.
+pub(crate) type CTensor = torch_sys::C_tensor;
+
+/// Options of one call; mirrors `FlamiaParams` in bridge.cpp.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FlamiaParams {
+    pub path: i32,
+    pub per_token_scales: u8,
+    pub row_ds_exponents: u8,
+    pub causal_dq_scaling: u8,
+    pub hadamard: u8,
+    pub causal: u8,
+    pub pad: [u8; 3],
+    pub softmax_scale: f32,
+    pub max_seqlen: i64,
+}
+
+/// One forward or backward call; mirrors `FlamiaCall` in bridge.cpp.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct FlamiaCall {
+    pub params: FlamiaParams,
+    pub tokens: i64,
+    pub heads_q: i64,
+    pub heads_kv: i64,
+    pub head_dim: i64,
+    pub n_docs: i64,
+    pub cu_seqlens_host: *const i32,
+    pub cu_seqlens_dev: *const i32,
+    pub device: i32,
+    pub is_backward: i32,
+    pub stream: *mut c_void,
+    pub q: *const c_void,
+    pub k: *const c_void,
+    pub v: *const c_void,
+    pub o: *mut c_void,
+    pub lse: *mut c_void,
+    pub d_o: *const c_void,
+    pub dq: *mut c_void,
+    pub dk: *mut c_void,
+    pub dv: *mut c_void,
+}
+
+type Callback = unsafe extern "C" fn(*const FlamiaCall, *mut c_char, usize) -> i32;
+
+extern "C" {
+    fn flamia_bridge_register(forward: Callback, backward: Callback);
+    pub(crate) fn flamia_bridge_attention(
+        q: *const CTensor,
+        k: *const CTensor,
+        v: *const CTensor,
+        cu_host: *const CTensor,
+        cu_dev: *const CTensor,
+        params: *const FlamiaParams,
+        out: *mut *mut CTensor,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+    fn flamia_bridge_has_cuda() -> i32;
+}
+
+/// Whether the bridge was compiled against a CUDA build of libtorch.
+pub fn bridge_has_cuda() -> bool {
+    // SAFETY: a plain query without arguments.
+    unsafe { flamia_bridge_has_cuda() != 0 }
+}
+
+/// Registers the Rust callbacks with the bridge (once per process).
+pub(crate) fn ensure_registered() {
+    static ONCE: Once = Once::new();
+    // SAFETY: both callbacks have the C signature bridge.cpp expects and live for the program.
+    ONCE.call_once(|| unsafe { flamia_bridge_register(forward_cb, backward_cb) });
+}
+
+pub(crate) fn path_code(path: AttnPath) -> i32 {
+    match path {
+        AttnPath::Exact => 0,
+        AttnPath::Mxfp8 => 1,
+        AttnPath::Nvfp4 => 2,
+        AttnPath::LeakyFp8 => 3,
+    }
+}
+
+fn path_from_code(code: i32) -> Result<AttnPath, String> {
+    match code {
+        0 => Ok(AttnPath::Exact),
+        1 => Ok(AttnPath::Mxfp8),
+        2 => Ok(AttnPath::Nvfp4),
+        3 => Ok(AttnPath::LeakyFp8),
+        c => Err(format!("unknown attention path code {c}; allowed 0..=3")),
+    }
+}
+
+impl FlamiaCall {
+    /// The attention options and packed shape this call describes.
+    pub(crate) fn decode(&self) -> Result<(AttnOptions, VarlenShape), String> {
+        let p = &self.params;
+        let opts = AttnOptions {
+            path: path_from_code(p.path)?,
+            precision: Precision {
+                per_token_scales: p.per_token_scales != 0,
+                row_ds_exponents: p.row_ds_exponents != 0,
+                causal_dq_scaling: p.causal_dq_scaling != 0,
+                hadamard: p.hadamard != 0,
+            },
+            causal: p.causal != 0,
+            softmax_scale: Some(p.softmax_scale),
+        };
+        if self.n_docs < 1 || self.cu_seqlens_host.is_null() {
+            return Err(format!(
+                "cu_seqlens must hold at least one document (got {} documents)",
+                self.n_docs
+            ));
+        }
+        // SAFETY: bridge.cpp passes a live int32 host tensor of n_docs + 1 entries.
+        let cu = unsafe { std::slice::from_raw_parts(self.cu_seqlens_host, self.n_docs as usize + 1) };
+        let cu: Vec<usize> = cu.iter().map(|&c| c.max(0) as usize).collect();
+        let shape = VarlenShape::new(
+            cu,
+            self.heads_q as usize,
+            self.heads_kv as usize,
+            self.head_dim as usize,
+        )
+        .map_err(|e| e.to_string())?;
+        shape
+            .check_tokens(self.tokens as usize)
+            .map_err(|e| e.to_string())?;
+        Ok((opts, shape))
+    }
+}
+
+fn write_err(err: *mut c_char, len: usize, msg: &str) {
+    if err.is_null() || len == 0 {
+        return;
+    }
+    let bytes = msg.as_bytes();
+    let n = bytes.len().min(len - 1);
+    // SAFETY: err points to `len` writable bytes (a stack buffer in bridge.cpp).
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), err as *mut u8, n);
+        *err.add(n) = 0;
+    }
+}
+
+fn run_callback(call: *const FlamiaCall, err: *mut c_char, err_len: usize, backward: bool) -> i32 {
+    let result = std::panic::catch_unwind(|| {
+        // SAFETY: bridge.cpp passes a pointer to a live FlamiaCall for the duration of the call.
+        let call = unsafe { &*call };
+        if call.device < 0 {
+            super::cpu::run(call, backward)
+        } else {
+            super::gpu::run(call, backward)
+        }
+    });
+    match result {
+        Ok(Ok(())) => 0,
+        Ok(Err(msg)) => {
+            write_err(err, err_len, &msg);
+            1
+        }
+        Err(_) => {
+            write_err(err, err_len, "panic in the Rust attention callback");
+            1
+        }
+    }
+}
+
+unsafe extern "C" fn forward_cb(call: *const FlamiaCall, err: *mut c_char, err_len: usize) -> i32 {
+    run_callback(call, err, err_len, false)
+}
+
+unsafe extern "C" fn backward_cb(call: *const FlamiaCall, err: *mut c_char, err_len: usize) -> i32 {
+    run_callback(call, err, err_len, true)
+}

@@ -1,0 +1,156 @@
+//! Attention through the bridge: a libtorch autograd Function (csrc/bridge.cpp) running FLAMIA
+//! (Rust, `flamia-kernels`) or the exact control (libtorch flash attention on CUDA, the Rust
+//! reference on CPU).
+//!
+//! Layouts: q `(tokens, heads_q, head_dim)`, k/v `(tokens, heads_kv, head_dim)`, all rows of a
+//! batch packed into one sequence and split into documents by `cu_seqlens`; the result is like q.
+
+mod cpu;
+pub mod exact;
+mod ffi;
+mod gpu;
+
+use std::ffi::c_char;
+
+use flamia_kernels::{AttnOptions, AttnPath};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Result, TrainError};
+pub use ffi::bridge_has_cuda;
+
+/// Document boundaries of a packed batch, on the host and on the compute device.
+#[derive(Debug)]
+pub struct Packing {
+    cu_host: Tensor,
+    cu_dev: Tensor,
+    max_seqlen: i64,
+    tokens: usize,
+}
+
+impl Packing {
+    /// From `cu_seqlens` (`[0, ..., tokens]`, strictly increasing).
+    pub fn new(cu_seqlens: &[usize], device: Device) -> Result<Packing> {
+        if cu_seqlens.len() < 2 || cu_seqlens[0] != 0 || cu_seqlens.windows(2).any(|w| w[1] <= w[0]) {
+            return Err(TrainError::Invalid(format!(
+                "cu_seqlens must start at 0 and strictly increase with at least one document; got {cu_seqlens:?}"
+            )));
+        }
+        let cu: Vec<i32> = cu_seqlens.iter().map(|&c| c as i32).collect();
+        let cu_host = Tensor::from_slice(&cu);
+        let cu_dev = if device == Device::Cpu {
+            cu_host.shallow_clone()
+        } else {
+            cu_host.to_device(device)
+        };
+        let max_seqlen = cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0) as i64;
+        Ok(Packing {
+            cu_host,
+            cu_dev,
+            max_seqlen,
+            tokens: *cu_seqlens.last().unwrap_or(&0),
+        })
+    }
+
+    /// Total tokens.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Longest document.
+    pub fn max_seqlen(&self) -> i64 {
+        self.max_seqlen
+    }
+}
+
+/// Parses an attention path name as configs spell it: `bf16` (the exact control; `exact` is
+/// accepted too), `mxfp8`, `nvfp4`, `leaky-fp8`.
+pub fn parse_path(s: &str) -> Result<AttnPath> {
+    match s {
+        "bf16" | "exact" => Ok(AttnPath::Exact),
+        "mxfp8" => Ok(AttnPath::Mxfp8),
+        "nvfp4" => Ok(AttnPath::Nvfp4),
+        "leaky-fp8" => Ok(AttnPath::LeakyFp8),
+        other => Err(TrainError::Invalid(format!(
+            "unknown attention path {other:?}; allowed: bf16, mxfp8, nvfp4, leaky-fp8"
+        ))),
+    }
+}
+
+/// The config name of a path (`bf16` for the exact control).
+pub fn path_name(p: AttnPath) -> &'static str {
+    match p {
+        AttnPath::Exact => "bf16",
+        other => other.name(),
+    }
+}
+
+/// Causal-or-not attention of packed documents through the bridge; differentiable in q, k, v.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    packing: &Packing,
+    opts: &AttnOptions,
+) -> Result<Tensor> {
+    let (tq, hq, d) = q.size3()?;
+    let (tk, hkv, dk) = k.size3()?;
+    if tq as usize != packing.tokens || tk != tq || v.size() != k.size() || dk != d {
+        return Err(TrainError::Invalid(format!(
+            "attention shapes: q {:?}, k {:?}, v {:?} must be (tokens, heads, head_dim) with {} tokens",
+            q.size(),
+            k.size(),
+            v.size(),
+            packing.tokens
+        )));
+    }
+    if hkv == 0 || hq % hkv != 0 {
+        return Err(TrainError::Invalid(format!(
+            "query heads {hq} must be a multiple of KV heads {hkv}"
+        )));
+    }
+    if q.device() == Device::Cpu && q.kind() != Kind::Float {
+        return Err(TrainError::Invalid(format!(
+            "CPU attention takes float32 tensors, got {:?}",
+            q.kind()
+        )));
+    }
+    ffi::ensure_registered();
+    let p = opts.precision;
+    let params = ffi::FlamiaParams {
+        path: ffi::path_code(opts.path),
+        per_token_scales: p.per_token_scales as u8,
+        row_ds_exponents: p.row_ds_exponents as u8,
+        causal_dq_scaling: p.causal_dq_scaling as u8,
+        hadamard: p.hadamard as u8,
+        causal: opts.causal as u8,
+        pad: [0; 3],
+        softmax_scale: opts.scale(d as usize),
+        max_seqlen: packing.max_seqlen,
+    };
+    let mut out: *mut ffi::CTensor = std::ptr::null_mut();
+    let mut err = [0 as c_char; 2048];
+    // SAFETY: all tensor pointers are live tch tensors; the bridge only reads them and returns a
+    // new heap at::Tensor in `out` on success, which `Tensor::from_ptr` takes ownership of.
+    let rc = unsafe {
+        ffi::flamia_bridge_attention(
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            packing.cu_host.as_ptr(),
+            packing.cu_dev.as_ptr(),
+            &params,
+            &mut out,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    if rc != 0 || out.is_null() {
+        // SAFETY: the bridge wrote a NUL-terminated message into err.
+        let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        return Err(TrainError::Attention(msg));
+    }
+    // SAFETY: `out` is a fresh `new at::Tensor` from the bridge.
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
