@@ -1,0 +1,468 @@
+//! The process group: rendezvous with rank 0 (which runs the [`crate::server`]), receipt of the
+//! opaque payload rank 0 publishes (the 128-byte NCCL unique id), a heartbeat thread, and a
+//! small blocking key-value [`Store`] for control-plane messages (barriers, votes to stop, CPU
+//! gathers of a few numbers). Bulk data goes through NCCL, never through here.
+
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::env::Topology;
+use crate::error::{DistError, Result};
+use crate::health::Health;
+use crate::server::{Server, ServerOptions};
+use crate::wire::{self, Hello, Reply, Request, Role, MAGIC};
+
+/// Timeouts of the rendezvous and failure detection.
+#[derive(Debug, Clone)]
+pub struct GroupOptions {
+    /// How long every rank has to join (rank 0 counts from its start; others keep retrying to
+    /// connect for this long).
+    pub join_timeout: Duration,
+    /// Period of heartbeats.
+    pub heartbeat_interval: Duration,
+    /// Silence after which a rank is declared dead; also bounds how long a survivor takes to
+    /// notice a dead rank (plus one interval).
+    pub heartbeat_timeout: Duration,
+    /// When set, a failed group ends this process after this grace (see [`Health::new`]).
+    pub exit_grace: Option<Duration>,
+    /// Address rank 0 listens on; None: `127.0.0.1` for a loopback master, else `0.0.0.0`.
+    pub bind_host: Option<String>,
+}
+
+impl Default for GroupOptions {
+    fn default() -> Self {
+        GroupOptions {
+            join_timeout: Duration::from_secs(600),
+            heartbeat_interval: Duration::from_secs(1),
+            heartbeat_timeout: Duration::from_secs(60),
+            exit_grace: Some(Duration::from_secs(10)),
+            bind_host: None,
+        }
+    }
+}
+
+impl GroupOptions {
+    /// Defaults overridden by `FLAMIA_DIST_JOIN_TIMEOUT_S`, `FLAMIA_DIST_HEARTBEAT_TIMEOUT_S` and
+    /// `FLAMIA_DIST_EXIT_GRACE_S` (0 disables the exit) when set.
+    pub fn from_env() -> Result<Self> {
+        let mut o = GroupOptions::default();
+        let secs = |var: &'static str| -> Result<Option<f64>> {
+            match std::env::var(var) {
+                Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
+                    Ok(s) if s.is_finite() && s >= 0.0 => Ok(Some(s)),
+                    _ => Err(DistError::BadEnv {
+                        var,
+                        value: v,
+                        reason: "must be seconds >= 0".into(),
+                    }),
+                },
+                _ => Ok(None),
+            }
+        };
+        if let Some(s) = secs("FLAMIA_DIST_JOIN_TIMEOUT_S")? {
+            o.join_timeout = Duration::from_secs_f64(s);
+        }
+        if let Some(s) = secs("FLAMIA_DIST_HEARTBEAT_TIMEOUT_S")? {
+            o.heartbeat_timeout = Duration::from_secs_f64(s.max(0.1));
+            o.heartbeat_interval = o.heartbeat_interval.min(o.heartbeat_timeout / 4);
+        }
+        if let Some(s) = secs("FLAMIA_DIST_EXIT_GRACE_S")? {
+            o.exit_grace = (s > 0.0).then(|| Duration::from_secs_f64(s));
+        }
+        Ok(o)
+    }
+}
+
+/// A joined process group.
+pub struct ProcessGroup {
+    topo: Topology,
+    hosts: Vec<String>,
+    payload: Vec<u8>,
+    store: Store,
+    health: Arc<Health>,
+    stop_heartbeat: Arc<AtomicBool>,
+    heartbeat: Option<JoinHandle<()>>,
+    server: Option<Server>,
+}
+
+impl std::fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessGroup")
+            .field("topo", &self.topo)
+            .field("hosts", &self.hosts)
+            .finish()
+    }
+}
+
+impl ProcessGroup {
+    /// Join the group described by `topo`. Rank 0 calls `make_payload` (e.g. `ncclGetUniqueId`)
+    /// and publishes the bytes; every rank returns with the same payload.
+    pub fn join(
+        topo: &Topology,
+        opts: &GroupOptions,
+        make_payload: impl FnOnce() -> Result<Vec<u8>>,
+    ) -> Result<ProcessGroup> {
+        topo.validate()?;
+        let server_opts = ServerOptions {
+            join_timeout: opts.join_timeout,
+            heartbeat_timeout: opts.heartbeat_timeout,
+        };
+        let (server, endpoint) = if topo.rank == 0 {
+            let port = if topo.world_size == 1 { 0 } else { topo.master_port };
+            let host = opts.bind_host.clone().unwrap_or_else(|| {
+                let loopback = topo.master_addr == "localhost"
+                    || topo
+                        .master_addr
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback());
+                if loopback { "127.0.0.1" } else { "0.0.0.0" }.to_string()
+            });
+            let server = Server::start(
+                &format!("{host}:{port}"),
+                topo.world_size,
+                make_payload()?,
+                server_opts,
+            )?;
+            let ep = SocketAddr::from(([127, 0, 0, 1], server.local_addr.port())).to_string();
+            (Some(server), ep)
+        } else {
+            (None, topo.master_endpoint())
+        };
+        let health = Health::new(topo.rank, opts.exit_grace);
+        let deadline = Instant::now() + opts.join_timeout;
+        let mut conn = connect(topo.rank, &endpoint, deadline)?;
+        let hello = |role| {
+            Request::Hello(Hello {
+                magic: MAGIC.into(),
+                role,
+                rank: topo.rank,
+                world_size: topo.world_size,
+                host: wire::hostname(),
+                pid: std::process::id(),
+            })
+        };
+        wire::send(&mut conn, &endpoint, &hello(Role::Join))?;
+        // Rank 0 answers at its own deadline at the latest; the slack covers clock skew of starts.
+        let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(10);
+        conn.set_read_timeout(Some(wait))
+            .map_err(|e| DistError::io(&endpoint, e))?;
+        let (payload, hosts) = match wire::recv::<Reply>(&mut conn, &endpoint) {
+            Ok(Reply::Welcome { payload, hosts }) => (payload, hosts),
+            Ok(Reply::Failed(f)) => return Err(f.to_error()),
+            Ok(other) => {
+                return Err(DistError::protocol(
+                    &endpoint,
+                    format!("expected welcome, got {other:?}"),
+                ))
+            }
+            Err(e) if wire::is_timeout(&e) => {
+                return Err(DistError::RendezvousTimeout {
+                    waited: opts.join_timeout,
+                    joined: 0,
+                    world_size: topo.world_size,
+                    missing: Vec::new(),
+                })
+            }
+            Err(DistError::Io { source, .. }) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(DistError::Rejected {
+                    rank: topo.rank,
+                    reason: "rank 0 closed the connection during the rendezvous".into(),
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        conn.set_read_timeout(None)
+            .map_err(|e| DistError::io(&endpoint, e))?;
+
+        let mut hb = connect(topo.rank, &endpoint, Instant::now() + Duration::from_secs(30))?;
+        wire::send(&mut hb, &endpoint, &hello(Role::Heartbeat))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let heartbeat = spawn_heartbeat(hb, endpoint.clone(), opts.clone(), health.clone(), stop.clone())?;
+        let store = Store {
+            conn: Mutex::new(conn),
+            peer: endpoint,
+            health: health.clone(),
+            rank: topo.rank,
+            world_size: topo.world_size,
+            generation: AtomicU64::new(0),
+        };
+        Ok(ProcessGroup {
+            topo: topo.clone(),
+            hosts,
+            payload,
+            store,
+            health,
+            stop_heartbeat: stop,
+            heartbeat: Some(heartbeat),
+            server,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.topo.rank
+    }
+    pub fn world_size(&self) -> usize {
+        self.topo.world_size
+    }
+    pub fn topology(&self) -> &Topology {
+        &self.topo
+    }
+    /// Host name of every rank, by rank.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+    /// The bytes rank 0 published (the NCCL unique id).
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
+    /// Report an error on this rank so that every rank stops (they see it on their next store
+    /// call or heartbeat).
+    pub fn fail(&self, reason: &str) {
+        let _ = self.store.request(&Request::Fail {
+            reason: reason.to_string(),
+        });
+        self.health
+            .record(format!("rank {} failed: {reason}", self.topo.rank));
+    }
+
+    /// Clean shutdown: barrier with every rank, then leave; rank 0 waits for the others to leave
+    /// before its server goes away.
+    pub fn shutdown(mut self, timeout: Duration) -> Result<()> {
+        let r = self.store.barrier(timeout);
+        self.leave(timeout);
+        r
+    }
+
+    fn leave(&mut self, timeout: Duration) {
+        let _ = self.store.request(&Request::Leave);
+        self.stop_heartbeat.store(true, Ordering::SeqCst);
+        if let Some(h) = self.heartbeat.take() {
+            let _ = h.join();
+        }
+        if let Some(s) = &self.server {
+            s.wait_all_left(timeout);
+        }
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if self.heartbeat.is_some() {
+            self.leave(Duration::from_secs(5));
+        }
+    }
+}
+
+/// Connect with retries until `deadline` (rank 0 may start after the others).
+fn connect(rank: usize, endpoint: &str, deadline: Instant) -> Result<TcpStream> {
+    let start = Instant::now();
+    let mut last_error = String::from("no attempt made");
+    loop {
+        let addrs: Vec<SocketAddr> = match endpoint.to_socket_addrs() {
+            Ok(a) => a.collect(),
+            Err(e) => {
+                last_error = format!("cannot resolve: {e}");
+                Vec::new()
+            }
+        };
+        for addr in addrs {
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(50));
+            match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+                Ok(s) => {
+                    let _ = s.set_nodelay(true);
+                    return Ok(s);
+                }
+                Err(e) => last_error = format!("{addr}: {e}"),
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(DistError::MasterUnreachable {
+                rank,
+                addr: endpoint.to_string(),
+                waited: start.elapsed(),
+                last_error,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn spawn_heartbeat(
+    mut conn: TcpStream,
+    peer: String,
+    opts: GroupOptions,
+    health: Arc<Health>,
+    stop: Arc<AtomicBool>,
+) -> Result<JoinHandle<()>> {
+    let _ = conn.set_read_timeout(Some(opts.heartbeat_timeout));
+    std::thread::Builder::new()
+        .name("flamia-dist-heartbeat".into())
+        .spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let status = wire::send(&mut conn, &peer, &Request::Beat)
+                    .and_then(|_| wire::recv::<Reply>(&mut conn, &peer));
+                match status {
+                    Ok(Reply::Status { failure: None }) => {}
+                    Ok(Reply::Status { failure: Some(f) }) | Ok(Reply::Failed(f)) => {
+                        health.record(f.to_error().to_string());
+                        return;
+                    }
+                    Ok(other) => {
+                        health.record(format!("unexpected heartbeat reply {other:?}"));
+                        return;
+                    }
+                    Err(e) => {
+                        if !stop.load(Ordering::SeqCst) {
+                            health.record(format!("lost contact with rank 0 at {peer} (rank 0 died?): {e}"));
+                        }
+                        return;
+                    }
+                }
+                // Sleep in small steps so that shutdown is prompt.
+                let until = Instant::now() + opts.heartbeat_interval;
+                while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(20).min(opts.heartbeat_interval));
+                }
+            }
+            let _ = wire::send(&mut conn, &peer, &Request::Leave);
+        })
+        .map_err(|e| DistError::io("heartbeat thread", e))
+}
+
+/// Blocking key-value store on rank 0, shared by all ranks. Keys live for the whole job.
+pub struct Store {
+    conn: Mutex<TcpStream>,
+    peer: String,
+    health: Arc<Health>,
+    rank: usize,
+    world_size: usize,
+    generation: AtomicU64,
+}
+
+impl Store {
+    fn request(&self, req: &Request) -> Result<Reply> {
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let r =
+            wire::send(&mut conn, &self.peer, req).and_then(|_| wire::recv::<Reply>(&mut conn, &self.peer));
+        match r {
+            Ok(Reply::Failed(f)) => {
+                let e = f.to_error();
+                self.health.record(e.to_string());
+                Err(e)
+            }
+            Ok(reply) => Ok(reply),
+            Err(e) => {
+                let e = DistError::PeerFailure(format!("lost the store connection to rank 0: {e}"));
+                self.health.record(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn unexpected(&self, what: &str, r: Reply) -> DistError {
+        DistError::protocol(&self.peer, format!("{what}: unexpected reply {r:?}"))
+    }
+
+    /// Set `key` to `value`.
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        match self.request(&Request::Set {
+            key: key.into(),
+            value: value.to_vec(),
+        })? {
+            Reply::Ok => Ok(()),
+            r => Err(self.unexpected("set", r)),
+        }
+    }
+
+    /// Wait until `key` is set and return its value.
+    pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.health.check()?;
+        let req = Request::Get {
+            key: key.into(),
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        match self.request(&req)? {
+            Reply::Value(v) => Ok(v),
+            Reply::Timeout => Err(DistError::StoreTimeout {
+                key: key.into(),
+                waited: timeout,
+            }),
+            r => Err(self.unexpected("get", r)),
+        }
+    }
+
+    /// Atomically add `delta` to the integer at `key` (0 when unset); returns the new value.
+    pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        match self.request(&Request::Add {
+            key: key.into(),
+            delta,
+        })? {
+            Reply::Int(v) => Ok(v),
+            r => Err(self.unexpected("add", r)),
+        }
+    }
+
+    /// Next collective sequence number (every rank must call collectives in the same order).
+    fn next_generation(&self) -> u64 {
+        self.generation.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Wait until every rank reaches this barrier.
+    pub fn barrier(&self, timeout: Duration) -> Result<()> {
+        let g = self.next_generation();
+        let n = self.add(&format!("__barrier/{g}"), 1)?;
+        if n as usize == self.world_size {
+            self.set(&format!("__barrier/{g}/done"), b"1")?;
+        }
+        self.get(&format!("__barrier/{g}/done"), timeout).map(|_| ())
+    }
+
+    /// Gather one byte string from every rank (by rank). Control-plane sized data only.
+    pub fn all_gather(&self, value: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        let g = self.next_generation();
+        self.set(&format!("__gather/{g}/{}", self.rank), value)?;
+        (0..self.world_size)
+            .map(|r| self.get(&format!("__gather/{g}/{r}"), timeout))
+            .collect()
+    }
+
+    /// True on every rank when at least one rank votes true (e.g. "stop now": a signal or a
+    /// time limit seen by one rank).
+    pub fn vote_any(&self, mine: bool, timeout: Duration) -> Result<bool> {
+        let all = self.all_gather(&[mine as u8], timeout)?;
+        Ok(all.iter().any(|v| v.first() == Some(&1)))
+    }
+
+    /// Mean of each value across ranks, computed in f64 on the CPU (for a few metrics when no
+    /// NCCL communicator exists; the trainer reduces GPU metrics with NCCL instead).
+    pub fn mean_across_ranks(&self, values: &[f64], timeout: Duration) -> Result<Vec<f64>> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let all = self.all_gather(&bytes, timeout)?;
+        let mut sum = vec![0.0f64; values.len()];
+        for (r, b) in all.iter().enumerate() {
+            if b.len() != bytes.len() {
+                return Err(DistError::Layout(format!(
+                    "rank {r} sent {} metric bytes, this rank {}: every rank must reduce the same metrics",
+                    b.len(),
+                    bytes.len()
+                )));
+            }
+            for (s, chunk) in sum.iter_mut().zip(b.chunks_exact(8)) {
+                *s += f64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+            }
+        }
+        Ok(sum.into_iter().map(|s| s / self.world_size as f64).collect())
+    }
+}

@@ -1,0 +1,376 @@
+//! Rank 0's rendezvous and store server. One thread accepts connections; each connection gets a
+//! thread. Joining ranks are validated (magic, world size, rank range, duplicates) and held until
+//! all `world_size` ranks are present, then every rank gets the payload (the NCCL unique id) and
+//! the host of every rank. Afterwards the same connections serve store requests (set / blocking
+//! get / add), and a second connection per rank carries heartbeats. Any failure (a bad join, a
+//! rank that disconnects without saying goodbye, missing heartbeats, a rank reporting an error)
+//! is recorded once and returned to every rank on its next request or heartbeat.
+
+use std::collections::HashMap;
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::error::{DistError, Result};
+use crate::wire::{self, Failure, Hello, Reply, Request, Role, MAGIC};
+
+/// Server timing.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerOptions {
+    /// How long the ranks have to join, from server start.
+    pub join_timeout: Duration,
+    /// A rank silent for longer than this on its heartbeat connection is declared dead.
+    pub heartbeat_timeout: Duration,
+}
+
+struct Member {
+    host: String,
+    pid: u32,
+}
+
+#[derive(Default)]
+struct State {
+    world_size: usize,
+    payload: Vec<u8>,
+    members: Vec<Option<Member>>,
+    failure: Option<Failure>,
+    kv: HashMap<String, Vec<u8>>,
+    left: Vec<bool>,
+    open_connections: usize,
+}
+
+impl State {
+    fn joined(&self) -> usize {
+        self.members.iter().filter(|m| m.is_some()).count()
+    }
+    fn fail(&mut self, f: Failure) {
+        if self.failure.is_none() {
+            self.failure = Some(f);
+        }
+    }
+    fn describe(&self, rank: usize) -> String {
+        match self.members.get(rank).and_then(|m| m.as_ref()) {
+            Some(m) => format!("rank {rank} ({} pid {})", m.host, m.pid),
+            None => format!("rank {rank}"),
+        }
+    }
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+    started: Instant,
+    opts: ServerOptions,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panicking connection thread must not take the whole server down with it.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Handle to a running server (owned by rank 0).
+pub struct Server {
+    shared: Arc<Shared>,
+    pub(crate) local_addr: std::net::SocketAddr,
+}
+
+impl Server {
+    /// Bind `bind_addr` and start serving a group of `world_size` ranks that will receive `payload`.
+    pub fn start(
+        bind_addr: &str,
+        world_size: usize,
+        payload: Vec<u8>,
+        opts: ServerOptions,
+    ) -> Result<Server> {
+        let listener = TcpListener::bind(bind_addr).map_err(|e| DistError::Bind {
+            addr: bind_addr.to_string(),
+            reason: e.to_string(),
+        })?;
+        let local_addr = listener.local_addr().map_err(|e| DistError::io(bind_addr, e))?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                world_size,
+                payload,
+                members: (0..world_size).map(|_| None).collect(),
+                left: vec![false; world_size],
+                ..State::default()
+            }),
+            changed: Condvar::new(),
+            started: Instant::now(),
+            opts,
+        });
+        let acc = shared.clone();
+        thread::Builder::new()
+            .name("flamia-rdzv-accept".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    let Ok(conn) = conn else { continue };
+                    let sh = acc.clone();
+                    let _ = thread::Builder::new()
+                        .name("flamia-rdzv-conn".into())
+                        .spawn(move || serve(sh, conn));
+                }
+            })
+            .map_err(|e| DistError::io("accept thread", e))?;
+        Ok(Server { shared, local_addr })
+    }
+
+    /// Wait (up to `timeout`) until every rank has said goodbye, so that rank 0 exiting first does
+    /// not look like a failure to the others.
+    pub fn wait_all_left(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.lock();
+        while st.left.iter().any(|l| !l) && st.failure.is_none() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            st = self
+                .shared
+                .changed
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+fn serve(sh: Arc<Shared>, mut conn: TcpStream) {
+    let peer = conn
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "unknown peer".into());
+    let _ = conn.set_nodelay(true);
+    // A connection that does not say hello promptly is not one of ours.
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+    let hello = match wire::recv::<Request>(&mut conn, &peer) {
+        Ok(Request::Hello(h)) if h.magic == MAGIC => h,
+        Ok(Request::Hello(h)) => {
+            let reason = format!("protocol {:?}, expected {MAGIC:?}", h.magic);
+            let _ = wire::send(&mut conn, &peer, &Reply::Failed(Failure::Peer(reason)));
+            return;
+        }
+        _ => return,
+    };
+    sh.lock().open_connections += 1;
+    match hello.role {
+        Role::Join => serve_member(&sh, conn, &peer, hello),
+        Role::Heartbeat => serve_heartbeat(&sh, conn, &peer, hello.rank),
+    }
+    sh.lock().open_connections -= 1;
+    sh.changed.notify_all();
+}
+
+/// Validate a join, wait for the full group, then serve store requests.
+fn serve_member(sh: &Shared, mut conn: TcpStream, peer: &str, h: Hello) {
+    let rank = h.rank;
+    {
+        let mut st = sh.lock();
+        let rejection = if h.world_size != st.world_size {
+            Some(Failure::WorldSize {
+                rank,
+                theirs: h.world_size,
+                expected: st.world_size,
+            })
+        } else if rank >= st.world_size {
+            Some(Failure::OutOfRange {
+                rank,
+                world_size: st.world_size,
+            })
+        } else if let Some(m) = &st.members[rank] {
+            Some(Failure::Duplicate {
+                rank,
+                first_host: format!("{} pid {}", m.host, m.pid),
+                second_host: format!("{} pid {}", h.host, h.pid),
+            })
+        } else {
+            None
+        };
+        if let Some(f) = rejection {
+            // A misconfigured launch cannot succeed: fail the whole group fast.
+            st.fail(f.clone());
+            drop(st);
+            sh.changed.notify_all();
+            let _ = wire::send(&mut conn, peer, &Reply::Failed(f));
+            return;
+        }
+        st.members[rank] = Some(Member {
+            host: h.host.clone(),
+            pid: h.pid,
+        });
+    }
+    sh.changed.notify_all();
+
+    let deadline = sh.started + sh.opts.join_timeout;
+    let welcome = {
+        let mut st = sh.lock();
+        loop {
+            if let Some(f) = &st.failure {
+                break Reply::Failed(f.clone());
+            }
+            if st.joined() == st.world_size {
+                let hosts = st
+                    .members
+                    .iter()
+                    .map(|m| m.as_ref().map(|m| m.host.clone()).unwrap_or_default());
+                break Reply::Welcome {
+                    payload: st.payload.clone(),
+                    hosts: hosts.collect(),
+                };
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let missing: Vec<usize> = (0..st.world_size).filter(|&r| st.members[r].is_none()).collect();
+                let joined = st.joined();
+                let ws = st.world_size;
+                let waited_ms = sh.opts.join_timeout.as_millis() as u64;
+                st.fail(Failure::Timeout {
+                    waited_ms,
+                    joined,
+                    world_size: ws,
+                    missing,
+                });
+                continue;
+            }
+            st = sh
+                .changed
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    };
+    sh.changed.notify_all();
+    let joined_ok = matches!(welcome, Reply::Welcome { .. });
+    if wire::send(&mut conn, peer, &welcome).is_err() || !joined_ok {
+        return;
+    }
+
+    // Store phase: requests until Leave or disconnect.
+    let _ = conn.set_read_timeout(None);
+    loop {
+        let req = match wire::recv::<Request>(&mut conn, peer) {
+            Ok(r) => r,
+            Err(_) => {
+                let mut st = sh.lock();
+                if !st.left[rank] {
+                    let who = st.describe(rank);
+                    st.fail(Failure::Peer(format!(
+                        "{who} closed its connection without leaving (process died?)"
+                    )));
+                }
+                drop(st);
+                sh.changed.notify_all();
+                return;
+            }
+        };
+        let reply = handle(sh, rank, req);
+        let leaving = matches!(reply, None);
+        if wire::send(&mut conn, peer, &reply.unwrap_or(Reply::Ok)).is_err() || leaving {
+            return;
+        }
+    }
+}
+
+/// One store request; `None` means the rank left cleanly.
+fn handle(sh: &Shared, rank: usize, req: Request) -> Option<Reply> {
+    let mut st = sh.lock();
+    let reply = match req {
+        Request::Leave => {
+            st.left[rank] = true;
+            drop(st);
+            sh.changed.notify_all();
+            return None;
+        }
+        _ if st.failure.is_some() => {
+            Reply::Failed(st.failure.clone().unwrap_or(Failure::Peer(String::new())))
+        }
+        Request::Set { key, value } => {
+            st.kv.insert(key, value);
+            Reply::Ok
+        }
+        Request::Add { key, delta } => {
+            let cur = st
+                .kv
+                .get(&key)
+                .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok())
+                .unwrap_or(0);
+            let new = cur + delta;
+            st.kv.insert(key, new.to_string().into_bytes());
+            Reply::Int(new)
+        }
+        Request::Get { key, timeout_ms } => {
+            let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+            loop {
+                if let Some(f) = &st.failure {
+                    break Reply::Failed(f.clone());
+                }
+                if let Some(v) = st.kv.get(&key) {
+                    break Reply::Value(v.clone());
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    break Reply::Timeout;
+                }
+                st = sh
+                    .changed
+                    .wait_timeout(st, deadline - now)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+        }
+        Request::Fail { reason } => {
+            let who = st.describe(rank);
+            st.fail(Failure::Peer(format!("{who} reported: {reason}")));
+            Reply::Ok
+        }
+        Request::Beat => Reply::Status {
+            failure: st.failure.clone(),
+        },
+        Request::Hello(_) => Reply::Failed(Failure::Peer("unexpected second hello".into())),
+    };
+    drop(st);
+    sh.changed.notify_all();
+    Some(reply)
+}
+
+/// Heartbeats: each beat is answered with the group status; silence or a lost connection
+/// (without a Leave) fails the group.
+fn serve_heartbeat(sh: &Shared, mut conn: TcpStream, peer: &str, rank: usize) {
+    if rank >= sh.lock().world_size {
+        return;
+    }
+    let _ = conn.set_read_timeout(Some(sh.opts.heartbeat_timeout));
+    loop {
+        let started_wait = Instant::now();
+        match wire::recv::<Request>(&mut conn, peer) {
+            Ok(Request::Beat) => {
+                let status = Reply::Status {
+                    failure: sh.lock().failure.clone(),
+                };
+                if wire::send(&mut conn, peer, &status).is_err() {
+                    return;
+                }
+            }
+            Ok(Request::Leave) => return,
+            Ok(_) => return,
+            Err(e) => {
+                let mut st = sh.lock();
+                if !st.left[rank] {
+                    let who = st.describe(rank);
+                    let reason = if wire::is_timeout(&e) {
+                        format!("{who} sent no heartbeat for {:.1?}", started_wait.elapsed())
+                    } else {
+                        format!("{who} lost its heartbeat connection (process died?): {e}")
+                    };
+                    st.fail(Failure::Peer(reason));
+                }
+                drop(st);
+                sh.changed.notify_all();
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Wire format of the rendezvous/store protocol: each message is a 4-byte big-endian length
+//! followed by that many bytes of JSON. Small and debuggable (`tcpdump -A` shows the keys); the
+//! only bulk payload is the 128-byte NCCL unique id and small store values.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::error::{DistError, Result};
+
+/// Protocol tag sent in every hello; a peer with another tag is not a flamia rank.
+pub const MAGIC: &str = "flamia-rdzv/1";
+
+/// Largest accepted message (guards against a stray client sending garbage).
+pub const MAX_MESSAGE: usize = 64 << 20;
+
+/// What a connection is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// The rank's main connection: join the group, then store requests.
+    Join,
+    /// A second connection carrying only heartbeats.
+    Heartbeat,
+}
+
+/// First message on every connection.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hello {
+    pub magic: String,
+    pub role: Role,
+    pub rank: usize,
+    pub world_size: usize,
+    pub host: String,
+    pub pid: u32,
+}
+
+/// Why the group refused a rank or failed (structured so each rank gets a typed error).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Failure {
+    WorldSize {
+        rank: usize,
+        theirs: usize,
+        expected: usize,
+    },
+    Duplicate {
+        rank: usize,
+        first_host: String,
+        second_host: String,
+    },
+    OutOfRange {
+        rank: usize,
+        world_size: usize,
+    },
+    Timeout {
+        waited_ms: u64,
+        joined: usize,
+        world_size: usize,
+        missing: Vec<usize>,
+    },
+    Peer(String),
+}
+
+impl Failure {
+    /// The typed error a rank reports for this failure.
+    pub fn to_error(&self) -> DistError {
+        match self.clone() {
+            Failure::WorldSize {
+                rank,
+                theirs,
+                expected,
+            } => DistError::WorldSizeMismatch {
+                rank,
+                theirs,
+                expected,
+            },
+            Failure::Duplicate {
+                rank,
+                first_host,
+                second_host,
+            } => DistError::DuplicateRank {
+                rank,
+                first_host,
+                second_host,
+            },
+            Failure::OutOfRange { rank, world_size } => DistError::RankOutOfRange { rank, world_size },
+            Failure::Timeout {
+                waited_ms,
+                joined,
+                world_size,
+                missing,
+            } => DistError::RendezvousTimeout {
+                waited: std::time::Duration::from_millis(waited_ms),
+                joined,
+                world_size,
+                missing,
+            },
+            Failure::Peer(msg) => DistError::PeerFailure(msg),
+        }
+    }
+}
+
+/// Messages from a rank to rank 0's server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    Hello(Hello),
+    Set {
+        key: String,
+        value: Vec<u8>,
+    },
+    /// Block until `key` exists (or `timeout_ms` passes, or the group fails).
+    Get {
+        key: String,
+        timeout_ms: u64,
+    },
+    /// Atomically add to an integer counter, returning the new value.
+    Add {
+        key: String,
+        delta: i64,
+    },
+    /// Report an error on this rank: the whole group fails with this reason.
+    Fail {
+        reason: String,
+    },
+    Beat,
+    /// Clean disconnect: closing after this is not a failure.
+    Leave,
+}
+
+/// Replies from the server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Reply {
+    Welcome { payload: Vec<u8>, hosts: Vec<String> },
+    Ok,
+    Value(Vec<u8>),
+    Int(i64),
+    Timeout,
+    Status { failure: Option<Failure> },
+    Failed(Failure),
+}
+
+/// Send one message.
+pub fn send<T: Serialize>(stream: &mut TcpStream, peer: &str, msg: &T) -> Result<()> {
+    let body = serde_json::to_vec(msg).map_err(|e| DistError::protocol(peer, e.to_string()))?;
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    stream.write_all(&frame).map_err(|e| DistError::io(peer, e))
+}
+
+/// Receive one message (honours the stream's read timeout).
+pub fn recv<T: DeserializeOwned>(stream: &mut TcpStream, peer: &str) -> Result<T> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).map_err(|e| DistError::io(peer, e))?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_MESSAGE {
+        return Err(DistError::protocol(
+            peer,
+            format!("message of {len} bytes exceeds {MAX_MESSAGE}"),
+        ));
+    }
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body).map_err(|e| DistError::io(peer, e))?;
+    serde_json::from_slice(&body).map_err(|e| DistError::protocol(peer, format!("bad message: {e}")))
+}
+
+/// True when an I/O error is a read timeout (platforms differ in the kind they report).
+pub fn is_timeout(e: &DistError) -> bool {
+    matches!(e, DistError::Io { source, .. }
+        if matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))
+}
+
+/// This machine's host name (for error messages), without a libc dependency.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown-host".into())
+}

@@ -1,0 +1,189 @@
+//! Rendezvous and failure detection among real processes on loopback: each test spawns
+//! `flamia-dist rendezvous` children with torchrun-style variables on a fresh port.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_flamia-dist");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn(rank: usize, world: usize, port: u16, extra: &[&str]) -> Child {
+    Command::new(BIN)
+        .args(["--join-timeout", "20", "--heartbeat-timeout", "2"])
+        .arg("rendezvous")
+        .args(extra)
+        .env_clear()
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn flamia-dist")
+}
+
+/// Wait for a child with a deadline (kill it and fail past it); returns output and elapsed time.
+fn finish(mut child: Child, limit: Duration) -> (Output, Duration) {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return (child.wait_with_output().unwrap(), start.elapsed());
+        }
+        if start.elapsed() > limit {
+            child.kill().ok();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "child still running after {limit:?}: stderr {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn four_ranks_exchange_the_same_id() {
+    let port = free_port();
+    // Non-zero ranks start first: they must retry until rank 0 listens.
+    let mut kids: Vec<(usize, Child)> = (1..4)
+        .rev()
+        .map(|r| (r, spawn(r, 4, port, &["--steps", "3"])))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    kids.push((0, spawn(0, 4, port, &["--steps", "3"])));
+    let mut digests = Vec::new();
+    for (rank, kid) in kids {
+        let (out, _) = finish(kid, Duration::from_secs(30));
+        assert!(out.status.success(), "rank {rank} failed: {}", stderr(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let joined: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+        assert_eq!(joined["rank"], rank);
+        assert_eq!(joined["world_size"], 4);
+        assert_eq!(joined["payload_len"], 128);
+        assert_eq!(joined["hosts"].as_array().unwrap().len(), 4);
+        assert!(stdout.contains("\"event\":\"done\""), "rank {rank}: {stdout}");
+        digests.push(joined["payload_digest"].as_str().unwrap().to_string());
+    }
+    assert!(
+        digests.windows(2).all(|w| w[0] == w[1]),
+        "ranks received different ids: {digests:?}"
+    );
+}
+
+#[test]
+fn unreachable_master_times_out_with_a_clear_error() {
+    let port = free_port(); // nothing listens here
+    let kid = Command::new(BIN)
+        .args(["--join-timeout", "1.5", "rendezvous"])
+        .env_clear()
+        .env("RANK", "1")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (out, took) = finish(kid, Duration::from_secs(15));
+    assert_eq!(
+        out.status.code(),
+        Some(flamia_dist::PEER_FAILURE_EXIT_CODE),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("unreachable"), "{}", stderr(&out));
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_secs(8),
+        "took {took:?}"
+    );
+}
+
+#[test]
+fn wrong_world_size_fails_every_rank() {
+    let port = free_port();
+    let r0 = spawn(0, 2, port, &[]);
+    let r1 = spawn(1, 3, port, &[]);
+    for (rank, kid) in [(0, r0), (1, r1)] {
+        let (out, took) = finish(kid, Duration::from_secs(15));
+        assert!(!out.status.success(), "rank {rank} should fail");
+        let err = stderr(&out);
+        assert!(
+            err.contains("world size mismatch") && err.contains("WORLD_SIZE=3"),
+            "rank {rank}: {err}"
+        );
+        assert!(took < Duration::from_secs(10), "rank {rank} took {took:?}");
+    }
+}
+
+#[test]
+fn duplicate_rank_fails_every_rank() {
+    let port = free_port();
+    let r0 = spawn(0, 3, port, &[]);
+    let a = spawn(1, 3, port, &[]);
+    std::thread::sleep(Duration::from_millis(200));
+    let b = spawn(1, 3, port, &[]);
+    for (name, kid) in [("rank 0", r0), ("first rank 1", a), ("second rank 1", b)] {
+        let (out, took) = finish(kid, Duration::from_secs(15));
+        assert!(!out.status.success(), "{name} should fail");
+        assert!(
+            stderr(&out).contains("duplicate rank 1"),
+            "{name}: {}",
+            stderr(&out)
+        );
+        assert!(took < Duration::from_secs(10), "{name} took {took:?}");
+    }
+}
+
+#[test]
+fn killed_rank_is_detected_by_the_others_within_the_timeout() {
+    let port = free_port();
+    // Rank 2 aborts at step 10 (about 0.2 s in); heartbeat timeout 2 s.
+    let args = [
+        "--steps",
+        "100000",
+        "--step-ms",
+        "20",
+        "--die-rank",
+        "2",
+        "--die-at-step",
+        "10",
+    ];
+    let kids: Vec<Child> = (0..3).map(|r| spawn(r, 3, port, &args)).collect();
+    let mut outs = Vec::new();
+    for kid in kids {
+        outs.push(finish(kid, Duration::from_secs(20)));
+    }
+    let (dead, _) = &outs[2];
+    assert!(!dead.status.success());
+    for (rank, (out, took)) in outs.iter().enumerate().take(2) {
+        let err = stderr(out);
+        assert_eq!(
+            out.status.code(),
+            Some(flamia_dist::PEER_FAILURE_EXIT_CODE),
+            "rank {rank}: {err}"
+        );
+        assert!(
+            err.contains("rank 2"),
+            "rank {rank} should name the dead rank: {err}"
+        );
+        // Join + 10 steps + detection (connection loss is immediate; heartbeat timeout 2 s).
+        assert!(
+            *took < Duration::from_secs(8),
+            "rank {rank} took {took:?} to notice"
+        );
+    }
+}
