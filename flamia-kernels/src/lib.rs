@@ -9,12 +9,14 @@
 //! - [`formats`]: E4M3, E2M1 and power-of-two block exponents, bit for bit.
 //! - [`quant`]: the token-block E4M3 quantiser over packed documents and the NVFP4 quantiser.
 //! - [`hadamard`]: the normalised Walsh-Hadamard rotation of Q and K.
+//! - [`gpu`]: the CUDA side: NVRTC kernel runtime, fused quantisers, FP8 wgmma attention.
 //!
 //! The numeric design and the bit-level contract GPU kernels must reproduce are in
 //! `docs/numerics.md`.
 
 pub mod error;
 pub mod formats;
+pub mod gpu;
 pub mod hadamard;
 pub mod options;
 pub mod quant;

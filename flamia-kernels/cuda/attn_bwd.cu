@@ -1,0 +1,236 @@
+// FLAMIA attention backward on Hopper FP8 wgmma, as two deterministic kernels (no atomics, so
+// repeated runs and the causal-leakage checks are bitwise reproducible):
+//   attn_bwd_dkdv: one CTA per (64-key tile, KV head); loops over the query heads of its group and
+//                  the query tiles that see the keys. dV = P^T dO, dK = scale * dS^T Q (rotated basis,
+//                  turned back with the Hadamard transform in the epilogue).
+//   attn_bwd_dq:   one CTA per (64-query tile, query head); loops over key tiles. dQ = scale * dS K.
+// NVFP4 = 1: S from the NVFP4 values (BF16 wgmma, attn_common.cuh), dQ / dK from the E4M3 codes.
+// Both recompute S from the same codes and exponents as the forward, x with the same expression,
+// P = exp2(x - lse * log2 e) (forward/backward consistency, hopper-kernels.md 4), and
+// D_i = dO_i . O_i comes from the dO quantiser (the same quantised dO that feeds dP).
+// Scales: dP = (dO V^T) * 2^(edO + eV); dV: P^T * 2^(edO_q - Ed + 8) in E4M3 (Ed = max edO over
+// the queries the key row sees);
+// dK / dQ: dS * 2^(eQ_q) (resp. 2^(eK_k)) quantised to E4M3 with one power-of-two exponent per
+// 32x32 block or, with row_ds, per row of the product x 32 columns; one fresh wgmma per 32-wide
+// K slice so each slice's exponent is applied in FP32 (FFMA into the FP32 accumulator).
+#include "attn_common.cuh"
+
+struct DkdvSmem {
+  u8 k[TILE * QK_KB];         // A of S^T = K Q^T
+  u8 v[TILE * HEAD_DIM];      // A of dP^T = V dO^T
+  u8 q[TILE * QK_KB];         // B of S^T
+  u8 dO[TILE * HEAD_DIM];     // B of dP^T
+  u8 qt[HEAD_DIM * TILE];     // B of dK = dS^T Q   (dim-major)
+  u8 dot[HEAD_DIM * TILE];    // B of dV = P^T dO   (dim-major)
+  float eq[TILE], eqf[TILE], edo[TILE], lse2[TILE], delta[TILE];  // eq: score exponent, eqf: fold into dS
+  int edo_i[TILE];
+  float red[8];
+};
+
+extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkdv(const AttnParams p) {
+  extern __shared__ u8 smem_raw[];
+  DkdvSmem& sm = *reinterpret_cast<DkdvSmem*>(smem_aligned_1024(smem_raw));
+  const int4 tile = reinterpret_cast<const int4*>(p.tiles)[blockIdx.x];
+  const int doc0 = tile.x, L = tile.y, pad0 = tile.z, k0 = tile.w;
+  const int hk = blockIdx.y, group = p.hq / p.hkv;
+  const int kval = min(TILE, L - k0);
+  const int t = threadIdx.x, w = t >> 5, l = t & 31, g = l >> 2, qd = l & 3;
+  const int r0 = 16 * w + g;
+
+  load_tile<TILE, QK_KB>(sm.k, score_row(p.k_tok, p.k4, doc0 + k0, p.hkv, hk), (long long)p.hkv * QK_KB, kval, t, 128);
+  load_tile<TILE, HEAD_DIM>(sm.v, p.v_tok + ((long long)(doc0 + k0) * p.hkv + hk) * HEAD_DIM,
+                            (long long)p.hkv * HEAD_DIM, kval, t, 128);
+  float fk[2], fv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r0 + 8 * r;
+    const long long idx = (long long)(doc0 + k0 + row) * p.hkv + hk;
+    fk[r] = row < kval ? exp2i(score_exp(p.k_exp, p.k4_exp, idx)) : 0.f;
+    fv[r] = row < kval ? exp2i(p.v_exp[idx]) : 0.f;
+  }
+  float dk[64], dv[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
+
+  for (int hh = 0; hh < group; ++hh) {
+    const int h = hk * group + hh;
+    for (int q0 = p.causal ? k0 : 0; q0 < L; q0 += TILE) {
+      const int qval = min(TILE, L - q0);
+      __syncthreads();
+      const long long tok = (long long)(doc0 + q0) * p.hq + h;
+      load_tile<TILE, QK_KB>(sm.q, score_row(p.q_tok, p.q4, doc0 + q0, p.hq, h), (long long)p.hq * QK_KB, qval, t, 128);
+      load_tile<TILE, HEAD_DIM>(sm.dO, p.do_tok + tok * HEAD_DIM, (long long)p.hq * HEAD_DIM, qval, t, 128);
+      const long long dbase = (long long)h * HEAD_DIM * p.Tpad + pad0 + q0;
+      load_tile<HEAD_DIM, TILE>(sm.qt, p.q_dim + dbase, p.Tpad, HEAD_DIM, t, 128);
+      load_tile<HEAD_DIM, TILE>(sm.dot, p.do_dim + dbase, p.Tpad, HEAD_DIM, t, 128);
+      if (t < TILE) {
+        const bool ok = t < qval;
+        const long long idx = (long long)(doc0 + q0 + t) * p.hq + h;
+        const long long sidx = idx;
+        sm.eq[t] = ok ? exp2i(score_exp(p.q_exp, p.q4_exp, idx)) : 0.f;
+        sm.eqf[t] = ok ? exp2i(p.q_exp[idx]) : 0.f;
+        sm.edo[t] = ok ? exp2i(p.do_exp[idx]) : 0.f;
+        sm.edo_i[t] = ok ? (int)p.do_exp[idx] : -1000;
+        sm.lse2[t] = ok ? p.lse[sidx] * LOG2E : 0.f;
+        sm.delta[t] = ok ? p.delta[sidx] : 0.f;
+      }
+      fence_async_smem();
+      __syncthreads();
+
+      float pt[32], ds[32];
+      mma_scores(pt, sm.k, sm.q);  // S^T: rows = keys, columns = queries
+      mma_qk(ds, sm.v, sm.dO);  // dP^T
+      int edr[2] = {-1000, -1000};  // max edO over the queries each key row sees
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
+        const bool ok = row < kval && col < qval && (!p.causal || q0 + col >= k0 + row);
+        const float x = pt[i] * (sm.eq[col] * fk[r]) * p.scale_log2;
+        const float pr = ok ? fast_exp2(x - sm.lse2[col]) : 0.f;
+        const float dp = ds[i] * (fv[r] * sm.edo[col]);
+        ds[i] = pr * (dp - sm.delta[col]) * sm.eqf[col];  // dS^T with Q's token scale folded
+        pt[i] = pr;
+        if (ok) edr[r] = max(edr[r], sm.edo_i[col]);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        edr[r] = max(edr[r], __shfl_xor_sync(0xffffffffu, edr[r], 1));
+        edr[r] = max(edr[r], __shfl_xor_sync(0xffffffffu, edr[r], 2));
+      }
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int r = (i >> 1) & 1, col = 8 * (i >> 2) + 2 * qd + (i & 1);
+        pt[i] *= exp2i(sm.edo_i[col] - edr[r] + 8);  // P^T with dO's token scale folded
+      }
+      {  // dV += (P^T dO) * 2^(ed_row - 8)
+        u32 a[2][4];
+        acc_to_afrag(pt, a);
+        float acc[64];
+        mma_pv<2>(acc, a, sm.dot, 0);
+        const float f0 = exp2i(edr[0] - 8), f1 = exp2i(edr[1] - 8);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) dv[i] += acc[i] * (((i >> 1) & 1) ? f1 : f0);
+      }
+      {  // dK += sum over 32-query slices of (codes(dS^T) Q) * 2^e(row, slice)
+        u32 a[2][4];
+        int ex[2][2];
+        quantise_ds(ds, p.row_ds, sm.red, a, ex);
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          float acc[64];
+          mma_pv<1>(acc, a, sm.qt, s);
+          const float f0 = exp2i(ex[s][0]), f1 = exp2i(ex[s][1]);
+#pragma unroll
+          for (int i = 0; i < 64; ++i) dk[i] += acc[i] * (((i >> 1) & 1) ? f1 : f0);
+        }
+      }
+    }
+  }
+
+  // epilogue: dV straight from the fragment; dK * scale through smem and the Hadamard transform
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r0 + 8 * r;
+    if (row >= kval) continue;
+    u16* vrow = p.dv + ((long long)(doc0 + k0 + row) * p.hkv + hk) * HEAD_DIM;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int c = 8 * j + 2 * qd;
+      *reinterpret_cast<u32*>(vrow + c) = pack_bf16x2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+    }
+  }
+  __syncthreads();
+  float* ep = reinterpret_cast<float*>(&sm);
+  acc_to_smem(dk, ep, p.scale);
+  __syncthreads();
+  smem_rows_to_bf16(ep, p.dk + ((long long)(doc0 + k0) * p.hkv + hk) * HEAD_DIM, (long long)p.hkv * HEAD_DIM, kval, p.hadamard != 0);
+}
+
+struct DqSmem {
+  u8 q[TILE * QK_KB];         // A of S = Q K^T
+  u8 dO[TILE * HEAD_DIM];     // A of dP = dO V^T
+  u8 k[TILE * QK_KB];         // B of S
+  u8 v[TILE * HEAD_DIM];      // B of dP
+  u8 kt[HEAD_DIM * TILE];     // B of dQ = dS K (dim-major)
+  float ek[TILE], ekf[TILE], ev[TILE];  // ek: score exponent, ekf: fold into dS
+  float red[8];
+};
+
+extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dq(const AttnParams p) {
+  extern __shared__ u8 smem_raw[];
+  DqSmem& sm = *reinterpret_cast<DqSmem*>(smem_aligned_1024(smem_raw));
+  const int4 tile = reinterpret_cast<const int4*>(p.tiles)[blockIdx.x];
+  const int doc0 = tile.x, L = tile.y, pad0 = tile.z, q0 = tile.w;
+  const int h = blockIdx.y, hk = h / (p.hq / p.hkv);
+  const int rows = min(TILE, L - q0);
+  const int t = threadIdx.x, w = t >> 5, l = t & 31, g = l >> 2, qd = l & 3;
+  const int r0 = 16 * w + g;
+
+  const long long tok = (long long)(doc0 + q0) * p.hq + h;
+  load_tile<TILE, QK_KB>(sm.q, score_row(p.q_tok, p.q4, doc0 + q0, p.hq, h), (long long)p.hq * QK_KB, rows, t, 128);
+  load_tile<TILE, HEAD_DIM>(sm.dO, p.do_tok + tok * HEAD_DIM, (long long)p.hq * HEAD_DIM, rows, t, 128);
+  float fq[2], fdo[2], lse2[2], dlt[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r0 + 8 * r;
+    const bool ok = row < rows;
+    const long long idx = (long long)(doc0 + q0 + row) * p.hq + h;
+    const long long sidx = idx;
+    fq[r] = ok ? exp2i(score_exp(p.q_exp, p.q4_exp, idx)) : 0.f;
+    fdo[r] = ok ? exp2i(p.do_exp[idx]) : 0.f;
+    lse2[r] = ok ? p.lse[sidx] * LOG2E : 0.f;
+    dlt[r] = ok ? p.delta[sidx] : 0.f;
+  }
+  float dq[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dq[i] = 0.f;
+  const int kend = p.causal ? min(L, q0 + TILE) : L;
+
+  for (int k0 = 0; k0 < kend; k0 += TILE) {
+    const int kval = min(TILE, L - k0);
+    __syncthreads();
+    const long long ktok = (long long)(doc0 + k0) * p.hkv + hk;
+    load_tile<TILE, QK_KB>(sm.k, score_row(p.k_tok, p.k4, doc0 + k0, p.hkv, hk), (long long)p.hkv * QK_KB, kval, t, 128);
+    load_tile<TILE, HEAD_DIM>(sm.v, p.v_tok + ktok * HEAD_DIM, (long long)p.hkv * HEAD_DIM, kval, t, 128);
+    load_tile<HEAD_DIM, TILE>(sm.kt, p.k_dim + (long long)hk * HEAD_DIM * p.Tpad + pad0 + k0, p.Tpad, HEAD_DIM, t, 128);
+    if (t < TILE) {
+      const bool ok = t < kval;
+      const long long idx = (long long)(doc0 + k0 + t) * p.hkv + hk;
+      sm.ek[t] = ok ? exp2i(score_exp(p.k_exp, p.k4_exp, idx)) : 0.f;
+      sm.ekf[t] = ok ? exp2i(p.k_exp[idx]) : 0.f;
+      sm.ev[t] = ok ? exp2i(p.v_exp[idx]) : 0.f;
+    }
+    fence_async_smem();
+    __syncthreads();
+
+    float s[32], ds[32];
+    mma_scores(s, sm.q, sm.k);
+    mma_qk(ds, sm.dO, sm.v);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
+      const bool ok = col < kval && row < rows && (!p.causal || k0 + col <= q0 + row);
+      const float x = s[i] * (fq[r] * sm.ek[col]) * p.scale_log2;
+      const float pr = ok ? fast_exp2(x - lse2[r]) : 0.f;
+      const float dp = ds[i] * (fdo[r] * sm.ev[col]);
+      ds[i] = pr * (dp - dlt[r]) * sm.ekf[col];  // dS with K's token scale folded
+    }
+    u32 a[2][4];
+    int ex[2][2];
+    quantise_ds(ds, p.row_ds, sm.red, a, ex);
+#pragma unroll
+    for (int s2 = 0; s2 < 2; ++s2) {
+      float acc[64];
+      mma_pv<1>(acc, a, sm.kt, s2);
+      const float f0 = exp2i(ex[s2][0]), f1 = exp2i(ex[s2][1]);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) dq[i] += acc[i] * (((i >> 1) & 1) ? f1 : f0);
+    }
+  }
+
+  __syncthreads();
+  float* ep = reinterpret_cast<float*>(&sm);
+  acc_to_smem(dq, ep, p.scale);
+  __syncthreads();
+  smem_rows_to_bf16(ep, p.dq + tok * HEAD_DIM, (long long)p.hq * HEAD_DIM, rows, p.hadamard != 0);
+}

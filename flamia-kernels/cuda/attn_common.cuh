@@ -1,0 +1,270 @@
+// Pieces shared by the attention kernels: the parameter struct (mirrored by AttnParams in
+// src/gpu/attention.rs), the tile table, scale helpers, the FP32-accumulator -> FP8 A-fragment
+// conversion and the Hadamard epilogue.
+//
+// Layouts (T tokens, Tpad = padded tokens, H heads, D = 128):
+//   *_tok : E4M3 codes [T, H, D]       (token-major; K-major over the head dim)
+//   *_dim : E4M3 codes [H, D, Tpad]    (dim-major; each document starts at a multiple of 64, the
+//                                       padding up to the next multiple of 64 holds zero codes)
+//   *_exp : i8 exponents [T, H]        (x_hat = decode(code) * 2^exp, one entry per token)
+//   o, dq, dk, dv : BF16 [T, H, D];  lse, delta : FP32 [T, Hq] (lse in natural log)
+// Accumulator fragment of wgmma m64nN (thread t of the warpgroup, w = t/32, l = t%32, g = l/4,
+// q = l%4): d[i] = row 16w + g + 8*((i>>1)&1), column 8*(i>>2) + 2q + (i&1).
+#pragma once
+#include "common.cuh"
+#include "wgmma.cuh"
+
+struct AttnParams {
+  const u8* q_tok; const u8* q_dim; const i8* q_exp;
+  const u8* k_tok; const u8* k_dim; const i8* k_exp;
+  const u8* v_tok; const u8* v_dim; const i8* v_exp;
+  const u8* do_tok; const u8* do_dim; const i8* do_exp;
+  const int* tiles;      // int4 per 64-token tile: doc start, doc length, padded doc start, tile offset in doc
+  u16* o; float* lse; const float* delta;
+  u16* dq; u16* dk; u16* dv;
+  int T, Tpad, hq, hkv;
+  float scale;           // softmax scale
+  float scale_log2;      // softmax scale * log2(e)
+  int causal;
+  int row_ds;            // 1: dS exponents per row of the product (x 32 columns), 0: per 32x32 block
+  int hadamard;          // 1: Q and K were rotated; dQ and dK go back through the transform
+  // NVFP4 path only: score operands e2m1 * scale as BF16 [T, H, D] with per-token exponents [T, H]
+  const u16* q4; const i8* q4_exp;
+  const u16* k4; const i8* k4_exp;
+};
+
+// NVFP4 = 1: the score product S = Q K^T reads the exact NVFP4 values in BF16 through BF16 wgmma
+// (Hopper has no FP4 MMA: FP4 numerics emulated, not FP4 speed); everything else stays E4M3.
+#ifndef NVFP4
+#define NVFP4 0
+#endif
+#define QK_KB (NVFP4 ? 2 * HEAD_DIM : HEAD_DIM)   // bytes per row of a score-operand tile
+
+#define TILE 64
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+#define INV_SQRT_128 0.08838834764831845f
+
+// 2^n as a float, n clamped to the normal range (exponents this far out only occur for all-zero
+// blocks, whose codes are zero).
+__device__ __forceinline__ float exp2i(int n) {
+  n = max(-126, min(127, n));
+  return __int_as_float((n + 127) << 23);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Smallest e with amax <= 448 * 2^e (exact; the block-scale rule of hopper-kernels.md 2).
+__device__ __forceinline__ int e4m3_scale_exp(float amax) {
+  if (!(amax > 0.f)) return -126;
+  int bits = __float_as_int(amax);
+  int ex = ((bits >> 23) & 0xff);
+  int k;
+  float mant;
+  if (ex == 0) {  // subnormal
+    return -126;
+  }
+  k = ex - 127;
+  mant = __int_as_float((bits & 0x7fffff) | (127 << 23));  // in [1, 2)
+  return k - 8 + (mant > 1.75f ? 1 : 0);
+}
+
+// Two FP32 values -> two E4M3 codes in the low 16 bits (lo in the low byte), RNE, saturating.
+__device__ __forceinline__ u32 cvt_e4m3x2(float lo, float hi) {
+  u16 r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  return (u32)r;
+}
+
+// FP32 accumulator of an m64n64 product (32 regs; values already scaled for E4M3) -> the FP8 A
+// fragments of its two 32-column K slices, exact layout (wgmma-fp8-notes.md 5, shuffle variant).
+__device__ __forceinline__ void acc_to_afrag(const float (&p)[32], u32 (&a)[2][4]) {
+  const int q = threadIdx.x & 3;
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    u32 R0[4], R8[4];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int i = 16 * kk + 4 * jj;
+      R0[jj] = cvt_e4m3x2(p[i + 0], p[i + 1]);
+      R8[jj] = cvt_e4m3x2(p[i + 2], p[i + 3]);
+    }
+    u32 WA0 = R0[0] | (R0[2] << 16), WA1 = R0[1] | (R0[3] << 16);
+    u32 WB0 = R8[0] | (R8[2] << 16), WB1 = R8[1] | (R8[3] << 16);
+    bool odd = q & 1;
+    int src1 = 2 * (q & 1) + (q >> 1);
+    int src2 = 2 * (q & 1) + 1 - (q >> 1);
+    u32 gA1 = __shfl_sync(0xffffffffu, odd ? WA1 : WA0, src1, 4);
+    u32 gA2 = __shfl_sync(0xffffffffu, odd ? WA0 : WA1, src2, 4);
+    u32 gB1 = __shfl_sync(0xffffffffu, odd ? WB1 : WB0, src1, 4);
+    u32 gB2 = __shfl_sync(0xffffffffu, odd ? WB0 : WB1, src2, 4);
+    u32 sel_lo = (q < 2) ? 0x5410u : 0x1054u;
+    u32 sel_hi = (q < 2) ? 0x7632u : 0x3276u;
+    a[kk][0] = __byte_perm(gA1, gA2, sel_lo);
+    a[kk][2] = __byte_perm(gA1, gA2, sel_hi);
+    a[kk][1] = __byte_perm(gB1, gB2, sel_lo);
+    a[kk][3] = __byte_perm(gB1, gB2, sel_hi);
+  }
+}
+
+// S-tile product: acc[64 x 64] = A[64 x 128] * B[64 x 128]^T, both E4M3 tiles in smem (KB = 128),
+// fresh accumulator (the FP8 accumulator truncates: never feed an FP32 value back in).
+__device__ __forceinline__ void mma_qk(float (&acc)[32], const u8* sA, const u8* sB) {
+  u32 a = smem_u32(sA), b = smem_u32(sB);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_ss_m64n64k32_e4m3(acc, desc_slice<128>(a, kk), desc_slice<128>(b, kk), kk > 0);
+  wg_commit();
+  wg_wait<0>();
+  fence_regs(acc);
+}
+
+// Score tile: acc[64 x 64] = A[64 x 128] * B[64 x 128]^T from the score operands (E4M3, or the
+// NVFP4 values in BF16 on the NVFP4 path), fresh accumulator.
+__device__ __forceinline__ void mma_scores(float (&acc)[32], const u8* sA, const u8* sB) {
+#if NVFP4
+  u32 a = smem_u32(sA), b = smem_u32(sB);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) wgmma_ss_m64n64k16_bf16(acc, desc_slice<256>(a, kk), desc_slice<256>(b, kk), kk > 0);
+  wg_commit();
+  wg_wait<0>();
+  fence_regs(acc);
+#else
+  mma_qk(acc, sA, sB);
+#endif
+}
+
+// Score-operand rows: base pointer and row stride in bytes of token `tok`, head `h` of Q (or K).
+__device__ __forceinline__ const u8* score_row(const u8* codes, const u16* vals, long long tok, int heads, int h) {
+#if NVFP4
+  (void)codes;
+  return reinterpret_cast<const u8*>(vals + (tok * heads + h) * HEAD_DIM);
+#else
+  (void)vals;
+  return codes + (tok * heads + h) * HEAD_DIM;
+#endif
+}
+__device__ __forceinline__ int score_exp(const i8* e8, const i8* e4, long long idx) {
+#if NVFP4
+  (void)e8;
+  return e4[idx];
+#else
+  (void)e4;
+  return e8[idx];
+#endif
+}
+
+// acc[64 x 128] = A[64 x 32*NS] (fragments) * B^T, B = [128 rows x 64 bytes] dim-major tile (KB = 64),
+// K slices s0 .. s0+NS-1, fresh accumulator.
+template <int NS>
+__device__ __forceinline__ void mma_pv(float (&acc)[64], u32 (&a)[2][4], const u8* sB, int s0) {
+  u32 b = smem_u32(sB);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < NS; ++kk) wgmma_rs_m64n128k32_e4m3(acc, a[s0 + kk], desc_slice<64>(b, s0 + kk), kk > 0);
+  wg_commit();
+  wg_wait<0>();
+  fence_regs(acc);
+}
+
+// Max of |v| over a 32x32 block (ROW == 0) or over one row x 32 columns (ROW == 1) of an m64n64
+// accumulator, for K slice s (columns 32s..32s+31). Rows r0 = 16w+g and r0+8 give out[0], out[1].
+// The block case combines warps (0,1) and (2,3) through `red` (4 x 2 floats of smem).
+__device__ __forceinline__ void slice_absmax(const float (&v)[32], int s, int row_mode, float* red, float (&out)[2]) {
+  float m0 = 0.f, m1 = 0.f;
+#pragma unroll
+  for (int j = 4 * s; j < 4 * s + 4; ++j) {
+    m0 = fmaxf(m0, fmaxf(fabsf(v[4 * j + 0]), fabsf(v[4 * j + 1])));
+    m1 = fmaxf(m1, fmaxf(fabsf(v[4 * j + 2]), fabsf(v[4 * j + 3])));
+  }
+  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+  if (row_mode) {
+    out[0] = m0;
+    out[1] = m1;
+    return;
+  }
+  float m = warp_max(fmaxf(m0, m1));
+  const int w = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) red[w * 2 + s] = m;
+  __syncthreads();
+  m = fmaxf(red[w * 2 + s], red[(w ^ 1) * 2 + s]);
+  __syncthreads();
+  out[0] = m;
+  out[1] = m;
+}
+
+// dS (values already multiplied by the fold factor) -> per-slice E4M3 A fragments and exponents:
+// codes = e4m3(v * 2^-e) with e from slice_absmax. ex[s][r] is the exponent of row r0 / r0+8.
+__device__ __forceinline__ void quantise_ds(float (&v)[32], int row_mode, float* red, u32 (&a)[2][4], int (&ex)[2][2]) {
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    float mx[2];
+    slice_absmax(v, s, row_mode, red, mx);
+    ex[s][0] = e4m3_scale_exp(mx[0]);
+    ex[s][1] = e4m3_scale_exp(mx[1]);
+    float f0 = exp2i(-ex[s][0]), f1 = exp2i(-ex[s][1]);
+#pragma unroll
+    for (int j = 4 * s; j < 4 * s + 4; ++j) {
+      v[4 * j + 0] *= f0;
+      v[4 * j + 1] *= f0;
+      v[4 * j + 2] *= f1;
+      v[4 * j + 3] *= f1;
+    }
+  }
+  acc_to_afrag(v, a);
+}
+
+// Stores an FP32 accumulator [64 x 128] (64 regs) into smem rows of 128 floats (stride 132 to spread banks).
+#define EPI_STRIDE 132
+__device__ __forceinline__ void acc_to_smem(const float (&d)[64], float* s, float mul) {
+  const int t = threadIdx.x & 127, w = t >> 5, l = t & 31;
+  const int r0 = 16 * w + (l >> 2), c0 = 2 * (l & 3);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    int c = 8 * j + c0;
+    s[r0 * EPI_STRIDE + c] = d[4 * j + 0] * mul;
+    s[r0 * EPI_STRIDE + c + 1] = d[4 * j + 1] * mul;
+    s[(r0 + 8) * EPI_STRIDE + c] = d[4 * j + 2] * mul;
+    s[(r0 + 8) * EPI_STRIDE + c + 1] = d[4 * j + 3] * mul;
+  }
+}
+
+// Normalised Walsh-Hadamard transform of a 128-vector held 4 per lane (element 4*lane + j):
+// stages h = 1, 2 inside the thread, h = 4 .. 64 across lanes, then the 1/sqrt(128) factor.
+__device__ __forceinline__ void hadamard128(float (&x)[4]) {
+  float a0 = x[0] + x[1], a1 = x[0] - x[1], a2 = x[2] + x[3], a3 = x[2] - x[3];
+  x[0] = a0 + a2; x[1] = a1 + a3; x[2] = a0 - a2; x[3] = a1 - a3;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {
+    bool upper = lane & m;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float o = __shfl_xor_sync(0xffffffffu, x[j], m);
+      x[j] = upper ? (o - x[j]) : (x[j] + o);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[j] *= INV_SQRT_128;
+}
+
+// Writes rows [0, rows) of a [64 x 128] FP32 smem tile to BF16 global rows (row r at g + r*stride),
+// optionally through the Hadamard transform (dQ, dK back to the original basis).
+__device__ __forceinline__ void smem_rows_to_bf16(const float* s, u16* g, long long stride, int rows, bool had) {
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  for (int r = w; r < rows; r += 4) {
+    float4 v4 = *reinterpret_cast<const float4*>(s + r * EPI_STRIDE + 4 * l);
+    float x[4] = {v4.x, v4.y, v4.z, v4.w};
+    if (had) hadamard128(x);
+    uint2 o = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
+    *reinterpret_cast<uint2*>(g + r * stride + 4 * l) = o;
+  }
+}

@@ -1,0 +1,100 @@
+// Shared helpers of every FLAMIA kernel: integer types, BF16 packing, shared-memory matrix
+// descriptors and the no-swizzle K-major tile layout that wgmma reads, async-proxy fences.
+// No system headers: NVRTC compiles this with nothing but the embedded sources.
+#pragma once
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#ifdef FLAMIA_FORCE_ERROR
+FLAMIA_FORCE_ERROR_is_not_defined_on_purpose;  // lets the runtime test see a compile log
+#endif
+
+#define HEAD_DIM 128
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// ---- BF16 <-> FP32 ------------------------------------------------------------------------
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __int_as_float(((u32)h) << 16); }
+// Round to nearest even; the first source goes to the UPPER half (PTX cvt semantics).
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// ---- shared memory -------------------------------------------------------------------------
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// Dynamic shared memory rounded up to 1024 bytes (the host allocates 1024 extra bytes).
+__device__ __forceinline__ u8* smem_aligned_1024(u8* raw) {
+  u32 a = smem_u32(raw);
+  return raw + ((1024u - (a & 1023u)) & 1023u);
+}
+
+// wgmma shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start >> 4 in bits
+// 0-13, leading byte offset >> 4 in 16-29, stride byte offset >> 4 in 32-45, swizzle in 62-63.
+__device__ __forceinline__ u64 make_desc(u32 saddr, u32 lbo, u32 sbo) {
+  u64 d = 0;
+  d |= (u64)((saddr & 0x3FFFFu) >> 4);
+  d |= (u64)((lbo & 0x3FFFFu) >> 4) << 16;
+  d |= (u64)((sbo & 0x3FFFFu) >> 4) << 32;
+  return d;  // swizzle 0 (none)
+}
+
+// No-swizzle K-major tile of ROWS rows x KB bytes of K (KB a multiple of 16). A core matrix is
+// 8 rows x 16 bytes stored as 128 contiguous bytes; K-neighbouring core matrices are 128 bytes
+// apart (LBO), 8-row groups KB*8 bytes apart (SBO). Verified layout: wgmma-fp8-notes.md 2.
+template <int KB>
+__device__ __forceinline__ u32 tile_off(u32 r, u32 k) {
+  return (r >> 3) * (KB * 8u) + (k >> 4) * 128u + (r & 7u) * 16u + (k & 15u);
+}
+
+// Descriptor of the 32-byte K slice `kk` of such a tile (one k32 step of FP8, one k16 step of BF16).
+template <int KB>
+__device__ __forceinline__ u64 desc_slice(u32 tile, int kk) {
+  return make_desc(tile + 256u * kk, 128u, KB * 8u);
+}
+
+// Copies ROWS rows of KB bytes (row r at g + r * stride, 16-byte aligned) into a tile; rows at
+// or past `valid` are zero. Thread mapping keeps 8 consecutive threads on 8 rows of one core
+// matrix (one 128-byte bank sweep per quarter warp).
+template <int ROWS, int KB>
+__device__ __forceinline__ void load_tile(u8* s, const u8* g, long long stride, int valid, int tid, int nthreads) {
+  constexpr int CH = KB / 16;  // 16-byte chunks per row
+  for (int c = tid; c < ROWS * CH; c += nthreads) {
+    int r = (c / (8 * CH)) * 8 + (c & 7);
+    int k = ((c >> 3) % CH) * 16;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < valid) v = *reinterpret_cast<const uint4*>(g + r * stride + k);
+    *reinterpret_cast<uint4*>(s + tile_off<KB>(r, k)) = v;
+  }
+}
+
+// Shared memory written with ordinary stores is read by wgmma through the async proxy.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// Keeps the compiler from moving accumulator reads above wgmma.wait_group (names no registers).
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void fence_regs_u(u32 (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}

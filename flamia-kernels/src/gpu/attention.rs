@@ -1,0 +1,388 @@
+//! FLAMIA attention forward and backward on the GPU (`cuda/attn_fwd.cu`, `cuda/attn_bwd.cu`),
+//! called on raw device pointers and a raw CUDA stream (what the trainer's attention bridge has).
+//!
+//! Tensors: Q, O, dO, dQ `(tokens, heads_q, 128)` BF16; K, V, dK, dV `(tokens, heads_kv, 128)`
+//! BF16; LSE `(tokens, heads_q)` FP32 natural log (as the CPU reference). Documents packed back to back, `cu_seqlens`
+//! given on the host through the [`Plan`].
+//!
+//! ```ignore
+//! let gpu = Gpu::new(0)?;
+//! let attn = Attention::new(gpu.clone(), AttnOptions::new(AttnPath::Mxfp8))?;
+//! let plan = Plan::new(&gpu, &shape, true)?;              // once per batch
+//! let saved = attn.forward(stream, &plan, q, k, v, o, lse)?;   // keep `saved` for the backward
+//! attn.backward(stream, &plan, &saved, o, lse, d_o, dq, dk, dv)?;
+//! ```
+//! `forward` quantises Q, K (Hadamard-rotated), V once and returns them ([`Saved`]); the backward
+//! reuses exactly those codes (forward/backward consistency). Everything runs on `stream`; the
+//! caller keeps `plan` and `saved` alive until the stream has passed the kernels.
+//!
+//! Paths: `mxfp8`, `leaky-fp8`, and `nvfp4`, whose NVFP4 score operands are **emulated**: Hopper
+//! has no FP4 MMA, so S = Q K^T multiplies the exact NVFP4 values (e2m1 x E4M3 group scale, in
+//! BF16) on BF16 wgmma (FP4 numerics, BF16 speed); every other product is E4M3 wgmma.
+//!
+//! Precision options: `per_token_scales` -> per-token operand exponents; `row_ds_exponents` -> dS
+//! exponents per row of each dS product x 32 columns instead of per 32x32 block;
+//! `causal_dq_scaling` needs no action here: dQ is accumulated in FP32 registers of the CTA that
+//! owns the query tile (no FP16 partial sums, so no prescale that could see other rows).
+
+use super::buffer::DeviceBuf;
+use super::error::{GpuError, GpuResult};
+use super::plan::Plan;
+use super::quant::{quantize_e4m3, quantize_nvfp4, AmaxScratch, DeltaOut, Nvfp4Operand, Operand};
+use super::runtime::{launch, Gpu, RawStream, Variant};
+use crate::options::{AttnOptions, AttnPath};
+use crate::quant::ScaleMode;
+use std::sync::Arc;
+
+/// Dynamic shared memory of each kernel (1 KB of it is alignment slack): E4M3 score tiles, and
+/// the NVFP4 path's BF16 score tiles (twice the bytes).
+const SMEM_FWD: [u32; 2] = [28 * 1024, 44 * 1024];
+const SMEM_DQ: [u32; 2] = [44 * 1024, 60 * 1024];
+const SMEM_DKDV: [u32; 2] = [52 * 1024, 68 * 1024];
+
+/// Mirrors `struct AttnParams` of `cuda/attn_common.cuh`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct AttnParams {
+    q_tok: u64,
+    q_dim: u64,
+    q_exp: u64,
+    k_tok: u64,
+    k_dim: u64,
+    k_exp: u64,
+    v_tok: u64,
+    v_dim: u64,
+    v_exp: u64,
+    do_tok: u64,
+    do_dim: u64,
+    do_exp: u64,
+    tiles: u64,
+    o: u64,
+    lse: u64,
+    delta: u64,
+    dq: u64,
+    dk: u64,
+    dv: u64,
+    t: i32,
+    tpad: i32,
+    hq: i32,
+    hkv: i32,
+    scale: f32,
+    scale_log2: f32,
+    causal: i32,
+    row_ds: i32,
+    hadamard: i32,
+    q4: u64,
+    q4_exp: u64,
+    k4: u64,
+    k4_exp: u64,
+}
+
+/// The quantised Q, K, V of one forward call, kept for its backward.
+#[derive(Debug)]
+pub struct Saved {
+    pub q: Operand,
+    pub k: Operand,
+    pub v: Operand,
+    /// NVFP4 path: the score operands (the E4M3 `q`, `k` feed dK and dQ).
+    pub q4: Option<Nvfp4Operand>,
+    pub k4: Option<Nvfp4Operand>,
+}
+
+/// Backward workspace: the quantised dO and `D = rowsum(dO_hat * O)`.
+#[derive(Debug)]
+pub struct GradWorkspace {
+    pub d_o: Operand,
+    pub delta: DeviceBuf<f32>,
+}
+
+/// FLAMIA attention with fixed options on one GPU.
+#[derive(Debug)]
+pub struct Attention {
+    gpu: Arc<Gpu>,
+    opts: AttnOptions,
+    amax: AmaxScratch,
+}
+
+impl Attention {
+    /// Checks that the options are implemented on the GPU.
+    pub fn new(gpu: Arc<Gpu>, opts: AttnOptions) -> GpuResult<Attention> {
+        match opts.path {
+            AttnPath::Mxfp8 | AttnPath::LeakyFp8 | AttnPath::Nvfp4 => {}
+            AttnPath::Exact => return Err(GpuError::NotSupported(
+                "path `exact` has no FLAMIA kernel: the trainer runs libtorch's BF16 flash attention for it"
+                    .into(),
+            )),
+            AttnPath::Nvfp4 => return Err(GpuError::NotSupported(
+                "path `nvfp4` attention kernels are not implemented on the GPU yet (the NVFP4 quantiser is)"
+                    .into(),
+            )),
+        }
+        let amax = AmaxScratch::new(&gpu)?;
+        Ok(Attention { gpu, opts, amax })
+    }
+
+    /// The options.
+    pub fn options(&self) -> &AttnOptions {
+        &self.opts
+    }
+
+    /// The exponent rule of every E4M3 operand under these options.
+    pub fn scale_mode(&self) -> ScaleMode {
+        match (self.opts.path, self.opts.precision.per_token_scales) {
+            (AttnPath::LeakyFp8, _) => ScaleMode::TensorFloor,
+            (_, true) => ScaleMode::PerToken,
+            (_, false) => ScaleMode::TokenBlock,
+        }
+    }
+
+    fn check_plan(&self, plan: &Plan) -> GpuResult<()> {
+        if plan.causal != self.opts.causal {
+            return Err(GpuError::Input(crate::Error::Invalid(format!(
+                "plan built with causal = {}, attention options say causal = {}",
+                plan.causal, self.opts.causal
+            ))));
+        }
+        Ok(())
+    }
+
+    /// Allocates the quantised-operand buffers of one forward call.
+    pub fn alloc_saved(&self, plan: &Plan) -> GpuResult<Saved> {
+        let s = plan.shape();
+        let nv = self.opts.path == AttnPath::Nvfp4;
+        Ok(Saved {
+            q: Operand::alloc(&self.gpu, plan, s.heads_q)?,
+            k: Operand::alloc(&self.gpu, plan, s.heads_kv)?,
+            v: Operand::alloc(&self.gpu, plan, s.heads_kv)?,
+            q4: if nv { Some(Nvfp4Operand::alloc(&self.gpu, plan, s.heads_q)?) } else { None },
+            k4: if nv { Some(Nvfp4Operand::alloc(&self.gpu, plan, s.heads_kv)?) } else { None },
+        })
+    }
+
+    /// Allocates the backward workspace.
+    pub fn alloc_grad(&self, plan: &Plan) -> GpuResult<GradWorkspace> {
+        let s = plan.shape();
+        Ok(GradWorkspace {
+            d_o: Operand::alloc(&self.gpu, plan, s.heads_q)?,
+            delta: DeviceBuf::zeros(&self.gpu, s.heads_q * s.tokens())?,
+        })
+    }
+
+    /// Quantises Q, K (rotated when `hadamard`), V into `saved` (three launches; two more for the
+    /// NVFP4 score operands on the `nvfp4` path).
+    pub fn quantize_inputs(
+        &self,
+        stream: RawStream,
+        plan: &Plan,
+        q: u64,
+        k: u64,
+        v: u64,
+        saved: &Saved,
+    ) -> GpuResult<()> {
+        self.check_plan(plan)?;
+        let had = self.opts.precision.hadamard;
+        let m = self.scale_mode();
+        let g = &self.gpu;
+        quantize_e4m3(g, stream, plan, q, had, m, &saved.q, None, Some(&self.amax))?;
+        quantize_e4m3(g, stream, plan, k, had, m, &saved.k, None, Some(&self.amax))?;
+        quantize_e4m3(g, stream, plan, v, false, m, &saved.v, None, Some(&self.amax))?;
+        if let (Some(q4), Some(k4)) = (&saved.q4, &saved.k4) {
+            quantize_nvfp4(g, stream, plan, q, had, q4)?;
+            quantize_nvfp4(g, stream, plan, k, had, k4)?;
+        }
+        Ok(())
+    }
+
+    fn variant(&self) -> (Variant, usize) {
+        let nv = self.opts.path == AttnPath::Nvfp4;
+        (Variant::new().define("NVFP4", nv as i32), nv as usize)
+    }
+
+    fn params(&self, plan: &Plan, saved: &Saved) -> AttnParams {
+        let s = plan.shape();
+        let scale = self.opts.scale(s.head_dim);
+        AttnParams {
+            q_tok: saved.q.tok.ptr(),
+            q_dim: saved.q.dim.ptr(),
+            q_exp: saved.q.exps.ptr(),
+            k_tok: saved.k.tok.ptr(),
+            k_dim: saved.k.dim.ptr(),
+            k_exp: saved.k.exps.ptr(),
+            v_tok: saved.v.tok.ptr(),
+            v_dim: saved.v.dim.ptr(),
+            v_exp: saved.v.exps.ptr(),
+            tiles: plan.tiles.ptr(),
+            t: s.tokens() as i32,
+            tpad: plan.tpad() as i32,
+            hq: s.heads_q as i32,
+            hkv: s.heads_kv as i32,
+            scale,
+            scale_log2: scale * std::f32::consts::LOG2_E,
+            causal: self.opts.causal as i32,
+            row_ds: self.opts.precision.row_ds_exponents as i32,
+            hadamard: self.opts.precision.hadamard as i32,
+            q4: saved.q4.as_ref().map_or(0, |o| o.vals.ptr()),
+            q4_exp: saved.q4.as_ref().map_or(0, |o| o.exps.ptr()),
+            k4: saved.k4.as_ref().map_or(0, |o| o.vals.ptr()),
+            k4_exp: saved.k4.as_ref().map_or(0, |o| o.exps.ptr()),
+            ..Default::default()
+        }
+    }
+
+    /// The forward kernel on already quantised inputs: writes O (BF16) and LSE (FP32).
+    pub fn forward_quantized(
+        &self,
+        stream: RawStream,
+        plan: &Plan,
+        saved: &Saved,
+        o: u64,
+        lse: u64,
+    ) -> GpuResult<()> {
+        self.check_plan(plan)?;
+        self.gpu.bind()?;
+        let mut p = self.params(plan, saved);
+        p.o = o;
+        p.lse = lse;
+        let f = self
+            .gpu
+            .function("attn_fwd.cu", &Variant::new(), "attn_fwd", SMEM_FWD)?;
+        let grid = (plan.tables.tiles.len() as u32, plan.shape().heads_q as u32, 1);
+        // SAFETY: params mirror AttnParams; buffers sized by `plan` (caller: o, lse).
+        unsafe { launch(&f, grid, 128, SMEM_FWD, stream, &p, "attn_fwd") }
+    }
+
+    /// Quantises Q, K, V and runs the forward; returns the quantised operands for the backward.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        stream: RawStream,
+        plan: &Plan,
+        q: u64,
+        k: u64,
+        v: u64,
+        o: u64,
+        lse: u64,
+    ) -> GpuResult<Saved> {
+        let saved = self.alloc_saved(plan)?;
+        self.quantize_inputs(stream, plan, q, k, v, &saved)?;
+        self.forward_quantized(stream, plan, &saved, o, lse)?;
+        Ok(saved)
+    }
+
+    /// Quantises dO (and computes D from O) into `ws`.
+    pub fn quantize_grad(
+        &self,
+        stream: RawStream,
+        plan: &Plan,
+        d_o: u64,
+        o: u64,
+        ws: &GradWorkspace,
+    ) -> GpuResult<()> {
+        self.check_plan(plan)?;
+        let delta = DeltaOut {
+            o,
+            delta: ws.delta.ptr(),
+        };
+        quantize_e4m3(
+            &self.gpu,
+            stream,
+            plan,
+            d_o,
+            false,
+            self.scale_mode(),
+            &ws.d_o,
+            Some(delta),
+            Some(&self.amax),
+        )
+    }
+
+    /// The two backward kernels on quantised operands: writes dQ, dK, dV (BF16).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_quantized(
+        &self,
+        stream: RawStream,
+        plan: &Plan,
+        saved: &Saved,
+        ws: &GradWorkspace,
+        lse: u64,
+        dq: u64,
+        dk: u64,
+        dv: u64,
+    ) -> GpuResult<()> {
+        self.check_plan(plan)?;
+        self.gpu.bind()?;
+        let mut p = self.params(plan, saved);
+        p.do_tok = ws.d_o.tok.ptr();
+        p.do_dim = ws.d_o.dim.ptr();
+        p.do_exp = ws.d_o.exps.ptr();
+        p.delta = ws.delta.ptr();
+        p.lse = lse;
+        p.dq = dq;
+        p.dk = dk;
+        p.dv = dv;
+        let s = plan.shape();
+        let tiles = plan.tables.tiles.len() as u32;
+        let f = self
+            .gpu
+            .function("attn_bwd.cu", &Variant::new(), "attn_bwd_dq", SMEM_DQ)?;
+        // SAFETY: params mirror AttnParams; buffers sized by `plan` (caller: lse, dq).
+        unsafe {
+            launch(
+                &f,
+                (tiles, s.heads_q as u32, 1),
+                128,
+                SMEM_DQ,
+                stream,
+                &p,
+                "attn_bwd_dq",
+            )
+        }?;
+        let f = self
+            .gpu
+            .function("attn_bwd.cu", &Variant::new(), "attn_bwd_dkdv", SMEM_DKDV)?;
+        // SAFETY: as above (caller: dk, dv).
+        unsafe {
+            launch(
+                &f,
+                (tiles, s.heads_kv as u32, 1),
+                128,
+                SMEM_DKDV,
+                stream,
+                &p,
+                "attn_bwd_dkdv",
+            )
+        }
+    }
+
+    /// Quantises dO and runs the backward against the operands `forward` returned.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        stream: RawStream,
+        plan: &Plan,
+        saved: &Saved,
+        o: u64,
+        lse: u64,
+        d_o: u64,
+        dq: u64,
+        dk: u64,
+        dv: u64,
+    ) -> GpuResult<()> {
+        let ws = self.alloc_grad(plan)?;
+        self.quantize_grad(stream, plan, d_o, o, &ws)?;
+        self.backward_quantized(stream, plan, saved, &ws, lse, dq, dk, dv)?;
+        // `ws` is freed when dropped: wait for the kernels that read it.
+        // SAFETY: plain stream synchronisation.
+        unsafe { cudarc::driver::sys::cuStreamSynchronize(stream.0) }
+            .result()
+            .map_err(|err| GpuError::Driver {
+                what: "cuStreamSynchronize".into(),
+                err,
+            })
+    }
+
+    /// The GPU these kernels run on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+}

@@ -1,0 +1,227 @@
+//! Attention benchmark on the GPU: the nine packed workloads of `bench/anchors.py` (16 heads,
+//! d = 128, causal, 65,536 tokens per row), CUDA-event medians after warm-up of the quantisers,
+//! the forward, the backward (dO quantiser + both backward kernels) and the whole training call.
+//! TFLOP/s count the unmasked causal elements only, backward = 2.5 x forward (as anchors.py).
+
+use super::attention::Attention;
+use super::buffer::DeviceBuf;
+use super::error::{DriverContext, GpuResult};
+use super::plan::Plan;
+use super::runtime::{Gpu, RawStream, Variant};
+use crate::options::{AttnOptions, VarlenShape};
+use serde::Serialize;
+use std::sync::Arc;
+
+/// Heads of every workload.
+pub const HEADS: usize = 16;
+/// Head dim of every workload.
+pub const HEAD_DIM: usize = 128;
+/// Tokens per packed row.
+pub const ROW: usize = 65536;
+
+/// The `lognormal` workload of anchors.py (torch.Generator seed 1234; 36 documents).
+const LOGNORMAL: [usize; 36] = [
+    1159, 1777, 325, 1422, 525, 2006, 1446, 2519, 796, 14975, 1239, 803, 910, 211, 936, 3171, 801, 2281,
+    1083, 193, 858, 3129, 483, 2346, 1381, 1224, 389, 1328, 2928, 437, 2878, 928, 1609, 322, 226, 6492,
+];
+
+/// The nine workloads of anchors.py, by name, as document lengths.
+pub fn workloads() -> Vec<(&'static str, Vec<usize>)> {
+    let rep = |n: usize, l: usize| vec![l; n];
+    let mut mixed = vec![8192];
+    mixed.extend(rep(224, 256));
+    vec![
+        ("1x65536", rep(1, 65536)),
+        ("4x16384", rep(4, 16384)),
+        ("8x8192", rep(8, 8192)),
+        ("16x4096", rep(16, 4096)),
+        ("32x2048", rep(32, 2048)),
+        ("64x1024", rep(64, 1024)),
+        ("256x256", rep(256, 256)),
+        ("8192+224x256", mixed),
+        ("lognormal", LOGNORMAL.to_vec()),
+    ]
+}
+
+/// Forward FLOPs of causal attention over `lens` (unmasked elements only).
+pub fn causal_fwd_flops(lens: &[usize]) -> f64 {
+    lens.iter()
+        .map(|&l| 4.0 * (HEADS * HEAD_DIM) as f64 * (l * (l + 1)) as f64 / 2.0)
+        .sum()
+}
+
+/// One workload's timings (ms, medians) and rates.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchRow {
+    pub workload: String,
+    pub docs: usize,
+    pub tokens: usize,
+    pub reps: usize,
+    pub quant_ms: f64,
+    pub fwd_ms: f64,
+    pub bwd_ms: f64,
+    pub train_ms: f64,
+    pub fwd_tflops: f64,
+    pub bwd_tflops: f64,
+    pub train_tflops: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Runs `f` `warm` times, then `reps` times between CUDA events on the default stream.
+fn time_ms(gpu: &Gpu, warm: usize, reps: usize, f: &mut dyn FnMut() -> GpuResult<()>) -> GpuResult<Vec<f64>> {
+    let stream = gpu.context().default_stream();
+    for _ in 0..warm {
+        f()?;
+    }
+    let mut out = Vec::with_capacity(reps);
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    for _ in 0..reps {
+        let a = stream.record_event(flags).ctx("cuEventRecord")?;
+        f()?;
+        let b = stream.record_event(flags).ctx("cuEventRecord")?;
+        out.push(a.elapsed_ms(&b).ctx("cuEventElapsedTime")? as f64);
+    }
+    Ok(out)
+}
+
+/// Fills `buf` (BF16) with N(0, 1) on the device.
+fn fill_normal(gpu: &Gpu, buf: &DeviceBuf<u16>, seed: u32) -> GpuResult<()> {
+    #[repr(C)]
+    struct P {
+        out: u64,
+        n: i64,
+        seed: u32,
+        sigma: f32,
+    }
+    // The kernel takes four scalar parameters; pass them one by one.
+    let f = gpu.function("bench.cu", &Variant::new(), "fill_normal_bf16", 0)?;
+    let p = P {
+        out: buf.ptr(),
+        n: buf.len() as i64,
+        seed,
+        sigma: 1.0,
+    };
+    let mut args: [*mut std::ffi::c_void; 4] = [
+        &p.out as *const u64 as *mut _,
+        &p.n as *const i64 as *mut _,
+        &p.seed as *const u32 as *mut _,
+        &p.sigma as *const f32 as *mut _,
+    ];
+    // SAFETY: the four pointers match fill_normal_bf16(u16*, long long, u32, float); buf holds n elements.
+    unsafe {
+        cudarc::driver::result::launch_kernel(
+            f.cu_function(),
+            (1024, 1, 1),
+            (256, 1, 1),
+            0,
+            std::ptr::null_mut(),
+            &mut args,
+        )
+    }
+    .ctx("cuLaunchKernel(fill_normal_bf16)")
+}
+
+/// Benchmarks one workload with `opts` (causal), on fresh random inputs.
+pub fn run_workload(gpu: &Arc<Gpu>, opts: AttnOptions, name: &str, lens: &[usize]) -> GpuResult<BenchRow> {
+    let shape = VarlenShape::from_lens(lens, HEADS, HEADS, HEAD_DIM)?;
+    let t = shape.tokens();
+    let n = t * HEADS * HEAD_DIM;
+    let attn = Attention::new(gpu.clone(), opts)?;
+    let plan = Plan::new(gpu, &shape, opts.causal)?;
+    let bufs: Vec<DeviceBuf<u16>> = (0..8)
+        .map(|_| DeviceBuf::zeros(gpu, n))
+        .collect::<GpuResult<_>>()?;
+    let (q, k, v, o, d_o, dq, dk, dv) = (
+        &bufs[0], &bufs[1], &bufs[2], &bufs[3], &bufs[4], &bufs[5], &bufs[6], &bufs[7],
+    );
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u32)
+        .unwrap_or(7);
+    for (i, b) in [q, k, v, d_o].into_iter().enumerate() {
+        fill_normal(gpu, b, seed.wrapping_add(i as u32 * 1000003))?;
+    }
+    let lse = DeviceBuf::<f32>::zeros(gpu, t * HEADS)?;
+    let saved = attn.alloc_saved(&plan)?;
+    let ws = attn.alloc_grad(&plan)?;
+    let s = RawStream(std::ptr::null_mut());
+    let mut quant = || attn.quantize_inputs(s, &plan, q.ptr(), k.ptr(), v.ptr(), &saved);
+    let mut fwd = || attn.forward_quantized(s, &plan, &saved, o.ptr(), lse.ptr());
+    let mut bwd = || -> GpuResult<()> {
+        attn.quantize_grad(s, &plan, d_o.ptr(), o.ptr(), &ws)?;
+        attn.backward_quantized(s, &plan, &saved, &ws, lse.ptr(), dq.ptr(), dk.ptr(), dv.ptr())
+    };
+    // one full call first (compiles the modules), then size the repetitions to ~1 s per phase
+    quant()?;
+    fwd()?;
+    bwd()?;
+    let probe = time_ms(gpu, 0, 1, &mut || {
+        quant()?;
+        fwd()?;
+        bwd()
+    })?[0];
+    let reps = ((1000.0 / probe.max(0.01)) as usize).clamp(5, 30);
+    let quant_ms = median(time_ms(gpu, 2, reps, &mut quant)?);
+    let fwd_ms = median(time_ms(gpu, 2, reps, &mut fwd)?);
+    let bwd_ms = median(time_ms(gpu, 2, reps, &mut bwd)?);
+    let train_ms = median(time_ms(gpu, 2, reps, &mut || {
+        quant()?;
+        fwd()?;
+        bwd()
+    })?);
+    let ff = causal_fwd_flops(lens);
+    Ok(BenchRow {
+        workload: name.to_string(),
+        docs: lens.len(),
+        tokens: t,
+        reps,
+        quant_ms,
+        fwd_ms,
+        bwd_ms,
+        train_ms,
+        fwd_tflops: ff / fwd_ms / 1e9,
+        bwd_tflops: 2.5 * ff / bwd_ms / 1e9,
+        train_tflops: 3.5 * ff / train_ms / 1e9,
+    })
+}
+
+/// Registers and local (spill) bytes per thread of each attention kernel, as the driver loaded them.
+pub fn kernel_resources(gpu: &Gpu) -> GpuResult<Vec<(String, i32, i32)>> {
+    let mut out = Vec::new();
+    for (src, name) in [
+        ("attn_fwd.cu", "attn_fwd"),
+        ("attn_bwd.cu", "attn_bwd_dq"),
+        ("attn_bwd.cu", "attn_bwd_dkdv"),
+    ] {
+        let f = gpu.function(src, &Variant::new(), name, 0)?;
+        let (r, l) = super::runtime::resources(&f)?;
+        out.push((name.to_string(), r, l));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_workload_is_one_full_row() {
+        let w = workloads();
+        assert_eq!(w.len(), 9);
+        for (name, lens) in &w {
+            assert_eq!(lens.iter().sum::<usize>(), ROW, "{name}");
+        }
+        assert_eq!(w[8].1.len(), 36);
+    }
+
+    #[test]
+    fn flops_match_anchors_py() {
+        // anchors.py: 3.5 * sum(4 H D l (l + 1) / 2)
+        let f = causal_fwd_flops(&[65536]);
+        assert_eq!(f, 4.0 * 16.0 * 128.0 * 65536.0 * 65537.0 / 2.0);
+    }
+}

@@ -1,0 +1,29 @@
+//! FLAMIA on the GPU (Hopper, `sm_90a`): the kernel runtime and the FP8 `wgmma` kernels.
+//!
+//! - [`runtime`]: embedded CUDA sources (`flamia-kernels/cuda/`), NVRTC compilation for the
+//!   device's architecture, our `#include`s resolved from the embedded headers, `-D` variants,
+//!   modules cached per (source, variant, arch), raw launches on a caller's stream.
+//! - [`plan`]: per-batch tables (32-token quantiser blocks, 64-token attention tiles, padding).
+//! - [`quant`]: fused quantisers, bitwise equal to [`crate::quant`] (+ [`crate::hadamard`]).
+//! - [`attention`]: forward and backward ([`Attention`]), on raw device pointers + a stream.
+//! - [`bench`]: the attention benchmark (`flamia bench attention`).
+//! - [`buffer`]: device buffers owned by this side (plans, quantised operands, workspaces).
+//! - [`error`]: [`GpuError`]: no driver, no GPU, no NVRTC, compile log, driver call.
+//!
+//! Builds with no CUDA installed: libcuda and libnvrtc are loaded at run time; without them every
+//! entry point returns a typed error. Layouts of every buffer are in `cuda/attn_common.cuh`.
+
+pub mod attention;
+pub mod bench;
+pub mod buffer;
+pub mod error;
+pub mod plan;
+pub mod quant;
+pub mod runtime;
+
+pub use attention::{Attention, GradWorkspace, Saved};
+pub use buffer::DeviceBuf;
+pub use error::{GpuError, GpuResult};
+pub use plan::Plan;
+pub use quant::{Nvfp4Operand, Operand};
+pub use runtime::{Gpu, RawStream, Variant};

@@ -1,0 +1,158 @@
+//! Work plan of one packed batch: the tables the kernels index by block id, built on the host
+//! from `cu_seqlens` and uploaded once per batch.
+//!
+//! - 32-token quantiser blocks: `int4 {doc start, doc length, padded doc start, block offset}`.
+//! - 64-token attention tiles (query tiles of the forward and dQ kernels, key tiles of the dK/dV
+//!   kernel): the same `int4`, ordered by decreasing causal cost so the long tiles start first.
+//! - Padded token count `Tpad`: every document starts at a multiple of 64 in the dim-major code
+//!   copies (`[heads, head_dim, Tpad]`), so every 64-token tile there is 16-byte aligned and
+//!   ends inside its document's zero-padded span.
+
+use super::buffer::DeviceBuf;
+use super::error::GpuResult;
+use super::runtime::Gpu;
+use crate::options::VarlenShape;
+
+/// Tokens per quantiser block (the MXFP8 token block).
+pub const QBLOCK: usize = 32;
+/// Tokens per attention tile.
+pub const TILE: usize = 64;
+
+/// Host-side tables of a packing (no GPU needed; unit-tested on the CPU).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanTables {
+    pub blocks: Vec<[i32; 4]>,
+    pub tiles: Vec<[i32; 4]>,
+    pub tpad: usize,
+}
+
+impl PlanTables {
+    /// Builds the tables; `causal` orders tiles by the key (or query) tiles they visit.
+    pub fn new(shape: &VarlenShape, causal: bool) -> Self {
+        let mut blocks = Vec::new();
+        let mut tiles = Vec::new();
+        let mut pad = 0usize;
+        for d in shape.cu_seqlens.windows(2) {
+            let (s, len) = (d[0], d[1] - d[0]);
+            for b in (0..len).step_by(QBLOCK) {
+                blocks.push([s as i32, len as i32, pad as i32, b as i32]);
+            }
+            for t in (0..len).step_by(TILE) {
+                tiles.push([s as i32, len as i32, pad as i32, t as i32]);
+            }
+            pad += len.div_ceil(TILE) * TILE;
+        }
+        // Cost of a tile: query tile t of a causal doc visits t/64 + 1 key tiles; a key tile
+        // visits the rest. Descending by the larger of the two keeps both kernels balanced enough.
+        let cost = |x: &[i32; 4]| -> i64 {
+            let n = (x[1] as i64 + TILE as i64 - 1) / TILE as i64;
+            let i = x[3] as i64 / TILE as i64;
+            if causal {
+                (i + 1).max(n - i)
+            } else {
+                n
+            }
+        };
+        tiles.sort_by_key(|x| std::cmp::Reverse(cost(x)));
+        PlanTables {
+            blocks,
+            tiles,
+            tpad: pad.max(TILE),
+        }
+    }
+}
+
+/// The uploaded plan of one packing.
+pub struct Plan {
+    pub(crate) shape: VarlenShape,
+    pub(crate) causal: bool,
+    pub(crate) tables: PlanTables,
+    pub(crate) blocks: DeviceBuf<i32>,
+    pub(crate) tiles: DeviceBuf<i32>,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Plan({} tokens, {} docs, {} blocks, {} tiles)",
+            self.shape.tokens(),
+            self.shape.docs(),
+            self.tables.blocks.len(),
+            self.tables.tiles.len()
+        )
+    }
+}
+
+impl Plan {
+    /// Validates `shape` (head dim 128 only on the GPU) and uploads its tables.
+    pub fn new(gpu: &Gpu, shape: &VarlenShape, causal: bool) -> GpuResult<Plan> {
+        shape.validate()?;
+        if shape.head_dim != 128 {
+            return Err(super::error::GpuError::NotSupported(format!(
+                "head_dim {} on the GPU; the kernels are built for head_dim 128 only",
+                shape.head_dim
+            )));
+        }
+        if shape.tokens() >= i32::MAX as usize / 256 {
+            return Err(super::error::GpuError::NotSupported(format!(
+                "{} tokens in one call; at most {}",
+                shape.tokens(),
+                i32::MAX as usize / 256
+            )));
+        }
+        let tables = PlanTables::new(shape, causal);
+        let flat = |v: &[[i32; 4]]| v.iter().flatten().copied().collect::<Vec<i32>>();
+        let blocks = DeviceBuf::from_host(gpu, &flat(&tables.blocks))?;
+        let tiles = DeviceBuf::from_host(gpu, &flat(&tables.tiles))?;
+        Ok(Plan {
+            shape: shape.clone(),
+            causal,
+            tables,
+            blocks,
+            tiles,
+        })
+    }
+
+    /// The packing this plan was built for.
+    pub fn shape(&self) -> &VarlenShape {
+        &self.shape
+    }
+
+    /// Tokens of the dim-major copies, padding included.
+    pub fn tpad(&self) -> usize {
+        self.tables.tpad
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_and_tiles_restart_at_every_document() {
+        let shape = VarlenShape::from_lens(&[1, 33, 64, 129], 2, 1, 128).unwrap();
+        let t = PlanTables::new(&shape, true);
+        assert_eq!(t.blocks.len(), 1 + 2 + 2 + 5);
+        assert_eq!(t.blocks[1], [1, 33, 64, 0]);
+        assert_eq!(t.blocks[2], [1, 33, 64, 32]);
+        assert_eq!(t.tiles.len(), 1 + 1 + 1 + 3);
+        // padded starts: 0, 64, 128, 192; total 192 + 192
+        assert_eq!(t.tpad, 384);
+        assert!(t.tiles.iter().any(|x| *x == [98, 129, 192, 128]));
+        for b in &t.blocks {
+            assert_eq!(b[2] % 64, 0);
+            assert!(b[3] < b[1]);
+        }
+    }
+
+    #[test]
+    fn tiles_are_ordered_by_decreasing_cost() {
+        let shape = VarlenShape::from_lens(&[64, 640], 1, 1, 128).unwrap();
+        let t = PlanTables::new(&shape, true);
+        assert_eq!(t.tiles.len(), 11);
+        // first: the 640 doc's first or last tile (10 key tiles either way)
+        assert_eq!(t.tiles[0][1], 640);
+        assert_eq!(*t.tiles.last().unwrap(), [0, 64, 0, 0]);
+    }
+}

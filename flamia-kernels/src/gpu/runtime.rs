@@ -1,0 +1,426 @@
+//! Kernel runtime: the CUDA sources embedded in the crate, NVRTC compilation for the device's
+//! architecture (`sm_90a` on Hopper), our own `#include "x.cuh"` resolved from the embedded headers,
+//! variants as `-D` defines, and one loaded module per (source, variant, arch).
+//!
+//! Nothing here needs CUDA at build time: the driver and NVRTC are loaded at run time (cudarc's
+//! dynamic loading) and their absence is a typed [`GpuError`], never a panic.
+
+use super::error::{DriverContext, GpuError, GpuResult};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+/// Every CUDA file of the crate, by the name kernels `#include` it with.
+const SOURCES: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../../cuda/common.cuh")),
+    ("wgmma.cuh", include_str!("../../cuda/wgmma.cuh")),
+    ("formats.cuh", include_str!("../../cuda/formats.cuh")),
+    ("attn_common.cuh", include_str!("../../cuda/attn_common.cuh")),
+    ("quant.cu", include_str!("../../cuda/quant.cu")),
+    ("attn_fwd.cu", include_str!("../../cuda/attn_fwd.cu")),
+    ("attn_bwd.cu", include_str!("../../cuda/attn_bwd.cu")),
+    ("bench.cu", include_str!("../../cuda/bench.cu")),
+];
+
+fn embedded(name: &str) -> Option<&'static str> {
+    SOURCES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
+}
+
+fn known() -> String {
+    SOURCES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+}
+
+/// The source of `name` with every `#include "..."` of an embedded header replaced by that
+/// header (each at most once: headers are `#pragma once`), with `#line` markers so NVRTC's log
+/// names the right file and line. `#include <...>` (system headers) are left to NVRTC.
+pub fn resolve_includes(name: &str) -> GpuResult<String> {
+    let mut out = String::new();
+    let mut seen = HashSet::new();
+    inline(name, "the kernel cache", &mut out, &mut seen)?;
+    Ok(out)
+}
+
+fn inline(name: &str, from: &str, out: &mut String, seen: &mut HashSet<String>) -> GpuResult<()> {
+    let text = embedded(name).ok_or_else(|| GpuError::UnknownSource {
+        name: name.to_string(),
+        from: from.to_string(),
+        known: known(),
+    })?;
+    if !seen.insert(name.to_string()) {
+        return Ok(());
+    }
+    out.push_str(&format!("#line 1 \"{name}\"\n"));
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with("#pragma once") {
+            out.push('\n');
+            continue;
+        }
+        if let Some(rest) = t.strip_prefix("#include") {
+            let rest = rest.trim();
+            if let Some(inc) = rest.strip_prefix('"').and_then(|r| r.split('"').next()) {
+                inline(inc, name, out, seen)?;
+                out.push_str(&format!("#line {} \"{name}\"\n", i + 2));
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    Ok(())
+}
+
+/// A specialisation of a kernel source: `-D NAME=VALUE` defines. Ordered, so equal variants
+/// have equal keys.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Variant(BTreeMap<String, String>);
+
+impl Variant {
+    /// The empty variant (no defines).
+    pub fn new() -> Self {
+        Variant::default()
+    }
+
+    /// Adds `-D name=value`.
+    pub fn define(mut self, name: &str, value: impl ToString) -> Self {
+        self.0.insert(name.to_string(), value.to_string());
+        self
+    }
+
+    /// `NAME=VALUE,...`, the key the cache and error messages use.
+    pub fn key(&self) -> String {
+        self.0
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn options(&self) -> Vec<String> {
+        self.0.iter().map(|(k, v)| format!("-D{k}={v}")).collect()
+    }
+}
+
+/// The NVRTC architecture for a compute capability: the `a` targets (wgmma, setmaxnreg) on
+/// Hopper and Blackwell datacenter parts, the plain one elsewhere.
+pub fn arch_for(major: i32, minor: i32) -> &'static str {
+    match (major, minor) {
+        (9, 0) => "sm_90a",
+        (10, 0) => "sm_100a",
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 9) => "sm_89",
+        _ => "sm_unsupported",
+    }
+}
+
+/// True when libnvrtc can be loaded.
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to dlopen the library by its usual names.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// True when libcuda can be loaded.
+pub fn driver_available() -> bool {
+    // SAFETY: only tries to dlopen the library by its usual names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Compiles embedded source `source` (includes resolved) for `arch` with the variant's defines.
+/// Needs NVRTC only, no GPU.
+pub fn compile_ptx(source: &str, variant: &Variant, arch: &'static str) -> GpuResult<Ptx> {
+    if !nvrtc_available() {
+        return Err(GpuError::NoNvrtc);
+    }
+    let text = resolve_includes(source)?;
+    let mut options = variant.options();
+    options.push("-std=c++17".into());
+    options.push("-lineinfo".into());
+    let opts = CompileOptions {
+        arch: Some(arch),
+        options: options.clone(),
+        name: Some(source.to_string()),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(text, opts).map_err(|e| {
+        let log = match &e {
+            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => format!("{other:?}"),
+        };
+        GpuError::Compile {
+            source_name: source.to_string(),
+            variant: variant.key(),
+            arch: arch.to_string(),
+            options,
+            log,
+        }
+    })
+}
+
+type ModuleKey = (String, Variant, &'static str);
+
+/// One GPU: its context, architecture and the cache of compiled modules and functions.
+/// Cheap to share (`Arc<Gpu>`); every method takes `&self`.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    arch: &'static str,
+    name: String,
+    sm_count: i32,
+    modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<(ModuleKey, String), CudaFunction>>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gpu({}, {}, {} SMs)", self.name, self.arch, self.sm_count)
+    }
+}
+
+impl Gpu {
+    /// Opens device `ordinal` (its primary context, the one libtorch uses too), checks that it is
+    /// a Hopper GPU and that NVRTC is present.
+    pub fn new(ordinal: usize) -> GpuResult<Arc<Gpu>> {
+        if !driver_available() {
+            return Err(GpuError::NoDriver);
+        }
+        let count = CudaContext::device_count().ctx("cuDeviceGetCount")?;
+        if ordinal as i32 >= count {
+            return Err(GpuError::NoGpu { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).ctx("cuDevicePrimaryCtxRetain")?;
+        let name = ctx.name().ctx("cuDeviceGetName")?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .ctx("cuDeviceGetAttribute(compute capability)")?;
+        if (major, minor) != (9, 0) {
+            return Err(GpuError::Unsupported { name, major, minor });
+        }
+        if !nvrtc_available() {
+            return Err(GpuError::NoNvrtc);
+        }
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .ctx("cuDeviceGetAttribute(multiprocessors)")?;
+        Ok(Arc::new(Gpu {
+            ctx,
+            arch: arch_for(major, minor),
+            name,
+            sm_count,
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The cudarc context (for allocating buffers and streams in tests and benchmarks).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// NVRTC architecture the kernels are compiled for.
+    pub fn arch(&self) -> &'static str {
+        self.arch
+    }
+
+    /// Device name as the driver reports it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn sm_count(&self) -> i32 {
+        self.sm_count
+    }
+
+    /// The module of (`source`, `variant`) for this GPU's arch, compiled on first use.
+    pub fn module(&self, source: &str, variant: &Variant) -> GpuResult<Arc<CudaModule>> {
+        let key: ModuleKey = (source.to_string(), variant.clone(), self.arch);
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = modules.get(&key) {
+            return Ok(m.clone());
+        }
+        let ptx = compile_ptx(source, variant, self.arch)?;
+        let m = self
+            .ctx
+            .load_module(ptx)
+            .ctx(&format!("cuModuleLoadData({source} [{}])", variant.key()))?;
+        modules.insert(key, m.clone());
+        Ok(m)
+    }
+
+    /// Kernel `name` of (`source`, `variant`), with its dynamic shared memory limit raised to
+    /// `smem` bytes when that is above the 48 KB default.
+    pub fn function(
+        &self,
+        source: &str,
+        variant: &Variant,
+        name: &str,
+        smem: u32,
+    ) -> GpuResult<CudaFunction> {
+        let key: ModuleKey = (source.to_string(), variant.clone(), self.arch);
+        let fkey = (key, name.to_string());
+        if let Some(f) = self
+            .functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&fkey)
+        {
+            return Ok(f.clone());
+        }
+        let m = self.module(source, variant)?;
+        let f = m
+            .load_function(name)
+            .ctx(&format!("cuModuleGetFunction({name})"))?;
+        if smem > 48 * 1024 {
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .ctx(&format!("cuFuncSetAttribute({name}, max dynamic smem {smem})"))?;
+        }
+        self.functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(fkey, f.clone());
+        Ok(f)
+    }
+
+    /// Makes this GPU's context current on the calling thread (before raw launches).
+    pub fn bind(&self) -> GpuResult<()> {
+        self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")
+    }
+}
+
+/// A CUDA stream given as the raw driver handle (e.g. libtorch's current stream). Null is the
+/// legacy default stream.
+#[derive(Debug, Clone, Copy)]
+pub struct RawStream(pub sys::CUstream);
+
+// SAFETY: a CUstream handle may be used from any thread of the process.
+unsafe impl Send for RawStream {}
+// SAFETY: as above; the driver serialises work on the stream.
+unsafe impl Sync for RawStream {}
+
+/// Launches kernel `f`, whose only parameter is the `#[repr(C)]` struct `params` (mirrored in
+/// the `.cu` file), on `stream`.
+///
+/// # Safety
+/// `params` must match the kernel's parameter struct exactly and every device pointer in it
+/// must be valid for the accesses the kernel makes, until the stream has run it.
+pub(crate) unsafe fn launch<P>(
+    f: &CudaFunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    stream: RawStream,
+    params: &P,
+    what: &str,
+) -> GpuResult<()> {
+    if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+        return Ok(());
+    }
+    let mut args = [params as *const P as *mut c_void];
+    // SAFETY: forwarded to the caller's contract.
+    unsafe {
+        cudarc::driver::result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, stream.0, &mut args)
+    }
+    .ctx(&format!(
+        "cuLaunchKernel({what}, grid {grid:?}, block {block}, smem {smem})"
+    ))
+}
+
+/// Reads registers and local memory (spill) bytes per thread of a loaded kernel.
+pub fn resources(f: &CudaFunction) -> GpuResult<(i32, i32)> {
+    Ok((
+        f.num_regs().ctx("cuFuncGetAttribute(regs)")?,
+        f.local_size_bytes().ctx("cuFuncGetAttribute(local)")?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_source_resolves_its_includes() {
+        for (name, _) in SOURCES {
+            let text = resolve_includes(name).unwrap();
+            assert!(!text.contains("#include \""), "{name} still has a local include");
+            assert!(text.starts_with(&format!("#line 1 \"{name}\"")));
+        }
+    }
+
+    #[test]
+    fn headers_are_inlined_once() {
+        let text = resolve_includes("attn_fwd.cu").unwrap();
+        assert_eq!(text.matches("#line 1 \"common.cuh\"").count(), 1);
+        assert!(!text.contains("#pragma once"));
+    }
+
+    #[test]
+    fn unknown_source_is_a_typed_error() {
+        match resolve_includes("nope.cu") {
+            Err(GpuError::UnknownSource { name, known, .. }) => {
+                assert_eq!(name, "nope.cu");
+                assert!(known.contains("attn_fwd.cu"));
+            }
+            other => panic!("expected UnknownSource, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn variant_keys_are_ordered_and_become_defines() {
+        let a = Variant::new().define("B", 2).define("A", 1);
+        let b = Variant::new().define("A", 1).define("B", 2);
+        assert_eq!(a, b);
+        assert_eq!(a.key(), "A=1,B=2");
+        assert_eq!(a.options(), vec!["-DA=1".to_string(), "-DB=2".to_string()]);
+    }
+
+    #[test]
+    fn hopper_gets_the_arch_specific_target() {
+        assert_eq!(arch_for(9, 0), "sm_90a");
+        assert_eq!(arch_for(7, 5), "sm_unsupported");
+    }
+
+    #[test]
+    fn opening_a_gpu_never_panics() {
+        // Without a driver (CI) this must be the typed NoDriver/NoGpu error; with one, a GPU.
+        match Gpu::new(0) {
+            Ok(g) => assert!(g.sm_count() > 0),
+            Err(
+                GpuError::NoDriver
+                | GpuError::NoGpu { .. }
+                | GpuError::NoNvrtc
+                | GpuError::Unsupported { .. },
+            ) => {}
+            Err(e) => panic!("unexpected error kind: {e}"),
+        }
+    }
+
+    #[test]
+    #[ignore = "needs NVRTC (libnvrtc.so.13 on LD_LIBRARY_PATH): run with --ignored"]
+    fn every_source_compiles_for_sm_90a() {
+        for (name, _) in SOURCES.iter().filter(|(n, _)| n.ends_with(".cu")) {
+            let ptx = compile_ptx(name, &Variant::new(), "sm_90a").unwrap_or_else(|e| panic!("{e}"));
+            let src = ptx.to_src();
+            assert!(src.contains(".target sm_90a"));
+            // For ptxas / SASS inspection: FLAMIA_PTX_DIR=dir writes every module's PTX there.
+            if let Ok(dir) = std::env::var("FLAMIA_PTX_DIR") {
+                std::fs::write(std::path::Path::new(&dir).join(format!("{name}.ptx")), &src).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs NVRTC (libnvrtc.so.13 on LD_LIBRARY_PATH): run with --ignored"]
+    fn a_compile_error_carries_the_log() {
+        // An undefined identifier in a variant define reaches the kernel source.
+        let v = Variant::new().define("FLAMIA_FORCE_ERROR", 1);
+        match compile_ptx("quant.cu", &v, "sm_90a") {
+            Err(GpuError::Compile { log, .. }) => assert!(log.contains("FLAMIA_FORCE_ERROR"), "{log}"),
+            other => panic!("expected a compile error, got {:?}", other.map(|_| ())),
+        }
+    }
+}
