@@ -1,0 +1,168 @@
+//! `data::Config`: the typed, validated settings of the data pipeline (a `[data]` table in the run
+//! TOML). Defaults train on the embedded Shakespeare shard with the built-in byte tokenizer.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{DataError, Result};
+
+/// Settings of the data pipeline. Unknown keys are rejected.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Training shards: parquet (`.parquet`) or pre-tokenised (`.ftok`) files, directories (all
+    /// such files inside, sorted), globs (`/data/fineweb-edu/sample/10BT/*.parquet`), or
+    /// `embedded:train` for the shard compiled into the binary.
+    pub train: Vec<String>,
+    /// Validation shards, same forms as `train` (`embedded:val` is the held-out embedded shard).
+    /// Read in file order, unshuffled, one pass.
+    pub val: Vec<String>,
+    /// `"bytes"` for the built-in byte-level tokenizer (vocab 256 + specials), or the path of a
+    /// Hugging Face `tokenizer.json` (e.g. made by `flamia tokenizer convert-tiktoken`).
+    pub tokenizer: String,
+    /// Tokens per row fed to the model. Each row also carries the next token as the last target.
+    pub seq_len: usize,
+    /// Rows per batch on each rank (the micro-batch); the trainer may set it from its own settings.
+    pub batch_rows: usize,
+    /// Documents per shuffle block: documents are shuffled within consecutive blocks of this many
+    /// (bounded memory); 1 disables document shuffling. Shard/row-group order is shuffled per epoch
+    /// regardless when `shuffle` is on.
+    pub shuffle_buffer: usize,
+    /// Shuffle row-group order (per epoch) and documents (per block). Validation is never shuffled.
+    pub shuffle: bool,
+    /// Seed of every shuffle; the same seed gives the same stream.
+    pub seed: u64,
+    /// Keep only documents whose `int_score` is at least this (FineWeb-Edu scores 0..5); `None`
+    /// keeps all. Shards without an `int_score` column are an error when this is set.
+    pub min_int_score: Option<i64>,
+    /// Keep only documents whose `language` column equals this (e.g. `"en"`); `None` keeps all.
+    pub language: Option<String>,
+    /// Cap on a document's tokens including its end-of-text token (longer documents are cut);
+    /// `None` keeps whole documents. At least 2 when set.
+    pub max_doc_tokens: Option<usize>,
+    /// Batches prepared ahead by the background thread (bounded queue); at least 1.
+    pub prefetch: usize,
+    /// Log and skip shards (or row groups) that are missing, corrupt, empty or lack the text
+    /// column, instead of failing.
+    pub skip_bad_shards: bool,
+    /// Tokenizer worker threads; 0 means all available cores.
+    pub num_threads: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            train: vec!["embedded:train".into()],
+            val: vec!["embedded:val".into()],
+            tokenizer: "bytes".into(),
+            seq_len: 512,
+            batch_rows: 8,
+            shuffle_buffer: 256,
+            shuffle: true,
+            seed: 0,
+            min_int_score: None,
+            language: None,
+            max_doc_tokens: None,
+            prefetch: 4,
+            skip_bad_shards: false,
+            num_threads: 0,
+        }
+    }
+}
+
+impl Config {
+    /// Checks every field; the message says which field and what is allowed.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(DataError::Config(m));
+        if self.train.is_empty() {
+            return bad(
+                "`train` is empty: give at least one shard path, directory, glob or `embedded:train`".into(),
+            );
+        }
+        if self.seq_len < 2 || self.seq_len > (1 << 24) {
+            return bad(format!("`seq_len` = {} must be in 2..=16777216", self.seq_len));
+        }
+        if self.batch_rows == 0 {
+            return bad("`batch_rows` must be at least 1".into());
+        }
+        if self.shuffle_buffer == 0 || self.shuffle_buffer > 1 << 20 {
+            return bad(format!(
+                "`shuffle_buffer` = {} must be in 1..=1048576",
+                self.shuffle_buffer
+            ));
+        }
+        if self.prefetch == 0 || self.prefetch > 1024 {
+            return bad(format!("`prefetch` = {} must be in 1..=1024", self.prefetch));
+        }
+        if let Some(m) = self.max_doc_tokens {
+            if m < 2 {
+                return bad(format!(
+                    "`max_doc_tokens` = {m} must be at least 2 (one token plus end-of-text) or unset"
+                ));
+            }
+        }
+        if let Some(s) = self.min_int_score {
+            if !(0..=5).contains(&s) {
+                return bad(format!(
+                    "`min_int_score` = {s} must be in 0..=5 (FineWeb-Edu scores) or unset"
+                ));
+            }
+        }
+        if self.tokenizer.is_empty() {
+            return bad("`tokenizer` is empty: use \"bytes\" or the path of a tokenizer.json".into());
+        }
+        if self.num_threads > 1024 {
+            return bad(format!(
+                "`num_threads` = {} must be at most 1024 (0 = all cores)",
+                self.num_threads
+            ));
+        }
+        Ok(())
+    }
+
+    /// Worker threads for tokenisation after resolving 0 to the core count.
+    pub fn threads(&self) -> usize {
+        if self.num_threads == 0 {
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        } else {
+            self.num_threads
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_round_trip_toml_like_json() {
+        let c = Config::default();
+        c.validate().unwrap();
+        let s = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<Config>(&s).unwrap(), c);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_rejected() {
+        assert!(serde_json::from_str::<Config>(r#"{"seq_lenn": 3}"#).is_err());
+        let c = Config {
+            seq_len: 1,
+            ..Config::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("seq_len"));
+        let c = Config {
+            max_doc_tokens: Some(1),
+            ..Config::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("max_doc_tokens"));
+        let c = Config {
+            min_int_score: Some(9),
+            ..Config::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("min_int_score"));
+        let c = Config {
+            train: vec![],
+            ..Config::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

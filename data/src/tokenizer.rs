@@ -1,0 +1,169 @@
+//! Tokenisers: the built-in byte-level tokenizer (no file: ids 0..=255 are bytes, then specials)
+//! and Hugging Face `tokenizer.json` files through the `tokenizers` crate.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{DataError, Result};
+
+/// Special tokens of the byte tokenizer, in id order after the 256 byte ids.
+pub const BYTE_SPECIALS: [&str; 2] = ["<|end_of_text|>", "<|begin_of_text|>"];
+
+/// End-of-document token names looked up in a `tokenizer.json`, first match wins.
+const EOS_NAMES: [&str; 4] = ["<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>"];
+
+/// A tokenizer the pipeline can run from many threads at once.
+#[derive(Debug, Clone)]
+pub enum Tokenizer {
+    /// UTF-8 bytes as ids 0..=255; `<|end_of_text|>` = 256, `<|begin_of_text|>` = 257.
+    Bytes,
+    /// A Hugging Face tokenizer loaded from `path`.
+    Hf {
+        path: PathBuf,
+        inner: Box<tokenizers::Tokenizer>,
+        eos: u32,
+        vocab: usize,
+    },
+}
+
+impl Tokenizer {
+    /// `"bytes"` gives the byte tokenizer; anything else is read as a `tokenizer.json` path.
+    pub fn from_spec(spec: &str) -> Result<Self> {
+        if spec == "bytes" {
+            return Ok(Tokenizer::Bytes);
+        }
+        Self::from_file(Path::new(spec))
+    }
+
+    /// Loads a Hugging Face `tokenizer.json`; the file must define an end-of-text token.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let err = |problem: String| DataError::Tokenizer {
+            path: path.to_path_buf(),
+            problem,
+        };
+        let text = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&text)
+            .map_err(|e| err(format!("not a valid tokenizer.json: {e}")))?;
+        let eos = EOS_NAMES
+            .iter()
+            .find_map(|n| inner.token_to_id(n))
+            .ok_or_else(|| {
+                err(format!(
+                    "defines no end-of-text token (looked for {})",
+                    EOS_NAMES.join(", ")
+                ))
+            })?;
+        let vocab = inner.get_vocab_size(true);
+        Ok(Tokenizer::Hf {
+            path: path.to_path_buf(),
+            inner: Box::new(inner),
+            eos,
+            vocab,
+        })
+    }
+
+    /// Ids the model must embed (bytes + specials, or the file's vocabulary with added tokens).
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Tokenizer::Bytes => 256 + BYTE_SPECIALS.len(),
+            Tokenizer::Hf { vocab, .. } => *vocab,
+        }
+    }
+
+    /// The end-of-text id appended to every document.
+    pub fn eos_id(&self) -> u32 {
+        match self {
+            Tokenizer::Bytes => 256,
+            Tokenizer::Hf { eos, .. } => *eos,
+        }
+    }
+
+    /// A short identity used to check pre-tokenised shards against the configured tokenizer.
+    pub fn fingerprint(&self) -> String {
+        match self {
+            Tokenizer::Bytes => "bytes".into(),
+            Tokenizer::Hf {
+                inner, vocab, eos, ..
+            } => {
+                // The serialised model decides the ids; hash it rather than trusting the path.
+                let json = inner.to_string(false).unwrap_or_default();
+                format!("hf:{vocab}:{eos}:{:016x}", fnv1a(json.as_bytes()))
+            }
+        }
+    }
+
+    /// Token ids of `text` without special tokens (the pipeline appends end-of-text itself).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        match self {
+            Tokenizer::Bytes => Ok(text.bytes().map(u32::from).collect()),
+            Tokenizer::Hf { inner, path, .. } => inner
+                .encode_fast(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| DataError::Tokenizer {
+                    path: path.clone(),
+                    problem: format!("encode failed: {e}"),
+                }),
+        }
+    }
+
+    /// Text of `ids` (specials spelled out by the byte tokenizer, invalid UTF-8 replaced).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        match self {
+            Tokenizer::Bytes => {
+                let mut out = Vec::with_capacity(ids.len());
+                for &i in ids {
+                    match i {
+                        0..=255 => out.push(i as u8),
+                        _ => {
+                            let name = BYTE_SPECIALS.get(i as usize - 256).copied().unwrap_or("<|unk|>");
+                            out.extend_from_slice(name.as_bytes());
+                        }
+                    }
+                }
+                Ok(String::from_utf8_lossy(&out).into_owned())
+            }
+            Tokenizer::Hf { inner, path, .. } => inner.decode(ids, false).map_err(|e| DataError::Tokenizer {
+                path: path.clone(),
+                problem: format!("decode failed: {e}"),
+            }),
+        }
+    }
+}
+
+/// 64-bit FNV-1a, a stable hash for fingerprints and seeds (not for security).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_round_trip_and_specials() {
+        let t = Tokenizer::Bytes;
+        let ids = t.encode("héllo").unwrap();
+        assert_eq!(ids.len(), 6);
+        assert_eq!(t.decode(&ids).unwrap(), "héllo");
+        assert_eq!(t.vocab_size(), 258);
+        assert_eq!(t.decode(&[104, 256]).unwrap(), "h<|end_of_text|>");
+    }
+
+    #[test]
+    fn invalid_tokenizer_file_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tok.json");
+        std::fs::write(&p, "{not json").unwrap();
+        let e = Tokenizer::from_file(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("tok.json") && e.contains("not a valid tokenizer.json"),
+            "{e}"
+        );
+        let e = Tokenizer::from_spec(dir.path().join("missing.json").to_str().unwrap()).unwrap_err();
+        assert!(e.to_string().contains("missing.json"), "{e}");
+    }
+}

@@ -1,0 +1,164 @@
+//! Bad input gives a typed error naming the file; `skip_bad_shards` logs and continues.
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema};
+use common::{docs_of, write_shard};
+use flamia_data::{Config, DataError, Loader};
+
+fn cfg(train: Vec<String>) -> Config {
+    Config {
+        train,
+        seq_len: 32,
+        batch_rows: 2,
+        num_threads: 1,
+        ..Config::default()
+    }
+}
+
+fn err(c: &Config) -> DataError {
+    Loader::new(c, 0, 1, None).unwrap_err()
+}
+
+fn no_text_column(path: &std::path::Path) {
+    let schema = Arc::new(Schema::new(vec![Field::new("int_score", DataType::Int64, false)]));
+    let col: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3]));
+    let batch = RecordBatch::try_new(schema.clone(), vec![col]).unwrap();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn each_bad_shard_is_named_with_its_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let good = write_shard(d, "good.parquet", 0, 30, 5);
+    let s = |p: &std::path::Path| p.display().to_string();
+
+    let missing = d.join("missing.parquet");
+    let e = err(&cfg(vec![s(&missing)]));
+    assert!(matches!(e, DataError::Open { .. }), "{e}");
+    assert!(e.to_string().contains("missing.parquet"), "{e}");
+
+    let bytes = std::fs::read(&good).unwrap();
+    let truncated = d.join("truncated.parquet");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let e = err(&cfg(vec![s(&truncated)]));
+    assert!(matches!(e, DataError::Parquet { .. }), "{e}");
+    assert!(
+        e.to_string().contains("truncated.parquet") && e.to_string().contains("corrupt or truncated"),
+        "{e}"
+    );
+
+    let corrupt = d.join("corrupt.parquet");
+    std::fs::write(&corrupt, b"this is not a parquet file at all, just some bytes").unwrap();
+    let e = err(&cfg(vec![s(&corrupt)]));
+    assert!(e.to_string().contains("corrupt.parquet"), "{e}");
+
+    let notext = d.join("notext.parquet");
+    no_text_column(&notext);
+    let e = err(&cfg(vec![s(&notext)]));
+    assert!(matches!(e, DataError::Column { .. }), "{e}");
+    assert!(
+        e.to_string().contains("notext.parquet") && e.to_string().contains("`text` is missing"),
+        "{e}"
+    );
+
+    let empty = d.join("empty.parquet");
+    flamia_data::makeshard::ShardWriter::create(&empty, 8)
+        .unwrap()
+        .finish()
+        .unwrap();
+    let e = err(&cfg(vec![s(&empty)]));
+    assert!(matches!(e, DataError::EmptyShard { .. }), "{e}");
+    assert!(e.to_string().contains("empty.parquet"), "{e}");
+
+    let e = err(&cfg(vec![format!("{}/nothing-*.parquet", d.display())]));
+    assert!(matches!(e, DataError::NoShards { .. }), "{e}");
+
+    let bad_tok = d.join("tokenizer.json");
+    std::fs::write(&bad_tok, "{\"model\": 3}").unwrap();
+    let c = Config {
+        tokenizer: s(&bad_tok),
+        ..cfg(vec![s(&good)])
+    };
+    let e = err(&c);
+    assert!(
+        matches!(e, DataError::Tokenizer { .. }) && e.to_string().contains("tokenizer.json"),
+        "{e}"
+    );
+
+    // A filter needing a column the shard lacks.
+    let c = Config {
+        min_int_score: Some(3),
+        ..cfg(vec![s(&notext)])
+    };
+    assert!(err(&c).to_string().contains("notext.parquet"));
+
+    // skip_bad_shards: every bad shard is skipped, the good one is read in full.
+    let all = vec![
+        s(&missing),
+        s(&truncated),
+        s(&corrupt),
+        s(&notext),
+        s(&empty),
+        s(&good),
+    ];
+    let c = Config {
+        skip_bad_shards: true,
+        val: all.clone(),
+        ..cfg(all.clone())
+    };
+    let ids: Vec<u32> = Loader::validation(&c, 0, 1)
+        .unwrap()
+        .flat_map(|b| b.unwrap().tokens)
+        .collect();
+    let docs = docs_of(&ids);
+    assert!(docs.len() >= 30 && docs[..30] == (0..30).map(common::doc_text).collect::<Vec<_>>()[..]);
+    // Without it, the first bad shard stops the run.
+    assert!(Loader::new(&cfg(all), 0, 1, None).is_err());
+    // Only bad shards: nothing usable even when skipping.
+    let c = Config {
+        skip_bad_shards: true,
+        ..cfg(vec![s(&corrupt), s(&empty)])
+    };
+    assert!(matches!(err(&c), DataError::NoData(_)));
+}
+
+#[test]
+fn pretokenized_shards_feed_the_same_stream_and_check_their_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_shard(dir.path(), "a.parquet", 0, 70, 9);
+    let out = dir.path().join("a.ftok");
+    let tok = flamia_data::Tokenizer::Bytes;
+    let specs = vec![p.display().to_string()];
+    let filters = flamia_data::source::Filters::default();
+    let r = flamia_data::pretokenize::tokenize(&specs, &filters, &tok, &out, 2, false).unwrap();
+    assert_eq!(r.docs, 70);
+    let take = |train: String| -> Vec<flamia_data::Batch> {
+        let c = Config {
+            shuffle: false,
+            ..cfg(vec![train])
+        };
+        Loader::new(&c, 0, 1, None)
+            .unwrap()
+            .take(10)
+            .map(|b| b.unwrap())
+            .collect()
+    };
+    assert_eq!(take(p.display().to_string()), take(out.display().to_string()));
+    let report = flamia_data::inspect::inspect(&out.display().to_string(), &tok, 100).unwrap();
+    assert_eq!((report.rows, report.format.as_str()), (70, "ftok"));
+    // Truncated .ftok: named, reported at open.
+    let bytes = std::fs::read(&out).unwrap();
+    std::fs::write(&out, &bytes[..bytes.len() - 3]).unwrap();
+    let e = Loader::new(&cfg(vec![out.display().to_string()]), 0, 1, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a.ftok") && e.contains("truncated"), "{e}");
+}
