@@ -1,0 +1,196 @@
+//! The scoring interface between the eval crate and a model.
+//!
+//! Two levels:
+//! - [`Scorer`]: string level, "log-likelihood of `continuation` given `context`", batched. The task
+//!   harness only needs this; tests implement it with planted values.
+//! - [`LanguageModel`]: token level, "log p(t[i] | t[..i]) for every position of each sequence", run
+//!   through a chosen [`AttnMode`]. The trainer's model implements this; [`ModelScorer`] turns it
+//!   into a [`Scorer`] with lm-evaluation-harness's tokenisation rules, and
+//!   [`crate::validation`] uses it directly for validation loss and bits per byte.
+
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// One log-likelihood request: score `continuation` after `context`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub context: String,
+    pub continuation: String,
+}
+
+/// Result of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LogLik {
+    /// Sum over the continuation's tokens of log p(token | everything before), natural log.
+    pub logprob: f64,
+    /// Whether every continuation token was the model's argmax (greedy) prediction.
+    pub greedy: bool,
+}
+
+/// String-level scorer: the interface the task harness runs on.
+pub trait Scorer {
+    /// Scores every request; returns one [`LogLik`] per request, in order. The harness calls this
+    /// with batches of at most its batch size.
+    fn loglikelihood(&mut self, requests: &[Request]) -> Result<Vec<LogLik>>;
+}
+
+/// Which attention a [`LanguageModel`] evaluates through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttnMode {
+    /// The attention path the model was trained with (e.g. `mxfp8`).
+    Training,
+    /// Exact causal attention (the BF16 control numerics). Quality must always be measured here
+    /// too: a leaking kernel looks good when evaluated through itself.
+    Exact,
+}
+
+impl AttnMode {
+    /// Name used on the command line and in result files.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnMode::Training => "training",
+            AttnMode::Exact => "exact",
+        }
+    }
+}
+
+impl std::str::FromStr for AttnMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "training" => Ok(AttnMode::Training),
+            "exact" => Ok(AttnMode::Exact),
+            _ => Err(Error::Invalid(format!(
+                "unknown attention mode {s:?}; allowed: training, exact"
+            ))),
+        }
+    }
+}
+
+/// Score of one predicted token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenScore {
+    /// log p(token | prefix), natural log.
+    pub logprob: f32,
+    /// Whether the token was the argmax of the model's distribution.
+    pub greedy: bool,
+}
+
+/// Token-level model interface the trainer implements.
+pub trait LanguageModel {
+    /// Longest sequence (in tokens) one forward pass takes; sequences given to
+    /// [`LanguageModel::score_tokens`] have at most `max_len() + 1` tokens.
+    fn max_len(&self) -> usize;
+    /// Tokenises `text` without special tokens.
+    fn encode(&self, text: &str) -> Result<Vec<u32>>;
+    /// Token that starts every scored sequence (the document separator the model was trained with,
+    /// BOS or EOS).
+    fn prefix_token(&self) -> u32;
+    /// For each sequence `t` of length `L >= 2`: runs the model on `t[..L-1]` (each sequence is its
+    /// own causal document) through `attn` and returns, for `i` in `1..L`, the score of `t[i]` given
+    /// `t[..i]` (so `L - 1` scores per sequence).
+    fn score_tokens(&mut self, batch: &[Vec<u32>], attn: AttnMode) -> Result<Vec<Vec<TokenScore>>>;
+}
+
+/// A [`Scorer`] over a [`LanguageModel`], following lm-evaluation-harness's `_encode_pair`:
+/// trailing whitespace of the context moves to the continuation, the pair is encoded whole and the
+/// continuation tokens are what follows the context's own encoding; every sequence starts with the
+/// model's prefix token and is truncated from the left to `max_len() + 1` tokens.
+pub struct ModelScorer<'m, M: LanguageModel + ?Sized> {
+    model: &'m mut M,
+    attn: AttnMode,
+}
+
+impl<'m, M: LanguageModel + ?Sized> ModelScorer<'m, M> {
+    /// Scores through `attn`.
+    pub fn new(model: &'m mut M, attn: AttnMode) -> Self {
+        ModelScorer { model, attn }
+    }
+
+    /// The token sequence of a request and how many of its last tokens are the continuation.
+    pub fn encode_request(&self, req: &Request) -> Result<(Vec<u32>, usize)> {
+        let trimmed = req.context.trim_end();
+        let (context, continuation) = if trimmed.len() < req.context.len() {
+            (
+                trimmed.to_string(),
+                format!("{}{}", &req.context[trimmed.len()..], req.continuation),
+            )
+        } else {
+            (req.context.clone(), req.continuation.clone())
+        };
+        let ctx_enc = if context.is_empty() {
+            Vec::new()
+        } else {
+            self.model.encode(&context)?
+        };
+        let cont_enc = if context.is_empty() {
+            self.model.encode(&continuation)?
+        } else {
+            let whole = self.model.encode(&format!("{context}{continuation}"))?;
+            // A tokeniser may merge across the boundary; the continuation is what the whole
+            // encoding has beyond the context's token count (lm-evaluation-harness does the same).
+            whole
+                .get(ctx_enc.len()..)
+                .map(<[u32]>::to_vec)
+                .unwrap_or_default()
+        };
+        if cont_enc.is_empty() {
+            return Err(Error::Scorer(format!(
+                "continuation {:?} encodes to no tokens after context {:?}; every choice must be non-empty",
+                req.continuation, req.context
+            )));
+        }
+        let max = self.model.max_len();
+        if cont_enc.len() > max {
+            return Err(Error::Scorer(format!(
+                "continuation has {} tokens, more than the model's context of {max}",
+                cont_enc.len()
+            )));
+        }
+        let mut seq = vec![self.model.prefix_token()];
+        seq.extend(ctx_enc);
+        seq.extend(&cont_enc);
+        if seq.len() > max + 1 {
+            seq.drain(..seq.len() - (max + 1));
+        }
+        Ok((seq, cont_enc.len()))
+    }
+}
+
+impl<M: LanguageModel + ?Sized> Scorer for ModelScorer<'_, M> {
+    fn loglikelihood(&mut self, requests: &[Request]) -> Result<Vec<LogLik>> {
+        let mut seqs = Vec::with_capacity(requests.len());
+        let mut cont_lens = Vec::with_capacity(requests.len());
+        for r in requests {
+            let (s, c) = self.encode_request(r)?;
+            seqs.push(s);
+            cont_lens.push(c);
+        }
+        let scores = self.model.score_tokens(&seqs, self.attn)?;
+        if scores.len() != seqs.len() {
+            return Err(Error::Scorer(format!(
+                "model returned {} score rows for {} sequences",
+                scores.len(),
+                seqs.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(requests.len());
+        for ((row, seq), &c) in scores.iter().zip(&seqs).zip(&cont_lens) {
+            if row.len() != seq.len() - 1 {
+                return Err(Error::Scorer(format!(
+                    "model returned {} token scores for a sequence of {} tokens (expected {})",
+                    row.len(),
+                    seq.len(),
+                    seq.len() - 1
+                )));
+            }
+            let tail = &row[row.len() - c..];
+            out.push(LogLik {
+                logprob: tail.iter().map(|t| f64::from(t.logprob)).sum(),
+                greedy: tail.iter().all(|t| t.greedy),
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,167 @@
+//! The zero-shot multiple-choice tasks: names, default splits, and the conversion of one dataset
+//! record (its standard Hugging Face field layout, as lm-evaluation-harness's task configs read it)
+//! into a [`Doc`]: one log-likelihood request per choice plus the gold index.
+
+mod fields;
+mod formats;
+
+use crate::error::{Error, Result};
+use crate::scorer::Request;
+use serde_json::Value;
+
+/// A supported task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Task {
+    Hellaswag,
+    ArcEasy,
+    ArcChallenge,
+    Piqa,
+    Winogrande,
+    OpenBookQa,
+    Siqa,
+    CommonsenseQa,
+    Boolq,
+    Mmlu,
+}
+
+impl Task {
+    /// Every task, in report order.
+    pub const ALL: [Task; 10] = [
+        Task::Hellaswag,
+        Task::ArcEasy,
+        Task::ArcChallenge,
+        Task::Piqa,
+        Task::Winogrande,
+        Task::OpenBookQa,
+        Task::Siqa,
+        Task::CommonsenseQa,
+        Task::Boolq,
+        Task::Mmlu,
+    ];
+
+    /// Name on the command line, in file names and in result files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Task::Hellaswag => "hellaswag",
+            Task::ArcEasy => "arc_easy",
+            Task::ArcChallenge => "arc_challenge",
+            Task::Piqa => "piqa",
+            Task::Winogrande => "winogrande",
+            Task::OpenBookQa => "openbookqa",
+            Task::Siqa => "siqa",
+            Task::CommonsenseQa => "commonsense_qa",
+            Task::Boolq => "boolq",
+            Task::Mmlu => "mmlu",
+        }
+    }
+
+    /// The split lm-evaluation-harness scores (file names containing it are preferred when a
+    /// task directory holds several splits).
+    pub fn split(self) -> &'static str {
+        match self {
+            Task::ArcEasy | Task::ArcChallenge | Task::OpenBookQa | Task::Mmlu => "test",
+            _ => "validation",
+        }
+    }
+
+    /// Parses a comma-separated list (`all` selects every task).
+    pub fn parse_list(s: &str) -> Result<Vec<Task>> {
+        let mut out = Vec::new();
+        for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if name == "all" {
+                out.extend(Task::ALL);
+                continue;
+            }
+            out.push(name.parse()?);
+        }
+        if out.is_empty() {
+            return Err(Error::Invalid(format!(
+                "no task given; allowed: all, {}",
+                Task::names()
+            )));
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Comma-separated list of every task name.
+    pub fn names() -> String {
+        Task::ALL.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Converts one record of this task's dataset into a [`Doc`].
+    pub fn doc(self, record: &Value, index: usize) -> Result<Doc> {
+        let doc = match self {
+            Task::Hellaswag => formats::hellaswag(record),
+            Task::ArcEasy | Task::ArcChallenge => formats::arc(record),
+            Task::Piqa => formats::piqa(record),
+            Task::Winogrande => formats::winogrande(record),
+            Task::OpenBookQa => formats::openbookqa(record),
+            Task::Siqa => formats::siqa(record),
+            Task::CommonsenseQa => formats::commonsense_qa(record),
+            Task::Boolq => formats::boolq(record),
+            Task::Mmlu => formats::mmlu(record),
+        };
+        let doc = doc.map_err(|msg| Error::Record {
+            task: self.name().into(),
+            index,
+            msg,
+        })?;
+        if doc.gold >= doc.requests.len() {
+            return Err(Error::Record {
+                task: self.name().into(),
+                index,
+                msg: format!("gold index {} but only {} choices", doc.gold, doc.requests.len()),
+            });
+        }
+        Ok(doc)
+    }
+}
+
+impl std::fmt::Display for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Task {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Task::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| Error::Invalid(format!("unknown task {s:?}; allowed: all, {}", Task::names())))
+    }
+}
+
+/// One multiple-choice example, ready to score.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Doc {
+    /// One request per choice. Most tasks share the context and vary the continuation
+    /// (`" " + choice`); Winogrande varies the context and scores the shared suffix.
+    pub requests: Vec<Request>,
+    /// Length in characters (Unicode scalar values, like Python's `len`) of each choice string,
+    /// without the leading delimiter: `acc_norm` divides each log-likelihood by it. For
+    /// Winogrande it is the shared suffix, so there `acc_norm` equals `acc`.
+    pub norm_lens: Vec<usize>,
+    /// Index of the correct choice.
+    pub gold: usize,
+}
+
+impl Doc {
+    /// A doc with one shared context and `" " + choice` continuations.
+    pub(crate) fn shared_context(context: String, choices: &[String], gold: usize) -> Doc {
+        Doc {
+            requests: choices
+                .iter()
+                .map(|c| Request {
+                    context: context.clone(),
+                    continuation: format!(" {c}"),
+                })
+                .collect(),
+            norm_lens: choices.iter().map(|c| c.chars().count()).collect(),
+            gold,
+        }
+    }
+}
