@@ -19,7 +19,12 @@ pub enum AttnPath {
 
 impl AttnPath {
     /// Every path, in report order.
-    pub const ALL: [AttnPath; 4] = [AttnPath::Exact, AttnPath::Mxfp8, AttnPath::Nvfp4, AttnPath::LeakyFp8];
+    pub const ALL: [AttnPath; 4] = [
+        AttnPath::Exact,
+        AttnPath::Mxfp8,
+        AttnPath::Nvfp4,
+        AttnPath::LeakyFp8,
+    ];
 
     /// The name used on the command line and in configs.
     pub fn name(self) -> &'static str {
@@ -41,10 +46,11 @@ impl std::fmt::Display for AttnPath {
 impl std::str::FromStr for AttnPath {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        AttnPath::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| Error::Invalid(format!("unknown attention path {s:?}; allowed: exact, mxfp8, nvfp4, leaky-fp8")))
+        AttnPath::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| {
+            Error::Invalid(format!(
+                "unknown attention path {s:?}; allowed: exact, mxfp8, nvfp4, leaky-fp8"
+            ))
+        })
     }
 }
 
@@ -65,14 +71,24 @@ pub struct Precision {
 
 impl Default for Precision {
     fn default() -> Self {
-        Precision { per_token_scales: false, row_ds_exponents: false, causal_dq_scaling: false, hadamard: true }
+        Precision {
+            per_token_scales: false,
+            row_ds_exponents: false,
+            causal_dq_scaling: false,
+            hadamard: true,
+        }
     }
 }
 
 impl Precision {
     /// All three causal-safety options on (and Hadamard as given).
     pub fn causally_safe(hadamard: bool) -> Self {
-        Precision { per_token_scales: true, row_ds_exponents: true, causal_dq_scaling: true, hadamard }
+        Precision {
+            per_token_scales: true,
+            row_ds_exponents: true,
+            causal_dq_scaling: true,
+            hadamard,
+        }
     }
 }
 
@@ -89,7 +105,12 @@ pub struct AttnOptions {
 impl AttnOptions {
     /// Causal attention on `path` with default precision options.
     pub fn new(path: AttnPath) -> Self {
-        AttnOptions { path, precision: Precision::default(), causal: true, softmax_scale: None }
+        AttnOptions {
+            path,
+            precision: Precision::default(),
+            causal: true,
+            softmax_scale: None,
+        }
     }
 
     /// The softmax scale actually used for `head_dim`.
@@ -114,7 +135,12 @@ impl VarlenShape {
 
     /// Builds and validates a shape.
     pub fn new(cu_seqlens: Vec<usize>, heads_q: usize, heads_kv: usize, head_dim: usize) -> Result<Self> {
-        let s = VarlenShape { cu_seqlens, heads_q, heads_kv, head_dim };
+        let s = VarlenShape {
+            cu_seqlens,
+            heads_q,
+            heads_kv,
+            head_dim,
+        };
         s.validate()?;
         Ok(s)
     }
@@ -147,7 +173,10 @@ impl VarlenShape {
     /// Checks every invariant; errors say what is allowed.
     pub fn validate(&self) -> Result<()> {
         if !Self::HEAD_DIMS.contains(&self.head_dim) {
-            return Err(Error::Invalid(format!("unsupported head_dim {}; allowed: 64, 128", self.head_dim)));
+            return Err(Error::Invalid(format!(
+                "unsupported head_dim {}; allowed: 64, 128",
+                self.head_dim
+            )));
         }
         if self.heads_q == 0 || self.heads_kv == 0 {
             return Err(Error::Invalid(format!(
@@ -155,7 +184,7 @@ impl VarlenShape {
                 self.heads_q, self.heads_kv
             )));
         }
-        if self.heads_q % self.heads_kv != 0 {
+        if !self.heads_q.is_multiple_of(self.heads_kv) {
             return Err(Error::Invalid(format!(
                 "query heads ({}) must be a multiple of KV heads ({})",
                 self.heads_q, self.heads_kv

@@ -1,0 +1,412 @@
+//! Reference backward, organised around 32x32 dS blocks (rows and columns aligned to the document
+//! start): pass A, one task per (query head, document, 128-query tile), visits key tiles of 128 in
+//! order and produces dQ; pass B, one task per (KV head, document, 128-key tile), visits the query
+//! heads of its group and the row blocks that see the tile and produces dK, dV. Both passes compute
+//! each block with [`ds_block`], so they see the same P and the same dS codes (consistency,
+//! hopper-kernels.md section 4): P is recomputed with the forward's `Ctx::score` and the saved LSE,
+//! `D_i = dO_i . O_i` uses the same quantised dO as `dP`.
+//!
+//! Per visible pair (f64): `P = 2^(x_ij - LSE_i / ln 2)`, `dP = dO_i . V_j`, `dS = P (dP - D_i)`.
+//! dS is rounded to E4M3 with `e = block_exponent(max |f32(dS)|)` over the 32x32 block (or over
+//! the row's 32 entries with `row_ds_exponents`), `code = e4m3_encode(f32(dS) * 2^-e)`.
+//! - `dQ_i = scale * sum over key tiles of (sum_j dS^_ij Kg_j)`: each key tile's partial sum is
+//!   prescaled by `2^-s`, rounded to f32 and added to an f32 accumulator in key-tile order (the
+//!   kernels' FP32 atomics, made deterministic), then multiplied by `2^s`. `s = floor(log2 B) + 1 - 15`
+//!   with `B = 2 d max|dO| max|V| max|Kg| scale`: maxima over the document by default, over the row
+//!   and the keys it sees with `causal_dq_scaling`.
+//! - `dK_j = scale * sum_i dS^_ij Qg_i`; `dV_j = sum_i decode(Pc_ij) 2^c_j (dO_i 2^-edO_i)` with
+//!   `Pc_ij = e4m3_encode(f32(P_ij 2^(edO_i - c_j)))`, `c_j = max(edO over rows that see key j) - 8`.
+//! - dQ and dK are rotated back (Hadamard) in f32, then all gradients are rounded to BF16.
+
+use super::fwd::{bf16_round, Ctx, TILE};
+use super::operands::{axpy, dot, pow2, Operand};
+use crate::formats::{block_exponent, dequantize_e4m3, e4m3_decode, e4m3_encode, quantize_e4m3_scaled};
+use crate::hadamard::fwht_normalized;
+use crate::quant::TOKEN_BLOCK as B;
+use rayon::prelude::*;
+
+/// Backward state shared by the passes.
+pub(crate) struct BwdCtx<'a> {
+    pub ctx: &'a Ctx<'a>,
+    pub dout: &'a Operand,
+    /// `(heads_q, tokens)`: `D_i`.
+    pub delta: Vec<f64>,
+    /// `(heads_q, tokens)`: `LSE_i / ln 2`.
+    pub lse2: Vec<f64>,
+    pub row_ds: bool,
+    pub causal_dq: bool,
+}
+
+/// One 32x32 block of P and dequantised dS (zero where masked), row-major `[r * 32 + c]`.
+struct Block {
+    p: [f64; B * B],
+    ds: [f64; B * B],
+    nonzero: u64,
+    zeroed: u64,
+}
+
+impl BwdCtx<'_> {
+    /// Builds `D` and `LSE / ln 2` from the forward's O and LSE.
+    pub fn new<'a>(
+        ctx: &'a Ctx<'a>,
+        dout: &'a Operand,
+        o: &[f32],
+        lse: &[f32],
+        row_ds: bool,
+        causal_dq: bool,
+    ) -> BwdCtx<'a> {
+        let (t, hq, d) = (ctx.shape.tokens(), ctx.shape.heads_q, ctx.shape.head_dim);
+        let mut delta = vec![0f64; hq * t];
+        let mut lse2 = vec![0f64; hq * t];
+        let mut orow = vec![0f64; d];
+        for h in 0..hq {
+            for i in 0..t {
+                for (a, &b) in orow.iter_mut().zip(&o[(i * hq + h) * d..(i * hq + h + 1) * d]) {
+                    *a = b as f64;
+                }
+                delta[h * t + i] = dot(dout.row(h, i), &orow);
+                lse2[h * t + i] = lse[i * hq + h] as f64 / std::f64::consts::LN_2;
+            }
+        }
+        BwdCtx {
+            ctx,
+            dout,
+            delta,
+            lse2,
+            row_ds,
+            causal_dq,
+        }
+    }
+
+    /// P and dS of the block with rows `[i0, i0+32)` and keys `[j0, j0+32)` of the document ending
+    /// at `e` (clipped to it). The only place P and dS are computed: both passes call it.
+    fn ds_block(&self, h: usize, i0: usize, j0: usize, e: usize) -> Block {
+        let ctx = self.ctx;
+        let prep = ctx.prep;
+        let t = ctx.shape.tokens();
+        let g = ctx.kv_head(h);
+        let mut b = Block {
+            p: [0.0; B * B],
+            ds: [0.0; B * B],
+            nonzero: 0,
+            zeroed: 0,
+        };
+        let (i1, j1) = ((i0 + B).min(e), (j0 + B).min(e));
+        let mut raw = [0f32; B * B];
+        for i in i0..i1 {
+            let jend = ctx.visible_end(i, e).min(j1);
+            for j in j0..jend {
+                let k = (i - i0) * B + (j - j0);
+                let p = (ctx.score(h, i, j) - self.lse2[h * t + i]).exp2();
+                let dp = dot(self.dout.row(h, i), prep.v.row(g, j));
+                let ds = p * (dp - self.delta[h * t + i]);
+                b.p[k] = p;
+                b.ds[k] = ds;
+                raw[k] = ds as f32;
+            }
+        }
+        if !prep.quantised {
+            return b;
+        }
+        let amax = |r0: usize, r1: usize| raw[r0 * B..r1 * B].iter().fold(0f32, |m, v| m.max(v.abs()));
+        let block_e = block_exponent(amax(0, B));
+        for r in 0..i1 - i0 {
+            let e_row = if self.row_ds {
+                block_exponent(amax(r, r + 1))
+            } else {
+                block_e
+            };
+            let jend = ctx.visible_end(i0 + r, e).min(j1);
+            for c in 0..jend.saturating_sub(j0) {
+                let k = r * B + c;
+                let code = quantize_e4m3_scaled(raw[k], e_row);
+                b.ds[k] = dequantize_e4m3(code, e_row);
+                if raw[k] != 0.0 {
+                    b.nonzero += 1;
+                    b.zeroed += (code & 0x7F == 0) as u64;
+                }
+            }
+        }
+        b
+    }
+}
+
+/// Upper bound of `|dQ|` elements used for the prescale, and the prescale exponent.
+fn prescale_exponent(bound: f64) -> i32 {
+    if bound <= 0.0 {
+        return 0;
+    }
+    let e = ((bound.to_bits() >> 52) & 0x7FF) as i32 - 1023; // floor(log2 bound) for normal bounds
+    (e + 1 - 15).clamp(-120, 120)
+}
+
+/// Per-token row amax of an operand, `(heads, tokens)`.
+fn row_amax(op: &Operand, heads: usize) -> Vec<f64> {
+    (0..heads)
+        .flat_map(|h| (0..op.tokens).map(move |t| op.row_amax(h, t)))
+        .collect()
+}
+
+/// Pass A output: dQ rows of one query tile (rotated basis) and the dS zero counts.
+struct DqTile {
+    h: usize,
+    row0: usize,
+    dq: Vec<f32>,
+    nonzero: u64,
+    zeroed: u64,
+}
+
+/// Pass B output: dK, dV rows of one key tile (dK in the rotated basis).
+struct DkvTile {
+    g: usize,
+    col0: usize,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+}
+
+/// Runs both passes; returns `(dq, dk, dv, ds_zero_fraction)` in `(tokens, heads, head_dim)`.
+pub(crate) fn backward(b: &BwdCtx) -> (Vec<f32>, Vec<f32>, Vec<f32>, f64) {
+    let ctx = b.ctx;
+    let shape = ctx.shape;
+    let (t, hq, hkv, d) = (shape.tokens(), shape.heads_q, shape.heads_kv, shape.head_dim);
+    let docs: Vec<(usize, usize)> = shape.cu_seqlens.windows(2).map(|w| (w[0], w[1])).collect();
+    let q_tasks: Vec<_> = (0..hq)
+        .flat_map(|h| {
+            docs.iter()
+                .flat_map(move |&(s, e)| (s..e).step_by(TILE).map(move |r0| (h, s, e, r0)))
+        })
+        .collect();
+    let k_tasks: Vec<_> = (0..hkv)
+        .flat_map(|g| {
+            docs.iter()
+                .flat_map(move |&(s, e)| (s..e).step_by(TILE).map(move |c0| (g, s, e, c0)))
+        })
+        .collect();
+    let quantised = ctx.prep.quantised;
+    let amax = if quantised {
+        Some((
+            row_amax(b.dout, hq),
+            row_amax(&ctx.prep.v, hkv),
+            row_amax(ctx.prep.kg(), hkv),
+        ))
+    } else {
+        None
+    };
+    let dq_tiles: Vec<DqTile> = q_tasks
+        .par_iter()
+        .map(|&(h, s, e, r0)| dq_tile(b, amax.as_ref(), h, s, e, r0))
+        .collect();
+    let dout_refs = if quantised { dout_fold_refs(b) } else { Vec::new() };
+    let dkv_tiles: Vec<DkvTile> = k_tasks
+        .par_iter()
+        .map(|&(g, s, e, c0)| dkv_tile(b, &dout_refs, g, s, e, c0))
+        .collect();
+
+    let finish = |row: &mut [f32]| {
+        if ctx.prep.rotated {
+            fwht_normalized(row).expect("head dim validated");
+        }
+        if quantised {
+            row.iter_mut().for_each(|v| *v = bf16_round(*v));
+        }
+    };
+    let (mut dq, mut dk, mut dv) = (
+        vec![0f32; t * hq * d],
+        vec![0f32; t * hkv * d],
+        vec![0f32; t * hkv * d],
+    );
+    let (mut nonzero, mut zeroed) = (0u64, 0u64);
+    for tile in dq_tiles {
+        nonzero += tile.nonzero;
+        zeroed += tile.zeroed;
+        for (r, row) in tile.dq.chunks_exact(d).enumerate() {
+            let dst = &mut dq[((tile.row0 + r) * hq + tile.h) * d..((tile.row0 + r) * hq + tile.h + 1) * d];
+            dst.copy_from_slice(row);
+            finish(dst);
+        }
+    }
+    for tile in dkv_tiles {
+        for (r, (krow, vrow)) in tile.dk.chunks_exact(d).zip(tile.dv.chunks_exact(d)).enumerate() {
+            let at = ((tile.col0 + r) * hkv + tile.g) * d;
+            dk[at..at + d].copy_from_slice(krow);
+            finish(&mut dk[at..at + d]);
+            dv[at..at + d].copy_from_slice(vrow);
+            if quantised {
+                dv[at..at + d].iter_mut().for_each(|v| *v = bf16_round(*v));
+            }
+        }
+    }
+    let frac = if nonzero == 0 {
+        0.0
+    } else {
+        zeroed as f64 / nonzero as f64
+    };
+    (dq, dk, dv, frac)
+}
+
+/// `c_j` of every `(query head, token)`: max dO exponent over rows that see key `j`, minus 8.
+fn dout_fold_refs(b: &BwdCtx) -> Vec<i32> {
+    let shape = b.ctx.shape;
+    let t = shape.tokens();
+    let mut c = vec![0i32; shape.heads_q * t];
+    for h in 0..shape.heads_q {
+        for w in shape.cu_seqlens.windows(2) {
+            let (s, e) = (w[0], w[1]);
+            let doc_max = (s..e).map(|i| b.dout.exp(h, i)).max().unwrap_or(0);
+            let mut run = i32::MIN;
+            for j in (s..e).rev() {
+                run = run.max(b.dout.exp(h, j));
+                c[h * t + j] = if b.ctx.causal { run } else { doc_max } - 8;
+            }
+        }
+    }
+    c
+}
+
+type Amax = (Vec<f64>, Vec<f64>, Vec<f64>);
+
+fn dq_tile(b: &BwdCtx, amax: Option<&Amax>, h: usize, s: usize, e: usize, r0: usize) -> DqTile {
+    let ctx = b.ctx;
+    let (t, d) = (ctx.shape.tokens(), ctx.shape.head_dim);
+    let g = ctx.kv_head(h);
+    let kg = ctx.prep.kg();
+    let r1 = (r0 + TILE).min(e);
+    let nr = r1 - r0;
+    // Prescale exponents per row (quantised paths).
+    let prescale: Vec<i32> = match amax {
+        None => vec![0; nr],
+        Some((ado, av, ak)) => {
+            let bound = |dom: f64, vm: f64, km: f64| 2.0 * d as f64 * dom * vm * km * ctx.scale;
+            let doc_max = |a: &Vec<f64>, head: usize, from: usize, to: usize| {
+                a[head * t + from..head * t + to]
+                    .iter()
+                    .fold(0f64, |m, &v| m.max(v))
+            };
+            if b.causal_dq {
+                (r0..r1)
+                    .map(|i| {
+                        let vend = ctx.visible_end(i, e);
+                        prescale_exponent(bound(
+                            ado[h * t + i],
+                            doc_max(av, g, s, vend),
+                            doc_max(ak, g, s, vend),
+                        ))
+                    })
+                    .collect()
+            } else {
+                let sdoc = prescale_exponent(bound(
+                    doc_max(ado, h, s, e),
+                    doc_max(av, g, s, e),
+                    doc_max(ak, g, s, e),
+                ));
+                vec![sdoc; nr]
+            }
+        }
+    };
+    let mut acc32 = vec![0f32; nr * d];
+    let mut acc64 = vec![0f64; nr * d];
+    let mut partial = vec![0f64; nr * d];
+    let (mut nonzero, mut zeroed) = (0, 0);
+    let kend = if ctx.causal { r1 } else { e };
+    for k0 in (s..kend).step_by(TILE) {
+        let k1 = (k0 + TILE).min(kend);
+        partial.fill(0.0);
+        for i0 in (r0..r1).step_by(B) {
+            for j0 in (k0..k1).step_by(B) {
+                if ctx.causal && j0 > i0 + B - 1 {
+                    continue;
+                }
+                let blk = b.ds_block(h, i0, j0, e);
+                nonzero += blk.nonzero;
+                zeroed += blk.zeroed;
+                for r in 0..(i0 + B).min(r1) - i0 {
+                    let prow = &mut partial[(i0 - r0 + r) * d..(i0 - r0 + r + 1) * d];
+                    for c in 0..(j0 + B).min(e) - j0 {
+                        let ds = blk.ds[r * B + c];
+                        if ds != 0.0 {
+                            axpy(prow, ds, kg.row(g, j0 + c));
+                        }
+                    }
+                }
+            }
+        }
+        for r in 0..nr {
+            let prow = &partial[r * d..(r + 1) * d];
+            if ctx.prep.quantised {
+                let f = ctx.scale * pow2(-prescale[r]);
+                for (a, &p) in acc32[r * d..(r + 1) * d].iter_mut().zip(prow) {
+                    *a += (p * f) as f32;
+                }
+            } else {
+                for (a, &p) in acc64[r * d..(r + 1) * d].iter_mut().zip(prow) {
+                    *a += p * ctx.scale;
+                }
+            }
+        }
+    }
+    let dq = if ctx.prep.quantised {
+        acc32
+            .iter()
+            .enumerate()
+            .map(|(k, &a)| (a as f64 * pow2(prescale[k / d])) as f32)
+            .collect()
+    } else {
+        acc64.iter().map(|&a| a as f32).collect()
+    };
+    DqTile {
+        h,
+        row0: r0,
+        dq,
+        nonzero,
+        zeroed,
+    }
+}
+
+fn dkv_tile(b: &BwdCtx, dout_refs: &[i32], g: usize, s: usize, e: usize, c0: usize) -> DkvTile {
+    let ctx = b.ctx;
+    let (t, d, group) = (ctx.shape.tokens(), ctx.shape.head_dim, ctx.shape.group());
+    let qg = ctx.prep.qg();
+    let c1 = (c0 + TILE).min(e);
+    let nc = c1 - c0;
+    let mut dk = vec![0f64; nc * d];
+    let mut dv = vec![0f64; nc * d];
+    let rstart = if ctx.causal { c0 } else { s };
+    for h in g * group..(g + 1) * group {
+        for i0 in (rstart..e).step_by(B) {
+            for j0 in (c0..c1).step_by(B) {
+                if ctx.causal && j0 > i0 + B - 1 {
+                    continue;
+                }
+                let blk = b.ds_block(h, i0, j0, e);
+                for r in 0..(i0 + B).min(e) - i0 {
+                    let i = i0 + r;
+                    let do_exp = b.dout.exp(h, i);
+                    for c in 0..(j0 + B).min(c1) - j0 {
+                        let k = r * B + c;
+                        let (p, ds) = (blk.p[k], blk.ds[k]);
+                        if p == 0.0 && ds == 0.0 {
+                            continue;
+                        }
+                        let at = (j0 - c0 + c) * d;
+                        if ds != 0.0 {
+                            axpy(&mut dk[at..at + d], ds, qg.row(h, i));
+                        }
+                        let w = if ctx.prep.quantised {
+                            let cj = dout_refs[h * t + j0 + c];
+                            let pc = e4m3_encode((p * pow2(do_exp - cj)) as f32);
+                            e4m3_decode(pc) as f64 * pow2(cj - do_exp)
+                        } else {
+                            p
+                        };
+                        if w != 0.0 {
+                            axpy(&mut dv[at..at + d], w, b.dout.row(h, i));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let dk = dk.iter().map(|&x| (x * ctx.scale) as f32).collect();
+    let dv = dv.iter().map(|&x| x as f32).collect();
+    DkvTile { g, col0: c0, dk, dv }
+}
