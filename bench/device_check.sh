@@ -3,15 +3,15 @@
 # Usage on the device, from the repo root, with the test executables carried under target/release/deps:
 #   bash bench/device_check.sh            (logs and PTX under $OUT)
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-O=${OUT:-/tmp/flamia-out}; mkdir -p "$O/ptx"; L=$O/check.log
+O=${OUT:-/tmp/flamia-out}; P=/tmp/flamia-ptx; mkdir -p "$O" "$P"; L=$O/check.log
 D=target/release/deps
 exe() { ls -t $D/$1-* 2>/dev/null | grep -v '\.d$' | head -1; }
 {
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
 echo "=== NVRTC compile of every source (writes PTX)"
-FLAMIA_PTX_DIR=$O/ptx $(exe flamia_kernels) gpu:: --include-ignored 2>&1 | tail -15
+FLAMIA_PTX_DIR=$P $(exe flamia_kernels) gpu:: --include-ignored 2>&1 | tail -15
 echo "=== ptxas / SASS"
-for f in $O/ptx/*.ptx; do
+for f in $P/*.ptx; do
   b=$(basename $f .ptx)
   ptxas -arch=sm_90a -v $f -o /tmp/$b.cubin > /tmp/$b.ptxas 2>&1; echo "ptxas $b rc=$?"
   grep -E "Compiling|Used|spill|C75|warn" /tmp/$b.ptxas
@@ -19,9 +19,13 @@ for f in $O/ptx/*.ptx; do
   awk '/Function :/{f=$3} /[QH]GMMA/{c[f]++} END{for(k in c) printf "  %-28s %d GMMA instructions\n", k, c[k]}' /tmp/$b.sass | sort
   grep -oE "[QH]GMMA\.[^ ]*|HMMA\.[^ ]*" /tmp/$b.sass | sort | uniq -c
 done
-grep -m2 QGMMA /tmp/attn_fwd.cu.sass; grep -m2 QGMMA /tmp/attn_bwd.cu.sass; cp /tmp/attn_fwd.cu.sass /tmp/attn_bwd.cu.sass $O/ptx/ 2>/dev/null
+grep -m2 QGMMA /tmp/attn_fwd.cu.sass; grep -m2 QGMMA /tmp/attn_bwd.cu.sass
 echo "=== GPU tests"
 $(exe gpu_quant) --ignored --test-threads=1 2>&1
-$(exe gpu_attention) --ignored --test-threads=1 --nocapture 2>&1 | grep -v "^$"
+$(exe gpu_attention) --ignored --test-threads=1 --nocapture 2>&1 | grep -v "^$" | tee /tmp/attn_tests.log
+if grep -q "test result: FAILED" /tmp/attn_tests.log; then
+  echo "=== attention tests again with the v1 kernels (FLAMIA_ATTN_KERNELS=v1)"
+  FLAMIA_ATTN_KERNELS=v1 $(exe gpu_attention) --ignored --test-threads=1 2>&1 | grep -E "^test |test result"
+fi
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv
 } 2>&1 | tee "$L"

@@ -18,14 +18,17 @@
 struct DkdvSmem {
   u8 k[TILE * QK_KB];         // A of S^T = K Q^T
   u8 v[TILE * HEAD_DIM];      // A of dP^T = V dO^T
-  u8 q[TILE * QK_KB];         // B of S^T
-  u8 dO[TILE * HEAD_DIM];     // B of dP^T
-  u8 qt[HEAD_DIM * TILE];     // B of dK = dS^T Q   (dim-major)
-  u8 dot[HEAD_DIM * TILE];    // B of dV = P^T dO   (dim-major)
-  float eq[TILE], eqf[TILE], edo[TILE], lse2[TILE], delta[TILE];  // eq: score exponent, eqf: fold into dS
-  int edo_i[TILE];
+  u8 q[2][TILE * QK_KB];      // B of S^T          (two buffers: item i+1 never waits for item i's readers)
+  u8 dO[2][TILE * HEAD_DIM];  // B of dP^T
+  u8 qt[2][HEAD_DIM * TILE];  // B of dK = dS^T Q   (dim-major)
+  u8 dot[2][HEAD_DIM * TILE]; // B of dV = P^T dO   (dim-major)
+  float eq[2][TILE], eqf[2][TILE], edo[2][TILE], lse2[2][TILE], delta[2][TILE];  // eq: score exponent, eqf: fold into dS
+  int edo_i[2][TILE];
   float red[8];
 };
+#ifdef SMEM_DKDV_BUDGET
+static_assert(sizeof(DkdvSmem) + 1024 <= SMEM_DKDV_BUDGET, "attn_bwd_dkdv: dynamic shared memory budget too small");
+#endif
 
 extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkdv(const AttnParams p) {
   extern __shared__ u8 smem_raw[];
@@ -37,8 +40,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkdv(const AttnPar
   const int t = threadIdx.x, w = t >> 5, l = t & 31, g = l >> 2, qd = l & 3;
   const int r0 = 16 * w + g;
 
-  load_tile<TILE, QK_KB>(sm.k, score_row(p.k_tok, p.k4, doc0 + k0, p.hkv, hk), (long long)p.hkv * QK_KB, kval, t, 128);
-  load_tile<TILE, HEAD_DIM>(sm.v, p.v_tok + ((long long)(doc0 + k0) * p.hkv + hk) * HEAD_DIM,
+  load_tile_async<TILE, QK_KB>(sm.k, score_row(p.k_tok, p.k4, doc0 + k0, p.hkv, hk), (long long)p.hkv * QK_KB, kval, t, 128);
+  load_tile_async<TILE, HEAD_DIM>(sm.v, p.v_tok + ((long long)(doc0 + k0) * p.hkv + hk) * HEAD_DIM,
                             (long long)p.hkv * HEAD_DIM, kval, t, 128);
   float fk[2], fv[2];
 #pragma unroll
@@ -52,45 +55,55 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkdv(const AttnPar
 #pragma unroll
   for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
 
-  for (int hh = 0; hh < group; ++hh) {
-    const int h = hk * group + hh;
-    for (int q0 = p.causal ? k0 : 0; q0 < L; q0 += TILE) {
-      const int qval = min(TILE, L - q0);
-      __syncthreads();
-      const long long tok = (long long)(doc0 + q0) * p.hq + h;
-      load_tile<TILE, QK_KB>(sm.q, score_row(p.q_tok, p.q4, doc0 + q0, p.hq, h), (long long)p.hq * QK_KB, qval, t, 128);
-      load_tile<TILE, HEAD_DIM>(sm.dO, p.do_tok + tok * HEAD_DIM, (long long)p.hq * HEAD_DIM, qval, t, 128);
-      const long long dbase = (long long)h * HEAD_DIM * p.Tpad + pad0 + q0;
-      load_tile<HEAD_DIM, TILE>(sm.qt, p.q_dim + dbase, p.Tpad, HEAD_DIM, t, 128);
-      load_tile<HEAD_DIM, TILE>(sm.dot, p.do_dim + dbase, p.Tpad, HEAD_DIM, t, 128);
-      if (t < TILE) {
-        const bool ok = t < qval;
-        const long long idx = (long long)(doc0 + q0 + t) * p.hq + h;
-        const long long sidx = idx;
-        sm.eq[t] = ok ? exp2i(score_exp(p.q_exp, p.q4_exp, idx)) : 0.f;
-        sm.eqf[t] = ok ? exp2i(p.q_exp[idx]) : 0.f;
-        sm.edo[t] = ok ? exp2i(p.do_exp[idx]) : 0.f;
-        sm.edo_i[t] = ok ? (int)p.do_exp[idx] : -1000;
-        sm.lse2[t] = ok ? p.lse[sidx] * LOG2E : 0.f;
-        sm.delta[t] = ok ? p.delta[sidx] : 0.f;
-      }
-      fence_async_smem();
-      __syncthreads();
-
+  // work items: (query head of the group, query tile), flattened
+  const int qstart = p.causal ? k0 : 0;
+  const int nq = (L - qstart + TILE - 1) / TILE;
+  const int items = group * nq;
+  auto issue = [&](int item, int buf) {
+    const int h = hk * group + item / nq, q0 = qstart + (item % nq) * TILE;
+    const int qval = min(TILE, L - q0);
+    const long long tok = (long long)(doc0 + q0) * p.hq + h;
+    load_tile_async<TILE, QK_KB>(sm.q[buf], score_row(p.q_tok, p.q4, doc0 + q0, p.hq, h), (long long)p.hq * QK_KB, qval, t, 128);
+    load_tile_async<TILE, HEAD_DIM>(sm.dO[buf], p.do_tok + tok * HEAD_DIM, (long long)p.hq * HEAD_DIM, qval, t, 128);
+    const long long dbase = (long long)h * HEAD_DIM * p.Tpad + pad0 + q0;
+    load_tile_async<HEAD_DIM, TILE>(sm.qt[buf], p.q_dim + dbase, p.Tpad, HEAD_DIM, t, 128);
+    load_tile_async<HEAD_DIM, TILE>(sm.dot[buf], p.do_dim + dbase, p.Tpad, HEAD_DIM, t, 128);
+    cp_async_commit();
+    if (t < TILE) {
+      const bool ok = t < qval;
+      const long long idx = (long long)(doc0 + q0 + t) * p.hq + h;
+      sm.eq[buf][t] = ok ? exp2i(score_exp(p.q_exp, p.q4_exp, idx)) : 0.f;
+      sm.eqf[buf][t] = ok ? exp2i(p.q_exp[idx]) : 0.f;
+      sm.edo[buf][t] = ok ? exp2i(p.do_exp[idx]) : 0.f;
+      sm.edo_i[buf][t] = ok ? (int)p.do_exp[idx] : -1000;
+      sm.lse2[buf][t] = ok ? p.lse[idx] * LOG2E : 0.f;
+      sm.delta[buf][t] = ok ? p.delta[idx] : 0.f;
+    }
+  };
+  for (int item = 0; item < items; ++item) {
+    const int buf = item & 1;
+    const int q0 = qstart + (item % nq) * TILE;
+    const int qval = min(TILE, L - q0);
+    // Load, then compute: prefetching the next item here measured slower (register spills, docs/perf.md).
+    issue(item, buf);
+    cp_async_wait<0>();
+    fence_async_smem();
+    __syncthreads();
+    {
       float pt[32], ds[32];
-      mma_scores(pt, sm.k, sm.q);  // S^T: rows = keys, columns = queries
-      mma_qk(ds, sm.v, sm.dO);  // dP^T
+      mma_scores(pt, sm.k, sm.q[buf]);  // S^T: rows = keys, columns = queries
+      mma_qk(ds, sm.v, sm.dO[buf]);  // dP^T
       int edr[2] = {-1000, -1000};  // max edO over the queries each key row sees
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
         const bool ok = row < kval && col < qval && (!p.causal || q0 + col >= k0 + row);
-        const float x = pt[i] * (sm.eq[col] * fk[r]) * p.scale_log2;
-        const float pr = ok ? fast_exp2(x - sm.lse2[col]) : 0.f;
-        const float dp = ds[i] * (fv[r] * sm.edo[col]);
-        ds[i] = pr * (dp - sm.delta[col]) * sm.eqf[col];  // dS^T with Q's token scale folded
+        const float x = pt[i] * (sm.eq[buf][col] * fk[r]) * p.scale_log2;
+        const float pr = ok ? fast_exp2(x - sm.lse2[buf][col]) : 0.f;
+        const float dp = ds[i] * (fv[r] * sm.edo[buf][col]);
+        ds[i] = pr * (dp - sm.delta[buf][col]) * sm.eqf[buf][col];  // dS^T with Q's token scale folded
         pt[i] = pr;
-        if (ok) edr[r] = max(edr[r], sm.edo_i[col]);
+        if (ok) edr[r] = max(edr[r], sm.edo_i[buf][col]);
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -100,13 +113,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkdv(const AttnPar
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int r = (i >> 1) & 1, col = 8 * (i >> 2) + 2 * qd + (i & 1);
-        pt[i] *= exp2i(sm.edo_i[col] - edr[r] + 8);  // P^T with dO's token scale folded
+        pt[i] *= exp2i(sm.edo_i[buf][col] - edr[r] + 8);  // P^T with dO's token scale folded
       }
       {  // dV += (P^T dO) * 2^(ed_row - 8)
         u32 a[2][4];
         acc_to_afrag(pt, a);
         float acc[64];
-        mma_pv<2>(acc, a, sm.dot, 0);
+        mma_pv<2>(acc, a, sm.dot[buf], 0);
         const float f0 = exp2i(edr[0] - 8), f1 = exp2i(edr[1] - 8);
 #pragma unroll
         for (int i = 0; i < 64; ++i) dv[i] += acc[i] * (((i >> 1) & 1) ? f1 : f0);
@@ -118,13 +131,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkdv(const AttnPar
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
           float acc[64];
-          mma_pv<1>(acc, a, sm.qt, s);
+          mma_pv<1>(acc, a, sm.qt[buf], s);
           const float f0 = exp2i(ex[s][0]), f1 = exp2i(ex[s][1]);
 #pragma unroll
           for (int i = 0; i < 64; ++i) dk[i] += acc[i] * (((i >> 1) & 1) ? f1 : f0);
         }
       }
     }
+    __syncthreads();  // this item's buffers are free for the prefetch after next
   }
 
   // epilogue: dV straight from the fragment; dK * scale through smem and the Hadamard transform
@@ -149,12 +163,15 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkdv(const AttnPar
 struct DqSmem {
   u8 q[TILE * QK_KB];         // A of S = Q K^T
   u8 dO[TILE * HEAD_DIM];     // A of dP = dO V^T
-  u8 k[TILE * QK_KB];         // B of S
-  u8 v[TILE * HEAD_DIM];      // B of dP
-  u8 kt[HEAD_DIM * TILE];     // B of dQ = dS K (dim-major)
-  float ek[TILE], ekf[TILE], ev[TILE];  // ek: score exponent, ekf: fold into dS
+  u8 k[2][TILE * QK_KB];      // B of S            (double-buffered, cp.async)
+  u8 v[2][TILE * HEAD_DIM];   // B of dP
+  u8 kt[2][HEAD_DIM * TILE];  // B of dQ = dS K (dim-major)
+  float ek[2][TILE], ekf[2][TILE], ev[2][TILE];  // ek: score exponent, ekf: fold into dS
   float red[8];
 };
+#ifdef SMEM_DQ_BUDGET
+static_assert(sizeof(DqSmem) + 1024 <= SMEM_DQ_BUDGET, "attn_bwd_dq: dynamic shared memory budget too small");
+#endif
 
 extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dq(const AttnParams p) {
   extern __shared__ u8 smem_raw[];
@@ -167,8 +184,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dq(const AttnParam
   const int r0 = 16 * w + g;
 
   const long long tok = (long long)(doc0 + q0) * p.hq + h;
-  load_tile<TILE, QK_KB>(sm.q, score_row(p.q_tok, p.q4, doc0 + q0, p.hq, h), (long long)p.hq * QK_KB, rows, t, 128);
-  load_tile<TILE, HEAD_DIM>(sm.dO, p.do_tok + tok * HEAD_DIM, (long long)p.hq * HEAD_DIM, rows, t, 128);
+  load_tile_async<TILE, QK_KB>(sm.q, score_row(p.q_tok, p.q4, doc0 + q0, p.hq, h), (long long)p.hq * QK_KB, rows, t, 128);
+  load_tile_async<TILE, HEAD_DIM>(sm.dO, p.do_tok + tok * HEAD_DIM, (long long)p.hq * HEAD_DIM, rows, t, 128);
   float fq[2], fdo[2], lse2[2], dlt[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -186,34 +203,47 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dq(const AttnParam
   for (int i = 0; i < 64; ++i) dq[i] = 0.f;
   const int kend = p.causal ? min(L, q0 + TILE) : L;
 
-  for (int k0 = 0; k0 < kend; k0 += TILE) {
+  auto issue = [&](int k0, int buf) {
     const int kval = min(TILE, L - k0);
-    __syncthreads();
     const long long ktok = (long long)(doc0 + k0) * p.hkv + hk;
-    load_tile<TILE, QK_KB>(sm.k, score_row(p.k_tok, p.k4, doc0 + k0, p.hkv, hk), (long long)p.hkv * QK_KB, kval, t, 128);
-    load_tile<TILE, HEAD_DIM>(sm.v, p.v_tok + ktok * HEAD_DIM, (long long)p.hkv * HEAD_DIM, kval, t, 128);
-    load_tile<HEAD_DIM, TILE>(sm.kt, p.k_dim + (long long)hk * HEAD_DIM * p.Tpad + pad0 + k0, p.Tpad, HEAD_DIM, t, 128);
+    load_tile_async<TILE, QK_KB>(sm.k[buf], score_row(p.k_tok, p.k4, doc0 + k0, p.hkv, hk), (long long)p.hkv * QK_KB, kval, t, 128);
+    load_tile_async<TILE, HEAD_DIM>(sm.v[buf], p.v_tok + ktok * HEAD_DIM, (long long)p.hkv * HEAD_DIM, kval, t, 128);
+    load_tile_async<HEAD_DIM, TILE>(sm.kt[buf], p.k_dim + (long long)hk * HEAD_DIM * p.Tpad + pad0 + k0, p.Tpad, HEAD_DIM, t, 128);
+    cp_async_commit();
     if (t < TILE) {
       const bool ok = t < kval;
       const long long idx = (long long)(doc0 + k0 + t) * p.hkv + hk;
-      sm.ek[t] = ok ? exp2i(score_exp(p.k_exp, p.k4_exp, idx)) : 0.f;
-      sm.ekf[t] = ok ? exp2i(p.k_exp[idx]) : 0.f;
-      sm.ev[t] = ok ? exp2i(p.v_exp[idx]) : 0.f;
+      sm.ek[buf][t] = ok ? exp2i(score_exp(p.k_exp, p.k4_exp, idx)) : 0.f;
+      sm.ekf[buf][t] = ok ? exp2i(p.k_exp[idx]) : 0.f;
+      sm.ev[buf][t] = ok ? exp2i(p.v_exp[idx]) : 0.f;
+    }
+  };
+  issue(0, 0);
+  for (int k0 = 0, it = 0; k0 < kend; k0 += TILE, ++it) {
+    const int kval = min(TILE, L - k0), buf = it & 1;
+    if (k0 + TILE < kend) {
+      issue(k0 + TILE, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
     fence_async_smem();
     __syncthreads();
+    const float* ek = sm.ek[buf];
+    const float* ekf = sm.ekf[buf];
+    const float* ev = sm.ev[buf];
 
     float s[32], ds[32];
-    mma_scores(s, sm.q, sm.k);
-    mma_qk(ds, sm.dO, sm.v);
+    mma_scores(s, sm.q, sm.k[buf]);
+    mma_qk(ds, sm.dO, sm.v[buf]);
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
       const bool ok = col < kval && row < rows && (!p.causal || k0 + col <= q0 + row);
-      const float x = s[i] * (fq[r] * sm.ek[col]) * p.scale_log2;
+      const float x = s[i] * (fq[r] * ek[col]) * p.scale_log2;
       const float pr = ok ? fast_exp2(x - lse2[r]) : 0.f;
-      const float dp = ds[i] * (fdo[r] * sm.ev[col]);
-      ds[i] = pr * (dp - dlt[r]) * sm.ekf[col];  // dS with K's token scale folded
+      const float dp = ds[i] * (fdo[r] * ev[col]);
+      ds[i] = pr * (dp - dlt[r]) * ekf[col];  // dS with K's token scale folded
     }
     u32 a[2][4];
     int ex[2][2];
@@ -221,11 +251,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dq(const AttnParam
 #pragma unroll
     for (int s2 = 0; s2 < 2; ++s2) {
       float acc[64];
-      mma_pv<1>(acc, a, sm.kt, s2);
+      mma_pv<1>(acc, a, sm.kt[buf], s2);
       const float f0 = exp2i(ex[s2][0]), f1 = exp2i(ex[s2][1]);
 #pragma unroll
       for (int i = 0; i < 64; ++i) dq[i] += acc[i] * (((i >> 1) & 1) ? f1 : f0);
     }
+    __syncthreads();  // this tile's buffers are free for the prefetch after next
   }
 
   __syncthreads();

@@ -123,6 +123,25 @@ __device__ __forceinline__ void mma_qk(float (&acc)[32], const u8* sA, const u8*
   fence_regs(acc);
 }
 
+// Asynchronous copy of the same tile (cp.async, 16 bytes per thread per step; rows at or past
+// `valid` are zero-filled). Complete with cp_async_wait, then fence_async_smem + a barrier.
+template <int ROWS, int KB>
+__device__ __forceinline__ void load_tile_async(u8* s, const u8* g, long long stride, int valid, int tid, int nthreads) {
+  constexpr int CH = KB / 16;
+  for (int c = tid; c < ROWS * CH; c += nthreads) {
+    int r = (c / (8 * CH)) * 8 + (c & 7);
+    int k = ((c >> 3) % CH) * 16;
+    const bool ok = r < valid;
+    const u8* src = ok ? g + r * stride + k : g;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(s + tile_off<KB>(r, k))), "l"(src),
+                 "r"(ok ? 16 : 0)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
 // Score tile: acc[64 x 64] = A[64 x 128] * B[64 x 128]^T from the score operands (E4M3, or the
 // NVFP4 values in BF16 on the NVFP4 path), fresh accumulator.
 __device__ __forceinline__ void mma_scores(float (&acc)[32], const u8* sA, const u8* sB) {

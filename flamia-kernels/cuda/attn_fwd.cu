@@ -13,11 +13,14 @@
 
 struct FwdSmem {
   u8 q[TILE * QK_KB];
-  u8 k[TILE * QK_KB];
-  u8 vt[HEAD_DIM * TILE];
-  float ek[TILE];
-  int ev[TILE];
+  u8 k[2][TILE * QK_KB];      // double-buffered: tile j+1 loads (cp.async) while tile j computes
+  u8 vt[2][HEAD_DIM * TILE];
+  float ek[2][TILE];
+  int ev[2][TILE];
 };
+#ifdef SMEM_FWD_BUDGET
+static_assert(sizeof(FwdSmem) + 1024 <= SMEM_FWD_BUDGET, "attn_fwd: dynamic shared memory budget too small");
+#endif
 
 extern "C" __global__ void __launch_bounds__(128, 1) attn_fwd(const AttnParams p) {
   extern __shared__ u8 smem_raw[];
@@ -29,7 +32,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_fwd(const AttnParams p
   const int t = threadIdx.x, w = t >> 5, l = t & 31, g = l >> 2, qd = l & 3;
   const int r0 = 16 * w + g;
 
-  load_tile<TILE, QK_KB>(sm.q, score_row(p.q_tok, p.q4, doc0 + q0, p.hq, h), (long long)p.hq * QK_KB, rows, t, 128);
+  load_tile_async<TILE, QK_KB>(sm.q, score_row(p.q_tok, p.q4, doc0 + q0, p.hq, h), (long long)p.hq * QK_KB, rows, t, 128);
   float rowf[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -43,22 +46,34 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_fwd(const AttnParams p
   float m[2] = {NEG_INF, NEG_INF}, lsum[2] = {0.f, 0.f};
   const int kend = p.causal ? min(L, q0 + TILE) : L;
 
-  for (int k0 = 0; k0 < kend; k0 += TILE) {
+  auto issue = [&](int k0, int buf) {
     const int kval = min(TILE, L - k0);
-    __syncthreads();  // every thread is past the previous tile's wgmma reads
-    load_tile<TILE, QK_KB>(sm.k, score_row(p.k_tok, p.k4, doc0 + k0, p.hkv, hk), (long long)p.hkv * QK_KB, kval, t, 128);
-    load_tile<HEAD_DIM, TILE>(sm.vt, p.v_dim + (long long)hk * HEAD_DIM * p.Tpad + pad0 + k0, p.Tpad, HEAD_DIM, t, 128);
+    load_tile_async<TILE, QK_KB>(sm.k[buf], score_row(p.k_tok, p.k4, doc0 + k0, p.hkv, hk), (long long)p.hkv * QK_KB, kval, t, 128);
+    load_tile_async<HEAD_DIM, TILE>(sm.vt[buf], p.v_dim + (long long)hk * HEAD_DIM * p.Tpad + pad0 + k0, p.Tpad, HEAD_DIM, t, 128);
+    cp_async_commit();
     if (t < TILE) {
       bool ok = t < kval;
       long long idx = (long long)(doc0 + k0 + t) * p.hkv + hk;
-      sm.ek[t] = ok ? exp2i(score_exp(p.k_exp, p.k4_exp, idx)) : 0.f;
-      sm.ev[t] = ok ? (int)p.v_exp[idx] : -1000;
+      sm.ek[buf][t] = ok ? exp2i(score_exp(p.k_exp, p.k4_exp, idx)) : 0.f;
+      sm.ev[buf][t] = ok ? (int)p.v_exp[idx] : -1000;
+    }
+  };
+  issue(0, 0);
+  for (int k0 = 0, it = 0; k0 < kend; k0 += TILE, ++it) {
+    const int kval = min(TILE, L - k0), buf = it & 1;
+    if (k0 + TILE < kend) {
+      issue(k0 + TILE, buf ^ 1);  // buffer buf^1 was released by the barrier that ended the last iteration
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
     fence_async_smem();
     __syncthreads();
+    const float* ek = sm.ek[buf];
+    const int* ev = sm.ev[buf];
 
     float s[32];
-    mma_scores(s, sm.q, sm.k);
+    mma_scores(s, sm.q, sm.k[buf]);
 
     float tmax[2] = {NEG_INF, NEG_INF};
     int evr[2] = {-1000, -1000};  // max eV over the keys each row sees (never a masked key: causal safety)
@@ -66,10 +81,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_fwd(const AttnParams p
     for (int i = 0; i < 32; ++i) {
       const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
       const bool ok = col < kval && row < rows && (!p.causal || k0 + col <= q0 + row);
-      float x = s[i] * (rowf[r] * sm.ek[col]) * p.scale_log2;
+      float x = s[i] * (rowf[r] * ek[col]) * p.scale_log2;
       s[i] = ok ? x : NEG_INF;
       tmax[r] = fmaxf(tmax[r], s[i]);
-      if (ok) evr[r] = max(evr[r], sm.ev[col]);
+      if (ok) evr[r] = max(evr[r], ev[col]);
     }
     float alpha[2], mref[2];
 #pragma unroll
@@ -89,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_fwd(const AttnParams p
       const int r = (i >> 1) & 1, col = 8 * (i >> 2) + 2 * qd + (i & 1);
       float pr = fast_exp2(s[i] - mref[r]);
       ps[r] += pr;
-      s[i] = pr * exp2i(sm.ev[col] - evr[r] + 8);  // fold V's token scale (exact power of two)
+      s[i] = pr * exp2i(ev[col] - evr[r] + 8);  // fold V's token scale (exact power of two)
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -100,10 +115,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_fwd(const AttnParams p
     u32 a[2][4];
     acc_to_afrag(s, a);
     float pv[64];
-    mma_pv<2>(pv, a, sm.vt, 0);
+    mma_pv<2>(pv, a, sm.vt[buf], 0);
     const float f0 = exp2i(evr[0] - 8), f1 = exp2i(evr[1] - 8);
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + pv[i] * (((i >> 1) & 1) ? f1 : f0);
+    __syncthreads();  // every thread is past this tile's smem reads before it is refilled
   }
 
   // epilogue: O / l in BF16 straight from the fragment, LSE per row

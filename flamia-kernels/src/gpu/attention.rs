@@ -36,9 +36,10 @@ use std::sync::Arc;
 
 /// Dynamic shared memory of each kernel (1 KB of it is alignment slack): E4M3 score tiles, and
 /// the NVFP4 path's BF16 score tiles (twice the bytes).
-const SMEM_FWD: [u32; 2] = [28 * 1024, 44 * 1024];
-const SMEM_DQ: [u32; 2] = [44 * 1024, 60 * 1024];
-const SMEM_DKDV: [u32; 2] = [52 * 1024, 68 * 1024];
+/// Checked at compile time against the kernels' layouts (`static_assert`s in the .cu files).
+const SMEM_FWD: [u32; 2] = [44 * 1024, 76 * 1024];
+const SMEM_DQ: [u32; 2] = [72 * 1024, 96 * 1024];
+const SMEM_DKDV: [u32; 2] = [88 * 1024, 112 * 1024];
 
 /// Mirrors `struct AttnParams` of `cuda/attn_common.cuh`.
 #[repr(C)]
@@ -113,10 +114,6 @@ impl Attention {
                 "path `exact` has no FLAMIA kernel: the trainer runs libtorch's BF16 flash attention for it"
                     .into(),
             )),
-            AttnPath::Nvfp4 => return Err(GpuError::NotSupported(
-                "path `nvfp4` attention kernels are not implemented on the GPU yet (the NVFP4 quantiser is)"
-                    .into(),
-            )),
         }
         let amax = AmaxScratch::new(&gpu)?;
         Ok(Attention { gpu, opts, amax })
@@ -154,8 +151,16 @@ impl Attention {
             q: Operand::alloc(&self.gpu, plan, s.heads_q)?,
             k: Operand::alloc(&self.gpu, plan, s.heads_kv)?,
             v: Operand::alloc(&self.gpu, plan, s.heads_kv)?,
-            q4: if nv { Some(Nvfp4Operand::alloc(&self.gpu, plan, s.heads_q)?) } else { None },
-            k4: if nv { Some(Nvfp4Operand::alloc(&self.gpu, plan, s.heads_kv)?) } else { None },
+            q4: if nv {
+                Some(Nvfp4Operand::alloc(&self.gpu, plan, s.heads_q)?)
+            } else {
+                None
+            },
+            k4: if nv {
+                Some(Nvfp4Operand::alloc(&self.gpu, plan, s.heads_kv)?)
+            } else {
+                None
+            },
         })
     }
 
@@ -193,9 +198,16 @@ impl Attention {
         Ok(())
     }
 
+    /// Variant of the attention modules: the NVFP4 switch and the dynamic shared memory each
+    /// kernel gets (the kernels `static_assert` that their layout fits it).
     fn variant(&self) -> (Variant, usize) {
-        let nv = self.opts.path == AttnPath::Nvfp4;
-        (Variant::new().define("NVFP4", nv as i32), nv as usize)
+        let i = (self.opts.path == AttnPath::Nvfp4) as usize;
+        let v = Variant::new()
+            .define("NVFP4", i)
+            .define("SMEM_FWD_BUDGET", SMEM_FWD[i])
+            .define("SMEM_DQ_BUDGET", SMEM_DQ[i])
+            .define("SMEM_DKDV_BUDGET", SMEM_DKDV[i]);
+        (v, i)
     }
 
     fn params(&self, plan: &Plan, saved: &Saved) -> AttnParams {
@@ -243,12 +255,11 @@ impl Attention {
         let mut p = self.params(plan, saved);
         p.o = o;
         p.lse = lse;
-        let f = self
-            .gpu
-            .function("attn_fwd.cu", &Variant::new(), "attn_fwd", SMEM_FWD)?;
+        let (v, i) = self.variant();
+        let f = self.gpu.function("attn_fwd.cu", &v, "attn_fwd", SMEM_FWD[i])?;
         let grid = (plan.tables.tiles.len() as u32, plan.shape().heads_q as u32, 1);
         // SAFETY: params mirror AttnParams; buffers sized by `plan` (caller: o, lse).
-        unsafe { launch(&f, grid, 128, SMEM_FWD, stream, &p, "attn_fwd") }
+        unsafe { launch(&f, grid, 128, SMEM_FWD[i], stream, &p, "attn_fwd") }
     }
 
     /// Quantises Q, K, V and runs the forward; returns the quantised operands for the backward.
@@ -322,16 +333,15 @@ impl Attention {
         p.dv = dv;
         let s = plan.shape();
         let tiles = plan.tables.tiles.len() as u32;
-        let f = self
-            .gpu
-            .function("attn_bwd.cu", &Variant::new(), "attn_bwd_dq", SMEM_DQ)?;
+        let (v, i) = self.variant();
+        let f = self.gpu.function("attn_bwd.cu", &v, "attn_bwd_dq", SMEM_DQ[i])?;
         // SAFETY: params mirror AttnParams; buffers sized by `plan` (caller: lse, dq).
         unsafe {
             launch(
                 &f,
                 (tiles, s.heads_q as u32, 1),
                 128,
-                SMEM_DQ,
+                SMEM_DQ[i],
                 stream,
                 &p,
                 "attn_bwd_dq",
@@ -339,14 +349,14 @@ impl Attention {
         }?;
         let f = self
             .gpu
-            .function("attn_bwd.cu", &Variant::new(), "attn_bwd_dkdv", SMEM_DKDV)?;
+            .function("attn_bwd.cu", &v, "attn_bwd_dkdv", SMEM_DKDV[i])?;
         // SAFETY: as above (caller: dk, dv).
         unsafe {
             launch(
                 &f,
                 (tiles, s.heads_kv as u32, 1),
                 128,
-                SMEM_DKDV,
+                SMEM_DKDV[i],
                 stream,
                 &p,
                 "attn_bwd_dkdv",
@@ -379,6 +389,23 @@ impl Attention {
                 what: "cuStreamSynchronize".into(),
                 err,
             })
+    }
+
+    /// Registers and local (spill) bytes per thread of the three attention kernels of this variant,
+    /// as the driver loaded them.
+    pub fn kernel_resources(&self) -> GpuResult<Vec<(String, i32, i32)>> {
+        let (v, i) = self.variant();
+        let mut out = Vec::new();
+        for (src, name, smem) in [
+            ("attn_fwd.cu", "attn_fwd", SMEM_FWD[i]),
+            ("attn_bwd.cu", "attn_bwd_dq", SMEM_DQ[i]),
+            ("attn_bwd.cu", "attn_bwd_dkdv", SMEM_DKDV[i]),
+        ] {
+            let f = self.gpu.function(src, &v, name, smem)?;
+            let (r, l) = super::runtime::resources(&f)?;
+            out.push((name.to_string(), r, l));
+        }
+        Ok(out)
     }
 
     /// The GPU these kernels run on.

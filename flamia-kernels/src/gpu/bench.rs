@@ -189,21 +189,6 @@ pub fn run_workload(gpu: &Arc<Gpu>, opts: AttnOptions, name: &str, lens: &[usize
     })
 }
 
-/// Registers and local (spill) bytes per thread of each attention kernel, as the driver loaded them.
-pub fn kernel_resources(gpu: &Gpu) -> GpuResult<Vec<(String, i32, i32)>> {
-    let mut out = Vec::new();
-    for (src, name) in [
-        ("attn_fwd.cu", "attn_fwd"),
-        ("attn_bwd.cu", "attn_bwd_dq"),
-        ("attn_bwd.cu", "attn_bwd_dkdv"),
-    ] {
-        let f = gpu.function(src, &Variant::new(), name, 0)?;
-        let (r, l) = super::runtime::resources(&f)?;
-        out.push((name.to_string(), r, l));
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@
 //! - [`attention`]: forward and backward ([`Attention`]), on raw device pointers + a stream.
 //! - [`bench`]: the attention benchmark (`flamia bench attention`).
 //! - [`buffer`]: device buffers owned by this side (plans, quantised operands, workspaces).
+//! - [`host`]: forward + backward on host `f32` tensors (checks, tests, harnesses).
 //! - [`error`]: [`GpuError`]: no driver, no GPU, no NVRTC, compile log, driver call.
 //!
 //! Builds with no CUDA installed: libcuda and libnvrtc are loaded at run time; without them every
@@ -17,6 +18,7 @@ pub mod attention;
 pub mod bench;
 pub mod buffer;
 pub mod error;
+pub mod host;
 pub mod plan;
 pub mod quant;
 pub mod runtime;

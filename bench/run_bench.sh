@@ -1,0 +1,21 @@
+#!/bin/bash
+# One device call: our attention benchmark, the BF16 anchors (bench/anchors.py), ours again
+# (A B A: the card's clock drifts with load), then the comparison table. From the repo root:
+#   bash bench/run_bench.sh        (B=path/to/flamia; logs and JSON under $OUT)
+SP=/opt/torch/.venv/lib/python3.12/site-packages
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+B=${B:-target/release/flamia}; O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
+{
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
+ldd $B | grep "not found" && echo "missing libraries for $B"
+$B bench attention --json "$O/ours.json" ${BENCH_ARGS:-} || echo "flamia bench failed rc=$?"
+timeout ${ANCHOR_TIMEOUT:-400} python3 bench/anchors.py > "$O/anchors.log" 2>&1 || echo "anchors rc=$?"
+tail -12 "$O/anchors.log"
+$B bench attention --json "$O/ours2.json" ${BENCH_ARGS:-} || echo "flamia bench (2nd) failed rc=$?"
+if [ -n "${BENCH_VARIANTS:-}" ]; then  # kernel experiments (docs/perf.md)
+  echo "=== v1 kernels"; FLAMIA_ATTN_KERNELS=v1 $B bench attention --json "$O/ours_v1.json" || echo "v1 failed"
+  echo "=== DKDV_PIPE=1"; FLAMIA_DKDV_PIPE=1 $B bench attention --json "$O/ours_pipe.json" || echo "pipe failed"
+fi
+python3 bench/compare.py "$O/ours.json" "$O/anchors.json" "$O/ours2.json"
+} 2>&1 | tee "$O/bench.log"
