@@ -2,6 +2,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod bench;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "flamia",
@@ -17,6 +19,8 @@ struct Cli {
 enum Command {
     /// Print the build and what this machine offers (GPU, libtorch).
     Info,
+    /// Benchmarks on the GPU: `bench attention` (FLAMIA kernels on the anchors' workloads).
+    Bench(bench::BenchArgs),
 }
 
 /// Parses the command line and runs the subcommand.
@@ -33,5 +37,6 @@ pub fn run() -> anyhow::Result<()> {
             println!("flamia {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
+        Command::Bench(a) => bench::run(a),
     }
 }

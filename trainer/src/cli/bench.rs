@@ -1,0 +1,126 @@
+//! `flamia bench attention`: times the FLAMIA GPU kernels on the nine packed workloads of
+//! `bench/anchors.py` (16 heads, d = 128, causal, 65,536 tokens per row) and prints, per
+//! workload, CUDA-event medians of the quantisers, forward, backward and the whole training call
+//! with TFLOP/s, the kernels' registers/spills and the SM clock (nvidia-smi) before and after.
+//! `bench/run_bench.sh` runs it and the BF16 anchors in one device call.
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use flamia_kernels::gpu::bench::{run_workload, workloads, BenchRow};
+use flamia_kernels::gpu::{Attention, Gpu};
+use flamia_kernels::{AttnOptions, AttnPath};
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    what: BenchWhat,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchWhat {
+    /// FLAMIA attention kernels on the anchors' packed workloads (needs a Hopper GPU).
+    Attention(AttentionArgs),
+}
+
+#[derive(Debug, Args)]
+struct AttentionArgs {
+    /// Attention path: mxfp8, nvfp4 (FP4 numerics emulated through BF16 wgmma) or leaky-fp8.
+    #[arg(long, default_value = "mxfp8")]
+    path: String,
+    /// Write the rows as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Only these workloads (names as in anchors.py; repeatable). Default: all nine.
+    #[arg(long)]
+    workload: Vec<String>,
+    /// Turn on the three causal-safety precision options.
+    #[arg(long)]
+    causally_safe: bool,
+}
+
+/// SM clock and power as nvidia-smi reports them (or why not).
+fn sm_clock() -> String {
+    match std::process::Command::new("nvidia-smi")
+        .args([
+            "--query-gpu=clocks.sm,power.draw,temperature.gpu",
+            "--format=csv,noheader",
+        ])
+        .output()
+    {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        Ok(o) => format!("nvidia-smi failed: {}", String::from_utf8_lossy(&o.stderr).trim()),
+        Err(e) => format!("nvidia-smi not available: {e}"),
+    }
+}
+
+pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    let BenchWhat::Attention(a) = a.what;
+    let path: AttnPath = a.path.parse().context("--path")?;
+    let mut opts = AttnOptions::new(path);
+    if a.causally_safe {
+        opts.precision = flamia_kernels::Precision::causally_safe(opts.precision.hadamard);
+    }
+    let gpu = Gpu::new(0).context("opening the GPU for the attention benchmark")?;
+    let all = workloads();
+    for w in &a.workload {
+        if !all.iter().any(|(n, _)| n == w) {
+            bail!(
+                "unknown workload {w:?}; allowed: {}",
+                all.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            );
+        }
+    }
+    println!(
+        "flamia bench attention: {} on {} ({}, {} SMs), path {path}, precision {:?}",
+        "16 heads, d=128, causal",
+        gpu.name(),
+        gpu.arch(),
+        gpu.sm_count(),
+        opts.precision
+    );
+    let clock_before = sm_clock();
+    println!("SM clock before: {clock_before}  (clocks.sm, power.draw, temperature)");
+    let mut rows: Vec<BenchRow> = Vec::new();
+    println!(
+        "{:<14} {:>5} | {:>9} {:>9} {:>9} {:>9} | {:>8} {:>8} {:>8}  (ms medians; TFLOP/s)",
+        "workload", "docs", "quant", "fwd", "bwd", "train", "fwd", "bwd", "train"
+    );
+    for (name, lens) in all
+        .iter()
+        .filter(|(n, _)| a.workload.is_empty() || a.workload.iter().any(|w| w == n))
+    {
+        let r = run_workload(&gpu, opts, name, lens).with_context(|| format!("workload {name}"))?;
+        println!(
+            "{:<14} {:>5} | {:>9.3} {:>9.3} {:>9.3} {:>9.3} | {:>8.1} {:>8.1} {:>8.1}",
+            r.workload,
+            r.docs,
+            r.quant_ms,
+            r.fwd_ms,
+            r.bwd_ms,
+            r.train_ms,
+            r.fwd_tflops,
+            r.bwd_tflops,
+            r.train_tflops
+        );
+        rows.push(r);
+    }
+    let clock_after = sm_clock();
+    println!("SM clock after:  {clock_after}");
+    let res = Attention::new(gpu.clone(), opts)?.kernel_resources()?;
+    for (name, regs, local) in &res {
+        println!("kernel {name:<14} registers/thread {regs:>3}  local (spill) bytes {local}");
+    }
+    if let Some(p) = a.json {
+        let doc = serde_json::json!({
+            "device": gpu.name(), "arch": gpu.arch(), "path": path.name(),
+            "precision": format!("{:?}", opts.precision),
+            "sm_clock_before": clock_before, "sm_clock_after": clock_after,
+            "kernels": res.iter().map(|(n, r, l)| serde_json::json!({"kernel": n, "regs": r, "local_bytes": l})).collect::<Vec<_>>(),
+            "rows": rows,
+        });
+        std::fs::write(&p, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
