@@ -5,6 +5,10 @@
 //! `SLURM_JOB_NODELIST`/`SLURM_NODELIST`, port from `MASTER_PORT` or derived from the job id) when
 //! `SLURM_PROCID` is set inside a step; else a single process (rank 0 of 1).
 //! `MASTER_ADDR`/`MASTER_PORT` override the Slurm-derived values when set.
+//!
+//! Under torchrun itself (`TORCHELASTIC_RUN_ID` set) the elastic agent already holds a TCP store
+//! on `MASTER_PORT`, so flamia's rendezvous uses `MASTER_PORT + 1`. `FLAMIA_DIST_PORT` overrides
+//! the rendezvous port in every mode.
 
 use std::collections::HashMap;
 
@@ -40,6 +44,9 @@ pub struct Topology {
     pub master_port: u16,
     /// Which launcher's variables were used.
     pub source: Source,
+    /// CUDA ordinal this process should use: `local_rank`, or 0 when `CUDA_VISIBLE_DEVICES`
+    /// leaves exactly one device visible (the launcher already bound one GPU per process).
+    pub device: usize,
 }
 
 impl Topology {
@@ -53,6 +60,7 @@ impl Topology {
             master_addr: "127.0.0.1".into(),
             master_port: DEFAULT_PORT,
             source: Source::Single,
+            device: 0,
         }
     }
 
@@ -73,8 +81,21 @@ impl Topology {
                 local_rank: parse_usize(vars, "LOCAL_RANK")?.unwrap_or(rank),
                 local_world_size: parse_usize(vars, "LOCAL_WORLD_SIZE")?,
                 master_addr: get("MASTER_ADDR").unwrap_or("127.0.0.1").to_string(),
-                master_port: parse_port(vars, "MASTER_PORT")?.unwrap_or(DEFAULT_PORT),
+                master_port: match parse_port(vars, "MASTER_PORT")?.unwrap_or(DEFAULT_PORT) {
+                    // torchrun's agent store owns MASTER_PORT.
+                    p if get("TORCHELASTIC_RUN_ID").is_some() => {
+                        p.checked_add(1).ok_or(DistError::BadEnv {
+                            var: "MASTER_PORT",
+                            value: p.to_string(),
+                            reason:
+                                "under torchrun flamia listens on MASTER_PORT + 1, which must be <= 65535"
+                                    .into(),
+                        })?
+                    }
+                    p => p,
+                },
                 source: Source::Torchrun,
+                device: 0,
             }
         } else if get("SLURM_PROCID").is_some() {
             let rank = parse_usize(vars, "SLURM_PROCID")?.unwrap_or(0);
@@ -114,10 +135,21 @@ impl Topology {
                 master_addr,
                 master_port,
                 source: Source::Slurm,
+                device: 0,
             }
         } else {
             Topology::single()
         };
+        let mut topo = match parse_port(vars, "FLAMIA_DIST_PORT")? {
+            Some(p) => Topology {
+                master_port: p,
+                ..topo
+            },
+            None => topo,
+        };
+        let visible =
+            get("CUDA_VISIBLE_DEVICES").map(|v| v.split(',').filter(|d| !d.trim().is_empty()).count());
+        topo.device = if visible == Some(1) { 0 } else { topo.local_rank };
         topo.validate()?;
         Ok(topo)
     }
@@ -228,6 +260,26 @@ mod tests {
             (5, 16, 5, Source::Torchrun)
         );
         assert_eq!(t.master_endpoint(), "n01:29400");
+        let under_torchrun = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_PORT", "29400"),
+            ("TORCHELASTIC_RUN_ID", "x"),
+        ];
+        assert_eq!(
+            Topology::from_vars(&vars(&under_torchrun)).unwrap().master_port,
+            29401
+        );
+        let overridden = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_PORT", "29400"),
+            ("FLAMIA_DIST_PORT", "31000"),
+        ];
+        assert_eq!(
+            Topology::from_vars(&vars(&overridden)).unwrap().master_port,
+            31000
+        );
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! A self-contained NCCL check on real GPUs: allocate a buffer on `cuda:<local_rank>`, fill it
+//! A self-contained NCCL check on real GPUs: allocate a buffer on `cuda:<device>`, fill it
 //! with `rank + 1`, all-reduce (sum) through [`Communicator`], verify every element equals
 //! `world_size * (world_size + 1) / 2`, then time `iters` all-reduces and report bus bandwidth
 //! (NCCL-tests' definition: `algbw * 2 (n - 1) / n`). Used by `flamia-dist nccl-check` and the
@@ -37,17 +37,17 @@ fn cuda(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> DistError {
     }
 }
 
-/// Run the check on device `local_rank` (f32 sum of `numel` elements).
+/// Run the check on CUDA device `device` (f32 sum of `numel` elements).
 pub fn all_reduce_check(
     id: &NcclId,
     rank: usize,
     world_size: usize,
-    local_rank: usize,
+    device: usize,
     numel: usize,
     iters: usize,
     health: Option<Arc<Health>>,
 ) -> Result<CheckReport> {
-    let ctx = CudaContext::new(local_rank).map_err(cuda("cuCtx"))?;
+    let ctx = CudaContext::new(device).map_err(cuda("cuCtx"))?;
     ctx.bind_to_thread().map_err(cuda("bind"))?;
     let stream = ctx.new_stream().map_err(cuda("stream"))?;
     let opts = CommOptions {

@@ -132,8 +132,14 @@ impl ProcessGroup {
             (None, topo.master_endpoint())
         };
         let health = Health::new(topo.rank, opts.exit_grace);
-        let deadline = Instant::now() + opts.join_timeout;
-        let mut conn = connect(topo.rank, &endpoint, deadline)?;
+        let joined = Self::rendezvous(topo, opts, &endpoint);
+        if joined.is_err() {
+            if let Some(server) = &server {
+                // Let the other ranks receive the reason before this process exits.
+                server.wait_joins_answered(Duration::from_secs(3));
+            }
+        }
+        let (conn, payload, hosts) = joined?;
         let hello = |role| {
             Request::Hello(Hello {
                 magic: MAGIC.into(),
@@ -144,38 +150,6 @@ impl ProcessGroup {
                 pid: std::process::id(),
             })
         };
-        wire::send(&mut conn, &endpoint, &hello(Role::Join))?;
-        // Rank 0 answers at its own deadline at the latest; the slack covers clock skew of starts.
-        let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(10);
-        conn.set_read_timeout(Some(wait))
-            .map_err(|e| DistError::io(&endpoint, e))?;
-        let (payload, hosts) = match wire::recv::<Reply>(&mut conn, &endpoint) {
-            Ok(Reply::Welcome { payload, hosts }) => (payload, hosts),
-            Ok(Reply::Failed(f)) => return Err(f.to_error()),
-            Ok(other) => {
-                return Err(DistError::protocol(
-                    &endpoint,
-                    format!("expected welcome, got {other:?}"),
-                ))
-            }
-            Err(e) if wire::is_timeout(&e) => {
-                return Err(DistError::RendezvousTimeout {
-                    waited: opts.join_timeout,
-                    joined: 0,
-                    world_size: topo.world_size,
-                    missing: Vec::new(),
-                })
-            }
-            Err(DistError::Io { source, .. }) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(DistError::Rejected {
-                    rank: topo.rank,
-                    reason: "rank 0 closed the connection during the rendezvous".into(),
-                })
-            }
-            Err(e) => return Err(e),
-        };
-        conn.set_read_timeout(None)
-            .map_err(|e| DistError::io(&endpoint, e))?;
 
         let mut hb = connect(topo.rank, &endpoint, Instant::now() + Duration::from_secs(30))?;
         wire::send(&mut hb, &endpoint, &hello(Role::Heartbeat))?;
@@ -199,6 +173,59 @@ impl ProcessGroup {
             heartbeat: Some(heartbeat),
             server,
         })
+    }
+
+    /// Connect to rank 0, say hello, wait for the welcome: `(connection, payload, hosts)`.
+    fn rendezvous(
+        topo: &Topology,
+        opts: &GroupOptions,
+        endpoint: &str,
+    ) -> Result<(TcpStream, Vec<u8>, Vec<String>)> {
+        let deadline = Instant::now() + opts.join_timeout;
+        let mut conn = connect(topo.rank, endpoint, deadline)?;
+        let hello = |role| {
+            Request::Hello(Hello {
+                magic: MAGIC.into(),
+                role,
+                rank: topo.rank,
+                world_size: topo.world_size,
+                host: wire::hostname(),
+                pid: std::process::id(),
+            })
+        };
+        wire::send(&mut conn, endpoint, &hello(Role::Join))?;
+        // Rank 0 answers at its own deadline at the latest; the slack covers clock skew of starts.
+        let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(10);
+        conn.set_read_timeout(Some(wait))
+            .map_err(|e| DistError::io(endpoint, e))?;
+        let (payload, hosts) = match wire::recv::<Reply>(&mut conn, endpoint) {
+            Ok(Reply::Welcome { payload, hosts }) => (payload, hosts),
+            Ok(Reply::Failed(f)) => return Err(f.to_error()),
+            Ok(other) => {
+                return Err(DistError::protocol(
+                    endpoint,
+                    format!("expected welcome, got {other:?}"),
+                ))
+            }
+            Err(e) if wire::is_timeout(&e) => {
+                return Err(DistError::RendezvousTimeout {
+                    waited: opts.join_timeout,
+                    joined: 0,
+                    world_size: topo.world_size,
+                    missing: Vec::new(),
+                })
+            }
+            Err(DistError::Io { source, .. }) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(DistError::Rejected {
+                    rank: topo.rank,
+                    reason: "rank 0 closed the connection during the rendezvous".into(),
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        conn.set_read_timeout(None)
+            .map_err(|e| DistError::io(endpoint, e))?;
+        Ok((conn, payload, hosts))
     }
 
     pub fn rank(&self) -> usize {

@@ -38,6 +38,9 @@ struct State {
     kv: HashMap<String, Vec<u8>>,
     left: Vec<bool>,
     open_connections: usize,
+    /// Join requests not yet answered (rank 0 waits for these before exiting on a failure, so
+    /// every rank gets the reason rather than a closed connection).
+    unanswered_joins: usize,
 }
 
 impl State {
@@ -118,12 +121,33 @@ impl Server {
         Ok(Server { shared, local_addr })
     }
 
-    /// Wait (up to `timeout`) until every rank has said goodbye, so that rank 0 exiting first does
-    /// not look like a failure to the others.
+    /// Wait (up to `timeout`) until every pending join has been answered (used by rank 0 before it
+    /// returns a rendezvous error, so that the other ranks receive the reason).
+    pub fn wait_joins_answered(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.lock();
+        while st.unanswered_joins > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            st = self
+                .shared
+                .changed
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Wait (up to `timeout`) until every rank has disconnected, so that rank 0 exiting first
+    /// neither looks like a failure to the others nor cuts off the failure reason they are owed.
     pub fn wait_all_left(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         let mut st = self.shared.lock();
-        while st.left.iter().any(|l| !l) && st.failure.is_none() {
+        // Every connection closed: the other ranks left cleanly, or (after a failure) received the
+        // reason and exited. Rank 0's own two connections close in `ProcessGroup::leave` first.
+        while st.open_connections > 0 {
             let now = Instant::now();
             if now >= deadline {
                 break;
@@ -157,7 +181,10 @@ fn serve(sh: Arc<Shared>, mut conn: TcpStream) {
     };
     sh.lock().open_connections += 1;
     match hello.role {
-        Role::Join => serve_member(&sh, conn, &peer, hello),
+        Role::Join => {
+            sh.lock().unanswered_joins += 1;
+            serve_member(&sh, conn, &peer, hello)
+        }
         Role::Heartbeat => serve_heartbeat(&sh, conn, &peer, hello.rank),
     }
     sh.lock().open_connections -= 1;
@@ -195,6 +222,7 @@ fn serve_member(sh: &Shared, mut conn: TcpStream, peer: &str, h: Hello) {
             drop(st);
             sh.changed.notify_all();
             let _ = wire::send(&mut conn, peer, &Reply::Failed(f));
+            answered(sh);
             return;
         }
         st.members[rank] = Some(Member {
@@ -244,7 +272,9 @@ fn serve_member(sh: &Shared, mut conn: TcpStream, peer: &str, h: Hello) {
     };
     sh.changed.notify_all();
     let joined_ok = matches!(welcome, Reply::Welcome { .. });
-    if wire::send(&mut conn, peer, &welcome).is_err() || !joined_ok {
+    let sent = wire::send(&mut conn, peer, &welcome);
+    answered(sh);
+    if sent.is_err() || !joined_ok {
         return;
     }
 
@@ -267,11 +297,16 @@ fn serve_member(sh: &Shared, mut conn: TcpStream, peer: &str, h: Hello) {
             }
         };
         let reply = handle(sh, rank, req);
-        let leaving = matches!(reply, None);
+        let leaving = reply.is_none();
         if wire::send(&mut conn, peer, &reply.unwrap_or(Reply::Ok)).is_err() || leaving {
             return;
         }
     }
+}
+
+fn answered(sh: &Shared) {
+    sh.lock().unanswered_joins -= 1;
+    sh.changed.notify_all();
 }
 
 /// One store request; `None` means the rank left cleanly.

@@ -35,7 +35,7 @@ pub struct Segment {
 impl ZeroPartition {
     /// Partition a flat buffer of `numel` elements across `world_size` ranks.
     pub fn new(numel: usize, world_size: usize) -> Result<Self> {
-        if world_size == 0 || numel % world_size != 0 {
+        if world_size == 0 || !numel.is_multiple_of(world_size) {
             return Err(DistError::Layout(format!(
                 "flat buffer of {numel} elements cannot be split evenly over {world_size} ranks; \
                  pad it to a multiple of the world size (BucketPlan pad_multiple = world size)"

@@ -14,6 +14,7 @@ fn topo(rank: usize, world: usize, port: u16) -> Topology {
         master_addr: "127.0.0.1".into(),
         master_port: port,
         source: Source::Torchrun,
+        device: rank,
     }
 }
 
@@ -48,7 +49,7 @@ fn barrier_gather_vote_and_mean_across_ranks() {
                 let t = Duration::from_secs(10);
                 let s = pg.store();
                 s.barrier(t).unwrap();
-                assert_eq!(s.add("counter", rank as i64 + 1).unwrap() > 0, true);
+                assert!(s.add("counter", rank as i64 + 1).unwrap() > 0);
                 s.barrier(t).unwrap();
                 assert_eq!(s.add("counter", 0).unwrap(), 6);
                 let all = s.all_gather(&[rank as u8], t).unwrap();

@@ -144,7 +144,7 @@ fn run(cli: Cli) -> Result<()> {
                 &id,
                 pg.rank(),
                 pg.world_size(),
-                topo.local_rank,
+                topo.device,
                 numel,
                 iters,
                 Some(pg.health().clone()),
