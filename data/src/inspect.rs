@@ -148,7 +148,7 @@ fn parquet_schema<R: parquet::file::reader::ChunkReader + 'static>(path: &Path, 
                 .logical_type_ref()
                 .map(|l| format!("{l:?}"))
                 .unwrap_or_else(|| format!("{}", c.physical_type()));
-            format!("{}: {}", c.path(), t)
+            format!("{}: {}", c.path().string(), t)
         })
         .collect())
 }

@@ -3,6 +3,8 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod data;
+mod tokenizer;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -21,6 +23,10 @@ enum Command {
     Info,
     /// Benchmarks on the GPU: `bench attention` (FLAMIA kernels on the anchors' workloads).
     Bench(bench::BenchArgs),
+    /// Data tools: make-shard, make-synthetic, inspect, tokenize, bench.
+    Data(data::DataArgs),
+    /// Tokenizer tools: convert-tiktoken, encode.
+    Tokenizer(tokenizer::TokenizerArgs),
 }
 
 /// Parses the command line and runs the subcommand.
@@ -38,5 +44,7 @@ pub fn run() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(a) => bench::run(a),
+        Command::Data(a) => data::run(a),
+        Command::Tokenizer(a) => tokenizer::run(a),
     }
 }

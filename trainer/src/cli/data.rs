@@ -1,0 +1,265 @@
+//! `flamia data ...`: build shards from text, inspect shards, pre-tokenise, and benchmark the data
+//! pipeline. Thin wrappers over `flamia_data`; errors carry the file at fault.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use flamia_data::makeshard::{DEFAULT_DOC_CHARS, DEFAULT_ROWS_PER_GROUP};
+use flamia_data::source::Filters;
+use flamia_data::{Config, Tokenizer};
+
+/// `flamia data` arguments.
+#[derive(Debug, Args)]
+pub struct DataArgs {
+    #[command(subcommand)]
+    cmd: DataCmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum DataCmd {
+    /// Build a FineWeb-Edu-schema parquet shard from UTF-8 text files (documents split at
+    /// paragraph breaks); this is how data/shards/*.parquet are made.
+    MakeShard {
+        /// Text files, in order.
+        #[arg(long, num_args = 1.., required = true)]
+        from: Vec<PathBuf>,
+        /// Output .parquet file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Target document size in characters.
+        #[arg(long, default_value_t = DEFAULT_DOC_CHARS)]
+        doc_chars: usize,
+        /// Rows per row group.
+        #[arg(long, default_value_t = DEFAULT_ROWS_PER_GROUP)]
+        rows_per_group: usize,
+    },
+    /// Write a synthetic FineWeb-Edu-schema shard of about MB MiB of text (for memory and speed
+    /// measurements).
+    MakeSynthetic {
+        /// Output .parquet file.
+        #[arg(long)]
+        out: PathBuf,
+        /// MiB of text.
+        #[arg(long, default_value_t = 64)]
+        mb: u64,
+        /// Rows per row group.
+        #[arg(long, default_value_t = 1024)]
+        rows_per_group: usize,
+        /// Generator seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Show a shard's schema, rows, row groups and token statistics.
+    Inspect {
+        /// A .parquet or .ftok file, or embedded:train / embedded:val.
+        path: String,
+        /// "bytes" or a tokenizer.json.
+        #[arg(long, default_value = "bytes")]
+        tokenizer: String,
+        /// Documents whose tokens are counted.
+        #[arg(long, default_value_t = 10_000)]
+        max_docs: u64,
+    },
+    /// Pre-tokenise parquet shards into one .ftok shard (the loader reads .ftok like parquet).
+    Tokenize {
+        /// Input shards: files, directories, globs or embedded:*.
+        #[arg(long = "input", num_args = 1.., required = true)]
+        inputs: Vec<String>,
+        /// Output .ftok file.
+        #[arg(long)]
+        out: PathBuf,
+        /// "bytes" or a tokenizer.json.
+        #[arg(long, default_value = "bytes")]
+        tokenizer: String,
+        /// Keep documents with int_score at least this.
+        #[arg(long)]
+        min_int_score: Option<i64>,
+        /// Keep documents in this language.
+        #[arg(long)]
+        language: Option<String>,
+        /// Tokenizer threads (0 = all cores).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Skip bad shards instead of failing.
+        #[arg(long)]
+        skip_bad_shards: bool,
+    },
+    /// Measure tokens/s through the whole pipeline and of tokenisation alone.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// Training shards (default: the embedded shard).
+    #[arg(long, num_args = 1..)]
+    train: Vec<String>,
+    /// "bytes" or a tokenizer.json.
+    #[arg(long, default_value = "bytes")]
+    tokenizer: String,
+    /// Row length.
+    #[arg(long, default_value_t = 2048)]
+    seq_len: usize,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 8)]
+    batch_rows: usize,
+    /// Batches to take.
+    #[arg(long, default_value_t = 200)]
+    batches: u64,
+    /// Tokenizer threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Prefetch queue depth in batches.
+    #[arg(long, default_value_t = 4)]
+    prefetch: usize,
+    /// Documents per shuffle block.
+    #[arg(long, default_value_t = 256)]
+    shuffle_buffer: usize,
+    /// Simulated training step (ms) after each batch: waits > 0 mean the pipeline is too slow.
+    #[arg(long, default_value_t = 0.0)]
+    step_ms: f64,
+    /// Skip the tokenisation-only measurement.
+    #[arg(long)]
+    no_tokenize: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `flamia data ...`.
+pub fn run(args: DataArgs) -> anyhow::Result<()> {
+    match args.cmd {
+        DataCmd::MakeShard {
+            from,
+            out,
+            doc_chars,
+            rows_per_group,
+        } => {
+            let (rows, bytes) = flamia_data::makeshard::make_shard(&from, &out, doc_chars, rows_per_group)
+                .with_context(|| format!("make-shard {}", out.display()))?;
+            println!("wrote {}: {rows} documents, {bytes} text bytes", out.display());
+        }
+        DataCmd::MakeSynthetic {
+            out,
+            mb,
+            rows_per_group,
+            seed,
+        } => {
+            let (rows, bytes) = flamia_data::makeshard::make_synthetic(&out, mb, rows_per_group, seed)
+                .with_context(|| format!("make-synthetic {}", out.display()))?;
+            println!("wrote {}: {rows} documents, {bytes} text bytes", out.display());
+        }
+        DataCmd::Inspect {
+            path,
+            tokenizer,
+            max_docs,
+        } => {
+            let tok = Tokenizer::from_spec(&tokenizer)?;
+            let r = flamia_data::inspect::inspect(&path, &tok, max_docs)
+                .with_context(|| format!("inspect {path}"))?;
+            print!("{r}");
+        }
+        DataCmd::Tokenize {
+            inputs,
+            out,
+            tokenizer,
+            min_int_score,
+            language,
+            threads,
+            skip_bad_shards,
+        } => {
+            let tok = Tokenizer::from_spec(&tokenizer)?;
+            let filters = Filters {
+                min_int_score,
+                language,
+            };
+            let threads = Config {
+                num_threads: threads,
+                ..Config::default()
+            }
+            .threads();
+            let r =
+                flamia_data::pretokenize::tokenize(&inputs, &filters, &tok, &out, threads, skip_bad_shards)
+                    .with_context(|| format!("tokenize into {}", out.display()))?;
+            println!(
+                "wrote {}: {} documents, {} tokens in {:.2} s ({:.0} tokens/s)",
+                out.display(),
+                r.docs,
+                r.tokens,
+                r.seconds,
+                r.tokens as f64 / r.seconds.max(1e-9)
+            );
+        }
+        DataCmd::Bench(b) => bench(b)?,
+    }
+    Ok(())
+}
+
+fn bench(b: BenchArgs) -> anyhow::Result<()> {
+    let mut cfg = Config {
+        tokenizer: b.tokenizer,
+        seq_len: b.seq_len,
+        batch_rows: b.batch_rows,
+        num_threads: b.threads,
+        prefetch: b.prefetch,
+        shuffle_buffer: b.shuffle_buffer,
+        ..Config::default()
+    };
+    if !b.train.is_empty() {
+        cfg.train = b.train;
+    }
+    cfg.validate()?;
+    let step = Duration::from_secs_f64(b.step_ms.max(0.0) / 1e3);
+    let p = flamia_data::bench::pipeline(&cfg, b.batches, step)?;
+    let tok = if b.no_tokenize {
+        None
+    } else {
+        let (n, s) = flamia_data::bench::tokenize_throughput(&cfg, cfg.threads(), 4096)?;
+        Some((n, s, n as f64 / s.max(1e-9)))
+    };
+    if b.json {
+        let v = serde_json::json!({
+            "threads": cfg.threads(),
+            "seq_len": cfg.seq_len,
+            "batch_rows": cfg.batch_rows,
+            "batches": p.batches,
+            "tokens": p.tokens,
+            "seconds": p.seconds,
+            "tokens_per_s": p.tokens_per_s(),
+            "wait_seconds": p.wait_seconds,
+            "step_ms": b.step_ms,
+            "peak_rss_mib": p.peak_rss_mib,
+            "tokenize_tokens_per_s": tok.map(|t| t.2),
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "pipeline: {} batches, {} tokens in {:.3} s = {:.0} tokens/s ({} threads, seq_len {}, {} rows)",
+            p.batches,
+            p.tokens,
+            p.seconds,
+            p.tokens_per_s(),
+            cfg.threads(),
+            cfg.seq_len,
+            cfg.batch_rows
+        );
+        println!(
+            "waiting:  {:.3} s of {:.3} s ({:.1}%) with a simulated step of {} ms",
+            p.wait_seconds,
+            p.seconds,
+            100.0 * p.wait_seconds / p.seconds.max(1e-9),
+            b.step_ms
+        );
+        if let Some((n, s, r)) = tok {
+            println!(
+                "tokenise: {n} tokens in {s:.3} s = {r:.0} tokens/s ({} threads, in memory)",
+                cfg.threads()
+            );
+        }
+        if let Some(m) = p.peak_rss_mib {
+            println!("peak RSS: {m:.1} MiB");
+        }
+    }
+    Ok(())
+}
