@@ -64,7 +64,10 @@ while [ "$remaining" -gt 0 ]; do
                 failed_rank=$r; status=$rc
                 echo "local.sh: rank $r exited with status $rc; waiting up to ${grace}s for the other ranks to stop" >&2
                 (
-                    sleep "$grace"
+                    # The sleep must die with this reaper (it would hold the terminal/pipe open).
+                    trap 'kill "$sp" 2>/dev/null; exit 0' TERM
+                    sleep "$grace" & sp=$!
+                    wait "$sp"
                     echo "local.sh: ranks still running ${grace}s after rank $r failed: terminating them" >&2
                     terminate; sleep 5
                     for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done

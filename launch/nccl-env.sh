@@ -16,7 +16,7 @@ export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 flamia_find_nccl() {
     if [ -n "${FLAMIA_NCCL_LIB:-}" ]; then echo "$FLAMIA_NCCL_LIB"; return; fi
     local d
-    for d in ${LD_LIBRARY_PATH//:/ } /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64; do
+    ldp="${LD_LIBRARY_PATH:-}"; for d in ${ldp//:/ } /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64; do
         if [ -e "$d/libnccl.so" ]; then echo "$d/libnccl.so"; return; fi
         if [ -e "$d/libnccl.so.2" ]; then echo "$d/libnccl.so.2"; return; fi
     done

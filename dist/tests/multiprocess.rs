@@ -187,3 +187,50 @@ fn killed_rank_is_detected_by_the_others_within_the_timeout() {
         );
     }
 }
+
+#[test]
+fn frozen_rank_is_detected_by_missing_heartbeats() {
+    let port = free_port();
+    let args = ["--steps", "100000", "--step-ms", "20"];
+    let mut kids: Vec<Child> = (0..3).map(|r| spawn(r, 3, port, &args)).collect();
+    std::thread::sleep(Duration::from_millis(800));
+    // Freeze rank 1 (alive, connections open, but silent): only the heartbeat timeout can tell.
+    let mut frozen = kids.remove(1);
+    let stopped = Command::new("kill")
+        .args(["-STOP", &frozen.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let stop_time = Instant::now();
+    let mut exited_after = [None, None];
+    while exited_after.iter().any(|t| t.is_none()) && stop_time.elapsed() < Duration::from_secs(20) {
+        for (i, kid) in kids.iter_mut().enumerate() {
+            if exited_after[i].is_none() && kid.try_wait().unwrap().is_some() {
+                exited_after[i] = Some(stop_time.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    frozen.kill().ok();
+    frozen.wait().ok();
+    for ((rank, kid), took) in [0, 2].into_iter().zip(kids).zip(exited_after) {
+        let (out, _) = finish(kid, Duration::from_secs(1));
+        let err = stderr(&out);
+        let took = took.unwrap_or_else(|| panic!("rank {rank} did not stop: {err}"));
+        eprintln!("rank {rank} stopped {took:?} after rank 1 froze");
+        assert_eq!(
+            out.status.code(),
+            Some(flamia_dist::PEER_FAILURE_EXIT_CODE),
+            "rank {rank}: {err}"
+        );
+        assert!(
+            err.contains("rank 1") && err.contains("no heartbeat"),
+            "rank {rank}: {err}"
+        );
+        // Heartbeat timeout 2 s: detected after at least the timeout, and not much later.
+        assert!(
+            took >= Duration::from_millis(1500) && took < Duration::from_secs(8),
+            "rank {rank}: {took:?}"
+        );
+    }
+}

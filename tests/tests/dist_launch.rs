@@ -1,0 +1,108 @@
+//! `launch/local.sh` end to end on the CPU: it starts N ranks of `flamia-dist rendezvous`
+//! (torchrun-style variables, loopback rendezvous), and when one rank dies it exits with that
+//! rank's status after the survivors have stopped with a clear error.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The `flamia-dist` binary, built once with the cargo that runs the tests.
+fn dist_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .current_dir(root())
+            .args(["build", "--quiet", "-p", "flamia-dist", "--bin", "flamia-dist"])
+            .status()
+            .expect("run cargo build for flamia-dist");
+        assert!(status.success(), "cargo build -p flamia-dist failed");
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root().join("target"));
+        target.join("debug").join("flamia-dist")
+    })
+    .clone()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn local_sh(n: usize, args: &[&str]) -> (std::process::Output, Duration) {
+    let start = Instant::now();
+    let out = Command::new("bash")
+        .arg(root().join("launch/local.sh"))
+        .arg(n.to_string())
+        .arg(dist_bin())
+        .args(["--join-timeout", "20", "--heartbeat-timeout", "2", "rendezvous"])
+        .args(args)
+        .env("MASTER_PORT", free_port().to_string())
+        .env("FLAMIA_LAUNCH_GRACE_S", "10")
+        .output()
+        .expect("run launch/local.sh");
+    (out, start.elapsed())
+}
+
+#[test]
+fn local_sh_runs_every_rank_with_one_id() {
+    let (out, _) = local_sh(3, &["--steps", "3"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout {stdout}\nstderr {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut digests = Vec::new();
+    for r in 0..3 {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("[{r}] {{\"event\":\"joined\"")))
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(line.split_once(' ').unwrap().1).unwrap();
+        assert_eq!(v["world_size"], 3);
+        digests.push(v["payload_digest"].as_str().unwrap().to_string());
+        assert!(
+            stdout.contains(&format!("[{r}] {{\"event\":\"done\"")),
+            "{stdout}"
+        );
+    }
+    assert!(digests.windows(2).all(|w| w[0] == w[1]));
+}
+
+#[test]
+fn local_sh_reports_the_dead_rank_and_fails() {
+    let args = [
+        "--steps",
+        "100000",
+        "--step-ms",
+        "20",
+        "--die-rank",
+        "1",
+        "--die-at-step",
+        "5",
+    ];
+    let (out, took) = local_sh(3, &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("local.sh: rank 1 exited with status"), "{stderr}");
+    for survivor in [0, 2] {
+        assert!(
+            stderr.contains(&format!("[{survivor}] error:")) && stderr.contains("rank 1 ("),
+            "{stderr}"
+        );
+    }
+    assert!(
+        took < Duration::from_secs(9),
+        "survivors should stop on their own, took {took:?}"
+    );
+}
