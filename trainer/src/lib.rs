@@ -2,9 +2,24 @@
 //! bridge, the training loop, checkpoints, configuration and metrics.
 //!
 //! - [`attention`]: the libtorch autograd bridge (csrc/bridge.cpp) and the CPU/GPU dispatch.
+//! - [`model`]: the Llama-3-style model, sizes as data, RoPE.
+//! - [`optim`]: AdamW and the learning-rate schedule.
+//! - [`train`]: the training loop.
+//! - [`checkpoint`]: atomic checkpoints and resume.
+//! - [`config`]: the run configuration (presets, environment, `--set`).
+//! - [`metrics`]: JSONL, progress bar, Weights & Biases.
+//! - [`device`], [`memory`]: device, compute precision, peak memory.
 //! - [`error`]: typed errors.
 
 pub mod attention;
+pub mod checkpoint;
+pub mod config;
+pub mod device;
 pub mod error;
+pub mod memory;
+pub mod metrics;
+pub mod model;
+pub mod optim;
+pub mod train;
 
 pub use error::{Result, TrainError};

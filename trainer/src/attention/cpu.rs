@@ -1,10 +1,21 @@
-//! CPU side of the bridge: f32 host tensors, every path on the Rust reference.
+//! CPU side of the bridge: f32 host tensors. The FLAMIA paths run `flamia_kernels::reference`
+//! (the numerical specification); the exact control runs [`super::exact`] (f64 accumulation,
+//! the same numbers as the reference's `exact` path up to f32 rounding, and simpler/faster).
 //!
 //! Layouts as in [`super::ffi`]: q/o `(tokens, heads_q, head_dim)`, k/v `(tokens, heads_kv,
-//! head_dim)`, lse `(heads_q, tokens)`.
+//! head_dim)`, lse `(heads_q, tokens)` in the bridge (the reference's `(tokens, heads_q)` is
+//! transposed on the way in and out).
 
 use super::ffi::FlamiaCall;
-use flamia_kernels::AttnPath;
+use flamia_kernels::{reference, AttnPath};
+
+fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    for r in 0..rows {
+        for c in 0..cols {
+            dst[c * rows + r] = src[r * cols + c];
+        }
+    }
+}
 
 /// Runs the forward (writes o, lse) or backward (writes dq, dk, dv) of one call.
 pub(crate) fn run(call: &FlamiaCall, backward: bool) -> Result<(), String> {
@@ -35,7 +46,12 @@ pub(crate) fn run(call: &FlamiaCall, backward: bool) -> Result<(), String> {
                 super::exact::forward(q, k, v, &shape, &opts, o, lse);
                 Ok(())
             }
-            p => Err(missing_reference(p)),
+            _ => {
+                let f = reference::forward(q, k, v, &shape, &opts).map_err(|e| e.to_string())?;
+                o.copy_from_slice(&f.o);
+                transpose(&f.lse, t, shape.heads_q, lse);
+                Ok(())
+            }
         };
     }
     // SAFETY: as above.
@@ -54,13 +70,15 @@ pub(crate) fn run(call: &FlamiaCall, backward: bool) -> Result<(), String> {
             super::exact::backward(q, k, v, o, lse, d_o, &shape, &opts, dq, dk, dv);
             Ok(())
         }
-        p => Err(missing_reference(p)),
+        _ => {
+            let mut lse_th = vec![0f32; nl];
+            transpose(lse, shape.heads_q, t, &mut lse_th);
+            let g =
+                reference::backward(q, k, v, o, &lse_th, d_o, &shape, &opts).map_err(|e| e.to_string())?;
+            dq.copy_from_slice(&g.dq);
+            dk.copy_from_slice(&g.dk);
+            dv.copy_from_slice(&g.dv);
+            Ok(())
+        }
     }
-}
-
-fn missing_reference(path: AttnPath) -> String {
-    format!(
-        "the CPU reference for the {path} path (flamia_kernels::reference) is not in this build; \
-         on CPU only the bf16 control (exact) path runs"
-    )
 }

@@ -155,7 +155,11 @@ fn write_err(err: *mut c_char, len: usize, msg: &str) {
     }
 }
 
+/// Nanoseconds spent in the Rust attention callbacks (all threads, since start).
+pub(crate) static CALLBACK_NANOS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn run_callback(call: *const FlamiaCall, err: *mut c_char, err_len: usize, backward: bool) -> i32 {
+    let t0 = std::time::Instant::now();
     let result = std::panic::catch_unwind(|| {
         // SAFETY: bridge.cpp passes a pointer to a live FlamiaCall for the duration of the call.
         let call = unsafe { &*call };
@@ -165,6 +169,10 @@ fn run_callback(call: *const FlamiaCall, err: *mut c_char, err_len: usize, backw
             super::gpu::run(call, backward)
         }
     });
+    CALLBACK_NANOS.fetch_add(
+        t0.elapsed().as_nanos() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     match result {
         Ok(Ok(())) => 0,
         Ok(Err(msg)) => {

@@ -18,6 +18,12 @@ use tch::{Device, Kind, Tensor};
 use crate::error::{Result, TrainError};
 pub use ffi::bridge_has_cuda;
 
+/// Seconds spent so far in the Rust attention callbacks (the CPU paths and the GPU FLAMIA
+/// launches; libtorch's own flash attention for the CUDA control is not counted here).
+pub fn callback_seconds() -> f64 {
+    ffi::CALLBACK_NANOS.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9
+}
+
 /// Document boundaries of a packed batch, on the host and on the compute device.
 #[derive(Debug)]
 pub struct Packing {

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod data;
 mod tokenizer;
+mod train;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -19,6 +20,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Pretrain a Llama-3-style model: `flamia train --config configs/tiny-cpu.toml`.
+    Train(train::TrainArgs),
     /// Print the build and what this machine offers (GPU, libtorch).
     Info,
     /// Benchmarks on the GPU: `bench attention` (FLAMIA kernels on the anchors' workloads).
@@ -39,6 +42,7 @@ pub fn run() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Train(a) => train::run(a),
         Command::Info => {
             println!("flamia {}", env!("CARGO_PKG_VERSION"));
             Ok(())

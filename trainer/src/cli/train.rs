@@ -1,0 +1,60 @@
+//! `flamia train`: resolve the config (preset, environment, `--set`), train, print the summary.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use flamia_trainer::config::TrainConfig;
+use flamia_trainer::train::{train, RunOptions};
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// TOML preset (configs/tiny-cpu.toml, configs/h200-125m.toml, ...); defaults apply without one.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override one key, `section.key=value` (repeatable), e.g. `--set training.steps=50`.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Continue from the newest checkpoint in the run directory.
+    #[arg(long)]
+    pub resume: bool,
+    /// Stop after this many optimizer steps of this invocation (a checkpoint is written).
+    #[arg(long)]
+    pub stop_after: Option<usize>,
+    /// Print the resolved config as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+pub fn run(a: TrainArgs) -> anyhow::Result<()> {
+    let cfg = TrainConfig::load(a.config.as_deref(), &a.set).context("resolving the run configuration")?;
+    if a.print_config {
+        print!("{}", cfg.to_toml()?);
+        return Ok(());
+    }
+    let s = train(
+        &cfg,
+        &RunOptions {
+            resume: a.resume,
+            stop_after: a.stop_after,
+        },
+    )
+    .with_context(|| format!("training run in {}", cfg.run_dir().display()))?;
+    println!(
+        "run {} | attention {} | {} | steps {} (skipped {}) | loss {:.4} -> {:.4} (last-10% mean {:.4}) | {:.0} tok/s{} | peak mem {:.2} GiB | attention {:.0}% of time | {:.1} s",
+        s.run_dir.display(),
+        s.attention_path,
+        s.device,
+        s.steps,
+        s.skipped_steps,
+        s.first_loss,
+        s.final_loss,
+        s.tail_mean_loss,
+        s.mean_tps,
+        s.mean_mfu_pct.map(|m| format!(" | MFU {m:.1}%")).unwrap_or_default(),
+        s.peak_memory_gib,
+        100.0 * s.attn_share,
+        s.wall_s
+    );
+    Ok(())
+}

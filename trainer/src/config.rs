@@ -1,0 +1,313 @@
+//! The run configuration: one typed tree owned by the components, read from a TOML preset with
+//! the `config` crate, then the environment (`FLAMIA__SECTION__KEY=value`), then `--set
+//! section.key=value` overrides (in that order, later wins). Unknown keys are rejected with the
+//! list of valid ones (serde `deny_unknown_fields`). The resolved tree is written into the run
+//! directory as `config.toml`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TrainError};
+use crate::model::ModelConfig;
+
+/// `[run]`: where and how the run happens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Run name (W&B display name, default run directory `runs/<name>`).
+    pub name: String,
+    /// The run directory (checkpoints, metrics.jsonl, config.toml); empty = `runs/<name>`.
+    pub dir: String,
+    /// Seed of the initialisation (data order has its own `data.seed`).
+    pub seed: u64,
+    /// `auto` (CUDA if present, else CPU), `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+    /// Compute precision: `auto` (bf16 on CUDA, fp32 on CPU), `bf16`, `fp32`. Master weights and
+    /// optimiser state are always fp32.
+    pub compute: String,
+    /// Log a metrics line every this many optimizer steps.
+    pub log_every: usize,
+    /// Checkpoint every this many optimizer steps (0: only at the end).
+    pub checkpoint_every: usize,
+    /// Checkpoints kept (older ones are deleted); at least 1.
+    pub keep_checkpoints: usize,
+    /// Show the progress bar (it is hidden anyway when stderr is not a terminal).
+    pub progress: bool,
+    /// libtorch CPU threads (intra-op); 0 keeps libtorch's default (all cores). On a small or
+    /// shared CPU, 1 avoids OpenMP threads spinning against the attention reference's threads.
+    pub cpu_threads: usize,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            name: "run".into(),
+            dir: String::new(),
+            seed: 0,
+            device: "auto".into(),
+            compute: "auto".into(),
+            log_every: 10,
+            checkpoint_every: 0,
+            keep_checkpoints: 2,
+            progress: true,
+            cpu_threads: 0,
+        }
+    }
+}
+
+/// `[attention]`: the attention path and FLAMIA precision options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AttentionConfig {
+    /// `bf16` (exact control), `mxfp8` (FLAMIA default), `nvfp4`, `leaky-fp8` (negative control).
+    pub path: String,
+    /// One power-of-two scale per token instead of per 32-token block.
+    pub per_token_scales: bool,
+    /// dS exponents per query row instead of per 32x32 block.
+    pub row_ds_exponents: bool,
+    /// dQ prescale from the keys each query row sees.
+    pub causal_dq_scaling: bool,
+    /// Hadamard rotation of Q and K before quantising.
+    pub hadamard: bool,
+}
+
+impl Default for AttentionConfig {
+    fn default() -> Self {
+        AttentionConfig {
+            path: "bf16".into(),
+            per_token_scales: false,
+            row_ds_exponents: false,
+            causal_dq_scaling: false,
+            hadamard: true,
+        }
+    }
+}
+
+/// `[training]`: optimisation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainingConfig {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Micro-batches (of `data.batch_rows` rows) accumulated per optimizer step.
+    pub grad_accum: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Final learning rate as a fraction of the peak.
+    pub min_lr_ratio: f64,
+    /// Linear warm-up steps.
+    pub warmup_steps: usize,
+    /// `cosine` (decay from warm-up to the end) or `wsd` (warm-up, stable, then linear decay over
+    /// the last `decay_fraction` of the steps).
+    pub schedule: String,
+    /// Decay share of the steps for `wsd` (0..=1).
+    pub decay_fraction: f64,
+    /// AdamW decoupled weight decay (not applied to norms and embeddings).
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// Clip the global gradient norm to this (0 disables).
+    pub grad_clip: f64,
+    /// Skip a step whose loss exceeds this many times the mean of the last `spike_window` losses
+    /// (0 disables; non-finite losses or gradients are always skipped).
+    pub spike_factor: f64,
+    /// Window of the loss-spike mean; spikes are only judged once the window is full.
+    pub spike_window: usize,
+}
+
+impl Default for TrainingConfig {
+    fn default() -> Self {
+        TrainingConfig {
+            steps: 100,
+            grad_accum: 1,
+            lr: 3e-4,
+            min_lr_ratio: 0.1,
+            warmup_steps: 10,
+            schedule: "cosine".into(),
+            decay_fraction: 0.2,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            grad_clip: 1.0,
+            spike_factor: 3.0,
+            spike_window: 20,
+        }
+    }
+}
+
+/// `[wandb]`: Weights & Biases over its HTTP API (key from `WANDB_API_KEY`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WandbConfig {
+    /// Log to W&B (needs `WANDB_API_KEY`; without it a warning is printed and nothing is sent).
+    pub enabled: bool,
+    /// Project name.
+    pub project: String,
+    /// Entity (user or team); empty = the key's default entity.
+    pub entity: String,
+    /// API base URL.
+    pub base_url: String,
+    /// Seconds between heartbeats (file_stream posts carry them).
+    pub heartbeat_secs: u64,
+}
+
+impl Default for WandbConfig {
+    fn default() -> Self {
+        WandbConfig {
+            enabled: false,
+            project: "flamia".into(),
+            entity: String::new(),
+            base_url: "https://api.wandb.ai".into(),
+            heartbeat_secs: 30,
+        }
+    }
+}
+
+/// The whole run configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    pub run: RunConfig,
+    pub model: ModelConfig,
+    pub attention: AttentionConfig,
+    pub training: TrainingConfig,
+    pub data: flamia_data::Config,
+    pub wandb: WandbConfig,
+}
+
+fn invalid(msg: String) -> TrainError {
+    TrainError::Config(msg)
+}
+
+impl TrainConfig {
+    /// Reads `preset` (TOML), then `FLAMIA__SECTION__KEY` environment variables, then the
+    /// `section.key=value` overrides, and validates the result.
+    pub fn load(preset: Option<&Path>, overrides: &[String]) -> Result<TrainConfig> {
+        let mut b = config::Config::builder();
+        if let Some(p) = preset {
+            if !p.exists() {
+                return Err(invalid(format!(
+                    "preset {} does not exist (presets live in configs/)",
+                    p.display()
+                )));
+            }
+            b = b.add_source(config::File::from(p).format(config::FileFormat::Toml));
+        }
+        b = b.add_source(
+            config::Environment::with_prefix("FLAMIA")
+                .prefix_separator("__")
+                .separator("__")
+                .try_parsing(true),
+        );
+        for o in overrides {
+            let (k, v) = o
+                .split_once('=')
+                .ok_or_else(|| invalid(format!("--set takes section.key=value, got {o:?}")))?;
+            let (k, v) = (k.trim(), v.trim());
+            if !k.contains('.') {
+                return Err(invalid(format!(
+                    "--set key {k:?} must be section.key (sections: run, model, attention, training, data, wandb)"
+                )));
+            }
+            b = b
+                .set_override(k, parse_value(v))
+                .map_err(|e| invalid(e.to_string()))?;
+        }
+        let raw = b.build().map_err(|e| invalid(e.to_string()))?;
+        let cfg: TrainConfig = raw.try_deserialize().map_err(|e| invalid(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks every section; messages say which key and what is allowed.
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        self.data.validate().map_err(|e| invalid(format!("data: {e}")))?;
+        crate::attention::parse_path(&self.attention.path)
+            .map_err(|e| invalid(format!("attention.path: {e}")))?;
+        let t = &self.training;
+        if t.steps == 0 || t.grad_accum == 0 {
+            return Err(invalid(
+                "training.steps and training.grad_accum must be at least 1".into(),
+            ));
+        }
+        if !matches!(t.schedule.as_str(), "cosine" | "wsd") {
+            return Err(invalid(format!(
+                "training.schedule {:?}: allowed cosine, wsd",
+                t.schedule
+            )));
+        }
+        if !(t.lr > 0.0 && (0.0..=1.0).contains(&t.min_lr_ratio) && (0.0..=1.0).contains(&t.decay_fraction)) {
+            return Err(invalid(
+                "training.lr must be > 0, min_lr_ratio and decay_fraction within 0..=1".into(),
+            ));
+        }
+        if !((0.0..1.0).contains(&t.beta1) && (0.0..1.0).contains(&t.beta2) && t.eps > 0.0) {
+            return Err(invalid(
+                "training.beta1/beta2 must be in [0, 1) and eps > 0".into(),
+            ));
+        }
+        if t.weight_decay < 0.0 || t.grad_clip < 0.0 || t.spike_factor < 0.0 {
+            return Err(invalid(
+                "training.weight_decay, grad_clip and spike_factor must be >= 0".into(),
+            ));
+        }
+        if !matches!(self.run.compute.as_str(), "auto" | "bf16" | "fp32") {
+            return Err(invalid(format!(
+                "run.compute {:?}: allowed auto, bf16, fp32",
+                self.run.compute
+            )));
+        }
+        crate::device::parse_device(&self.run.device)?;
+        if self.run.keep_checkpoints == 0 || self.run.log_every == 0 {
+            return Err(invalid(
+                "run.keep_checkpoints and run.log_every must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The run directory.
+    pub fn run_dir(&self) -> PathBuf {
+        if self.run.dir.is_empty() {
+            Path::new("runs").join(&self.run.name)
+        } else {
+            PathBuf::from(&self.run.dir)
+        }
+    }
+
+    /// The resolved config as TOML.
+    pub fn to_toml(&self) -> Result<String> {
+        toml::to_string_pretty(self).map_err(|e| invalid(format!("serialising the resolved config: {e}")))
+    }
+
+    /// Reads a resolved `config.toml` (from a run directory) without env or overrides.
+    pub fn from_toml(text: &str) -> Result<TrainConfig> {
+        let cfg: TrainConfig = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Values from `--set` keep their TOML type: numbers, booleans and arrays parse as such, anything
+/// else is a string.
+fn parse_value(v: &str) -> config::Value {
+    match toml::from_str::<toml::Table>(&format!("x = {v}")) {
+        Ok(mut t) => toml_to_config(t.remove("x").unwrap_or(toml::Value::String(v.into()))),
+        Err(_) => config::Value::from(v.to_string()),
+    }
+}
+
+fn toml_to_config(v: toml::Value) -> config::Value {
+    match v {
+        toml::Value::String(s) => s.into(),
+        toml::Value::Integer(i) => i.into(),
+        toml::Value::Float(f) => f.into(),
+        toml::Value::Boolean(b) => b.into(),
+        toml::Value::Array(a) => a.into_iter().map(toml_to_config).collect::<Vec<_>>().into(),
+        other => other.to_string().into(),
+    }
+}

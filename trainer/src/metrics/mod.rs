@@ -1,0 +1,38 @@
+//! Metrics of a run: one [`StepMetrics`] record per logged step goes to the JSONL file in the run
+//! directory (stable keys), the progress bar, and Weights & Biases.
+
+pub mod jsonl;
+pub mod progress;
+pub mod wandb;
+
+use serde::Serialize;
+
+/// H100/H200 dense BF16 peak, the MFU denominator (torchtitan's convention).
+pub const PEAK_BF16_FLOPS: f64 = 989e12;
+
+/// One logged step. Keys are stable: downstream tools (`flamia compare`) read them.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct StepMetrics {
+    /// Optimizer step (1-based: the number of steps completed).
+    pub step: usize,
+    /// Mean next-token loss of this step's tokens.
+    pub loss: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Whether the update was skipped (non-finite or spiking loss/gradient).
+    pub skipped: bool,
+    /// Input tokens consumed so far.
+    pub tokens: u64,
+    /// Input tokens per second over this step.
+    pub tps: f64,
+    /// Model FLOPs utilisation in percent against 989 TFLOP/s (null on CPU).
+    pub mfu_pct: Option<f64>,
+    /// Wall time of this step in seconds.
+    pub step_time_s: f64,
+    /// Seconds of this step spent inside the attention bridge (forward + backward).
+    pub attn_time_s: f64,
+    /// Peak memory in GiB (GPU: device memory in use at its highest; CPU: process peak RSS).
+    pub memory_gib: f64,
+}

@@ -1,0 +1,111 @@
+//! Rotary position embeddings with Llama-3 frequency scaling, positions restarting at every
+//! document of a packed batch.
+//!
+//! Layout: x `(tokens, heads, head_dim)`; pairs `(2i, 2i+1)` of the head dim rotate by
+//! `position * freq_i` (Meta's complex-pair convention).
+
+use tch::{Device, Kind, Tensor};
+
+use super::sizes::RopeScaling;
+
+/// Inverse frequencies `theta^(-2i/head_dim)`, scaled the Llama-3 way when `scaling` is given.
+pub fn inv_freqs(head_dim: usize, theta: f64, scaling: Option<&RopeScaling>) -> Vec<f64> {
+    (0..head_dim / 2)
+        .map(|i| {
+            let f = theta.powf(-((2 * i) as f64) / head_dim as f64);
+            match scaling {
+                None => f,
+                Some(s) => {
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    let orig = s.original_max_position as f64;
+                    let (low_wl, high_wl) = (orig / s.low_freq_factor, orig / s.high_freq_factor);
+                    if wavelen < high_wl {
+                        f
+                    } else if wavelen > low_wl {
+                        f / s.factor
+                    } else {
+                        let smooth =
+                            (orig / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+                        (1.0 - smooth) * f / s.factor + smooth * f
+                    }
+                }
+            }
+        })
+        .collect()
+}
+
+/// Position of every packed token inside its document.
+pub fn positions(cu_seqlens: &[usize]) -> Vec<i64> {
+    let mut pos = Vec::with_capacity(cu_seqlens.last().copied().unwrap_or(0));
+    for w in cu_seqlens.windows(2) {
+        pos.extend(0..(w[1] - w[0]) as i64);
+    }
+    pos
+}
+
+/// cos/sin tables `(tokens, 1, head_dim/2)` in f32 for the given positions.
+pub fn tables(inv_freq: &[f64], positions: &[i64], device: Device) -> (Tensor, Tensor) {
+    let n = inv_freq.len();
+    let mut cos = Vec::with_capacity(positions.len() * n);
+    let mut sin = Vec::with_capacity(positions.len() * n);
+    for &p in positions {
+        for &f in inv_freq {
+            let a = p as f64 * f;
+            cos.push(a.cos() as f32);
+            sin.push(a.sin() as f32);
+        }
+    }
+    let shape = [positions.len() as i64, 1, n as i64];
+    (
+        Tensor::from_slice(&cos).reshape(shape).to_device(device),
+        Tensor::from_slice(&sin).reshape(shape).to_device(device),
+    )
+}
+
+/// Rotates `x` `(tokens, heads, head_dim)`; computed in f32, returned in `x`'s kind.
+pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+    let kind = x.kind();
+    let (t, h, d) = x.size3().expect("rope input is (tokens, heads, head_dim)");
+    let xp = x.to_kind(Kind::Float).reshape([t, h, d / 2, 2]);
+    let x0 = xp.select(-1, 0);
+    let x1 = xp.select(-1, 1);
+    let r0 = &x0 * cos - &x1 * sin;
+    let r1 = &x0 * sin + &x1 * cos;
+    Tensor::stack(&[r0, r1], -1).reshape([t, h, d]).to_kind(kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
+        let s = RopeScaling::default();
+        let plain = inv_freqs(128, 500000.0, None);
+        let scaled = inv_freqs(128, 500000.0, Some(&s));
+        assert_eq!(plain[0], scaled[0]); // wavelength 2*pi < 2048: unchanged
+        let last = plain.len() - 1; // wavelength far above 8192: divided by 32
+        assert!((scaled[last] - plain[last] / 32.0).abs() < 1e-18);
+        assert!(scaled
+            .iter()
+            .zip(&plain)
+            .all(|(a, b)| a <= b && *a >= b / 32.0 - 1e-18));
+    }
+
+    #[test]
+    fn positions_restart_per_document_and_rotation_preserves_norm() {
+        assert_eq!(positions(&[0, 3, 5]), vec![0, 1, 2, 0, 1]);
+        tch::manual_seed(0);
+        let x = Tensor::randn([5, 2, 64], (Kind::Float, Device::Cpu));
+        let (c, s) = tables(
+            &inv_freqs(64, 500000.0, None),
+            &positions(&[0, 3, 5]),
+            Device::Cpu,
+        );
+        let y = apply(&x, &c, &s);
+        let dn = (x.norm() - y.norm()).abs().double_value(&[]);
+        assert!(dn < 1e-4, "{dn}");
+        // Position 0 is the identity.
+        assert_eq!(f64::try_from((y.get(0) - x.get(0)).abs().max()).unwrap(), 0.0);
+    }
+}

@@ -1,0 +1,255 @@
+//! Model sizes as data (torchtitan style) and the model section of the config.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TrainError};
+
+/// One row of the size table. The FFN width follows the Llama-3 rule (see [`ffn_dim`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Size {
+    pub name: &'static str,
+    pub dim: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    /// Llama-3 `ffn_dim_multiplier` (None = 1).
+    pub ffn_multiplier: Option<f64>,
+    /// The FFN width is rounded up to a multiple of this.
+    pub multiple_of: usize,
+    /// Output projection shares the token embedding.
+    pub tied: bool,
+}
+
+/// Every size, small to large. Head dims are 64 or 128 (what the kernels support).
+pub const SIZES: [Size; 5] = [
+    // CPU demo: 2 layers of dim 128, 2 heads of 64 sharing one KV head.
+    Size {
+        name: "tiny",
+        dim: 128,
+        n_layers: 2,
+        n_heads: 2,
+        n_kv_heads: 1,
+        ffn_multiplier: None,
+        multiple_of: 64,
+        tied: true,
+    },
+    Size {
+        name: "debug",
+        dim: 256,
+        n_layers: 4,
+        n_heads: 4,
+        n_kv_heads: 2,
+        ffn_multiplier: None,
+        multiple_of: 128,
+        tied: true,
+    },
+    Size {
+        name: "125m",
+        dim: 768,
+        n_layers: 12,
+        n_heads: 12,
+        n_kv_heads: 4,
+        ffn_multiplier: None,
+        multiple_of: 256,
+        tied: true,
+    },
+    Size {
+        name: "350m",
+        dim: 1024,
+        n_layers: 24,
+        n_heads: 16,
+        n_kv_heads: 4,
+        ffn_multiplier: None,
+        multiple_of: 256,
+        tied: true,
+    },
+    // Llama-3.2-1B shape: FFN 4*2048*2/3*1.5 rounded to 256 = 8192.
+    Size {
+        name: "1b",
+        dim: 2048,
+        n_layers: 16,
+        n_heads: 16,
+        n_kv_heads: 8,
+        ffn_multiplier: Some(1.5),
+        multiple_of: 256,
+        tied: true,
+    },
+];
+
+/// Looks a size up by name.
+pub fn size(name: &str) -> Result<Size> {
+    SIZES.iter().copied().find(|s| s.name == name).ok_or_else(|| {
+        let names: Vec<&str> = SIZES.iter().map(|s| s.name).collect();
+        TrainError::Invalid(format!(
+            "unknown model size {name:?}; allowed: {}",
+            names.join(", ")
+        ))
+    })
+}
+
+/// The Llama-3 SwiGLU width: `4*dim`, times 2/3, times the multiplier, rounded up to `multiple_of`.
+pub fn ffn_dim(dim: usize, multiplier: Option<f64>, multiple_of: usize) -> usize {
+    let mut hidden = (2 * 4 * dim) / 3;
+    if let Some(m) = multiplier {
+        hidden = (m * hidden as f64) as usize;
+    }
+    hidden.div_ceil(multiple_of) * multiple_of
+}
+
+/// Llama-3 RoPE frequency scaling (the `rope_scaling` of Llama 3.1/3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RopeScaling {
+    /// Divisor of the low frequencies (32 for Llama 3.2, 8 for 3.1).
+    pub factor: f64,
+    /// Wavelengths longer than `original_max_position / low_freq_factor` are fully scaled.
+    pub low_freq_factor: f64,
+    /// Wavelengths shorter than `original_max_position / high_freq_factor` are kept.
+    pub high_freq_factor: f64,
+    /// Context length the unscaled frequencies were trained for.
+    pub original_max_position: usize,
+}
+
+impl Default for RopeScaling {
+    fn default() -> Self {
+        RopeScaling {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 8192,
+        }
+    }
+}
+
+/// `[model]`: which size and the options around it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Size from the table: tiny, debug, 125m, 350m, 1b.
+    pub size: String,
+    /// RoPE base (Llama 3: 500000).
+    pub rope_theta: f64,
+    /// Apply the Llama-3 frequency scaling to RoPE (true) or plain RoPE (false).
+    pub rope_scaled: bool,
+    /// Parameters of the frequency scaling.
+    pub rope_scaling: RopeScaling,
+    /// Override of the size's tied output projection (None = the size's choice).
+    pub tied: Option<bool>,
+    /// RMSNorm epsilon.
+    pub norm_eps: f64,
+    /// Std of the normal initialisation (output projections get it divided by sqrt(2 * layers)).
+    pub init_std: f64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            size: "tiny".into(),
+            rope_theta: 500000.0,
+            rope_scaled: true,
+            rope_scaling: RopeScaling::default(),
+            tied: None,
+            norm_eps: 1e-5,
+            init_std: 0.02,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Checks every field; messages say what is allowed.
+    pub fn validate(&self) -> Result<()> {
+        size(&self.size)?;
+        if !(self.rope_theta > 0.0) {
+            return Err(TrainError::Invalid(format!(
+                "model.rope_theta must be > 0, got {}",
+                self.rope_theta
+            )));
+        }
+        let r = &self.rope_scaling;
+        if !(r.factor >= 1.0 && r.high_freq_factor > r.low_freq_factor && r.low_freq_factor > 0.0) {
+            return Err(TrainError::Invalid(format!(
+                "model.rope_scaling needs factor >= 1 and high_freq_factor > low_freq_factor > 0, got {r:?}"
+            )));
+        }
+        if !(self.norm_eps > 0.0 && self.init_std > 0.0) {
+            return Err(TrainError::Invalid(
+                "model.norm_eps and model.init_std must be > 0".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The resolved shape for a vocabulary.
+    pub fn shape(&self, vocab: usize) -> Result<Shape> {
+        let s = size(&self.size)?;
+        Ok(Shape {
+            dim: s.dim,
+            n_layers: s.n_layers,
+            n_heads: s.n_heads,
+            n_kv_heads: s.n_kv_heads,
+            head_dim: s.dim / s.n_heads,
+            ffn_dim: ffn_dim(s.dim, s.ffn_multiplier, s.multiple_of),
+            vocab,
+            tied: self.tied.unwrap_or(s.tied),
+        })
+    }
+}
+
+/// Resolved model dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Shape {
+    pub dim: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn_dim: usize,
+    pub vocab: usize,
+    pub tied: bool,
+}
+
+impl Shape {
+    /// (total parameters, embedding parameters).
+    pub fn param_counts(&self) -> (usize, usize) {
+        let (d, hd) = (self.dim, self.head_dim);
+        let attn = d * self.n_heads * hd * 2 + d * self.n_kv_heads * hd * 2;
+        let ffn = 3 * d * self.ffn_dim;
+        let per_layer = attn + ffn + 2 * d;
+        let emb = self.vocab * d;
+        let out = if self.tied { 0 } else { self.vocab * d };
+        (emb + out + self.n_layers * per_layer + d, emb)
+    }
+
+    /// torchtitan's training FLOPs per token: `6 * (params - embedding) + 12 * layers * heads *
+    /// head_dim * seq_len` (the second term is attention's score and value matmuls).
+    pub fn flops_per_token(&self, seq_len: usize) -> f64 {
+        let (total, emb) = self.param_counts();
+        6.0 * (total - emb) as f64 + 12.0 * (self.n_layers * self.n_heads * self.head_dim * seq_len) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_ffn_rule_and_1b_shape() {
+        assert_eq!(ffn_dim(2048, Some(1.5), 256), 8192);
+        assert_eq!(ffn_dim(4096, Some(1.3), 1024), 14336); // Llama-3-8B
+        let cfg = ModelConfig {
+            size: "1b".into(),
+            ..Default::default()
+        };
+        let s = cfg.shape(128256).unwrap();
+        assert_eq!(
+            (s.dim, s.n_layers, s.n_heads, s.head_dim, s.n_kv_heads, s.ffn_dim),
+            (2048, 16, 16, 128, 8, 8192)
+        );
+        // Llama-3.2-1B has 1,235,814,400 parameters.
+        assert_eq!(s.param_counts().0, 1_235_814_400);
+        assert!(size("7b")
+            .unwrap_err()
+            .to_string()
+            .contains("tiny, debug, 125m, 350m, 1b"));
+    }
+}

@@ -1,0 +1,193 @@
+//! The W&B uploader against a local HTTP server that checks every request's shape: GraphQL
+//! `upsertBucket` with the config, `file_stream` history lines with increasing offsets, the
+//! summary, heartbeats, and the final `complete` with the exit code; failures are retried.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use flamia_trainer::config::WandbConfig;
+use flamia_trainer::metrics::wandb::Wandb;
+use flamia_trainer::metrics::StepMetrics;
+use serde_json::Value;
+
+#[derive(Debug, Clone)]
+struct Req {
+    path: String,
+    auth: String,
+    body: Value,
+}
+
+/// Serves until dropped; answers 500 to the first `fail_first` file_stream posts.
+fn server(fail_first: usize) -> (String, Arc<Mutex<Vec<Req>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let log2 = log.clone();
+    std::thread::spawn(move || {
+        let mut failed = 0;
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let mut parts = line.split_whitespace();
+            let (method, path) = (
+                parts.next().unwrap_or("").to_string(),
+                parts.next().unwrap_or("").to_string(),
+            );
+            let (mut len, mut auth) = (0usize, String::new());
+            loop {
+                let mut h = String::new();
+                reader.read_line(&mut h).unwrap();
+                let h = h.trim_end();
+                if h.is_empty() {
+                    break;
+                }
+                let (k, v) = h.split_once(':').unwrap();
+                match k.to_ascii_lowercase().as_str() {
+                    "content-length" => len = v.trim().parse().unwrap(),
+                    "authorization" => auth = v.trim().to_string(),
+                    _ => {}
+                }
+            }
+            let mut body = vec![0u8; len];
+            reader.read_exact(&mut body).unwrap();
+            assert_eq!(method, "POST", "every W&B call is a POST");
+            let body: Value = serde_json::from_slice(&body).expect("JSON body");
+            let is_stream = path.ends_with("/file_stream");
+            let (status, reply) = if is_stream && failed < fail_first {
+                failed += 1;
+                ("500 Internal Server Error", "{}".to_string())
+            } else if is_stream {
+                log2.lock().unwrap().push(Req { path, auth, body });
+                ("200 OK", "{\"exitcode\":null}".to_string())
+            } else {
+                log2.lock().unwrap().push(Req { path, auth, body });
+                ("200 OK", r#"{"data":{"upsertBucket":{"bucket":{"id":"b1","name":"r","displayName":"t","project":{"id":"p","name":"proj","entity":{"id":"e","name":"ent"}}},"inserted":true}}}"#.to_string())
+            };
+            let _ = write!(stream, "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}", reply.len());
+        }
+    });
+    (addr, log)
+}
+
+fn metrics(step: usize) -> StepMetrics {
+    StepMetrics {
+        step,
+        loss: 5.0 - step as f64 * 0.1,
+        lr: 1e-3,
+        grad_norm: 1.0,
+        skipped: false,
+        tokens: 100 * step as u64,
+        tps: 1000.0,
+        mfu_pct: None,
+        step_time_s: 0.1,
+        attn_time_s: 0.01,
+        memory_gib: 0.5,
+    }
+}
+
+#[test]
+fn wandb_protocol_shapes_offsets_retries_and_finish() {
+    let (base, log) = server(2);
+    std::env::set_var("WANDB_API_KEY", "test-key-123");
+    let cfg = WandbConfig {
+        enabled: true,
+        project: "proj".into(),
+        entity: "ent".into(),
+        base_url: base,
+        heartbeat_secs: 1,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wandb::start(&cfg, "tiny", "[training]\nsteps = 3\n", dir.path());
+    let t0 = std::time::Instant::now();
+    for s in 1..=3 {
+        w.log(&metrics(s));
+    }
+    assert!(
+        t0.elapsed().as_millis() < 50,
+        "logging never waits on the network"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(2500)); // heartbeats
+    w.finish(0, &serde_json::json!({"final_loss": 4.7}));
+
+    let reqs = log.lock().unwrap().clone();
+    // Basic auth "api:<key>".
+    assert!(
+        reqs.iter().all(|r| r.auth == "Basic YXBpOnRlc3Qta2V5LTEyMw=="),
+        "{reqs:?}"
+    );
+    let gql = &reqs[0];
+    assert_eq!(gql.path, "/graphql");
+    assert!(gql.body["query"].as_str().unwrap().contains("upsertBucket"));
+    let vars = &gql.body["variables"];
+    assert_eq!(vars["project"], "proj");
+    assert_eq!(vars["entity"], "ent");
+    let config: Value = serde_json::from_str(vars["config"].as_str().unwrap()).unwrap();
+    assert_eq!(config["training"]["value"]["steps"], 3);
+    let run = vars["name"].as_str().unwrap().to_string();
+
+    let streams: Vec<&Req> = reqs.iter().filter(|r| r.path.ends_with("/file_stream")).collect();
+    assert!(streams
+        .iter()
+        .all(|r| r.path == format!("/files/ent/proj/{run}/file_stream")));
+    // History: lines in order, offsets counting the lines already accepted (none lost by the 500s).
+    let mut next = 0;
+    let mut steps = Vec::new();
+    for r in &streams {
+        if let Some(h) = r.body["files"].get("wandb-history.jsonl") {
+            assert_eq!(h["offset"].as_u64().unwrap() as usize, next);
+            for line in h["content"].as_array().unwrap() {
+                let v: Value = serde_json::from_str(line.as_str().unwrap()).unwrap();
+                assert!(
+                    v["_step"].is_u64()
+                        && v["_runtime"].is_f64()
+                        && v["_timestamp"].is_f64()
+                        && v["loss"].is_f64()
+                );
+                steps.push(v["_step"].as_u64().unwrap());
+                next += 1;
+            }
+        }
+    }
+    assert_eq!(steps, vec![1, 2, 3]);
+    let heartbeats = streams
+        .iter()
+        .filter(|r| r.body.get("files").is_none() && r.body["complete"] == false)
+        .count();
+    assert!(heartbeats >= 1, "a heartbeat within 2.5 s at 1 s interval");
+    let summary = streams
+        .iter()
+        .find_map(|r| r.body["files"].get("wandb-summary.json"))
+        .expect("summary");
+    assert!(summary["content"][0].as_str().unwrap().contains("final_loss"));
+    let last = streams.last().unwrap();
+    assert_eq!(last.body["complete"], true);
+    assert_eq!(last.body["exitcode"], 0);
+}
+
+#[test]
+fn unreachable_server_never_blocks_training() {
+    std::env::set_var("WANDB_API_KEY", "k");
+    // A port nobody listens on.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = WandbConfig {
+        enabled: true,
+        base_url: format!("http://127.0.0.1:{port}"),
+        heartbeat_secs: 1,
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wandb::start(&cfg, "x", "", dir.path());
+    let t0 = std::time::Instant::now();
+    for s in 1..=100 {
+        w.log(&metrics(s));
+    }
+    assert!(t0.elapsed().as_millis() < 100);
+    w.finish(1, &serde_json::json!({}));
+}
