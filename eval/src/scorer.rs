@@ -96,7 +96,7 @@ pub trait LanguageModel {
 /// A [`Scorer`] over a [`LanguageModel`], following lm-evaluation-harness's `_encode_pair`:
 /// trailing whitespace of the context moves to the continuation, the pair is encoded whole and the
 /// continuation tokens are what follows the context's own encoding; every sequence starts with the
-/// model's prefix token and is truncated from the left to `max_len() + 1` tokens.
+/// model's prefix token; sequences longer than `max_len() + 1` are cut into [`windows`].
 pub struct ModelScorer<'m, M: LanguageModel + ?Sized> {
     model: &'m mut M,
     attn: AttnMode,
@@ -141,31 +141,44 @@ impl<'m, M: LanguageModel + ?Sized> ModelScorer<'m, M> {
                 req.continuation, req.context
             )));
         }
-        let max = self.model.max_len();
-        if cont_enc.len() > max {
-            return Err(Error::Scorer(format!(
-                "continuation has {} tokens, more than the model's context of {max}",
-                cont_enc.len()
-            )));
-        }
         let mut seq = vec![self.model.prefix_token()];
         seq.extend(ctx_enc);
         seq.extend(&cont_enc);
-        if seq.len() > max + 1 {
-            seq.drain(..seq.len() - (max + 1));
-        }
         Ok((seq, cont_enc.len()))
     }
 }
 
+/// Windows of at most `max_len + 1` tokens that together predict the last `cont_len` tokens of
+/// `seq`, each continuation token seeing as much preceding context as fits: returns
+/// `(window, predicted)` pairs, `predicted` = how many of the window's last tokens are scored.
+/// A sequence that fits is one window cut from the left (what lm-evaluation-harness does); a
+/// continuation longer than the context is scored in consecutive chunks of `max_len` tokens.
+pub fn windows(seq: &[u32], cont_len: usize, max_len: usize) -> Vec<(Vec<u32>, usize)> {
+    let max_len = max_len.max(1);
+    let mut out = Vec::new();
+    let mut a = seq.len() - cont_len.min(seq.len() - 1);
+    while a < seq.len() {
+        let b = (a + max_len).min(seq.len());
+        let start = b.saturating_sub(max_len + 1);
+        out.push((seq[start..b].to_vec(), b - a));
+        a = b;
+    }
+    out
+}
+
 impl<M: LanguageModel + ?Sized> Scorer for ModelScorer<'_, M> {
     fn loglikelihood(&mut self, requests: &[Request]) -> Result<Vec<LogLik>> {
-        let mut seqs = Vec::with_capacity(requests.len());
-        let mut cont_lens = Vec::with_capacity(requests.len());
-        for r in requests {
+        let max = self.model.max_len();
+        let mut seqs = Vec::new();
+        let mut owner = Vec::new();
+        let mut predicted = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
             let (s, c) = self.encode_request(r)?;
-            seqs.push(s);
-            cont_lens.push(c);
+            for (w, n) in windows(&s, c, max) {
+                seqs.push(w);
+                owner.push(i);
+                predicted.push(n);
+            }
         }
         let scores = self.model.score_tokens(&seqs, self.attn)?;
         if scores.len() != seqs.len() {
@@ -175,8 +188,14 @@ impl<M: LanguageModel + ?Sized> Scorer for ModelScorer<'_, M> {
                 seqs.len()
             )));
         }
-        let mut out = Vec::with_capacity(requests.len());
-        for ((row, seq), &c) in scores.iter().zip(&seqs).zip(&cont_lens) {
+        let mut out = vec![
+            LogLik {
+                logprob: 0.0,
+                greedy: true
+            };
+            requests.len()
+        ];
+        for (((row, seq), &i), &n) in scores.iter().zip(&seqs).zip(&owner).zip(&predicted) {
             if row.len() != seq.len() - 1 {
                 return Err(Error::Scorer(format!(
                     "model returned {} token scores for a sequence of {} tokens (expected {})",
@@ -185,11 +204,9 @@ impl<M: LanguageModel + ?Sized> Scorer for ModelScorer<'_, M> {
                     seq.len() - 1
                 )));
             }
-            let tail = &row[row.len() - c..];
-            out.push(LogLik {
-                logprob: tail.iter().map(|t| f64::from(t.logprob)).sum(),
-                greedy: tail.iter().all(|t| t.greedy),
-            });
+            let tail = &row[row.len() - n..];
+            out[i].logprob += tail.iter().map(|t| f64::from(t.logprob)).sum::<f64>();
+            out[i].greedy &= tail.iter().all(|t| t.greedy);
         }
         Ok(out)
     }

@@ -7,6 +7,7 @@ mod common;
 use common::ByteModel;
 use flamia_eval::harness::{evaluate, score_docs};
 use flamia_eval::loader::load_task;
+use flamia_eval::scorer::windows;
 use flamia_eval::validation::{self, ValidationOptions};
 use flamia_eval::{AttnMode, HarnessOptions, LogLik, ModelScorer, Request, Result, Scorer, Task};
 use std::collections::HashMap;
@@ -127,15 +128,36 @@ fn model_scorer_follows_harness_tokenisation() {
     assert!(!out[0].greedy);
     // Long contexts are cut from the left to max_len + 1 tokens, the continuation is kept.
     let mut m = ByteModel::new(8);
-    let s = ModelScorer::new(&mut m, AttnMode::Exact);
+    let mut s = ModelScorer::new(&mut m, AttnMode::Exact);
     let (seq, n) = s
         .encode_request(&Request {
             context: "abcdefghijkl".into(),
             continuation: " yz".into(),
         })
         .unwrap();
-    assert_eq!((seq.len(), n), (9, 3));
-    assert_eq!(*seq.last().unwrap(), u32::from(b'z') + 1);
+    assert_eq!((seq.len(), n), (16, 3));
+    let w = windows(&seq, n, 8);
+    assert_eq!(w, vec![(seq[7..].to_vec(), 3)]);
+    // A continuation longer than the context is scored in chunks of max_len tokens, every token once.
+    let (seq, n) = s
+        .encode_request(&Request {
+            context: "ab".into(),
+            continuation: " 0123456789abcdef".into(),
+        })
+        .unwrap();
+    assert_eq!((seq.len(), n), (20, 17));
+    let w = windows(&seq, n, 8);
+    assert_eq!(w.iter().map(|x| x.1).collect::<Vec<_>>(), vec![8, 8, 1]);
+    assert_eq!(w[0].0, seq[2..11].to_vec());
+    assert_eq!(w[1].0, seq[10..19].to_vec());
+    assert_eq!(w[2].0, seq[11..20].to_vec());
+    let out = s
+        .loglikelihood(&[Request {
+            context: "ab".into(),
+            continuation: " 0123456789abcdef".into(),
+        }])
+        .unwrap();
+    assert!((out[0].logprob + 17.0 * 256f64.ln()).abs() < 1e-3);
     // An empty continuation cannot be scored.
     let e = s
         .encode_request(&Request {
@@ -160,8 +182,9 @@ fn validation_reports_both_paths_and_their_gap() {
     };
     let w = validation::windows(&m, &texts, 16).unwrap();
     let bytes = (texts[0].len() + texts[2].len()) as u64;
-    assert_eq!((w.tokens, w.bytes, w.docs), (bytes, bytes, 2)); // byte model: one token per byte
-                                                                // Every byte predicted once: windows of <= 17 tokens, 16 predictions each except the last.
+    // Byte model: one token per byte.
+    assert_eq!((w.tokens, w.bytes, w.docs), (bytes, bytes, 2));
+    // Every byte predicted once: windows of <= 17 tokens, 16 predictions each except the last.
     assert_eq!(w.windows.iter().map(|x| x.len() as u64 - 1).sum::<u64>(), bytes);
     assert!(w.windows.iter().all(|x| x.len() <= 17));
     let r = validation::report(&mut m, &texts, &opts, "fixture").unwrap();
