@@ -1,0 +1,85 @@
+//! The `--device cuda` side of `flamia check numerics`: the same report as on the CPU, computed
+//! by the GPU kernels (`flamia_kernels::gpu::host`), plus the maximum absolute difference between
+//! the GPU and the CPU reference per output (O, LSE, dQ, dK, dV) for each path, on the same
+//! BF16-representable inputs.
+
+use anyhow::Context;
+use flamia_kernels::gpu::{host, Gpu};
+use flamia_kernels::leakage::reference_attn;
+use flamia_kernels::numerics::{random_inputs, run_check, CheckConfig, NumericsReport};
+use flamia_kernels::reference::{Forward, Grads};
+use flamia_kernels::{AttnOptions, VarlenShape};
+use serde::Serialize;
+
+/// Max |GPU - CPU reference| per output of one path.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuVsCpu {
+    pub path: String,
+    pub o: f64,
+    pub lse: f64,
+    pub dq: f64,
+    pub dk: f64,
+    pub dv: f64,
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).abs())
+        .fold(0.0, f64::max)
+}
+
+/// Rounds finite values to BF16 (nearest even), as the GPU's upload does.
+fn bf16_round(x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|v| {
+            let b = v.to_bits();
+            f32::from_bits((b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) << 16)
+        })
+        .collect()
+}
+
+/// Runs the numerics check on the GPU and the GPU-versus-CPU comparison.
+pub fn run(cfg: &CheckConfig) -> anyhow::Result<(NumericsReport, Vec<GpuVsCpu>)> {
+    let gpu = Gpu::new(0).context("opening the GPU for `check numerics --device cuda`")?;
+    let attn = |q: &[f32], k: &[f32], v: &[f32], d: &[f32], s: &VarlenShape, o: &AttnOptions| {
+        host::forward_backward(&gpu, q, k, v, d, s, o)
+            .map_err(|e| flamia_kernels::Error::Invalid(format!("GPU attention failed: {e}")))
+    };
+    let device = format!("cuda ({}, {})", gpu.name(), gpu.arch());
+    let report = run_check(cfg, &attn, &device).context("numerics check on the GPU")?;
+    let shape = VarlenShape::from_lens(&cfg.lens, cfg.heads, cfg.kv_heads, cfg.head_dim)?;
+    let (q, k, v, d) = random_inputs(&shape, cfg.seed);
+    let (q, k, v, d) = (bf16_round(&q), bf16_round(&k), bf16_round(&v), bf16_round(&d));
+    let mut diffs = Vec::new();
+    for &path in &cfg.paths {
+        let opts = AttnOptions::new(path);
+        let g: (Forward, Grads) = attn(&q, &k, &v, &d, &shape, &opts)?;
+        let c = reference_attn(&q, &k, &v, &d, &shape, &opts)?;
+        diffs.push(GpuVsCpu {
+            path: path.name().to_string(),
+            o: max_abs(&g.0.o, &c.0.o),
+            lse: max_abs(&g.0.lse, &c.0.lse),
+            dq: max_abs(&g.1.dq, &c.1.dq),
+            dk: max_abs(&g.1.dk, &c.1.dk),
+            dv: max_abs(&g.1.dv, &c.1.dv),
+        });
+    }
+    Ok((report, diffs))
+}
+
+/// Prints the GPU-versus-CPU table.
+pub fn print_diffs(diffs: &[GpuVsCpu]) {
+    println!();
+    println!("max |GPU - CPU reference| (same BF16 inputs):");
+    println!(
+        "{:<10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "path", "O", "LSE", "dQ", "dK", "dV"
+    );
+    for d in diffs {
+        println!(
+            "{:<10} {:>10.3e} {:>10.3e} {:>10.3e} {:>10.3e} {:>10.3e}",
+            d.path, d.o, d.lse, d.dq, d.dk, d.dv
+        );
+    }
+}
