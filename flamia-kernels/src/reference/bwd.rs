@@ -1,10 +1,12 @@
 //! Reference backward, organised around 32x32 dS blocks (rows and columns aligned to the document
-//! start): pass A, one task per (query head, document, 128-query tile), visits key tiles of 128 in
-//! order and produces dQ; pass B, one task per (KV head, document, 128-key tile), visits the query
-//! heads of its group and the row blocks that see the tile and produces dK, dV. Both passes compute
-//! each block with [`ds_block`], so they see the same P and the same dS codes (consistency,
-//! hopper-kernels.md section 4): P is recomputed with the forward's `Ctx::score` and the saved LSE,
-//! `D_i = dO_i . O_i` uses the same quantised dO as `dP`.
+//! start) as the kernels run it: one task per (KV head, document, 128-key tile) visits the query
+//! heads of its group and the row blocks that see the tile, computes each block's P and dS once
+//! ([`BwdCtx::ds_block`]), accumulates the tile's dK, dV and writes each row's partial dQ sum for
+//! the tile; the rows then add their key tiles' partials in key-tile order. P is recomputed with
+//! the forward's `Ctx::score` and the saved LSE, `D_i = dO_i . O_i` uses the same quantised dO as
+//! `dP` (consistency, hopper-kernels.md section 4). Memory: the dQ partials take
+//! `heads_q * sum over docs(len^2 / 256) * head_dim` f64 (about 4.6 MB per head for a 1024-token
+//! document).
 //!
 //! Per visible pair (f64): `P = 2^(x_ij - LSE_i / ln 2)`, `dP = dO_i . V_j`, `dS = P (dP - D_i)`.
 //! dS is rounded to E4M3 with `e = block_exponent(max |f32(dS)|)` over the 32x32 block (or over
@@ -25,7 +27,7 @@ use crate::hadamard::fwht_normalized;
 use crate::quant::TOKEN_BLOCK as B;
 use rayon::prelude::*;
 
-/// Backward state shared by the passes.
+/// Backward state shared by the tasks.
 pub(crate) struct BwdCtx<'a> {
     pub ctx: &'a Ctx<'a>,
     pub dout: &'a Operand,
@@ -35,6 +37,9 @@ pub(crate) struct BwdCtx<'a> {
     pub lse2: Vec<f64>,
     pub row_ds: bool,
     pub causal_dq: bool,
+    /// `(heads_q, tokens)`: the (quantised) dO row is all zero, so the row's dS and its dV
+    /// contributions are exactly zero and are skipped (the leakage harness zeroes dO rows).
+    pub zero_row: Vec<bool>,
 }
 
 /// One 32x32 block of P and dequantised dS (zero where masked), row-major `[r * 32 + c]`.
@@ -68,6 +73,10 @@ impl BwdCtx<'_> {
                 lse2[h * t + i] = lse[i * hq + h] as f64 / std::f64::consts::LN_2;
             }
         }
+        let zero_row = (0..hq)
+            .flat_map(|h| (0..t).map(move |i| (h, i)))
+            .map(|(h, i)| dout.row_amax(h, i) == 0.0)
+            .collect();
         BwdCtx {
             ctx,
             dout,
@@ -75,11 +84,12 @@ impl BwdCtx<'_> {
             lse2,
             row_ds,
             causal_dq,
+            zero_row,
         }
     }
 
     /// P and dS of the block with rows `[i0, i0+32)` and keys `[j0, j0+32)` of the document ending
-    /// at `e` (clipped to it). The only place P and dS are computed: both passes call it.
+    /// at `e` (clipped to it). The only place P and dS are computed.
     fn ds_block(&self, h: usize, i0: usize, j0: usize, e: usize) -> Block {
         let ctx = self.ctx;
         let prep = ctx.prep;
@@ -94,6 +104,9 @@ impl BwdCtx<'_> {
         let (i1, j1) = ((i0 + B).min(e), (j0 + B).min(e));
         let mut raw = [0f32; B * B];
         for i in i0..i1 {
+            if self.zero_row[h * t + i] {
+                continue;
+            }
             let jend = ctx.visible_end(i, e).min(j1);
             for j in j0..jend {
                 let k = (i - i0) * B + (j - j0);
@@ -147,59 +160,58 @@ fn row_amax(op: &Operand, heads: usize) -> Vec<f64> {
         .collect()
 }
 
-/// Pass A output: dQ rows of one query tile (rotated basis) and the dS zero counts.
-struct DqTile {
-    h: usize,
-    row0: usize,
-    dq: Vec<f32>,
+/// Output of one key-tile task: dK, dV rows of the tile (dK in the rotated basis, unscaled sums)
+/// and, per query head of the group, the tile's partial dQ sums of the rows that see it.
+struct KvTile {
+    g: usize,
+    s: usize,
+    c0: usize,
+    dk: Vec<f64>,
+    dv: Vec<f64>,
+    /// Rows `[rstart, e)`; `dq_partial[h - g * group]` is `(e - rstart, head_dim)`.
+    rstart: usize,
+    dq_partial: Vec<Vec<f64>>,
     nonzero: u64,
     zeroed: u64,
 }
 
-/// Pass B output: dK, dV rows of one key tile (dK in the rotated basis).
-struct DkvTile {
-    g: usize,
-    col0: usize,
-    dk: Vec<f32>,
-    dv: Vec<f32>,
-}
-
-/// Runs both passes; returns `(dq, dk, dv, ds_zero_fraction)` in `(tokens, heads, head_dim)`.
+/// Runs the backward; returns `(dq, dk, dv, ds_zero_fraction)` in `(tokens, heads, head_dim)`.
 pub(crate) fn backward(b: &BwdCtx) -> (Vec<f32>, Vec<f32>, Vec<f32>, f64) {
     let ctx = b.ctx;
     let shape = ctx.shape;
     let (t, hq, hkv, d) = (shape.tokens(), shape.heads_q, shape.heads_kv, shape.head_dim);
+    let quantised = ctx.prep.quantised;
     let docs: Vec<(usize, usize)> = shape.cu_seqlens.windows(2).map(|w| (w[0], w[1])).collect();
-    let q_tasks: Vec<_> = (0..hq)
-        .flat_map(|h| {
-            docs.iter()
-                .flat_map(move |&(s, e)| (s..e).step_by(TILE).map(move |r0| (h, s, e, r0)))
-        })
-        .collect();
     let k_tasks: Vec<_> = (0..hkv)
         .flat_map(|g| {
             docs.iter()
                 .flat_map(move |&(s, e)| (s..e).step_by(TILE).map(move |c0| (g, s, e, c0)))
         })
         .collect();
-    let quantised = ctx.prep.quantised;
-    let amax = if quantised {
-        Some((
+    let dout_refs = if quantised { dout_fold_refs(b) } else { Vec::new() };
+    let tiles: Vec<KvTile> = k_tasks
+        .par_iter()
+        .map(|&(g, s, e, c0)| kv_tile(b, &dout_refs, g, s, e, c0))
+        .collect();
+
+    // dQ: each row sums its key tiles' partials in key-tile order (the kernels' FP32 atomics,
+    // made deterministic), prescaled on quantised paths.
+    let amax = quantised.then(|| {
+        (
             row_amax(b.dout, hq),
             row_amax(&ctx.prep.v, hkv),
             row_amax(ctx.prep.kg(), hkv),
-        ))
-    } else {
-        None
-    };
-    let dq_tiles: Vec<DqTile> = q_tasks
-        .par_iter()
-        .map(|&(h, s, e, r0)| dq_tile(b, amax.as_ref(), h, s, e, r0))
+        )
+    });
+    let q_tasks: Vec<_> = (0..hq)
+        .flat_map(|h| {
+            docs.iter()
+                .flat_map(move |&(s, e)| (s..e).step_by(TILE).map(move |r0| (h, s, e, r0)))
+        })
         .collect();
-    let dout_refs = if quantised { dout_fold_refs(b) } else { Vec::new() };
-    let dkv_tiles: Vec<DkvTile> = k_tasks
+    let dq_rows: Vec<(usize, usize, Vec<f32>)> = q_tasks
         .par_iter()
-        .map(|&(g, s, e, c0)| dkv_tile(b, &dout_refs, g, s, e, c0))
+        .map(|&(h, s, e, r0)| (h, r0, dq_rows(b, &tiles, amax.as_ref(), h, s, e, r0)))
         .collect();
 
     let finish = |row: &mut [f32]| {
@@ -215,24 +227,25 @@ pub(crate) fn backward(b: &BwdCtx) -> (Vec<f32>, Vec<f32>, Vec<f32>, f64) {
         vec![0f32; t * hkv * d],
         vec![0f32; t * hkv * d],
     );
-    let (mut nonzero, mut zeroed) = (0u64, 0u64);
-    for tile in dq_tiles {
-        nonzero += tile.nonzero;
-        zeroed += tile.zeroed;
-        for (r, row) in tile.dq.chunks_exact(d).enumerate() {
-            let dst = &mut dq[((tile.row0 + r) * hq + tile.h) * d..((tile.row0 + r) * hq + tile.h + 1) * d];
-            dst.copy_from_slice(row);
-            finish(dst);
+    for (h, r0, rows) in dq_rows {
+        for (r, row) in rows.chunks_exact(d).enumerate() {
+            let at = ((r0 + r) * hq + h) * d;
+            dq[at..at + d].copy_from_slice(row);
+            finish(&mut dq[at..at + d]);
         }
     }
-    for tile in dkv_tiles {
+    let (mut nonzero, mut zeroed) = (0u64, 0u64);
+    for tile in &tiles {
+        nonzero += tile.nonzero;
+        zeroed += tile.zeroed;
         for (r, (krow, vrow)) in tile.dk.chunks_exact(d).zip(tile.dv.chunks_exact(d)).enumerate() {
-            let at = ((tile.col0 + r) * hkv + tile.g) * d;
-            dk[at..at + d].copy_from_slice(krow);
+            let at = ((tile.c0 + r) * hkv + tile.g) * d;
+            for (x, &y) in dk[at..at + d].iter_mut().zip(krow) {
+                *x = (y * ctx.scale) as f32;
+            }
             finish(&mut dk[at..at + d]);
-            dv[at..at + d].copy_from_slice(vrow);
-            if quantised {
-                dv[at..at + d].iter_mut().for_each(|v| *v = bf16_round(*v));
+            for (x, &y) in dv[at..at + d].iter_mut().zip(vrow) {
+                *x = if quantised { bf16_round(y as f32) } else { y as f32 };
             }
         }
     }
@@ -265,134 +278,110 @@ fn dout_fold_refs(b: &BwdCtx) -> Vec<i32> {
 
 type Amax = (Vec<f64>, Vec<f64>, Vec<f64>);
 
-fn dq_tile(b: &BwdCtx, amax: Option<&Amax>, h: usize, s: usize, e: usize, r0: usize) -> DqTile {
+/// dQ rows `[r0, min(r0 + TILE, e))` of query head `h` (rotated basis, not yet BF16).
+#[allow(clippy::too_many_arguments)]
+fn dq_rows(
+    b: &BwdCtx,
+    tiles: &[KvTile],
+    amax: Option<&Amax>,
+    h: usize,
+    s: usize,
+    e: usize,
+    r0: usize,
+) -> Vec<f32> {
     let ctx = b.ctx;
-    let (t, d) = (ctx.shape.tokens(), ctx.shape.head_dim);
+    let (t, d, group) = (ctx.shape.tokens(), ctx.shape.head_dim, ctx.shape.group());
     let g = ctx.kv_head(h);
-    let kg = ctx.prep.kg();
     let r1 = (r0 + TILE).min(e);
-    let nr = r1 - r0;
-    // Prescale exponents per row (quantised paths).
-    let prescale: Vec<i32> = match amax {
-        None => vec![0; nr],
-        Some((ado, av, ak)) => {
-            let bound = |dom: f64, vm: f64, km: f64| 2.0 * d as f64 * dom * vm * km * ctx.scale;
-            let doc_max = |a: &Vec<f64>, head: usize, from: usize, to: usize| {
-                a[head * t + from..head * t + to]
-                    .iter()
-                    .fold(0f64, |m, &v| m.max(v))
-            };
-            if b.causal_dq {
-                (r0..r1)
-                    .map(|i| {
-                        let vend = ctx.visible_end(i, e);
-                        prescale_exponent(bound(
-                            ado[h * t + i],
-                            doc_max(av, g, s, vend),
-                            doc_max(ak, g, s, vend),
-                        ))
-                    })
-                    .collect()
-            } else {
-                let sdoc = prescale_exponent(bound(
-                    doc_max(ado, h, s, e),
-                    doc_max(av, g, s, e),
-                    doc_max(ak, g, s, e),
-                ));
-                vec![sdoc; nr]
-            }
+    // Prescale exponent per row: document-wide maxima, or the row's visible keys only.
+    let prescale = |i: usize| -> i32 {
+        let Some((ado, av, ak)) = amax else { return 0 };
+        let max = |a: &Vec<f64>, head: usize, from: usize, to: usize| {
+            a[head * t + from..head * t + to]
+                .iter()
+                .fold(0f64, |m, &v| m.max(v))
+        };
+        let bound = |dom: f64, vm: f64, km: f64| 2.0 * d as f64 * dom * vm * km * ctx.scale;
+        if b.causal_dq {
+            let vend = ctx.visible_end(i, e);
+            prescale_exponent(bound(ado[h * t + i], max(av, g, s, vend), max(ak, g, s, vend)))
+        } else {
+            prescale_exponent(bound(max(ado, h, s, e), max(av, g, s, e), max(ak, g, s, e)))
         }
     };
-    let mut acc32 = vec![0f32; nr * d];
-    let mut acc64 = vec![0f64; nr * d];
-    let mut partial = vec![0f64; nr * d];
-    let (mut nonzero, mut zeroed) = (0, 0);
-    let kend = if ctx.causal { r1 } else { e };
-    for k0 in (s..kend).step_by(TILE) {
-        let k1 = (k0 + TILE).min(kend);
-        partial.fill(0.0);
-        for i0 in (r0..r1).step_by(B) {
-            for j0 in (k0..k1).step_by(B) {
-                if ctx.causal && j0 > i0 + B - 1 {
-                    continue;
-                }
-                let blk = b.ds_block(h, i0, j0, e);
-                nonzero += blk.nonzero;
-                zeroed += blk.zeroed;
-                for r in 0..(i0 + B).min(r1) - i0 {
-                    let prow = &mut partial[(i0 - r0 + r) * d..(i0 - r0 + r + 1) * d];
-                    for c in 0..(j0 + B).min(e) - j0 {
-                        let ds = blk.ds[r * B + c];
-                        if ds != 0.0 {
-                            axpy(prow, ds, kg.row(g, j0 + c));
-                        }
-                    }
-                }
-            }
-        }
-        for r in 0..nr {
-            let prow = &partial[r * d..(r + 1) * d];
+    let mine: Vec<&KvTile> = tiles.iter().filter(|x| x.g == g && x.s == s).collect();
+    let mut out = Vec::with_capacity((r1 - r0) * d);
+    let mut acc32 = vec![0f32; d];
+    let mut acc64 = vec![0f64; d];
+    for i in r0..r1 {
+        let sc = prescale(i);
+        let f = ctx.scale * pow2(-sc);
+        acc32.fill(0.0);
+        acc64.fill(0.0);
+        for tile in mine.iter().filter(|x| x.rstart <= i) {
+            let part = &tile.dq_partial[h - g * group][(i - tile.rstart) * d..(i - tile.rstart + 1) * d];
             if ctx.prep.quantised {
-                let f = ctx.scale * pow2(-prescale[r]);
-                for (a, &p) in acc32[r * d..(r + 1) * d].iter_mut().zip(prow) {
+                for (a, &p) in acc32.iter_mut().zip(part) {
                     *a += (p * f) as f32;
                 }
             } else {
-                for (a, &p) in acc64[r * d..(r + 1) * d].iter_mut().zip(prow) {
+                for (a, &p) in acc64.iter_mut().zip(part) {
                     *a += p * ctx.scale;
                 }
             }
         }
+        if ctx.prep.quantised {
+            out.extend(acc32.iter().map(|&a| (a as f64 * pow2(sc)) as f32));
+        } else {
+            out.extend(acc64.iter().map(|&a| a as f32));
+        }
     }
-    let dq = if ctx.prep.quantised {
-        acc32
-            .iter()
-            .enumerate()
-            .map(|(k, &a)| (a as f64 * pow2(prescale[k / d])) as f32)
-            .collect()
-    } else {
-        acc64.iter().map(|&a| a as f32).collect()
-    };
-    DqTile {
-        h,
-        row0: r0,
-        dq,
-        nonzero,
-        zeroed,
-    }
+    out
 }
 
-fn dkv_tile(b: &BwdCtx, dout_refs: &[i32], g: usize, s: usize, e: usize, c0: usize) -> DkvTile {
+/// One key tile `[c0, min(c0 + TILE, e))` of KV head `g`: every dS block that touches it, once.
+fn kv_tile(b: &BwdCtx, dout_refs: &[i32], g: usize, s: usize, e: usize, c0: usize) -> KvTile {
     let ctx = b.ctx;
     let (t, d, group) = (ctx.shape.tokens(), ctx.shape.head_dim, ctx.shape.group());
-    let qg = ctx.prep.qg();
+    let (qg, kg) = (ctx.prep.qg(), ctx.prep.kg());
     let c1 = (c0 + TILE).min(e);
     let nc = c1 - c0;
+    let rstart = if ctx.causal { c0 } else { s };
     let mut dk = vec![0f64; nc * d];
     let mut dv = vec![0f64; nc * d];
-    let rstart = if ctx.causal { c0 } else { s };
+    let mut dq_partial = vec![vec![0f64; (e - rstart) * d]; group];
+    let (mut nonzero, mut zeroed) = (0, 0);
     for h in g * group..(g + 1) * group {
+        let part = &mut dq_partial[h - g * group];
         for i0 in (rstart..e).step_by(B) {
             for j0 in (c0..c1).step_by(B) {
                 if ctx.causal && j0 > i0 + B - 1 {
                     continue;
                 }
                 let blk = b.ds_block(h, i0, j0, e);
+                nonzero += blk.nonzero;
+                zeroed += blk.zeroed;
                 for r in 0..(i0 + B).min(e) - i0 {
                     let i = i0 + r;
+                    if b.zero_row[h * t + i] {
+                        continue;
+                    }
                     let do_exp = b.dout.exp(h, i);
+                    let prow = &mut part[(i - rstart) * d..(i - rstart + 1) * d];
                     for c in 0..(j0 + B).min(c1) - j0 {
                         let k = r * B + c;
                         let (p, ds) = (blk.p[k], blk.ds[k]);
                         if p == 0.0 && ds == 0.0 {
                             continue;
                         }
-                        let at = (j0 - c0 + c) * d;
+                        let j = j0 + c;
+                        let at = (j - c0) * d;
                         if ds != 0.0 {
+                            axpy(prow, ds, kg.row(g, j));
                             axpy(&mut dk[at..at + d], ds, qg.row(h, i));
                         }
                         let w = if ctx.prep.quantised {
-                            let cj = dout_refs[h * t + j0 + c];
+                            let cj = dout_refs[h * t + j];
                             let pc = e4m3_encode((p * pow2(do_exp - cj)) as f32);
                             e4m3_decode(pc) as f64 * pow2(cj - do_exp)
                         } else {
@@ -406,7 +395,15 @@ fn dkv_tile(b: &BwdCtx, dout_refs: &[i32], g: usize, s: usize, e: usize, c0: usi
             }
         }
     }
-    let dk = dk.iter().map(|&x| (x * ctx.scale) as f32).collect();
-    let dv = dv.iter().map(|&x| x as f32).collect();
-    DkvTile { g, col0: c0, dk, dv }
+    KvTile {
+        g,
+        s,
+        c0,
+        dk,
+        dv,
+        rstart,
+        dq_partial,
+        nonzero,
+        zeroed,
+    }
 }

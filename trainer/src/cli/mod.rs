@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod check;
 mod data;
 mod tokenizer;
 mod train;
@@ -24,6 +25,8 @@ enum Command {
     Train(train::TrainArgs),
     /// Print the build and what this machine offers (GPU, libtorch).
     Info,
+    /// Checks: `check numerics` (accuracy of each attention path vs exact, leakage figures).
+    Check(check::CheckArgs),
     /// Benchmarks on the GPU: `bench attention` (FLAMIA kernels on the anchors' workloads).
     Bench(bench::BenchArgs),
     /// Data tools: make-shard, make-synthetic, inspect, tokenize, bench.
@@ -47,6 +50,7 @@ pub fn run() -> anyhow::Result<()> {
             println!("flamia {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
+        Command::Check(a) => check::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Data(a) => data::run(a),
         Command::Tokenizer(a) => tokenizer::run(a),
