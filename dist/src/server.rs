@@ -143,19 +143,23 @@ impl Server {
     /// Wait (up to `timeout`) until every rank has disconnected, so that rank 0 exiting first
     /// neither looks like a failure to the others nor cuts off the failure reason they are owed.
     pub fn wait_all_left(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
         let mut st = self.shared.lock();
         // Every connection closed: the other ranks left cleanly, or (after a failure) received the
         // reason and exited. Rank 0's own two connections close in `ProcessGroup::leave` first.
         while st.open_connections > 0 {
             let now = Instant::now();
-            if now >= deadline {
+            // After a failure, the replies carrying the reason are already on their way
+            // (milliseconds); a frozen rank would keep its connections open forever.
+            let failed_grace = Duration::from_secs(1);
+            if now >= deadline || (st.failure.is_some() && now >= start + failed_grace) {
                 break;
             }
             st = self
                 .shared
                 .changed
-                .wait_timeout(st, deadline - now)
+                .wait_timeout(st, (deadline - now).min(Duration::from_millis(50)))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
