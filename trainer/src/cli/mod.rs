@@ -4,7 +4,10 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod check;
+mod compare;
 mod data;
+mod eval;
+mod export;
 mod tokenizer;
 mod train;
 
@@ -33,6 +36,12 @@ enum Command {
     Data(data::DataArgs),
     /// Tokenizer tools: convert-tiktoken, encode.
     Tokenizer(tokenizer::TokenizerArgs),
+    /// Zero-shot tasks and exact-attention validation of a checkpoint; writes RUN/eval.json.
+    Eval(eval::EvalArgs),
+    /// A/B report of runs against the first (the control): loss PNG, validation, task deltas.
+    Compare(compare::CompareArgs),
+    /// Export a checkpoint to Hugging Face LlamaForCausalLM format.
+    Export(export::ExportArgs),
 }
 
 /// Parses the command line and runs the subcommand.
@@ -54,5 +63,8 @@ pub fn run() -> anyhow::Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::Data(a) => data::run(a),
         Command::Tokenizer(a) => tokenizer::run(a),
+        Command::Eval(a) => eval::run(a),
+        Command::Compare(a) => compare::run(a),
+        Command::Export(a) => export::run(a),
     }
 }
