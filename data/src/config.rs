@@ -44,7 +44,8 @@ pub struct Config {
     /// Log and skip shards (or row groups) that are missing, corrupt, empty or lack the text
     /// column, instead of failing.
     pub skip_bad_shards: bool,
-    /// Tokenizer worker threads; 0 means all available cores.
+    /// Tokenizer worker threads of this rank's loader; 0 means all available cores (too many when
+    /// several ranks share a node: one or two per rank keep up with a GPU, see docs/data.md).
     pub num_threads: usize,
 }
 
@@ -64,7 +65,7 @@ impl Default for Config {
             max_doc_tokens: None,
             prefetch: 4,
             skip_bad_shards: false,
-            num_threads: 0,
+            num_threads: 2,
         }
     }
 }

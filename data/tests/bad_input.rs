@@ -162,3 +162,45 @@ fn pretokenized_shards_feed_the_same_stream_and_check_their_tokenizer() {
         .to_string();
     assert!(e.contains("a.ftok") && e.contains("truncated"), "{e}");
 }
+
+#[test]
+fn a_corrupt_row_group_fails_or_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_shard(dir.path(), "mid.parquet", 0, 30, 5);
+    // Overwrite the page header of row group 1's `text` column: the footer stays valid.
+    let meta = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+        std::fs::File::open(&p).unwrap(),
+    )
+    .unwrap()
+    .metadata()
+    .clone();
+    let at = meta.row_group(1).column(0).data_page_offset() as usize;
+    let mut bytes = std::fs::read(&p).unwrap();
+    bytes[at..at + 12].fill(0xff);
+    std::fs::write(&p, bytes).unwrap();
+    let spec = vec![p.display().to_string()];
+    let c = Config {
+        val: spec.clone(),
+        ..cfg(spec.clone())
+    };
+    let results: Vec<_> = Loader::validation(&c, 0, 1).unwrap().collect();
+    let e = results
+        .into_iter()
+        .find_map(|r| r.err())
+        .expect("the corrupt row group is an error");
+    assert!(e.to_string().contains("mid.parquet"), "{e}");
+    let c = Config {
+        skip_bad_shards: true,
+        ..c
+    };
+    let ids: Vec<u32> = Loader::validation(&c, 0, 1)
+        .unwrap()
+        .flat_map(|b| b.unwrap().tokens)
+        .collect();
+    let want: Vec<String> = (0..30)
+        .filter(|i| !(5..10).contains(i))
+        .map(common::doc_text)
+        .collect();
+    let docs = docs_of(&ids);
+    assert_eq!(docs[..want.len()], want[..]);
+}

@@ -37,7 +37,7 @@ fn streaming_a_large_shard_keeps_peak_rss_far_below_its_size() {
     let text_mib = bytes as f64 / (1 << 20) as f64;
     eprintln!("peak RSS {peak:.1} MiB (baseline {before:.1} MiB) streaming {text_mib:.0} MiB of text");
     assert!(
-        peak - before < 24.0,
+        peak - before < 32.0,
         "peak RSS grew by {:.1} MiB streaming {text_mib:.0} MiB",
         peak - before
     );

@@ -82,7 +82,7 @@ fn converted_tokenizer_reproduces_tiktoken_ranks() {
     assert_eq!(inner.token_to_id("<|begin_of_text|>"), Some(base));
     assert_eq!(inner.token_to_id("<|eot_id|>"), Some(base + 9));
     assert_eq!(
-        inner.token_to_id("<|reserved_special_token_247|>"),
+        inner.token_to_id("<|reserved_special_token_245|>"),
         Some(base + 255)
     );
 
