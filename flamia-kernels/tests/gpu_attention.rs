@@ -62,23 +62,20 @@ fn check_accuracy(tag: &str, shape: &VarlenShape, opts: AttnOptions) {
     }
     let (e_gpu, e_cpu) = (errs(&got, &exact), errs(&cpu, &exact));
     let names = ["O", "LSE", "dQ", "dK", "dV"];
-    for i in 0..5 {
+    let gots = [&got.0.o, &got.0.lse, &got.1.dq, &got.1.dk, &got.1.dv];
+    let cpus = [&cpu.0.o, &cpu.0.lse, &cpu.1.dq, &cpu.1.dk, &cpu.1.dv];
+    for (i, name) in names.iter().enumerate() {
         eprintln!(
-            "{tag}: {:<3} rel err vs exact: gpu {:.3e}  cpu reference {:.3e}  |gpu - cpu| rel {:.3e}",
-            names[i],
+            "{tag}: {name:<3} rel err vs exact: gpu {:.3e}  cpu reference {:.3e}  |gpu - cpu| rel {:.3e}",
             e_gpu.0[i],
             e_cpu.0[i],
-            rel_err(
-                [&got.0.o, &got.0.lse, &got.1.dq, &got.1.dk, &got.1.dv][i],
-                [&cpu.0.o, &cpu.0.lse, &cpu.1.dq, &cpu.1.dk, &cpu.1.dv][i]
-            )
+            rel_err(gots[i], cpus[i])
         );
     }
-    for i in 0..5 {
+    for (i, name) in names.iter().enumerate() {
         assert!(
             e_gpu.0[i] <= 2.0 * e_cpu.0[i] + ATOL,
-            "{tag}: {} error {:.3e} exceeds 2 x CPU reference error {:.3e} + {ATOL}",
-            names[i],
+            "{tag}: {name} error {:.3e} exceeds 2 x CPU reference error {:.3e} + {ATOL}",
             e_gpu.0[i],
             e_cpu.0[i]
         );

@@ -139,7 +139,7 @@ mod tests {
         assert_eq!(t.tiles.len(), 1 + 1 + 1 + 3);
         // padded starts: 0, 64, 128, 192; total 192 + 192
         assert_eq!(t.tpad, 384);
-        assert!(t.tiles.iter().any(|x| *x == [98, 129, 192, 128]));
+        assert!(t.tiles.contains(&[98, 129, 192, 128]));
         for b in &t.blocks {
             assert_eq!(b[2] % 64, 0);
             assert!(b[3] < b[1]);
