@@ -335,6 +335,35 @@ impl Communicator {
         })
     }
 
+    /// Broadcast `count` elements from `root`'s `send` into every rank's `recv` (may be equal).
+    ///
+    /// # Safety
+    /// As [`Communicator::all_reduce`].
+    pub unsafe fn broadcast(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: ReduceDtype,
+        root: usize,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        self.enqueue("ncclBroadcast", |c| {
+            // SAFETY: forwarded from the caller's contract.
+            unsafe {
+                sys::ncclBroadcast(
+                    send as *const c_void,
+                    recv as *mut c_void,
+                    count,
+                    raw_dtype(dtype),
+                    root as i32,
+                    c,
+                    stream as _,
+                )
+            }
+        })
+    }
+
     /// NCCL's asynchronous error state (`ncclCommGetAsyncError`); aborts on error.
     pub fn check_async(&self) -> Result<()> {
         if let Some(h) = &self.health {

@@ -14,6 +14,7 @@
 pub mod attention;
 pub mod checkpoint;
 pub mod config;
+pub mod ddp;
 pub mod device;
 pub mod error;
 pub mod memory;

@@ -1,0 +1,329 @@
+//! Data parallelism for the training loop (owned by the distributed engineer; the loop calls it
+//! as `docs/distributed.md` describes). One process per GPU: [`Ddp::from_env`] joins the process
+//! group from the launcher's variables (torchrun / Slurm / single process), creates the NCCL
+//! communicator on `cuda:<local rank>`, [`Ddp::attach`] lays the parameters' gradients out in
+//! ~25 MiB buckets (reverse order) and makes every replica start from rank 0's weights, and
+//! [`Ddp::all_reduce_grads`] averages gradients after backward: per bucket, flatten (`narrow` +
+//! `copy_`, converting to the reduction dtype) -> `ncclAllReduce(avg)` in place -> copy back. All
+//! of it runs on the legacy default CUDA stream, the one libtorch uses, so it is ordered with the
+//! backward and the optimiser without extra synchronisation; the call ends by polling that stream
+//! and NCCL's asynchronous error against the timeout, so a dead peer gives an error, not a hang.
+//!
+//! Overlap with backward: tch exposes no per-tensor autograd hooks (`register_hook`) to Rust, so
+//! gradients are reduced after the whole backward. On CPU with several ranks (tests, debugging)
+//! gradients go through rank 0's TCP store instead of NCCL: correct, slow, for tiny models only.
+//! A single process without launcher variables makes every call a no-op.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::CudaContext;
+use flamia_dist::bucket::{BucketPlan, ReduceDtype, DEFAULT_BUCKET_BYTES};
+use flamia_dist::nccl::{CommOptions, Communicator, NcclId, ReduceOp};
+use flamia_dist::{GroupOptions, ProcessGroup, Source, Topology};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Result, TrainError};
+
+/// Stream of every NCCL call: the legacy default stream (libtorch's default).
+const STREAM: *mut std::ffi::c_void = std::ptr::null_mut();
+
+fn dist<E: std::fmt::Display>(e: E) -> TrainError {
+    TrainError::Invalid(format!("distributed: {e}"))
+}
+
+/// Data-parallel settings.
+#[derive(Debug, Clone)]
+pub struct DdpOptions {
+    /// Bucket size in bytes (of the reduction dtype).
+    pub bucket_bytes: usize,
+    /// Precision of the gradient all-reduce.
+    pub reduce_dtype: ReduceDtype,
+    /// A collective not finished after this is a hang: abort and fail.
+    pub collective_timeout: Duration,
+}
+
+impl Default for DdpOptions {
+    fn default() -> Self {
+        DdpOptions {
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            reduce_dtype: ReduceDtype::F32,
+            collective_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// This process's data-parallel state.
+pub struct Ddp {
+    topo: Topology,
+    opts: DdpOptions,
+    pg: Option<ProcessGroup>,
+    comm: Option<Arc<Communicator>>,
+    _ctx: Option<Arc<CudaContext>>,
+    plan: Option<BucketPlan>,
+    params: Vec<Tensor>,
+    flats: Vec<Tensor>,
+}
+
+impl std::fmt::Debug for Ddp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ddp").field("topo", &self.topo).finish()
+    }
+}
+
+impl Ddp {
+    /// Join the group described by the environment. `cuda`: the run trains on a GPU (then NCCL
+    /// is used and `cuda:<local rank>` becomes this thread's current device).
+    pub fn from_env(opts: DdpOptions, cuda: bool) -> Result<Ddp> {
+        let topo = Topology::from_env().map_err(dist)?;
+        let mut ddp = Ddp {
+            topo,
+            opts,
+            pg: None,
+            comm: None,
+            _ctx: None,
+            plan: None,
+            params: Vec::new(),
+            flats: Vec::new(),
+        };
+        if ddp.topo.world_size == 1 && ddp.topo.source == Source::Single {
+            return Ok(ddp);
+        }
+        let gopts = GroupOptions::from_env().map_err(dist)?;
+        let pg = ProcessGroup::join(&ddp.topo, &gopts, || {
+            if cuda {
+                NcclId::new().map(|id| id.0.to_vec())
+            } else {
+                Ok(vec![0u8; 128])
+            }
+        })
+        .map_err(dist)?;
+        if cuda {
+            // NCCL takes the current device; tch only sets it inside its own calls.
+            let ctx = CudaContext::new(ddp.topo.device)
+                .map_err(|e| dist(format!("cuda:{}: {e:?}", ddp.topo.device)))?;
+            ctx.bind_to_thread().map_err(|e| dist(format!("{e:?}")))?;
+            let id = NcclId::from_bytes(pg.payload()).map_err(dist)?;
+            let copts = CommOptions {
+                timeout: ddp.opts.collective_timeout,
+                ..CommOptions::default()
+            };
+            let comm = Communicator::new(
+                &id,
+                ddp.topo.rank,
+                ddp.topo.world_size,
+                copts,
+                Some(pg.health().clone()),
+            )
+            .map_err(dist)?;
+            ddp.comm = Some(comm);
+            ddp._ctx = Some(ctx);
+        }
+        tracing::info!(
+            "data parallel: rank {} of {} (local rank {}, device {}, from {:?}), hosts {:?}",
+            ddp.topo.rank,
+            ddp.topo.world_size,
+            ddp.topo.local_rank,
+            ddp.topo.device,
+            ddp.topo.source,
+            pg.hosts()
+        );
+        ddp.pg = Some(pg);
+        Ok(ddp)
+    }
+
+    pub fn rank(&self) -> usize {
+        self.topo.rank
+    }
+    pub fn world_size(&self) -> usize {
+        self.topo.world_size
+    }
+    /// Rank 0: the one that logs, writes checkpoints and summaries.
+    pub fn is_main(&self) -> bool {
+        self.topo.rank == 0
+    }
+
+    /// The device this rank must train on: `cuda:<local rank>` for CUDA runs, else `requested`.
+    pub fn device(&self, requested: Device) -> Device {
+        match requested {
+            Device::Cuda(_) if self.pg.is_some() => Device::Cuda(self.topo.device),
+            d => d,
+        }
+    }
+
+    /// Plan gradient buckets for `params` (the optimiser's order) and copy rank 0's weights to
+    /// every rank. Call once, after the model is built (and restored from a checkpoint).
+    pub fn attach(&mut self, params: &[(String, Tensor)]) -> Result<()> {
+        if self.pg.is_none() {
+            return Ok(());
+        }
+        let numels: Vec<usize> = params.iter().map(|(_, p)| p.numel()).collect();
+        let plan = BucketPlan::new(
+            &numels,
+            self.opts.bucket_bytes,
+            self.opts.reduce_dtype,
+            self.topo.world_size,
+        )
+        .map_err(dist)?;
+        let device = params.first().map(|(_, p)| p.device()).unwrap_or(Device::Cpu);
+        let kind = match self.opts.reduce_dtype {
+            ReduceDtype::F32 => Kind::Float,
+            ReduceDtype::Bf16 => Kind::BFloat16,
+        };
+        self.flats = plan
+            .buckets
+            .iter()
+            .map(|b| Tensor::zeros([b.numel as i64], (kind, device)))
+            .collect();
+        self.params = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+        self.plan = Some(plan);
+        self.broadcast_params()
+    }
+
+    /// Copy rank 0's parameter values to every rank (f32 through NCCL broadcast; CPU: store).
+    fn broadcast_params(&mut self) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        for p in &self.params {
+            let mut flat = p.detach().to_kind(Kind::Float).contiguous();
+            if let Some(comm) = &self.comm {
+                let ptr = flat.data_ptr() as u64;
+                // SAFETY: `flat` is a contiguous f32 device tensor of `numel` elements that lives
+                // until the wait below.
+                unsafe { comm.broadcast(ptr, ptr, flat.numel(), ReduceDtype::F32, 0, STREAM) }
+                    .map_err(dist)?;
+                comm.wait(STREAM, "broadcast").map_err(dist)?;
+            } else if let Some(pg) = &self.pg {
+                let mine: Vec<f32> = Vec::try_from(&flat.view([-1]))?;
+                let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let all = pg
+                    .store()
+                    .all_gather(&bytes, Duration::from_secs(600))
+                    .map_err(dist)?;
+                let root: Vec<f32> = all[0]
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                flat = Tensor::from_slice(&root).view(flat.size().as_slice());
+            }
+            let mut dst = p.detach();
+            dst.copy_(&flat);
+        }
+        Ok(())
+    }
+
+    /// Average every parameter's gradient across ranks (in place). Call after the last backward
+    /// of the step (after gradient accumulation), before the gradient norm / clipping / AdamW.
+    pub fn all_reduce_grads(&mut self) -> Result<()> {
+        let (Some(pg), Some(plan)) = (&self.pg, &self.plan) else {
+            return Ok(());
+        };
+        pg.health().check().map_err(dist)?;
+        let _guard = tch::no_grad_guard();
+        let grads: Vec<Tensor> = self.params.iter().map(|p| p.grad()).collect();
+        for (b, bucket) in plan.buckets.iter().enumerate() {
+            let flat = &mut self.flats[b];
+            let _ = flat.zero_();
+            for s in &bucket.slots {
+                let g = &grads[s.param];
+                if g.defined() {
+                    let mut dst = flat.narrow(0, s.offset as i64, s.numel as i64);
+                    dst.copy_(&g.view([-1]));
+                }
+            }
+            if let Some(comm) = &self.comm {
+                let ptr = flat.data_ptr() as u64;
+                // SAFETY: `flat` is a contiguous device tensor of `bucket.numel` elements of the
+                // reduction dtype; it lives in `self.flats` beyond the wait at the end.
+                unsafe { comm.all_reduce(ptr, ptr, bucket.numel, plan.dtype, ReduceOp::Avg, STREAM) }
+                    .map_err(dist)?;
+            } else {
+                let mine: Vec<f32> = Vec::try_from(&flat.to_kind(Kind::Float))?;
+                let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let all = pg
+                    .store()
+                    .all_gather(&bytes, Duration::from_secs(600))
+                    .map_err(dist)?;
+                let mut mean = vec![0f32; mine.len()];
+                for r in &all {
+                    for (m, c) in mean.iter_mut().zip(r.chunks_exact(4)) {
+                        *m += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    }
+                }
+                let w = self.topo.world_size as f32;
+                mean.iter_mut().for_each(|m| *m /= w);
+                let reduced = Tensor::from_slice(&mean).to_kind(flat.kind());
+                flat.copy_(&reduced);
+            }
+            for s in &bucket.slots {
+                let g = &grads[s.param];
+                if g.defined() {
+                    let mut dst = g.view([-1]);
+                    dst.copy_(&flat.narrow(0, s.offset as i64, s.numel as i64));
+                }
+            }
+        }
+        if let Some(comm) = &self.comm {
+            comm.wait(STREAM, "gradient all-reduce").map_err(dist)?;
+        }
+        Ok(())
+    }
+
+    /// Mean of each value across ranks (every rank gets the same numbers). Use it for the loss
+    /// *before* any decision that must agree across ranks (skipping a step, stopping).
+    pub fn mean(&self, values: &[f64]) -> Result<Vec<f64>> {
+        let Some(pg) = &self.pg else {
+            return Ok(values.to_vec());
+        };
+        if let Some(comm) = &self.comm {
+            let v: Vec<f32> = values.iter().map(|&x| x as f32).collect();
+            let t = Tensor::from_slice(&v).to_device(Device::Cuda(self.topo.device));
+            let ptr = t.data_ptr() as u64;
+            // SAFETY: `t` holds `values.len()` f32 on this device until the wait.
+            unsafe { comm.all_reduce(ptr, ptr, v.len(), ReduceDtype::F32, ReduceOp::Avg, STREAM) }
+                .map_err(dist)?;
+            comm.wait(STREAM, "metric all-reduce").map_err(dist)?;
+            let out: Vec<f32> = Vec::try_from(&t.to_device(Device::Cpu))?;
+            Ok(out.into_iter().map(f64::from).collect())
+        } else {
+            pg.store()
+                .mean_across_ranks(values, Duration::from_secs(600))
+                .map_err(dist)
+        }
+    }
+
+    /// Every rank's bytes (by rank), e.g. each rank's serialised `DataState` for rank 0's
+    /// checkpoint. Collective: every rank must call it.
+    pub fn gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        match &self.pg {
+            Some(pg) => pg
+                .store()
+                .all_gather(bytes, Duration::from_secs(600))
+                .map_err(dist),
+            None => Ok(vec![bytes.to_vec()]),
+        }
+    }
+
+    /// `Err` once another rank has failed (call once per step; cheap).
+    pub fn check(&self) -> Result<()> {
+        match &self.pg {
+            Some(pg) => pg.health().check().map_err(dist),
+            None => Ok(()),
+        }
+    }
+
+    /// Tell every rank this one is failing (they stop with `reason` instead of timing out).
+    pub fn fail(&self, reason: &str) {
+        if let Some(pg) = &self.pg {
+            pg.fail(reason);
+        }
+    }
+
+    /// Wait for every rank at the end of training, then leave the group.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.comm = None;
+        match self.pg.take() {
+            Some(pg) => pg.shutdown(Duration::from_secs(600)).map_err(dist),
+            None => Ok(()),
+        }
+    }
+}
