@@ -28,6 +28,7 @@ pub const EXP_MAX: i8 = 127;
 pub const E4M3_NAN: u8 = 0x7F;
 
 /// Decodes an E4M3 code to its exact value (NaN for `0x7F`/`0xFF`).
+#[inline]
 pub fn e4m3_decode(code: u8) -> f32 {
     E4M3_TABLE[code as usize]
 }
@@ -65,6 +66,7 @@ const fn build_e4m3_table() -> [f32; 256] {
 /// 3. Else with `E` = unbiased exponent of `a` and `f` its 23 fraction bits: keep the top 3 bits,
 ///    round the 20 dropped bits half-to-even, code `s | (((E + 7) << 3) + m + carry)`; a result of
 ///    `0x7F` (a value that rounds to 480) saturates to `0x7E`.
+#[inline]
 pub fn e4m3_encode(x: f32) -> u8 {
     if x.is_nan() {
         return E4M3_NAN;
@@ -146,6 +148,7 @@ fn exponent_above(amax: f32, limit_exp: i32, limit_frac: u32) -> i8 {
 
 /// Block exponent of E4M3 quantisation: smallest `e` with `amax <= 448 * 2^e`
 /// (`448 = 1.75 * 2^8`: fraction bits `0x600000`). `amax = 448 * 2^k` gives exactly `k`.
+#[inline]
 pub fn block_exponent(amax: f32) -> i8 {
     exponent_above(amax, 8, 0x60_0000)
 }
@@ -168,12 +171,14 @@ pub fn floor_exponent(amax: f32) -> i8 {
 }
 
 /// `2^e` as f32 for `e` in `[-126, 127]` (built from bits, exact).
+#[inline]
 pub fn pow2_f32(e: i32) -> f32 {
     debug_assert!((-126..=127).contains(&e));
     f32::from_bits(((e + 127) as u32) << 23)
 }
 
 /// `2^e` as f64 for `e` in `[-1022, 1023]` (built from bits, exact).
+#[inline]
 pub fn pow2_f64(e: i32) -> f64 {
     debug_assert!((-1022..=1023).contains(&e));
     f64::from_bits(((e + 1023) as u64) << 52)
@@ -182,11 +187,13 @@ pub fn pow2_f64(e: i32) -> f64 {
 /// Quantises one value with block exponent `e`: `e4m3_encode(x * 2^-e)`. The multiply is exact
 /// (a power of two; only values that end far below the smallest E4M3 subnormal can lose bits, and
 /// those encode to ±0 either way).
+#[inline]
 pub fn quantize_e4m3_scaled(x: f32, e: i8) -> u8 {
     e4m3_encode(x * pow2_f32(-(e as i32)))
 }
 
 /// Reconstructs `decode(code) * 2^e` exactly in f64.
+#[inline]
 pub fn dequantize_e4m3(code: u8, e: i8) -> f64 {
     e4m3_decode(code) as f64 * pow2_f64(e as i32)
 }

@@ -90,6 +90,7 @@ impl BwdCtx<'_> {
 
     /// P and dS of the block with rows `[i0, i0+32)` and keys `[j0, j0+32)` of the document ending
     /// at `e` (clipped to it). The only place P and dS are computed.
+    #[inline(always)]
     fn ds_block(&self, h: usize, i0: usize, j0: usize, e: usize) -> Block {
         let ctx = self.ctx;
         let prep = ctx.prep;
@@ -340,7 +341,24 @@ fn dq_rows(
 }
 
 /// One key tile `[c0, min(c0 + TILE, e))` of KV head `g`: every dS block that touches it, once.
+/// AVX code generation where the CPU has it (same IEEE operations as SSE2: identical bits).
 fn kv_tile(b: &BwdCtx, dout_refs: &[i32], g: usize, s: usize, e: usize, c0: usize) -> KvTile {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU supports AVX (checked just above).
+        return unsafe { kv_tile_avx(b, dout_refs, g, s, e, c0) };
+    }
+    kv_tile_body(b, dout_refs, g, s, e, c0)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn kv_tile_avx(b: &BwdCtx, dout_refs: &[i32], g: usize, s: usize, e: usize, c0: usize) -> KvTile {
+    kv_tile_body(b, dout_refs, g, s, e, c0)
+}
+
+#[inline(always)]
+fn kv_tile_body(b: &BwdCtx, dout_refs: &[i32], g: usize, s: usize, e: usize, c0: usize) -> KvTile {
     let ctx = b.ctx;
     let (t, d, group) = (ctx.shape.tokens(), ctx.shape.head_dim, ctx.shape.group());
     let (qg, kg) = (ctx.prep.qg(), ctx.prep.kg());

@@ -50,7 +50,7 @@ impl Ctx<'_> {
     }
 
     /// `x_ij`: the score in the log2 domain. Forward and backward call exactly this.
-    #[inline]
+    #[inline(always)]
     pub fn score(&self, h: usize, i: usize, j: usize) -> f64 {
         dot(self.prep.qs.row(h, i), self.prep.ks.row(self.kv_head(h), j)) * self.c
     }
@@ -121,7 +121,25 @@ pub(crate) fn forward(ctx: &Ctx) -> (Vec<f32>, Vec<f32>) {
     (o, lse)
 }
 
+/// Runs [`forward_tile_body`] with AVX code generation where the CPU has it. AVX without FMA
+/// performs the same IEEE operations per element as SSE2, so the results are bitwise identical.
 fn forward_tile(ctx: &Ctx, vref: &[i32], h: usize, s: usize, e: usize, r0: usize) -> TileOut {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU supports AVX (checked just above).
+        return unsafe { forward_tile_avx(ctx, vref, h, s, e, r0) };
+    }
+    forward_tile_body(ctx, vref, h, s, e, r0)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn forward_tile_avx(ctx: &Ctx, vref: &[i32], h: usize, s: usize, e: usize, r0: usize) -> TileOut {
+    forward_tile_body(ctx, vref, h, s, e, r0)
+}
+
+#[inline(always)]
+fn forward_tile_body(ctx: &Ctx, vref: &[i32], h: usize, s: usize, e: usize, r0: usize) -> TileOut {
     let d = ctx.shape.head_dim;
     let t = ctx.shape.tokens();
     let g = ctx.kv_head(h);

@@ -200,22 +200,30 @@ pub(crate) fn prepare_dout(dout: &[f32], shape: &VarlenShape, opts: &AttnOptions
     ))
 }
 
-/// Dot product with four interleaved accumulators (fixed order: deterministic). On quantised
-/// operands every product and partial sum is exact in f64, so the order does not matter there.
-#[inline]
+/// Dot product with 16 interleaved accumulators summed as a fixed tree (deterministic, and the
+/// same bits whatever the vector width the compiler picks: no FMA, no reassociation). On
+/// quantised operands every product and partial sum is exact in f64, so the order does not
+/// matter there. Lengths are multiples of 16 (head dims 64, 128).
+#[inline(always)]
 pub(crate) fn dot(a: &[f64], b: &[f64]) -> f64 {
-    let mut s = [0f64; 4];
-    for (x, y) in a.chunks_exact(4).zip(b.chunks_exact(4)) {
-        s[0] += x[0] * y[0];
-        s[1] += x[1] * y[1];
-        s[2] += x[2] * y[2];
-        s[3] += x[3] * y[3];
+    let mut s = [0f64; 16];
+    for (x, y) in a.chunks_exact(16).zip(b.chunks_exact(16)) {
+        for l in 0..16 {
+            s[l] += x[l] * y[l];
+        }
     }
-    (s[0] + s[1]) + (s[2] + s[3])
+    let mut w = 16;
+    while w > 1 {
+        w /= 2;
+        for l in 0..w {
+            s[l] += s[l + w];
+        }
+    }
+    s[0]
 }
 
 /// `acc += w * x`.
-#[inline]
+#[inline(always)]
 pub(crate) fn axpy(acc: &mut [f64], w: f64, x: &[f64]) {
     for (a, v) in acc.iter_mut().zip(x) {
         *a += w * v;
