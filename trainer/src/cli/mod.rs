@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod check;
+mod check_cuda;
 mod compare;
 mod data;
 mod eval;
