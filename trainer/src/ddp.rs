@@ -76,6 +76,12 @@ impl Ddp {
     /// is used and `cuda:<local rank>` becomes this thread's current device).
     pub fn from_env(opts: DdpOptions, cuda: bool) -> Result<Ddp> {
         let topo = Topology::from_env().map_err(dist)?;
+        let gopts = GroupOptions::from_env().map_err(dist)?;
+        Self::with_topology(topo, &gopts, opts, cuda)
+    }
+
+    /// [`Ddp::from_env`] with an explicit placement and group options (tests, custom launchers).
+    pub fn with_topology(topo: Topology, gopts: &GroupOptions, opts: DdpOptions, cuda: bool) -> Result<Ddp> {
         let mut ddp = Ddp {
             topo,
             opts,
@@ -89,8 +95,7 @@ impl Ddp {
         if ddp.topo.world_size == 1 && ddp.topo.source == Source::Single {
             return Ok(ddp);
         }
-        let gopts = GroupOptions::from_env().map_err(dist)?;
-        let pg = ProcessGroup::join(&ddp.topo, &gopts, || {
+        let pg = ProcessGroup::join(&ddp.topo, gopts, || {
             if cuda {
                 NcclId::new().map(|id| id.0.to_vec())
             } else {
@@ -325,5 +330,121 @@ impl Ddp {
             Some(pg) => pg.shutdown(Duration::from_secs(600)).map_err(dist),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flamia_dist::Source;
+
+    fn topo(rank: usize, world: usize, port: u16) -> Topology {
+        Topology {
+            rank,
+            world_size: world,
+            local_rank: rank,
+            local_world_size: None,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+            source: Source::Torchrun,
+            device: rank,
+        }
+    }
+
+    fn gopts() -> GroupOptions {
+        GroupOptions {
+            join_timeout: Duration::from_secs(30),
+            exit_grace: None,
+            ..GroupOptions::default()
+        }
+    }
+
+    /// Two parameters with gradients `(rank + 1) * base`.
+    fn params_with_grads(rank: usize, device: Device) -> Vec<(String, Tensor)> {
+        let a = (Tensor::arange(6, (Kind::Float, device)).view([2, 3]) * (rank as f64 + 1.0))
+            .set_requires_grad(true);
+        let b = (Tensor::ones([5], (Kind::Float, device)) * (10.0 * rank as f64)).set_requires_grad(true);
+        let loss = (&a * (rank as f64 + 1.0)).sum(Kind::Float) + (&b * &b).sum(Kind::Float);
+        loss.backward();
+        vec![("a".into(), a), ("b".into(), b)]
+    }
+
+    #[test]
+    fn cpu_ranks_average_gradients_and_start_from_rank0_weights() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let opts = DdpOptions {
+                        bucket_bytes: 64,
+                        ..DdpOptions::default()
+                    };
+                    let mut ddp = Ddp::with_topology(topo(rank, 2, port), &gopts(), opts, false).unwrap();
+                    assert_eq!(ddp.device(Device::Cpu), Device::Cpu);
+                    let params = params_with_grads(rank, Device::Cpu);
+                    let b_before: Vec<f32> = Vec::try_from(&params[1].1.detach()).unwrap();
+                    ddp.attach(&params).unwrap();
+                    assert!(
+                        ddp.plan.as_ref().unwrap().buckets.len() == 2,
+                        "64-byte buckets: one per param"
+                    );
+                    // Weights now equal rank 0's.
+                    let a: Vec<f32> = Vec::try_from(&params[0].1.detach().view([-1])).unwrap();
+                    assert_eq!(a, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+                    let b: Vec<f32> = Vec::try_from(&params[1].1.detach()).unwrap();
+                    assert_eq!(b, vec![0.0; 5], "rank {rank} had {b_before:?}");
+                    // Gradients: d/da = rank + 1 -> mean 1.5; d/db = 2 * 10 * rank -> mean 10.
+                    ddp.all_reduce_grads().unwrap();
+                    let ga: Vec<f32> = Vec::try_from(&params[0].1.grad().view([-1])).unwrap();
+                    assert_eq!(ga, vec![1.5; 6]);
+                    let gb: Vec<f32> = Vec::try_from(&params[1].1.grad()).unwrap();
+                    assert_eq!(gb, vec![10.0; 5]);
+                    assert_eq!(ddp.mean(&[rank as f64, 4.0]).unwrap(), vec![0.5, 4.0]);
+                    let all = ddp.gather(&[rank as u8]).unwrap();
+                    assert_eq!(all, vec![vec![0], vec![1]]);
+                    ddp.check().unwrap();
+                    ddp.shutdown().unwrap();
+                })
+            })
+            .collect();
+        for r in ranks {
+            r.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn single_process_without_launcher_is_a_no_op() {
+        let mut ddp = Ddp::with_topology(Topology::single(), &gopts(), DdpOptions::default(), false).unwrap();
+        let params = params_with_grads(1, Device::Cpu);
+        ddp.attach(&params).unwrap();
+        ddp.all_reduce_grads().unwrap();
+        let ga: Vec<f32> = Vec::try_from(&params[0].1.grad().view([-1])).unwrap();
+        assert_eq!(ga, vec![2.0; 6]);
+        assert_eq!(ddp.mean(&[3.0]).unwrap(), vec![3.0]);
+        assert!(ddp.is_main());
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU: run on the device with --ignored (libnccl.so on LD_LIBRARY_PATH: source launch/nccl-env.sh)"]
+    fn one_rank_nccl_gradient_all_reduce_on_the_device() {
+        // World size 1 through the launcher path: real rendezvous, real NCCL communicator.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut ddp = Ddp::with_topology(topo(0, 1, port), &gopts(), DdpOptions::default(), true).unwrap();
+        let device = ddp.device(Device::Cuda(0));
+        let params = params_with_grads(0, device);
+        ddp.attach(&params).unwrap();
+        ddp.all_reduce_grads().unwrap();
+        let ga: Vec<f32> = Vec::try_from(&params[0].1.grad().view([-1]).to_device(Device::Cpu)).unwrap();
+        assert_eq!(ga, vec![1.0; 6]);
+        assert_eq!(ddp.mean(&[2.5]).unwrap(), vec![2.5]);
+        ddp.shutdown().unwrap();
     }
 }
