@@ -1,0 +1,144 @@
+//! `flamia eval`, `flamia compare` and `flamia export` end to end on CPU: two short tiny runs (the
+//! bf16 control and mxfp8), each evaluated on the task fixtures and three short held-out documents
+//! through both attention paths, compared into a markdown report with a PNG, and exported to
+//! Hugging Face format.
+
+use std::path::Path;
+
+use flamia_tests::flamia;
+
+fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn ok(cmd: &mut std::process::Command, what: &str) -> String {
+    let out = cmd
+        .current_dir(repo())
+        .output()
+        .unwrap_or_else(|e| panic!("run flamia {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "flamia {what} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn train(dir: &Path, path: &str) {
+    ok(
+        flamia()
+            .args([
+                "train",
+                "--config",
+                "configs/tiny-cpu.toml",
+                "--set",
+                "training.steps=8",
+            ])
+            .args([
+                "--set",
+                &format!("run.dir={}", dir.display()),
+                "--set",
+                &format!("attention.path={path}"),
+            ])
+            .args(["--set", "run.log_every=1", "--set", "run.device=cpu"])
+            .args([
+                "--set",
+                "data.seq_len=64",
+                "--set",
+                "data.batch_rows=2",
+                "--set",
+                "data.max_doc_tokens=64",
+            ]),
+        "train",
+    );
+}
+
+fn eval(dir: &Path) -> serde_json::Value {
+    ok(
+        flamia()
+            .arg("eval")
+            .args([
+                "--checkpoint",
+                &dir.join("checkpoints/step_00000008").display().to_string(),
+            ])
+            .args([
+                "--tasks",
+                "all",
+                "--data-dir",
+                "eval/fixtures/tasks",
+                "--batch-size",
+                "8",
+            ])
+            .args(["--val-data", "eval/fixtures/heldout.jsonl", "--val-seq-len", "64"]),
+        "eval",
+    );
+    serde_json::from_str(&std::fs::read_to_string(dir.join("eval.json")).expect("eval.json written")).unwrap()
+}
+
+#[test]
+fn eval_compare_export_two_tiny_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("bf16"), tmp.path().join("mxfp8"));
+    train(&a, "bf16");
+    train(&b, "mxfp8");
+    let (ea, eb) = (eval(&a), eval(&b));
+    for (e, path) in [(&ea, "bf16"), (&eb, "mxfp8")] {
+        assert_eq!(e["schema"], "flamia-eval/1");
+        assert_eq!(e["train_attn"], path);
+        assert_eq!(e["step"], 8);
+        assert_eq!(e["tasks"].as_object().unwrap().len(), 10);
+        let v = &e["validation"];
+        let (lt, le) = (
+            v["training"]["loss"].as_f64().unwrap(),
+            v["exact"]["loss"].as_f64().unwrap(),
+        );
+        // Eight steps from ln(258) = 5.55: finite, below uniform, and the same tokens both ways.
+        assert!(lt.is_finite() && le < 5.6 && le > 1.0, "{v}");
+        assert_eq!(v["training"]["tokens"], v["exact"]["tokens"]);
+        assert!((v["gap_loss"].as_f64().unwrap() - (le - lt)).abs() < 1e-12);
+    }
+    // The control's training path is exact attention: no gap at all.
+    assert_eq!(ea["validation"]["gap_loss"], 0.0);
+    // Same fixtures, same examples: paired comparisons are possible.
+    assert_eq!(
+        ea["tasks"]["piqa"]["fingerprint"],
+        eb["tasks"]["piqa"]["fingerprint"]
+    );
+
+    let out = tmp.path().join("report");
+    let md = ok(
+        flamia()
+            .args(["compare", &a.display().to_string(), &b.display().to_string()])
+            .args(["--out", &out.display().to_string(), "--last-n", "3"]),
+        "compare",
+    );
+    assert!(md.starts_with("# Comparison: bf16 (control) vs mxfp8"), "{md}");
+    assert!(
+        md.contains("| mxfp8 | 8 |") && md.contains("| piqa | 2 |"),
+        "{md}"
+    );
+    assert!(md.contains("mxfp8 − bf16"), "{md}");
+    let png = std::fs::read(out.join("loss.png")).expect("loss.png");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+
+    let hf = tmp.path().join("hf");
+    ok(
+        flamia()
+            .args([
+                "export",
+                "--checkpoint",
+                &a.join("checkpoints/step_00000008").display().to_string(),
+            ])
+            .args(["--out", &hf.display().to_string()]),
+        "export",
+    );
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["architectures"][0], "LlamaForCausalLM");
+    assert_eq!(
+        (cfg["hidden_size"].as_u64(), cfg["vocab_size"].as_u64()),
+        (Some(128), Some(258))
+    );
+    assert!(hf.join("model.safetensors").metadata().unwrap().len() > 100_000);
+}
