@@ -204,3 +204,30 @@ fn a_corrupt_row_group_fails_or_is_skipped() {
     let docs = docs_of(&ids);
     assert_eq!(docs[..want.len()], want[..]);
 }
+
+#[test]
+fn a_pretokenized_shard_from_another_tokenizer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_shard(dir.path(), "a.parquet", 0, 10, 5);
+    let out = dir.path().join("a.ftok");
+    let filters = flamia_data::source::Filters::default();
+    let tok = flamia_data::Tokenizer::Bytes;
+    flamia_data::pretokenize::tokenize(&[p.display().to_string()], &filters, &tok, &out, 1, false).unwrap();
+    // A byte-level BPE with no merges: a different tokenizer from "bytes".
+    let ranks = dir.path().join("bytes.tiktoken");
+    let lines: String = (0..=255u8)
+        .map(|b| format!("{} {b}\n", flamia_data::tiktoken::b64_encode(&[b])))
+        .collect();
+    std::fs::write(&ranks, lines).unwrap();
+    let tj = dir.path().join("tokenizer.json");
+    flamia_data::tiktoken::convert(&ranks, "llama3", &tj).unwrap();
+    let c = Config {
+        tokenizer: tj.display().to_string(),
+        ..cfg(vec![out.display().to_string()])
+    };
+    let e = err(&c).to_string();
+    assert!(
+        e.contains("a.ftok") && e.contains("made with tokenizer bytes"),
+        "{e}"
+    );
+}
