@@ -33,7 +33,12 @@ pub fn hf_config(cfg: &TrainConfig, vocab: usize) -> anyhow::Result<HfConfig> {
         num_attention_heads: shape.n_heads,
         num_key_value_heads: shape.n_kv_heads,
         head_dim: shape.head_dim,
-        max_position_embeddings: cfg.data.seq_len,
+        // transformers expects max_position_embeddings >= the scaling's original context.
+        max_position_embeddings: if cfg.model.rope_scaled {
+            cfg.data.seq_len.max(r.original_max_position)
+        } else {
+            cfg.data.seq_len
+        },
         rms_norm_eps: cfg.model.norm_eps,
         rope_theta: cfg.model.rope_theta,
         rope_scaling: cfg.model.rope_scaled.then_some(RopeScaling {
