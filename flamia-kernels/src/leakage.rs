@@ -136,6 +136,39 @@ pub fn causal_leakage(
     t: usize,
     factor: f32,
 ) -> Result<CausalLeak> {
+    leak_runs(attn, q, k, v, dout, shape, opts, t, factor, true)
+}
+
+/// [`causal_leakage`] without the `before_own_block` runs (2 attention calls instead of 4;
+/// `before_own_block` is reported as zero change and must not be read).
+#[allow(clippy::too_many_arguments)]
+pub fn causal_leakage_up_to_t(
+    attn: &AttnFn,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    dout: &[f32],
+    shape: &VarlenShape,
+    opts: &AttnOptions,
+    t: usize,
+    factor: f32,
+) -> Result<CausalLeak> {
+    leak_runs(attn, q, k, v, dout, shape, opts, t, factor, false)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn leak_runs(
+    attn: &AttnFn,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    dout: &[f32],
+    shape: &VarlenShape,
+    opts: &AttnOptions,
+    t: usize,
+    factor: f32,
+    before_block: bool,
+) -> Result<CausalLeak> {
     let tokens = shape.tokens();
     if !opts.causal {
         return Err(Error::Invalid(
@@ -163,7 +196,11 @@ pub fn causal_leakage(
         ))
     };
     let (up_to_t, in_own_block) = run(t)?;
-    let before_own_block = if b == 0 { Change::default() } else { run(b - 1)?.0 };
+    let before_own_block = if b == 0 || !before_block {
+        Change::default()
+    } else {
+        run(b - 1)?.0
+    };
     Ok(CausalLeak {
         t,
         block_start: b,

@@ -57,7 +57,7 @@ struct NumericsArgs {
     /// Where the quantised paths run.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
-    /// Skip the leakage figures (they cost 14 extra forward+backward runs).
+    /// Skip the leakage figures (they cost 10 extra forward+backward runs).
     #[arg(long)]
     no_leakage: bool,
 }
