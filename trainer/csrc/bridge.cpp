@@ -87,6 +87,20 @@ namespace {
 
 flamia_callback g_forward = nullptr;
 flamia_callback g_backward = nullptr;
+// Called with begin = 1 before and 0 after each attention forward/backward (any path); Rust
+// times the span (synchronising the stream first when profiling is on).
+typedef void (*flamia_timer)(const FlamiaCall* call, int32_t begin);
+flamia_timer g_timer = nullptr;
+
+struct TimerSpan {
+    const FlamiaCall* c;
+    explicit TimerSpan(const FlamiaCall* call) : c(call) {
+        if (g_timer) g_timer(c, 1);
+    }
+    ~TimerSpan() {
+        if (g_timer) g_timer(c, 0);
+    }
+};
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
@@ -155,6 +169,8 @@ class FlamiaAttention : public torch::autograd::Function<FlamiaAttention> {
                               at::Tensor cu_host, at::Tensor cu_dev, FlamiaParams p) {
         save_params(ctx, p);
         if (use_libtorch_flash(q, p)) {
+            FlamiaCall tc = base_call(p, q, k, cu_host, cu_dev);
+            TimerSpan span(&tc);
             auto res = at::_flash_attention_forward(q, k, v, cu_dev, cu_dev, p.max_seqlen, p.max_seqlen, 0.0,
                                                     p.causal != 0, false, static_cast<double>(p.softmax_scale));
             at::Tensor o = std::get<0>(res);
@@ -175,7 +191,10 @@ class FlamiaAttention : public torch::autograd::Function<FlamiaAttention> {
         c.v = vc.data_ptr();
         c.o = o.data_ptr();
         c.lse = lse.data_ptr();
-        call_rust(g_forward, c, "forward");
+        {
+            TimerSpan span(&c);
+            call_rust(g_forward, c, "forward");
+        }
         ctx->save_for_backward({qc, kc, vc, o, lse, cu_host, cu_dev});
         return o.to(q.scalar_type());
     }
@@ -188,6 +207,9 @@ class FlamiaAttention : public torch::autograd::Function<FlamiaAttention> {
         at::Tensor dq, dk, dv;
         if (use_libtorch_flash(q, p)) {
             at::Tensor go = grads[0].to(q.scalar_type()).contiguous();
+            FlamiaCall tc = base_call(p, q, k, cu_host, cu_dev);
+            tc.is_backward = 1;
+            TimerSpan span(&tc);
             auto res = at::_flash_attention_backward(go, q, k, v, o, lse, cu_dev, cu_dev, p.max_seqlen,
                                                      p.max_seqlen, 0.0, p.causal != 0, saved[7], saved[8],
                                                      static_cast<double>(p.softmax_scale));
@@ -210,6 +232,7 @@ class FlamiaAttention : public torch::autograd::Function<FlamiaAttention> {
             c.dq = dq.data_ptr();
             c.dk = dk.data_ptr();
             c.dv = dv.data_ptr();
+            TimerSpan span(&c);
             call_rust(g_backward, c, "backward");
         }
         // Gradients in the dtype of the inputs as given to forward (autograd checks this).
@@ -227,9 +250,10 @@ void write_err(char* err, size_t err_len, const char* msg) {
 
 extern "C" {
 
-void flamia_bridge_register(flamia_callback forward, flamia_callback backward) {
+void flamia_bridge_register(flamia_callback forward, flamia_callback backward, flamia_timer timer) {
     g_forward = forward;
     g_backward = backward;
+    g_timer = timer;
 }
 
 // Applies the attention Function; on success *out is a new at::Tensor* owned by the caller.

@@ -37,6 +37,9 @@ pub struct RunConfig {
     /// libtorch CPU threads (intra-op); 0 keeps libtorch's default (all cores). On a small or
     /// shared CPU, 1 avoids OpenMP threads spinning against the attention reference's threads.
     pub cpu_threads: usize,
+    /// Synchronise around each CUDA attention call to measure attention's share of the step
+    /// (`attn_time_s`); costs two syncs per call.
+    pub profile_attention: bool,
 }
 
 impl Default for RunConfig {
@@ -52,6 +55,7 @@ impl Default for RunConfig {
             keep_checkpoints: 2,
             progress: true,
             cpu_threads: 0,
+            profile_attention: false,
         }
     }
 }

@@ -107,6 +107,7 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
     if cfg.run.cpu_threads > 0 {
         tch::set_num_threads(cfg.run.cpu_threads as i32);
     }
+    crate::attention::set_profile_cuda(cfg.run.profile_attention);
     tch::manual_seed(cfg.run.seed as i64);
     let data_state = resumed.as_ref().and_then(|r| r.state.data.clone());
     let mut loader =

@@ -55,9 +55,10 @@ pub(crate) struct FlamiaCall {
 }
 
 type Callback = unsafe extern "C" fn(*const FlamiaCall, *mut c_char, usize) -> i32;
+type Timer = unsafe extern "C" fn(*const FlamiaCall, i32);
 
 extern "C" {
-    fn flamia_bridge_register(forward: Callback, backward: Callback);
+    fn flamia_bridge_register(forward: Callback, backward: Callback, timer: Timer);
     pub(crate) fn flamia_bridge_attention(
         q: *const CTensor,
         k: *const CTensor,
@@ -82,7 +83,7 @@ pub fn bridge_has_cuda() -> bool {
 pub(crate) fn ensure_registered() {
     static ONCE: Once = Once::new();
     // SAFETY: both callbacks have the C signature bridge.cpp expects and live for the program.
-    ONCE.call_once(|| unsafe { flamia_bridge_register(forward_cb, backward_cb) });
+    ONCE.call_once(|| unsafe { flamia_bridge_register(forward_cb, backward_cb, timer_cb) });
 }
 
 pub(crate) fn path_code(path: AttnPath) -> i32 {
@@ -155,11 +156,33 @@ fn write_err(err: *mut c_char, len: usize, msg: &str) {
     }
 }
 
-/// Nanoseconds spent in the Rust attention callbacks (all threads, since start).
+/// Nanoseconds spent in attention forward/backward calls (all paths, all threads, since start).
 pub(crate) static CALLBACK_NANOS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Synchronise the CUDA stream around each timed attention call (accurate GPU attention time at
+/// the cost of two syncs per call). Off by default.
+pub(crate) static PROFILE_CUDA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+thread_local! {
+    static SPAN_START: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+}
+
+unsafe extern "C" fn timer_cb(call: *const FlamiaCall, begin: i32) {
+    // SAFETY: bridge.cpp passes a live FlamiaCall.
+    let call = unsafe { &*call };
+    if call.device >= 0 && PROFILE_CUDA.load(std::sync::atomic::Ordering::Relaxed) {
+        // SAFETY: libtorch's current stream handle (null = legacy default stream).
+        let _ = unsafe { cudarc::driver::result::stream::synchronize(call.stream as _) };
+    }
+    let now = std::time::Instant::now();
+    if begin != 0 {
+        SPAN_START.with(|s| s.set(Some(now)));
+    } else if let Some(t0) = SPAN_START.with(|s| s.take()) {
+        CALLBACK_NANOS.fetch_add((now - t0).as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 fn run_callback(call: *const FlamiaCall, err: *mut c_char, err_len: usize, backward: bool) -> i32 {
-    let t0 = std::time::Instant::now();
     let result = std::panic::catch_unwind(|| {
         // SAFETY: bridge.cpp passes a pointer to a live FlamiaCall for the duration of the call.
         let call = unsafe { &*call };
@@ -169,10 +192,6 @@ fn run_callback(call: *const FlamiaCall, err: *mut c_char, err_len: usize, backw
             super::gpu::run(call, backward)
         }
     });
-    CALLBACK_NANOS.fetch_add(
-        t0.elapsed().as_nanos() as u64,
-        std::sync::atomic::Ordering::Relaxed,
-    );
     match result {
         Ok(Ok(())) => 0,
         Ok(Err(msg)) => {

@@ -18,8 +18,14 @@ use tch::{Device, Kind, Tensor};
 use crate::error::{Result, TrainError};
 pub use ffi::bridge_has_cuda;
 
-/// Seconds spent so far in the Rust attention callbacks (the CPU paths and the GPU FLAMIA
-/// launches; libtorch's own flash attention for the CUDA control is not counted here).
+/// Turns on stream synchronisation around every CUDA attention call so [`callback_seconds`]
+/// measures GPU attention time (two syncs per call; CPU paths are always timed exactly).
+pub fn set_profile_cuda(on: bool) {
+    ffi::PROFILE_CUDA.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Seconds spent so far inside attention forward/backward calls of every path (on CUDA only
+/// meaningful with [`set_profile_cuda`], since kernels run asynchronously).
 pub fn callback_seconds() -> f64 {
     ffi::CALLBACK_NANOS.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9
 }
