@@ -8,6 +8,8 @@
 // Both recompute S from the same codes and exponents as the forward, x with the same expression,
 // P = exp2(x - lse * log2 e) (forward/backward consistency, hopper-kernels.md 4), and
 // D_i = dO_i . O_i comes from the dO quantiser (the same quantised dO that feeds dP).
+// With PROMOTE_DP / PROMOTE_S = 1 (off by default), dP = dO V^T and S sum their four K = 32 wgmma
+// steps in FP32 (mma_qk_f32sum: the chained FP8 accumulator truncates, and dS = P (dP - D) cancels).
 // Scales: dP = (dO V^T) * 2^(edO + eV); dV: P^T * 2^(edO_q - Ed + 8) in E4M3 (Ed = max edO over
 // the queries the key row sees);
 // dK / dQ: dS * 2^(eQ_q) (resp. 2^(eK_k)) quantised to E4M3 with one power-of-two exponent per
@@ -91,8 +93,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkdv(const AttnPar
     __syncthreads();
     {
       float pt[32], ds[32];
+      mma_dp(ds, sm.v, sm.dO[buf]);  // dP^T (first: fewer live registers while S is computed)
       mma_scores(pt, sm.k, sm.q[buf]);  // S^T: rows = keys, columns = queries
-      mma_qk(ds, sm.v, sm.dO[buf]);  // dP^T
       int edr[2] = {-1000, -1000};  // max edO over the queries each key row sees
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
@@ -234,8 +236,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dq(const AttnParam
     const float* ev = sm.ev[buf];
 
     float s[32], ds[32];
+    mma_dp(ds, sm.dO, sm.v[buf]);  // dP
     mma_scores(s, sm.q, sm.k[buf]);
-    mma_qk(ds, sm.dO, sm.v[buf]);
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);

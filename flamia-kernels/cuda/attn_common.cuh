@@ -38,6 +38,16 @@ struct AttnParams {
 #ifndef NVFP4
 #define NVFP4 0
 #endif
+// PROMOTE_DP / PROMOTE_S = 1: dP = dO V^T / the E4M3 score product sum their K = 32 steps in FP32
+// (mma_qk_f32sum); 0 (default): one chained FP8 accumulator (mma_qk). Host side:
+// FLAMIA_ATTN_PROMOTE (src/gpu/attention.rs). Off by default: 4-8% slower training step, and the
+// dQ / dK gap it was meant to close came from BF16 input rounding (docs/kernels.md).
+#ifndef PROMOTE_DP
+#define PROMOTE_DP 0
+#endif
+#ifndef PROMOTE_S
+#define PROMOTE_S 0
+#endif
 #define QK_KB (NVFP4 ? 2 * HEAD_DIM : HEAD_DIM)   // bytes per row of a score-operand tile
 
 #define TILE 64
@@ -123,6 +133,46 @@ __device__ __forceinline__ void mma_qk(float (&acc)[32], const u8* sA, const u8*
   fence_regs(acc);
 }
 
+// Same product with every K = 32 step issued into fresh registers (scale-d = 0) and the four steps
+// summed in FP32 (FADD): the FP8 accumulator truncates to 13 fraction bits per step, aligned to the
+// largest of the step's terms and the running value (wgmma-fp8-notes.md 7), so a chained sum loses
+// the low bits of the running value at every step. Used where the error matters: dP = dO V^T, whose
+// truncation dS = P (dP - D) amplifies, and the E4M3 score product (forward and both backward
+// kernels alike, so the backward recomputes the forward's P). Costs 32 registers and three waits.
+// Optional (PROMOTE_DP / PROMOTE_S above).
+__device__ __forceinline__ void mma_qk_f32sum(float (&acc)[32], const u8* sA, const u8* sB) {
+  u32 a = smem_u32(sA), b = smem_u32(sB);
+  float tmp[32];
+  wg_fence();
+  wgmma_ss_m64n64k32_e4m3(acc, desc_slice<128>(a, 0), desc_slice<128>(b, 0), 0);
+  wgmma_ss_m64n64k32_e4m3(tmp, desc_slice<128>(a, 1), desc_slice<128>(b, 1), 0);
+  wg_commit();
+  wg_wait<0>();
+  fence_regs(acc);
+  fence_regs(tmp);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc[i] += tmp[i];
+#pragma unroll
+  for (int kk = 2; kk < 4; ++kk) {
+    wg_fence();
+    wgmma_ss_m64n64k32_e4m3(tmp, desc_slice<128>(a, kk), desc_slice<128>(b, kk), 0);
+    wg_commit();
+    wg_wait<0>();
+    fence_regs(tmp);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] += tmp[i];
+  }
+}
+
+// dP = dO V^T (or its transpose) for the backward kernels.
+__device__ __forceinline__ void mma_dp(float (&acc)[32], const u8* sA, const u8* sB) {
+#if PROMOTE_DP
+  mma_qk_f32sum(acc, sA, sB);
+#else
+  mma_qk(acc, sA, sB);
+#endif
+}
+
 // Asynchronous copy of the same tile (cp.async, 16 bytes per thread per step; rows at or past
 // `valid` are zero-filled). Complete with cp_async_wait, then fence_async_smem + a barrier.
 template <int ROWS, int KB>
@@ -153,6 +203,8 @@ __device__ __forceinline__ void mma_scores(float (&acc)[32], const u8* sA, const
   wg_commit();
   wg_wait<0>();
   fence_regs(acc);
+#elif PROMOTE_S
+  mma_qk_f32sum(acc, sA, sB);
 #else
   mma_qk(acc, sA, sB);
 #endif

@@ -1,7 +1,8 @@
 // FLAMIA attention forward on Hopper FP8 wgmma (NVFP4 path: scores through BF16 wgmma, see
 // attn_common.cuh). One CTA = one warpgroup = one 64-query tile of
 // one document and one query head; keys in tiles of 64 (causal: up to the tile's last query).
-//   S  = Q K^T            SS wgmma m64n64k32 e4m3, fresh accumulator per key tile
+//   S  = Q K^T            SS wgmma m64n64k32 e4m3, fresh accumulator per key tile (with
+//                         PROMOTE_S = 1 its four K = 32 steps summed in FP32: mma_qk_f32sum)
 //   x  = S * 2^(eQ_i + eK_j) * scale * log2(e)        (row and column factors)
 //   P  = exp2(x - m_i)    online softmax in FP32, l_i = sum_j P_ij (unquantised)
 //   O += (e4m3(P * 2^(eV_j - Ev + 8)) V) * 2^(Ev - 8)  RS wgmma m64n128k32; Ev = max eV over the keys

@@ -41,6 +41,21 @@ const SMEM_FWD: [u32; 2] = [44 * 1024, 76 * 1024];
 const SMEM_DQ: [u32; 2] = [72 * 1024, 96 * 1024];
 const SMEM_DKDV: [u32; 2] = [88 * 1024, 112 * 1024];
 
+/// Which E4M3 K = 128 products sum their four K = 32 wgmma steps in FP32 instead of chaining one
+/// FP8 accumulator (which truncates to 13 fraction bits per step, wgmma-fp8-notes.md 7):
+/// bit 0 = dP = dO V^T (backward), bit 1 = the score product S = Q K^T (forward and both backward
+/// kernels alike). Default 0 (both chained: a 4-8% faster training step, and no accuracy gap left to
+/// close, docs/kernels.md); `FLAMIA_ATTN_PROMOTE=0|1|2|3` selects another choice.
+pub fn promote_mask() -> u32 {
+    parse_promote(std::env::var("FLAMIA_ATTN_PROMOTE").ok().as_deref())
+}
+
+fn parse_promote(v: Option<&str>) -> u32 {
+    v.and_then(|s| s.trim().parse::<u32>().ok())
+        .filter(|m| *m <= 3)
+        .unwrap_or(0)
+}
+
 /// Mirrors `struct AttnParams` of `cuda/attn_common.cuh`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -198,12 +213,16 @@ impl Attention {
         Ok(())
     }
 
-    /// Variant of the attention modules: the NVFP4 switch and the dynamic shared memory each
-    /// kernel gets (the kernels `static_assert` that their layout fits it).
+    /// Variant of the attention modules: the NVFP4 switch, the dynamic shared memory each
+    /// kernel gets (the kernels `static_assert` that their layout fits it) and the FP32 promotion
+    /// of the dP and score products ([`promote_mask`]).
     fn variant(&self) -> (Variant, usize) {
         let i = (self.opts.path == AttnPath::Nvfp4) as usize;
+        let promote = promote_mask();
         let v = Variant::new()
             .define("NVFP4", i)
+            .define("PROMOTE_DP", promote & 1)
+            .define("PROMOTE_S", (promote >> 1) & 1)
             .define("SMEM_FWD_BUDGET", SMEM_FWD[i])
             .define("SMEM_DQ_BUDGET", SMEM_DQ[i])
             .define("SMEM_DKDV_BUDGET", SMEM_DKDV[i]);
@@ -411,5 +430,20 @@ impl Attention {
     /// The GPU these kernels run on.
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_promote;
+
+    #[test]
+    fn promote_mask_defaults_to_off_and_rejects_junk() {
+        assert_eq!(parse_promote(None), 0);
+        assert_eq!(parse_promote(Some("3")), 3);
+        assert_eq!(parse_promote(Some(" 1 ")), 1);
+        assert_eq!(parse_promote(Some("2")), 2);
+        assert_eq!(parse_promote(Some("4")), 0);
+        assert_eq!(parse_promote(Some("dp")), 0);
     }
 }
