@@ -1,6 +1,33 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: for now the FLAMIA numerics check on CPU.
+# The main job: trains the `tiny` Llama-3-style model on the embedded shard twice, with the exact
+# `bf16` attention control and with FLAMIA `mxfp8`, a few hundred steps each (on the GPU if there
+# is one, else the CPU), then prints both runs' losses side by side.
+# Extra arguments go to both `flamia train` calls (e.g. --set training.steps=100).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-cargo run --release --quiet -p flamia-trainer --bin flamia -- check numerics "$@"
+cargo build --release --quiet -p flamia-trainer --bin flamia
+bin=target/release/flamia
+out="${FLAMIA_DEMO_DIR:-runs/demo}"
+for path in bf16 mxfp8; do
+    echo "== training tiny with attention.path=$path =="
+    "$bin" train --config configs/tiny-cpu.toml \
+        --set attention.path="$path" --set run.name="demo-$path" --set run.dir="$out/$path" "$@"
+done
+
+# Side by side: the loss at every 25th logged step, then the summaries.
+loss_by_step() {
+    sed -n 's/.*"step":\([0-9]*\),"loss":\([-0-9.eE+naNifty]*\).*/\1 \2/p' "$1/metrics.jsonl"
+}
+echo
+echo "== loss, bf16 control vs FLAMIA mxfp8 (tiny model, embedded shard) =="
+printf '%8s  %12s  %12s  %10s\n' step bf16 mxfp8 diff
+join <(loss_by_step "$out/bf16") <(loss_by_step "$out/mxfp8") |
+    awk 'NR == 1 || $1 % 25 == 0 { printf "%8d  %12.4f  %12.4f  %+10.4f\n", $1, $2, $3, $3 - $2 }'
+summary() { sed -n "s/.*\"$2\": \([-0-9.eE+]*\).*/\1/p" "$1/summary.json" | head -1; }
+echo
+printf '%-22s  %12s  %12s\n' "" bf16 mxfp8
+for k in first_loss final_loss tail_mean_loss mean_tps wall_s; do
+    printf '%-22s  %12.4f  %12.4f\n' "$k" "$(summary "$out/bf16" $k)" "$(summary "$out/mxfp8" $k)"
+done
+echo "(metrics: $out/{bf16,mxfp8}/metrics.jsonl; compare with \`flamia compare\` if built)"
