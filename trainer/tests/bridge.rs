@@ -173,24 +173,46 @@ fn bridge_cpu_paths_match_the_kernels_reference() {
     let mut exact_o = None;
     for path in [AttnPath::Exact, AttnPath::Mxfp8] {
         let opts = AttnOptions::new(path);
-        let (q1, k1, v1) =
-            (q.detach().set_requires_grad(true), k.detach().set_requires_grad(true), v.detach().set_requires_grad(true));
+        let (q1, k1, v1) = (
+            q.detach().set_requires_grad(true),
+            k.detach().set_requires_grad(true),
+            v.detach().set_requires_grad(true),
+        );
         let packing = Packing::new(&cu(&LENS), Device::Cpu).unwrap();
         let o = attention(&q1, &k1, &v1, &packing, &opts).unwrap();
         let g = Tensor::run_backward(&[(&o * &dout).sum(Kind::Float)], &[&q1, &k1, &v1], false, false);
         let (f, r) =
-            reference::forward_backward(&flat(&q), &flat(&k), &flat(&v), &flat(&dout), &shape, &opts).unwrap();
+            reference::forward_backward(&flat(&q), &flat(&k), &flat(&v), &flat(&dout), &shape, &opts)
+                .unwrap();
         let ro = Tensor::from_slice(&f.o).reshape(q.size());
-        let (rdq, rdk) = (Tensor::from_slice(&r.dq).reshape(q.size()), Tensor::from_slice(&r.dk).reshape(k.size()));
+        let (rdq, rdk) = (
+            Tensor::from_slice(&r.dq).reshape(q.size()),
+            Tensor::from_slice(&r.dk).reshape(k.size()),
+        );
         let tol = if path == AttnPath::Exact { 1e-5 } else { 0.0 };
-        assert!(max_rel_err(&o, &ro) <= tol, "{path} o vs reference: {}", max_rel_err(&o, &ro));
-        assert!(max_rel_err(&g[0], &rdq) <= tol.max(1e-6), "{path} dq vs reference: {}", max_rel_err(&g[0], &rdq));
-        assert!(max_rel_err(&g[1], &rdk) <= tol.max(1e-6), "{path} dk vs reference: {}", max_rel_err(&g[1], &rdk));
+        assert!(
+            max_rel_err(&o, &ro) <= tol,
+            "{path} o vs reference: {}",
+            max_rel_err(&o, &ro)
+        );
+        assert!(
+            max_rel_err(&g[0], &rdq) <= tol.max(1e-6),
+            "{path} dq vs reference: {}",
+            max_rel_err(&g[0], &rdq)
+        );
+        assert!(
+            max_rel_err(&g[1], &rdk) <= tol.max(1e-6),
+            "{path} dk vs reference: {}",
+            max_rel_err(&g[1], &rdk)
+        );
         match &exact_o {
             None => exact_o = Some(o.detach()),
             Some(e) => {
                 let err = max_rel_err(&o, e);
-                assert!(err > 0.0 && err < 0.1, "mxfp8 is quantised but close to exact: {err}");
+                assert!(
+                    err > 0.0 && err < 0.1,
+                    "mxfp8 is quantised but close to exact: {err}"
+                );
             }
         }
     }
