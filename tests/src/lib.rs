@@ -16,7 +16,9 @@ pub fn flamia_bin() -> PathBuf {
             .status()
             .expect("run cargo build for the flamia binary");
         assert!(status.success(), "cargo build -p flamia-trainer failed");
-        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root.join("target"));
         target.join("debug").join("flamia")
     })
     .clone()
