@@ -16,6 +16,14 @@ export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 flamia_find_nccl() {
     if [ -n "${FLAMIA_NCCL_LIB:-}" ]; then echo "$FLAMIA_NCCL_LIB"; return; fi
     local d
+    # The trainer links libtorch, which loads its own libnccl.so.2; a second, different copy
+    # loaded by cudarc breaks NCCL ("corrupted comm object detected"), so use libtorch's.
+    ldp="${LD_LIBRARY_PATH:-}"; for d in ${ldp//:/ }; do
+        if [ -e "$d/libtorch_cuda.so" ]; then
+            local t; t="$(ldd "$d/libtorch_cuda.so" 2>/dev/null | awk '/libnccl/ && $3 ~ /^\// {print $3; exit}')"
+            if [ -n "$t" ]; then echo "$t"; return; fi
+        fi
+    done
     ldp="${LD_LIBRARY_PATH:-}"; for d in ${ldp//:/ } /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64; do
         if [ -e "$d/libnccl.so" ]; then echo "$d/libnccl.so"; return; fi
         if [ -e "$d/libnccl.so.2" ]; then echo "$d/libnccl.so.2"; return; fi

@@ -4,6 +4,13 @@
 //! Batches are packed: every row of a micro-batch is one stretch of `(rows * seq_len)` tokens
 //! with its documents' boundaries (`Batch::packed_cu_seqlens`), so attention never crosses a
 //! document or a row.
+//!
+//! Data parallelism (`docs/distributed.md`) is opt-in through the launcher's environment: with
+//! `RANK`/`WORLD_SIZE` (torchrun, `launch/local.sh`) or Slurm variables the run joins a process
+//! group ([`Ddp`]), each rank reads its share of the data, gradients are averaged before the
+//! gradient norm, the loss is averaged before the skip/spike decision, and only rank 0 writes
+//! logs, W&B, checkpoints and `summary.json`. Without those variables every `Ddp` call is a no-op
+//! and the run is exactly the plain single-process one.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -16,6 +23,7 @@ use tch::{Device, Tensor};
 use crate::attention::{callback_seconds, parse_path};
 use crate::checkpoint::{self, TrainState};
 use crate::config::TrainConfig;
+use crate::ddp::{Ddp, DdpOptions};
 use crate::device::{compute_kind, parse_device};
 use crate::error::{Result, TrainError};
 use crate::metrics::jsonl::JsonlWriter;
@@ -78,13 +86,35 @@ fn next_batch(loader: &mut Loader) -> Result<Batch> {
         .ok_or_else(|| TrainError::Invalid("data: the training stream ended".into()))
 }
 
-/// Trains `cfg` to `training.steps`, writing everything into the run directory.
+/// Per-rank data states of a data-parallel checkpoint (world size > 1), next to `state.json`.
+const DATA_STATES: &str = "data_states.json";
+
+/// Trains `cfg` to `training.steps`, writing everything into the run directory. Under a launcher
+/// (torchrun / Slurm variables) this process is one data-parallel rank.
 pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
+    let device = parse_device(&cfg.run.device)?;
+    let mut ddp = Ddp::from_env(DdpOptions::default(), matches!(device, Device::Cuda(_)))?;
+    let device = ddp.device(device);
+    match train_rank(cfg, opts, &mut ddp, device) {
+        Ok(s) => {
+            ddp.shutdown()?;
+            Ok(s)
+        }
+        Err(e) => {
+            ddp.fail(&format!("rank {}: {e}", ddp.rank()));
+            Err(e)
+        }
+    }
+}
+
+fn train_rank(cfg: &TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Device) -> Result<Summary> {
+    let main = ddp.is_main();
     let run_dir = cfg.run_dir();
     std::fs::create_dir_all(&run_dir).map_err(|e| TrainError::io(&run_dir, e))?;
     let config_toml = cfg.to_toml()?;
-    std::fs::write(run_dir.join("config.toml"), &config_toml).map_err(|e| TrainError::io(&run_dir, e))?;
-    let device = parse_device(&cfg.run.device)?;
+    if main {
+        std::fs::write(run_dir.join("config.toml"), &config_toml).map_err(|e| TrainError::io(&run_dir, e))?;
+    }
     let compute = compute_kind(&cfg.run.compute, device);
     let attn = attn_options(cfg)?;
 
@@ -109,9 +139,13 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
     }
     crate::attention::set_profile_cuda(cfg.run.profile_attention);
     tch::manual_seed(cfg.run.seed as i64);
-    let data_state = resumed.as_ref().and_then(|r| r.state.data.clone());
-    let mut loader =
-        Loader::new(&cfg.data, 0, 1, data_state).map_err(|e| TrainError::Invalid(format!("data: {e}")))?;
+    let data_state = match &resumed {
+        Some(r) if ddp.world_size() > 1 => Some(rank_data_state(&r.dir, ddp.rank(), ddp.world_size())?),
+        Some(r) => r.state.data.clone(),
+        None => None,
+    };
+    let mut loader = Loader::new(&cfg.data, ddp.rank(), ddp.world_size(), data_state)
+        .map_err(|e| TrainError::Invalid(format!("data: {e}")))?;
     let model = Llama::new(&cfg.model, loader.vocab_size(), device)?;
     let (n_params, n_emb) = model.shape.param_counts();
     tracing::info!(
@@ -143,12 +177,17 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
         tch::manual_seed((st.rng_seed + st.step as u64) as i64);
         tracing::info!("resumed from {} at step {}", r.dir.display(), st.step);
     }
+    // Every replica starts from rank 0's (restored) weights.
+    ddp.attach(&params)?;
     let start_step = st.step;
-    let mut jsonl = JsonlWriter::open(&run_dir, opts.resume.then_some(start_step))?;
-    let mut wandb = Wandb::start(&cfg.wandb, &cfg.run.name, &config_toml, &run_dir);
-    let progress = Progress::new(cfg.training.steps, start_step, cfg.run.progress);
+    let mut jsonl = main
+        .then(|| JsonlWriter::open(&run_dir, opts.resume.then_some(start_step)))
+        .transpose()?;
+    let mut wandb = main.then(|| Wandb::start(&cfg.wandb, &cfg.run.name, &config_toml, &run_dir));
+    let progress = Progress::new(cfg.training.steps, start_step, cfg.run.progress && main);
 
-    let tokens_per_step = (cfg.data.batch_rows * cfg.data.seq_len * cfg.training.grad_accum) as u64;
+    let tokens_per_step =
+        (cfg.data.batch_rows * cfg.data.seq_len * cfg.training.grad_accum * ddp.world_size()) as u64;
     let flops_per_token = model.shape.flops_per_token(cfg.data.seq_len);
     let end = opts
         .stop_after
@@ -156,6 +195,7 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
     let (mut losses, mut tps_sum, mut mfu_sum, mut peak_mem) = (Vec::new(), 0.0, 0.0, 0.0);
     let (t_run, attn_run0) = (Instant::now(), callback_seconds());
     while st.step < end {
+        ddp.check()?;
         let t0 = Instant::now();
         let attn0 = callback_seconds();
         let lr = lr_at(&cfg.training, st.step);
@@ -173,7 +213,9 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
             (&ls / targets_total as f64).f_backward()?;
             loss_total += ls.double_value(&[]);
         }
-        let loss = loss_total / targets_total as f64;
+        // Mean over ranks of gradients and loss: every rank then decides (skip, clip) alike.
+        ddp.all_reduce_grads()?;
+        let loss = ddp.mean(&[loss_total / targets_total as f64])?[0];
         let grad_norm = opt.grad_norm();
         let window_full =
             cfg.training.spike_window > 0 && st.recent_losses.len() >= cfg.training.spike_window;
@@ -234,21 +276,38 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
         tps_sum += tps;
         mfu_sum += mfu.unwrap_or(0.0);
         progress.update(&m);
-        if st.step % cfg.run.log_every == 0 || st.step == end {
-            jsonl.write(&m)?;
-            wandb.log(&m);
+        if st.step.is_multiple_of(cfg.run.log_every) || st.step == end {
+            if let Some(j) = jsonl.as_mut() {
+                j.write(&m)?;
+            }
+            if let Some(w) = wandb.as_mut() {
+                w.log(&m);
+            }
         }
-        let ckpt_due = cfg.run.checkpoint_every > 0 && st.step % cfg.run.checkpoint_every == 0;
+        let ckpt_due = cfg.run.checkpoint_every > 0 && st.step.is_multiple_of(cfg.run.checkpoint_every);
         if ckpt_due || st.step == end {
-            let dir = checkpoint::save(
-                &run_dir,
-                &st,
-                &params,
-                &opt.state_tensors(),
-                &config_toml,
-                cfg.run.keep_checkpoints,
-            )?;
-            tracing::debug!("checkpoint {}", dir.display());
+            // Collective (every rank, same steps): rank 0 stores every rank's data position.
+            let states = if ddp.world_size() > 1 {
+                let mine =
+                    serde_json::to_vec(&loader.state()).map_err(|e| TrainError::Invalid(e.to_string()))?;
+                ddp.gather(&mine)?
+            } else {
+                Vec::new()
+            };
+            if main {
+                let dir = checkpoint::save(
+                    &run_dir,
+                    &st,
+                    &params,
+                    &opt.state_tensors(),
+                    &config_toml,
+                    cfg.run.keep_checkpoints,
+                )?;
+                if !states.is_empty() {
+                    write_data_states(&dir, &states)?;
+                }
+                tracing::debug!("checkpoint {}", dir.display());
+            }
         }
     }
     progress.finish();
@@ -273,10 +332,50 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
         peak_memory_gib: peak_mem,
         losses,
     };
-    let json = serde_json::to_string_pretty(&summary).map_err(|e| TrainError::Invalid(e.to_string()))?;
-    std::fs::write(run_dir.join("summary.json"), json).map_err(|e| TrainError::io(&run_dir, e))?;
-    wandb.finish(0, &summary);
+    if main {
+        let json = serde_json::to_string_pretty(&summary).map_err(|e| TrainError::Invalid(e.to_string()))?;
+        std::fs::write(run_dir.join("summary.json"), json).map_err(|e| TrainError::io(&run_dir, e))?;
+    }
+    if let Some(w) = wandb.as_mut() {
+        w.finish(0, &summary);
+    }
     Ok(summary)
+}
+
+/// Writes the gathered per-rank data states (JSON of each `DataState`, by rank) into `dir`.
+/// The checkpoint directory is already renamed into place; a crash here leaves a checkpoint that
+/// a multi-rank resume refuses (missing file) rather than one with wrong data positions.
+fn write_data_states(dir: &std::path::Path, states: &[Vec<u8>]) -> Result<()> {
+    let parsed: Vec<serde_json::Value> = states
+        .iter()
+        .map(|b| serde_json::from_slice(b))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| TrainError::Invalid(format!("a rank sent an unreadable data state: {e}")))?;
+    let json = serde_json::to_vec_pretty(&parsed).map_err(|e| TrainError::Invalid(e.to_string()))?;
+    let path = dir.join(DATA_STATES);
+    std::fs::write(&path, json).map_err(|e| TrainError::io(&path, e))
+}
+
+/// Rank `rank`'s data state from a checkpoint made at `world_size` ranks.
+fn rank_data_state(dir: &std::path::Path, rank: usize, world_size: usize) -> Result<flamia_data::DataState> {
+    let path = dir.join(DATA_STATES);
+    let text = std::fs::read(&path).map_err(|e| {
+        TrainError::Checkpoint(format!(
+            "{}: {e}; resuming with {world_size} ranks needs the per-rank data states of a checkpoint \
+             made with {world_size} ranks (re-sharding to another world size is not implemented)",
+            path.display()
+        ))
+    })?;
+    let mut states: Vec<flamia_data::DataState> = serde_json::from_slice(&text)
+        .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", path.display())))?;
+    if states.len() != world_size {
+        return Err(TrainError::Checkpoint(format!(
+            "{} holds {} ranks' data states, this run has {world_size} ranks; resume with the same world size",
+            path.display(),
+            states.len()
+        )));
+    }
+    Ok(states.swap_remove(rank))
 }
 
 /// `1234567` -> `1.23M`.
