@@ -72,8 +72,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
     }
     println!(
-        "flamia bench attention: {} on {} ({}, {} SMs), path {path}, precision {:?}",
-        "16 heads, d=128, causal",
+        "flamia bench attention: 16 heads, d=128, causal on {} ({}, {} SMs), path {path}, precision {:?}",
         gpu.name(),
         gpu.arch(),
         gpu.sm_count(),

@@ -2,11 +2,14 @@
 //! by the GPU kernels (`flamia_kernels::gpu::host`), plus the maximum absolute difference between
 //! the GPU and the CPU reference per output (O, LSE, dQ, dK, dV) for each path, on the same
 //! BF16-representable inputs.
+//!
+//! The GPU takes BF16 inputs, so its cosines are compared with the CPU reference run on the same
+//! BF16-rounded inputs (`cpu_bf16_cosine`); both are scored against `exact` on the f32 inputs.
 
 use anyhow::Context;
 use flamia_kernels::gpu::{host, Gpu};
 use flamia_kernels::leakage::reference_attn;
-use flamia_kernels::numerics::{random_inputs, run_check, CheckConfig, NumericsReport};
+use flamia_kernels::numerics::{random_inputs, run_check, CheckConfig, NumericsReport, PerTensor};
 use flamia_kernels::reference::{Forward, Grads};
 use flamia_kernels::{AttnOptions, VarlenShape};
 use serde::Serialize;
@@ -20,6 +23,10 @@ pub struct GpuVsCpu {
     pub dq: f64,
     pub dk: f64,
     pub dv: f64,
+    /// Cosines to `exact` of the CPU reference fed the GPU's BF16-rounded inputs.
+    pub cpu_bf16_cosine: PerTensor,
+    /// GPU cosine minus `cpu_bf16_cosine` per output (>= 0: the GPU is no worse).
+    pub gpu_minus_cpu_cosine: PerTensor,
 }
 
 fn max_abs(a: &[f32], b: &[f32]) -> f64 {
@@ -48,6 +55,22 @@ pub fn run(cfg: &CheckConfig) -> anyhow::Result<(NumericsReport, Vec<GpuVsCpu>)>
     };
     let device = format!("cuda ({}, {})", gpu.name(), gpu.arch());
     let report = run_check(cfg, &attn, &device).context("numerics check on the GPU")?;
+    let cpu_bf16 = |q: &[f32], k: &[f32], v: &[f32], d: &[f32], s: &VarlenShape, o: &AttnOptions| {
+        reference_attn(
+            &bf16_round(q),
+            &bf16_round(k),
+            &bf16_round(v),
+            &bf16_round(d),
+            s,
+            o,
+        )
+    };
+    let cpu_cfg = CheckConfig {
+        leakage: false,
+        ..cfg.clone()
+    };
+    let cpu_report = run_check(&cpu_cfg, &cpu_bf16, "cpu (BF16-rounded inputs)")
+        .context("CPU reference on the GPU's BF16 inputs")?;
     let shape = VarlenShape::from_lens(&cfg.lens, cfg.heads, cfg.kv_heads, cfg.head_dim)?;
     let (q, k, v, d) = random_inputs(&shape, cfg.seed);
     let (q, k, v, d) = (bf16_round(&q), bf16_round(&k), bf16_round(&v), bf16_round(&d));
@@ -56,6 +79,10 @@ pub fn run(cfg: &CheckConfig) -> anyhow::Result<(NumericsReport, Vec<GpuVsCpu>)>
         let opts = AttnOptions::new(path);
         let g: (Forward, Grads) = attn(&q, &k, &v, &d, &shape, &opts)?;
         let c = reference_attn(&q, &k, &v, &d, &shape, &opts)?;
+        let (gc, cc) = (
+            &report.paths[path.name()].cosine,
+            &cpu_report.paths[path.name()].cosine,
+        );
         diffs.push(GpuVsCpu {
             path: path.name().to_string(),
             o: max_abs(&g.0.o, &c.0.o),
@@ -63,6 +90,13 @@ pub fn run(cfg: &CheckConfig) -> anyhow::Result<(NumericsReport, Vec<GpuVsCpu>)>
             dq: max_abs(&g.1.dq, &c.1.dq),
             dk: max_abs(&g.1.dk, &c.1.dk),
             dv: max_abs(&g.1.dv, &c.1.dv),
+            cpu_bf16_cosine: *cc,
+            gpu_minus_cpu_cosine: PerTensor {
+                o: gc.o - cc.o,
+                dq: gc.dq - cc.dq,
+                dk: gc.dk - cc.dk,
+                dv: gc.dv - cc.dv,
+            },
         });
     }
     Ok((report, diffs))
@@ -80,6 +114,19 @@ pub fn print_diffs(diffs: &[GpuVsCpu]) {
         println!(
             "{:<10} {:>10.3e} {:>10.3e} {:>10.3e} {:>10.3e} {:>10.3e}",
             d.path, d.o, d.lse, d.dq, d.dk, d.dv
+        );
+    }
+    println!();
+    println!("cosine to exact: GPU minus CPU reference on the same BF16 inputs (>= 0: GPU no worse):");
+    println!(
+        "{:<10} {:>10} {:>10} {:>10} {:>10}",
+        "path", "O", "dQ", "dK", "dV"
+    );
+    for d in diffs {
+        let g = &d.gpu_minus_cpu_cosine;
+        println!(
+            "{:<10} {:>+10.2e} {:>+10.2e} {:>+10.2e} {:>+10.2e}",
+            d.path, g.o, g.dq, g.dk, g.dv
         );
     }
 }

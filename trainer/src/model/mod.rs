@@ -139,11 +139,13 @@ impl Llama {
             let q = rope::apply(&q, &input.cos, &input.sin);
             let k = rope::apply(&k, &input.cos, &input.sin);
             let o = attention(&q, &k, &v, &input.packing, attn)?.reshape([t, hq * hd]);
-            x = x + o.linear(&cast(&b.wo), None::<Tensor>);
+            // Out of place on purpose: `+=` is an in-place add on tch tensors, and `x` is saved
+            // for the backward of the RMSNorm that read it.
+            x = &x + o.linear(&cast(&b.wo), None::<Tensor>);
             let h = rms_norm(&x, &b.ffn_norm, eps);
             let gate = h.linear(&cast(&b.w1), None::<Tensor>).silu();
             let up = h.linear(&cast(&b.w3), None::<Tensor>);
-            x = x + (gate * up).linear(&cast(&b.w2), None::<Tensor>);
+            x = &x + (gate * up).linear(&cast(&b.w2), None::<Tensor>);
         }
         let x = rms_norm(&x, &self.norm, eps);
         let w_out = self.output.as_ref().unwrap_or(&self.tok_embeddings);

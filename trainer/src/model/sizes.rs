@@ -160,7 +160,7 @@ impl ModelConfig {
     /// Checks every field; messages say what is allowed.
     pub fn validate(&self) -> Result<()> {
         size(&self.size)?;
-        if !(self.rope_theta > 0.0) {
+        if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
             return Err(TrainError::Invalid(format!(
                 "model.rope_theta must be > 0, got {}",
                 self.rope_theta
