@@ -76,8 +76,18 @@ fn a_rank_reporting_failure_stops_the_others() {
     let handles: Vec<_> = (0..world)
         .map(|rank| {
             std::thread::spawn(move || {
-                let pg =
-                    ProcessGroup::join(&topo(rank, world, port), &opts(), || Ok(vec![1u8; 128])).unwrap();
+                let pg = match ProcessGroup::join(&topo(rank, world, port), &opts(), || Ok(vec![1u8; 128])) {
+                    Ok(pg) => pg,
+                    // Rank 1 may report before rank 0's join has returned: then the join itself
+                    // must carry the reason.
+                    Err(e) => {
+                        assert!(
+                            rank == 0 && e.to_string().contains("loss is NaN"),
+                            "rank {rank}: {e}"
+                        );
+                        return;
+                    }
+                };
                 if rank == 1 {
                     pg.fail("loss is NaN at step 7");
                 }

@@ -208,10 +208,13 @@ fn bridge_cpu_paths_match_the_kernels_reference() {
         match &exact_o {
             None => exact_o = Some(o.detach()),
             Some(e) => {
-                let err = max_rel_err(&o, e);
+                // Relative L2 error, as `flamia check numerics` reports it: one element's error
+                // relative to the largest |O| is not a stable measure of FP8 quantisation.
+                let (o64, e64) = (o.to_kind(Kind::Double), e.to_kind(Kind::Double));
+                let err = (&o64 - &e64).norm().double_value(&[]) / e64.norm().double_value(&[]);
                 assert!(
                     err > 0.0 && err < 0.1,
-                    "mxfp8 is quantised but close to exact: {err}"
+                    "mxfp8 is quantised but close to exact (relative L2): {err}"
                 );
             }
         }
