@@ -1,6 +1,6 @@
 //! Helpers for the end-to-end tests in `tests/`: locating (and building once) the `flamia` binary.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -27,4 +27,19 @@ pub fn flamia_bin() -> PathBuf {
 /// A `Command` for the `flamia` binary.
 pub fn flamia() -> Command {
     Command::new(flamia_bin())
+}
+
+/// `(step, loss)` of every line of a run directory's `metrics.jsonl`.
+pub fn losses(dir: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            (
+                v["step"].as_u64().expect("step"),
+                v["loss"].as_f64().expect("loss"),
+            )
+        })
+        .collect()
 }

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use flamia_tests::flamia;
+use flamia_tests::{flamia, losses};
 
 const STEPS: usize = 6;
 const LAUNCH_VARS: [&str; 8] = [
@@ -96,20 +96,6 @@ fn launch(dir: &Path, world: usize, rows: usize) {
     for (r, c) in children.into_iter().enumerate() {
         check(&c.wait_with_output().unwrap(), &format!("rank {r} of {world}"));
     }
-}
-
-fn losses(dir: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .expect("metrics.jsonl")
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
-            (
-                v["step"].as_u64().expect("step"),
-                v["loss"].as_f64().expect("loss"),
-            )
-        })
-        .collect()
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use flamia_tests::flamia;
+use flamia_tests::{flamia, losses};
 
 /// Small and fast: the tiny model on 2 rows of 64 tokens.
 const SMALL: [&str; 6] = [
@@ -49,20 +49,6 @@ fn train(dir: &Path, extra: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn losses(dir: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .expect("metrics.jsonl")
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
-            (
-                v["step"].as_u64().expect("step"),
-                v["loss"].as_f64().expect("loss"),
-            )
-        })
-        .collect()
 }
 
 #[test]
