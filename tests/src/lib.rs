@@ -1,27 +1,55 @@
-//! Helpers for the end-to-end tests in `tests/`: locating (and building once) the `flamia` binary.
+//! Helpers for the end-to-end tests in `tests/`: locating (and building once) the workspace's
+//! binaries, and reading a run's metrics.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
-/// Path of the `flamia` binary, built once per test process with the same cargo that runs the tests.
+/// Path of a binary of this workspace, built (once per test process and binary) with the cargo
+/// that runs the tests.
+///
+/// It is built with the `test` profile: `cargo test --workspace` has already compiled every
+/// member and binary with that profile, so this build is a no-op there instead of a second
+/// compile of the whole workspace in the `dev` profile (which once cost CI several minutes).
+pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let mut built = BUILT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    built
+        .entry(format!("{package}/{bin}"))
+        .or_insert_with(|| {
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = Command::new(cargo)
+                .current_dir(&root)
+                .args([
+                    "build",
+                    "--quiet",
+                    "--profile",
+                    "test",
+                    "-p",
+                    package,
+                    "--bin",
+                    bin,
+                ])
+                .status()
+                .unwrap_or_else(|e| panic!("run cargo build for {package}/{bin}: {e}"));
+            assert!(status.success(), "cargo build -p {package} --bin {bin} failed");
+            let target = std::env::var("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| root.join("target"));
+            // The `test` profile's output directory is `debug`.
+            target.join("debug").join(bin)
+        })
+        .clone()
+}
+
+/// Path of the `flamia` binary (see [`workspace_bin`]).
 pub fn flamia_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .current_dir(&root)
-            .args(["build", "--quiet", "-p", "flamia-trainer", "--bin", "flamia"])
-            .status()
-            .expect("run cargo build for the flamia binary");
-        assert!(status.success(), "cargo build -p flamia-trainer failed");
-        let target = std::env::var("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| root.join("target"));
-        target.join("debug").join("flamia")
-    })
-    .clone()
+    workspace_bin("flamia-trainer", "flamia")
 }
 
 /// A `Command` for the `flamia` binary.

@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 fn root() -> PathBuf {
@@ -13,21 +12,7 @@ fn root() -> PathBuf {
 
 /// The `flamia-dist` binary, built once with the cargo that runs the tests.
 fn dist_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .current_dir(root())
-            .args(["build", "--quiet", "-p", "flamia-dist", "--bin", "flamia-dist"])
-            .status()
-            .expect("run cargo build for flamia-dist");
-        assert!(status.success(), "cargo build -p flamia-dist failed");
-        let target = std::env::var("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| root().join("target"));
-        target.join("debug").join("flamia-dist")
-    })
-    .clone()
+    flamia_tests::workspace_bin("flamia-dist", "flamia-dist")
 }
 
 fn free_port() -> u16 {
