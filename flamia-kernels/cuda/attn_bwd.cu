@@ -82,26 +82,31 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkdv(const AttnPar
       sm.delta[buf][t] = ok ? p.delta[idx] : 0.f;
     }
   };
+  issue(0, 0);
   for (int item = 0; item < items; ++item) {
     const int buf = item & 1;
     const int q0 = qstart + (item % nq) * TILE;
     const int qval = min(TILE, L - q0);
-    // Load, then compute: prefetching the next item here measured slower (register spills, docs/perf.md).
-    issue(item, buf);
-    cp_async_wait<0>();
+    // The next item loads into the other buffers while this one computes (they were last read
+    // by the previous item, before the barrier that ended it).
+    if (item + 1 < items) {
+      issue(item + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     fence_async_smem();
     __syncthreads();
     {
       float pt[32], ds[32];
-      mma_dp(ds, sm.v, sm.dO[buf]);  // dP^T (first: fewer live registers while S is computed)
-      mma_scores(pt, sm.k, sm.q[buf]);  // S^T: rows = keys, columns = queries
+      mma_dp_scores(ds, sm.v, sm.dO[buf], pt, sm.k, sm.q[buf]);  // dP^T and S^T (rows = keys, columns = queries)
       int edr[2] = {-1000, -1000};  // max edO over the queries each key row sees
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
-        const bool ok = row < kval && col < qval && (!p.causal || q0 + col >= k0 + row);
+        const bool ok = (row < kval) & (col < qval) & (!p.causal | (q0 + col >= k0 + row));  // & not &&: no branches
         const float x = pt[i] * (sm.eq[buf][col] * fk[r]) * p.scale_log2;
-        const float pr = ok ? fast_exp2(x - sm.lse2[buf][col]) : 0.f;
+        const float pr = fast_exp2(ok ? x - sm.lse2[buf][col] : NEG_INF);  // ex2(-inf) = +0: no branch
         const float dp = ds[i] * (fv[r] * sm.edo[buf][col]);
         ds[i] = pr * (dp - sm.delta[buf][col]) * sm.eqf[buf][col];  // dS^T with Q's token scale folded
         pt[i] = pr;
@@ -117,27 +122,26 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkdv(const AttnPar
         const int r = (i >> 1) & 1, col = 8 * (i >> 2) + 2 * qd + (i & 1);
         pt[i] *= exp2i(sm.edo_i[buf][col] - edr[r] + 8);  // P^T with dO's token scale folded
       }
+      // Both A operands are converted to E4M3 fragments before any product is issued (dS^T first:
+      // its block maxima need a barrier), so pt and ds are dead while the 64-register product
+      // accumulators live: no spills at 255 registers.
+      u32 ads[2][4], ap[2][4];
+      int ex[2][2];
+      quantise_ds(ds, p.row_ds, sm.red, ads, ex);
+      acc_to_afrag(pt, ap);
+      float acc[64];
       {  // dV += (P^T dO) * 2^(ed_row - 8)
-        u32 a[2][4];
-        acc_to_afrag(pt, a);
-        float acc[64];
-        mma_pv<2>(acc, a, sm.dot[buf], 0);
+        mma_pv<2>(acc, ap, sm.dot[buf], 0);
         const float f0 = exp2i(edr[0] - 8), f1 = exp2i(edr[1] - 8);
 #pragma unroll
         for (int i = 0; i < 64; ++i) dv[i] += acc[i] * (((i >> 1) & 1) ? f1 : f0);
       }
-      {  // dK += sum over 32-query slices of (codes(dS^T) Q) * 2^e(row, slice)
-        u32 a[2][4];
-        int ex[2][2];
-        quantise_ds(ds, p.row_ds, sm.red, a, ex);
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          float acc[64];
-          mma_pv<1>(acc, a, sm.qt[buf], s);
-          const float f0 = exp2i(ex[s][0]), f1 = exp2i(ex[s][1]);
+      for (int s = 0; s < 2; ++s) {  // dK += sum over 32-query slices of (codes(dS^T) Q) * 2^e(row, slice)
+        mma_pv<1>(acc, ads, sm.qt[buf], s);
+        const float f0 = exp2i(ex[s][0]), f1 = exp2i(ex[s][1]);
 #pragma unroll
-          for (int i = 0; i < 64; ++i) dk[i] += acc[i] * (((i >> 1) & 1) ? f1 : f0);
-        }
+        for (int i = 0; i < 64; ++i) dk[i] += acc[i] * (((i >> 1) & 1) ? f1 : f0);
       }
     }
     __syncthreads();  // this item's buffers are free for the prefetch after next
@@ -236,14 +240,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dq(const AttnParam
     const float* ev = sm.ev[buf];
 
     float s[32], ds[32];
-    mma_dp(ds, sm.dO, sm.v[buf]);  // dP
-    mma_scores(s, sm.q, sm.k[buf]);
+    mma_dp_scores(ds, sm.dO, sm.v[buf], s, sm.q, sm.k[buf]);  // dP and S
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
-      const bool ok = col < kval && row < rows && (!p.causal || k0 + col <= q0 + row);
+      const bool ok = (col < kval) & (row < rows) & (!p.causal | (k0 + col <= q0 + row));  // & not &&: no branches
       const float x = s[i] * (fq[r] * ek[col]) * p.scale_log2;
-      const float pr = ok ? fast_exp2(x - lse2[r]) : 0.f;
+      const float pr = fast_exp2(ok ? x - lse2[r] : NEG_INF);  // ex2(-inf) = +0: no branch
       const float dp = ds[i] * (fdo[r] * ev[col]);
       ds[i] = pr * (dp - dlt[r]) * ekf[col];  // dS with K's token scale folded
     }

@@ -121,13 +121,22 @@ __device__ __forceinline__ void acc_to_afrag(const float (&p)[32], u32 (&a)[2][4
   }
 }
 
+// The issue_* helpers only issue wgmma instructions: the caller brackets them with wg_fence()
+// before and wg_commit() / wg_wait<N>() / fence_regs() after, so several products can be in
+// flight at once (the mma_* helpers below are the issue-and-wait forms).
+
+// acc[64 x 64] = A[64 x 128] * B[64 x 128]^T, both E4M3 tiles in smem (KB = 128), fresh accumulator.
+__device__ __forceinline__ void issue_qk_e4m3(float (&acc)[32], const u8* sA, const u8* sB) {
+  const u32 a = smem_u32(sA), b = smem_u32(sB);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_ss_m64n64k32_e4m3(acc, desc_slice<128>(a, kk), desc_slice<128>(b, kk), kk > 0);
+}
+
 // S-tile product: acc[64 x 64] = A[64 x 128] * B[64 x 128]^T, both E4M3 tiles in smem (KB = 128),
 // fresh accumulator (the FP8 accumulator truncates: never feed an FP32 value back in).
 __device__ __forceinline__ void mma_qk(float (&acc)[32], const u8* sA, const u8* sB) {
-  u32 a = smem_u32(sA), b = smem_u32(sB);
   wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_ss_m64n64k32_e4m3(acc, desc_slice<128>(a, kk), desc_slice<128>(b, kk), kk > 0);
+  issue_qk_e4m3(acc, sA, sB);
   wg_commit();
   wg_wait<0>();
   fence_regs(acc);
@@ -193,20 +202,47 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // Score tile: acc[64 x 64] = A[64 x 128] * B[64 x 128]^T from the score operands (E4M3, or the
-// NVFP4 values in BF16 on the NVFP4 path), fresh accumulator.
-__device__ __forceinline__ void mma_scores(float (&acc)[32], const u8* sA, const u8* sB) {
+// NVFP4 values in BF16 on the NVFP4 path), fresh accumulator; issue only (no FP32 promotion).
+__device__ __forceinline__ void issue_scores(float (&acc)[32], const u8* sA, const u8* sB) {
 #if NVFP4
-  u32 a = smem_u32(sA), b = smem_u32(sB);
-  wg_fence();
+  const u32 a = smem_u32(sA), b = smem_u32(sB);
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) wgmma_ss_m64n64k16_bf16(acc, desc_slice<256>(a, kk), desc_slice<256>(b, kk), kk > 0);
+#else
+  issue_qk_e4m3(acc, sA, sB);
+#endif
+}
+
+// Score tile, issued and waited for.
+__device__ __forceinline__ void mma_scores(float (&acc)[32], const u8* sA, const u8* sB) {
+#if PROMOTE_S && !NVFP4
+  mma_qk_f32sum(acc, sA, sB);
+#else
+  wg_fence();
+  issue_scores(acc, sA, sB);
   wg_commit();
   wg_wait<0>();
   fence_regs(acc);
-#elif PROMOTE_S
-  mma_qk_f32sum(acc, sA, sB);
+#endif
+}
+
+// The two independent products of a backward tile, dP (from dA, dB) and the scores S (from sA,
+// sB): issued back to back and waited for once, so the tensor cores run them without a round
+// trip in between. Same instructions and results as mma_dp then mma_scores; with FP32 promotion
+// (PROMOTE_DP / PROMOTE_S) it is exactly that sequence.
+__device__ __forceinline__ void mma_dp_scores(float (&dp)[32], const u8* dA, const u8* dB, float (&sc)[32], const u8* sA,
+                                              const u8* sB) {
+#if PROMOTE_DP || (PROMOTE_S && !NVFP4)
+  mma_dp(dp, dA, dB);
+  mma_scores(sc, sA, sB);
 #else
-  mma_qk(acc, sA, sB);
+  wg_fence();
+  issue_qk_e4m3(dp, dA, dB);
+  issue_scores(sc, sA, sB);
+  wg_commit();
+  wg_wait<0>();
+  fence_regs(dp);
+  fence_regs(sc);
 #endif
 }
 
@@ -233,54 +269,66 @@ __device__ __forceinline__ int score_exp(const i8* e8, const i8* e4, long long i
 // acc[64 x 128] = A[64 x 32*NS] (fragments) * B^T, B = [128 rows x 64 bytes] dim-major tile (KB = 64),
 // K slices s0 .. s0+NS-1, fresh accumulator.
 template <int NS>
-__device__ __forceinline__ void mma_pv(float (&acc)[64], u32 (&a)[2][4], const u8* sB, int s0) {
-  u32 b = smem_u32(sB);
-  wg_fence();
+__device__ __forceinline__ void issue_pv(float (&acc)[64], const u32 (&a)[2][4], const u8* sB, int s0) {
+  const u32 b = smem_u32(sB);
 #pragma unroll
   for (int kk = 0; kk < NS; ++kk) wgmma_rs_m64n128k32_e4m3(acc, a[s0 + kk], desc_slice<64>(b, s0 + kk), kk > 0);
+}
+template <int NS>
+__device__ __forceinline__ void mma_pv(float (&acc)[64], const u32 (&a)[2][4], const u8* sB, int s0) {
+  wg_fence();
+  issue_pv<NS>(acc, a, sB, s0);
   wg_commit();
   wg_wait<0>();
   fence_regs(acc);
 }
 
-// Max of |v| over a 32x32 block (ROW == 0) or over one row x 32 columns (ROW == 1) of an m64n64
-// accumulator, for K slice s (columns 32s..32s+31). Rows r0 = 16w+g and r0+8 give out[0], out[1].
-// The block case combines warps (0,1) and (2,3) through `red` (4 x 2 floats of smem).
-__device__ __forceinline__ void slice_absmax(const float (&v)[32], int s, int row_mode, float* red, float (&out)[2]) {
-  float m0 = 0.f, m1 = 0.f;
+// Max of |v| over each 32x32 block (row_mode == 0) or over each row x 32 columns (row_mode == 1)
+// of an m64n64 accumulator, for both K slices s (columns 32s..32s+31): out[s][0] / out[s][1] for
+// rows r0 = 16w+g / r0+8. The block case combines warps (0,1) and (2,3) through `red` (8 floats of
+// smem) with one barrier; the caller guarantees a barrier before the next write to `red` (every
+// loop iteration ends with one).
+__device__ __forceinline__ void ds_absmax(const float (&v)[32], int row_mode, float* red, float (&out)[2][2]) {
 #pragma unroll
-  for (int j = 4 * s; j < 4 * s + 4; ++j) {
-    m0 = fmaxf(m0, fmaxf(fabsf(v[4 * j + 0]), fabsf(v[4 * j + 1])));
-    m1 = fmaxf(m1, fmaxf(fabsf(v[4 * j + 2]), fabsf(v[4 * j + 3])));
+  for (int s = 0; s < 2; ++s) {
+    float m0 = 0.f, m1 = 0.f;
+#pragma unroll
+    for (int j = 4 * s; j < 4 * s + 4; ++j) {
+      m0 = fmaxf(m0, fmaxf(fabsf(v[4 * j + 0]), fabsf(v[4 * j + 1])));
+      m1 = fmaxf(m1, fmaxf(fabsf(v[4 * j + 2]), fabsf(v[4 * j + 3])));
+    }
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+    out[s][0] = m0;
+    out[s][1] = m1;
   }
-  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
-  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
-  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
-  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-  if (row_mode) {
-    out[0] = m0;
-    out[1] = m1;
-    return;
-  }
-  float m = warp_max(fmaxf(m0, m1));
+  if (row_mode) return;
   const int w = threadIdx.x >> 5;
-  if ((threadIdx.x & 31) == 0) red[w * 2 + s] = m;
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    const float m = warp_max(fmaxf(out[s][0], out[s][1]));
+    if ((threadIdx.x & 31) == 0) red[w * 2 + s] = m;
+  }
   __syncthreads();
-  m = fmaxf(red[w * 2 + s], red[(w ^ 1) * 2 + s]);
-  __syncthreads();
-  out[0] = m;
-  out[1] = m;
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    const float m = fmaxf(red[w * 2 + s], red[(w ^ 1) * 2 + s]);
+    out[s][0] = m;
+    out[s][1] = m;
+  }
 }
 
 // dS (values already multiplied by the fold factor) -> per-slice E4M3 A fragments and exponents:
-// codes = e4m3(v * 2^-e) with e from slice_absmax. ex[s][r] is the exponent of row r0 / r0+8.
+// codes = e4m3(v * 2^-e) with e from ds_absmax. ex[s][r] is the exponent of row r0 / r0+8.
 __device__ __forceinline__ void quantise_ds(float (&v)[32], int row_mode, float* red, u32 (&a)[2][4], int (&ex)[2][2]) {
+  float mx[2][2];
+  ds_absmax(v, row_mode, red, mx);
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
-    float mx[2];
-    slice_absmax(v, s, row_mode, red, mx);
-    ex[s][0] = e4m3_scale_exp(mx[0]);
-    ex[s][1] = e4m3_scale_exp(mx[1]);
+    ex[s][0] = e4m3_scale_exp(mx[s][0]);
+    ex[s][1] = e4m3_scale_exp(mx[s][1]);
     float f0 = exp2i(-ex[s][0]), f1 = exp2i(-ex[s][1]);
 #pragma unroll
     for (int j = 4 * s; j < 4 * s + 4; ++j) {

@@ -81,11 +81,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_fwd(const AttnParams p
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
-      const bool ok = col < kval && row < rows && (!p.causal || k0 + col <= q0 + row);
+      const bool ok = (col < kval) & (row < rows) & (!p.causal | (k0 + col <= q0 + row));  // & not &&: no branches
       float x = s[i] * (rowf[r] * ek[col]) * p.scale_log2;
       s[i] = ok ? x : NEG_INF;
       tmax[r] = fmaxf(tmax[r], s[i]);
-      if (ok) evr[r] = max(evr[r], ev[col]);
+      evr[r] = max(evr[r], ok ? ev[col] : -1000);
     }
     float alpha[2], mref[2];
 #pragma unroll

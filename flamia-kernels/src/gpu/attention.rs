@@ -37,8 +37,10 @@ use std::sync::Arc;
 /// Dynamic shared memory of each kernel (1 KB of it is alignment slack): E4M3 score tiles, and
 /// the NVFP4 path's BF16 score tiles (twice the bytes).
 /// Checked at compile time against the kernels' layouts (`static_assert`s in the .cu files).
-const SMEM_FWD: [u32; 2] = [44 * 1024, 76 * 1024];
-const SMEM_DQ: [u32; 2] = [72 * 1024, 96 * 1024];
+/// The forward and dQ budgets have 8 KB to spare (room for a third K/V ring slot, used by the
+/// pipelined variants of docs/perf.md v3); the v3 timings were measured with these values.
+const SMEM_FWD: [u32; 2] = [52 * 1024, 76 * 1024];
+const SMEM_DQ: [u32; 2] = [80 * 1024, 104 * 1024];
 const SMEM_DKDV: [u32; 2] = [88 * 1024, 112 * 1024];
 
 /// Which E4M3 K = 128 products sum their four K = 32 wgmma steps in FP32 instead of chaining one
@@ -103,6 +105,24 @@ pub struct Saved {
     /// NVFP4 path: the score operands (the E4M3 `q`, `k` feed dK and dQ).
     pub q4: Option<Nvfp4Operand>,
     pub k4: Option<Nvfp4Operand>,
+}
+
+/// The backward kernels, for [`Attention::backward_kernel`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BwdKernel {
+    /// `attn_bwd_dq`: dQ, one CTA per (query tile, query head).
+    Dq,
+    /// `attn_bwd_dkdv`: dK and dV, one CTA per (key tile, KV head).
+    DkDv,
+}
+
+/// Device pointers the backward kernels read (`lse`) and write (the BF16 gradients).
+#[derive(Debug, Clone, Copy)]
+pub struct BwdOutputs {
+    pub lse: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
 }
 
 /// Backward workspace: the quantised dO and `D = rowsum(dO_hat * O)`.
@@ -339,6 +359,22 @@ impl Attention {
         dk: u64,
         dv: u64,
     ) -> GpuResult<()> {
+        let grads = BwdOutputs { lse, dq, dk, dv };
+        self.backward_kernel(BwdKernel::Dq, stream, plan, saved, ws, grads)?;
+        self.backward_kernel(BwdKernel::DkDv, stream, plan, saved, ws, grads)
+    }
+
+    /// One of the two backward kernels alone (the benchmark times them apart); `backward_quantized`
+    /// runs both. The kernels are independent: either order gives the same bits.
+    pub fn backward_kernel(
+        &self,
+        which: BwdKernel,
+        stream: RawStream,
+        plan: &Plan,
+        saved: &Saved,
+        ws: &GradWorkspace,
+        out: BwdOutputs,
+    ) -> GpuResult<()> {
         self.check_plan(plan)?;
         self.gpu.bind()?;
         let mut p = self.params(plan, saved);
@@ -346,41 +382,20 @@ impl Attention {
         p.do_dim = ws.d_o.dim.ptr();
         p.do_exp = ws.d_o.exps.ptr();
         p.delta = ws.delta.ptr();
-        p.lse = lse;
-        p.dq = dq;
-        p.dk = dk;
-        p.dv = dv;
+        p.lse = out.lse;
+        p.dq = out.dq;
+        p.dk = out.dk;
+        p.dv = out.dv;
         let s = plan.shape();
         let tiles = plan.tables.tiles.len() as u32;
         let (v, i) = self.variant();
-        let f = self.gpu.function("attn_bwd.cu", &v, "attn_bwd_dq", SMEM_DQ[i])?;
-        // SAFETY: params mirror AttnParams; buffers sized by `plan` (caller: lse, dq).
-        unsafe {
-            launch(
-                &f,
-                (tiles, s.heads_q as u32, 1),
-                128,
-                SMEM_DQ[i],
-                stream,
-                &p,
-                "attn_bwd_dq",
-            )
-        }?;
-        let f = self
-            .gpu
-            .function("attn_bwd.cu", &v, "attn_bwd_dkdv", SMEM_DKDV[i])?;
-        // SAFETY: as above (caller: dk, dv).
-        unsafe {
-            launch(
-                &f,
-                (tiles, s.heads_kv as u32, 1),
-                128,
-                SMEM_DKDV[i],
-                stream,
-                &p,
-                "attn_bwd_dkdv",
-            )
-        }
+        let (name, heads, smem) = match which {
+            BwdKernel::Dq => ("attn_bwd_dq", s.heads_q, SMEM_DQ[i]),
+            BwdKernel::DkDv => ("attn_bwd_dkdv", s.heads_kv, SMEM_DKDV[i]),
+        };
+        let f = self.gpu.function("attn_bwd.cu", &v, name, smem)?;
+        // SAFETY: params mirror AttnParams; buffers sized by `plan` (caller: lse and the gradients).
+        unsafe { launch(&f, (tiles, heads as u32, 1), 128, smem, stream, &p, name) }
     }
 
     /// Quantises dO and runs the backward against the operands `forward` returned.

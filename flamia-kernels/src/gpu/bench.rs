@@ -3,7 +3,7 @@
 //! the forward, the backward (dO quantiser + both backward kernels) and the whole training call.
 //! TFLOP/s count the unmasked causal elements only, backward = 2.5 x forward (as anchors.py).
 
-use super::attention::Attention;
+use super::attention::{Attention, BwdKernel, BwdOutputs};
 use super::buffer::DeviceBuf;
 use super::error::{DriverContext, GpuResult};
 use super::plan::Plan;
@@ -60,6 +60,10 @@ pub struct BenchRow {
     pub quant_ms: f64,
     pub fwd_ms: f64,
     pub bwd_ms: f64,
+    /// Parts of `bwd_ms` timed alone: the dO quantiser (with D), the dQ kernel, the dK/dV kernel.
+    pub dograd_ms: f64,
+    pub dq_ms: f64,
+    pub dkdv_ms: f64,
     pub train_ms: f64,
     pub fwd_tflops: f64,
     pub bwd_tflops: f64,
@@ -155,6 +159,15 @@ pub fn run_workload(gpu: &Arc<Gpu>, opts: AttnOptions, name: &str, lens: &[usize
         attn.quantize_grad(s, &plan, d_o.ptr(), o.ptr(), &ws)?;
         attn.backward_quantized(s, &plan, &saved, &ws, lse.ptr(), dq.ptr(), dk.ptr(), dv.ptr())
     };
+    let grads = BwdOutputs {
+        lse: lse.ptr(),
+        dq: dq.ptr(),
+        dk: dk.ptr(),
+        dv: dv.ptr(),
+    };
+    let mut dograd = || attn.quantize_grad(s, &plan, d_o.ptr(), o.ptr(), &ws);
+    let mut dq_only = || attn.backward_kernel(BwdKernel::Dq, s, &plan, &saved, &ws, grads);
+    let mut dkdv_only = || attn.backward_kernel(BwdKernel::DkDv, s, &plan, &saved, &ws, grads);
     // one full call first (compiles the modules), then size the repetitions to ~1 s per phase
     quant()?;
     fwd()?;
@@ -168,6 +181,9 @@ pub fn run_workload(gpu: &Arc<Gpu>, opts: AttnOptions, name: &str, lens: &[usize
     let quant_ms = median(time_ms(gpu, 2, reps, &mut quant)?);
     let fwd_ms = median(time_ms(gpu, 2, reps, &mut fwd)?);
     let bwd_ms = median(time_ms(gpu, 2, reps, &mut bwd)?);
+    let dograd_ms = median(time_ms(gpu, 2, reps, &mut dograd)?);
+    let dq_ms = median(time_ms(gpu, 2, reps, &mut dq_only)?);
+    let dkdv_ms = median(time_ms(gpu, 2, reps, &mut dkdv_only)?);
     let train_ms = median(time_ms(gpu, 2, reps, &mut || {
         quant()?;
         fwd()?;
@@ -182,6 +198,9 @@ pub fn run_workload(gpu: &Arc<Gpu>, opts: AttnOptions, name: &str, lens: &[usize
         quant_ms,
         fwd_ms,
         bwd_ms,
+        dograd_ms,
+        dq_ms,
+        dkdv_ms,
         train_ms,
         fwd_tflops: ff / fwd_ms / 1e9,
         bwd_tflops: 2.5 * ff / bwd_ms / 1e9,

@@ -23,7 +23,7 @@ pub mod plan;
 pub mod quant;
 pub mod runtime;
 
-pub use attention::{Attention, GradWorkspace, Saved};
+pub use attention::{Attention, BwdKernel, BwdOutputs, GradWorkspace, Saved};
 pub use buffer::DeviceBuf;
 pub use error::{GpuError, GpuResult};
 pub use plan::Plan;

@@ -24,8 +24,36 @@ const SOURCES: &[(&str, &str)] = &[
     ("bench.cu", include_str!("../../cuda/bench.cu")),
 ];
 
-fn embedded(name: &str) -> Option<&'static str> {
-    SOURCES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
+/// Environment variable naming a directory whose files replace the embedded sources of the same
+/// name (kernel development: try or A/B a kernel change without rebuilding the binary, e.g.
+/// `bench/ab_kernels.sh`). Unset in normal use; the runtime logs once when it is set.
+pub const SOURCE_DIR_ENV: &str = "FLAMIA_CUDA_DIR";
+
+/// The text of source `name`: the file `$FLAMIA_CUDA_DIR/name` when that variable is set and the
+/// file exists, else the embedded copy.
+fn source_text(name: &str) -> Option<std::borrow::Cow<'static, str>> {
+    let dir = std::env::var_os(SOURCE_DIR_ENV);
+    let text = source_from(name, dir.as_deref().map(std::path::Path::new))?;
+    if let (Some(dir), std::borrow::Cow::Owned(_)) = (&dir, &text) {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            eprintln!(
+                "flamia: kernel sources from {} ({SOURCE_DIR_ENV}), not the embedded ones",
+                std::path::Path::new(dir).display()
+            )
+        });
+    }
+    Some(text)
+}
+
+/// Source `name` from `dir` when given and the file is there, else the embedded copy; `None` for
+/// a name that is not one of the crate's sources.
+fn source_from(name: &str, dir: Option<&std::path::Path>) -> Option<std::borrow::Cow<'static, str>> {
+    let builtin = SOURCES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)?;
+    match dir.and_then(|d| std::fs::read_to_string(d.join(name)).ok()) {
+        Some(text) => Some(std::borrow::Cow::Owned(text)),
+        None => Some(std::borrow::Cow::Borrowed(builtin)),
+    }
 }
 
 fn known() -> String {
@@ -43,7 +71,7 @@ pub fn resolve_includes(name: &str) -> GpuResult<String> {
 }
 
 fn inline(name: &str, from: &str, out: &mut String, seen: &mut HashSet<String>) -> GpuResult<()> {
-    let text = embedded(name).ok_or_else(|| GpuError::UnknownSource {
+    let text = source_text(name).ok_or_else(|| GpuError::UnknownSource {
         name: name.to_string(),
         from: from.to_string(),
         known: known(),
@@ -376,6 +404,27 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(a.key(), "A=1,B=2");
         assert_eq!(a.options(), vec!["-DA=1".to_string(), "-DB=2".to_string()]);
+    }
+
+    #[test]
+    fn a_source_directory_overrides_only_the_files_it_has() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("attn_fwd.cu"), "// replaced\n").unwrap();
+        let d = Some(dir.path());
+        assert_eq!(source_from("attn_fwd.cu", d).unwrap(), "// replaced\n");
+        assert_eq!(
+            source_from("attn_bwd.cu", d).unwrap(),
+            embedded_text("attn_bwd.cu")
+        );
+        assert_eq!(
+            source_from("attn_fwd.cu", None).unwrap(),
+            embedded_text("attn_fwd.cu")
+        );
+        assert!(source_from("nope.cu", d).is_none(), "unknown names stay unknown");
+    }
+
+    fn embedded_text(name: &str) -> &'static str {
+        SOURCES.iter().find(|(n, _)| *n == name).unwrap().1
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! The forward quantises Q, K, V and returns O and LSE; the backward quantises Q, K, V again from
 //! the same BF16 inputs (the quantiser is deterministic, so these are the forward's codes bit for
 //! bit: forward/backward consistency without keeping Rust state across the autograd graph) and
-//! runs the backward kernels. Each callback waits for its stream before returning because the
-//! scratch buffers it allocated are freed on return.
+//! runs the backward kernels. The plan and the scratch buffers live in a per-(options, stream)
+//! [`Workspace`] reused while the packing stays the same, so a callback only queues kernels on
+//! the stream and returns (no host-device round trip per call; one per new packing).
 //!
 //! Layouts: q/o/dq `(tokens, heads_q, head_dim)`, k/v/dk/dv `(tokens, heads_kv, head_dim)` BF16;
 //! lse an f32 buffer of `tokens * heads_q` whose layout only the kernels read.
@@ -14,8 +15,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use flamia_kernels::gpu::{Attention, Gpu, Plan, RawStream};
-use flamia_kernels::AttnOptions;
+use flamia_kernels::gpu::{Attention, Gpu, GradWorkspace, Plan, RawStream, Saved};
+use flamia_kernels::{AttnOptions, VarlenShape};
 
 use super::ffi::FlamiaCall;
 
@@ -74,44 +75,80 @@ fn sync(stream: RawStream) -> Result<(), String> {
         .map_err(|e| format!("cuStreamSynchronize: {e}"))
 }
 
-/// Runs the forward (o, lse) or backward (dq, dk, dv) of one CUDA call.
+/// What the calls of one (option set, stream) reuse: the plan of the last packing (every layer
+/// of a batch shares it, forward and backward) and the quantised-operand and gradient buffers
+/// sized for it. All its users run on that one stream, so reusing it is ordered by the stream
+/// and needs no synchronisation; only replacing it (a new packing) waits for the stream first,
+/// because the old buffers are freed then.
+struct Workspace {
+    plan: Plan,
+    saved: Saved,
+    grad: GradWorkspace,
+}
+
+type WorkKey = (Key, usize);
+
+fn with_workspace<R>(
+    attn: &Attention,
+    k: WorkKey,
+    shape: &VarlenShape,
+    stream: RawStream,
+    f: impl FnOnce(&Workspace) -> Result<R, String>,
+) -> Result<R, String> {
+    static WORK: OnceLock<Mutex<HashMap<WorkKey, Workspace>>> = OnceLock::new();
+    let mut work = WORK
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| "attention workspace cache poisoned")?;
+    if work.get(&k).is_some_and(|w| w.plan.shape() != shape) {
+        sync(stream)?; // the stream may still read the old buffers
+        work.remove(&k);
+    }
+    let w = match work.entry(k) {
+        std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            let e = |e: flamia_kernels::gpu::GpuError| e.to_string();
+            let plan = Plan::new(attn.gpu(), shape, attn.options().causal).map_err(e)?;
+            let saved = attn.alloc_saved(&plan).map_err(e)?;
+            let grad = attn.alloc_grad(&plan).map_err(e)?;
+            v.insert(Workspace { plan, saved, grad })
+        }
+    };
+    f(w)
+}
+
+/// Runs the forward (o, lse) or backward (dq, dk, dv) of one CUDA call: launches on libtorch's
+/// stream and returns without waiting for them.
 pub(crate) fn run(call: &FlamiaCall, backward: bool) -> Result<(), String> {
     let (opts, shape) = call.decode()?;
     let attn = attention_for(call.device as usize, &opts, shape.head_dim)?;
-    let gpu_plan_gpu = attn.gpu().clone();
-    let plan = Plan::new(&gpu_plan_gpu, &shape, opts.causal).map_err(|e| e.to_string())?;
     let stream = RawStream(call.stream as _);
+    let k = (
+        key(call.device as usize, &opts, shape.head_dim),
+        call.stream as usize,
+    );
     let p = |x: *const std::ffi::c_void| x as u64;
-    if !backward {
-        let saved = attn
-            .forward(
-                stream,
-                &plan,
-                p(call.q),
-                p(call.k),
-                p(call.v),
-                p(call.o),
-                p(call.lse),
-            )
-            .map_err(|e| e.to_string())?;
-        sync(stream)?;
-        drop(saved);
-        return Ok(());
-    }
-    let saved = attn.alloc_saved(&plan).map_err(|e| e.to_string())?;
-    attn.quantize_inputs(stream, &plan, p(call.q), p(call.k), p(call.v), &saved)
-        .map_err(|e| e.to_string())?;
-    attn.backward(
-        stream,
-        &plan,
-        &saved,
-        p(call.o),
-        p(call.lse),
-        p(call.d_o),
-        p(call.dq),
-        p(call.dk),
-        p(call.dv),
-    )
-    .map_err(|e| e.to_string())?;
-    sync(stream)
+    with_workspace(&attn, k, &shape, stream, |w| {
+        let e = |e: flamia_kernels::gpu::GpuError| e.to_string();
+        attn.quantize_inputs(stream, &w.plan, p(call.q), p(call.k), p(call.v), &w.saved)
+            .map_err(e)?;
+        if !backward {
+            return attn
+                .forward_quantized(stream, &w.plan, &w.saved, p(call.o), p(call.lse))
+                .map_err(e);
+        }
+        attn.quantize_grad(stream, &w.plan, p(call.d_o), p(call.o), &w.grad)
+            .map_err(e)?;
+        attn.backward_quantized(
+            stream,
+            &w.plan,
+            &w.saved,
+            &w.grad,
+            p(call.lse),
+            p(call.dq),
+            p(call.dk),
+            p(call.dv),
+        )
+        .map_err(e)
+    })
 }

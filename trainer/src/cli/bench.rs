@@ -82,8 +82,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     println!("SM clock before: {clock_before}  (clocks.sm, power.draw, temperature)");
     let mut rows: Vec<BenchRow> = Vec::new();
     println!(
-        "{:<14} {:>5} | {:>9} {:>9} {:>9} {:>9} | {:>8} {:>8} {:>8}  (ms medians; TFLOP/s)",
-        "workload", "docs", "quant", "fwd", "bwd", "train", "fwd", "bwd", "train"
+        "{:<14} {:>5} | {:>9} {:>9} {:>9} {:>9} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8}  (ms medians; TFLOP/s; bwd parts alone, ms)",
+        "workload", "docs", "quant", "fwd", "bwd", "train", "fwd", "bwd", "train", "dO quant", "dq", "dkdv"
     );
     for (name, lens) in all
         .iter()
@@ -91,7 +91,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     {
         let r = run_workload(&gpu, opts, name, lens).with_context(|| format!("workload {name}"))?;
         println!(
-            "{:<14} {:>5} | {:>9.3} {:>9.3} {:>9.3} {:>9.3} | {:>8.1} {:>8.1} {:>8.1}",
+            "{:<14} {:>5} | {:>9.3} {:>9.3} {:>9.3} {:>9.3} | {:>8.1} {:>8.1} {:>8.1} | {:>8.3} {:>8.3} {:>8.3}",
             r.workload,
             r.docs,
             r.quant_ms,
@@ -100,7 +100,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             r.train_ms,
             r.fwd_tflops,
             r.bwd_tflops,
-            r.train_tflops
+            r.train_tflops,
+            r.dograd_ms,
+            r.dq_ms,
+            r.dkdv_ms
         );
         rows.push(r);
     }

@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use flamia_tests::{flamia, losses};
+mod common;
+use common::{flamia, losses};
 
 /// Small and fast: the tiny model on 2 rows of 64 tokens.
 const SMALL: [&str; 6] = [

@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use flamia_tests::flamia;
+mod common;
+use common::flamia;
 
 const PRESETS: [&str; 4] = ["tiny-cpu", "h200-125m", "h200x8-1b", "multinode-1b"];
 

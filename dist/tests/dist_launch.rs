@@ -10,9 +10,9 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The `flamia-dist` binary, built once with the cargo that runs the tests.
+/// The `flamia-dist` binary cargo built for this test run.
 fn dist_bin() -> PathBuf {
-    flamia_tests::workspace_bin("flamia-dist", "flamia-dist")
+    PathBuf::from(env!("CARGO_BIN_EXE_flamia-dist"))
 }
 
 fn free_port() -> u16 {

@@ -3,7 +3,8 @@
 
 use std::process::Output;
 
-use flamia_tests::flamia;
+mod common;
+use common::flamia;
 
 fn run(args: &[&str]) -> Output {
     flamia().args(args).output().expect("run flamia")

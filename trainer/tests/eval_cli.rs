@@ -5,7 +5,8 @@
 
 use std::path::Path;
 
-use flamia_tests::flamia;
+mod common;
+use common::flamia;
 
 fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))

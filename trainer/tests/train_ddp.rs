@@ -9,7 +9,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use flamia_tests::{flamia, losses};
+mod common;
+use common::{flamia, losses};
 
 const STEPS: usize = 6;
 const LAUNCH_VARS: [&str; 8] = [

@@ -1,6 +1,7 @@
 //! The `flamia` binary starts and reports its version.
 
-use flamia_tests::flamia;
+mod common;
+use common::flamia;
 
 #[test]
 fn version_prints() {

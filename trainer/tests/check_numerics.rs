@@ -1,7 +1,8 @@
 //! `flamia check numerics --json` end to end: schema, the MXFP8 cosine bars, and the leakage
 //! figures (bitwise zero where the design promises it, a visible leak in the leaky control).
 
-use flamia_tests::flamia;
+mod common;
+use common::flamia;
 use serde_json::Value;
 
 fn check(args: &[&str]) -> std::process::Output {

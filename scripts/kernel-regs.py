@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Compile the embedded CUDA kernels with NVRTC for sm_90a and run `ptxas -v` on them, without a GPU.
+
+Prints registers, spill bytes and shared memory per kernel, and ptxas's wgmma serialisation
+warnings (C7510-C7520), for each variant given. Uses the NVRTC and ptxas that the project's
+PyTorch 2.11.0 virtualenv ships (scripts/setup-libtorch.sh installs it), so a kernel change can be
+checked here before a device call.
+
+    python3 scripts/kernel-regs.py                      # attn_fwd.cu attn_bwd.cu quant.cu, default variant
+    python3 scripts/kernel-regs.py -D NVFP4=1 attn_fwd.cu
+    python3 scripts/kernel-regs.py --dir old/cuda       # sources from another directory (A/B)
+"""
+import argparse
+import ctypes
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def find(pattern):
+    hits = sorted(glob.glob(os.path.join(ROOT, ".venv", "lib", "python3*", "site-packages", pattern)))
+    if not hits:
+        sys.exit(f"kernel-regs: {pattern} not found under .venv (run scripts/setup-libtorch.sh first)")
+    return hits[0]
+
+
+def nvrtc_ptx(lib, src_dir, name, defines):
+    headers = sorted(f for f in os.listdir(src_dir) if f.endswith(".cuh"))
+    texts = [open(os.path.join(src_dir, h), "rb").read() for h in headers]
+    prog = ctypes.c_void_p()
+    hdr_src = (ctypes.c_char_p * len(headers))(*texts)
+    hdr_names = (ctypes.c_char_p * len(headers))(*[h.encode() for h in headers])
+    src = open(os.path.join(src_dir, name), "rb").read()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, name.encode(), len(headers), hdr_src, hdr_names)
+    assert rc == 0, f"nvrtcCreateProgram rc={rc}"
+    opts = [b"--gpu-architecture=sm_90a", b"-std=c++17", b"-lineinfo"] + [f"-D{d}".encode() for d in defines]
+    copts = (ctypes.c_char_p * len(opts))(*opts)
+    rc = lib.nvrtcCompileProgram(prog, len(opts), copts)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    if rc != 0:
+        sys.exit(f"{name} [{' '.join(defines)}]: NVRTC failed\n{log.value.decode()}")
+    # With a real sm_ target NVRTC also runs ptxas; its info lines are printed below, per kernel.
+    for line in log.value.decode().splitlines():
+        if line.strip() and not line.startswith("ptxas"):
+            print(line)
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    ptx = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetPTX(prog, ptx)
+    return ptx.value
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sources", nargs="*", default=["attn_fwd.cu", "attn_bwd.cu", "quant.cu"])
+    ap.add_argument("-D", dest="defines", action="append", default=[], help="NAME=VALUE define (repeatable)")
+    ap.add_argument("--dir", default=os.path.join(ROOT, "flamia-kernels", "cuda"), help="kernel source directory")
+    ap.add_argument("--keep", help="write the PTX files into this directory")
+    ap.add_argument("--sass", action="store_true",
+                    help="also count SASS instructions per kernel: branches (BRA), tensor-core MMAs "
+                         "(QGMMA/HGMMA), barriers (BAR), warpgroup waits (WARPGROUP)")
+    a = ap.parse_args()
+    libdir = os.path.dirname(find("nvidia/cu13/lib/libnvrtc.so.13"))
+    # NVRTC dlopens its builtins library by name: load it first from the same directory.
+    ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
+    ptxas = find("torch/bin/ptxas")
+    cuobjdump = find("triton/backends/nvidia/bin/cuobjdump") if a.sass else None
+    for name in a.sources:
+        ptx = nvrtc_ptx(lib, a.dir, name, a.defines)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(a.keep or tmp, name + ".ptx")
+            open(path, "wb").write(ptx)
+            cubin = os.path.join(tmp, "k.cubin")
+            r = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", cubin], capture_output=True, text=True)
+            sass = subprocess.run([cuobjdump, "--dump-sass", cubin], capture_output=True, text=True).stdout \
+                if cuobjdump and r.returncode == 0 else ""
+        if r.returncode != 0:
+            sys.exit(f"{name}: ptxas failed\n{r.stderr}")
+        fn = None
+        for line in r.stderr.splitlines():
+            if "Compiling entry function" in line:
+                fn = line.split("'")[1]
+            elif "Used" in line or "spill" in line:
+                print(f"{name:12s} {fn:16s} {line.split(':', 1)[-1].strip()}")
+            elif "C75" in line or "warning" in line.lower():
+                print(f"{name:12s} {fn or '':16s} {line.strip()}")
+        counts, fn = {}, None
+        for line in sass.splitlines():
+            if "Function :" in line:
+                fn = line.split(":", 1)[1].strip()
+                counts[fn] = {k: 0 for k in ("BRA", "GMMA", "BAR", "WARPGROUP", "instructions")}
+            elif fn and line.strip().startswith("/*") and "*/" in line:
+                words = line.split("*/", 1)[1].split()
+                if words and words[0].startswith("@"):  # predicate guard
+                    words = words[1:]
+                if not words or words[0].startswith("/*"):
+                    continue
+                op = words[0]
+                c = counts[fn]
+                c["instructions"] += 1
+                for k in ("BRA", "BAR", "WARPGROUP"):
+                    c[k] += op.startswith(k)
+                c["GMMA"] += "GMMA" in op
+        for fn, c in sorted(counts.items()):
+            print(f"{name:12s} {fn:16s} SASS: " + ", ".join(f"{k} {v}" for k, v in c.items()))
+
+
+if __name__ == "__main__":
+    main()
