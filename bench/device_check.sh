@@ -23,9 +23,5 @@ grep -m2 QGMMA /tmp/attn_fwd.cu.sass; grep -m2 QGMMA /tmp/attn_bwd.cu.sass
 echo "=== GPU tests"
 $(exe gpu_quant) --ignored --test-threads=1 2>&1
 $(exe gpu_attention) --ignored --test-threads=1 --nocapture 2>&1 | grep -v "^$" | tee /tmp/attn_tests.log
-if grep -q "test result: FAILED" /tmp/attn_tests.log; then
-  echo "=== attention tests again with the v1 kernels (FLAMIA_ATTN_KERNELS=v1)"
-  FLAMIA_ATTN_KERNELS=v1 $(exe gpu_attention) --ignored --test-threads=1 2>&1 | grep -E "^test |test result"
-fi
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv
 } 2>&1 | tee "$L"

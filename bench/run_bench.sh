@@ -13,9 +13,5 @@ $B bench attention --json "$O/ours.json" ${BENCH_ARGS:-} || echo "flamia bench f
 timeout ${ANCHOR_TIMEOUT:-400} python3 bench/anchors.py > "$O/anchors.log" 2>&1 || echo "anchors rc=$?"
 tail -12 "$O/anchors.log"
 $B bench attention --json "$O/ours2.json" ${BENCH_ARGS:-} || echo "flamia bench (2nd) failed rc=$?"
-if [ -n "${BENCH_VARIANTS:-}" ]; then  # kernel experiments (docs/perf.md)
-  echo "=== v1 kernels"; FLAMIA_ATTN_KERNELS=v1 $B bench attention --json "$O/ours_v1.json" || echo "v1 failed"
-  echo "=== DKDV_PIPE=1"; FLAMIA_DKDV_PIPE=1 $B bench attention --json "$O/ours_pipe.json" || echo "pipe failed"
-fi
 python3 bench/compare.py "$O/ours.json" "$O/anchors.json" "$O/ours2.json"
 } 2>&1 | tee "$O/bench.log"

@@ -6,6 +6,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::free_port;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -13,14 +16,6 @@ fn root() -> PathBuf {
 /// The `flamia-dist` binary cargo built for this test run.
 fn dist_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_flamia-dist"))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn local_sh(n: usize, args: &[&str]) -> (std::process::Output, Duration) {

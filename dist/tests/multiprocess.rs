@@ -1,19 +1,13 @@
 //! Rendezvous and failure detection among real processes on loopback: each test spawns
 //! `flamia-dist rendezvous` children with torchrun-style variables on a fresh port.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_flamia-dist");
+mod common;
+use common::free_port;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+const BIN: &str = env!("CARGO_BIN_EXE_flamia-dist");
 
 fn spawn(rank: usize, world: usize, port: u16, extra: &[&str]) -> Child {
     Command::new(BIN)

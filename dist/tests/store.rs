@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use flamia_dist::{env::Source, DistError, GroupOptions, ProcessGroup, Topology};
 
+mod common;
+use common::free_port;
+
 fn topo(rank: usize, world: usize, port: u16) -> Topology {
     Topology {
         rank,
@@ -26,14 +29,6 @@ fn opts() -> GroupOptions {
         exit_grace: None, // never exit the test process
         bind_host: None,
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]

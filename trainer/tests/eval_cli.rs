@@ -6,11 +6,7 @@
 use std::path::Path;
 
 mod common;
-use common::flamia;
-
-fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
+use common::{flamia, repo, SMALL};
 
 fn ok(cmd: &mut std::process::Command, what: &str) -> String {
     let out = cmd
@@ -43,14 +39,7 @@ fn train(dir: &Path, path: &str) {
                 &format!("attention.path={path}"),
             ])
             .args(["--set", "run.log_every=1", "--set", "run.device=cpu"])
-            .args([
-                "--set",
-                "data.seq_len=64",
-                "--set",
-                "data.batch_rows=2",
-                "--set",
-                "data.max_doc_tokens=64",
-            ]),
+            .args(SMALL),
         "train",
     );
 }

@@ -1,16 +1,10 @@
 //! `flamia train` configuration: presets, `FLAMIA__SECTION__KEY` environment, `--set`, unknown
 //! keys rejected with the valid ones listed.
 
-use std::path::Path;
-
 mod common;
-use common::flamia;
+use common::{flamia, repo};
 
 const PRESETS: [&str; 4] = ["tiny-cpu", "h200-125m", "h200x8-1b", "multinode-1b"];
-
-fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
 
 fn print_config(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let mut c = flamia();

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 mod common;
-use common::{flamia, losses};
+use common::{flamia, free_port, losses, repo};
 
 const STEPS: usize = 6;
 const LAUNCH_VARS: [&str; 8] = [
@@ -23,18 +23,6 @@ const LAUNCH_VARS: [&str; 8] = [
     "SLURM_PROCID",
     "SLURM_NTASKS",
 ];
-
-fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `flamia train` on the tiny config, `rows` rows of 64 tokens per rank, no launcher variables.
 fn command(dir: &Path, rows: usize) -> Command {

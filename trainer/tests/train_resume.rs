@@ -5,21 +5,7 @@
 use std::path::Path;
 
 mod common;
-use common::{flamia, losses};
-
-/// Small and fast: the tiny model on 2 rows of 64 tokens.
-const SMALL: [&str; 6] = [
-    "--set",
-    "data.seq_len=64",
-    "--set",
-    "data.batch_rows=2",
-    "--set",
-    "data.max_doc_tokens=64",
-];
-
-fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
+use common::{flamia, losses, repo, SMALL};
 
 fn train(dir: &Path, extra: &[&str]) {
     let out = flamia()

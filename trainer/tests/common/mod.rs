@@ -11,6 +11,30 @@ pub fn flamia_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_flamia"))
 }
 
+/// The repository root (configs, embedded data and launch scripts are found from here).
+pub fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// A TCP port on the loopback interface that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `--set` arguments that make the tiny config small and fast: 2 rows of 64 tokens.
+pub const SMALL: [&str; 6] = [
+    "--set",
+    "data.seq_len=64",
+    "--set",
+    "data.batch_rows=2",
+    "--set",
+    "data.max_doc_tokens=64",
+];
+
 /// A `Command` for the `flamia` binary.
 pub fn flamia() -> Command {
     Command::new(flamia_bin())
