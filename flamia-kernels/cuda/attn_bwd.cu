@@ -101,17 +101,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkdv(const AttnPar
       float pt[32], ds[32];
       mma_dp_scores(ds, sm.v, sm.dO[buf], pt, sm.k, sm.q[buf]);  // dP^T and S^T (rows = keys, columns = queries)
       int edr[2] = {-1000, -1000};  // max edO over the queries each key row sees
+      auto make_p_ds = [&](const bool masked) {  // inlined twice: the flag is a constant in each copy
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
-        const bool ok = (row < kval) & (col < qval) & (!p.causal | (q0 + col >= k0 + row));  // & not &&: no branches
-        const float x = pt[i] * (sm.eq[buf][col] * fk[r]) * p.scale_log2;
-        const float pr = fast_exp2(ok ? x - sm.lse2[buf][col] : NEG_INF);  // ex2(-inf) = +0: no branch
-        const float dp = ds[i] * (fv[r] * sm.edo[buf][col]);
-        ds[i] = pr * (dp - sm.delta[buf][col]) * sm.eqf[buf][col];  // dS^T with Q's token scale folded
-        pt[i] = pr;
-        if (ok) edr[r] = max(edr[r], sm.edo_i[buf][col]);
-      }
+        for (int i = 0; i < 32; ++i) {
+          const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
+          const bool ok = !masked || ((row < kval) & (col < qval) & (!p.causal | (q0 + col >= k0 + row)));
+          const float x = pt[i] * (sm.eq[buf][col] * fk[r]) * p.scale_log2;
+          const float pr = fast_exp2(ok ? x - sm.lse2[buf][col] : NEG_INF);  // ex2(-inf) = +0: no branch
+          const float dp = ds[i] * (fv[r] * sm.edo[buf][col]);
+          ds[i] = pr * (dp - sm.delta[buf][col]) * sm.eqf[buf][col];  // dS^T with Q's token scale folded
+          pt[i] = pr;
+          if (ok) edr[r] = max(edr[r], sm.edo_i[buf][col]);
+        }
+      };
+      // Interior item (every query of the tile sees every key): no mask. Uniform over the CTA.
+      if ((kval == TILE) & (qval == TILE) & (!p.causal | (q0 >= k0 + TILE - 1)))
+        make_p_ds(false);
+      else
+        make_p_ds(true);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         edr[r] = max(edr[r], __shfl_xor_sync(0xffffffffu, edr[r], 1));
@@ -241,15 +248,22 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dq(const AttnParam
 
     float s[32], ds[32];
     mma_dp_scores(ds, sm.dO, sm.v[buf], s, sm.q, sm.k[buf]);  // dP and S
+    auto make_ds = [&](const bool masked) {  // inlined twice: the flag is a constant in each copy
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
-      const bool ok = (col < kval) & (row < rows) & (!p.causal | (k0 + col <= q0 + row));  // & not &&: no branches
-      const float x = s[i] * (fq[r] * ek[col]) * p.scale_log2;
-      const float pr = fast_exp2(ok ? x - lse2[r] : NEG_INF);  // ex2(-inf) = +0: no branch
-      const float dp = ds[i] * (fdo[r] * ev[col]);
-      ds[i] = pr * (dp - dlt[r]) * ekf[col];  // dS with K's token scale folded
-    }
+      for (int i = 0; i < 32; ++i) {
+        const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
+        const bool ok = !masked || ((col < kval) & (row < rows) & (!p.causal | (k0 + col <= q0 + row)));
+        const float x = s[i] * (fq[r] * ek[col]) * p.scale_log2;
+        const float pr = fast_exp2(ok ? x - lse2[r] : NEG_INF);  // ex2(-inf) = +0: no branch
+        const float dp = ds[i] * (fdo[r] * ev[col]);
+        ds[i] = pr * (dp - dlt[r]) * ekf[col];  // dS with K's token scale folded
+      }
+    };
+    // Interior tile (every query sees every key): no mask. Uniform over the CTA.
+    if ((kval == TILE) & (rows == TILE) & (!p.causal | (k0 + TILE - 1 <= q0)))
+      make_ds(false);
+    else
+      make_ds(true);
     u32 a[2][4];
     int ex[2][2];
     quantise_ds(ds, p.row_ds, sm.red, a, ex);

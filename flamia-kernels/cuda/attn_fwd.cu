@@ -78,15 +78,22 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_fwd(const AttnParams p
 
     float tmax[2] = {NEG_INF, NEG_INF};
     int evr[2] = {-1000, -1000};  // max eV over the keys each row sees (never a masked key: causal safety)
+    auto scores = [&](const bool masked) {  // inlined twice: the flag is a constant in each copy
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
-      const bool ok = (col < kval) & (row < rows) & (!p.causal | (k0 + col <= q0 + row));  // & not &&: no branches
-      float x = s[i] * (rowf[r] * ek[col]) * p.scale_log2;
-      s[i] = ok ? x : NEG_INF;
-      tmax[r] = fmaxf(tmax[r], s[i]);
-      evr[r] = max(evr[r], ok ? ev[col] : -1000);
-    }
+      for (int i = 0; i < 32; ++i) {
+        const int r = (i >> 1) & 1, row = r0 + 8 * r, col = 8 * (i >> 2) + 2 * qd + (i & 1);
+        const bool ok = !masked || ((col < kval) & (row < rows) & (!p.causal | (k0 + col <= q0 + row)));
+        float x = s[i] * (rowf[r] * ek[col]) * p.scale_log2;
+        s[i] = ok ? x : NEG_INF;
+        tmax[r] = fmaxf(tmax[r], s[i]);
+        evr[r] = max(evr[r], ok ? ev[col] : -1000);
+      }
+    };
+    // Interior tile (every query sees every key): no mask. Uniform over the CTA.
+    if ((kval == TILE) & (rows == TILE) & (!p.causal | (k0 + TILE - 1 <= q0)))
+      scores(false);
+    else
+      scores(true);
     float alpha[2], mref[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
