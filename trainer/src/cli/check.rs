@@ -135,9 +135,17 @@ fn print_table(r: &NumericsReport) {
         "dS->0",
         "time s"
     );
+    let mut uncounted = false;
     for (name, p) in &r.paths {
+        // The GPU kernels do not count dS underflows: NaN there (null in --json).
+        let ds0 = if p.ds_zero_fraction.is_nan() {
+            uncounted = true;
+            "n/a".to_string()
+        } else {
+            format!("{:.4}%", 100.0 * p.ds_zero_fraction)
+        };
         println!(
-            "{:<10} {:>9.6} {:>9.6} {:>9.6} {:>9.6}   {:>8.5} {:>8.5} {:>8.5} {:>8.5}   {:>8.4}% {:>7.2}",
+            "{:<10} {:>9.6} {:>9.6} {:>9.6} {:>9.6}   {:>8.5} {:>8.5} {:>8.5} {:>8.5}   {:>9} {:>7.2}",
             name,
             p.cosine.o,
             p.cosine.dq,
@@ -147,9 +155,12 @@ fn print_table(r: &NumericsReport) {
             p.rel_l2.dq,
             p.rel_l2.dk,
             p.rel_l2.dv,
-            100.0 * p.ds_zero_fraction,
+            ds0,
             p.wall_s
         );
+    }
+    if uncounted {
+        println!("(dS->0 n/a: the GPU kernels do not count dS elements rounded to zero)");
     }
     if let Some(l) = &r.leakage {
         println!();
