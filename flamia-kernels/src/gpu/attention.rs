@@ -58,6 +58,19 @@ fn parse_promote(v: Option<&str>) -> u32 {
         .unwrap_or(0)
 }
 
+/// The defines of one attention module: NVFP4 or E4M3 scores, the FP32 promotion mask, and each
+/// kernel's shared-memory budget (checked by the kernels' `static_assert`s at compile time).
+fn attention_variant(nvfp4: bool, promote: u32) -> Variant {
+    let i = nvfp4 as usize;
+    Variant::new()
+        .define("NVFP4", i)
+        .define("PROMOTE_DP", promote & 1)
+        .define("PROMOTE_S", (promote >> 1) & 1)
+        .define("SMEM_FWD_BUDGET", SMEM_FWD[i])
+        .define("SMEM_DQ_BUDGET", SMEM_DQ[i])
+        .define("SMEM_DKDV_BUDGET", SMEM_DKDV[i])
+}
+
 /// Mirrors `struct AttnParams` of `cuda/attn_common.cuh`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -238,15 +251,7 @@ impl Attention {
     /// of the dP and score products ([`promote_mask`]).
     fn variant(&self) -> (Variant, usize) {
         let i = (self.opts.path == AttnPath::Nvfp4) as usize;
-        let promote = promote_mask();
-        let v = Variant::new()
-            .define("NVFP4", i)
-            .define("PROMOTE_DP", promote & 1)
-            .define("PROMOTE_S", (promote >> 1) & 1)
-            .define("SMEM_FWD_BUDGET", SMEM_FWD[i])
-            .define("SMEM_DQ_BUDGET", SMEM_DQ[i])
-            .define("SMEM_DKDV_BUDGET", SMEM_DKDV[i]);
-        (v, i)
+        (attention_variant(i == 1, promote_mask()), i)
     }
 
     fn params(&self, plan: &Plan, saved: &Saved) -> AttnParams {
@@ -449,8 +454,40 @@ impl Attention {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::parse_promote;
+pub(crate) mod tests {
+    use super::{attention_variant, parse_promote};
+    use crate::gpu::runtime::{compile_ptx, nvrtc_available};
+
+    /// NVRTC is there (scripts/env.sh puts the venv's on the library path and sets
+    /// FLAMIA_REQUIRE_NVRTC): compile. Not there and not required: say so and skip.
+    pub(crate) fn nvrtc_or_skip(test: &str) -> bool {
+        if nvrtc_available() {
+            return true;
+        }
+        assert!(
+            std::env::var("FLAMIA_REQUIRE_NVRTC").as_deref() != Ok("1"),
+            "{test}: FLAMIA_REQUIRE_NVRTC=1 but libnvrtc.so.13 cannot be loaded (LD_LIBRARY_PATH)"
+        );
+        eprintln!("{test}: SKIPPED, NVRTC not found (source scripts/env.sh to run it)");
+        false
+    }
+
+    #[test]
+    fn every_attention_variant_compiles_within_its_shared_memory_budget() {
+        if !nvrtc_or_skip("every_attention_variant_compiles_within_its_shared_memory_budget") {
+            return;
+        }
+        // The variants the runtime builds: E4M3 or NVFP4 scores, FP32 promotion off or on for
+        // dP and S. The budgets' static_asserts and ptxas run inside NVRTC for sm_90a.
+        for nvfp4 in [false, true] {
+            for promote in [0, 3] {
+                let v = attention_variant(nvfp4, promote);
+                for src in ["attn_fwd.cu", "attn_bwd.cu"] {
+                    compile_ptx(src, &v, "sm_90a").unwrap_or_else(|e| panic!("{src} [{}]: {e}", v.key()));
+                }
+            }
+        }
+    }
 
     #[test]
     fn promote_mask_defaults_to_off_and_rejects_junk() {
