@@ -76,6 +76,24 @@ pub struct AttentionConfig {
     pub hadamard: bool,
 }
 
+impl AttentionConfig {
+    /// The kernels' options for this section: causal attention, the head dim's default scale.
+    /// (Training and evaluation of a trained run both build their attention from it.)
+    pub fn options(&self) -> Result<flamia_kernels::AttnOptions> {
+        Ok(flamia_kernels::AttnOptions {
+            path: crate::attention::parse_path(&self.path)?,
+            precision: flamia_kernels::Precision {
+                per_token_scales: self.per_token_scales,
+                row_ds_exponents: self.row_ds_exponents,
+                causal_dq_scaling: self.causal_dq_scaling,
+                hadamard: self.hadamard,
+            },
+            causal: true,
+            softmax_scale: None,
+        })
+    }
+}
+
 impl Default for AttentionConfig {
     fn default() -> Self {
         AttentionConfig {

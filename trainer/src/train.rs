@@ -16,11 +16,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use flamia_data::{Batch, Loader};
-use flamia_kernels::{AttnOptions, Precision};
 use serde::Serialize;
 use tch::{Device, Tensor};
 
-use crate::attention::{callback_seconds, parse_path};
+use crate::attention::callback_seconds;
 use crate::checkpoint::{self, TrainState};
 use crate::config::TrainConfig;
 use crate::ddp::{Ddp, DdpOptions};
@@ -64,21 +63,6 @@ pub struct Summary {
     pub peak_memory_gib: f64,
 }
 
-fn attn_options(cfg: &TrainConfig) -> Result<AttnOptions> {
-    let a = &cfg.attention;
-    Ok(AttnOptions {
-        path: parse_path(&a.path)?,
-        precision: Precision {
-            per_token_scales: a.per_token_scales,
-            row_ds_exponents: a.row_ds_exponents,
-            causal_dq_scaling: a.causal_dq_scaling,
-            hadamard: a.hadamard,
-        },
-        causal: true,
-        softmax_scale: None,
-    })
-}
-
 fn next_batch(loader: &mut Loader) -> Result<Batch> {
     loader
         .next_batch()
@@ -116,7 +100,7 @@ fn train_rank(cfg: &TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Devic
         std::fs::write(run_dir.join("config.toml"), &config_toml).map_err(|e| TrainError::io(&run_dir, e))?;
     }
     let compute = compute_kind(&cfg.run.compute, device);
-    let attn = attn_options(cfg)?;
+    let attn = cfg.attention.options()?;
 
     let resumed = if opts.resume {
         checkpoint::list(&run_dir)?.pop()

@@ -4,8 +4,7 @@
 
 use anyhow::Context;
 use flamia_eval::{AttnMode, LanguageModel, TokenScore};
-use flamia_kernels::{AttnOptions, AttnPath, Precision};
-use flamia_trainer::attention::parse_path;
+use flamia_kernels::{AttnOptions, AttnPath};
 use flamia_trainer::checkpoint;
 use flamia_trainer::config::TrainConfig;
 use flamia_trainer::device::{compute_kind, parse_device};
@@ -38,18 +37,7 @@ impl TrainedModel {
             .with_context(|| format!("loading the run's tokenizer {:?}", cfg.data.tokenizer))?;
         let model = Llama::new(&cfg.model, tok.vocab_size(), device)?;
         checkpoint::restore_params(&model.named_parameters(), loaded.model)?;
-        let a = &cfg.attention;
-        let train_attn = AttnOptions {
-            path: parse_path(&a.path)?,
-            precision: Precision {
-                per_token_scales: a.per_token_scales,
-                row_ds_exponents: a.row_ds_exponents,
-                causal_dq_scaling: a.causal_dq_scaling,
-                hadamard: a.hadamard,
-            },
-            causal: true,
-            softmax_scale: None,
-        };
+        let train_attn = cfg.attention.options()?;
         let max_len = cfg.data.seq_len;
         Ok(TrainedModel {
             step: loaded.state.step,
