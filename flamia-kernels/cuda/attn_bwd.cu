@@ -115,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dkdv(const AttnPar
         }
       };
       // Interior item (every query of the tile sees every key): no mask. Uniform over the CTA.
-      if ((kval == TILE) & (qval == TILE) & (!p.causal | (q0 >= k0 + TILE - 1)))
+      if (full_tile(q0, qval, k0, kval, p.causal))
         make_p_ds(false);
       else
         make_p_ds(true);
@@ -260,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_bwd_dq(const AttnParam
       }
     };
     // Interior tile (every query sees every key): no mask. Uniform over the CTA.
-    if ((kval == TILE) & (rows == TILE) & (!p.causal | (k0 + TILE - 1 <= q0)))
+    if (full_tile(q0, rows, k0, kval, p.causal))
       make_ds(false);
     else
       make_ds(true);

@@ -51,6 +51,12 @@ struct AttnParams {
 #define QK_KB (NVFP4 ? 2 * HEAD_DIM : HEAD_DIM)   // bytes per row of a score-operand tile
 
 #define TILE 64
+
+// True when every query of the query tile at q0 (qval valid rows) sees every key of the key
+// tile at k0 (kval valid keys): the elementwise loops then run their mask-free copy.
+__device__ __forceinline__ bool full_tile(int q0, int qval, int k0, int kval, int causal) {
+  return (qval == TILE) & (kval == TILE) & (!causal | (k0 + TILE - 1 <= q0));
+}
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 #define INV_SQRT_128 0.08838834764831845f
@@ -269,15 +275,11 @@ __device__ __forceinline__ int score_exp(const i8* e8, const i8* e4, long long i
 // acc[64 x 128] = A[64 x 32*NS] (fragments) * B^T, B = [128 rows x 64 bytes] dim-major tile (KB = 64),
 // K slices s0 .. s0+NS-1, fresh accumulator.
 template <int NS>
-__device__ __forceinline__ void issue_pv(float (&acc)[64], const u32 (&a)[2][4], const u8* sB, int s0) {
+__device__ __forceinline__ void mma_pv(float (&acc)[64], const u32 (&a)[2][4], const u8* sB, int s0) {
   const u32 b = smem_u32(sB);
+  wg_fence();
 #pragma unroll
   for (int kk = 0; kk < NS; ++kk) wgmma_rs_m64n128k32_e4m3(acc, a[s0 + kk], desc_slice<64>(b, s0 + kk), kk > 0);
-}
-template <int NS>
-__device__ __forceinline__ void mma_pv(float (&acc)[64], const u32 (&a)[2][4], const u8* sB, int s0) {
-  wg_fence();
-  issue_pv<NS>(acc, a, sB, s0);
   wg_commit();
   wg_wait<0>();
   fence_regs(acc);

@@ -90,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) attn_fwd(const AttnParams p
       }
     };
     // Interior tile (every query sees every key): no mask. Uniform over the CTA.
-    if ((kval == TILE) & (rows == TILE) & (!p.causal | (k0 + TILE - 1 <= q0)))
+    if (full_tile(q0, rows, k0, kval, p.causal))
       scores(false);
     else
       scores(true);
