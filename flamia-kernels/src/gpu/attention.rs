@@ -454,23 +454,10 @@ impl Attention {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::{attention_variant, parse_promote};
-    use crate::gpu::runtime::{compile_ptx, nvrtc_available};
-
-    /// NVRTC is there (scripts/env.sh puts the venv's on the library path and sets
-    /// FLAMIA_REQUIRE_NVRTC): compile. Not there and not required: say so and skip.
-    pub(crate) fn nvrtc_or_skip(test: &str) -> bool {
-        if nvrtc_available() {
-            return true;
-        }
-        assert!(
-            std::env::var("FLAMIA_REQUIRE_NVRTC").as_deref() != Ok("1"),
-            "{test}: FLAMIA_REQUIRE_NVRTC=1 but libnvrtc.so.13 cannot be loaded (LD_LIBRARY_PATH)"
-        );
-        eprintln!("{test}: SKIPPED, NVRTC not found (source scripts/env.sh to run it)");
-        false
-    }
+    use crate::gpu::runtime::compile_ptx;
+    use crate::gpu::runtime::tests::nvrtc_or_skip;
 
     #[test]
     fn every_attention_variant_compiles_within_its_shared_memory_budget() {
