@@ -33,6 +33,17 @@ pub const SOURCE_DIR_ENV: &str = "FLAMIA_CUDA_DIR";
 /// file exists, else the embedded copy.
 fn source_text(name: &str) -> Option<std::borrow::Cow<'static, str>> {
     let dir = std::env::var_os(SOURCE_DIR_ENV);
+    if let Some(d) = &dir {
+        if !std::path::Path::new(d).is_dir() {
+            static MISSING: std::sync::Once = std::sync::Once::new();
+            MISSING.call_once(|| {
+                eprintln!(
+                    "flamia: {SOURCE_DIR_ENV}={} is not a directory; using the embedded kernel sources",
+                    std::path::Path::new(d).display()
+                )
+            });
+        }
+    }
     let text = source_from(name, dir.as_deref().map(std::path::Path::new))?;
     if let (Some(dir), std::borrow::Cow::Owned(_)) = (&dir, &text) {
         static SAID: std::sync::Once = std::sync::Once::new();
