@@ -9,6 +9,8 @@ checked here before a device call.
     python3 scripts/kernel-regs.py                      # attn_fwd.cu attn_bwd.cu quant.cu, default variant
     python3 scripts/kernel-regs.py -D NVFP4=1 attn_fwd.cu
     python3 scripts/kernel-regs.py --dir old/cuda       # sources from another directory (A/B)
+    python3 scripts/kernel-regs.py --per-score          # v4 forward: SASS instructions per score
+                                                        # of the interior key-tile loop, by class
 """
 import argparse
 import ctypes
@@ -65,7 +67,13 @@ def main():
     ap.add_argument("--sass", action="store_true",
                     help="also count SASS instructions per kernel: branches (BRA), tensor-core MMAs "
                          "(QGMMA/HGMMA), barriers (BAR), warpgroup waits (WARPGROUP)")
+    ap.add_argument("--per-score", action="store_true",
+                    help="v4 forward: compile attn_fwd_v4.cu with only the interior (mask-free) tile path "
+                         "(FWD_INTERIOR_ONLY=1, a census build: its results are wrong) and print the SASS "
+                         "instructions of its key-tile loop per score, by instruction class")
     a = ap.parse_args()
+    if a.per_score:
+        return per_score(a)
     libdir = os.path.dirname(find("nvidia/cu13/lib/libnvrtc.so.13"))
     # NVRTC dlopens its builtins library by name: load it first from the same directory.
     ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
@@ -110,6 +118,85 @@ def main():
                 c["GMMA"] += "GMMA" in op
         for fn, c in sorted(counts.items()):
             print(f"{name:12s} {fn:16s} SASS: " + ", ".join(f"{k} {v}" for k, v in c.items()))
+
+
+# Scores per consumer thread per key tile of the v4 forward (64 x 128 tile, 128 threads).
+V4_SCORES_PER_THREAD = 64
+CLASSES = [("MMA", ("QGMMA", "HGMMA")), ("FFMA", ("FFMA",)), ("FMUL", ("FMUL",)), ("FADD", ("FADD",)),
+           ("FMNMX", ("FMNMX",)), ("MUFU", ("MUFU",)), ("cvt", ("F2FP", "F2F", "I2F", "F2I")),
+           ("SHFL", ("SHFL",)), ("PRMT/LOP", ("PRMT", "LOP3", "SHF", "IMAD", "IADD", "ISETP", "SEL", "FSEL", "FSETP", "MOV")),
+           ("sync", ("SYNCS", "WARPGROUP", "BAR", "DEPBAR", "WARPSYNC", "BRA"))]
+
+
+def sass_lines(lib, src_dir, name, defines):
+    ptx = nvrtc_ptx(lib, src_dir, name, defines)
+    ptxas = find("torch/bin/ptxas")
+    cuobjdump = find("triton/backends/nvidia/bin/cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        open(path, "wb").write(ptx)
+        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", cubin], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"{name}: ptxas failed\n{r.stderr}")
+        sass = subprocess.run([cuobjdump, "--dump-sass", cubin], capture_output=True, text=True).stdout
+    out = []  # (address, opcode, text)
+    for line in sass.splitlines():
+        t = line.strip()
+        if not t.startswith("/*") or "*/" not in t:
+            continue
+        addr, rest = t[2:].split("*/", 1)
+        words = rest.replace(";", " ").split()
+        if words and words[0].startswith("@"):
+            words = words[1:]
+        if not words or words[0].startswith("/*"):
+            continue
+        try:
+            out.append((int(addr.strip(), 16), words[0], rest))
+        except ValueError:
+            pass
+    return out
+
+
+def per_score(a):
+    libdir = os.path.dirname(find("nvidia/cu13/lib/libnvrtc.so.13"))
+    ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
+    for extra in ([], ["PER_TOKEN_COLS=1"]):
+        ins = sass_lines(lib, a.dir, "attn_fwd_v4.cu", ["FWD_INTERIOR_ONLY=1"] + extra + a.defines)
+        mma = [i for i, (_, op, _) in enumerate(ins) if "GMMA" in op]
+        if len(mma) < 8:
+            sys.exit(f"expected 8 GMMA in the consumer loop, found {len(mma)}")
+        # the key-tile loop: the smallest backward branch around every GMMA
+        lo_addr, hi_addr = ins[mma[0]][0], ins[mma[-1]][0]
+        best = None
+        for addr, op, text in ins:
+            if op == "BRA" and addr >= hi_addr:
+                tgt = [w for w in text.replace(",", " ").split() if w.startswith("0x") or w.startswith("`(")]
+                for w in tgt:
+                    try:
+                        t = int(w.strip("`()").replace(".L_x_", ""), 16) if w.startswith("0x") else None
+                    except ValueError:
+                        t = None
+                    if t is not None and t <= lo_addr and (best is None or addr - t < best[1] - best[0]):
+                        best = (t, addr)
+        if best is None:
+            sys.exit("could not find the key-tile loop's back edge in the SASS")
+        body = [op for addr, op, _ in ins if best[0] <= addr <= best[1]]
+        counts = {k: 0 for k, _ in CLASSES}
+        other = 0
+        for op in body:
+            for k, prefixes in CLASSES:
+                if op.startswith(prefixes):
+                    counts[k] += 1
+                    break
+            else:
+                other += 1
+        n = len(body)
+        tag = "per-token scales" if extra else "token-block scales"
+        print(f"attn_fwd_v4 interior key-tile loop ({tag}): {n} SASS instructions per thread per tile = "
+              f"{n / V4_SCORES_PER_THREAD:.2f} per score (budget ~12)")
+        print("   " + ", ".join(f"{k} {v / V4_SCORES_PER_THREAD:.2f}" for k, v in counts.items())
+              + f", other {other / V4_SCORES_PER_THREAD:.2f}")
 
 
 if __name__ == "__main__":

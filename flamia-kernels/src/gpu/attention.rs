@@ -30,6 +30,8 @@ use super::error::{GpuError, GpuResult};
 use super::plan::Plan;
 use super::quant::{quantize_e4m3, quantize_nvfp4, AmaxScratch, DeltaOut, Nvfp4Operand, Operand};
 use super::runtime::{launch, Gpu, RawStream, Variant};
+use super::sched::FWD_QT;
+use super::tma::{self, TmaMap};
 use crate::options::{AttnOptions, AttnPath};
 use crate::quant::ScaleMode;
 use std::sync::Arc;
@@ -42,6 +44,42 @@ use std::sync::Arc;
 const SMEM_FWD: [u32; 2] = [52 * 1024, 76 * 1024];
 const SMEM_DQ: [u32; 2] = [80 * 1024, 104 * 1024];
 const SMEM_DKDV: [u32; 2] = [88 * 1024, 112 * 1024];
+/// The v4 forward (`cuda/attn_fwd_v4.cu`): two Q slots and three K/V stages of 16 KB tiles plus
+/// the keys' exponents and the barriers (131.1 KB), 1 KB alignment slack.
+const SMEM_FWD4: u32 = 136 * 1024;
+/// K/V ring depth of the v4 forward.
+const FWD4_STAGES: u32 = 3;
+
+/// Which forward kernel runs: the v4 warp-specialised kernel (default for the E4M3-score paths)
+/// or the v3.1 kernel (`FLAMIA_ATTN_FWD=v3`, kept for A/B; the NVFP4 path and FP32-promoted
+/// scores always use it).
+pub fn forward_v3_forced() -> bool {
+    std::env::var("FLAMIA_ATTN_FWD").is_ok_and(|v| v.trim() == "v3")
+}
+
+/// Defines of the v4 forward: per-key scale columns (per-token scales) or per-32-key-group
+/// folds (token-block and tensor-wide scales), the ring depth and the smem budget.
+fn forward_v4_variant(per_token: bool) -> Variant {
+    Variant::new()
+        .define("PER_TOKEN_COLS", per_token as u32)
+        .define("FWD_STAGES", FWD4_STAGES)
+        .define("SMEM_FWD4_BUDGET", SMEM_FWD4)
+}
+
+/// Mirrors `struct FwdV4Params` of `cuda/attn_fwd_v4.cu` (passed as a `__grid_constant__`, so the
+/// tensor maps live in the parameter space where TMA reads them).
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, Default)]
+struct FwdV4Params {
+    q_map: TmaMap,
+    k_map: TmaMap,
+    v_map: TmaMap,
+    a: AttnParams,
+    items: u64,
+    tiles: u64,
+    counter: u64,
+    nitems: i32,
+}
 
 /// Which E4M3 K = 128 products sum their four K = 32 wgmma steps in FP32 instead of chaining one
 /// FP8 accumulator (which truncates to 13 fraction bits per step, wgmma-fp8-notes.md 7):
@@ -285,6 +323,12 @@ impl Attention {
         }
     }
 
+    /// True when the forward runs the v4 kernel (E4M3 scores, no FP32 score promotion, not
+    /// forced back to v3.1 by `FLAMIA_ATTN_FWD=v3`).
+    pub fn uses_forward_v4(&self) -> bool {
+        self.opts.path != AttnPath::Nvfp4 && promote_mask() & 2 == 0 && !forward_v3_forced()
+    }
+
     /// The forward kernel on already quantised inputs: writes O (BF16) and LSE (FP32).
     pub fn forward_quantized(
         &self,
@@ -299,11 +343,47 @@ impl Attention {
         let mut p = self.params(plan, saved);
         p.o = o;
         p.lse = lse;
+        if self.uses_forward_v4() {
+            return self.forward_v4(stream, plan, saved, p);
+        }
         let (v, i) = self.variant();
         let f = self.gpu.function("attn_fwd.cu", &v, "attn_fwd", SMEM_FWD[i])?;
         let grid = (plan.tables.tiles.len() as u32, plan.shape().heads_q as u32, 1);
         // SAFETY: params mirror AttnParams; buffers sized by `plan` (caller: o, lse).
         unsafe { launch(&f, grid, 128, SMEM_FWD[i], stream, &p, "attn_fwd") }
+    }
+
+    /// The v4 forward: persistent grid of at most one CTA per SM over the plan's longest-first
+    /// work items, TMA maps of this call's code buffers.
+    fn forward_v4(&self, stream: RawStream, plan: &Plan, saved: &Saved, a: AttnParams) -> GpuResult<()> {
+        let s = plan.shape();
+        let t = s.tokens();
+        let nitems = plan.tables.fwd.items.len();
+        let p = FwdV4Params {
+            q_map: tma::token_major(saved.q.tok.ptr(), t, s.heads_q, FWD_QT as u32)?,
+            k_map: tma::token_major(saved.k.tok.ptr(), t, s.heads_kv, 128)?,
+            v_map: tma::dim_major(saved.v.dim.ptr(), s.heads_kv, plan.tpad(), 128)?,
+            a,
+            items: plan.fwd_items.ptr(),
+            tiles: plan.fwd_tiles.ptr(),
+            counter: plan.counter.ptr(),
+            nitems: nitems as i32,
+        };
+        let v = forward_v4_variant(self.scale_mode() == ScaleMode::PerToken);
+        let f = self
+            .gpu
+            .function("attn_fwd_v4.cu", &v, "attn_fwd_v4", SMEM_FWD4)?;
+        // SAFETY: a 4-byte memset of the plan's own counter on the launch stream.
+        unsafe { cudarc::driver::sys::cuMemsetD32Async(plan.counter.ptr(), 0, 1, stream.0) }
+            .result()
+            .map_err(|err| GpuError::Driver {
+                what: "cuMemsetD32Async(work counter)".into(),
+                err,
+            })?;
+        let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
+        // SAFETY: params mirror FwdV4Params; the maps cover the saved code buffers of `plan`'s
+        // shape, the tables and counter belong to `plan`, o and lse are the caller's (sized by plan).
+        unsafe { launch(&f, grid, 384, SMEM_FWD4, stream, &p, "attn_fwd_v4") }
     }
 
     /// Quantises Q, K, V and runs the forward; returns the quantised operands for the backward.
@@ -435,6 +515,14 @@ impl Attention {
     pub fn kernel_resources(&self) -> GpuResult<Vec<(String, i32, i32)>> {
         let (v, i) = self.variant();
         let mut out = Vec::new();
+        if self.uses_forward_v4() {
+            let v4 = forward_v4_variant(self.scale_mode() == ScaleMode::PerToken);
+            let f = self
+                .gpu
+                .function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", SMEM_FWD4)?;
+            let (r, l) = super::runtime::resources(&f)?;
+            out.push(("attn_fwd_v4".to_string(), r, l));
+        }
         for (src, name, smem) in [
             ("attn_fwd.cu", "attn_fwd", SMEM_FWD[i]),
             ("attn_bwd.cu", "attn_bwd_dq", SMEM_DQ[i]),
@@ -455,7 +543,7 @@ impl Attention {
 
 #[cfg(test)]
 mod tests {
-    use super::{attention_variant, parse_promote};
+    use super::{attention_variant, forward_v4_variant, parse_promote};
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
 
@@ -473,6 +561,11 @@ mod tests {
                     compile_ptx(src, &v, "sm_90a").unwrap_or_else(|e| panic!("{src} [{}]: {e}", v.key()));
                 }
             }
+        }
+        for per_token in [false, true] {
+            let v = forward_v4_variant(per_token);
+            compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
+                .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
         }
     }
 

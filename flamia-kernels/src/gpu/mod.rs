@@ -6,6 +6,7 @@
 //! - [`plan`]: per-batch tables (32-token quantiser blocks, 64-token attention tiles, padding).
 //! - [`quant`]: fused quantisers, bitwise equal to [`crate::quant`] (+ [`crate::hadamard`]).
 //! - [`attention`]: forward and backward ([`Attention`]), on raw device pointers + a stream.
+//! - [`sched`]: the persistent kernels' longest-first work lists; [`tma`]: TMA tensor maps.
 //! - [`bench`]: the attention benchmark (`flamia bench attention`).
 //! - [`buffer`]: device buffers owned by this side (plans, quantised operands, workspaces).
 //! - [`host`]: forward + backward on host `f32` tensors (checks, tests, harnesses).
@@ -22,6 +23,8 @@ pub mod host;
 pub mod plan;
 pub mod quant;
 pub mod runtime;
+pub mod sched;
+pub mod tma;
 
 pub use attention::{Attention, BwdKernel, BwdOutputs, GradWorkspace, Saved};
 pub use buffer::DeviceBuf;

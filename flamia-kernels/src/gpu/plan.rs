@@ -11,6 +11,7 @@
 use super::buffer::DeviceBuf;
 use super::error::GpuResult;
 use super::runtime::Gpu;
+use super::sched::FwdSchedule;
 use crate::options::VarlenShape;
 
 /// Tokens per quantiser block (the MXFP8 token block).
@@ -24,6 +25,8 @@ pub struct PlanTables {
     pub blocks: Vec<[i32; 4]>,
     pub tiles: Vec<[i32; 4]>,
     pub tpad: usize,
+    /// The v4 forward's 128-token query tiles and longest-first work items ([`FwdSchedule`]).
+    pub fwd: FwdSchedule,
 }
 
 impl PlanTables {
@@ -32,8 +35,10 @@ impl PlanTables {
         let mut blocks = Vec::new();
         let mut tiles = Vec::new();
         let mut pad = 0usize;
+        let mut pad_starts = Vec::with_capacity(shape.docs());
         for d in shape.cu_seqlens.windows(2) {
             let (s, len) = (d[0], d[1] - d[0]);
+            pad_starts.push(pad);
             for b in (0..len).step_by(QBLOCK) {
                 blocks.push([s as i32, len as i32, pad as i32, b as i32]);
             }
@@ -58,6 +63,7 @@ impl PlanTables {
             blocks,
             tiles,
             tpad: pad.max(TILE),
+            fwd: FwdSchedule::new(shape, &pad_starts, causal),
         }
     }
 }
@@ -69,6 +75,11 @@ pub struct Plan {
     pub(crate) tables: PlanTables,
     pub(crate) blocks: DeviceBuf<i32>,
     pub(crate) tiles: DeviceBuf<i32>,
+    /// v4 forward: 128-token query tiles, work items, and the work counter the kernel's CTAs
+    /// take items from (zeroed on the stream before each launch).
+    pub(crate) fwd_tiles: DeviceBuf<i32>,
+    pub(crate) fwd_items: DeviceBuf<i32>,
+    pub(crate) counter: DeviceBuf<i32>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -105,12 +116,18 @@ impl Plan {
         let flat = |v: &[[i32; 4]]| v.iter().flatten().copied().collect::<Vec<i32>>();
         let blocks = DeviceBuf::from_host(gpu, &flat(&tables.blocks))?;
         let tiles = DeviceBuf::from_host(gpu, &flat(&tables.tiles))?;
+        let fwd_tiles = DeviceBuf::from_host(gpu, &flat(&tables.fwd.tiles))?;
+        let fwd_items = DeviceBuf::from_host(gpu, &tables.fwd.items)?;
+        let counter = DeviceBuf::zeros(gpu, 1)?;
         Ok(Plan {
             shape: shape.clone(),
             causal,
             tables,
             blocks,
             tiles,
+            fwd_tiles,
+            fwd_items,
+            counter,
         })
     }
 

@@ -18,8 +18,13 @@ const SOURCES: &[(&str, &str)] = &[
     ("wgmma.cuh", include_str!("../../cuda/wgmma.cuh")),
     ("formats.cuh", include_str!("../../cuda/formats.cuh")),
     ("attn_common.cuh", include_str!("../../cuda/attn_common.cuh")),
+    ("tma.cuh", include_str!("../../cuda/tma.cuh")),
+    ("sched.cuh", include_str!("../../cuda/sched.cuh")),
+    ("softmax.cuh", include_str!("../../cuda/softmax.cuh")),
+    ("epilogue.cuh", include_str!("../../cuda/epilogue.cuh")),
     ("quant.cu", include_str!("../../cuda/quant.cu")),
     ("attn_fwd.cu", include_str!("../../cuda/attn_fwd.cu")),
+    ("attn_fwd_v4.cu", include_str!("../../cuda/attn_fwd_v4.cu")),
     ("attn_bwd.cu", include_str!("../../cuda/attn_bwd.cu")),
     ("bench.cu", include_str!("../../cuda/bench.cu")),
 ];

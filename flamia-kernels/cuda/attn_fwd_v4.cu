@@ -1,0 +1,239 @@
+// FLAMIA attention forward v4 (Hopper, E4M3 scores: mxfp8 and leaky-fp8): warp-specialised,
+// persistent, longest-first. docs/kernels.md "Forward v4" has the design and its arithmetic.
+//
+// CTA = 384 threads, one per SM, for the whole launch:
+//   warpgroup 0, warp 0   producer: takes work items (sched.cuh), TMA-loads each item's 128-query
+//                         Q tile into a two-slot ring and every 128-key K tile and dim-major V
+//                         tile into a FWD_STAGES-deep ring (128-byte swizzle), plus the keys'
+//                         exponents (ordinary loads); registers cut to 40 (setmaxnreg)
+//   warpgroups 1, 2       consumers, rows 0..63 / 64..127 of the query tile; both read every K/V
+//                         stage (half the L2 traffic per FLOP of a 64-row tile); 232 registers.
+// Per key tile a consumer computes
+//   S  = Q K^T                     RS wgmma m64n128k32 e4m3 x 4, Q's A fragments resident in
+//                                  registers for the whole item (loaded once from the Q slot)
+//   P' = softmax with folded scales (softmax.cuh: one FFMA + one ex2 per interior score)
+//   PV = P' V                      RS wgmma m64n128k32 e4m3 x 4, fresh accumulator (the FP8
+//                                  accumulator truncates: never feed O back in)
+//   O  = O * alpha_o + PV          one FFMA per O element
+// and releases the stage. Masks run only on diagonal and document-end tiles.
+// Barriers: q_full[b] (count 1 + Q bytes), q_empty[b] (the 256 consumer threads), kv_full[s] (the
+// 32 producer lanes, lane 0 with the K + V bytes), kv_empty[s] (lane 0 of the 8 consumer warps).
+#include "attn_common.cuh"
+#include "tma.cuh"
+#include "sched.cuh"
+#include "softmax.cuh"
+#include "epilogue.cuh"
+
+#ifndef FWD_STAGES
+#define FWD_STAGES 3
+#endif
+#define QT 128  // query rows of a work item (two consumer warpgroups x 64)
+#define KT 128  // keys per tile
+
+// Mirrors FwdV4Params in src/gpu/attention.rs.
+struct FwdV4Params {
+  TmaMap q_map;  // q_tok as (128 bytes, Hq, T), box (128, 1, 128)
+  TmaMap k_map;  // k_tok as (128 bytes, Hkv, T), box (128, 1, 128)
+  TmaMap v_map;  // v_dim as (Tpad, Hkv * 128), box (128 tokens, 128 dims)
+  AttnParams a;
+  const int* items;  // work items, longest first: tile * hq + head
+  const int* tiles;  // int4 per 128-token query tile (WorkTile)
+  int* counter;      // zeroed before the launch
+  int nitems;
+};
+
+struct FwdV4Smem {
+  u8 q[2][QT * 128];
+  u8 k[FWD_STAGES][KT * 128];
+  u8 v[FWD_STAGES][HEAD_DIM * KT];
+  float kf[FWD_STAGES][KT];  // 2^eK per key (0: no key)
+  int ev[FWD_STAGES][KT];    // eV per key (-1000: no key)
+  int item[2];
+  u64 q_full[2], q_empty[2], kv_full[FWD_STAGES], kv_empty[FWD_STAGES];
+};
+#ifdef SMEM_FWD4_BUDGET
+static_assert(sizeof(FwdV4Smem) + 1024 <= SMEM_FWD4_BUDGET, "attn_fwd_v4: dynamic shared memory budget too small");
+#endif
+
+// Key tiles an item visits (causal: up to the tile's last query).
+__device__ __forceinline__ int fwd_key_tiles(const WorkTile& t, int causal) {
+  const int kend = causal ? min(t.len, t.q0 + QT) : t.len;
+  return (kend + KT - 1) / KT;
+}
+
+__device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm) {
+  const AttnParams& a = P.a;
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+    tma_prefetch(&P.q_map);
+    tma_prefetch(&P.k_map);
+    tma_prefetch(&P.v_map);
+  }
+  int qb = 0, s = 0;
+  u32 qph = 0, ph = 0;
+  for (bool first = true;; first = false) {
+    int idx = 0;
+    if (lane == 0) idx = sched_next(P.counter, first);
+    idx = __shfl_sync(0xffffffffu, idx, 0);
+    const int code = idx < P.nitems ? P.items[idx] : -1;
+    mbar_wait(smem_u32(&sm.q_empty[qb]), qph ^ 1);
+    int h = 0;
+    WorkTile t{0, 0, 0, 0};
+    if (code >= 0) t = sched_tile(P.tiles, code, a.hq, h);
+    if (lane == 0) {
+      sm.item[qb] = code;
+      const u32 bar = smem_u32(&sm.q_full[qb]);
+      if (code >= 0) {
+        mbar_arrive_expect_tx(bar, QT * 128);
+        tma_load_3d(smem_u32(sm.q[qb]), &P.q_map, bar, 0, h, t.doc0 + t.q0);
+      } else {
+        mbar_arrive(bar);
+      }
+    }
+    if (code < 0) return;
+    if (++qb == 2) { qb = 0; qph ^= 1; }
+    const int hk = h / (a.hq / a.hkv), nkt = fwd_key_tiles(t, a.causal);
+    for (int kt = 0; kt < nkt; ++kt) {
+      const int k0 = kt * KT;
+      mbar_wait(smem_u32(&sm.kv_empty[s]), ph ^ 1);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = 4 * lane + j;
+        const bool ok = k0 + c < t.len;
+        const long long e = (long long)(t.doc0 + k0 + c) * a.hkv + hk;
+        sm.kf[s][c] = ok ? exp2i(a.k_exp[e]) : 0.f;
+        sm.ev[s][c] = ok ? (int)a.v_exp[e] : -1000;
+      }
+      const u32 bar = smem_u32(&sm.kv_full[s]);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(bar, 2 * KT * 128);
+        tma_load_3d(smem_u32(sm.k[s]), &P.k_map, bar, 0, hk, t.doc0 + k0);
+        tma_load_2d(smem_u32(sm.v[s]), &P.v_map, bar, t.pad0 + k0, hk * HEAD_DIM);
+      } else {
+        mbar_arrive(bar);
+      }
+      if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
+    }
+  }
+}
+
+// acc[64 x 128] = A (E4M3 fragments, 4 K slices of 32) * B^T, B a swizzled [128 x 128 bytes] tile.
+__device__ __forceinline__ void mma_rs_k128(float (&acc)[64], const u32 (&a)[4][4], u32 b) {
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs_m64n128k32_e4m3(acc, a[kk], desc_sw128(b + 32 * kk), kk > 0);
+  wg_commit();
+  wg_wait<0>();
+  fence_regs(acc);
+}
+
+// One key tile of a consumer warpgroup: S, the softmax (masked or interior copy), PV, the stage
+// released, O updated. The interior and masked tiles run in two separate loops (the interior ones
+// first: they are a prefix of every item's key tiles), so neither loop body branches around the
+// .aligned wgmma instructions.
+template <bool MASKED>
+__device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[4][4], RowState& st, float (&o)[64],
+                                         int R0, const TileMask& mk) {
+  float sc[64];
+  mma_rs_k128(sc, qa, smem_u32(sm.k[s]));
+  float alpha_o[2];
+  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], R0, mk, alpha_o);
+  u32 pa[4][4];
+  acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[0]), *reinterpret_cast<u32(*)[2][4]>(&pa[0][0]));
+  acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[32]), *reinterpret_cast<u32(*)[2][4]>(&pa[2][0]));
+  float pv[64];
+  mma_rs_k128(pv, pa, smem_u32(sm.v[s]));
+  if ((threadIdx.x & 31) == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha_o[(i >> 1) & 1], pv[i]);
+}
+
+__device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm, int cw) {
+  const AttnParams& a = P.a;
+  const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, q = lane & 3;
+  const int R0 = 64 * cw + 16 * w + g;  // row of fragment element 0 in the query tile
+  int qb = 0, s = 0;
+  u32 qph = 0, ph = 0;
+  for (;;) {
+    mbar_wait(smem_u32(&sm.q_full[qb]), qph);
+    const int code = sm.item[qb];
+    if (code < 0) return;
+    int h;
+    const WorkTile tile = sched_tile(P.tiles, code, a.hq, h);
+    const int rows = min(QT, tile.len - tile.q0);
+    // Q's A fragments (a[kk][r] byte j = Q[row 16w + g + 8(r&1)][32kk + 16(r>>1) + 4q + j])
+    u32 qa[4][4];
+    const u8* qs = sm.q[qb] + 64 * cw * 128;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        qa[kk][r] = *reinterpret_cast<const u32*>(qs + sw128_off(16 * w + g + 8 * (r & 1), 32 * kk + 16 * (r >> 1) + 4 * q));
+    RowState st;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int R = R0 + 8 * r;
+      st.qf[r] = R < rows ? exp2i(a.q_exp[(long long)(tile.doc0 + tile.q0 + R) * a.hq + h]) * a.scale_log2 : 0.f;
+      st.m[r] = NEG_INF;
+      st.l[r] = 0.f;
+      st.evo[r] = 0;
+    }
+    mbar_arrive(smem_u32(&sm.q_empty[qb]));
+    if (++qb == 2) { qb = 0; qph ^= 1; }
+
+    const int nkt = fwd_key_tiles(tile, a.causal);
+    if (64 * cw >= rows) {  // no row of this warpgroup in the document: only pass the stages on
+      for (int kt = 0; kt < nkt; ++kt) {
+        mbar_wait(smem_u32(&sm.kv_full[s]), ph);
+        if (lane == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
+        if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
+      }
+      continue;
+    }
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    // Interior tiles (every row of this warpgroup sees every key): a prefix of the key tiles.
+#ifdef FWD_INTERIOR_ONLY  // instruction census only (scripts/kernel-regs.py --per-score): wrong results
+    const int nfull = nkt;
+#else
+    const int nfull = (64 * cw + 64 <= rows) ? min(tile.len / KT, a.causal ? (tile.q0 + 64 * cw + 1) / KT : nkt) : 0;
+#endif
+    for (int kt = 0; kt < nfull; ++kt) {
+      mbar_wait(smem_u32(&sm.kv_full[s]), ph);
+      fwd_tile<false>(sm, s, qa, st, o, R0, TileMask{KT, rows, tile.q0 - kt * KT, a.causal});
+      if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
+    }
+    for (int kt = nfull; kt < nkt; ++kt) {
+      mbar_wait(smem_u32(&sm.kv_full[s]), ph);
+      fwd_tile<true>(sm, s, qa, st, o, R0, TileMask{min(KT, tile.len - kt * KT), rows, tile.q0 - kt * KT, a.causal});
+      if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
+    }
+    store_o_lse(o, st, a.o, a.lse, (long long)tile.doc0 + tile.q0 + R0, a.hq, h, R0 < rows, R0 + 8 < rows);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_constant__ FwdV4Params P) {
+  extern __shared__ u8 smem_raw[];
+  FwdV4Smem& sm = *reinterpret_cast<FwdV4Smem*>(smem_aligned_1024(smem_raw));
+  const int wg = threadIdx.x >> 7;
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(smem_u32(&sm.q_full[b]), 1);
+      mbar_init(smem_u32(&sm.q_empty[b]), 256);
+    }
+    for (int s = 0; s < FWD_STAGES; ++s) {
+      mbar_init(smem_u32(&sm.kv_full[s]), 32);
+      mbar_init(smem_u32(&sm.kv_empty[s]), 8);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (wg == 0) {
+    regs_dealloc<40>();
+    if (threadIdx.x < 32) fwd_producer(P, sm);
+  } else {
+    regs_alloc<232>();
+    fwd_consumer(P, sm, wg - 1);
+  }
+}

@@ -1,0 +1,166 @@
+// Online softmax of one 64 x 128 score tile of a consumer warpgroup, with FLAMIA's block scales
+// folded so that an interior score costs one FFMA and one ex2 (plus its max, its sum and its share
+// of the E4M3 conversion). Accumulator fragment of m64n128 (thread t, w = t/32, g = lane/4,
+// q = lane%4): s[i] = row 16w + g + 8*((i>>1)&1), column 8*(i>>2) + 2q + (i&1), so columns
+// 32G..32G+31 (key group G) are i in [16G, 16G + 16).
+//
+// Token-block scales (default; also the tensor-wide exponent of leaky-fp8): the exponents of K and
+// V are uniform over each aligned 32-key group (key tiles start at a document start + a multiple
+// of 128 and blocks restart at every document start), so with qf = 2^eQ * scale * log2(e):
+//   x_ij  = s_ij * qf_i * 2^eK_G                       (c_iG = qf_i * 2^eK_G, one per row and group)
+//   m_i   = max_j x_ij = max_G c_iG * max_{j in G} s_ij    (c > 0: raw maxima first, 1 FMNMX a score)
+//   P'_ij = exp2(fma(s_ij, c_iG, fe_iG - m_i))         (1 FFMA + 1 MUFU a score)
+//   fe_iG = max(eV_G - Ev_i + 8, -20): V's exponent folded into P's E4M3 quantisation (the PV
+//           product then needs one factor 2^(Ev_i - 8) per row); Ev_i = max eV over the groups row i
+//           sees (a masked key never moves it: causal safety). Below -20 every P' rounds to E4M3
+//           zero anyway, and the clamp keeps the row sum exact: l_i += 2^-fe_iG * sum_{j in G} P'_ij.
+// Per-token scales (PER_TOKEN_COLS = 1, the per_token_scales option): a factor per key column, the
+// fold per column, the row sum of unfolded P (the v3.1 arithmetic).
+//
+// O is kept in units of 2^(Evo_i - 8) (Evo: the fold of the last tile), so the per-tile update is
+// one FFMA per O element: O = O * alpha_o + PV with alpha_o = exp2(m_old - m_new) * 2^(Evo - Ev).
+#pragma once
+#include "attn_common.cuh"
+
+#ifndef PER_TOKEN_COLS
+#define PER_TOKEN_COLS 0
+#endif
+
+// Visibility of (row R of the 128-row query tile, key column c of the 128-key tile).
+struct TileMask {
+  int kval;    // valid keys in the tile (document end)
+  int rows;    // valid query rows of the query tile
+  int dq;      // q0 - k0: key c is causally visible to row R iff c <= R + dq
+  int causal;
+  __device__ __forceinline__ bool ok(int R, int c) const { return (c < kval) & (R < rows) & (!causal | (c <= R + dq)); }
+};
+
+// Softmax state of the two rows (r0, r0 + 8) a thread owns.
+struct RowState {
+  float m[2];    // running max (log2 domain, scaled)
+  float l[2];    // this thread's share of the row sum (reduced over the quad at the end)
+  int evo[2];    // O's current unit exponent (+8)
+  float qf[2];   // 2^eQ * scale * log2(e)
+};
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ int quad_max_i(int v) {
+  v = max(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return max(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// New running max of each row from its tile maximum; alpha = exp2(m_old - m_new); mref = the
+// value subtracted (0 for a row with no visible key yet, so exp2 sees -inf, never NaN).
+__device__ __forceinline__ void update_max(RowState& st, const float (&tmax)[2], float (&alpha)[2], float (&mref)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float mn = fmaxf(st.m[r], quad_max(tmax[r]));
+    mref[r] = mn == NEG_INF ? 0.f : mn;
+    alpha[r] = fast_exp2(st.m[r] - mref[r]);
+    st.m[r] = mn;
+  }
+}
+
+// One score tile -> P' (in place, ready for the E4M3 conversion), the row state updated and the
+// factor alpha_o each O row is multiplied by before this tile's PV is added. kf / ev: 2^eK and eV
+// per key of the tile (shared memory); R0 = row of s[0] in the 128-row query tile.
+template <bool MASKED>
+__device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const float* kf, const int* ev, int R0,
+                                             const TileMask& mk, float (&alpha_o)[2]) {
+  const int q = threadIdx.x & 3;
+  float alpha[2], mref[2];
+  int Ev[2];
+#if !PER_TOKEN_COLS
+  float kg[4];
+  int eg[4];
+#pragma unroll
+  for (int G = 0; G < 4; ++G) {
+    kg[G] = kf[32 * G];
+    eg[G] = ev[32 * G];
+  }
+  float gm[2][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int G = 0; G < 4; ++G) gm[r][G] = NEG_INF;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int r = (i >> 1) & 1, G = i >> 4, c = 8 * (i >> 2) + 2 * q + (i & 1);
+    const float v = MASKED ? (mk.ok(R0 + 8 * r, c) ? s[i] : NEG_INF) : s[i];
+    gm[r][G] = fmaxf(gm[r][G], v);
+  }
+  float cf[2][4], tmax[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tmax[r] = NEG_INF;
+    Ev[r] = -1000;
+#pragma unroll
+    for (int G = 0; G < 4; ++G) {
+      cf[r][G] = st.qf[r] * kg[G];
+      tmax[r] = fmaxf(tmax[r], gm[r][G] * cf[r][G]);  // -inf * 0 = NaN is ignored by fmaxf
+      // a group is visible to a row iff its first key is (visibility is a prefix of the columns)
+      const bool vis = MASKED ? mk.ok(R0 + 8 * r, 32 * G) : true;
+      Ev[r] = max(Ev[r], vis ? eg[G] : -1000);
+    }
+  }
+  update_max(st, tmax, alpha, mref);
+  float fe[2][4], bias[2][4], ps[2][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int G = 0; G < 4; ++G) {
+      fe[r][G] = (float)max(eg[G] - Ev[r] + 8, -20);
+      bias[r][G] = fe[r][G] - mref[r];
+      ps[r][G] = 0.f;
+    }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int r = (i >> 1) & 1, G = i >> 4, c = 8 * (i >> 2) + 2 * q + (i & 1);
+    float p = fast_exp2(fmaf(s[i], cf[r][G], bias[r][G]));
+    if (MASKED) p = mk.ok(R0 + 8 * r, c) ? p : 0.f;
+    ps[r][G] += p;
+    s[i] = p;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = 0.f;
+#pragma unroll
+    for (int G = 0; G < 4; ++G) sum = fmaf(ps[r][G], exp2i(-(int)fe[r][G]), sum);
+    st.l[r] = fmaf(st.l[r], alpha[r], sum);
+  }
+#else
+  float tmax[2] = {NEG_INF, NEG_INF};
+  Ev[0] = Ev[1] = -1000;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
+    const bool ok = MASKED ? mk.ok(R0 + 8 * r, c) : true;
+    const float y = s[i] * kf[c];
+    s[i] = y;
+    tmax[r] = fmaxf(tmax[r], ok ? y * st.qf[r] : NEG_INF);
+    Ev[r] = max(Ev[r], ok ? ev[c] : -1000);
+  }
+  Ev[0] = quad_max_i(Ev[0]);
+  Ev[1] = quad_max_i(Ev[1]);
+  update_max(st, tmax, alpha, mref);
+  float ps[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
+    float p = fast_exp2(fmaf(s[i], st.qf[r], -mref[r]));
+    if (MASKED) p = mk.ok(R0 + 8 * r, c) ? p : 0.f;
+    ps[r] += p;
+    s[i] = p * exp2i(ev[c] - Ev[r] + 8);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) st.l[r] = fmaf(st.l[r], alpha[r], ps[r]);
+#endif
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    alpha_o[r] = alpha[r] * exp2i(st.evo[r] - Ev[r]);
+    st.evo[r] = Ev[r];
+  }
+}

@@ -1,0 +1,85 @@
+// The TMA producer / mbarrier pipeline pieces of the warp-specialised kernels (attn_fwd_v4.cu; the
+// backward reuses them): tensor maps passed in the __grid_constant__ parameter struct, mbarrier
+// init / arrive / wait, bulk tensor loads into 128-byte-swizzled tiles, register reallocation
+// between the producer and consumer warpgroups, and the wgmma descriptor of such tiles.
+// Verified recipes: shared/design/tma-pipeline-notes.md (ring, parities, swizzle, descriptors).
+#pragma once
+#include "common.cuh"
+
+// CUtensorMap (128 bytes, 64-byte aligned), built on the host by cuTensorMapEncodeTiled
+// (src/gpu/tma.rs). Its address in the parameter space is what cp.async.bulk.tensor takes.
+struct __align__(64) TmaMap {
+  u64 opaque[16];
+};
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the barrier inits visible to the other threads and to the async (TMA) proxy; a CTA-wide
+// barrier must follow before anyone uses them.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Arrives (count 1) and adds `bytes` to the transaction count the current phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Spins until the phase of parity `parity` has completed. A fresh barrier counts its "previous"
+// phase (parity 1) as complete, so a producer's first wait on an empty slot returns at once.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nMBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra MBAR_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_prefetch(const TmaMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)map) : "memory");
+}
+// Box of a 2-D map at element coordinates (x innermost, y) -> smem `dst`; completes on `bar`.
+__device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, u32 bar, int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+      "l"((u64)map), "r"(bar), "r"(x), "r"(y)
+      : "memory");
+}
+// Box of a 3-D map at (x innermost, y, z).
+__device__ __forceinline__ void tma_load_3d(u32 dst, const TmaMap* map, u32 bar, int x, int y, int z) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
+          dst),
+      "l"((u64)map), "r"(bar), "r"(x), "r"(y), "r"(z)
+      : "memory");
+}
+
+// setmaxnreg: the producer warpgroup gives registers back, the consumers take them (all threads of
+// the warpgroup execute it).
+template <int R>
+__device__ __forceinline__ void regs_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void regs_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+
+// Named barrier over `n` threads (ids 1..15; 0 is __syncthreads).
+__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+// wgmma descriptor of a K-major tile of 128-byte rows written by TMA with the 128-byte swizzle
+// (1024-byte aligned): LBO 16 (unused), SBO 1024 (8 rows), mode 1. K slice kk of an FP8 tile
+// starts at +32*kk bytes (the hardware applies the XOR after adding).
+__device__ __forceinline__ u64 desc_sw128(u32 saddr) {
+  return (u64)((saddr & 0x3FFFFu) >> 4) | ((u64)(16u >> 4) << 16) | ((u64)(1024u >> 4) << 32) | ((u64)1 << 62);
+}
+// Byte offset of (row r, byte k) in such a tile: the 16-byte chunk index is XORed with r % 8.
+__device__ __forceinline__ u32 sw128_off(u32 r, u32 k) { return r * 128u + (k ^ ((r & 7u) << 4)); }
