@@ -5,7 +5,7 @@
 # Carry target/release/flamia and the test executables (copied by `bash bench/device_v4.sh --stage`
 # into .device-carry/v4/), run from the repo root:  bash bench/device_v4.sh   (logs under $OUT)
 # ANCHORS=1 adds bench/anchors.py (about 5 min); CUDNN_FP8=1 adds bench/cudnn_fp8.py (needs .whl);
-# TESTS=0 skips the tests; BENCH_ARGS narrows the benchmark (e.g. "--workload 1x65536").
+# STAGES_AB="2 3" adds v4 runs with other ring depths; TESTS=0 skips the tests; BENCH_ARGS narrows the benchmark (e.g. "--workload 1x65536").
 set -u
 C=.device-carry/v4
 if [ "${1:-}" = "--stage" ]; then
@@ -32,6 +32,10 @@ if [ "${TESTS:-1}" = 1 ]; then
 fi
 echo "=== A: v4 forward   clock $(clock)"
 timeout 200 $B bench attention --json "$O/v4a.json" ${BENCH_ARGS:-} || echo "bench v4 rc=$?"
+for st in ${STAGES_AB:-}; do  # ring depths to A/B (FLAMIA_FWD_STAGES)
+  echo "=== v4 forward, $st stages   clock $(clock)"
+  FLAMIA_FWD_STAGES=$st timeout 200 $B bench attention --json "$O/v4s$st.json" ${BENCH_ARGS:-} || echo "bench stages $st rc=$?"
+done
 echo "=== B: v3.1 forward (FLAMIA_ATTN_FWD=v3)   clock $(clock)"
 FLAMIA_ATTN_FWD=v3 timeout 200 $B bench attention --json "$O/v3.json" ${BENCH_ARGS:-} || echo "bench v3 rc=$?"
 if [ "${ANCHORS:-0}" = 1 ]; then

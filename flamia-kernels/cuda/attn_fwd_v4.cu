@@ -5,9 +5,9 @@
 //   warpgroup 0, warp 0   producer: takes work items (sched.cuh), TMA-loads each item's 128-query
 //                         Q tile into a two-slot ring and every 128-key K tile and dim-major V
 //                         tile into a FWD_STAGES-deep ring (128-byte swizzle), plus the keys'
-//                         exponents (ordinary loads); registers cut to 40 (setmaxnreg)
+//                         exponents (ordinary loads); registers cut to 56 (setmaxnreg)
 //   warpgroups 1, 2       consumers, rows 0..63 / 64..127 of the query tile; both read every K/V
-//                         stage (half the L2 traffic per FLOP of a 64-row tile); 232 registers.
+//                         stage (half the L2 traffic per FLOP of a 64-row tile); 224 registers.
 // Per key tile a consumer computes
 //   S  = Q K^T                     RS wgmma m64n128k32 e4m3 x 4, Q's A fragments resident in
 //                                  registers for the whole item (loaded once from the Q slot)
@@ -16,8 +16,10 @@
 //                                  accumulator truncates: never feed O back in)
 //   O  = O * alpha_o + PV          one FFMA per O element
 // and releases the stage. Masks run only on diagonal and document-end tiles.
-// Barriers: q_full[b] (count 1 + Q bytes), q_empty[b] (the 256 consumer threads), kv_full[s] (the
-// 32 producer lanes, lane 0 with the K + V bytes), kv_empty[s] (lane 0 of the 8 consumer warps).
+// Item slots (QSLOTS deep): the Q tile, the decoded item and its rows' score factors, written by the
+// producer, so a consumer's item start reads shared memory only (no dependent global loads).
+// Barriers: q_full[b] and kv_full[s] (the 32 producer lanes, lane 0 with the TMA bytes), q_empty[b]
+// (the 256 consumer threads), kv_empty[s] (lane 0 of the 8 consumer warps).
 #include "attn_common.cuh"
 #include "tma.cuh"
 #include "sched.cuh"
@@ -28,6 +30,7 @@
 #define FWD_STAGES 3
 #endif
 #define QT 128  // query rows of a work item (two consumer warpgroups x 64)
+#define QSLOTS 3
 #define KT 128  // keys per tile
 
 // Mirrors FwdV4Params in src/gpu/attention.rs.
@@ -42,14 +45,22 @@ struct FwdV4Params {
   int nitems;
 };
 
+// A work item as the consumers see it.
+struct ItemSlot {
+  int code;  // tile * hq + head, or -1: no work left
+  int h;
+  WorkTile tile;
+  float qf[QT];  // 2^eQ * scale * log2(e) per row (0: row past the document)
+};
+
 struct FwdV4Smem {
-  u8 q[2][QT * 128];
+  u8 q[QSLOTS][QT * 128];
   u8 k[FWD_STAGES][KT * 128];
   u8 v[FWD_STAGES][HEAD_DIM * KT];
   float kf[FWD_STAGES][KT];  // 2^eK per key (0: no key)
   int ev[FWD_STAGES][KT];    // eV per key (-1000: no key)
-  int item[2];
-  u64 q_full[2], q_empty[2], kv_full[FWD_STAGES], kv_empty[FWD_STAGES];
+  ItemSlot item[QSLOTS];
+  u64 q_full[QSLOTS], q_empty[QSLOTS], kv_full[FWD_STAGES], kv_empty[FWD_STAGES];
 };
 #ifdef SMEM_FWD4_BUDGET
 static_assert(sizeof(FwdV4Smem) + 1024 <= SMEM_FWD4_BUDGET, "attn_fwd_v4: dynamic shared memory budget too small");
@@ -61,6 +72,10 @@ __device__ __forceinline__ int fwd_key_tiles(const WorkTile& t, int causal) {
   return (kend + KT - 1) / KT;
 }
 
+// The producer warp. Latency it hides: the next item's index (atomic) is fetched while the
+// current item's tiles are issued, and each key tile's exponents are loaded into registers before
+// the warp waits for the stage to be free, so a stage's turnaround (release -> refilled) is the
+// TMA's alone.
 __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm) {
   const AttnParams& a = P.a;
   const int lane = threadIdx.x & 31;
@@ -71,49 +86,75 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
   }
   int qb = 0, s = 0;
   u32 qph = 0, ph = 0;
-  for (bool first = true;; first = false) {
-    int idx = 0;
-    if (lane == 0) idx = sched_next(P.counter, first);
-    idx = __shfl_sync(0xffffffffu, idx, 0);
+  int idx = (int)blockIdx.x;
+  for (;;) {
     const int code = idx < P.nitems ? P.items[idx] : -1;
-    mbar_wait(smem_u32(&sm.q_empty[qb]), qph ^ 1);
     int h = 0;
     WorkTile t{0, 0, 0, 0};
     if (code >= 0) t = sched_tile(P.tiles, code, a.hq, h);
-    if (lane == 0) {
-      sm.item[qb] = code;
-      const u32 bar = smem_u32(&sm.q_full[qb]);
-      if (code >= 0) {
-        mbar_arrive_expect_tx(bar, QT * 128);
-        tma_load_3d(smem_u32(sm.q[qb]), &P.q_map, bar, 0, h, t.doc0 + t.q0);
-      } else {
-        mbar_arrive(bar);
+    const int hk = h / (a.hq / a.hkv), nkt = code >= 0 ? fwd_key_tiles(t, a.causal) : 0;
+    // exponents of key tile kt into registers (4 keys per lane)
+    float kf[4];
+    int ev[4];
+    auto load_exps = [&](int kt) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int key = kt * KT + 4 * lane + j;
+        const bool ok = key < t.len;
+        const long long e = (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk;
+        kf[j] = ok ? exp2i(a.k_exp[e]) : 0.f;
+        ev[j] = ok ? (int)a.v_exp[e] : -1000;
       }
+    };
+    if (nkt > 0) load_exps(0);
+    float qf[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int R = 4 * lane + j;
+      const bool ok = code >= 0 && t.q0 + R < t.len;
+      qf[j] = ok ? exp2i(a.q_exp[(long long)(t.doc0 + t.q0 + R) * a.hq + h]) * a.scale_log2 : 0.f;
+    }
+    mbar_wait(smem_u32(&sm.q_empty[qb]), qph ^ 1);
+    ItemSlot& it = sm.item[qb];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) it.qf[4 * lane + j] = qf[j];
+    const u32 qbar = smem_u32(&sm.q_full[qb]);
+    if (lane == 0) {
+      it.code = code;
+      it.h = h;
+      it.tile = t;
+      if (code >= 0) {
+        mbar_arrive_expect_tx(qbar, QT * 128);
+        tma_load_3d(smem_u32(sm.q[qb]), &P.q_map, qbar, 0, h, t.doc0 + t.q0);
+      } else {
+        mbar_arrive(qbar);
+      }
+    } else {
+      mbar_arrive(qbar);
     }
     if (code < 0) return;
-    if (++qb == 2) { qb = 0; qph ^= 1; }
-    const int hk = h / (a.hq / a.hkv), nkt = fwd_key_tiles(t, a.causal);
+    if (++qb == QSLOTS) { qb = 0; qph ^= 1; }
+    int next = 0;
+    if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;  // used after this item's tiles
     for (int kt = 0; kt < nkt; ++kt) {
-      const int k0 = kt * KT;
       mbar_wait(smem_u32(&sm.kv_empty[s]), ph ^ 1);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int c = 4 * lane + j;
-        const bool ok = k0 + c < t.len;
-        const long long e = (long long)(t.doc0 + k0 + c) * a.hkv + hk;
-        sm.kf[s][c] = ok ? exp2i(a.k_exp[e]) : 0.f;
-        sm.ev[s][c] = ok ? (int)a.v_exp[e] : -1000;
+        sm.kf[s][4 * lane + j] = kf[j];
+        sm.ev[s][4 * lane + j] = ev[j];
       }
       const u32 bar = smem_u32(&sm.kv_full[s]);
       if (lane == 0) {
         mbar_arrive_expect_tx(bar, 2 * KT * 128);
-        tma_load_3d(smem_u32(sm.k[s]), &P.k_map, bar, 0, hk, t.doc0 + k0);
-        tma_load_2d(smem_u32(sm.v[s]), &P.v_map, bar, t.pad0 + k0, hk * HEAD_DIM);
+        tma_load_3d(smem_u32(sm.k[s]), &P.k_map, bar, 0, hk, t.doc0 + kt * KT);
+        tma_load_2d(smem_u32(sm.v[s]), &P.v_map, bar, t.pad0 + kt * KT, hk * HEAD_DIM);
       } else {
         mbar_arrive(bar);
       }
       if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
+      if (kt + 1 < nkt) load_exps(kt + 1);
     }
+    idx = __shfl_sync(0xffffffffu, next, 0);
   }
 }
 
@@ -156,10 +197,10 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
   u32 qph = 0, ph = 0;
   for (;;) {
     mbar_wait(smem_u32(&sm.q_full[qb]), qph);
-    const int code = sm.item[qb];
-    if (code < 0) return;
-    int h;
-    const WorkTile tile = sched_tile(P.tiles, code, a.hq, h);
+    const ItemSlot& it = sm.item[qb];
+    if (it.code < 0) return;
+    const int h = it.h;
+    const WorkTile tile = it.tile;
     const int rows = min(QT, tile.len - tile.q0);
     // Q's A fragments (a[kk][r] byte j = Q[row 16w + g + 8(r&1)][32kk + 16(r>>1) + 4q + j])
     u32 qa[4][4];
@@ -173,13 +214,13 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int R = R0 + 8 * r;
-      st.qf[r] = R < rows ? exp2i(a.q_exp[(long long)(tile.doc0 + tile.q0 + R) * a.hq + h]) * a.scale_log2 : 0.f;
+      st.qf[r] = it.qf[R];
       st.m[r] = NEG_INF;
       st.l[r] = 0.f;
       st.evo[r] = 0;
     }
     mbar_arrive(smem_u32(&sm.q_empty[qb]));
-    if (++qb == 2) { qb = 0; qph ^= 1; }
+    if (++qb == QSLOTS) { qb = 0; qph ^= 1; }
 
     const int nkt = fwd_key_tiles(tile, a.causal);
     if (64 * cw >= rows) {  // no row of this warpgroup in the document: only pass the stages on
@@ -218,8 +259,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_co
   FwdV4Smem& sm = *reinterpret_cast<FwdV4Smem*>(smem_aligned_1024(smem_raw));
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
-    for (int b = 0; b < 2; ++b) {
-      mbar_init(smem_u32(&sm.q_full[b]), 1);
+    for (int b = 0; b < QSLOTS; ++b) {
+      mbar_init(smem_u32(&sm.q_full[b]), 32);
       mbar_init(smem_u32(&sm.q_empty[b]), 256);
     }
     for (int s = 0; s < FWD_STAGES; ++s) {
@@ -230,10 +271,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_co
   }
   __syncthreads();
   if (wg == 0) {
-    regs_dealloc<40>();
+    regs_dealloc<56>();
     if (threadIdx.x < 32) fwd_producer(P, sm);
   } else {
-    regs_alloc<232>();
+    regs_alloc<224>();
     fwd_consumer(P, sm, wg - 1);
   }
 }

@@ -13,11 +13,6 @@ struct WorkTile {
   int doc0, len, pad0, q0;
 };
 
-// Index of this CTA's next item (may be >= the item count: no work left).
-__device__ __forceinline__ int sched_next(int* counter, bool first) {
-  return first ? (int)blockIdx.x : atomicAdd(counter, 1) + (int)gridDim.x;
-}
-
 // Item code -> its tile and head (code = tile * heads + head).
 __device__ __forceinline__ WorkTile sched_tile(const int* tiles, int code, int heads, int& head) {
   const int tile = code / heads;

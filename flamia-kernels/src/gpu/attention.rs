@@ -44,11 +44,22 @@ use std::sync::Arc;
 const SMEM_FWD: [u32; 2] = [52 * 1024, 76 * 1024];
 const SMEM_DQ: [u32; 2] = [80 * 1024, 104 * 1024];
 const SMEM_DKDV: [u32; 2] = [88 * 1024, 112 * 1024];
-/// The v4 forward (`cuda/attn_fwd_v4.cu`): two Q slots and three K/V stages of 16 KB tiles plus
-/// the keys' exponents and the barriers (131.1 KB), 1 KB alignment slack.
-const SMEM_FWD4: u32 = 136 * 1024;
-/// K/V ring depth of the v4 forward.
-const FWD4_STAGES: u32 = 3;
+/// K/V ring depth of the v4 forward: 4 stages unless `FLAMIA_FWD_STAGES` (2..=5) says otherwise
+/// (a kernel-development knob for A/B runs; docs/perf.md "v4").
+pub fn forward_v4_stages() -> u32 {
+    std::env::var("FLAMIA_FWD_STAGES")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|n| (2..=5).contains(n))
+        .unwrap_or(4)
+}
+
+/// Dynamic shared memory of the v4 forward (`cuda/attn_fwd_v4.cu`): three item slots (a 16 KB Q
+/// tile and 0.5 KB of item data each), per stage a 16 KB K tile, a 16 KB V tile and 1 KB of key
+/// exponents, barriers and 1 KB of alignment slack (the kernel's static_assert checks it).
+fn smem_fwd4(stages: u32) -> u32 {
+    (48 + 33 * stages + 4) * 1024
+}
 
 /// Which forward kernel runs: the v4 warp-specialised kernel (default for the E4M3-score paths)
 /// or the v3.1 kernel (`FLAMIA_ATTN_FWD=v3`, kept for A/B; the NVFP4 path and FP32-promoted
@@ -59,11 +70,11 @@ pub fn forward_v3_forced() -> bool {
 
 /// Defines of the v4 forward: per-key scale columns (per-token scales) or per-32-key-group
 /// folds (token-block and tensor-wide scales), the ring depth and the smem budget.
-fn forward_v4_variant(per_token: bool) -> Variant {
+fn forward_v4_variant(per_token: bool, stages: u32) -> Variant {
     Variant::new()
         .define("PER_TOKEN_COLS", per_token as u32)
-        .define("FWD_STAGES", FWD4_STAGES)
-        .define("SMEM_FWD4_BUDGET", SMEM_FWD4)
+        .define("FWD_STAGES", stages)
+        .define("SMEM_FWD4_BUDGET", smem_fwd4(stages))
 }
 
 /// Mirrors `struct FwdV4Params` of `cuda/attn_fwd_v4.cu` (passed as a `__grid_constant__`, so the
@@ -369,10 +380,10 @@ impl Attention {
             counter: plan.counter.ptr(),
             nitems: nitems as i32,
         };
-        let v = forward_v4_variant(self.scale_mode() == ScaleMode::PerToken);
-        let f = self
-            .gpu
-            .function("attn_fwd_v4.cu", &v, "attn_fwd_v4", SMEM_FWD4)?;
+        let stages = forward_v4_stages();
+        let smem = smem_fwd4(stages);
+        let v = forward_v4_variant(self.scale_mode() == ScaleMode::PerToken, stages);
+        let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         // SAFETY: a 4-byte memset of the plan's own counter on the launch stream.
         unsafe { cudarc::driver::sys::cuMemsetD32Async(plan.counter.ptr(), 0, 1, stream.0) }
             .result()
@@ -383,7 +394,7 @@ impl Attention {
         let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
         // SAFETY: params mirror FwdV4Params; the maps cover the saved code buffers of `plan`'s
         // shape, the tables and counter belong to `plan`, o and lse are the caller's (sized by plan).
-        unsafe { launch(&f, grid, 384, SMEM_FWD4, stream, &p, "attn_fwd_v4") }
+        unsafe { launch(&f, grid, 384, smem, stream, &p, "attn_fwd_v4") }
     }
 
     /// Quantises Q, K, V and runs the forward; returns the quantised operands for the backward.
@@ -516,10 +527,11 @@ impl Attention {
         let (v, i) = self.variant();
         let mut out = Vec::new();
         if self.uses_forward_v4() {
-            let v4 = forward_v4_variant(self.scale_mode() == ScaleMode::PerToken);
+            let stages = forward_v4_stages();
+            let v4 = forward_v4_variant(self.scale_mode() == ScaleMode::PerToken, stages);
             let f = self
                 .gpu
-                .function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", SMEM_FWD4)?;
+                .function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem_fwd4(stages))?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
         }
@@ -562,8 +574,8 @@ mod tests {
                 }
             }
         }
-        for per_token in [false, true] {
-            let v = forward_v4_variant(per_token);
+        for (per_token, stages) in [(false, 2), (false, 4), (true, 4), (false, 5)] {
+            let v = forward_v4_variant(per_token, stages);
             compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                 .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
         }
