@@ -5,7 +5,8 @@
 # Carry target/release/flamia and the test executables (copied by `bash bench/device_v4.sh --stage`
 # into .device-carry/v4/), run from the repo root:  bash bench/device_v4.sh   (logs under $OUT)
 # ANCHORS=1 adds bench/anchors.py (about 5 min); CUDNN_FP8=1 adds bench/cudnn_fp8.py (needs .whl);
-# STAGES_AB="2 3" adds v4 runs with other ring depths; TESTS=0 skips the tests; BENCH_ARGS narrows the benchmark (e.g. "--workload 1x65536").
+# VARIANT_DIRS="d1 d2" adds runs on other kernel sources (FLAMIA_CUDA_DIR; each dir holds every
+# cuda/ file and a REVISION line); STAGES_AB="2 3" adds v4 runs with other ring depths; TESTS=0 skips the tests; BENCH_ARGS narrows the benchmark (e.g. "--workload 1x65536").
 set -u
 C=.device-carry/v4
 if [ "${1:-}" = "--stage" ]; then
@@ -32,6 +33,10 @@ if [ "${TESTS:-1}" = 1 ]; then
 fi
 echo "=== A: v4 forward   clock $(clock)"
 timeout 200 $B bench attention --json "$O/v4a.json" ${BENCH_ARGS:-} || echo "bench v4 rc=$?"
+for dir in ${VARIANT_DIRS:-}; do  # other kernel source sets, same binary (FLAMIA_CUDA_DIR)
+  echo "=== variant $(cat $dir/REVISION 2>/dev/null) ($dir)   clock $(clock)"
+  FLAMIA_CUDA_DIR=$dir timeout 200 $B bench attention --json "$O/$(basename $dir).json" ${BENCH_ARGS:-} || echo "bench $dir rc=$?"
+done
 for st in ${STAGES_AB:-}; do  # ring depths to A/B (FLAMIA_FWD_STAGES)
   echo "=== v4 forward, $st stages   clock $(clock)"
   FLAMIA_FWD_STAGES=$st timeout 200 $B bench attention --json "$O/v4s$st.json" ${BENCH_ARGS:-} || echo "bench stages $st rc=$?"

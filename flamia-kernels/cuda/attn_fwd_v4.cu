@@ -72,10 +72,11 @@ __device__ __forceinline__ int fwd_key_tiles(const WorkTile& t, int causal) {
   return (kend + KT - 1) / KT;
 }
 
-// The producer warp. Latency it hides: the next item's index (atomic) is fetched while the
-// current item's tiles are issued, and each key tile's exponents are loaded into registers before
-// the warp waits for the stage to be free, so a stage's turnaround (release -> refilled) is the
-// TMA's alone.
+// The producer warp. Latency it hides: item indices are taken from the counter one item ahead
+// and the next item's code and tile are loaded while the current item's K/V tiles are issued, so
+// an item start waits only for its exponents; each key tile's exponents are loaded into registers
+// before the warp waits for the stage to be free, so a stage's turnaround (release -> refilled) is
+// the TMA's alone.
 __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm) {
   const AttnParams& a = P.a;
   const int lane = threadIdx.x & 31;
@@ -86,12 +87,13 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
   }
   int qb = 0, s = 0;
   u32 qph = 0, ph = 0;
-  int idx = (int)blockIdx.x;
+  int code = (int)blockIdx.x < P.nitems ? P.items[blockIdx.x] : -1;
+  int h = 0;
+  WorkTile t{0, 0, 0, 0};
+  if (code >= 0) t = sched_tile(P.tiles, code, a.hq, h);
+  int next = 0;  // index of the item after this one (lane 0 holds it)
+  if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;
   for (;;) {
-    const int code = idx < P.nitems ? P.items[idx] : -1;
-    int h = 0;
-    WorkTile t{0, 0, 0, 0};
-    if (code >= 0) t = sched_tile(P.tiles, code, a.hq, h);
     const int hk = h / (a.hq / a.hkv), nkt = code >= 0 ? fwd_key_tiles(t, a.causal) : 0;
     // exponents of key tile kt into registers (4 keys per lane)
     float kf[4];
@@ -134,8 +136,11 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
     }
     if (code < 0) return;
     if (++qb == QSLOTS) { qb = 0; qph ^= 1; }
-    int next = 0;
-    if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;  // used after this item's tiles
+    const int nidx = __shfl_sync(0xffffffffu, next, 0);
+    const int ncode = nidx < P.nitems ? P.items[nidx] : -1;  // in flight while the tiles are issued
+    if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;
+    int nh = 0;
+    WorkTile nt{0, 0, 0, 0};
     for (int kt = 0; kt < nkt; ++kt) {
       mbar_wait(smem_u32(&sm.kv_empty[s]), ph ^ 1);
 #pragma unroll
@@ -152,10 +157,28 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
         mbar_arrive(bar);
       }
       if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
+      if (kt == 0 && ncode >= 0) nt = sched_tile(P.tiles, ncode, a.hq, nh);  // after the first tile's TMA
       if (kt + 1 < nkt) load_exps(kt + 1);
     }
-    idx = __shfl_sync(0xffffffffu, next, 0);
+    code = ncode;
+    t = nt;
+    h = nh;
   }
+}
+
+// FWD_PINGPONG = 1: the two consumer warpgroups take turns issuing their S products (named
+// barriers 1 and 2, FA3's warp-scheduler barrier), so one warpgroup's softmax runs while the other's
+// products are in the tensor cores. Warpgroup 1 starts by passing the turn; warpgroup 0 absorbs
+// the last pass when the kernel ends. Every key tile takes and passes the turn once, the tiles a
+// warpgroup only passes on (no rows in the document) too.
+#ifndef FWD_PINGPONG
+#define FWD_PINGPONG 0
+#endif
+__device__ __forceinline__ void turn_take(int cw) {
+  if (FWD_PINGPONG) named_sync(1 + cw, 256);
+}
+__device__ __forceinline__ void turn_pass(int cw) {
+  if (FWD_PINGPONG) named_arrive(2 - cw, 256);
 }
 
 // acc[64 x 128] = A (E4M3 fragments, 4 K slices of 32) * B^T, B a swizzled [128 x 128 bytes] tile.
@@ -176,7 +199,14 @@ template <bool MASKED>
 __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[4][4], RowState& st, float (&o)[64],
                                          int R0, const TileMask& mk) {
   float sc[64];
-  mma_rs_k128(sc, qa, smem_u32(sm.k[s]));
+  turn_take(R0 >> 6);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs_m64n128k32_e4m3(sc, qa[kk], desc_sw128(smem_u32(sm.k[s]) + 32 * kk), kk > 0);
+  wg_commit();
+  turn_pass(R0 >> 6);
+  wg_wait<0>();
+  fence_regs(sc);
   float alpha_o[2];
   softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], R0, mk, alpha_o);
   u32 pa[4][4];
@@ -195,10 +225,14 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
   const int R0 = 64 * cw + 16 * w + g;  // row of fragment element 0 in the query tile
   int qb = 0, s = 0;
   u32 qph = 0, ph = 0;
+  if (cw == 1) turn_pass(cw);  // warpgroup 0 issues first
   for (;;) {
     mbar_wait(smem_u32(&sm.q_full[qb]), qph);
     const ItemSlot& it = sm.item[qb];
-    if (it.code < 0) return;
+    if (it.code < 0) {
+      if (cw == 0) turn_take(cw);  // absorb warpgroup 1's last pass: the barriers end balanced
+      return;
+    }
     const int h = it.h;
     const WorkTile tile = it.tile;
     const int rows = min(QT, tile.len - tile.q0);
@@ -226,6 +260,8 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
     if (64 * cw >= rows) {  // no row of this warpgroup in the document: only pass the stages on
       for (int kt = 0; kt < nkt; ++kt) {
         mbar_wait(smem_u32(&sm.kv_full[s]), ph);
+        turn_take(cw);
+        turn_pass(cw);
         if (lane == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
         if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
       }
