@@ -10,7 +10,8 @@ checked here before a device call.
     python3 scripts/kernel-regs.py -D NVFP4=1 attn_fwd.cu
     python3 scripts/kernel-regs.py --dir old/cuda       # sources from another directory (A/B)
     python3 scripts/kernel-regs.py --per-score          # v4 forward: SASS instructions per score
-                                                        # of the interior key-tile loop, by class
+                                                        # of the interior and the masked key-tile
+                                                        # loops, by class
 """
 import argparse
 import ctypes
@@ -68,9 +69,10 @@ def main():
                     help="also count SASS instructions per kernel: branches (BRA), tensor-core MMAs "
                          "(QGMMA/HGMMA), barriers (BAR), warpgroup waits (WARPGROUP)")
     ap.add_argument("--per-score", action="store_true",
-                    help="v4 forward: compile attn_fwd_v4.cu with only the interior (mask-free) tile path "
-                         "(FWD_INTERIOR_ONLY=1, a census build: its results are wrong) and print the SASS "
-                         "instructions of its key-tile loop per score, by instruction class")
+                    help="v4 forward: compile attn_fwd_v4.cu with only the interior (mask-free) or only the "
+                         "masked tile loop (FWD_INTERIOR_ONLY / FWD_MASKED_ONLY: census builds, their "
+                         "results are wrong) and print the SASS instructions of that key-tile loop per "
+                         "score, by instruction class")
     a = ap.parse_args()
     if a.per_score:
         return per_score(a)
@@ -161,8 +163,10 @@ def per_score(a):
     libdir = os.path.dirname(find("nvidia/cu13/lib/libnvrtc.so.13"))
     ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
     lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
-    for extra in ([], ["PER_TOKEN_COLS=1"]):
-        ins = sass_lines(lib, a.dir, "attn_fwd_v4.cu", ["FWD_INTERIOR_ONLY=1"] + extra + a.defines)
+    for path, extra in (("interior", ["FWD_INTERIOR_ONLY=1"]), ("masked", ["FWD_MASKED_ONLY=1"]),
+                        ("interior", ["FWD_INTERIOR_ONLY=1", "PER_TOKEN_COLS=1"]),
+                        ("masked", ["FWD_MASKED_ONLY=1", "PER_TOKEN_COLS=1"])):
+        ins = sass_lines(lib, a.dir, "attn_fwd_v4.cu", extra + a.defines)
         mma = [i for i, (_, op, _) in enumerate(ins) if "GMMA" in op]
         if len(mma) < 8:
             sys.exit(f"expected 8 GMMA in the consumer loop, found {len(mma)}")
@@ -192,8 +196,8 @@ def per_score(a):
             else:
                 other += 1
         n = len(body)
-        tag = "per-token scales" if extra else "token-block scales"
-        print(f"attn_fwd_v4 interior key-tile loop ({tag}): {n} SASS instructions per thread per tile = "
+        tag = "per-token scales" if "PER_TOKEN_COLS=1" in extra else "token-block scales"
+        print(f"attn_fwd_v4 {path} key-tile loop ({tag}): {n} SASS instructions per thread per tile = "
               f"{n / V4_SCORES_PER_THREAD:.2f} per score (budget ~12)")
         print("   " + ", ".join(f"{k} {v / V4_SCORES_PER_THREAD:.2f}" for k, v in counts.items())
               + f", other {other / V4_SCORES_PER_THREAD:.2f}")

@@ -74,7 +74,11 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Smallest e with amax <= 448 * 2^e (exact; the block-scale rule of hopper-kernels.md 2).
+// Smallest e with amax <= 448 * 2^e (exact; the block-scale rule of hopper-kernels.md 2), but
+// never below -126: the dS codes are v * 2^-e and their value code * 2^e, and exp2i is exact only
+// on [-126, 127] (it clamps). An amax below 448 * 2^-134 used to give e < -126, scaled by the
+// clamped 2^126 but reconstructed with 2^-126: such dS values came back doubled. Clamped before
+// use, any amax <= 448 * 2^-126 gets e = -126 and its codes stay in range.
 __device__ __forceinline__ int e4m3_scale_exp(float amax) {
   if (!(amax > 0.f)) return -126;
   int bits = __float_as_int(amax);
@@ -86,7 +90,7 @@ __device__ __forceinline__ int e4m3_scale_exp(float amax) {
   }
   k = ex - 127;
   mant = __int_as_float((bits & 0x7fffff) | (127 << 23));  // in [1, 2)
-  return k - 8 + (mant > 1.75f ? 1 : 0);
+  return max(-126, k - 8 + (mant > 1.75f ? 1 : 0));
 }
 
 // Two FP32 values -> two E4M3 codes in the low 16 bits (lo in the low byte), RNE, saturating.

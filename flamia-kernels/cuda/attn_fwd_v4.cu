@@ -31,7 +31,6 @@
 #endif
 #define QT 128  // query rows of a work item (two consumer warpgroups x 64)
 #define QSLOTS 3
-#define KT 128  // keys per tile
 
 // Mirrors FwdV4Params in src/gpu/attention.rs.
 struct FwdV4Params {
@@ -271,8 +270,10 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     // Interior tiles (every row of this warpgroup sees every key): a prefix of the key tiles.
-#ifdef FWD_INTERIOR_ONLY  // instruction census only (scripts/kernel-regs.py --per-score): wrong results
+#if defined(FWD_INTERIOR_ONLY)  // instruction census builds (scripts/kernel-regs.py --per-score): wrong results
     const int nfull = nkt;
+#elif defined(FWD_MASKED_ONLY)
+    const int nfull = 0;
 #else
     const int nfull = (64 * cw + 64 <= rows) ? min(tile.len / KT, a.causal ? (tile.q0 + 64 * cw + 1) / KT : nkt) : 0;
 #endif

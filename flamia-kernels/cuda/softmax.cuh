@@ -25,6 +25,7 @@
 #ifndef PER_TOKEN_COLS
 #define PER_TOKEN_COLS 0
 #endif
+#define KT 128  // keys per tile (the m64n128 score fragment above)
 
 // Visibility of (row R of the 128-row query tile, key column c of the 128-key tile).
 struct TileMask {
@@ -32,7 +33,10 @@ struct TileMask {
   int rows;    // valid query rows of the query tile
   int dq;      // q0 - k0: key c is causally visible to row R iff c <= R + dq
   int causal;
-  __device__ __forceinline__ bool ok(int R, int c) const { return (c < kval) & (R < rows) & (!causal | (c <= R + dq)); }
+  // Last visible column of row R (-1: none). Visibility is a prefix of the columns.
+  __device__ __forceinline__ int last(int R) const {
+    return R < rows ? (causal ? min(kval - 1, R + dq) : kval - 1) : -1;
+  }
 };
 
 // Softmax state of the two rows (r0, r0 + 8) a thread owns.
@@ -81,6 +85,14 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
     kg[G] = kf[32 * G];
     eg[G] = ev[32 * G];
   }
+  // masks: element i of row r is visible iff 8 * (i >> 2) + (i & 1) <= lim[r] - 2q (one
+  // compare with an immediate per score)
+  int lim[2], lq[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lim[r] = MASKED ? mk.last(R0 + 8 * r) : KT - 1;
+    lq[r] = lim[r] - 2 * q;
+  }
   float gm[2][4];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
@@ -88,9 +100,9 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
     for (int G = 0; G < 4; ++G) gm[r][G] = NEG_INF;
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
-    const int r = (i >> 1) & 1, G = i >> 4, c = 8 * (i >> 2) + 2 * q + (i & 1);
-    const float v = MASKED ? (mk.ok(R0 + 8 * r, c) ? s[i] : NEG_INF) : s[i];
-    gm[r][G] = fmaxf(gm[r][G], v);
+    const int r = (i >> 1) & 1, G = i >> 4;
+    if (MASKED) s[i] = (8 * (i >> 2) + (i & 1) <= lq[r]) ? s[i] : NEG_INF;  // ex2 gives 0 below
+    gm[r][G] = fmaxf(gm[r][G], s[i]);
   }
   float cf[2][4], tmax[2];
 #pragma unroll
@@ -99,10 +111,13 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
     Ev[r] = -1000;
 #pragma unroll
     for (int G = 0; G < 4; ++G) {
-      cf[r][G] = st.qf[r] * kg[G];
+      // floored at 1e-30 so a masked -inf times cf is -inf, never NaN (cf = 0 for a row past the
+      // document, a key group past it, or an underflowing product); below 1e-30 every x = s * cf
+      // is within 3e-23 of zero either way (|s| <= 448^2 * 128), so no result moves.
+      cf[r][G] = fmaxf(st.qf[r] * kg[G], 1e-30f);
       tmax[r] = fmaxf(tmax[r], gm[r][G] * cf[r][G]);  // -inf * 0 = NaN is ignored by fmaxf
       // a group is visible to a row iff its first key is (visibility is a prefix of the columns)
-      const bool vis = MASKED ? mk.ok(R0 + 8 * r, 32 * G) : true;
+      const bool vis = MASKED ? 32 * G <= lim[r] : true;
       Ev[r] = max(Ev[r], vis ? eg[G] : -1000);
     }
   }
@@ -118,9 +133,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
     }
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
-    const int r = (i >> 1) & 1, G = i >> 4, c = 8 * (i >> 2) + 2 * q + (i & 1);
-    float p = fast_exp2(fmaf(s[i], cf[r][G], bias[r][G]));
-    if (MASKED) p = mk.ok(R0 + 8 * r, c) ? p : 0.f;
+    const int r = (i >> 1) & 1, G = i >> 4;
+    const float p = fast_exp2(fmaf(s[i], cf[r][G], bias[r][G]));  // masked: ex2(-inf) = 0
     ps[r][G] += p;
     s[i] = p;
   }
@@ -134,10 +148,13 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
 #else
   float tmax[2] = {NEG_INF, NEG_INF};
   Ev[0] = Ev[1] = -1000;
+  int lq[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) lq[r] = (MASKED ? mk.last(R0 + 8 * r) : KT - 1) - 2 * q;
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
-    const bool ok = MASKED ? mk.ok(R0 + 8 * r, c) : true;
+    const bool ok = MASKED ? 8 * (i >> 2) + (i & 1) <= lq[r] : true;
     const float y = s[i] * kf[c];
     s[i] = y;
     tmax[r] = fmaxf(tmax[r], ok ? y * st.qf[r] : NEG_INF);
@@ -151,7 +168,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
   for (int i = 0; i < 64; ++i) {
     const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
     float p = fast_exp2(fmaf(s[i], st.qf[r], -mref[r]));
-    if (MASKED) p = mk.ok(R0 + 8 * r, c) ? p : 0.f;
+    if (MASKED) p = (8 * (i >> 2) + (i & 1) <= lq[r]) ? p : 0.f;
     ps[r] += p;
     s[i] = p * exp2i(ev[c] - Ev[r] + 8);
   }
