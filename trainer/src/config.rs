@@ -32,6 +32,9 @@ pub struct RunConfig {
     pub checkpoint_every: usize,
     /// Checkpoints kept (older ones are deleted); at least 1.
     pub keep_checkpoints: usize,
+    /// Write a checkpoint when the run ends (or stops early); false for throughput
+    /// measurements, where a 1B checkpoint would take longer than the steps.
+    pub final_checkpoint: bool,
     /// Show the progress bar (it is hidden anyway when stderr is not a terminal).
     pub progress: bool,
     /// libtorch CPU threads (intra-op); 0 keeps libtorch's default (all cores). On a small or
@@ -53,6 +56,7 @@ impl Default for RunConfig {
             log_every: 10,
             checkpoint_every: 0,
             keep_checkpoints: 2,
+            final_checkpoint: true,
             progress: true,
             cpu_threads: 0,
             profile_attention: false,
@@ -137,6 +141,13 @@ pub struct TrainingConfig {
     pub spike_factor: f64,
     /// Window of the loss-spike mean; spikes are only judged once the window is full.
     pub spike_window: usize,
+    /// What the backward recomputes instead of keeping: `none` (keep every activation),
+    /// `selective` (keep each block's input and its attention call, recompute norms,
+    /// projections, RoPE and SwiGLU), `full` (keep each block's input, recompute the block).
+    pub activation_checkpointing: String,
+    /// Tokens per chunk of the output head + cross-entropy (the f32 logits of one chunk are what
+    /// exists at a time); 0 = auto (at most 1 GiB of f32 logits per chunk).
+    pub loss_chunk_tokens: usize,
 }
 
 impl Default for TrainingConfig {
@@ -156,6 +167,8 @@ impl Default for TrainingConfig {
             grad_clip: 1.0,
             spike_factor: 3.0,
             spike_window: 20,
+            activation_checkpointing: "none".into(),
+            loss_chunk_tokens: 0,
         }
     }
 }
@@ -277,6 +290,8 @@ impl TrainConfig {
                 "training.weight_decay, grad_clip and spike_factor must be >= 0".into(),
             ));
         }
+        crate::model::Checkpointing::parse(&t.activation_checkpointing)
+            .map_err(|e| invalid(format!("training.activation_checkpointing: {e}")))?;
         if !matches!(self.run.compute.as_str(), "auto" | "bf16" | "fp32") {
             return Err(invalid(format!(
                 "run.compute {:?}: allowed auto, bf16, fp32",

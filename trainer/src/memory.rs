@@ -1,27 +1,126 @@
 //! Peak memory for the metrics: GPU memory in use at its highest (driver view: what the caching
-//! allocator holds, like torchtitan's `memory/max_reserved`), or the process's peak RSS on CPU.
+//! allocator holds, like torchtitan's `memory/max_reserved`), or the process's peak RSS on CPU;
+//! and out-of-memory errors turned into [`TrainError::OutOfMemory`] that say what ran, how much
+//! memory was in use and what to change.
 
 use tch::Device;
+
+use crate::error::TrainError;
+
+/// Whether an error message is an allocation failure (libtorch's caching allocator, the CPU
+/// allocator, or a CUDA driver call of the attention kernels).
+pub fn is_out_of_memory(msg: &str) -> bool {
+    let m = msg.to_ascii_lowercase();
+    m.contains("out of memory") || m.contains("out_of_memory") || m.contains("failed to allocate")
+}
+
+/// Turns an out-of-memory failure during `what` into [`TrainError::OutOfMemory`] (memory in use
+/// on `device` now, the allocator's first message line); other errors pass through unchanged.
+pub fn explain(e: TrainError, what: impl FnOnce() -> String, device: Device) -> TrainError {
+    let msg = match &e {
+        TrainError::Tch(t) => t.to_string(),
+        TrainError::Attention(m) => m.clone(),
+        _ => return e,
+    };
+    if !is_out_of_memory(&msg) {
+        return e;
+    }
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let in_use = match device {
+        Device::Cuda(i) => match cuda_mem_info() {
+            Some((used, total)) => {
+                format!("{:.2} GiB of {:.2} GiB in use on cuda:{i}", gib(used), gib(total))
+            }
+            None => format!("memory in use on cuda:{i} unknown"),
+        },
+        _ => match cpu_rss_bytes("VmRSS:") {
+            Some(b) => format!("{:.2} GiB resident in this process", gib(b)),
+            None => "resident memory unknown".into(),
+        },
+    };
+    let first = msg
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("")
+        .chars()
+        .take(400)
+        .collect();
+    TrainError::OutOfMemory {
+        what: what(),
+        in_use,
+        detail: first,
+    }
+}
 
 /// Current peak in GiB for `device` (0 when unknown).
 pub fn peak_gib(device: Device, peak_so_far: &mut f64) -> f64 {
     let now = match device {
-        Device::Cuda(_) => cuda_used_bytes().unwrap_or(0) as f64,
-        _ => cpu_peak_rss_bytes().unwrap_or(0) as f64,
+        Device::Cuda(_) => cuda_mem_info().map_or(0, |(used, _)| used) as f64,
+        _ => cpu_rss_bytes("VmHWM:").unwrap_or(0) as f64,
     } / (1u64 << 30) as f64;
     *peak_so_far = peak_so_far.max(now);
     *peak_so_far
 }
 
-fn cpu_peak_rss_bytes() -> Option<u64> {
+/// A `/proc/self/status` memory line (`VmHWM:` peak, `VmRSS:` now) in bytes.
+fn cpu_rss_bytes(key: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
 
-fn cuda_used_bytes() -> Option<u64> {
+/// (bytes in use, total bytes) of the current CUDA device.
+fn cuda_mem_info() -> Option<(u64, u64)> {
     // libtorch has made its primary context current on this thread by now.
     let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
-    Some((total - free) as u64)
+    Some(((total - free) as u64, total as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_memory_becomes_an_explained_error_and_others_pass_through() {
+        let raw = "CUDA out of memory. Tried to allocate 15.66 GiB. GPU 0 has a total capacity of 139.81 GiB\n\
+                   Exception raised from malloc at c10/cuda/CUDACachingAllocator.cpp:1234 (most recent call first):\n\
+                   frame #0: ...";
+        let e = explain(
+            TrainError::Tch(tch::TchError::Torch(raw.into())),
+            || "the forward/backward of micro-batch 1 of 4 (16384 tokens)".into(),
+            Device::Cpu,
+        );
+        let text = e.to_string();
+        assert!(matches!(e, TrainError::OutOfMemory { .. }), "{text}");
+        assert!(
+            text.contains("micro-batch 1 of 4") && text.contains("Tried to allocate 15.66 GiB"),
+            "{text}"
+        );
+        assert!(text.contains("GiB resident"), "{text}");
+        assert!(
+            text.contains("activation_checkpointing")
+                && text.contains("data.seq_len")
+                && text.contains("data.batch_rows"),
+            "{text}"
+        );
+        assert!(!text.contains("frame #0"), "no backtrace: {text}");
+        let attn = explain(
+            TrainError::Attention(
+                "cuMemAlloc: DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into(),
+            ),
+            || "x".into(),
+            Device::Cpu,
+        );
+        assert!(matches!(attn, TrainError::OutOfMemory { .. }));
+        let other = explain(TrainError::Invalid("shape".into()), || "x".into(), Device::Cpu);
+        assert!(matches!(other, TrainError::Invalid(_)));
+        let other = explain(
+            TrainError::Tch(tch::TchError::Torch("bad shape".into())),
+            || "x".into(),
+            Device::Cpu,
+        );
+        assert!(matches!(other, TrainError::Tch(_)));
+    }
 }

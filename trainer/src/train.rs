@@ -1,5 +1,11 @@
-//! The training loop: data -> packed forward through the bridge -> loss -> backward (gradient
-//! accumulation) -> non-finite/spike check -> clip -> AdamW -> metrics -> checkpoints.
+//! The training loop, a step at a time ([`Run`]): batch (the step's micro-batches to the
+//! device) -> forward/backward of each (chunked loss head, optional activation checkpointing;
+//! gradients accumulate) -> reduce (gradients over ranks; the step's one host read: loss and
+//! gradient norm) -> optimizer (non-finite/spike skip, clip, AdamW) -> metrics -> checkpoint.
+//!
+//! Inside a step the host does not wait for the device except for that one read (and, on logged
+//! steps, a synchronise so the step time is complete). Out of memory anywhere on this path is a
+//! [`TrainError::OutOfMemory`] naming the phase, the memory in use and the remedies.
 //!
 //! Batches are packed: every row of a micro-batch is one stretch of `(rows * seq_len)` tokens
 //! with its documents' boundaries (`Batch::packed_cu_seqlens`), so attention never crosses a
@@ -17,7 +23,7 @@ use std::time::Instant;
 
 use flamia_data::{Batch, Loader};
 use serde::Serialize;
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::attention::callback_seconds;
 use crate::checkpoint::{self, TrainState};
@@ -29,7 +35,7 @@ use crate::metrics::jsonl::JsonlWriter;
 use crate::metrics::progress::Progress;
 use crate::metrics::wandb::Wandb;
 use crate::metrics::{StepMetrics, PEAK_BF16_FLOPS};
-use crate::model::{loss_sum, Llama};
+use crate::model::{Checkpointing, Llama, PackedInput, StepOptions};
 use crate::optim::{lr_at, AdamW};
 
 /// How to run: resume or not, and where to stop early.
@@ -91,125 +97,293 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
     }
 }
 
+/// The training loop of one rank, a step at a time: batch, forward/backward, reduce, optimizer,
+/// metrics, checkpoint.
 fn train_rank(cfg: &TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Device) -> Result<Summary> {
-    let main = ddp.is_main();
-    let run_dir = cfg.run_dir();
-    std::fs::create_dir_all(&run_dir).map_err(|e| TrainError::io(&run_dir, e))?;
-    let config_toml = cfg.to_toml()?;
-    if main {
-        std::fs::write(run_dir.join("config.toml"), &config_toml).map_err(|e| TrainError::io(&run_dir, e))?;
-    }
-    let compute = compute_kind(&cfg.run.compute, device);
-    let attn = cfg.attention.options()?;
-
-    let resumed = if opts.resume {
-        checkpoint::list(&run_dir)?.pop()
-    } else {
-        None
-    };
-    let resumed = resumed.map(|(_, dir)| checkpoint::load(&dir)).transpose()?;
-    if let Some(r) = &resumed {
-        let saved = TrainConfig::from_toml(&r.config_toml)?;
-        if saved.model != cfg.model || saved.data != cfg.data {
-            return Err(TrainError::Checkpoint(format!(
-                "{} was made with a different [model] or [data] section; resume with the same ones",
-                r.dir.display()
-            )));
-        }
-    }
-
-    if cfg.run.cpu_threads > 0 {
-        tch::set_num_threads(cfg.run.cpu_threads as i32);
-    }
-    crate::attention::set_profile_cuda(cfg.run.profile_attention);
-    tch::manual_seed(cfg.run.seed as i64);
-    let data_state = match &resumed {
-        Some(r) if ddp.world_size() > 1 => Some(rank_data_state(&r.dir, ddp.rank(), ddp.world_size())?),
-        Some(r) => r.state.data.clone(),
-        None => None,
-    };
-    let mut loader = Loader::new(&cfg.data, ddp.rank(), ddp.world_size(), data_state)
-        .map_err(|e| TrainError::Invalid(format!("data: {e}")))?;
-    let model = Llama::new(&cfg.model, loader.vocab_size(), device)?;
-    let (n_params, n_emb) = model.shape.param_counts();
-    tracing::info!(
-        "model {}: {} parameters ({} non-embedding), {:?}, device {:?}, compute {:?}, attention {}",
-        cfg.model.size,
-        fmt_count(n_params),
-        fmt_count(n_params - n_emb),
-        model.shape,
-        device,
-        compute,
-        cfg.attention.path
-    );
-    let params = model.named_parameters();
-    let mut opt = AdamW::new(model.named_parameters(), &cfg.training, Llama::no_decay);
-
-    let mut st = TrainState {
-        step: 0,
-        optimizer_updates: 0,
-        data: None,
-        rng_seed: cfg.run.seed,
-        recent_losses: Vec::new(),
-        skipped_steps: 0,
-        tokens_seen: 0,
-    };
-    if let Some(r) = resumed {
-        checkpoint::restore_params(&params, r.model)?;
-        opt.load_state(r.optimizer, r.state.optimizer_updates)?;
-        st = r.state;
-        tch::manual_seed((st.rng_seed + st.step as u64) as i64);
-        tracing::info!("resumed from {} at step {}", r.dir.display(), st.step);
-    }
-    // Every replica starts from rank 0's (restored) weights.
-    ddp.attach(&params)?;
-    let start_step = st.step;
-    let mut jsonl = main
-        .then(|| JsonlWriter::open(&run_dir, opts.resume.then_some(start_step)))
-        .transpose()?;
-    let mut wandb = main.then(|| Wandb::start(&cfg.wandb, &cfg.run.name, &config_toml, &run_dir));
-    let progress = Progress::new(cfg.training.steps, start_step, cfg.run.progress && main);
-
-    let tokens_per_step =
-        (cfg.data.batch_rows * cfg.data.seq_len * cfg.training.grad_accum * ddp.world_size()) as u64;
-    let flops_per_token = model.shape.flops_per_token(cfg.data.seq_len);
-    let end = opts
-        .stop_after
-        .map_or(cfg.training.steps, |n| (start_step + n).min(cfg.training.steps));
-    let (mut losses, mut tps_sum, mut mfu_sum, mut peak_mem) = (Vec::new(), 0.0, 0.0, 0.0);
-    let (t_run, attn_run0) = (Instant::now(), callback_seconds());
-    while st.step < end {
+    let mut run = Run::start(cfg, opts, ddp, device)?;
+    while run.st.step < run.end {
         ddp.check()?;
         let t0 = Instant::now();
         let attn0 = callback_seconds();
-        let lr = lr_at(&cfg.training, st.step);
-        let batches: Vec<Batch> = (0..cfg.training.grad_accum)
-            .map(|_| next_batch(&mut loader))
-            .collect::<Result<_>>()?;
-        let targets_total: usize = batches.iter().map(|b| b.target_tokens()).sum::<usize>().max(1);
-        let mut loss_total = 0.0;
-        for b in &batches {
-            let tokens: Vec<i64> = b.tokens.iter().map(|&t| t as i64).collect();
-            let input = model.input(&tokens, &b.packed_cu_seqlens(), device)?;
-            let targets = Tensor::from_slice(&b.targets).to_device(device);
-            let logits = model.forward(&input, &attn, compute)?;
-            let ls = loss_sum(&logits, &targets);
-            (&ls / targets_total as f64).f_backward()?;
-            loss_total += ls.double_value(&[]);
+        let step = run.batch()?;
+        let loss_sum = run.forward_backward(&step)?;
+        let (loss, grad_norm) = run.reduce(ddp, &loss_sum, &step)?;
+        let lr = lr_at(&cfg.training, run.st.step);
+        let skipped = run.optimizer(loss, grad_norm, lr)?;
+        run.metrics(&step, t0, attn0, loss, grad_norm, lr, skipped)?;
+        run.checkpoint(ddp)?;
+    }
+    run.finish()
+}
+
+/// One optimizer step's micro-batches, on the device.
+struct Step {
+    micro: Vec<Micro>,
+    /// Targets that count in the loss, over all micro-batches.
+    targets: usize,
+    /// This rank's model FLOPs for the step ([`crate::model::Shape::train_flops`]).
+    flops: f64,
+}
+
+struct Micro {
+    input: PackedInput,
+    targets: Tensor,
+    tokens: usize,
+}
+
+/// Everything a rank's loop carries from step to step.
+struct Run<'a> {
+    cfg: &'a TrainConfig,
+    device: Device,
+    main: bool,
+    run_dir: PathBuf,
+    config_toml: String,
+    attn: flamia_kernels::AttnOptions,
+    compute: Kind,
+    checkpointing: Checkpointing,
+    model: Llama,
+    params: Vec<(String, Tensor)>,
+    n_params: usize,
+    opt: AdamW,
+    loader: Loader,
+    st: TrainState,
+    end: usize,
+    jsonl: Option<JsonlWriter>,
+    wandb: Option<Wandb>,
+    progress: Progress,
+    /// Tokens per step over all ranks.
+    tokens_per_step: u64,
+    world_size: usize,
+    losses: Vec<f64>,
+    tps_sum: f64,
+    mfu_sum: f64,
+    peak_mem: f64,
+    t_run: Instant,
+    attn_run0: f64,
+}
+
+impl<'a> Run<'a> {
+    /// Run directory, resume, seeding, data, model, optimizer, replicas in step, loggers.
+    fn start(cfg: &'a TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Device) -> Result<Run<'a>> {
+        let main = ddp.is_main();
+        let run_dir = cfg.run_dir();
+        std::fs::create_dir_all(&run_dir).map_err(|e| TrainError::io(&run_dir, e))?;
+        let config_toml = cfg.to_toml()?;
+        if main {
+            std::fs::write(run_dir.join("config.toml"), &config_toml)
+                .map_err(|e| TrainError::io(&run_dir, e))?;
         }
-        // Mean over ranks of gradients and loss: every rank then decides (skip, clip) alike.
-        ddp.all_reduce_grads()?;
-        let loss = ddp.mean(&[loss_total / targets_total as f64])?[0];
-        let grad_norm = opt.grad_norm();
-        let window_full =
-            cfg.training.spike_window > 0 && st.recent_losses.len() >= cfg.training.spike_window;
+        let compute = compute_kind(&cfg.run.compute, device);
+        let attn = cfg.attention.options()?;
+        let checkpointing = Checkpointing::parse(&cfg.training.activation_checkpointing)?;
+
+        let resumed = if opts.resume {
+            checkpoint::list(&run_dir)?.pop()
+        } else {
+            None
+        };
+        let resumed = resumed.map(|(_, dir)| checkpoint::load(&dir)).transpose()?;
+        if let Some(r) = &resumed {
+            let saved = TrainConfig::from_toml(&r.config_toml)?;
+            if saved.model != cfg.model || saved.data != cfg.data {
+                return Err(TrainError::Checkpoint(format!(
+                    "{} was made with a different [model] or [data] section; resume with the same ones",
+                    r.dir.display()
+                )));
+            }
+        }
+
+        if cfg.run.cpu_threads > 0 {
+            tch::set_num_threads(cfg.run.cpu_threads as i32);
+        }
+        crate::attention::set_profile_cuda(cfg.run.profile_attention);
+        tch::manual_seed(cfg.run.seed as i64);
+        let data_state = match &resumed {
+            Some(r) if ddp.world_size() > 1 => Some(rank_data_state(&r.dir, ddp.rank(), ddp.world_size())?),
+            Some(r) => r.state.data.clone(),
+            None => None,
+        };
+        let loader = Loader::new(&cfg.data, ddp.rank(), ddp.world_size(), data_state)
+            .map_err(|e| TrainError::Invalid(format!("data: {e}")))?;
+        let setup = || "the model and optimizer set-up".to_string();
+        let model = Llama::new(&cfg.model, loader.vocab_size(), device)
+            .map_err(|e| crate::memory::explain(e, setup, device))?;
+        let (n_params, n_emb) = model.shape.param_counts();
+        tracing::info!(
+            "model {}: {} parameters ({} non-embedding), {:?}, device {:?}, compute {:?}, attention {}, \
+             activation checkpointing {}",
+            cfg.model.size,
+            fmt_count(n_params),
+            fmt_count(n_params - n_emb),
+            model.shape,
+            device,
+            compute,
+            cfg.attention.path,
+            cfg.training.activation_checkpointing
+        );
+        let params = model.named_parameters();
+        let mut opt = AdamW::new(model.named_parameters(), &cfg.training, Llama::no_decay)
+            .map_err(|e| crate::memory::explain(e, setup, device))?;
+
+        let mut st = TrainState {
+            step: 0,
+            optimizer_updates: 0,
+            data: None,
+            rng_seed: cfg.run.seed,
+            recent_losses: Vec::new(),
+            skipped_steps: 0,
+            tokens_seen: 0,
+        };
+        if let Some(r) = resumed {
+            checkpoint::restore_params(&params, r.model)?;
+            opt.load_state(r.optimizer, r.state.optimizer_updates)?;
+            st = r.state;
+            tch::manual_seed((st.rng_seed + st.step as u64) as i64);
+            tracing::info!("resumed from {} at step {}", r.dir.display(), st.step);
+        }
+        // Every replica starts from rank 0's (restored) weights.
+        ddp.attach(&params)?;
+        let start_step = st.step;
+        let jsonl = main
+            .then(|| JsonlWriter::open(&run_dir, opts.resume.then_some(start_step)))
+            .transpose()?;
+        let wandb = main.then(|| Wandb::start(&cfg.wandb, &cfg.run.name, &config_toml, &run_dir));
+        let progress = Progress::new(cfg.training.steps, start_step, cfg.run.progress && main);
+        let end = opts
+            .stop_after
+            .map_or(cfg.training.steps, |n| (start_step + n).min(cfg.training.steps));
+        Ok(Run {
+            cfg,
+            device,
+            main,
+            run_dir,
+            config_toml,
+            attn,
+            compute,
+            checkpointing,
+            model,
+            params,
+            n_params,
+            opt,
+            loader,
+            st,
+            end,
+            jsonl,
+            wandb,
+            progress,
+            tokens_per_step: (cfg.data.batch_rows
+                * cfg.data.seq_len
+                * cfg.training.grad_accum
+                * ddp.world_size()) as u64,
+            world_size: ddp.world_size(),
+            losses: Vec::new(),
+            tps_sum: 0.0,
+            mfu_sum: 0.0,
+            peak_mem: 0.0,
+            t_run: Instant::now(),
+            attn_run0: callback_seconds(),
+        })
+    }
+
+    fn oom(&self, e: TrainError, what: impl FnOnce() -> String) -> TrainError {
+        crate::memory::explain(e, what, self.device)
+    }
+
+    /// The step's `grad_accum` micro-batches, read and moved to the device before any compute
+    /// (the host-to-device copies that wait for the stream wait here, once, not between
+    /// micro-batches).
+    fn batch(&mut self) -> Result<Step> {
+        let n = self.cfg.training.grad_accum;
+        let mut step = Step {
+            micro: Vec::with_capacity(n),
+            targets: 0,
+            flops: 0.0,
+        };
+        for i in 0..n {
+            let b = next_batch(&mut self.loader)?;
+            let cu = b.packed_cu_seqlens();
+            step.flops += self.model.shape.train_flops(cu.windows(2).map(|w| w[1] - w[0]));
+            step.targets += b.target_tokens();
+            let tokens: Vec<i64> = b.tokens.iter().map(|&t| t as i64).collect();
+            let micro = (|| -> Result<Micro> {
+                Ok(Micro {
+                    input: self.model.input(&tokens, &cu, self.device)?,
+                    targets: crate::model::host_to_device(&b.targets, self.device)?,
+                    tokens: tokens.len(),
+                })
+            })()
+            .map_err(|e| self.oom(e, || format!("moving micro-batch {} of {n} to the device", i + 1)))?;
+            step.micro.push(micro);
+        }
+        step.targets = step.targets.max(1);
+        Ok(step)
+    }
+
+    /// Forward and backward of every micro-batch; gradients accumulate, the loss sum stays on
+    /// the device.
+    fn forward_backward(&self, step: &Step) -> Result<Tensor> {
+        let opts = StepOptions {
+            attn: &self.attn,
+            compute: self.compute,
+            checkpointing: self.checkpointing,
+            loss_chunk_tokens: self.cfg.training.loss_chunk_tokens,
+        };
+        let n = step.micro.len();
+        let mut total: Option<Tensor> = None;
+        for (i, m) in step.micro.iter().enumerate() {
+            let ls = self
+                .model
+                .forward_backward(&m.input, &m.targets, step.targets as f64, &opts)
+                .map_err(|e| {
+                    self.oom(e, || {
+                        format!(
+                            "the forward/backward of micro-batch {} of {n} ({} tokens, activation checkpointing {})",
+                            i + 1,
+                            m.tokens,
+                            self.cfg.training.activation_checkpointing
+                        )
+                    })
+                })?;
+            total = Some(match total {
+                None => ls,
+                Some(t) => t.f_add(&ls)?,
+            });
+        }
+        total.ok_or_else(|| TrainError::Invalid("a step needs at least one micro-batch".into()))
+    }
+
+    /// Gradients averaged over ranks, then the one read of the step: mean loss and gradient
+    /// norm come to the host together (the skip and clip decisions need them).
+    fn reduce(&self, ddp: &mut Ddp, loss_sum: &Tensor, step: &Step) -> Result<(f64, f64)> {
+        ddp.all_reduce_grads()
+            .map_err(|e| self.oom(e, || "the gradient all-reduce".into()))?;
+        let pair = (|| -> Result<Vec<f64>> {
+            let loss = loss_sum
+                .f_to_kind(Kind::Double)?
+                .f_div_scalar(step.targets as f64)?;
+            let norm = self.opt.grad_norm()?.f_to_kind(Kind::Double)?;
+            let both = Tensor::f_stack(&[loss, norm], 0)?.f_to_device(Device::Cpu)?;
+            Ok(Vec::<f64>::try_from(&both)?)
+        })()
+        .map_err(|e| self.oom(e, || "the loss and gradient norm".into()))?;
+        // Mean over ranks of the loss: every rank then decides (skip, clip) alike.
+        let loss = ddp.mean(&[pair[0]])?[0];
+        Ok((loss, pair[1]))
+    }
+
+    /// Skips a non-finite or spiking step, else clips and updates; gradients are zeroed either
+    /// way. Returns whether the update was skipped.
+    fn optimizer(&mut self, loss: f64, grad_norm: f64, lr: f64) -> Result<bool> {
+        let cfg: &'a TrainConfig = self.cfg;
+        let t = &cfg.training;
+        let st = &mut self.st;
+        let window_full = t.spike_window > 0 && st.recent_losses.len() >= t.spike_window;
         let mean_recent = st.recent_losses.iter().sum::<f64>() / st.recent_losses.len().max(1) as f64;
-        let spike =
-            cfg.training.spike_factor > 0.0 && window_full && loss > cfg.training.spike_factor * mean_recent;
+        let spike = t.spike_factor > 0.0 && window_full && loss > t.spike_factor * mean_recent;
         let skipped = !loss.is_finite() || !grad_norm.is_finite() || spike;
         if skipped {
             st.skipped_steps += 1;
-            progress.println(format!(
+            self.progress.println(format!(
                 "step {}: update skipped (loss {loss:.4}, grad norm {grad_norm:.4}, recent mean {mean_recent:.4})",
                 st.step + 1
             ));
@@ -220,110 +394,146 @@ fn train_rank(cfg: &TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Devic
                 "skipped a non-finite or spiking step"
             );
         } else {
-            if cfg.training.grad_clip > 0.0 && grad_norm > cfg.training.grad_clip {
-                opt.scale_grads(cfg.training.grad_clip / (grad_norm + 1e-6));
-            }
-            opt.step(lr);
+            let device = self.device;
+            let update = |opt: &mut AdamW| -> Result<()> {
+                if t.grad_clip > 0.0 && grad_norm > t.grad_clip {
+                    opt.scale_grads(t.grad_clip / (grad_norm + 1e-6))?;
+                }
+                opt.step(lr)
+            };
+            update(&mut self.opt)
+                .map_err(|e| crate::memory::explain(e, || "the optimizer step".into(), device))?;
             st.recent_losses.push(loss);
-            let excess = st
-                .recent_losses
-                .len()
-                .saturating_sub(cfg.training.spike_window.max(1));
+            let excess = st.recent_losses.len().saturating_sub(t.spike_window.max(1));
             st.recent_losses.drain(..excess);
         }
-        opt.zero_grad();
-        if let Device::Cuda(i) = device {
+        self.opt.zero_grad()?;
+        st.step += 1;
+        st.tokens_seen += self.tokens_per_step;
+        st.optimizer_updates = self.opt.t;
+        st.data = Some(self.loader.state());
+        Ok(skipped)
+    }
+
+    /// Step time, tokens/s, MFU, memory; the progress bar every step, the metrics file and W&B
+    /// on logged steps (only those wait for the device, so their step time is complete).
+    #[allow(clippy::too_many_arguments)]
+    fn metrics(
+        &mut self,
+        step: &Step,
+        t0: Instant,
+        attn0: f64,
+        loss: f64,
+        grad_norm: f64,
+        lr: f64,
+        skipped: bool,
+    ) -> Result<()> {
+        let s = self.st.step;
+        let logged = s.is_multiple_of(self.cfg.run.log_every) || s == self.end;
+        if let (true, Device::Cuda(i)) = (logged, self.device) {
             tch::Cuda::synchronize(i as i64);
         }
-        st.step += 1;
-        st.tokens_seen += tokens_per_step;
-        st.optimizer_updates = opt.t;
-        st.data = Some(loader.state());
-
         let dt = t0.elapsed().as_secs_f64();
-        let tps = tokens_per_step as f64 / dt;
-        let mfu = matches!(device, Device::Cuda(_)).then(|| 100.0 * tps * flops_per_token / PEAK_BF16_FLOPS);
+        let tps = self.tokens_per_step as f64 / dt;
+        let mfu = matches!(self.device, Device::Cuda(_)).then(|| 100.0 * step.flops / dt / PEAK_BF16_FLOPS);
         let m = StepMetrics {
-            step: st.step,
+            step: s,
             loss,
             lr,
             grad_norm,
             skipped,
-            tokens: st.tokens_seen,
+            tokens: self.st.tokens_seen,
             tps,
             mfu_pct: mfu,
             step_time_s: dt,
             attn_time_s: callback_seconds() - attn0,
-            memory_gib: crate::memory::peak_gib(device, &mut peak_mem),
+            memory_gib: crate::memory::peak_gib(self.device, &mut self.peak_mem),
         };
-        losses.push(loss);
-        tps_sum += tps;
-        mfu_sum += mfu.unwrap_or(0.0);
-        progress.update(&m);
-        if st.step.is_multiple_of(cfg.run.log_every) || st.step == end {
-            if let Some(j) = jsonl.as_mut() {
+        self.losses.push(loss);
+        self.tps_sum += tps;
+        self.mfu_sum += mfu.unwrap_or(0.0);
+        self.progress.update(&m);
+        if logged {
+            if let Some(j) = self.jsonl.as_mut() {
                 j.write(&m)?;
             }
-            if let Some(w) = wandb.as_mut() {
+            if let Some(w) = self.wandb.as_mut() {
                 w.log(&m);
             }
         }
-        let ckpt_due = cfg.run.checkpoint_every > 0 && st.step.is_multiple_of(cfg.run.checkpoint_every);
-        if ckpt_due || st.step == end {
-            // Collective (every rank, same steps): rank 0 stores every rank's data position.
-            let states = if ddp.world_size() > 1 {
-                let mine =
-                    serde_json::to_vec(&loader.state()).map_err(|e| TrainError::Invalid(e.to_string()))?;
-                ddp.gather(&mine)?
-            } else {
-                Vec::new()
-            };
-            if main {
-                let dir = checkpoint::save(
-                    &run_dir,
-                    &st,
-                    &params,
-                    &opt.state_tensors(),
-                    &config_toml,
-                    cfg.run.keep_checkpoints,
-                )?;
-                if !states.is_empty() {
-                    write_data_states(&dir, &states)?;
-                }
-                tracing::debug!("checkpoint {}", dir.display());
-            }
+        Ok(())
+    }
+
+    /// A checkpoint every `checkpoint_every` steps and at the end (unless `run.final_checkpoint`
+    /// is off).
+    fn checkpoint(&mut self, ddp: &mut Ddp) -> Result<()> {
+        let s = self.st.step;
+        let every = self.cfg.run.checkpoint_every;
+        let at_end = s == self.end && self.cfg.run.final_checkpoint;
+        if !((every > 0 && s.is_multiple_of(every)) || at_end) {
+            return Ok(());
         }
+        // Collective (every rank, same steps): rank 0 stores every rank's data position.
+        let states = if self.world_size > 1 {
+            let mine =
+                serde_json::to_vec(&self.loader.state()).map_err(|e| TrainError::Invalid(e.to_string()))?;
+            ddp.gather(&mine)?
+        } else {
+            Vec::new()
+        };
+        if self.main {
+            let dir = checkpoint::save(
+                &self.run_dir,
+                &self.st,
+                &self.params,
+                &self.opt.state_tensors()?,
+                &self.config_toml,
+                self.cfg.run.keep_checkpoints,
+            )?;
+            if !states.is_empty() {
+                write_data_states(&dir, &states)?;
+            }
+            tracing::debug!("checkpoint {}", dir.display());
+        }
+        Ok(())
     }
-    progress.finish();
-    let n = losses.len().max(1);
-    let tail = (n / 10).max(1);
-    let wall = t_run.elapsed().as_secs_f64();
-    let summary = Summary {
-        run_dir: run_dir.clone(),
-        attention_path: cfg.attention.path.clone(),
-        device: format!("{device:?}"),
-        params: n_params,
-        steps: st.step,
-        skipped_steps: st.skipped_steps,
-        first_loss: losses.first().copied().unwrap_or(f64::NAN),
-        final_loss: losses.last().copied().unwrap_or(f64::NAN),
-        tail_mean_loss: losses.iter().rev().take(tail).sum::<f64>() / tail as f64,
-        tokens: st.tokens_seen,
-        wall_s: wall,
-        mean_tps: tps_sum / n as f64,
-        mean_mfu_pct: matches!(device, Device::Cuda(_)).then_some(mfu_sum / n as f64),
-        attn_share: (callback_seconds() - attn_run0) / wall.max(1e-9),
-        peak_memory_gib: peak_mem,
-        losses,
-    };
-    if main {
-        let json = serde_json::to_string_pretty(&summary).map_err(|e| TrainError::Invalid(e.to_string()))?;
-        std::fs::write(run_dir.join("summary.json"), json).map_err(|e| TrainError::io(&run_dir, e))?;
+
+    /// The summary (written by rank 0) and the end of the W&B run.
+    fn finish(mut self) -> Result<Summary> {
+        self.progress.finish();
+        let n = self.losses.len().max(1);
+        let tail = (n / 10).max(1);
+        let wall = self.t_run.elapsed().as_secs_f64();
+        let cuda = matches!(self.device, Device::Cuda(_));
+        let summary = Summary {
+            run_dir: self.run_dir.clone(),
+            attention_path: self.cfg.attention.path.clone(),
+            device: format!("{:?}", self.device),
+            params: self.n_params,
+            steps: self.st.step,
+            skipped_steps: self.st.skipped_steps,
+            first_loss: self.losses.first().copied().unwrap_or(f64::NAN),
+            final_loss: self.losses.last().copied().unwrap_or(f64::NAN),
+            tail_mean_loss: self.losses.iter().rev().take(tail).sum::<f64>() / tail as f64,
+            tokens: self.st.tokens_seen,
+            wall_s: wall,
+            mean_tps: self.tps_sum / n as f64,
+            mean_mfu_pct: cuda.then_some(self.mfu_sum / n as f64),
+            attn_share: (callback_seconds() - self.attn_run0) / wall.max(1e-9),
+            peak_memory_gib: self.peak_mem,
+            losses: std::mem::take(&mut self.losses),
+        };
+        if self.main {
+            let json =
+                serde_json::to_string_pretty(&summary).map_err(|e| TrainError::Invalid(e.to_string()))?;
+            std::fs::write(self.run_dir.join("summary.json"), json)
+                .map_err(|e| TrainError::io(&self.run_dir, e))?;
+        }
+        if let Some(w) = self.wandb.as_mut() {
+            w.finish(0, &summary);
+        }
+        Ok(summary)
     }
-    if let Some(w) = wandb.as_mut() {
-        w.finish(0, &summary);
-    }
-    Ok(summary)
 }
 
 /// Writes the gathered per-rank data states (JSON of each `DataState`, by rank) into `dir`.

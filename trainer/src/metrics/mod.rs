@@ -25,9 +25,11 @@ pub struct StepMetrics {
     pub skipped: bool,
     /// Input tokens consumed so far.
     pub tokens: u64,
-    /// Input tokens per second over this step.
+    /// Input tokens per second over this step, all ranks together.
     pub tps: f64,
-    /// Model FLOPs utilisation in percent against 989 TFLOP/s (null on CPU).
+    /// Model FLOPs utilisation of this GPU in percent against 989 TFLOP/s (null on CPU): this
+    /// rank's step FLOPs ([`crate::model::Shape::train_flops`] over its batches' documents) per
+    /// second of step time.
     pub mfu_pct: Option<f64>,
     /// Wall time of this step in seconds.
     pub step_time_s: f64,

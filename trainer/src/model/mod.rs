@@ -4,7 +4,12 @@
 //! Activations are packed: `(tokens, dim)` with all rows of a batch back to back and documents
 //! delimited by `cu_seqlens`. Parameters are f32 (the master weights); the forward casts them to
 //! the compute kind (BF16 on CUDA) inside the graph, so gradients land on the f32 masters.
+//!
+//! Training goes through [`Llama::forward_backward`]: the loss head in chunks (`loss`), and
+//! optionally activation checkpointing ([`Checkpointing`]). Every libtorch call here is the
+//! fallible `f_*` form, so running out of memory is an error the loop can explain, not a panic.
 
+pub mod loss;
 pub mod rope;
 pub mod sizes;
 
@@ -12,8 +17,46 @@ use flamia_kernels::AttnOptions;
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::attention::{attention, Packing};
-use crate::error::Result;
+use crate::error::{Result, TrainError};
+pub use loss::loss_sum;
 pub use sizes::{ModelConfig, Shape, SIZES};
+
+/// What the backward recomputes instead of keeping (`training.activation_checkpointing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checkpointing {
+    /// Keep every activation (fastest, most memory).
+    None,
+    /// Keep each block's input and its attention call (inputs, output, LSE and whatever the
+    /// attention path saves); recompute the norms, projections, RoPE and SwiGLU in the backward.
+    Selective,
+    /// Keep each block's input only; recompute the whole block, attention included.
+    Full,
+}
+
+impl Checkpointing {
+    /// Parses the config spelling: `none`, `selective`, `full`.
+    pub fn parse(s: &str) -> Result<Checkpointing> {
+        match s {
+            "none" => Ok(Checkpointing::None),
+            "selective" => Ok(Checkpointing::Selective),
+            "full" => Ok(Checkpointing::Full),
+            other => Err(TrainError::Invalid(format!(
+                "activation checkpointing {other:?}; allowed: none, selective, full"
+            ))),
+        }
+    }
+}
+
+/// How [`Llama::forward_backward`] runs.
+#[derive(Debug, Clone, Copy)]
+pub struct StepOptions<'a> {
+    pub attn: &'a AttnOptions,
+    /// Compute kind of activations (BF16 on CUDA, f32 on CPU).
+    pub compute: Kind,
+    pub checkpointing: Checkpointing,
+    /// Tokens per loss chunk; 0 = [`loss::auto_chunk_tokens`].
+    pub loss_chunk_tokens: usize,
+}
 
 struct Block {
     attention_norm: Tensor,
@@ -49,6 +92,7 @@ pub struct Llama {
     norm: Tensor,
     output: Option<Tensor>,
     inv_freq: Vec<f64>,
+    rope: rope::TableCache,
 }
 
 impl std::fmt::Debug for Llama {
@@ -103,6 +147,7 @@ impl Llama {
             norm,
             output,
             inv_freq,
+            rope: rope::TableCache::default(),
         })
     }
 
@@ -111,45 +156,206 @@ impl Llama {
         name.ends_with("norm.weight") || name.starts_with("tok_embeddings")
     }
 
-    /// Packs token ids and boundaries for the forward.
+    /// Packs token ids and boundaries for the forward. The ids and the RoPE positions go to the
+    /// device in one asynchronous copy from pinned memory; the cos/sin rows are gathered there
+    /// from the cached tables (nothing is computed on the host, and the stream is not drained).
     pub fn input(&self, tokens: &[i64], cu_seqlens: &[usize], device: Device) -> Result<PackedInput> {
         let packing = Packing::new(cu_seqlens, device)?;
-        let (cos, sin) = rope::tables(&self.inv_freq, &rope::positions(cu_seqlens), device);
+        let n = tokens.len() as i64;
+        let mut host = Vec::with_capacity(2 * tokens.len());
+        host.extend_from_slice(tokens);
+        host.extend(rope::positions(cu_seqlens));
+        let both = host_to_device(&host, device)?;
+        let positions = both.f_narrow(0, n, n)?;
+        let (cos, sin) = self
+            .rope
+            .gather(&self.inv_freq, &positions, packing.max_seqlen() as usize)?;
         Ok(PackedInput {
-            tokens: Tensor::from_slice(tokens).to_device(device),
+            tokens: both.f_narrow(0, 0, n)?,
             packing,
             cos,
             sin,
         })
     }
 
-    /// Logits `(tokens, vocab)` in f32.
-    pub fn forward(&self, input: &PackedInput, attn: &AttnOptions, compute: Kind) -> Result<Tensor> {
+    /// The token embeddings of the batch in the compute kind.
+    fn embed(&self, input: &PackedInput, compute: Kind) -> Result<Tensor> {
+        Ok(Tensor::f_embedding(&self.tok_embeddings, &input.tokens, -1, false, false)?.f_to_kind(compute)?)
+    }
+
+    /// RMSNorm, projections and RoPE of a block: attention's q, k, v.
+    fn qkv(
+        &self,
+        b: &Block,
+        x: &Tensor,
+        input: &PackedInput,
+        compute: Kind,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let s = &self.shape;
-        let t = input.tokens.size()[0];
+        let t = x.size()[0];
         let (hq, hkv, hd) = (s.n_heads as i64, s.n_kv_heads as i64, s.head_dim as i64);
-        let eps = self.cfg.norm_eps;
-        let cast = |w: &Tensor| w.to_kind(compute);
-        let mut x = Tensor::embedding(&self.tok_embeddings, &input.tokens, -1, false, false).to_kind(compute);
+        let h = rms_norm(x, &b.attention_norm, self.cfg.norm_eps)?;
+        let proj = |w: &Tensor, heads: i64| -> Result<Tensor> {
+            Ok(h.f_linear(&w.f_to_kind(compute)?, None::<Tensor>)?
+                .f_reshape([t, heads, hd])?)
+        };
+        let q = rope::apply(&proj(&b.wq, hq)?, &input.cos, &input.sin)?;
+        let k = rope::apply(&proj(&b.wk, hkv)?, &input.cos, &input.sin)?;
+        Ok((q, k, proj(&b.wv, hkv)?))
+    }
+
+    /// The rest of a block after attention's output `o` `(tokens, heads, head_dim)`: output
+    /// projection and residual, RMSNorm, SwiGLU and residual.
+    fn after_attention(&self, b: &Block, x: &Tensor, o: &Tensor, compute: Kind) -> Result<Tensor> {
+        let t = x.size()[0];
+        let cast = |w: &Tensor| w.f_to_kind(compute);
+        let o = o.f_reshape([t, -1])?;
+        // Out of place on purpose: `x` is saved for the backward of the RMSNorm that read it.
+        let x = x.f_add(&o.f_linear(&cast(&b.wo)?, None::<Tensor>)?)?;
+        let h = rms_norm(&x, &b.ffn_norm, self.cfg.norm_eps)?;
+        let gate = h.f_linear(&cast(&b.w1)?, None::<Tensor>)?.f_silu()?;
+        let up = h.f_linear(&cast(&b.w3)?, None::<Tensor>)?;
+        Ok(x.f_add(&gate.f_mul(&up)?.f_linear(&cast(&b.w2)?, None::<Tensor>)?)?)
+    }
+
+    fn block(
+        &self,
+        b: &Block,
+        x: &Tensor,
+        input: &PackedInput,
+        attn: &AttnOptions,
+        compute: Kind,
+    ) -> Result<Tensor> {
+        let (q, k, v) = self.qkv(b, x, input, compute)?;
+        let o = attention(&q, &k, &v, &input.packing, attn)?;
+        self.after_attention(b, x, &o, compute)
+    }
+
+    /// The hidden states after the final RMSNorm, `(tokens, dim)` in the compute kind.
+    pub fn hidden(&self, input: &PackedInput, attn: &AttnOptions, compute: Kind) -> Result<Tensor> {
+        let mut x = self.embed(input, compute)?;
         for b in &self.layers {
-            let h = rms_norm(&x, &b.attention_norm, eps);
-            let q = h.linear(&cast(&b.wq), None::<Tensor>).reshape([t, hq, hd]);
-            let k = h.linear(&cast(&b.wk), None::<Tensor>).reshape([t, hkv, hd]);
-            let v = h.linear(&cast(&b.wv), None::<Tensor>).reshape([t, hkv, hd]);
-            let q = rope::apply(&q, &input.cos, &input.sin);
-            let k = rope::apply(&k, &input.cos, &input.sin);
-            let o = attention(&q, &k, &v, &input.packing, attn)?.reshape([t, hq * hd]);
-            // Out of place on purpose: `+=` is an in-place add on tch tensors, and `x` is saved
-            // for the backward of the RMSNorm that read it.
-            x = &x + o.linear(&cast(&b.wo), None::<Tensor>);
-            let h = rms_norm(&x, &b.ffn_norm, eps);
-            let gate = h.linear(&cast(&b.w1), None::<Tensor>).silu();
-            let up = h.linear(&cast(&b.w3), None::<Tensor>);
-            x = &x + (gate * up).linear(&cast(&b.w2), None::<Tensor>);
+            x = self.block(b, &x, input, attn, compute)?;
         }
-        let x = rms_norm(&x, &self.norm, eps);
-        let w_out = self.output.as_ref().unwrap_or(&self.tok_embeddings);
-        Ok(x.linear(&cast(w_out), None::<Tensor>).to_kind(Kind::Float))
+        rms_norm(&x, &self.norm, self.cfg.norm_eps)
+    }
+
+    /// The output projection's weight `(vocab, dim)`, f32 (the token embedding when tied).
+    pub fn output_weight(&self) -> &Tensor {
+        self.output.as_ref().unwrap_or(&self.tok_embeddings)
+    }
+
+    /// Logits `(tokens, vocab)` in f32 (evaluation; training never builds them whole, see
+    /// [`Llama::forward_backward`]).
+    pub fn forward(&self, input: &PackedInput, attn: &AttnOptions, compute: Kind) -> Result<Tensor> {
+        let x = self.hidden(input, attn, compute)?;
+        Ok(
+            x.f_linear(&self.output_weight().f_to_kind(compute)?, None::<Tensor>)?
+                .f_to_kind(Kind::Float)?,
+        )
+    }
+
+    /// Forward and backward of one micro-batch: accumulates the gradients of
+    /// `loss_sum / denom` into the parameters and returns `loss_sum` (f32 scalar on the device,
+    /// detached; reading it is the caller's choice of when to synchronise). The loss head runs
+    /// in chunks ([`loss::head_forward_backward`]); `opts.checkpointing` picks what the
+    /// backward recomputes.
+    pub fn forward_backward(
+        &self,
+        input: &PackedInput,
+        targets: &Tensor,
+        denom: f64,
+        opts: &StepOptions,
+    ) -> Result<Tensor> {
+        match opts.checkpointing {
+            Checkpointing::None => {
+                let h = self.hidden(input, opts.attn, opts.compute)?;
+                let head = self.head(&h, targets, denom, opts)?;
+                head.surrogate(&h, self.output_weight())?.f_backward()?;
+                Ok(head.loss_sum)
+            }
+            Checkpointing::Full | Checkpointing::Selective => self.checkpointed(input, targets, denom, opts),
+        }
+    }
+
+    fn head(&self, h: &Tensor, targets: &Tensor, denom: f64, opts: &StepOptions) -> Result<loss::HeadGrads> {
+        let chunk = match opts.loss_chunk_tokens {
+            0 => loss::auto_chunk_tokens(self.shape.vocab),
+            n => n,
+        };
+        loss::head_forward_backward(h, self.output_weight(), targets, denom, chunk)
+    }
+
+    /// Activation checkpointing, one layer at a time: the forward runs without a graph and
+    /// keeps each block's input (and, `Selective`, the attention call with its saved tensors);
+    /// the backward rebuilds one block's graph from its saved input, backpropagates the
+    /// gradient arriving at its output (surrogate `sum(y * g)`), and takes the gradient of the
+    /// input from the leaf. Parameters' gradients accumulate across these backward calls.
+    fn checkpointed(
+        &self,
+        input: &PackedInput,
+        targets: &Tensor,
+        denom: f64,
+        opts: &StepOptions,
+    ) -> Result<Tensor> {
+        let (attn, compute) = (opts.attn, opts.compute);
+        let selective = opts.checkpointing == Checkpointing::Selective;
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        // Selective: the attention call of every layer, run with autograd on leaf q/k/v: its
+        // node keeps what the bridge saved (the forward's own tensors, nothing recomputed).
+        let mut kept: Vec<(Tensor, Tensor, Tensor, Tensor)> = Vec::new();
+        let mut x = tch::no_grad(|| self.embed(input, compute))?;
+        for b in &self.layers {
+            let next = if selective {
+                let (q, k, v) = tch::no_grad(|| self.qkv(b, &x, input, compute))?;
+                let (q, k, v) = (
+                    q.f_set_requires_grad(true)?,
+                    k.f_set_requires_grad(true)?,
+                    v.f_set_requires_grad(true)?,
+                );
+                let o = attention(&q, &k, &v, &input.packing, attn)?;
+                let next = tch::no_grad(|| self.after_attention(b, &x, &o, compute))?;
+                kept.push((q, k, v, o));
+                next
+            } else {
+                tch::no_grad(|| self.block(b, &x, input, attn, compute))?
+            };
+            inputs.push(std::mem::replace(&mut x, next));
+        }
+        let xl = x.f_set_requires_grad(true)?;
+        let h = rms_norm(&xl, &self.norm, self.cfg.norm_eps)?;
+        let head = self.head(&h, targets, denom, opts)?;
+        head.surrogate(&h, self.output_weight())?.f_backward()?;
+        let loss_sum = head.loss_sum; // dh and dw (vocab x dim f32) are freed here
+        drop(h);
+        let mut g = xl.f_grad()?;
+        for (i, b) in self.layers.iter().enumerate().rev() {
+            let xi = inputs
+                .pop()
+                .expect("one input per layer")
+                .f_set_requires_grad(true)?;
+            if let Some((q, k, v, o)) = kept.pop() {
+                let ol = o.detach().f_set_requires_grad(true)?;
+                let y = self.after_attention(b, &xi, &ol, compute)?;
+                backprop(&y, &g)?;
+                backprop(&o, &ol.f_grad()?)?;
+                let (dq, dk, dv) = (q.f_grad()?, k.f_grad()?, v.f_grad()?);
+                drop((q, k, v, o, y));
+                let (rq, rk, rv) = self.qkv(b, &xi, input, compute)?;
+                let s = surrogate(&rq, &dq)?
+                    .f_add(&surrogate(&rk, &dk)?)?
+                    .f_add(&surrogate(&rv, &dv)?)?;
+                s.f_backward()?;
+            } else {
+                let y = self.block(b, &xi, input, attn, compute)?;
+                backprop(&y, &g)?;
+            }
+            g = xi.f_grad()?;
+            debug_assert_eq!(inputs.len(), i);
+        }
+        let e = self.embed(input, compute)?;
+        backprop(&e, &g)?;
+        Ok(loss_sum)
     }
 
     /// Named parameters, sorted by name (the order every optimiser/checkpoint loop uses).
@@ -161,17 +367,150 @@ impl Llama {
 }
 
 /// RMSNorm computed in f32, returned in `x`'s kind.
-pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     let kind = x.kind();
-    let xf = x.to_kind(Kind::Float);
-    let inv = (xf.square().mean_dim(-1, true, Kind::Float) + eps).rsqrt();
-    (xf * inv * weight).to_kind(kind)
+    let xf = x.f_to_kind(Kind::Float)?;
+    let inv = xf
+        .f_square()?
+        .f_mean_dim(-1, true, Kind::Float)?
+        .f_add_scalar(eps)?
+        .f_rsqrt()?;
+    Ok(xf.f_mul(&inv)?.f_mul(weight)?.f_to_kind(kind)?)
 }
 
-/// Mean next-token cross-entropy over targets that are not `ignore` (-100), as the sum and count
-/// so micro-batches combine exactly.
-pub fn loss_sum(logits: &Tensor, targets: &Tensor) -> Tensor {
-    logits
-        .log_softmax(-1, Kind::Float)
-        .nll_loss_nd::<Tensor>(targets, None, tch::Reduction::Sum, -100)
+/// `sum(y * g)` in f32: its gradient with respect to `y` is `g` (the way a gradient arriving at
+/// `y` from outside the graph is fed into the graph's backward; tch has no `backward(grad)`).
+fn surrogate(y: &Tensor, g: &Tensor) -> Result<Tensor> {
+    Ok(y.f_mul(g)?.f_sum(Kind::Float)?)
+}
+
+/// Backpropagates the gradient `g` arriving at `y`.
+fn backprop(y: &Tensor, g: &Tensor) -> Result<()> {
+    Ok(surrogate(y, g)?.f_backward()?)
+}
+
+/// Copies host int64 data to `device`: asynchronously from pinned memory on CUDA (a plain
+/// `to_device` of pageable memory waits for the whole stream), as is on the CPU.
+pub fn host_to_device(data: &[i64], device: Device) -> Result<Tensor> {
+    let t = Tensor::from_slice(data);
+    match device {
+        Device::Cuda(_) => Ok(t
+            .f_pin_memory(device)?
+            .f_to_device_(device, Kind::Int64, true, false)?),
+        _ => Ok(t),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::AttentionConfig;
+
+    const VOCAB: usize = 40;
+
+    fn batch() -> (Vec<i64>, Vec<i64>, Vec<usize>) {
+        let cu = vec![0usize, 7, 20, 32];
+        let tokens: Vec<i64> = (0..32).map(|i| (i * 7 + 3) % VOCAB as i64).collect();
+        let mut targets: Vec<i64> = (0..32).map(|i| (i * 5 + 1) % VOCAB as i64).collect();
+        targets[6] = loss::IGNORE;
+        targets[31] = loss::IGNORE;
+        (tokens, targets, cu)
+    }
+
+    fn grads(model: &Llama) -> Vec<(String, Tensor)> {
+        model
+            .named_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, p.grad().copy()))
+            .collect()
+    }
+
+    fn zero(model: &Llama) {
+        for (_, mut p) in model.named_parameters() {
+            p.zero_grad();
+        }
+    }
+
+    /// Loss and gradients of the plain graph with the full logits (the trainer before chunking).
+    fn reference(
+        model: &Llama,
+        input: &PackedInput,
+        targets: &Tensor,
+        attn: &AttnOptions,
+    ) -> (f64, Vec<(String, Tensor)>) {
+        zero(model);
+        let logits = model.forward(input, attn, Kind::Float).unwrap();
+        let ls = loss_sum(&logits, targets).unwrap();
+        (&ls / 30.0).backward();
+        (ls.double_value(&[]), grads(model))
+    }
+
+    fn compare(path: &str) {
+        tch::manual_seed(0);
+        let cfg = ModelConfig::default();
+        let model = Llama::new(&cfg, VOCAB, Device::Cpu).unwrap();
+        let (tokens, targets, cu) = batch();
+        let input = model.input(&tokens, &cu, Device::Cpu).unwrap();
+        let targets = Tensor::from_slice(&targets);
+        let attn = AttentionConfig {
+            path: path.into(),
+            ..Default::default()
+        }
+        .options()
+        .unwrap();
+        let (l0, g0) = reference(&model, &input, &targets, &attn);
+        let modes = [
+            (Checkpointing::None, 0usize),
+            (Checkpointing::None, 5),
+            (Checkpointing::Selective, 7),
+            (Checkpointing::Full, 3),
+        ];
+        for (mode, chunk) in modes {
+            zero(&model);
+            let opts = StepOptions {
+                attn: &attn,
+                compute: Kind::Float,
+                checkpointing: mode,
+                loss_chunk_tokens: chunk,
+            };
+            let l = model
+                .forward_backward(&input, &targets, 30.0, &opts)
+                .unwrap()
+                .double_value(&[]);
+            assert!(
+                (l - l0).abs() / l0 < 1e-6,
+                "{path} {mode:?}/{chunk}: loss {l} vs {l0}"
+            );
+            for ((n, a), (_, b)) in grads(&model).iter().zip(&g0) {
+                let scale = f64::try_from(b.abs().max()).unwrap().max(1e-12);
+                let d = f64::try_from((a - b).abs().max()).unwrap() / scale;
+                assert!(
+                    d < 1e-5,
+                    "{path} {mode:?}/{chunk}: gradient of {n} off by {d:e} (relative to its max)"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_checkpointing_mode_and_loss_chunking_gives_the_plain_graphs_gradients() {
+        compare("bf16");
+    }
+
+    #[test]
+    fn quantised_attention_recomputed_or_kept_gives_the_same_gradients() {
+        compare("mxfp8");
+    }
+
+    #[test]
+    fn checkpointing_names_parse_and_others_are_refused() {
+        assert_eq!(Checkpointing::parse("full").unwrap(), Checkpointing::Full);
+        assert_eq!(
+            Checkpointing::parse("selective").unwrap(),
+            Checkpointing::Selective
+        );
+        assert_eq!(Checkpointing::parse("none").unwrap(), Checkpointing::None);
+        let e = Checkpointing::parse("some").unwrap_err().to_string();
+        assert!(e.contains("none, selective, full"), "{e}");
+    }
 }

@@ -140,6 +140,10 @@ pub struct ModelConfig {
     pub norm_eps: f64,
     /// Std of the normal initialisation (output projections get it divided by sqrt(2 * layers)).
     pub init_std: f64,
+    /// Rows of the embedding and the output head: 0 = the tokenizer's vocabulary; a larger value
+    /// pads both (ids beyond the tokenizer's never occur; e.g. 128256 gives the byte tokenizer
+    /// the Llama-3 head's size, for measuring memory and speed without a tokenizer file).
+    pub vocab_size: usize,
 }
 
 impl Default for ModelConfig {
@@ -152,6 +156,7 @@ impl Default for ModelConfig {
             tied: None,
             norm_eps: 1e-5,
             init_std: 0.02,
+            vocab_size: 0,
         }
     }
 }
@@ -180,8 +185,9 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// The resolved shape for a vocabulary.
+    /// The resolved shape for a tokenizer's vocabulary (padded to `vocab_size` when larger).
     pub fn shape(&self, vocab: usize) -> Result<Shape> {
+        let vocab = vocab.max(self.vocab_size);
         let s = size(&self.size)?;
         Ok(Shape {
             dim: s.dim,
@@ -221,17 +227,60 @@ impl Shape {
         (emb + out + self.n_layers * per_layer + d, emb)
     }
 
-    /// torchtitan's training FLOPs per token: `6 * (params - embedding) + 12 * layers * heads *
-    /// head_dim * seq_len` (the second term is attention's score and value matmuls).
-    pub fn flops_per_token(&self, seq_len: usize) -> f64 {
-        let (total, emb) = self.param_counts();
-        6.0 * (total - emb) as f64 + 12.0 * (self.n_layers * self.n_heads * self.head_dim * seq_len) as f64
+    /// Weights a token meets in matmuls: every projection of every block and the output head
+    /// (which, when tied, is the embedding matrix; the embedding lookup itself is no matmul).
+    pub fn matmul_params(&self) -> usize {
+        let (d, hd) = (self.dim, self.head_dim);
+        let attn = d * self.n_heads * hd * 2 + d * self.n_kv_heads * hd * 2;
+        self.n_layers * (attn + 3 * d * self.ffn_dim) + self.vocab * d
+    }
+
+    /// Model FLOPs of one training step (forward + backward, recomputation not counted) over
+    /// documents of lengths `doc_lens`: `6 * matmul_params` per token, plus per layer causal
+    /// attention inside each document with the attention bench's count
+    /// (`flamia_kernels::gpu::bench::causal_fwd_flops`: forward `4 * heads * head_dim *
+    /// l (l + 1) / 2`, training 3.5x the forward).
+    pub fn train_flops(&self, doc_lens: impl IntoIterator<Item = usize>) -> f64 {
+        let (mut tokens, mut causal) = (0.0, 0.0);
+        for l in doc_lens {
+            tokens += l as f64;
+            causal += (l * (l + 1)) as f64 / 2.0;
+        }
+        let attn_fwd = 4.0 * (self.n_heads * self.head_dim) as f64 * causal;
+        6.0 * self.matmul_params() as f64 * tokens + 3.5 * self.n_layers as f64 * attn_fwd
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn train_flops_match_a_hand_count_and_the_attention_bench() {
+        let tiny = ModelConfig::default().shape(258).unwrap();
+        // tiny: dim 128, 2 layers, 2 heads of 64, 1 KV head, FFN 384, tied, vocab 258.
+        assert_eq!((tiny.ffn_dim, tiny.head_dim), (384, 64));
+        let per_layer = 128 * 128 * 2 + 128 * 64 * 2 + 3 * 128 * 384; // q,o + k,v + SwiGLU
+        let matmul = 2 * per_layer + 258 * 128; // + the tied head
+        assert_eq!(matmul, 426_240);
+        // Documents of 3 and 5 tokens: 8 tokens; causal pairs 3*4/2 + 5*6/2 = 21.
+        let want = 6.0 * 426_240.0 * 8.0 + 3.5 * 2.0 * (4.0 * 2.0 * 64.0 * 21.0);
+        assert_eq!(tiny.train_flops([3, 5]), want);
+        assert_eq!(want, 20_534_784.0);
+        // One 65,536-token document at 1B (16 heads of 128, the bench's shape): the attention
+        // part is 3.5 x the bench's forward count per layer.
+        let b = ModelConfig {
+            size: "1b".into(),
+            ..Default::default()
+        }
+        .shape(128_256)
+        .unwrap();
+        let attn = b.train_flops([65536]) - 6.0 * b.matmul_params() as f64 * 65536.0;
+        let bench = flamia_kernels::gpu::bench::causal_fwd_flops(&[65536]);
+        assert_eq!(attn, 3.5 * 16.0 * bench);
+        // Short documents cost less attention than one long one of the same tokens.
+        assert!(b.train_flops(vec![1024; 64]) < b.train_flops([65536]));
+    }
 
     #[test]
     fn llama3_ffn_rule_and_1b_shape() {
@@ -249,6 +298,9 @@ mod tests {
         // Llama-3.2-1B (32 heads of 64, 8 KV) has 1,235,814,400 parameters; our 1b has 16 heads
         // of 128 with 8 KV heads, so K/V are twice as wide: 2 * 16 * 2048 * 512 more.
         assert_eq!(s.param_counts().0, 1_235_814_400 + 2 * 16 * 2048 * 512);
+        // The matmul weights: all parameters but the norms, the embedding counted once (tied head).
+        let norms = 16 * 2 * 2048 + 2048;
+        assert_eq!(s.matmul_params(), s.param_counts().0 - norms);
         assert!(size("7b")
             .unwrap_err()
             .to_string()

@@ -1,0 +1,75 @@
+#!/bin/bash
+# One device call: the 1B preset (configs/h200x8-1b.toml's model) on ONE GPU at 16,384- and
+# 65,536-token rows, bf16 control and mxfp8, with short (1,024-token) and row-long documents;
+# per run the median tokens/s, MFU and peak GPU memory, then one deliberate out-of-memory run
+# (64K rows without activation checkpointing) to show the error the trainer gives.
+# From the repo root on the device, with target/release/flamia carried:
+#   bash bench/trainer_1b.sh          (about 4-5 minutes; logs and metrics under $OUT)
+# Data, byte tokenizer: short documents = the embedded shard cut at 1,024 tokens; long documents
+# = this repository's .rs/.md text (about 1 MB) made into ~70,000-character documents with
+# `flamia data make-shard`, cut at the row length (every row one document). The model's
+# vocabulary is padded to 128,256 (model.vocab_size) so the embedding and output head are
+# Llama-3's size; TOKENIZER=path/to/llama3.json uses a real tokenizer instead. Knobs: PATHS ("bf16 mxfp8"), STEPS16 (8), STEPS64
+# (5), CKPT16 (none), CKPT64 (selective), ROWS ("16384 65536"), OOM_CHECK (1).
+# Tokens/s and MFU are medians over the steps after the first two (allocator warm-up, kernel
+# compiles); MFU is per GPU from the batch's document lengths (docs/training.md); memory is the
+# driver's view (total - free: libtorch's cache included).
+set -u
+SP=/opt/torch/.venv/lib/python3.12/site-packages
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+B=${B:-target/release/flamia}; O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
+PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)
+if [ -n "${TOKENIZER:-}" ]; then
+  DATA=(--set "data.tokenizer=$TOKENIZER")
+else
+  DATA=(--set data.tokenizer=bytes --set model.vocab_size=128256)
+fi
+LONG=/tmp/t1b-long.parquet
+find trainer data dist eval flamia-kernels docs launch bench \( -name '*.rs' -o -name '*.md' \) | sort | xargs cat > /tmp/t1b-text.txt
+$B data make-shard --from /tmp/t1b-text.txt --out $LONG --doc-chars 70000 > /dev/null || exit 1
+run() {  # name, seq_len, max_doc_tokens, path, checkpointing, steps
+  local name=$1 len=$2 doc=$3 path=$4 ckpt=$5 steps=$6
+  local shard='["embedded:train"]'
+  [ "$doc" -ge "$len" ] && shard="[\"$LONG\"]"
+  local t0=$SECONDS
+  $B train --config configs/h200x8-1b.toml "${DATA[@]}" \
+    --set "data.train=$shard" --set data.val='["embedded:val"]' \
+    --set data.seq_len=$len --set data.batch_rows=1 --set data.max_doc_tokens=$doc \
+    --set training.grad_accum=1 --set training.steps=$steps --set training.warmup_steps=1 \
+    --set training.activation_checkpointing=$ckpt --set attention.path=$path \
+    --set run.device=cuda --set run.log_every=1 --set run.progress=false --set run.checkpoint_every=0 \
+    --set run.final_checkpoint=false --set wandb.enabled=false --set run.dir=/tmp/t1b-$name \
+    > "/tmp/t1b-$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc ($((SECONDS - t0)) s)"
+  [ $rc != 0 ] && grep -E "Error|error|memory" "/tmp/t1b-$name.log" | head -4
+  cp "/tmp/t1b-$name.log" "$O/" 2>/dev/null
+  [ -f /tmp/t1b-$name/metrics.jsonl ] || return
+  "$PY" - /tmp/t1b-$name/metrics.jsonl "$name" <<'PY'
+import json, sys, statistics
+rows = [json.loads(l) for l in open(sys.argv[1])]
+warm = [r for r in rows if r["step"] > 2] or rows
+med = lambda k: statistics.median(r[k] for r in warm)
+print(f'{sys.argv[2]:<28} steps {len(rows)}  tok/s {med("tps"):>9,.0f}  MFU {med("mfu_pct") or 0:5.1f}%  '
+      f'step {med("step_time_s"):6.3f} s  peak {max(r["memory_gib"] for r in rows):6.2f} GiB  '
+      f'loss {rows[0]["loss"]:.3f} -> {rows[-1]["loss"]:.3f}')
+PY
+  sed "s/^{/{\"run\":\"$name\",/" /tmp/t1b-$name/metrics.jsonl >> "$O/trainer_1b_metrics.jsonl"
+  rm -rf /tmp/t1b-$name
+}
+{
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,power.draw,temperature.gpu --format=csv
+for len in ${ROWS:-16384 65536}; do
+  if [ "$len" -le 16384 ]; then steps=${STEPS16:-8}; ckpt=${CKPT16:-none}; else steps=${STEPS64:-5}; ckpt=${CKPT64:-selective}; fi
+  for p in ${PATHS:-bf16 mxfp8}; do
+    run "$p-$len-short-$ckpt" $len 1024 $p $ckpt $steps
+    run "$p-$len-long-$ckpt" $len $len $p $ckpt $steps
+  done
+done
+if [ "${OOM_CHECK:-1}" = 1 ]; then  # expected to fail: a clear out-of-memory error, no panic
+  run "bf16-65536-long-none-oom" 65536 65536 bf16 none 1
+  grep -A2 "out of memory during" /tmp/t1b-bf16-65536-long-none-oom.log | head -4
+  grep -c "panicked" /tmp/t1b-bf16-65536-long-none-oom.log | sed 's/^/panics: /'
+fi
+nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv
+} 2>&1 | tee "$O/trainer_1b.log"
