@@ -114,6 +114,10 @@ mod tests {
             Device::Cpu,
         );
         assert!(matches!(attn, TrainError::OutOfMemory { .. }));
+        // A real allocation failure of libtorch (CPU allocator) is recognised too.
+        let real = tch::Tensor::f_empty([1i64 << 58], (tch::Kind::Float, Device::Cpu)).unwrap_err();
+        let real = explain(TrainError::Tch(real), || "x".into(), Device::Cpu);
+        assert!(matches!(real, TrainError::OutOfMemory { .. }), "{real}");
         let other = explain(TrainError::Invalid("shape".into()), || "x".into(), Device::Cpu);
         assert!(matches!(other, TrainError::Invalid(_)));
         let other = explain(

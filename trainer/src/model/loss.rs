@@ -135,7 +135,7 @@ mod tests {
         let (t, d, v) = (37i64, 16i64, 50i64);
         let h = Tensor::randn([t, d], (Kind::Float, Device::Cpu));
         let w = Tensor::randn([v, d], (Kind::Float, Device::Cpu)) * 0.3;
-        let mut targets = Tensor::randint(v, [t], (Kind::Int64, Device::Cpu));
+        let targets = Tensor::randint(v, [t], (Kind::Int64, Device::Cpu));
         let _ = targets.get(5).fill_(IGNORE);
         let _ = targets.get(36).fill_(IGNORE);
         let denom = 35.0;

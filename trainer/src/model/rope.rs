@@ -173,7 +173,7 @@ mod tests {
         assert_eq!(f64::try_from((c3 - dc.narrow(0, 0, 3)).abs().max()).unwrap(), 0.0);
         assert_eq!(cache.tables.lock().unwrap().as_ref().unwrap().0, 512);
         let long = Tensor::from_slice(&[600i64]);
-        cache.gather(&inv, &long, 601).unwrap();
+        let _ = cache.gather(&inv, &long, 601).unwrap();
         assert_eq!(cache.tables.lock().unwrap().as_ref().unwrap().0, 1024);
     }
 }
