@@ -267,23 +267,21 @@ impl Llama {
         denom: f64,
         opts: &StepOptions,
     ) -> Result<Tensor> {
-        match opts.checkpointing {
-            Checkpointing::None => {
-                let h = self.hidden(input, opts.attn, opts.compute)?;
-                let head = self.head(&h, targets, denom, opts)?;
-                head.surrogate(&h, self.output_weight())?.f_backward()?;
-                Ok(head.loss_sum)
-            }
-            Checkpointing::Full | Checkpointing::Selective => self.checkpointed(input, targets, denom, opts),
-        }
-    }
-
-    fn head(&self, h: &Tensor, targets: &Tensor, denom: f64, opts: &StepOptions) -> Result<loss::HeadGrads> {
-        let chunk = match opts.loss_chunk_tokens {
-            0 => loss::auto_chunk_tokens(self.shape.vocab),
-            n => n,
+        // The loss head's forward and backward from the final hidden states `h` (a graph
+        // tensor): the backward of the surrogate runs the rest of the model's backward.
+        let head = |h: &Tensor| -> Result<Tensor> {
+            let chunk = match opts.loss_chunk_tokens {
+                0 => loss::auto_chunk_tokens(self.shape.vocab),
+                n => n,
+            };
+            let g = loss::head_forward_backward(h, self.output_weight(), targets, denom, chunk)?;
+            g.surrogate(h, self.output_weight())?.f_backward()?;
+            Ok(g.loss_sum)
         };
-        loss::head_forward_backward(h, self.output_weight(), targets, denom, chunk)
+        match opts.checkpointing {
+            Checkpointing::None => head(&self.hidden(input, opts.attn, opts.compute)?),
+            Checkpointing::Full | Checkpointing::Selective => self.checkpointed(input, opts, head),
+        }
     }
 
     /// Activation checkpointing, one layer at a time: the forward runs without a graph and
@@ -294,9 +292,8 @@ impl Llama {
     fn checkpointed(
         &self,
         input: &PackedInput,
-        targets: &Tensor,
-        denom: f64,
         opts: &StepOptions,
+        head: impl FnOnce(&Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
         let (attn, compute) = (opts.attn, opts.compute);
         let selective = opts.checkpointing == Checkpointing::Selective;
@@ -324,9 +321,7 @@ impl Llama {
         }
         let xl = x.f_set_requires_grad(true)?;
         let h = rms_norm(&xl, &self.norm, self.cfg.norm_eps)?;
-        let head = self.head(&h, targets, denom, opts)?;
-        head.surrogate(&h, self.output_weight())?.f_backward()?;
-        let loss_sum = head.loss_sum; // dh and dw (vocab x dim f32) are freed here
+        let loss_sum = head(&h)?; // the head's dh and dw (vocab x dim f32) are freed by now
         drop(h);
         let mut g = xl.f_grad()?;
         for (i, b) in self.layers.iter().enumerate().rev() {
