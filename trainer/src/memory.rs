@@ -7,11 +7,19 @@ use tch::Device;
 
 use crate::error::TrainError;
 
-/// Whether an error message is an allocation failure (libtorch's caching allocator, the CPU
-/// allocator, or a CUDA driver call of the attention kernels).
+/// Whether an error message is an allocation failure (libtorch's CUDA caching allocator, its CPU
+/// allocator's "can't allocate memory", or a CUDA driver call of the attention kernels).
 pub fn is_out_of_memory(msg: &str) -> bool {
     let m = msg.to_ascii_lowercase();
-    m.contains("out of memory") || m.contains("out_of_memory") || m.contains("failed to allocate")
+    [
+        "out of memory",
+        "out_of_memory",
+        "can't allocate memory",
+        "not enough memory",
+        "failed to allocate",
+    ]
+    .iter()
+    .any(|p| m.contains(p))
 }
 
 /// Turns an out-of-memory failure during `what` into [`TrainError::OutOfMemory`] (memory in use
