@@ -10,7 +10,10 @@
 # `flamia data make-shard`, cut at the row length (every row one document). The model's
 # vocabulary is padded to 128,256 (model.vocab_size) so the embedding and output head are
 # Llama-3's size; TOKENIZER=path/to/llama3.json uses a real tokenizer instead. Knobs: PATHS ("bf16 mxfp8"), STEPS16 (8), STEPS64
-# (5), CKPT16 (none), CKPT64 (selective), ROWS ("16384 65536"), OOM_CHECK (1).
+# (5), CKPT16 (none), CKPT64 (selective), ROWS ("16384 65536"), OOM_CHECK (1), EXTRA (more
+# --set arguments, last wins; e.g. a CPU dry run of the script itself:
+# B=target/debug/flamia ROWS="128 512" OOM_CHECK=0 EXTRA="--set run.device=cpu
+# --set run.compute=fp32 --set model.size=tiny --set model.vocab_size=0" bash bench/trainer_1b.sh).
 # Tokens/s and MFU are medians over the steps after the first two (allocator warm-up, kernel
 # compiles); MFU is per GPU from the batch's document lengths (docs/training.md); memory is the
 # driver's view (total - free: libtorch's cache included).
@@ -38,7 +41,7 @@ run() {  # name, seq_len, max_doc_tokens, path, checkpointing, steps
     --set training.grad_accum=1 --set training.steps=$steps --set training.warmup_steps=1 \
     --set training.activation_checkpointing=$ckpt --set attention.path=$path \
     --set run.device=cuda --set run.log_every=1 --set run.progress=false --set run.checkpoint_every=0 \
-    --set run.final_checkpoint=false --set wandb.enabled=false --set run.dir=/tmp/t1b-$name \
+    --set run.final_checkpoint=false --set wandb.enabled=false --set run.dir=/tmp/t1b-$name ${EXTRA:-} \
     > "/tmp/t1b-$name.log" 2>&1
   local rc=$?
   echo "$name rc=$rc ($((SECONDS - t0)) s)"
@@ -48,9 +51,12 @@ run() {  # name, seq_len, max_doc_tokens, path, checkpointing, steps
   "$PY" - /tmp/t1b-$name/metrics.jsonl "$name" <<'PY'
 import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1])]
+if not rows: sys.exit(0)
 warm = [r for r in rows if r["step"] > 2] or rows
-med = lambda k: statistics.median(r[k] for r in warm)
-print(f'{sys.argv[2]:<28} steps {len(rows)}  tok/s {med("tps"):>9,.0f}  MFU {med("mfu_pct") or 0:5.1f}%  '
+def med(k):
+    v = [r[k] for r in warm if r.get(k) is not None]
+    return statistics.median(v) if v else float("nan")
+print(f'{sys.argv[2]:<28} steps {len(rows)}  tok/s {med("tps"):>9,.0f}  MFU {med("mfu_pct"):5.1f}%  '
       f'step {med("step_time_s"):6.3f} s  peak {max(r["memory_gib"] for r in rows):6.2f} GiB  '
       f'loss {rows[0]["loss"]:.3f} -> {rows[-1]["loss"]:.3f}')
 PY
