@@ -1,149 +1,370 @@
-// Fused quantisers: one launch per input tensor. Each CTA (4 warps) takes one 32-token block of
-// one document and one head (warp w: tokens 8w .. 8w+7; lane l: dims 4l .. 4l+3) and does the
-// optional Hadamard rotation, the amax, the exponent, the E4M3 codes in both layouts the attention
-// kernels read (token-major and dim-major, see attn_common.cuh) and the per-token exponent table;
-// for dO also D_i = dO_hat_i . O_i (FP32, [T, H]) from the quantised dO.
-// Defines: HADAMARD (0/1), MODE (0 = 32-token blocks, 1 = per token, 2 = tensor-wide floor, the
-// leaky control; its amax comes from quant_amax), DELTA (0/1).
+// Fused E4M3 quantiser: ONE launch for up to three input tensors (Q, K and V of a forward call;
+// dO alone in the backward). For every (32-token block of one document, head, input) it does the
+// optional Hadamard rotation (per input), the amax, the exponent, the E4M3 codes in both layouts
+// the attention kernels read (token-major and dim-major, see attn_common.cuh) and the per-token
+// exponent table; for dO (DELTA) also D_i = dO_hat_i . O_i (FP32, [T, H]) from the quantised dO.
+//
+// Memory-bound, so the layout is chosen for bytes in flight and full-sector accesses:
+// - Persistent grid (QUANT_CTAS_PER_SM CTAs of 128 threads per SM, guaranteed by
+//   __launch_bounds__), items taken grid-stride, head slots fastest (consecutive items read
+//   adjacent 256-byte rows); each CTA loads the NEXT item's 8 KB while it computes the current one.
+// - Thread (row tt = tid / 4, quarter q = tid % 4) owns 32 elements of one token row:
+//   element i = 32 k + 8 q + j (k = 0..3, j = 0..7), loaded as four 16-byte vectors.
+//   Hadamard stages h = 1, 2, 4 (bits of j) and 32, 64 (bits of k) run in registers, h = 8, 16
+//   (bits of q) through two shuffle stages: 2 shuffles per element instead of 5.
+// - Token-major codes: 8-byte stores, 4 lanes = one 32-byte sector of a row.
+// - Dim-major codes: the block's 32 x 128 code tile goes through shared memory (XOR-swizzled,
+//   conflict-free for the row writes and the column reads), each thread transposes two 4x4 byte
+//   squares with PRMT and 4 lanes write one full 32-byte sector (32 tokens) of a dim row.
+// Arithmetic per element is exactly the contract (src/quant.rs, src/hadamard.rs); D keeps the
+// summation order of the previous kernel (per-lane FMA chains over 4 elements, then a
+// pairwise tree over the 32 four-element groups, high index bits first).
+// Defines: MODE (0 = 32-token blocks, 1 = per token, 2 = tensor-wide floor, the leaky control;
+// its amax comes from quant_amax), DELTA (0/1, one input only).
+// quant_amax: tensor-wide amax (after the rotation) of every input, for MODE 2.
 // quant_nvfp4: NVFP4 (E2M1 codes, E4M3 group scales per 16 dims, per-token exponent) plus the exact
-// value e2m1 * scale in BF16 for the emulated NVFP4 score product.
+// value e2m1 * scale in BF16 for the emulated NVFP4 score product (input 0 only).
 // The bit-level contract is src/quant.rs; GPU tests compare every byte.
 #include "formats.cuh"
 
-#ifndef HADAMARD
-#define HADAMARD 0
-#endif
 #ifndef MODE
 #define MODE 0
 #endif
 #ifndef DELTA
 #define DELTA 0
 #endif
+// Resident CTAs per SM the launch bounds guarantee; the host sizes the persistent grid with it
+// (flamia-kernels/src/gpu/quant.rs QUANT_CTAS_PER_SM).
+#ifndef QUANT_CTAS_PER_SM
+#define QUANT_CTAS_PER_SM 7
+#endif
+#define QUANT_INPUTS 3
 
-struct QuantParams {
-  const u16* x;          // BF16 [T, H, D]
-  const int* blocks;     // int4 per 32-token block: doc start, doc length, padded doc start, block offset in doc
-  u8* tok;               // [T, H, D]
-  u8* dim;               // [H, D, Tpad]
-  i8* exps;              // [T, H]
-  const u16* o;          // DELTA: forward output O, BF16 [T, H, D]
-  float* delta;          // DELTA: [T, H]
-  const u32* amax_in;    // MODE 2: tensor-wide amax (bits of a non-negative float)
-  u32* amax_out;         // quant_amax: atomically maxed (zero it first)
-  u8* fp4_codes;         // [T, H, D] (low nibble)
-  u8* fp4_scales;        // [T, H, D / 16]
-  u16* fp4_vals;         // [T, H, D] BF16 e2m1 * scale
-  int T, Tpad, H;
+// One input tensor and its operand.
+struct QuantTensor {
+  const u16* x;  // BF16 [T, heads, D]
+  u8* tok;       // [T, heads, D]
+  u8* dim;       // [heads, D, Tpad]
+  i8* exps;      // [T, heads]
+  int heads;
+  int hadamard;
 };
 
-__device__ __forceinline__ void load_row(const QuantParams& p, long long tok, int h, float (&v)[4]) {
-  uint2 raw = *reinterpret_cast<const uint2*>(p.x + (tok * p.H + h) * HEAD_DIM + 4 * (threadIdx.x & 31));
+struct QuantParams {
+  QuantTensor in[QUANT_INPUTS];  // inputs 0 .. ninputs-1
+  const int* blocks;             // int4 per 32-token block: doc start, doc length, padded doc start, block offset in doc
+  const u16* o;                  // DELTA: forward output O, BF16 [T, H, D] (input 0's shape)
+  float* delta;                  // DELTA: [T, H]
+  u32* amax;                     // MODE 2 / quant_amax: one float (as bits) per input, maxed atomically
+  u8* fp4_codes;                 // [T, H, D] (low nibble)
+  u8* fp4_scales;                // [T, H, D / 16]
+  u16* fp4_vals;                 // [T, H, D] BF16 e2m1 * scale
+  int T, Tpad;
+  int nblocks;                   // blocks of the plan
+  int ninputs;                   // 1 .. QUANT_INPUTS
+  int slots;                     // heads of all inputs together
+};
+
+// Field-wise select (a dynamic index into the parameter struct would copy it to local memory).
+__device__ __forceinline__ QuantTensor pick_input(const QuantParams& p, int ti) {
+  QuantTensor t;
+  t.x = ti == 0 ? p.in[0].x : ti == 1 ? p.in[1].x : p.in[2].x;
+  t.tok = ti == 0 ? p.in[0].tok : ti == 1 ? p.in[1].tok : p.in[2].tok;
+  t.dim = ti == 0 ? p.in[0].dim : ti == 1 ? p.in[1].dim : p.in[2].dim;
+  t.exps = ti == 0 ? p.in[0].exps : ti == 1 ? p.in[1].exps : p.in[2].exps;
+  t.heads = ti == 0 ? p.in[0].heads : ti == 1 ? p.in[1].heads : p.in[2].heads;
+  t.hadamard = ti == 0 ? p.in[0].hadamard : ti == 1 ? p.in[1].hadamard : p.in[2].hadamard;
+  return t;
+}
+
+// One work item: a 32-token block (its plan entry), an input and a head of it.
+struct Item {
+  int doc0, L, pad0, b0;  // the plan's block entry
+  int ti, h;
+};
+
+__device__ __forceinline__ Item decode_item(const QuantParams& p, int item) {
+  const int b = item / p.slots;
+  int s = item - b * p.slots;
+  const int4 blk = __ldg(reinterpret_cast<const int4*>(p.blocks) + b);
+  Item it;
+  it.doc0 = blk.x;
+  it.L = blk.y;
+  it.pad0 = blk.z;
+  it.b0 = blk.w;
+  it.ti = 0;
+  if (s >= p.in[0].heads) {
+    s -= p.in[0].heads;
+    it.ti = 1;
+    if (s >= p.in[1].heads) {
+      s -= p.in[1].heads;
+      it.ti = 2;
+    }
+  }
+  it.h = s;
+  return it;
+}
+
+// The thread's 32 BF16 elements of row tt of the item (tokens past the document are loaded from
+// the block's first row and zeroed by the caller), as four 16-byte streaming loads.
+__device__ __forceinline__ void load_rows(const u16* base, const Item& it, int heads, uint4 (&raw)[4]) {
+  const int tt = threadIdx.x >> 2, q = threadIdx.x & 3;
+  const int n = min(32, it.L - it.b0);
+  const long long tok = it.doc0 + it.b0 + (tt < n ? tt : 0);
+  const uint4* src = reinterpret_cast<const uint4*>(base + (tok * heads + it.h) * HEAD_DIM + 8 * q);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) raw[k] = __ldcs(src + 4 * k);
+}
+
+__device__ __forceinline__ void unpack_bf16(const uint4 (&raw)[4], bool valid, float (&v)[32]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const u32 w[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[8 * k + 2 * j] = valid ? __uint_as_float(w[j] << 16) : 0.f;
+      v[8 * k + 2 * j + 1] = valid ? __uint_as_float(w[j] & 0xffff0000u) : 0.f;
+    }
+  }
+}
+
+// In-register butterfly stage over v-index bit M (v[i] holds element 32 (i >> 3) + 8 q + (i & 7)).
+template <int M>
+__device__ __forceinline__ void butterfly_local(float (&v)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i)
+    if (!(i & M)) {
+      const float a = v[i], b = v[i | M];
+      v[i] = __fadd_rn(a, b);
+      v[i | M] = __fsub_rn(a, b);
+    }
+}
+
+// Butterfly stage across the lanes of a row (lane bit M = q bit): the lower lane keeps a + b, the
+// upper a - b, as fma(own, +-1, other): the product is exact, so this is the one rounding of the
+// addition (signed zeros included), one instruction instead of two predicated adds.
+template <int M>
+__device__ __forceinline__ void butterfly_lanes(float (&v)[32]) {
+  const float sign = (threadIdx.x & M) ? -1.f : 1.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const float o = __shfl_xor_sync(0xffffffffu, v[i], M);
+    v[i] = __fmaf_rn(v[i], sign, o);
+  }
+}
+
+// The normalised Hadamard-128 of the row (contract: stages h = 1, 2, ..., 64 in order, no FMA,
+// then one multiply by RN(1/sqrt(128))).
+__device__ __forceinline__ void hadamard128_rows(float (&v)[32]) {
+  butterfly_local<1>(v);   // h = 1
+  butterfly_local<2>(v);   // h = 2
+  butterfly_local<4>(v);   // h = 4
+  butterfly_lanes<1>(v);   // h = 8
+  butterfly_lanes<2>(v);   // h = 16
+  butterfly_local<8>(v);   // h = 32
+  butterfly_local<16>(v);  // h = 64
+  const float c = __uint_as_float(0x3DB504F3u);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) v[i] = __fmul_rn(v[i], c);
+}
+
+__device__ __forceinline__ float absmax32(const float (&v)[32]) {
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) m = fmaxf(m, fabsf(v[i]));
+  return m;
+}
+
+// Word index in the shared code tile (32 rows x 32 words) of word w of row r: XOR swizzle that
+// keeps both the row writes (8 rows x 4 quarters per warp) and the column reads (8 dim quads x
+// 4 token octets per warp) on 32 distinct banks.
+__device__ __forceinline__ int tile_word(int r, int w) {
+  return r * 32 + (w ^ ((r & 1) | ((((r >> 1) & 3) ^ ((r >> 3) & 3)) << 3)));
+}
+
+#if DELTA
+// D = sum_i decode(code_i) * o_i in the previous kernel's order: element groups g = i / 4 hold
+// an FMA chain each; the 32 group sums are added pairwise, pairing on g's bit 4 first, bit 0 last
+// (g = 8 k + 2 q + j / 4: bits 4, 3 in registers, bits 2, 1 across the row's lanes, bit 0 last).
+__device__ __forceinline__ float delta_dot(const u32 (&codes)[8], const uint4 (&oraw)[4]) {
+  float s[4][2];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const u32 ow[4] = {oraw[k].x, oraw[k].y, oraw[k].z, oraw[k].w};
+#pragma unroll
+    for (int jh = 0; jh < 2; ++jh) {
+      const u32 c = codes[2 * k + jh];
+      float acc = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const u32 w = ow[2 * jh + (j >> 1)];
+        const float o = __uint_as_float((j & 1) ? (w & 0xffff0000u) : (w << 16));
+        acc = __fmaf_rn(e4m3_decode((c >> (8 * j)) & 0xffu), o, acc);
+      }
+      s[k][jh] = acc;
+    }
+  }
+  float d[2];
+#pragma unroll
+  for (int jh = 0; jh < 2; ++jh) {
+    const float a0 = __fadd_rn(s[0][jh], s[2][jh]), a1 = __fadd_rn(s[1][jh], s[3][jh]);
+    float b = __fadd_rn(a0, a1);
+    b = __fadd_rn(b, __shfl_xor_sync(0xffffffffu, b, 2));
+    d[jh] = __fadd_rn(b, __shfl_xor_sync(0xffffffffu, b, 1));
+  }
+  return __fadd_rn(d[0], d[1]);
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(const QuantParams p) {
+  __shared__ __align__(16) u32 tile[2][32 * 32];
+  __shared__ float wmax[2][4];
+  const int tid = threadIdx.x, w = tid >> 5, tt = tid >> 2, q = tid & 3;
+  const int nitems = p.nblocks * p.slots;
+  int item = blockIdx.x;
+  if (item >= nitems) return;
+  Item it = decode_item(p, item);
+  uint4 raw[4];
+  load_rows(pick_input(p, it.ti).x, it, pick_input(p, it.ti).heads, raw);
+  for (int buf = 0;; buf ^= 1) {
+    const QuantTensor t = pick_input(p, it.ti);
+    const int n = min(32, it.L - it.b0);
+    float v[32];
+    unpack_bf16(raw, tt < n, v);
+#if DELTA
+    // O of this item (not prefetched: registers); used only after the amax and the codes
+    uint4 ocur[4];
+    load_rows(p.o, it, p.in[0].heads, ocur);
+#endif
+    // the next item's rows are in flight while this one is computed
+    const int next = item + gridDim.x;
+    Item nx = it;
+    if (next < nitems) {
+      nx = decode_item(p, next);
+      const QuantTensor tn = pick_input(p, nx.ti);
+      load_rows(tn.x, nx, tn.heads, raw);
+    }
+    if (t.hadamard) hadamard128_rows(v);
+    float m = absmax32(v);
+#if MODE == 1
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    const int e = block_exponent(m);
+#elif MODE == 2
+    const int e = floor_exponent(__uint_as_float(p.amax[it.ti]));
+#else
+    m = warp_max(m);
+    if ((tid & 31) == 0) wmax[buf][w] = m;
+    __syncthreads();
+    const int e = block_exponent(fmaxf(fmaxf(wmax[buf][0], wmax[buf][1]), fmaxf(wmax[buf][2], wmax[buf][3])));
+#endif
+    const float f = pow2f(-e);
+    u32 codes[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+      codes[c] = tt < n ? e4m3x4(v[4 * c] * f, v[4 * c + 1] * f, v[4 * c + 2] * f, v[4 * c + 3] * f) : 0u;
+    u32* tl = tile[buf];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      tl[tile_word(tt, 8 * k + 2 * q)] = codes[2 * k];
+      tl[tile_word(tt, 8 * k + 2 * q + 1)] = codes[2 * k + 1];
+    }
+#if DELTA
+    const float dsum = delta_dot(codes, ocur);  // every lane: the shuffles need the whole warp
+#endif
+    if (tt < n) {
+      const long long row = (long long)(it.doc0 + it.b0 + tt) * t.heads + it.h;
+      uint2* dst = reinterpret_cast<uint2*>(t.tok + row * HEAD_DIM + 8 * q);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) dst[4 * k] = make_uint2(codes[2 * k], codes[2 * k + 1]);
+      if (q == 0) t.exps[row] = (i8)e;
+#if DELTA
+      // value = decode * 2^e: apply the exponent once to the sum (exact power of two)
+      if (q == 0) p.delta[row] = e >= -126 ? dsum * pow2f(e) : (dsum * 0.5f) * pow2f(e + 1);
+#endif
+    }
+    __syncthreads();
+    // dim-major copy: thread (dim quad g, token octet s) transposes 8 tokens x 4 dims and writes
+    // 8 bytes per dim row; lanes s = 0..3 fill one 32-byte sector.
+    {
+      const int s = tid & 3, g = tid >> 2;
+      u32 wd[8];
+#pragma unroll
+      for (int r = 0; r < 8; ++r) wd[r] = tl[tile_word(8 * s + r, g)];
+      u32 lo[4], hi[4];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const u32* x = wd + 4 * half;
+        const u32 a0 = __byte_perm(x[0], x[1], 0x5140), a1 = __byte_perm(x[0], x[1], 0x7362);
+        const u32 b0 = __byte_perm(x[2], x[3], 0x5140), b1 = __byte_perm(x[2], x[3], 0x7362);
+        u32* out = half ? hi : lo;
+        out[0] = __byte_perm(a0, b0, 0x5410);
+        out[1] = __byte_perm(a0, b0, 0x7632);
+        out[2] = __byte_perm(a1, b1, 0x5410);
+        out[3] = __byte_perm(a1, b1, 0x7632);
+      }
+      const int padded = (it.L + 63) & ~63;
+      const bool tail = it.b0 + 32 >= it.L && it.b0 + 32 < padded;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        uint2* dst = reinterpret_cast<uint2*>(t.dim + ((long long)it.h * HEAD_DIM + 4 * g + c) * p.Tpad + it.pad0 +
+                                              it.b0 + 8 * s);
+        dst[0] = make_uint2(lo[c], hi[c]);
+        if (tail) dst[4] = make_uint2(0u, 0u);  // zero padding up to the document's 64-token end
+      }
+    }
+    if (next >= nitems) break;
+    item = next;
+    it = nx;
+  }
+}
+
+// Tensor-wide amax (after the rotation) of every input, for MODE 2: grid-stride over the same
+// items; one atomic per warp and input at the end.
+extern "C" __global__ void __launch_bounds__(128) quant_amax(const QuantParams p) {
+  const int nitems = p.nblocks * p.slots;
+  const int tt = threadIdx.x >> 2;
+  float m[QUANT_INPUTS] = {0.f, 0.f, 0.f};
+  for (int item = blockIdx.x; item < nitems; item += gridDim.x) {
+    const Item it = decode_item(p, item);
+    const QuantTensor t = pick_input(p, it.ti);
+    uint4 raw[4];
+    load_rows(t.x, it, t.heads, raw);
+    float v[32];
+    unpack_bf16(raw, tt < min(32, it.L - it.b0), v);
+    if (t.hadamard) hadamard128_rows(v);
+    const float a = absmax32(v);
+#pragma unroll
+    for (int i = 0; i < QUANT_INPUTS; ++i) m[i] = it.ti == i ? fmaxf(m[i], a) : m[i];
+  }
+#pragma unroll
+  for (int i = 0; i < QUANT_INPUTS; ++i) {
+    const float r = warp_max(m[i]);
+    if ((threadIdx.x & 31) == 0 && i < p.ninputs) atomicMax(p.amax + i, __float_as_uint(r));
+  }
+}
+
+// NVFP4 of input 0: one warp per (token, head) row; lanes 4g .. 4g+3 hold group g (16 dims).
+__device__ __forceinline__ void load_row4(const QuantTensor& t, long long tok, int h, float (&v)[4]) {
+  uint2 raw = *reinterpret_cast<const uint2*>(t.x + (tok * t.heads + h) * HEAD_DIM + 4 * (threadIdx.x & 31));
   v[0] = bf16_to_f32(raw.x & 0xffff);
   v[1] = bf16_to_f32(raw.x >> 16);
   v[2] = bf16_to_f32(raw.y & 0xffff);
   v[3] = bf16_to_f32(raw.y >> 16);
-#if HADAMARD
-  hadamard128_contract(v);
-#endif
+  if (t.hadamard) hadamard128_contract(v);
 }
 
 __device__ __forceinline__ float absmax4(const float (&v)[4]) {
   return fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 }
 
-extern "C" __global__ void __launch_bounds__(128) quant_e4m3(const QuantParams p) {
-  __shared__ __align__(16) u8 codes[32][HEAD_DIM + 16];
-  __shared__ float wmax[4];
-  const int4 blk = reinterpret_cast<const int4*>(p.blocks)[blockIdx.x];
-  const int doc0 = blk.x, L = blk.y, pad0 = blk.z, b0 = blk.w;
-  const int h = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n = min(32, L - b0);
-
-  float v[8][4], tmax[8];
-  float m = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int tt = 8 * w + i;
-    if (tt < n) {
-      load_row(p, doc0 + b0 + tt, h, v[i]);
-    } else {
-      v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.f;
-    }
-    tmax[i] = warp_max(absmax4(v[i]));
-    m = fmaxf(m, tmax[i]);
-  }
-#if MODE == 0
-  if (lane == 0) wmax[w] = m;
-  __syncthreads();
-  const int eb = block_exponent(fmaxf(fmaxf(wmax[0], wmax[1]), fmaxf(wmax[2], wmax[3])));
-#elif MODE == 2
-  const int eb = floor_exponent(__uint_as_float(*p.amax_in));
-#endif
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int tt = 8 * w + i;
-#if MODE == 1
-    const int e = block_exponent(tmax[i]);
-#else
-    const int e = eb;
-#endif
-    const float f = pow2f(-e);
-    u32 c = e4m3x4(v[i][0] * f, v[i][1] * f, v[i][2] * f, v[i][3] * f);
-    if (tt >= n) c = 0;
-    *reinterpret_cast<u32*>(&codes[tt][4 * lane]) = c;
-    if (tt < n) {
-      const long long tok = doc0 + b0 + tt;
-      *reinterpret_cast<u32*>(p.tok + (tok * p.H + h) * HEAD_DIM + 4 * lane) = c;
-      if (lane == 0) p.exps[tok * p.H + h] = (i8)e;
-#if DELTA
-      uint2 raw = *reinterpret_cast<const uint2*>(p.o + (tok * p.H + h) * HEAD_DIM + 4 * lane);
-      const float o4[4] = {bf16_to_f32(raw.x & 0xffff), bf16_to_f32(raw.x >> 16), bf16_to_f32(raw.y & 0xffff),
-                           bf16_to_f32(raw.y >> 16)};
-      float s = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) s += e4m3_decode((c >> (8 * j)) & 0xffu) * o4[j];
-#pragma unroll
-      for (int o_ = 16; o_; o_ >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o_);
-      // value = decode * 2^e: apply the exponent once to the sum (exact power of two)
-      if (lane == 0) p.delta[tok * p.H + h] = e >= -126 ? s * pow2f(e) : (s * 0.5f) * pow2f(e + 1);
-#endif
-    }
-  }
-  __syncthreads();
-  // dim-major copy: thread d writes the 32 codes of dim d (and the zero padding after the last block)
-  const int d = threadIdx.x;
-  u32 wv[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k)
-    wv[k] = (u32)codes[4 * k][d] | ((u32)codes[4 * k + 1][d] << 8) | ((u32)codes[4 * k + 2][d] << 16) |
-            ((u32)codes[4 * k + 3][d] << 24);
-  uint4* dst = reinterpret_cast<uint4*>(p.dim + ((long long)h * HEAD_DIM + d) * p.Tpad + pad0 + b0);
-  dst[0] = make_uint4(wv[0], wv[1], wv[2], wv[3]);
-  dst[1] = make_uint4(wv[4], wv[5], wv[6], wv[7]);
-  const int padded = (L + 63) & ~63;
-  if (b0 + 32 >= L && b0 + 32 < padded) {
-    dst[2] = make_uint4(0, 0, 0, 0);
-    dst[3] = make_uint4(0, 0, 0, 0);
-  }
-}
-
-// Tensor-wide amax (after the rotation) for MODE 2: one warp per (token, head).
-extern "C" __global__ void __launch_bounds__(128) quant_amax(const QuantParams p) {
-  const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
-  if (row >= (long long)p.T * p.H) return;
-  float v[4];
-  load_row(p, row / p.H, (int)(row % p.H), v);
-  float m = warp_max(absmax4(v));
-  if ((threadIdx.x & 31) == 0) atomicMax(p.amax_out, __float_as_uint(m));
-}
-
-// NVFP4: one warp per (token, head) row; lanes 4g .. 4g+3 hold group g (16 dims).
 extern "C" __global__ void __launch_bounds__(128) quant_nvfp4(const QuantParams p) {
+  const QuantTensor& t = p.in[0];
   const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
-  if (row >= (long long)p.T * p.H) return;
+  if (row >= (long long)p.T * t.heads) return;
   const int lane = threadIdx.x & 31;
   float v[4];
-  load_row(p, row / p.H, (int)(row % p.H), v);
+  load_row4(t, row / t.heads, (int)(row % t.heads), v);
   const int et = nvfp4_token_exponent(warp_max(absmax4(v)));
   const float inv = pow2f(-et);
   float gm = absmax4(v);
@@ -163,5 +384,5 @@ extern "C" __global__ void __launch_bounds__(128) quant_nvfp4(const QuantParams 
   *reinterpret_cast<uint2*>(p.fp4_vals + row * HEAD_DIM + 4 * lane) =
       make_uint2(pack_bf16x2(val[0], val[1]), pack_bf16x2(val[2], val[3]));
   if ((lane & 3) == 0) p.fp4_scales[row * (HEAD_DIM / 16) + lane / 4] = (u8)sc;
-  if (lane == 0) p.exps[row] = (i8)et;
+  if (lane == 0) t.exps[row] = (i8)et;
 }

@@ -1,17 +1,46 @@
 //! GPU quantisers against the CPU reference, byte for byte, on fresh random inputs with awkward
-//! document lengths (1, 31, 32, 33, 127, 129, 4095). Run on the device: `--ignored`.
+//! document lengths (1, 31, 32, 33, 127, 129, 4095): the single-input launch (dO, with D), the
+//! fused Q/K/V launch (different head counts, Hadamard on two inputs of three) and NVFP4.
+//! Run on the device: `--ignored`.
 
 mod gpu_common;
 
+use flamia_kernels::formats::{e4m3_decode, pow2_f32};
 use flamia_kernels::gpu::plan::PlanTables;
-use flamia_kernels::gpu::quant::{quantize_e4m3, quantize_nvfp4, AmaxScratch, DeltaOut};
+use flamia_kernels::gpu::quant::{
+    quantize_e4m3, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, DeltaOut, QuantInput,
+};
 use flamia_kernels::gpu::{Nvfp4Operand, Operand, Plan};
 use flamia_kernels::hadamard::rotate_rows;
 use flamia_kernels::quant::{self, ScaleMode};
 use flamia_kernels::VarlenShape;
 use gpu_common::*;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
 
 const LENS: [usize; 7] = [1, 31, 32, 33, 127, 129, 4095];
+
+/// [`awkward_tensor`] with every element also scaled by its own power of two in `2^-12 .. 2^12`:
+/// the Hadamard butterfly's partial sums then round in every stage, so a kernel that ran the
+/// stages in another order (or fused an add into an FMA) gives other codes. (With one scale per
+/// row the sums of a few BF16 values are exact and the order would not show.)
+fn wide_tensor(rng: &mut ChaCha8Rng, tokens: usize, heads: usize) -> Vec<f32> {
+    let mut x = awkward_tensor(rng, tokens, heads, 6);
+    for v in x.iter_mut() {
+        *v *= 2f32.powi(rng.random_range(-12..=12));
+    }
+    x
+}
+
+/// Operand buffers filled with bytes no quantiser writes (NaN codes, exponent 99), so any byte
+/// the kernel leaves unwritten shows in [`check_operand`].
+fn poisoned_operand(gpu: &flamia_kernels::gpu::Gpu, plan: &Plan, heads: usize) -> Operand {
+    let mut op = Operand::alloc(gpu, plan, heads).unwrap();
+    op.tok.upload(&vec![0x7Fu8; op.tok.len()]).unwrap();
+    op.dim.upload(&vec![0x7Fu8; op.dim.len()]).unwrap();
+    op.exps.upload(&vec![99i8; op.exps.len()]).unwrap();
+    op
+}
 
 /// Checks the token-major codes, exponents and the dim-major copy (with its zero padding).
 fn check_operand(tag: &str, shape: &VarlenShape, heads: usize, gpu_op: &Operand, cpu: &quant::E4m3Tensor) {
@@ -114,10 +143,7 @@ fn quantiser_overwrites_poisoned_buffers_and_repeats_bitwise() {
     let plan = Plan::new(&gpu, &shape, true).unwrap();
     let x = awkward_tensor(&mut rng, shape.tokens(), heads, 6);
     let dx = upload_bf16(&gpu, &x);
-    let mut op = Operand::alloc(&gpu, &plan, heads).unwrap();
-    op.tok.upload(&vec![0x7Fu8; op.tok.len()]).unwrap();
-    op.dim.upload(&vec![0x7Fu8; op.dim.len()]).unwrap();
-    op.exps.upload(&vec![99i8; op.exps.len()]).unwrap();
+    let op = poisoned_operand(&gpu, &plan, heads);
     quantize_e4m3(
         &gpu,
         stream(),
@@ -173,6 +199,62 @@ fn quantiser_overwrites_poisoned_buffers_and_repeats_bitwise() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn fused_qkv_launch_is_bitwise_the_cpu_reference_for_every_input() {
+    let gpu = gpu();
+    let mut rng = rng("fused_qkv");
+    // GQA head counts, so the kernel's head slots cross from Q to K to V inside a block
+    let (hq, hkv) = (4, 2);
+    let shape = VarlenShape::from_lens(&LENS, hq, hkv, 128).unwrap();
+    let t = shape.tokens();
+    let plan = Plan::new(&gpu, &shape, true).unwrap();
+    let amax = AmaxScratch::new(&gpu).unwrap();
+    for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
+        for wide in [false, true] {
+            let gen = |rng: &mut ChaCha8Rng, heads| {
+                if wide {
+                    wide_tensor(rng, t, heads)
+                } else {
+                    awkward_tensor(rng, t, heads, 12)
+                }
+            };
+            // (input, heads, Hadamard): Q and K rotated, V not
+            let inputs = [
+                (gen(&mut rng, hq), hq, true),
+                (gen(&mut rng, hkv), hkv, true),
+                (gen(&mut rng, hkv), hkv, false),
+            ];
+            let dev: Vec<_> = inputs.iter().map(|(x, _, _)| upload_bf16(&gpu, x)).collect();
+            let ops: Vec<_> = inputs
+                .iter()
+                .map(|(_, h, _)| poisoned_operand(&gpu, &plan, *h))
+                .collect();
+            let launch: Vec<QuantInput> = inputs
+                .iter()
+                .zip(&dev)
+                .zip(&ops)
+                .map(|(((_, _, had), x), op)| QuantInput {
+                    x: x.ptr(),
+                    hadamard: *had,
+                    out: op.view(),
+                })
+                .collect();
+            quantize_e4m3_fused(&gpu, stream(), &plan, &launch, mode, None, Some(&amax)).unwrap();
+            for (i, ((x, heads, had), op)) in inputs.iter().zip(&ops).enumerate() {
+                let xr = if *had {
+                    rotate_rows(x, 128).unwrap()
+                } else {
+                    x.clone()
+                };
+                let cpu = quant::quantize_e4m3("x", &xr, &shape.cu_seqlens, *heads, 128, mode).unwrap();
+                let tag = format!("{mode:?} wide={wide} input {i} ({heads} heads, hadamard={had})");
+                check_operand(&tag, &shape, *heads, op, &cpu);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn nvfp4_quantiser_is_bitwise_the_cpu_reference() {
     let gpu = gpu();
     let mut rng = rng("nvfp4_quantiser");
@@ -211,6 +293,30 @@ fn nvfp4_quantiser_is_bitwise_the_cpu_reference() {
     }
 }
 
+/// D of one (token, head) in the kernel's documented order (`cuda/quant.cu`, `delta_dot`): an FMA
+/// chain per group of 4 elements, then the 32 group sums added pairwise with the pairing on the
+/// group index's bit 4 first and bit 0 last, then one exact power-of-two scale.
+fn delta_in_kernel_order(q: &quant::E4m3Tensor, o: &[f32], tok: usize, h: usize) -> f32 {
+    let row = (tok * q.heads + h) * 128;
+    let mut s: Vec<f32> = (0..32)
+        .map(|g| {
+            (0..4).fold(0f32, |acc, j| {
+                let i = row + 4 * g + j;
+                e4m3_decode(q.codes[i]).mul_add(o[i], acc)
+            })
+        })
+        .collect();
+    for bit in [16, 8, 4, 2, 1] {
+        s = (0..32).map(|l| s[l] + s[l ^ bit]).collect();
+    }
+    let e = q.exps[tok * q.heads + h] as i32;
+    if e >= -126 {
+        s[0] * pow2_f32(e)
+    } else {
+        (s[0] * 0.5) * pow2_f32(e + 1)
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn delta_is_the_dot_product_of_quantised_do_and_o() {
@@ -220,42 +326,37 @@ fn delta_is_the_dot_product_of_quantised_do_and_o() {
     let shape = VarlenShape::from_lens(&[31, 129, 1], heads, heads, 128).unwrap();
     let t = shape.tokens();
     let plan = Plan::new(&gpu, &shape, true).unwrap();
-    let d_o = awkward_tensor(&mut rng, t, heads, 4);
-    let o = gauss_tensor(&mut rng, t * heads * 128, 1.0);
-    let (dd, od) = (upload_bf16(&gpu, &d_o), upload_bf16(&gpu, &o));
-    let op = Operand::alloc(&gpu, &plan, heads).unwrap();
-    let delta = poisoned_f32(&gpu, heads * t);
-    let out = DeltaOut {
-        o: od.ptr(),
-        delta: delta.ptr(),
-    };
-    quantize_e4m3(
-        &gpu,
-        stream(),
-        &plan,
-        dd.ptr(),
-        false,
-        ScaleMode::TokenBlock,
-        &op,
-        Some(out),
-        None,
-    )
-    .unwrap();
-    let got = delta.to_host().unwrap();
-    let q = quant::quantize_e4m3("dO", &d_o, &shape.cu_seqlens, heads, 128, ScaleMode::TokenBlock).unwrap();
-    for tok in 0..t {
-        for h in 0..heads {
-            let want: f64 = (0..128)
-                .map(|c| q.value(tok, h, c) * o[(tok * heads + h) * 128 + c] as f64)
-                .sum();
-            let absum: f64 = (0..128)
-                .map(|c| (q.value(tok, h, c) * o[(tok * heads + h) * 128 + c] as f64).abs())
-                .sum();
-            let g = got[tok * heads + h] as f64;
-            assert!(
-                (g - want).abs() <= 1e-6 * absum + 1e-30,
-                "D[{h},{tok}] = {g}, want {want}"
-            );
+    for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken] {
+        let d_o = wide_tensor(&mut rng, t, heads);
+        let o = gauss_tensor(&mut rng, t * heads * 128, 1.0);
+        let (dd, od) = (upload_bf16(&gpu, &d_o), upload_bf16(&gpu, &o));
+        let op = poisoned_operand(&gpu, &plan, heads);
+        let delta = poisoned_f32(&gpu, heads * t);
+        let out = DeltaOut {
+            o: od.ptr(),
+            delta: delta.ptr(),
+        };
+        quantize_e4m3(&gpu, stream(), &plan, dd.ptr(), false, mode, &op, Some(out), None).unwrap();
+        let q = quant::quantize_e4m3("dO", &d_o, &shape.cu_seqlens, heads, 128, mode).unwrap();
+        check_operand(&format!("dO {mode:?}"), &shape, heads, &op, &q);
+        let got = delta.to_host().unwrap();
+        for tok in 0..t {
+            for h in 0..heads {
+                let g = got[tok * heads + h];
+                let want_order = delta_in_kernel_order(&q, &o, tok, h);
+                assert_eq!(
+                    g.to_bits(),
+                    want_order.to_bits(),
+                    "{mode:?} D[{h},{tok}]: {g:e} is not the documented summation order's {want_order:e}"
+                );
+                let terms = (0..128).map(|c| q.value(tok, h, c) * o[(tok * heads + h) * 128 + c] as f64);
+                let want: f64 = terms.clone().sum();
+                let absum: f64 = terms.map(f64::abs).sum();
+                assert!(
+                    (g as f64 - want).abs() <= 1e-6 * absum + 1e-30,
+                    "{mode:?} D[{h},{tok}] = {g}, want {want}"
+                );
+            }
         }
     }
 }

@@ -28,7 +28,10 @@
 use super::buffer::DeviceBuf;
 use super::error::{GpuError, GpuResult};
 use super::plan::Plan;
-use super::quant::{quantize_e4m3, quantize_nvfp4, AmaxScratch, DeltaOut, Nvfp4Operand, Operand};
+use super::quant::{
+    quantize_e4m3, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, DeltaOut, Nvfp4Operand, Operand,
+    QuantInput,
+};
 use super::runtime::{launch, Gpu, RawStream, Variant};
 use super::sched::FWD_QT;
 use super::tma::{self, TmaMap};
@@ -270,8 +273,8 @@ impl Attention {
         })
     }
 
-    /// Quantises Q, K (rotated when `hadamard`), V into `saved` (three launches; two more for the
-    /// NVFP4 score operands on the `nvfp4` path).
+    /// Quantises Q, K (rotated when `hadamard`), V into `saved` in ONE fused launch (the leaky
+    /// control adds its tensor-wide amax launch, the `nvfp4` path two NVFP4 launches).
     pub fn quantize_inputs(
         &self,
         stream: RawStream,
@@ -285,9 +288,10 @@ impl Attention {
         let had = self.opts.precision.hadamard;
         let m = self.scale_mode();
         let g = &self.gpu;
-        quantize_e4m3(g, stream, plan, q, had, m, &saved.q, None, Some(&self.amax))?;
-        quantize_e4m3(g, stream, plan, k, had, m, &saved.k, None, Some(&self.amax))?;
-        quantize_e4m3(g, stream, plan, v, false, m, &saved.v, None, Some(&self.amax))?;
+        let qi = QuantInput::new(q, had, &saved.q);
+        let ki = QuantInput::new(k, had, &saved.k);
+        let vi = QuantInput::new(v, false, &saved.v);
+        quantize_e4m3_fused(g, stream, plan, &[qi, ki, vi], m, None, Some(&self.amax))?;
         if let (Some(q4), Some(k4)) = (&saved.q4, &saved.k4) {
             quantize_nvfp4(g, stream, plan, q, had, q4)?;
             quantize_nvfp4(g, stream, plan, k, had, k4)?;

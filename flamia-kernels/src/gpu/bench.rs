@@ -58,6 +58,9 @@ pub struct BenchRow {
     pub tokens: usize,
     pub reps: usize,
     pub quant_ms: f64,
+    /// The E4M3 quantiser's bytes read + written ([`super::quant::e4m3_bytes`] of Q, K, V) per
+    /// `quant_ms`, in GB/s (NVFP4 launches, where the path has them, are in the time, not the bytes).
+    pub quant_gbs: f64,
     pub fwd_ms: f64,
     pub bwd_ms: f64,
     /// Parts of `bwd_ms` timed alone: the dO quantiser (with D), the dQ kernel, the dK/dV kernel.
@@ -196,6 +199,7 @@ pub fn run_workload(gpu: &Arc<Gpu>, opts: AttnOptions, name: &str, lens: &[usize
         tokens: t,
         reps,
         quant_ms,
+        quant_gbs: super::quant::e4m3_bytes(&plan, &[HEADS; 3]) as f64 / quant_ms / 1e6,
         fwd_ms,
         bwd_ms,
         dograd_ms,

@@ -1,18 +1,49 @@
-//! Fused GPU quantisers (`cuda/quant.cu`): one launch per input tensor turns a BF16
-//! `(tokens, heads, 128)` tensor into the E4M3 operand the attention kernels read, bit for bit
-//! the CPU reference [`crate::quant::quantize_e4m3`] (after [`crate::hadamard`] for Q and K):
-//! token-major codes `(tokens, heads, 128)`, dim-major codes `(heads, 128, Tpad)` (documents at
-//! multiples of 64, zero padding) and the per-token exponent table `(tokens, heads)`.
-//! For dO the same launch also writes `D_i = dO_hat_i . O_i` (FP32, `(tokens, heads)`).
+//! Fused GPU quantisers (`cuda/quant.cu`): ONE launch turns up to three BF16 `(tokens, heads, 128)`
+//! tensors (Q, K, V of a forward call) into the E4M3 operands the attention kernels read, bit for
+//! bit the CPU reference [`crate::quant::quantize_e4m3`] (after [`crate::hadamard`] where the input
+//! asks for it): token-major codes `(tokens, heads, 128)`, dim-major codes `(heads, 128, Tpad)`
+//! (documents at multiples of 64, zero padding) and the per-token exponent table `(tokens, heads)`.
+//! For dO the same kernel also writes `D_i = dO_hat_i . O_i` (FP32, `(tokens, heads)`).
 //! [`quantize_nvfp4`] is the NVFP4 quantiser of Q/K (bit for bit [`crate::quant::quantize_nvfp4`]).
+//!
+//! Operands are written through [`OperandRef`] / [`Nvfp4Ref`] (device pointers), so the memory
+//! may belong to this side ([`Operand`], [`Nvfp4Operand`]) or to the caller (e.g. libtorch
+//! tensors the trainer's bridge keeps for the backward); [`OperandRef::sizes`] says how much.
+//!
+//! The E4M3 kernel is memory-bound: bytes moved per call are [`e4m3_bytes`] (BF16 read, codes,
+//! exponents and padding written), the figure the benchmark divides by the time.
 
 use super::buffer::DeviceBuf;
-use super::error::{DriverContext, GpuResult};
+use super::error::{DriverContext, GpuError, GpuResult};
 use super::plan::Plan;
 use super::runtime::{launch, Gpu, RawStream, Variant};
 use crate::quant::ScaleMode;
 
-/// An E4M3 operand in both layouts with its exponent table.
+/// Inputs one fused launch takes (`QUANT_INPUTS` in `cuda/quant.cu`): Q, K and V.
+pub const MAX_INPUTS: usize = 3;
+
+/// Device pointers of an E4M3 operand in both layouts with its exponent table, in memory owned
+/// elsewhere ([`Operand`] or the caller's). Sizes: [`OperandRef::sizes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OperandRef {
+    /// `(tokens, heads, 128)` codes.
+    pub tok: u64,
+    /// `(heads, 128, Tpad)` codes.
+    pub dim: u64,
+    /// `(tokens, heads)` exponents (i8).
+    pub exps: u64,
+    pub heads: usize,
+}
+
+impl OperandRef {
+    /// Bytes of the token-major codes, the dim-major codes and the exponents of `heads` heads.
+    pub fn sizes(plan: &Plan, heads: usize) -> [usize; 3] {
+        let t = plan.shape().tokens();
+        [t * heads * 128, heads * 128 * plan.tpad(), t * heads]
+    }
+}
+
+/// An E4M3 operand in both layouts with its exponent table, owned by this side.
 #[derive(Debug)]
 pub struct Operand {
     /// `(tokens, heads, 128)` codes.
@@ -27,13 +58,47 @@ pub struct Operand {
 impl Operand {
     /// Allocates an operand of `heads` heads for `plan`.
     pub fn alloc(gpu: &Gpu, plan: &Plan, heads: usize) -> GpuResult<Operand> {
-        let t = plan.shape().tokens();
+        let [tok, dim, exps] = OperandRef::sizes(plan, heads);
         Ok(Operand {
-            tok: DeviceBuf::zeros(gpu, t * heads * 128)?,
-            dim: DeviceBuf::zeros(gpu, heads * 128 * plan.tpad())?,
-            exps: DeviceBuf::zeros(gpu, t * heads)?,
+            tok: DeviceBuf::zeros(gpu, tok)?,
+            dim: DeviceBuf::zeros(gpu, dim)?,
+            exps: DeviceBuf::zeros(gpu, exps)?,
             heads,
         })
+    }
+
+    /// Its device pointers.
+    pub fn view(&self) -> OperandRef {
+        OperandRef {
+            tok: self.tok.ptr(),
+            dim: self.dim.ptr(),
+            exps: self.exps.ptr(),
+            heads: self.heads,
+        }
+    }
+}
+
+impl From<&Operand> for OperandRef {
+    fn from(o: &Operand) -> OperandRef {
+        o.view()
+    }
+}
+
+/// Device pointers of an NVFP4 operand ([`Nvfp4Operand`]'s fields), in memory owned elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nvfp4Ref {
+    pub codes: u64,
+    pub scales: u64,
+    pub exps: u64,
+    pub vals: u64,
+    pub heads: usize,
+}
+
+impl Nvfp4Ref {
+    /// Bytes of the codes, group scales, exponents and BF16 values of `heads` heads.
+    pub fn sizes(plan: &Plan, heads: usize) -> [usize; 4] {
+        let t = plan.shape().tokens();
+        [t * heads * 128, t * heads * 8, t * heads, t * heads * 128 * 2]
     }
 }
 
@@ -51,36 +116,83 @@ pub struct Nvfp4Operand {
 impl Nvfp4Operand {
     /// Allocates an operand of `heads` heads for `plan`.
     pub fn alloc(gpu: &Gpu, plan: &Plan, heads: usize) -> GpuResult<Nvfp4Operand> {
-        let t = plan.shape().tokens();
+        let [codes, scales, exps, vals] = Nvfp4Ref::sizes(plan, heads);
         Ok(Nvfp4Operand {
-            codes: DeviceBuf::zeros(gpu, t * heads * 128)?,
-            scales: DeviceBuf::zeros(gpu, t * heads * 8)?,
-            exps: DeviceBuf::zeros(gpu, t * heads)?,
-            vals: DeviceBuf::zeros(gpu, t * heads * 128)?,
+            codes: DeviceBuf::zeros(gpu, codes)?,
+            scales: DeviceBuf::zeros(gpu, scales)?,
+            exps: DeviceBuf::zeros(gpu, exps)?,
+            vals: DeviceBuf::zeros(gpu, vals / 2)?,
             heads,
         })
     }
+
+    /// Its device pointers.
+    pub fn view(&self) -> Nvfp4Ref {
+        Nvfp4Ref {
+            codes: self.codes.ptr(),
+            scales: self.scales.ptr(),
+            exps: self.exps.ptr(),
+            vals: self.vals.ptr(),
+            heads: self.heads,
+        }
+    }
+}
+
+impl From<&Nvfp4Operand> for Nvfp4Ref {
+    fn from(o: &Nvfp4Operand) -> Nvfp4Ref {
+        o.view()
+    }
+}
+
+/// Mirrors `struct QuantTensor` of `cuda/quant.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct QuantTensor {
+    x: u64,
+    tok: u64,
+    dim: u64,
+    exps: u64,
+    heads: i32,
+    hadamard: i32,
 }
 
 /// Mirrors `struct QuantParams` of `cuda/quant.cu`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct QuantParams {
-    x: u64,
+    inputs: [QuantTensor; MAX_INPUTS],
     blocks: u64,
-    tok: u64,
-    dim: u64,
-    exps: u64,
     o: u64,
     delta: u64,
-    amax_in: u64,
-    amax_out: u64,
+    amax: u64,
     fp4_codes: u64,
     fp4_scales: u64,
     fp4_vals: u64,
     t: i32,
     tpad: i32,
-    h: i32,
+    nblocks: i32,
+    ninputs: i32,
+    slots: i32,
+}
+
+/// One input of a fused launch: the BF16 tensor at `x` (`(tokens, out.heads, 128)`), rotated
+/// first when `hadamard`, quantised into `out`.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantInput {
+    pub x: u64,
+    pub hadamard: bool,
+    pub out: OperandRef,
+}
+
+impl QuantInput {
+    /// The input at `x` into `out` (an [`Operand`] or an [`OperandRef`]).
+    pub fn new(x: u64, hadamard: bool, out: impl Into<OperandRef>) -> QuantInput {
+        QuantInput {
+            x,
+            hadamard,
+            out: out.into(),
+        }
+    }
 }
 
 /// For dO: the forward output `O` (BF16, same shape) and the `(tokens, heads)` FP32 output `D`.
@@ -90,13 +202,13 @@ pub struct DeltaOut {
     pub delta: u64,
 }
 
-/// Scratch of the tensor-wide amax (leaky control).
+/// Scratch of the tensor-wide amaxes (leaky control), one per input of a fused launch.
 #[derive(Debug)]
 pub struct AmaxScratch(DeviceBuf<u32>);
 
 impl AmaxScratch {
     pub fn new(gpu: &Gpu) -> GpuResult<Self> {
-        Ok(AmaxScratch(DeviceBuf::zeros(gpu, 1)?))
+        Ok(AmaxScratch(DeviceBuf::zeros(gpu, MAX_INPUTS)?))
     }
 }
 
@@ -108,9 +220,121 @@ fn mode_id(mode: ScaleMode) -> i32 {
     }
 }
 
+/// CTAs of `quant_e4m3` resident per SM: the kernel's `__launch_bounds__` minimum (72 registers
+/// without D, 96 with D's O rows, no spills: `scripts/kernel-regs.py`), and the persistent
+/// grid's size per SM.
+fn ctas_per_sm(delta: bool) -> u32 {
+    if delta {
+        5
+    } else {
+        7
+    }
+}
+
+/// The variant of `quant.cu` for `mode` and D.
+fn quant_variant(mode: ScaleMode, delta: bool) -> Variant {
+    Variant::new()
+        .define("MODE", mode_id(mode))
+        .define("DELTA", delta as i32)
+        .define("QUANT_CTAS_PER_SM", ctas_per_sm(delta))
+}
+
+/// Bytes one E4M3 launch moves for inputs of `heads` heads each (BF16 read; token-major codes,
+/// dim-major codes with their padding and exponents written), D and its O read not included.
+pub fn e4m3_bytes(plan: &Plan, heads: &[usize]) -> usize {
+    let t = plan.shape().tokens();
+    heads
+        .iter()
+        .map(|&h| t * h * 128 * 2 + OperandRef::sizes(plan, h).iter().sum::<usize>())
+        .sum()
+}
+
+/// Quantises up to [`MAX_INPUTS`] BF16 tensors in ONE launch on `stream`, each with its own
+/// Hadamard switch and operand, exponents by `mode`, D when `delta` (one input only: dO).
+/// `amax` is needed for [`ScaleMode::TensorFloor`] only (it adds one amax launch for all inputs).
+#[allow(clippy::too_many_arguments)]
+pub fn quantize_e4m3_fused(
+    gpu: &Gpu,
+    stream: RawStream,
+    plan: &Plan,
+    inputs: &[QuantInput],
+    mode: ScaleMode,
+    delta: Option<DeltaOut>,
+    amax: Option<&AmaxScratch>,
+) -> GpuResult<()> {
+    if inputs.is_empty() || inputs.len() > MAX_INPUTS || (delta.is_some() && inputs.len() != 1) {
+        return Err(GpuError::NotSupported(format!(
+            "a fused quantiser launch takes 1 to {MAX_INPUTS} inputs, and exactly one with D; got {} (D: {})",
+            inputs.len(),
+            delta.is_some()
+        )));
+    }
+    gpu.bind()?;
+    let t = plan.shape().tokens();
+    let variant = quant_variant(mode, delta.is_some());
+    let mut p = QuantParams {
+        blocks: plan.blocks.ptr(),
+        t: t as i32,
+        tpad: plan.tpad() as i32,
+        nblocks: plan.tables.blocks.len() as i32,
+        ninputs: inputs.len() as i32,
+        slots: inputs.iter().map(|i| i.out.heads as i32).sum(),
+        ..Default::default()
+    };
+    for (dst, i) in p.inputs.iter_mut().zip(inputs) {
+        *dst = QuantTensor {
+            x: i.x,
+            tok: i.out.tok,
+            dim: i.out.dim,
+            exps: i.out.exps,
+            heads: i.out.heads as i32,
+            hadamard: i.hadamard as i32,
+        };
+    }
+    if let Some(d) = delta {
+        p.o = d.o;
+        p.delta = d.delta;
+    }
+    let items = plan.tables.blocks.len() * p.slots as usize;
+    let persistent = |per_sm: u32| {
+        (
+            items.min(gpu.sm_count().max(1) as usize * per_sm as usize) as u32,
+            1,
+            1,
+        )
+    };
+    if mode == ScaleMode::TensorFloor {
+        let scratch = amax.ok_or_else(|| {
+            GpuError::NotSupported("the tensor-wide (leaky) mode needs an AmaxScratch".into())
+        })?;
+        p.amax = scratch.0.ptr();
+        // SAFETY: MAX_INPUTS u32 owned by `scratch`, on the caller's stream.
+        unsafe { cudarc::driver::sys::cuMemsetD32Async(p.amax, 0, MAX_INPUTS, stream.0) }
+            .result()
+            .ctx("cuMemsetD32Async(amax)")?;
+        let f = gpu.function("quant.cu", &variant, "quant_amax", 0)?;
+        // SAFETY: params mirror QuantParams; each x holds tokens*heads*128 BF16 (caller), amax
+        // MAX_INPUTS u32.
+        unsafe { launch(&f, persistent(8), 128, 0, stream, &p, "quant_amax") }?;
+    }
+    let f = gpu.function("quant.cu", &variant, "quant_e4m3", 0)?;
+    // SAFETY: params mirror QuantParams; every operand is sized by `plan` and its heads
+    // (OperandRef::sizes), each x holds tokens*heads*128 BF16 (caller).
+    unsafe {
+        launch(
+            &f,
+            persistent(ctas_per_sm(delta.is_some())),
+            128,
+            0,
+            stream,
+            &p,
+            "quant_e4m3",
+        )
+    }
+}
+
 /// Quantises the BF16 tensor at `x` (`(tokens, heads, 128)`, `heads = out.heads`) into `out` on
-/// `stream`: Hadamard rotation first when `hadamard`, exponents by `mode`, and D when `delta`.
-/// `amax` is needed for [`ScaleMode::TensorFloor`] only (it adds one amax launch).
+/// `stream` ([`quantize_e4m3_fused`] with one input).
 #[allow(clippy::too_many_arguments)]
 pub fn quantize_e4m3(
     gpu: &Gpu,
@@ -119,51 +343,12 @@ pub fn quantize_e4m3(
     x: u64,
     hadamard: bool,
     mode: ScaleMode,
-    out: &Operand,
+    out: impl Into<OperandRef>,
     delta: Option<DeltaOut>,
     amax: Option<&AmaxScratch>,
 ) -> GpuResult<()> {
-    gpu.bind()?;
-    let t = plan.shape().tokens();
-    let variant = Variant::new()
-        .define("HADAMARD", hadamard as i32)
-        .define("MODE", mode_id(mode))
-        .define("DELTA", delta.is_some() as i32);
-    let mut p = QuantParams {
-        x,
-        blocks: plan.blocks.ptr(),
-        tok: out.tok.ptr(),
-        dim: out.dim.ptr(),
-        exps: out.exps.ptr(),
-        t: t as i32,
-        tpad: plan.tpad() as i32,
-        h: out.heads as i32,
-        ..Default::default()
-    };
-    if let Some(d) = delta {
-        p.o = d.o;
-        p.delta = d.delta;
-    }
-    if mode == ScaleMode::TensorFloor {
-        let scratch = amax.ok_or_else(|| {
-            super::error::GpuError::NotSupported("the tensor-wide (leaky) mode needs an AmaxScratch".into())
-        })?;
-        let ptr = scratch.0.ptr();
-        // SAFETY: one u32 owned by `scratch`, on the caller's stream.
-        unsafe { cudarc::driver::sys::cuMemsetD32Async(ptr, 0, 1, stream.0) }
-            .result()
-            .ctx("cuMemsetD32Async(amax)")?;
-        p.amax_in = ptr;
-        p.amax_out = ptr;
-        let f = gpu.function("quant.cu", &variant, "quant_amax", 0)?;
-        let rows = (t * out.heads).div_ceil(4) as u32;
-        // SAFETY: params mirror QuantParams; x holds tokens*heads*128 BF16 (caller), amax one u32.
-        unsafe { launch(&f, (rows, 1, 1), 128, 0, stream, &p, "quant_amax") }?;
-    }
-    let f = gpu.function("quant.cu", &variant, "quant_e4m3", 0)?;
-    let grid = (plan.tables.blocks.len() as u32, out.heads as u32, 1);
-    // SAFETY: params mirror QuantParams; every buffer is sized by `plan` and `out.heads`.
-    unsafe { launch(&f, grid, 128, 0, stream, &p, "quant_e4m3") }
+    let input = QuantInput::new(x, hadamard, out);
+    quantize_e4m3_fused(gpu, stream, plan, &[input], mode, delta, amax)
 }
 
 /// Quantises the BF16 tensor at `x` to NVFP4 (after the Hadamard rotation when `hadamard`).
@@ -173,24 +358,57 @@ pub fn quantize_nvfp4(
     plan: &Plan,
     x: u64,
     hadamard: bool,
-    out: &Nvfp4Operand,
+    out: impl Into<Nvfp4Ref>,
 ) -> GpuResult<()> {
     gpu.bind()?;
+    let out = out.into();
     let t = plan.shape().tokens();
-    let variant = Variant::new().define("HADAMARD", hadamard as i32);
-    let p = QuantParams {
-        x,
-        exps: out.exps.ptr(),
-        fp4_codes: out.codes.ptr(),
-        fp4_scales: out.scales.ptr(),
-        fp4_vals: out.vals.ptr(),
+    let mut p = QuantParams {
+        fp4_codes: out.codes,
+        fp4_scales: out.scales,
+        fp4_vals: out.vals,
         t: t as i32,
         tpad: plan.tpad() as i32,
-        h: out.heads as i32,
+        ninputs: 1,
+        slots: out.heads as i32,
         ..Default::default()
     };
-    let f = gpu.function("quant.cu", &variant, "quant_nvfp4", 0)?;
+    p.inputs[0] = QuantTensor {
+        x,
+        exps: out.exps,
+        heads: out.heads as i32,
+        hadamard: hadamard as i32,
+        ..Default::default()
+    };
+    // the module of the default E4M3 launch (quant_nvfp4 reads no define)
+    let f = gpu.function(
+        "quant.cu",
+        &quant_variant(ScaleMode::TokenBlock, false),
+        "quant_nvfp4",
+        0,
+    )?;
     let rows = (t * out.heads).div_ceil(4) as u32;
-    // SAFETY: params mirror QuantParams; buffers sized by `plan` and `out.heads`.
+    // SAFETY: params mirror QuantParams; buffers sized by `plan` and `out.heads` (Nvfp4Ref::sizes).
     unsafe { launch(&f, (rows, 1, 1), 128, 0, stream, &p, "quant_nvfp4") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{quant_variant, ScaleMode};
+    use crate::gpu::runtime::compile_ptx;
+    use crate::gpu::runtime::tests::nvrtc_or_skip;
+
+    #[test]
+    fn every_quantiser_variant_compiles() {
+        if !nvrtc_or_skip("every_quantiser_variant_compiles") {
+            return;
+        }
+        for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
+            for delta in [false, true] {
+                let v = quant_variant(mode, delta);
+                compile_ptx("quant.cu", &v, "sm_90a")
+                    .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
+            }
+        }
+    }
 }

@@ -82,8 +82,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     println!("SM clock before: {clock_before}  (clocks.sm, power.draw, temperature)");
     let mut rows: Vec<BenchRow> = Vec::new();
     println!(
-        "{:<14} {:>5} | {:>9} {:>9} {:>9} {:>9} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8}  (ms medians; TFLOP/s; bwd parts alone, ms)",
-        "workload", "docs", "quant", "fwd", "bwd", "train", "fwd", "bwd", "train", "dO quant", "dq", "dkdv"
+        "{:<14} {:>5} | {:>9} {:>6} {:>9} {:>9} {:>9} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8}  (ms medians, quantiser GB/s read + written; TFLOP/s; bwd parts alone, ms)",
+        "workload", "docs", "quant", "GB/s", "fwd", "bwd", "train", "fwd", "bwd", "train", "dO quant", "dq", "dkdv"
     );
     for (name, lens) in all
         .iter()
@@ -91,10 +91,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     {
         let r = run_workload(&gpu, opts, name, lens).with_context(|| format!("workload {name}"))?;
         println!(
-            "{:<14} {:>5} | {:>9.3} {:>9.3} {:>9.3} {:>9.3} | {:>8.1} {:>8.1} {:>8.1} | {:>8.3} {:>8.3} {:>8.3}",
+            "{:<14} {:>5} | {:>9.3} {:>6.0} {:>9.3} {:>9.3} {:>9.3} | {:>8.1} {:>8.1} {:>8.1} | {:>8.3} {:>8.3} {:>8.3}",
             r.workload,
             r.docs,
             r.quant_ms,
+            r.quant_gbs,
             r.fwd_ms,
             r.bwd_ms,
             r.train_ms,
