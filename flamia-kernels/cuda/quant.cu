@@ -36,7 +36,11 @@
 // Resident CTAs per SM the launch bounds guarantee; the host sizes the persistent grid with it
 // (flamia-kernels/src/gpu/quant.rs QUANT_CTAS_PER_SM).
 #ifndef QUANT_CTAS_PER_SM
+#if DELTA
+#define QUANT_CTAS_PER_SM 5
+#else
 #define QUANT_CTAS_PER_SM 7
+#endif
 #endif
 #define QUANT_INPUTS 3
 
