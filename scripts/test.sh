@@ -4,5 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
+# The NVRTC compile tests of flamia-kernels must run here, never skip: the venv always has NVRTC 13
+# (torch 2.11.0 depends on the nvidia-cuda-nvrtc wheel), and env.sh put it on LD_LIBRARY_PATH.
+export FLAMIA_REQUIRE_NVRTC=1
+if ! compgen -G "$FLAMIA_VENV/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13" >/dev/null; then
+    echo "test.sh: NVRTC 13 (libnvrtc.so.13 of the nvidia-cuda-nvrtc wheel) is not in $FLAMIA_VENV;" \
+        "the CUDA compile tests need it. Reinstall the venv (remove it, then run scripts/test.sh again)." >&2
+    exit 1
+fi
 cargo fmt --all -- --check
 cargo test --workspace --no-fail-fast "$@"

@@ -21,6 +21,9 @@ pub enum Error {
         dim: usize,
         value: f32,
     },
+    /// An attention implementation on a device (the GPU) failed; the message is its error.
+    #[error("attention on the device failed: {0}")]
+    Device(String),
 }
 
 /// Result alias of this crate.

@@ -4,6 +4,7 @@
 //! packed back to back and delimited by `cu_seqlens` (`[0, len0, len0+len1, ..., tokens]`).
 //! Query heads are a multiple of KV heads (GQA: query head `h` reads KV head `h / (hq / hkv)`).
 //!
+//! - [`call`]: [`AttnCall`], the inputs, shape and options of one attention call.
 //! - [`options`]: the attention paths and precision options shared by every implementation.
 //! - [`error`]: typed errors for bad input.
 //! - [`formats`]: E4M3, E2M1 and power-of-two block exponents, bit for bit.
@@ -17,6 +18,7 @@
 //! The numeric design and the bit-level contract GPU kernels must reproduce are in
 //! `docs/numerics.md`.
 
+pub mod call;
 pub mod error;
 pub mod formats;
 pub mod gpu;
@@ -27,5 +29,6 @@ pub mod options;
 pub mod quant;
 pub mod reference;
 
+pub use call::{AttnCall, Input};
 pub use error::{Error, Result};
 pub use options::{AttnOptions, AttnPath, Precision, VarlenShape};

@@ -3,15 +3,11 @@
 //! zero fraction, and the leakage figures of [`crate::leakage`]. The report serialises to the
 //! JSON schema documented in `docs/numerics.md`.
 
+use crate::call::AttnCall;
 use crate::error::{Error, Result};
-use crate::leakage::{
-    causal_leakage, causal_leakage_up_to_t, default_probe, doc_isolation, AttnFn, CausalLeak, Change,
-};
+use crate::leakage::{causal_leakage, default_probe, doc_isolation, AttnFn, CausalLeak, Change};
 use crate::options::{AttnOptions, AttnPath, Precision, VarlenShape};
 use crate::reference::{Forward, Grads};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -26,7 +22,7 @@ pub struct CheckConfig {
     pub head_dim: usize,
     /// Quantised paths to compare with `exact` (`exact` itself is never listed).
     pub paths: Vec<AttnPath>,
-    /// Compute the leakage figures (10 extra forward+backward runs).
+    /// Compute the leakage figures (17 extra forward+backward runs).
     pub leakage: bool,
 }
 
@@ -92,16 +88,34 @@ impl From<Change> for MaxLeak {
     }
 }
 
+/// One causal probe: the largest change at positions `<= t` (full-dO and horizon runs).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProbeLeak {
+    pub max: f64,
+    pub bitwise_zero: bool,
+    pub detail: CausalLeak,
+}
+
+impl From<CausalLeak> for ProbeLeak {
+    fn from(c: CausalLeak) -> Self {
+        ProbeLeak {
+            max: c.up_to_t.max().max(c.horizon.max()),
+            bitwise_zero: c.bitwise_causal(),
+            detail: c,
+        }
+    }
+}
+
 /// Leakage section of the report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LeakageReport {
-    /// Probe position: keys and values after `t` are multiplied by 1e3.
+    /// Probe position: Q, K, V and dO after `t` are multiplied by 1e3.
     pub t: usize,
     pub mxfp8: Mxfp8Leak,
     #[serde(rename = "mxfp8+precision")]
-    pub mxfp8_precision: MaxLeak,
+    pub mxfp8_precision: ProbeLeak,
     #[serde(rename = "leaky-fp8")]
-    pub leaky_fp8: MaxLeak,
+    pub leaky_fp8: ProbeLeak,
     /// Default MXFP8, one document scaled by 1e4, change of the others (`null` with one document).
     pub doc_isolation: Option<MaxLeak>,
 }
@@ -116,16 +130,15 @@ pub struct NumericsReport {
     pub wall_s: f64,
 }
 
-/// Standard normal inputs `(q, k, v, dout)` for a shape, from `seed`.
-pub fn random_inputs(shape: &VarlenShape, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let (t, hq, hkv, d) = (shape.tokens(), shape.heads_q, shape.heads_kv, shape.head_dim);
-    let mut n = |len: usize| {
-        (0..len)
-            .map(|_| rng.sample::<f32, _>(StandardNormal))
-            .collect::<Vec<f32>>()
-    };
-    (n(t * hq * d), n(t * hkv * d), n(t * hkv * d), n(t * hq * d))
+/// The check's inputs: standard normal q, k, v, dout of `cfg`'s shape from `cfg.seed`, causal,
+/// on `exact` (the paths are set per run).
+pub fn check_call(cfg: &CheckConfig) -> Result<AttnCall> {
+    let shape = VarlenShape::from_lens(&cfg.lens, cfg.heads, cfg.kv_heads, cfg.head_dim)?;
+    Ok(AttnCall::random(
+        shape,
+        AttnOptions::new(AttnPath::Exact),
+        cfg.seed,
+    ))
 }
 
 /// Cosine similarity (f64 accumulation).
@@ -165,23 +178,26 @@ fn per_tensor(f: impl Fn(&[f32], &[f32]) -> f64, a: &(Forward, Grads), b: &(Forw
     }
 }
 
+/// Relative L2 error of each output of `got` against `exact` (`||got - exact|| / ||exact||`).
+pub fn rel_l2_to(got: &(Forward, Grads), exact: &(Forward, Grads)) -> PerTensor {
+    per_tensor(rel_l2, got, exact)
+}
+
 /// Runs the check with `attn` (the CPU reference: [`crate::leakage::reference_attn`]) as the
 /// implementation of the quantised paths and the CPU reference as `exact`.
 pub fn run_check(cfg: &CheckConfig, attn: &AttnFn, device: &str) -> Result<NumericsReport> {
     let start = Instant::now();
-    let shape = VarlenShape::from_lens(&cfg.lens, cfg.heads, cfg.kv_heads, cfg.head_dim)?;
     if cfg.paths.contains(&AttnPath::Exact) {
         return Err(Error::Invalid(
             "the numerics check compares paths with `exact`; do not list `exact`".into(),
         ));
     }
-    let (q, k, v, dout) = random_inputs(&shape, cfg.seed);
-    let exact =
-        crate::leakage::reference_attn(&q, &k, &v, &dout, &shape, &AttnOptions::new(AttnPath::Exact))?;
+    let call = check_call(cfg)?;
+    let exact = crate::leakage::reference_attn(&call)?;
     let mut paths = BTreeMap::new();
     for &path in &cfg.paths {
         let t0 = Instant::now();
-        let got = attn(&q, &k, &v, &dout, &shape, &AttnOptions::new(path))?;
+        let got = attn(&call.with_path(path))?;
         let wall_s = t0.elapsed().as_secs_f64();
         paths.insert(
             path.name().to_string(),
@@ -193,8 +209,8 @@ pub fn run_check(cfg: &CheckConfig, attn: &AttnFn, device: &str) -> Result<Numer
             },
         );
     }
-    let leakage = if cfg.leakage && shape.tokens() >= 2 {
-        Some(leakage(attn, &q, &k, &v, &dout, &shape)?)
+    let leakage = if cfg.leakage && call.shape.tokens() >= 2 {
+        Some(leakage(attn, &call)?)
     } else {
         None
     };
@@ -207,37 +223,23 @@ pub fn run_check(cfg: &CheckConfig, attn: &AttnFn, device: &str) -> Result<Numer
     })
 }
 
-fn leakage(
-    attn: &AttnFn,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    dout: &[f32],
-    shape: &VarlenShape,
-) -> Result<LeakageReport> {
+fn leakage(attn: &AttnFn, call: &AttnCall) -> Result<LeakageReport> {
+    let shape = &call.shape;
     let t = default_probe(shape);
-    let leak = |opts: AttnOptions| causal_leakage(attn, q, k, v, dout, shape, &opts, t, 1e3);
+    let leak = |opts: AttnOptions| causal_leakage(attn, &call.with_opts(opts), t, 1e3);
     let m = leak(AttnOptions::new(AttnPath::Mxfp8))?;
-    let safe = AttnOptions {
+    let p = leak(AttnOptions {
         precision: Precision::causally_safe(true),
         ..AttnOptions::new(AttnPath::Mxfp8)
-    };
-    // Only `up_to_t` is reported for these two: skip the `before_own_block` runs.
-    let short = |opts: AttnOptions| causal_leakage_up_to_t(attn, q, k, v, dout, shape, &opts, t, 1e3);
-    let p = short(safe)?;
-    let l = short(AttnOptions::new(AttnPath::LeakyFp8))?;
+    })?;
+    let l = leak(AttnOptions::new(AttnPath::LeakyFp8))?;
     let doc = if shape.docs() >= 2 {
         let longest = (0..shape.docs())
             .max_by_key(|&i| (shape.cu_seqlens[i + 1] - shape.cu_seqlens[i], usize::MAX - i))
             .unwrap_or(0);
         let c = doc_isolation(
             attn,
-            q,
-            k,
-            v,
-            dout,
-            shape,
-            &AttnOptions::new(AttnPath::Mxfp8),
+            &call.with_opts(AttnOptions::new(AttnPath::Mxfp8)),
             longest,
             1e4,
         )?;
@@ -254,16 +256,8 @@ fn leakage(
             before_own_block_bitwise_zero: m.before_own_block.bitwise_zero(),
             detail: m,
         },
-        mxfp8_precision: MaxLeak {
-            max: p.up_to_t.max(),
-            bitwise_zero: p.up_to_t.bitwise_zero(),
-            detail: p.up_to_t,
-        },
-        leaky_fp8: MaxLeak {
-            max: l.up_to_t.max(),
-            bitwise_zero: l.up_to_t.bitwise_zero(),
-            detail: l.up_to_t,
-        },
+        mxfp8_precision: p.into(),
+        leaky_fp8: l.into(),
         doc_isolation: doc,
     })
 }

@@ -1,85 +1,77 @@
-//! GPU attention forward/backward against the CPU reference: error versus exact attention within
-//! twice the CPU reference's own error plus a small atol (FA3's rule), the leakage properties of
-//! the reference (document isolation, causal safety), poisoned outputs fully overwritten, no NaN,
-//! repeated runs bitwise identical. Fresh random inputs every run. Run on the device: `--ignored`.
+//! GPU attention forward/backward against the CPU reference on the same BF16 inputs: the relative
+//! L2 distance `||GPU - CPU|| / ||CPU||` of O, LSE, dQ, dK, dV within a stated bound, the error
+//! versus exact attention within twice the CPU reference's own error plus a small atol (FA3's
+//! rule), poisoned outputs fully overwritten, no NaN, repeated runs bitwise identical; and the
+//! causal-safety properties of the reference through the same leakage harness
+//! (`flamia_kernels::leakage` with `gpu::host::attn_fn`): document isolation, default MXFP8 bitwise
+//! before the perturbed block, the precision options bitwise causal (also on the quiet-prefix
+//! input), and the negative controls (each option off, leaky-fp8) leaking. Fixed seeds
+//! (`gpu_common::SEEDS`; `FLAMIA_TEST_SEED=N` replays one, a failure prints its seed). Run on the
+//! device: `--ignored`.
 
 mod gpu_common;
 
-use flamia_kernels::leakage::{causal_leakage, default_probe, doc_isolation};
+use flamia_kernels::gpu::host::attn_fn;
+use flamia_kernels::leakage::{causal_leakage, default_probe, doc_isolation, quiet_prefix, CausalLeak};
+use flamia_kernels::numerics::rel_l2;
 use flamia_kernels::reference::{self, Forward, Grads};
-use flamia_kernels::{AttnOptions, AttnPath, Precision, VarlenShape};
+use flamia_kernels::{AttnCall, AttnOptions, AttnPath, Precision, VarlenShape};
 use gpu_common::*;
 
 const LENS: [usize; 7] = [1, 31, 33, 64, 127, 129, 257];
-/// Absolute slack of the error bound (relative Frobenius error units).
+/// Absolute slack of the error bound against exact (relative Frobenius error units).
 const ATOL: f64 = 2e-3;
+/// Bound on `||GPU - CPU|| / ||CPU||` per output `[O, LSE, dQ, dK, dV]` on the same BF16 inputs.
+/// Not yet measured on the device (the GPU-vs-CPU gap is single E4M3 roundings of P or dS going
+/// the other way: max |GPU - CPU| 5e-2 on O(1) elements, docs/kernels.md); set below half the
+/// quantised paths' own error against exact (relative L2 0.046 to 0.13), so a GPU result as far
+/// from the reference as the reference is from exact, a missing softmax scale (x 11) or a doubled
+/// dV (1.0) fails. The test prints the measured figures: tighten from them.
+const GPU_CPU_REL: [f64; 5] = [0.02, 1e-3, 0.02, 0.02, 0.02];
 
-fn inputs(rng: &mut rand_chacha::ChaCha8Rng, shape: &VarlenShape) -> [Vec<f32>; 4] {
-    let (t, hq, hkv) = (shape.tokens(), shape.heads_q, shape.heads_kv);
-    [
-        gauss_tensor(rng, t * hq * 128, 1.0),
-        gauss_tensor(rng, t * hkv * 128, 1.0),
-        gauss_tensor(rng, t * hkv * 128, 1.0),
-        gauss_tensor(rng, t * hq * 128, 1.0),
-    ]
-}
+const NAMES: [&str; 5] = ["O", "LSE", "dQ", "dK", "dV"];
 
-struct Errs([f64; 5]);
-
-fn errs(got: &(Forward, Grads), exact: &(Forward, Grads)) -> Errs {
-    Errs([
-        rel_err(&got.0.o, &exact.0.o),
-        rel_err(&got.0.lse, &exact.0.lse),
-        rel_err(&got.1.dq, &exact.1.dq),
-        rel_err(&got.1.dk, &exact.1.dk),
-        rel_err(&got.1.dv, &exact.1.dv),
-    ])
+fn outputs(r: &(Forward, Grads)) -> [&[f32]; 5] {
+    [&r.0.o, &r.0.lse, &r.1.dq, &r.1.dk, &r.1.dv]
 }
 
 fn check_accuracy(tag: &str, shape: &VarlenShape, opts: AttnOptions) {
     let gpu = gpu();
-    let mut rng = rng(tag);
-    let [q, k, v, g] = inputs(&mut rng, shape);
-    let exact_opts = AttnOptions {
-        path: AttnPath::Exact,
-        ..opts
-    };
-    let exact = reference::forward_backward(&q, &k, &v, &g, shape, &exact_opts).unwrap();
-    let cpu = reference::forward_backward(&q, &k, &v, &g, shape, &opts).unwrap();
-    let got = gpu_attn(&gpu, &q, &k, &v, &g, shape, &opts).unwrap();
-    for (name, x) in [
-        ("O", &got.0.o),
-        ("LSE", &got.0.lse),
-        ("dQ", &got.1.dq),
-        ("dK", &got.1.dk),
-        ("dV", &got.1.dv),
-    ] {
-        assert_eq!(
-            count_nan(x),
-            0,
-            "{tag}: {name} has non-finite (unwritten) elements"
-        );
-    }
-    let (e_gpu, e_cpu) = (errs(&got, &exact), errs(&cpu, &exact));
-    let names = ["O", "LSE", "dQ", "dK", "dV"];
-    let gots = [&got.0.o, &got.0.lse, &got.1.dq, &got.1.dk, &got.1.dv];
-    let cpus = [&cpu.0.o, &cpu.0.lse, &cpu.1.dq, &cpu.1.dk, &cpu.1.dv];
-    for (i, name) in names.iter().enumerate() {
-        eprintln!(
-            "{tag}: {name:<3} rel err vs exact: gpu {:.3e}  cpu reference {:.3e}  |gpu - cpu| rel {:.3e}",
-            e_gpu.0[i],
-            e_cpu.0[i],
-            rel_err(gots[i], cpus[i])
-        );
-    }
-    for (i, name) in names.iter().enumerate() {
-        assert!(
-            e_gpu.0[i] <= 2.0 * e_cpu.0[i] + ATOL,
-            "{tag}: {name} error {:.3e} exceeds 2 x CPU reference error {:.3e} + {ATOL}",
-            e_gpu.0[i],
-            e_cpu.0[i]
-        );
-    }
+    with_seeds(tag, |mut rng| {
+        let call = gauss_call(&mut rng, shape, opts);
+        let exact = reference::forward_backward(&call.with_path(AttnPath::Exact)).unwrap();
+        let cpu = reference::forward_backward(&call).unwrap();
+        let got = gpu_attn(&gpu, &call);
+        for (name, x) in NAMES.iter().zip(outputs(&got)) {
+            assert_eq!(
+                count_nan(x),
+                0,
+                "{tag}: {name} has non-finite (unwritten) elements"
+            );
+        }
+        let (g, c, e) = (outputs(&got), outputs(&cpu), outputs(&exact));
+        let mut bad = Vec::new();
+        for (i, name) in NAMES.iter().enumerate() {
+            let (e_gpu, e_cpu, gap) = (rel_l2(g[i], e[i]), rel_l2(c[i], e[i]), rel_l2(g[i], c[i]));
+            eprintln!(
+                "{tag}: {name:<3} rel L2 vs exact: gpu {e_gpu:.3e}  cpu reference {e_cpu:.3e}  \
+                 |gpu - cpu| / |cpu| {gap:.3e} (bound {:.1e})",
+                GPU_CPU_REL[i]
+            );
+            if e_gpu > 2.0 * e_cpu + ATOL {
+                bad.push(format!(
+                    "{name} error {e_gpu:.3e} exceeds 2 x CPU reference error {e_cpu:.3e} + {ATOL}"
+                ));
+            }
+            if gap > GPU_CPU_REL[i] {
+                bad.push(format!(
+                    "{name} |gpu - cpu| / |cpu| = {gap:.3e} exceeds {:.1e}",
+                    GPU_CPU_REL[i]
+                ));
+            }
+        }
+        assert!(bad.is_empty(), "{tag}:\n{}", bad.join("\n"));
+    });
 }
 
 #[test]
@@ -140,54 +132,50 @@ fn nvfp4_is_as_accurate_as_the_reference() {
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn repeated_runs_are_bitwise_identical() {
     let gpu = gpu();
-    let mut rng = rng("repeat");
     let shape = VarlenShape::from_lens(&[300, 1, 65], 4, 1, 128).unwrap();
-    let [q, k, v, g] = inputs(&mut rng, &shape);
-    for path in [AttnPath::Mxfp8, AttnPath::Nvfp4] {
-        let opts = AttnOptions::new(path);
-        let a = gpu_attn(&gpu, &q, &k, &v, &g, &shape, &opts).unwrap();
-        let b = gpu_attn(&gpu, &q, &k, &v, &g, &shape, &opts).unwrap();
-        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
-        assert_eq!(
-            bits(&a.0.o),
-            bits(&b.0.o),
-            "{path}: forward O differs between runs"
-        );
-        assert_eq!(bits(&a.0.lse), bits(&b.0.lse), "{path}: LSE differs between runs");
-        assert_eq!(bits(&a.1.dq), bits(&b.1.dq), "{path}: dQ differs between runs");
-        assert_eq!(bits(&a.1.dk), bits(&b.1.dk), "{path}: dK differs between runs");
-        assert_eq!(bits(&a.1.dv), bits(&b.1.dv), "{path}: dV differs between runs");
-    }
+    with_seeds("repeat", |mut rng| {
+        let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+        for path in [AttnPath::Mxfp8, AttnPath::Nvfp4] {
+            let one = call.with_path(path);
+            let (a, b) = (gpu_attn(&gpu, &one), gpu_attn(&gpu, &one));
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+            for (name, (x, y)) in NAMES.iter().zip(outputs(&a).into_iter().zip(outputs(&b))) {
+                assert_eq!(bits(x), bits(y), "{path}: {name} differs between runs");
+            }
+        }
+    });
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn documents_are_isolated_bitwise() {
     let gpu = gpu();
-    let mut rng = rng("isolation");
+    let attn = attn_fn(&gpu);
     let shape = VarlenShape::from_lens(&[70, 33, 129], 2, 2, 128).unwrap();
-    let [q, k, v, g] = inputs(&mut rng, &shape);
-    let f = |q: &[f32], k: &[f32], v: &[f32], d: &[f32], s: &VarlenShape, o: &AttnOptions| {
-        gpu_attn(&gpu, q, k, v, d, s, o)
-    };
-    for doc in 0..3 {
-        let c = doc_isolation(
-            &f,
-            &q,
-            &k,
-            &v,
-            &g,
-            &shape,
-            &AttnOptions::new(AttnPath::Mxfp8),
-            doc,
-            1e4,
-        )
-        .unwrap();
-        assert!(
-            c.bitwise_zero(),
-            "scaling document {doc} changed {} elements of the others: {c:?}",
-            c.changed
-        );
+    with_seeds("isolation", |mut rng| {
+        let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+        for path in [AttnPath::Mxfp8, AttnPath::Nvfp4] {
+            for doc in 0..3 {
+                let c = doc_isolation(&attn, &call.with_path(path), doc, 1e4).unwrap();
+                assert!(
+                    c.bitwise_zero(),
+                    "{path}: scaling document {doc} changed {} elements of the others: {c:?}",
+                    c.changed
+                );
+            }
+        }
+        let c = doc_isolation(&attn, &call.with_path(AttnPath::LeakyFp8), 1, 1e4).unwrap();
+        assert!(c.max() > 1e-3, "leaky-fp8 must leak across documents: {c:?}");
+    });
+}
+
+/// The causally safe options with one switched off by `off`.
+fn safe_with(path: AttnPath, off: impl Fn(&mut Precision)) -> AttnOptions {
+    let mut precision = Precision::causally_safe(true);
+    off(&mut precision);
+    AttnOptions {
+        precision,
+        ..AttnOptions::new(path)
     }
 }
 
@@ -195,55 +183,63 @@ fn documents_are_isolated_bitwise() {
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn causal_leakage_has_the_reference_properties() {
     let gpu = gpu();
-    let mut rng = rng("leakage");
-    let shape = VarlenShape::from_lens(&[40, 200], 2, 1, 128).unwrap();
-    let [q, k, v, g] = inputs(&mut rng, &shape);
-    let t = default_probe(&shape);
-    let f = |q: &[f32], k: &[f32], v: &[f32], d: &[f32], s: &VarlenShape, o: &AttnOptions| {
-        gpu_attn(&gpu, q, k, v, d, s, o)
-    };
-    let default = causal_leakage(
-        &f,
-        &q,
-        &k,
-        &v,
-        &g,
-        &shape,
-        &AttnOptions::new(AttnPath::Mxfp8),
-        t,
-        1e3,
-    )
-    .unwrap();
-    eprintln!("mxfp8 default: {default:?}");
-    assert!(
-        default.before_own_block.bitwise_zero(),
-        "default MXFP8 leaked before the perturbed block: {default:?}"
-    );
-    let safe = AttnOptions {
-        precision: Precision::causally_safe(true),
-        ..AttnOptions::new(AttnPath::Mxfp8)
-    };
-    let s = causal_leakage(&f, &q, &k, &v, &g, &shape, &safe, t, 1e3).unwrap();
-    eprintln!("mxfp8 causally safe: {s:?}");
-    assert!(
-        s.up_to_t.bitwise_zero(),
-        "the precision options must give bitwise zero leakage: {s:?}"
-    );
-    let leaky = causal_leakage(
-        &f,
-        &q,
-        &k,
-        &v,
-        &g,
-        &shape,
-        &AttnOptions::new(AttnPath::LeakyFp8),
-        t,
-        1e3,
-    )
-    .unwrap();
-    eprintln!("leaky-fp8: {leaky:?}");
-    assert!(
-        leaky.up_to_t.max() > 0.0,
-        "the leaky control must show its leak: {leaky:?}"
-    );
+    let attn = attn_fn(&gpu);
+    // Two documents, GQA 4:2; probes in the middle of the first and inside the second.
+    let shape = VarlenShape::from_lens(&[150, 90], 4, 2, 128).unwrap();
+    let probes = [default_probe(&shape), 190];
+    with_seeds("leakage", |mut rng| {
+        let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+        let leak = |c: &AttnCall, t: usize| -> CausalLeak {
+            let l = causal_leakage(&attn, c, t, 1e3).unwrap();
+            eprintln!("{} {:?} t {t}: {l:?}", c.opts.path, c.opts.precision);
+            l
+        };
+        for t in probes {
+            let d = leak(&call, t);
+            assert!(
+                d.before_own_block.bitwise_zero(),
+                "default MXFP8 leaked before the perturbed block: {d:?}"
+            );
+            assert!(
+                d.in_own_block.o > 0.0,
+                "default MXFP8 in-block leak not seen: {d:?}"
+            );
+            for path in [AttnPath::Mxfp8, AttnPath::Nvfp4] {
+                let safe = call.with_opts(safe_with(path, |_| {}));
+                for (input, what) in [(safe.clone(), "normal"), (quiet_prefix(&safe, t), "quiet prefix")] {
+                    let l = leak(&input, t);
+                    assert!(
+                        l.bitwise_causal(),
+                        "{path} {what}: the precision options must give bitwise zero leakage: {l:?}"
+                    );
+                }
+                let l = leak(
+                    &call.with_opts(safe_with(path, |p| p.per_token_scales = false)),
+                    t,
+                );
+                assert!(
+                    l.up_to_t.o > 0.0 && l.up_to_t.dq > 0.0,
+                    "{path} without per-token scales must leak: {l:?}"
+                );
+                let l = leak(
+                    &call.with_opts(safe_with(path, |p| p.row_ds_exponents = false)),
+                    t,
+                );
+                let u = l.up_to_t;
+                assert!(
+                    u.o == 0.0 && u.lse == 0.0 && u.dq > 0.0,
+                    "{path} without row dS exponents: dQ must leak, O and LSE not: {l:?}"
+                );
+                // The GPU accumulates dQ in FP32 registers with no prescale (docs/kernels.md), so
+                // `causal_dq_scaling` off need not leak there: printed, not asserted.
+                let no_dq = call.with_opts(safe_with(path, |p| p.causal_dq_scaling = false));
+                leak(&quiet_prefix(&no_dq, t), t);
+            }
+            let l = leak(&call.with_path(AttnPath::LeakyFp8), t);
+            assert!(
+                l.up_to_t.max() > 0.0 && l.before_own_block.max() > 0.0,
+                "the leaky control must show its leak: {l:?}"
+            );
+        }
+    });
 }

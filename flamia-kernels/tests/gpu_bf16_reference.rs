@@ -7,17 +7,7 @@
 
 use flamia_kernels::leakage::reference_attn;
 use flamia_kernels::numerics::{run_check, CheckConfig};
-use flamia_kernels::{AttnOptions, VarlenShape};
-
-/// Round to nearest even BF16, as the GPU upload does (`trainer/src/cli/check_cuda.rs`).
-fn bf16_round(x: &[f32]) -> Vec<f32> {
-    x.iter()
-        .map(|v| {
-            let b = v.to_bits();
-            f32::from_bits((b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) << 16)
-        })
-        .collect()
-}
+use flamia_kernels::AttnCall;
 
 #[test]
 #[ignore = "slow outside release builds: run with --release -- --ignored --nocapture"]
@@ -26,16 +16,7 @@ fn cpu_reference_on_bf16_inputs() {
         leakage: false,
         ..CheckConfig::default()
     };
-    let rounded = |q: &[f32], k: &[f32], v: &[f32], d: &[f32], s: &VarlenShape, o: &AttnOptions| {
-        reference_attn(
-            &bf16_round(q),
-            &bf16_round(k),
-            &bf16_round(v),
-            &bf16_round(d),
-            s,
-            o,
-        )
-    };
+    let rounded = |call: &AttnCall| reference_attn(&call.bf16_rounded());
     let on_bf16 = run_check(&cfg, &rounded, "cpu (BF16-rounded inputs)").unwrap();
     let on_f32 = run_check(&cfg, &reference_attn, "cpu").unwrap();
     println!("{}", serde_json::to_string_pretty(&on_bf16.paths).unwrap());

@@ -1,7 +1,7 @@
-//! GPU quantisers against the CPU reference, byte for byte, on fresh random inputs with awkward
+//! GPU quantisers against the CPU reference, byte for byte, on seeded random inputs with awkward
 //! document lengths (1, 31, 32, 33, 127, 129, 4095): the single-input launch (dO, with D), the
 //! fused Q/K/V launch (different head counts, Hadamard on two inputs of three) and NVFP4.
-//! Run on the device: `--ignored`.
+//! Seed: `gpu_common::rng` (fixed; `FLAMIA_TEST_SEED` replays another). Run on the device: `--ignored`.
 
 mod gpu_common;
 

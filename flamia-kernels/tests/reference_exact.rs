@@ -3,18 +3,18 @@
 
 mod common;
 
-use common::{inputs, naive, rel_max};
-use flamia_kernels::{reference, AttnOptions, AttnPath, VarlenShape};
+use common::{naive, rel_max};
+use flamia_kernels::{reference, AttnCall, AttnOptions, AttnPath, VarlenShape};
 
 fn check(lens: &[usize], hq: usize, hkv: usize, d: usize, causal: bool, seed: u64) {
     let shape = VarlenShape::from_lens(lens, hq, hkv, d).unwrap();
-    let (q, k, v, dout) = inputs(&shape, seed);
     let opts = AttnOptions {
         causal,
         ..AttnOptions::new(AttnPath::Exact)
     };
-    let (f, g) = reference::forward_backward(&q, &k, &v, &dout, &shape, &opts).unwrap();
-    let n = naive(&q, &k, &v, &dout, &shape, causal);
+    let call = AttnCall::random(shape, opts, seed);
+    let (f, g) = reference::forward_backward(&call).unwrap();
+    let n = naive(&call);
     let what = format!("lens {lens:?} hq {hq} hkv {hkv} d {d} causal {causal}");
     for (name, a, b) in [
         ("o", &f.o, &n.o),
@@ -41,12 +41,17 @@ fn exact_matches_naive_mha_gqa_causal_noncausal() {
 fn exact_gradients_match_finite_differences() {
     // L = sum(dout * O); central differences in f64 around the f32 inputs.
     let shape = VarlenShape::from_lens(&[20, 13], 2, 1, 64).unwrap();
-    let (q, k, v, dout) = inputs(&shape, 9);
-    let opts = AttnOptions::new(AttnPath::Exact);
-    let (_, g) = reference::forward_backward(&q, &k, &v, &dout, &shape, &opts).unwrap();
+    let call = AttnCall::random(shape, AttnOptions::new(AttnPath::Exact), 9);
+    let (_, g) = reference::forward_backward(&call).unwrap();
+    let (q, k, v) = (call.q.clone(), call.k.clone(), call.v.clone());
     let loss = |q: &[f32], k: &[f32], v: &[f32]| -> f64 {
-        let n = naive(q, k, v, &dout, &shape, true);
-        n.o.iter().zip(&dout).map(|(o, &g)| o * g as f64).sum()
+        let n = naive(&AttnCall {
+            q: q.to_vec(),
+            k: k.to_vec(),
+            v: v.to_vec(),
+            ..call.clone()
+        });
+        n.o.iter().zip(&call.dout).map(|(o, &g)| o * g as f64).sum()
     };
     let eps = 1e-2f32;
     for (which, idx) in [(0usize, 5usize), (0, 1000), (1, 77), (1, 1500), (2, 3), (2, 2000)] {

@@ -1,15 +1,18 @@
 //! Quantised paths of the reference against `exact`: accuracy bars, determinism, and the shapes
 //! the kernels must handle (packed documents not multiple of the tile, GQA, d = 64, non-causal).
+//!
+//! Gradient checks that see scale: relative L2 error `||x - exact|| / ||exact||` of O, dQ, dK and
+//! dV of every quantised path, inside a band around the figure measured on these fixed inputs
+//! (cosines alone are blind to a wrong scale: dQ without the softmax scale or a doubled dV keep
+//! their cosine). The band's upper edge catches a wrong scale or a broken quantiser, its lower
+//! edge a "quantised" path that silently runs exact attention.
 
-mod common;
-
-use common::{cosine, inputs};
+use flamia_kernels::numerics::{cosine, rel_l2_to, PerTensor};
 use flamia_kernels::reference::{self, Forward, Grads};
-use flamia_kernels::{AttnOptions, AttnPath, Precision, VarlenShape};
+use flamia_kernels::{AttnCall, AttnOptions, AttnPath, Precision, VarlenShape};
 
 fn run(shape: &VarlenShape, opts: &AttnOptions, seed: u64) -> (Forward, Grads) {
-    let (q, k, v, dout) = inputs(shape, seed);
-    reference::forward_backward(&q, &k, &v, &dout, shape, opts).unwrap()
+    reference::forward_backward(&AttnCall::random(shape.clone(), *opts, seed)).unwrap()
 }
 
 fn cosines(shape: &VarlenShape, opts: AttnOptions, seed: u64) -> [f64; 4] {
@@ -129,4 +132,137 @@ fn row_ds_exponents_round_fewer_ds_to_zero() {
         row.ds_zero_fraction,
         block.ds_zero_fraction
     );
+}
+
+/// Allowed relative deviation from the measured figure.
+const BAND: f64 = 0.25;
+
+struct Case {
+    name: &'static str,
+    lens: &'static [usize],
+    heads: (usize, usize),
+    head_dim: usize,
+    opts: AttnOptions,
+    /// Relative L2 errors `[O, dQ, dK, dV]` measured on these inputs (`AttnCall::random`, seed
+    /// 1) with the reference of commit 47deedb + this test (`cargo test -p flamia-kernels --test
+    /// reference_quant -- --nocapture` prints them).
+    measured: [f64; 4],
+}
+
+fn opts(path: AttnPath, precision: Precision, causal: bool) -> AttnOptions {
+    AttnOptions {
+        precision,
+        causal,
+        ..AttnOptions::new(path)
+    }
+}
+
+fn no_hadamard() -> Precision {
+    Precision {
+        hadamard: false,
+        ..Precision::default()
+    }
+}
+
+fn cases() -> Vec<Case> {
+    use AttnPath::*;
+    let lens: &[usize] = &[300, 77, 200];
+    let dflt = Precision::default();
+    let safe = Precision::causally_safe(true);
+    vec![
+        Case {
+            name: "mxfp8 gqa",
+            lens,
+            heads: (4, 2),
+            head_dim: 128,
+            opts: opts(Mxfp8, dflt, true),
+            measured: [0.0438, 0.0634, 0.0632, 0.0480],
+        },
+        Case {
+            name: "mxfp8 causally safe",
+            lens,
+            heads: (4, 2),
+            head_dim: 128,
+            opts: opts(Mxfp8, safe, true),
+            measured: [0.0438, 0.0634, 0.0632, 0.0480],
+        },
+        Case {
+            name: "mxfp8 no hadamard",
+            lens,
+            heads: (2, 2),
+            head_dim: 128,
+            opts: opts(Mxfp8, no_hadamard(), true),
+            measured: [0.0442, 0.0629, 0.0617, 0.0485],
+        },
+        Case {
+            name: "mxfp8 non-causal",
+            lens,
+            heads: (2, 2),
+            head_dim: 128,
+            opts: opts(Mxfp8, dflt, false),
+            measured: [0.0505, 0.0666, 0.0655, 0.0538],
+        },
+        Case {
+            name: "mxfp8 d64 gqa",
+            lens: &[1, 33, 129, 200],
+            heads: (4, 1),
+            head_dim: 64,
+            opts: opts(Mxfp8, dflt, true),
+            measured: [0.0424, 0.0642, 0.0643, 0.0463],
+        },
+        Case {
+            name: "nvfp4 gqa",
+            lens,
+            heads: (4, 2),
+            head_dim: 128,
+            opts: opts(Nvfp4, dflt, true),
+            measured: [0.1120, 0.1272, 0.1273, 0.1144],
+        },
+        Case {
+            name: "nvfp4 causally safe",
+            lens,
+            heads: (4, 2),
+            head_dim: 128,
+            opts: opts(Nvfp4, safe, true),
+            measured: [0.1120, 0.1272, 0.1273, 0.1144],
+        },
+        Case {
+            name: "leaky-fp8",
+            lens,
+            heads: (2, 2),
+            head_dim: 128,
+            opts: opts(LeakyFp8, dflt, true),
+            measured: [0.0439, 0.0617, 0.0605, 0.0477],
+        },
+    ]
+}
+
+fn rel_l2(case: &Case) -> PerTensor {
+    let shape = VarlenShape::from_lens(case.lens, case.heads.0, case.heads.1, case.head_dim).unwrap();
+    let call = AttnCall::random(shape, case.opts, 1);
+    let got = reference::forward_backward(&call).unwrap();
+    let exact = reference::forward_backward(&call.with_path(AttnPath::Exact)).unwrap();
+    rel_l2_to(&got, &exact)
+}
+
+#[test]
+fn every_quantised_path_is_within_its_measured_relative_l2_band() {
+    let mut bad = Vec::new();
+    for case in cases() {
+        let r = rel_l2(&case);
+        let got = [r.o, r.dq, r.dk, r.dv];
+        eprintln!(
+            "{:<20} rel L2 O {:.4} dQ {:.4} dK {:.4} dV {:.4}",
+            case.name, got[0], got[1], got[2], got[3]
+        );
+        for ((name, x), m) in ["O", "dQ", "dK", "dV"].iter().zip(got).zip(case.measured) {
+            if !(x >= m * (1.0 - BAND) && x <= m * (1.0 + BAND)) {
+                bad.push(format!(
+                    "{}: {name} rel L2 {x:.4}, measured {m:.4} +- {BAND}",
+                    case.name
+                ));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "outside the bands:\n{}", bad.join("\n"));
 }

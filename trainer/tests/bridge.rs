@@ -164,7 +164,7 @@ fn bridge_rejects_bad_shapes_with_a_clear_error() {
 /// (it runs it) and stays close to exact attention.
 #[test]
 fn bridge_cpu_paths_match_the_kernels_reference() {
-    use flamia_kernels::{reference, VarlenShape};
+    use flamia_kernels::{reference, AttnCall, VarlenShape};
     let (hq, hkv, d) = (4i64, 2i64, 64i64);
     let (q, k, v, w) = inputs(hq, hkv, d, 5);
     let shape = VarlenShape::new(cu(&LENS), hq as usize, hkv as usize, d as usize).unwrap();
@@ -181,9 +181,8 @@ fn bridge_cpu_paths_match_the_kernels_reference() {
         let packing = Packing::new(&cu(&LENS), Device::Cpu).unwrap();
         let o = attention(&q1, &k1, &v1, &packing, &opts).unwrap();
         let g = Tensor::run_backward(&[(&o * &dout).sum(Kind::Float)], &[&q1, &k1, &v1], false, false);
-        let (f, r) =
-            reference::forward_backward(&flat(&q), &flat(&k), &flat(&v), &flat(&dout), &shape, &opts)
-                .unwrap();
+        let call = AttnCall::new(flat(&q), flat(&k), flat(&v), flat(&dout), shape.clone(), opts).unwrap();
+        let (f, r) = reference::forward_backward(&call).unwrap();
         let ro = Tensor::from_slice(&f.o).reshape(q.size());
         let (rdq, rdk) = (
             Tensor::from_slice(&r.dq).reshape(q.size()),

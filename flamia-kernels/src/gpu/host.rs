@@ -1,14 +1,15 @@
-//! Host-tensor convenience: runs the GPU forward and backward on `f32` host tensors (rounded to
-//! BF16 on upload, every output poisoned with NaN first) and returns the CPU reference's result
-//! types, so the GPU can be checked with the reference's tools (`flamia check numerics --device
-//! cuda`, the leakage harness, the GPU tests). Layouts as [`crate::reference`].
+//! Host-tensor convenience: runs the GPU forward and backward of one [`AttnCall`] (its `f32` host
+//! tensors rounded to BF16 on upload, every output poisoned with NaN first) and returns the CPU
+//! reference's result types, so the GPU is checked with the reference's tools: [`attn_fn`] is the
+//! GPU as the leakage harness's and the numerics check's [`crate::leakage::AttnFn`] (`flamia check
+//! numerics --device cuda`, the GPU tests). Layouts as [`crate::reference`].
 
 use super::attention::Attention;
 use super::buffer::DeviceBuf;
 use super::error::GpuResult;
 use super::plan::Plan;
 use super::runtime::{Gpu, RawStream};
-use crate::options::{AttnOptions, VarlenShape};
+use crate::call::AttnCall;
 use crate::reference::{Forward, Grads};
 use half::bf16;
 use std::sync::Arc;
@@ -29,17 +30,17 @@ fn download(b: &DeviceBuf<u16>) -> GpuResult<Vec<f32>> {
         .collect())
 }
 
-/// Forward + backward on the GPU with `opts` (the legacy default stream), as
+/// Forward + backward of `call` on the GPU (the legacy default stream), as
 /// [`crate::reference::forward_backward`] on the CPU.
-pub fn forward_backward(
-    gpu: &Arc<Gpu>,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    dout: &[f32],
-    shape: &VarlenShape,
-    opts: &AttnOptions,
-) -> GpuResult<(Forward, Grads)> {
+pub fn forward_backward(gpu: &Arc<Gpu>, call: &AttnCall) -> GpuResult<(Forward, Grads)> {
+    let AttnCall {
+        q,
+        k,
+        v,
+        dout,
+        shape,
+        opts,
+    } = call;
     let (t, hq, hkv, d) = (shape.tokens(), shape.heads_q, shape.heads_kv, shape.head_dim);
     crate::quant::check_len("q", q, t, hq, d)?;
     crate::quant::check_len("k", k, t, hkv, d)?;
@@ -85,4 +86,10 @@ pub fn forward_backward(
         ds_zero_fraction: f64::NAN,
     };
     Ok((fwd, grads))
+}
+
+/// The GPU as an attention function of the leakage harness and the numerics check: a GPU error
+/// becomes [`crate::Error::Device`].
+pub fn attn_fn(gpu: &Arc<Gpu>) -> impl Fn(&AttnCall) -> crate::Result<(Forward, Grads)> + Sync + '_ {
+    move |call| forward_backward(gpu, call).map_err(|e| crate::Error::Device(e.to_string()))
 }

@@ -18,6 +18,10 @@
 //! let fwd = reference::forward(&q, &k, &v, &shape, &opts).unwrap();
 //! let g = reference::backward(&q, &k, &v, &fwd.o, &fwd.lse, &dout, &shape, &opts).unwrap();
 //! assert_eq!(g.dq.len(), q.len());
+//! // The same as one call:
+//! let call = flamia_kernels::AttnCall::new(q, k, v, dout, shape, opts).unwrap();
+//! let (f2, g2) = reference::forward_backward(&call).unwrap();
+//! assert_eq!((f2, g2), (fwd, g));
 //! ```
 
 mod bwd;
@@ -26,6 +30,7 @@ mod operands;
 
 pub use fwd::TILE;
 
+use crate::call::AttnCall;
 use crate::error::{Error, Result};
 use crate::options::{AttnOptions, VarlenShape};
 use crate::quant::{check_finite, check_len};
@@ -134,15 +139,16 @@ pub fn backward(
     })
 }
 
-/// Forward then backward with the same options (what one training step does).
-pub fn forward_backward(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    dout: &[f32],
-    shape: &VarlenShape,
-    opts: &AttnOptions,
-) -> Result<(Forward, Grads)> {
+/// Forward then backward of one call (what one training step does).
+pub fn forward_backward(call: &AttnCall) -> Result<(Forward, Grads)> {
+    let AttnCall {
+        q,
+        k,
+        v,
+        dout,
+        shape,
+        opts,
+    } = call;
     let f = forward(q, k, v, shape, opts)?;
     let g = backward(q, k, v, &f.o, &f.lse, dout, shape, opts)?;
     Ok((f, g))

@@ -1,7 +1,9 @@
-//! Shared helpers of the reference tests: random inputs, a naive f64 attention, error metrics.
+//! Shared helpers of the CPU tests: random values, a naive f64 attention of an [`AttnCall`], the
+//! max-relative error. (Inputs of a whole call: `AttnCall::random`; cosine and relative L2:
+//! `flamia_kernels::numerics`.)
 #![allow(dead_code)]
 
-use flamia_kernels::VarlenShape;
+use flamia_kernels::AttnCall;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -10,17 +12,6 @@ use rand_distr::StandardNormal;
 pub fn normal(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
-}
-
-/// Random q, k, v, dout for a shape.
-pub fn inputs(shape: &VarlenShape, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
-    let (t, hq, hkv, d) = (shape.tokens(), shape.heads_q, shape.heads_kv, shape.head_dim);
-    (
-        normal(t * hq * d, seed * 4),
-        normal(t * hkv * d, seed * 4 + 1),
-        normal(t * hkv * d, seed * 4 + 2),
-        normal(t * hq * d, seed * 4 + 3),
-    )
 }
 
 /// Naive attention in f64 with materialised scores: (o, lse, dq, dk, dv).
@@ -32,9 +23,13 @@ pub struct Naive {
     pub dv: Vec<f64>,
 }
 
-pub fn naive(q: &[f32], k: &[f32], v: &[f32], dout: &[f32], shape: &VarlenShape, causal: bool) -> Naive {
+pub fn naive(call: &AttnCall) -> Naive {
+    let AttnCall {
+        q, k, v, dout, shape, ..
+    } = call;
+    let causal = call.opts.causal;
     let (t, hq, hkv, d) = (shape.tokens(), shape.heads_q, shape.heads_kv, shape.head_dim);
-    let scale = 1.0 / (d as f64).sqrt();
+    let scale = call.opts.scale(d) as f64;
     let qi = |i: usize, h: usize, x: usize| q[(i * hq + h) * d + x] as f64;
     let ki = |j: usize, g: usize, x: usize| k[(j * hkv + g) * d + x] as f64;
     let vi = |j: usize, g: usize, x: usize| v[(j * hkv + g) * d + x] as f64;
@@ -87,12 +82,4 @@ pub fn rel_max(a: &[f32], b: &[f64]) -> f64 {
         .zip(b)
         .fold(0f64, |m, (&x, &y)| m.max((x as f64 - y).abs()));
     num / b.iter().fold(0f64, |m, &y| m.max(y.abs()))
-}
-
-/// Cosine similarity.
-pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
-    let na: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
-    dot / (na * nb)
 }

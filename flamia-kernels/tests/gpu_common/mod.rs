@@ -1,11 +1,12 @@
-//! Helpers of the GPU tests (`gpu_*.rs`): the device, fresh random BF16 inputs, uploads, the GPU
-//! attention as the leakage harness's `AttnFn`, error measures.
+//! Helpers of the GPU tests (`gpu_*.rs`): the device, the fixed seeds (`FLAMIA_TEST_SEED` replays
+//! one), random BF16 inputs, uploads, the GPU attention of one `AttnCall`, error measures. The GPU
+//! as the leakage harness's `AttnFn` is `flamia_kernels::gpu::host::attn_fn`.
 //! Layouts: `(tokens, heads, head_dim)` row-major; LSE `(tokens, heads_q)`.
 #![allow(dead_code)]
 
 use flamia_kernels::gpu::{DeviceBuf, Gpu, RawStream};
 use flamia_kernels::reference::{Forward, Grads};
-use flamia_kernels::{AttnOptions, VarlenShape};
+use flamia_kernels::{AttnCall, AttnOptions, VarlenShape};
 use half::bf16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -22,19 +23,78 @@ pub fn stream() -> RawStream {
     RawStream(std::ptr::null_mut())
 }
 
-/// A fresh seed each run, printed so a failure can be replayed with `FLAMIA_SEED`.
-pub fn rng(test: &str) -> ChaCha8Rng {
-    let seed = std::env::var("FLAMIA_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    eprintln!("{test}: seed {seed} (FLAMIA_SEED={seed} to replay)");
-    ChaCha8Rng::seed_from_u64(seed)
+/// The fixed seeds every GPU test runs with (`FLAMIA_TEST_SEED=N` runs seed `N` alone).
+pub const SEEDS: [u64; 2] = [1, 2];
+
+/// [`SEEDS`], or the one seed in `FLAMIA_TEST_SEED` (to replay a failure).
+pub fn seeds() -> Vec<u64> {
+    match std::env::var("FLAMIA_TEST_SEED") {
+        Ok(s) => vec![s
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("FLAMIA_TEST_SEED={s:?} is not an unsigned integer"))],
+        Err(_) => SEEDS.to_vec(),
+    }
+}
+
+/// Prints the seed when the test panics while it is alive.
+struct SeedGuard {
+    test: String,
+    seed: u64,
+}
+
+impl Drop for SeedGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "{}: FAILED with seed {}; replay with FLAMIA_TEST_SEED={} (and --ignored {})",
+                self.test, self.seed, self.seed, self.test
+            );
+        }
+    }
+}
+
+/// A ChaCha8 generator from one fixed seed that names its seed if the test fails while it lives.
+pub struct SeededRng {
+    rng: ChaCha8Rng,
+    _guard: SeedGuard,
+}
+
+impl std::ops::Deref for SeededRng {
+    type Target = ChaCha8Rng;
+    fn deref(&self) -> &ChaCha8Rng {
+        &self.rng
+    }
+}
+
+impl std::ops::DerefMut for SeededRng {
+    fn deref_mut(&mut self) -> &mut ChaCha8Rng {
+        &mut self.rng
+    }
+}
+
+fn seeded(test: &str, seed: u64) -> SeededRng {
+    eprintln!("{test}: seed {seed}");
+    SeededRng {
+        rng: ChaCha8Rng::seed_from_u64(seed),
+        _guard: SeedGuard {
+            test: test.to_string(),
+            seed,
+        },
+    }
+}
+
+/// The generator of a test that runs one seed: the first of [`seeds`] (`SEEDS[0]`, or
+/// `FLAMIA_TEST_SEED`).
+pub fn rng(test: &str) -> SeededRng {
+    seeded(test, seeds()[0])
+}
+
+/// Runs `f` once per seed of [`seeds`]; a failure prints the seed and how to replay it.
+pub fn with_seeds(test: &str, mut f: impl FnMut(SeededRng)) {
+    for seed in seeds() {
+        f(seeded(test, seed));
+    }
 }
 
 /// Rounds to BF16 and back, so CPU and GPU see identical values.
@@ -105,33 +165,21 @@ pub fn poisoned_f32(gpu: &Gpu, n: usize) -> DeviceBuf<f32> {
     DeviceBuf::from_host(gpu, &vec![f32::NAN; n]).unwrap()
 }
 
-/// `||a - b|| / ||b||` (Frobenius).
-pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| (*y as f64) * (*y as f64)).sum();
-    (num / den.max(1e-300)).sqrt()
-}
-
 pub fn count_nan(a: &[f32]) -> usize {
     a.iter().filter(|x| !x.is_finite()).count()
 }
 
-/// The GPU forward + backward on host tensors (outputs poisoned first), as the reference's types.
-pub fn gpu_attn(
-    gpu: &Arc<Gpu>,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    dout: &[f32],
-    shape: &VarlenShape,
-    opts: &AttnOptions,
-) -> flamia_kernels::Result<(Forward, Grads)> {
-    Ok(
-        flamia_kernels::gpu::host::forward_backward(gpu, q, k, v, dout, shape, opts)
-            .unwrap_or_else(|e| panic!("{e}")),
-    )
+/// Gaussian N(0, 1) q, k, v, dout in BF16 precision for `shape`, as one call with `opts`.
+pub fn gauss_call(rng: &mut ChaCha8Rng, shape: &VarlenShape, opts: AttnOptions) -> AttnCall {
+    let (t, hq, hkv, d) = (shape.tokens(), shape.heads_q, shape.heads_kv, shape.head_dim);
+    let q = gauss_tensor(rng, t * hq * d, 1.0);
+    let k = gauss_tensor(rng, t * hkv * d, 1.0);
+    let v = gauss_tensor(rng, t * hkv * d, 1.0);
+    let dout = gauss_tensor(rng, t * hq * d, 1.0);
+    AttnCall::new(q, k, v, dout, shape.clone(), opts).unwrap()
+}
+
+/// The GPU forward + backward of a call (outputs poisoned first), as the reference's types.
+pub fn gpu_attn(gpu: &Arc<Gpu>, call: &AttnCall) -> (Forward, Grads) {
+    flamia_kernels::gpu::host::forward_backward(gpu, call).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -57,7 +57,7 @@ struct NumericsArgs {
     /// Where the quantised paths run.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
-    /// Skip the leakage figures (they cost 10 extra forward+backward runs).
+    /// Skip the leakage figures (they cost 17 extra forward+backward runs).
     #[arg(long)]
     no_leakage: bool,
 }
@@ -165,7 +165,7 @@ fn print_table(r: &NumericsReport) {
     if let Some(l) = &r.leakage {
         println!();
         println!(
-            "leakage (keys/values after t = {} x 1e3; max relative change over O, dQ, dK, dV):",
+            "leakage (Q, K, V, dO after t = {} x 1e3; max relative change of O, LSE, dQ up to t, and of dK, dV with dO after t zero):",
             l.t
         );
         let bit = |b: bool| if b { "bitwise zero" } else { "changed" };

@@ -9,9 +9,8 @@
 use anyhow::Context;
 use flamia_kernels::gpu::{host, Gpu};
 use flamia_kernels::leakage::reference_attn;
-use flamia_kernels::numerics::{random_inputs, run_check, CheckConfig, NumericsReport, PerTensor};
-use flamia_kernels::reference::{Forward, Grads};
-use flamia_kernels::{AttnOptions, VarlenShape};
+use flamia_kernels::numerics::{check_call, run_check, CheckConfig, NumericsReport, PerTensor};
+use flamia_kernels::{AttnCall, AttnOptions};
 use serde::Serialize;
 
 /// Max |GPU - CPU reference| per output of one path.
@@ -36,49 +35,25 @@ fn max_abs(a: &[f32], b: &[f32]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Rounds finite values to BF16 (nearest even), as the GPU's upload does.
-fn bf16_round(x: &[f32]) -> Vec<f32> {
-    x.iter()
-        .map(|v| {
-            let b = v.to_bits();
-            f32::from_bits((b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) << 16)
-        })
-        .collect()
-}
-
 /// Runs the numerics check on the GPU and the GPU-versus-CPU comparison.
 pub fn run(cfg: &CheckConfig) -> anyhow::Result<(NumericsReport, Vec<GpuVsCpu>)> {
     let gpu = Gpu::new(0).context("opening the GPU for `check numerics --device cuda`")?;
-    let attn = |q: &[f32], k: &[f32], v: &[f32], d: &[f32], s: &VarlenShape, o: &AttnOptions| {
-        host::forward_backward(&gpu, q, k, v, d, s, o)
-            .map_err(|e| flamia_kernels::Error::Invalid(format!("GPU attention failed: {e}")))
-    };
+    let attn = host::attn_fn(&gpu);
     let device = format!("cuda ({}, {})", gpu.name(), gpu.arch());
     let report = run_check(cfg, &attn, &device).context("numerics check on the GPU")?;
-    let cpu_bf16 = |q: &[f32], k: &[f32], v: &[f32], d: &[f32], s: &VarlenShape, o: &AttnOptions| {
-        reference_attn(
-            &bf16_round(q),
-            &bf16_round(k),
-            &bf16_round(v),
-            &bf16_round(d),
-            s,
-            o,
-        )
-    };
+    let cpu_bf16 = |call: &AttnCall| reference_attn(&call.bf16_rounded());
     let cpu_cfg = CheckConfig {
         leakage: false,
         ..cfg.clone()
     };
     let cpu_report = run_check(&cpu_cfg, &cpu_bf16, "cpu (BF16-rounded inputs)")
         .context("CPU reference on the GPU's BF16 inputs")?;
-    let shape = VarlenShape::from_lens(&cfg.lens, cfg.heads, cfg.kv_heads, cfg.head_dim)?;
-    let (q, k, v, d) = random_inputs(&shape, cfg.seed);
-    let (q, k, v, d) = (bf16_round(&q), bf16_round(&k), bf16_round(&v), bf16_round(&d));
+    let call = check_call(cfg)?.bf16_rounded();
     let mut diffs = Vec::new();
     for &path in &cfg.paths {
-        let opts = AttnOptions::new(path);
-        let g: (Forward, Grads) = attn(&q, &k, &v, &d, &shape, &opts)?;
-        let c = reference_attn(&q, &k, &v, &d, &shape, &opts)?;
+        let one = call.with_opts(AttnOptions::new(path));
+        let g = attn(&one)?;
+        let c = reference_attn(&one)?;
         let (gc, cc) = (
             &report.paths[path.name()].cosine,
             &cpu_report.paths[path.name()].cosine,
