@@ -137,17 +137,18 @@ fn row_ds_exponents_round_fewer_ds_to_zero() {
 /// Allowed relative deviation from the measured figure.
 const BAND: f64 = 0.25;
 
-struct Case {
-    name: &'static str,
-    lens: &'static [usize],
-    heads: (usize, usize),
-    head_dim: usize,
-    opts: AttnOptions,
-    /// Relative L2 errors `[O, dQ, dK, dV]` measured on these inputs (`AttnCall::random`, seed
-    /// 1) with the reference of commit 47deedb + this test (`cargo test -p flamia-kernels --test
-    /// reference_quant -- --nocapture` prints them).
-    measured: [f64; 4],
-}
+/// One quantised configuration: name, document lengths, (query heads, KV heads), head dim,
+/// options, and the relative L2 errors `[O, dQ, dK, dV]` measured on its inputs
+/// (`AttnCall::random`, seed 1) with the reference of this commit (`cargo test -p flamia-kernels
+/// --test reference_quant -- --nocapture` prints them).
+type Case = (
+    &'static str,
+    &'static [usize],
+    (usize, usize),
+    usize,
+    AttnOptions,
+    [f64; 4],
+);
 
 fn opts(path: AttnPath, precision: Precision, causal: bool) -> AttnOptions {
     AttnOptions {
@@ -157,89 +158,32 @@ fn opts(path: AttnPath, precision: Precision, causal: bool) -> AttnOptions {
     }
 }
 
-fn no_hadamard() -> Precision {
-    Precision {
-        hadamard: false,
-        ..Precision::default()
-    }
-}
-
-fn cases() -> Vec<Case> {
+fn cases() -> [Case; 8] {
     use AttnPath::*;
-    let lens: &[usize] = &[300, 77, 200];
+    const LENS: &[usize] = &[300, 77, 200];
     let dflt = Precision::default();
     let safe = Precision::causally_safe(true);
-    vec![
-        Case {
-            name: "mxfp8 gqa",
-            lens,
-            heads: (4, 2),
-            head_dim: 128,
-            opts: opts(Mxfp8, dflt, true),
-            measured: [0.0438, 0.0634, 0.0632, 0.0480],
-        },
-        Case {
-            name: "mxfp8 causally safe",
-            lens,
-            heads: (4, 2),
-            head_dim: 128,
-            opts: opts(Mxfp8, safe, true),
-            measured: [0.0438, 0.0634, 0.0632, 0.0480],
-        },
-        Case {
-            name: "mxfp8 no hadamard",
-            lens,
-            heads: (2, 2),
-            head_dim: 128,
-            opts: opts(Mxfp8, no_hadamard(), true),
-            measured: [0.0442, 0.0629, 0.0617, 0.0485],
-        },
-        Case {
-            name: "mxfp8 non-causal",
-            lens,
-            heads: (2, 2),
-            head_dim: 128,
-            opts: opts(Mxfp8, dflt, false),
-            measured: [0.0505, 0.0666, 0.0655, 0.0538],
-        },
-        Case {
-            name: "mxfp8 d64 gqa",
-            lens: &[1, 33, 129, 200],
-            heads: (4, 1),
-            head_dim: 64,
-            opts: opts(Mxfp8, dflt, true),
-            measured: [0.0424, 0.0642, 0.0643, 0.0463],
-        },
-        Case {
-            name: "nvfp4 gqa",
-            lens,
-            heads: (4, 2),
-            head_dim: 128,
-            opts: opts(Nvfp4, dflt, true),
-            measured: [0.1120, 0.1272, 0.1273, 0.1144],
-        },
-        Case {
-            name: "nvfp4 causally safe",
-            lens,
-            heads: (4, 2),
-            head_dim: 128,
-            opts: opts(Nvfp4, safe, true),
-            measured: [0.1120, 0.1272, 0.1273, 0.1144],
-        },
-        Case {
-            name: "leaky-fp8",
-            lens,
-            heads: (2, 2),
-            head_dim: 128,
-            opts: opts(LeakyFp8, dflt, true),
-            measured: [0.0439, 0.0617, 0.0605, 0.0477],
-        },
-    ]
+    let plain = Precision {
+        hadamard: false,
+        ..dflt
+    };
+    #[rustfmt::skip]
+    let cases = [
+        ("mxfp8 gqa", LENS, (4, 2), 128, opts(Mxfp8, dflt, true), [0.0438, 0.0634, 0.0632, 0.0480]),
+        ("mxfp8 causally safe", LENS, (4, 2), 128, opts(Mxfp8, safe, true), [0.0438, 0.0634, 0.0632, 0.0480]),
+        ("mxfp8 no hadamard", LENS, (2, 2), 128, opts(Mxfp8, plain, true), [0.0442, 0.0629, 0.0617, 0.0485]),
+        ("mxfp8 non-causal", LENS, (2, 2), 128, opts(Mxfp8, dflt, false), [0.0505, 0.0666, 0.0655, 0.0538]),
+        ("mxfp8 d64 gqa", &[1, 33, 129, 200], (4, 1), 64, opts(Mxfp8, dflt, true), [0.0424, 0.0642, 0.0643, 0.0463]),
+        ("nvfp4 gqa", LENS, (4, 2), 128, opts(Nvfp4, dflt, true), [0.1120, 0.1272, 0.1273, 0.1144]),
+        ("nvfp4 causally safe", LENS, (4, 2), 128, opts(Nvfp4, safe, true), [0.1120, 0.1272, 0.1273, 0.1144]),
+        ("leaky-fp8", LENS, (2, 2), 128, opts(LeakyFp8, dflt, true), [0.0439, 0.0617, 0.0605, 0.0477]),
+    ];
+    cases
 }
 
-fn rel_l2(case: &Case) -> PerTensor {
-    let shape = VarlenShape::from_lens(case.lens, case.heads.0, case.heads.1, case.head_dim).unwrap();
-    let call = AttnCall::random(shape, case.opts, 1);
+fn rel_l2(&(_, lens, (hq, hkv), d, opts, _): &Case) -> PerTensor {
+    let shape = VarlenShape::from_lens(lens, hq, hkv, d).unwrap();
+    let call = AttnCall::random(shape, opts, 1);
     let got = reference::forward_backward(&call).unwrap();
     let exact = reference::forward_backward(&call.with_path(AttnPath::Exact)).unwrap();
     rel_l2_to(&got, &exact)
@@ -253,13 +197,13 @@ fn every_quantised_path_is_within_its_measured_relative_l2_band() {
         let got = [r.o, r.dq, r.dk, r.dv];
         eprintln!(
             "{:<20} rel L2 O {:.4} dQ {:.4} dK {:.4} dV {:.4}",
-            case.name, got[0], got[1], got[2], got[3]
+            case.0, got[0], got[1], got[2], got[3]
         );
-        for ((name, x), m) in ["O", "dQ", "dK", "dV"].iter().zip(got).zip(case.measured) {
+        for ((name, x), m) in ["O", "dQ", "dK", "dV"].iter().zip(got).zip(case.5) {
             if !(x >= m * (1.0 - BAND) && x <= m * (1.0 + BAND)) {
                 bad.push(format!(
                     "{}: {name} rel L2 {x:.4}, measured {m:.4} +- {BAND}",
-                    case.name
+                    case.0
                 ));
             }
         }
