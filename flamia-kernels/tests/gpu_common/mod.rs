@@ -47,8 +47,8 @@ impl Drop for SeedGuard {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!(
-                "{}: FAILED with seed {}; replay with FLAMIA_TEST_SEED={} (and --ignored {})",
-                self.test, self.seed, self.seed, self.test
+                "{}: FAILED with seed {}; replay it alone with FLAMIA_TEST_SEED={}",
+                self.test, self.seed, self.seed
             );
         }
     }
