@@ -10,14 +10,8 @@ use cudarc::driver::sys;
 /// `CUtensorMap` as the kernels' parameter structs hold it (`struct TmaMap` in `cuda/tma.cuh`:
 /// 128 bytes, 64-byte aligned).
 #[repr(C, align(64))]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub struct TmaMap(pub [u64; 16]);
-
-impl Default for TmaMap {
-    fn default() -> Self {
-        TmaMap([0; 16])
-    }
-}
 
 impl std::fmt::Debug for TmaMap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -39,7 +33,7 @@ pub fn encode_u8(ptr: u64, dims: &[u64], strides: &[u64], boxes: &[u32]) -> GpuR
     if boxes[0] != 128 || boxes.iter().any(|b| *b == 0 || *b > 256) {
         return Err(bad("innermost box must be 128 bytes, every box 1..=256".into()));
     }
-    if ptr % 16 != 0 || strides.iter().any(|s| s % 16 != 0) {
+    if !ptr.is_multiple_of(16) || strides.iter().any(|s| !s.is_multiple_of(16)) {
         return Err(bad("address and strides must be multiples of 16 bytes".into()));
     }
     let elem = vec![1u32; rank];
