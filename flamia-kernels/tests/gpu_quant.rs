@@ -7,13 +7,14 @@ mod gpu_common;
 
 use flamia_kernels::formats::{e4m3_decode, pow2_f32};
 use flamia_kernels::gpu::plan::PlanTables;
+use flamia_kernels::gpu::quant::OperandRef;
 use flamia_kernels::gpu::quant::{
     quantize_e4m3, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, DeltaOut, QuantInput,
 };
-use flamia_kernels::gpu::{Nvfp4Operand, Operand, Plan};
+use flamia_kernels::gpu::{Attention, DeviceBuf, GpuError, Nvfp4Operand, Operand, Plan, Saved};
 use flamia_kernels::hadamard::rotate_rows;
 use flamia_kernels::quant::{self, ScaleMode};
-use flamia_kernels::VarlenShape;
+use flamia_kernels::{AttnOptions, AttnPath, VarlenShape};
 use gpu_common::*;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -47,6 +48,23 @@ fn check_operand(tag: &str, shape: &VarlenShape, heads: usize, gpu_op: &Operand,
     let tok = gpu_op.tok.to_host().unwrap();
     let exps = gpu_op.exps.to_host().unwrap();
     let dim = gpu_op.dim.to_host().unwrap();
+    check_operand_bytes(tag, shape, heads, [&tok, &dim], &exps, cpu);
+}
+
+/// [`check_operand`] on host copies of the token-major codes, dim-major codes and exponents.
+fn check_operand_bytes(
+    tag: &str,
+    shape: &VarlenShape,
+    heads: usize,
+    [tok, dim]: [&[u8]; 2],
+    exps: &[i8],
+    cpu: &quant::E4m3Tensor,
+) {
+    assert_eq!(
+        (tok.len(), exps.len()),
+        (cpu.codes.len(), cpu.exps.len()),
+        "{tag}: sizes"
+    );
     let bad_tok = tok.iter().zip(&cpu.codes).filter(|(a, b)| a != b).count();
     let bad_exp = exps.iter().zip(&cpu.exps).filter(|(a, b)| a != b).count();
     if let Some(i) = tok.iter().zip(&cpu.codes).position(|(a, b)| a != b) {
@@ -250,6 +268,68 @@ fn fused_qkv_launch_is_bitwise_the_cpu_reference_for_every_input() {
                 check_operand(&tag, &shape, *heads, op, &cpu);
             }
         }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn quantize_inputs_fills_a_caller_owned_buffer_part_by_part() {
+    // What the trainer's bridge does: one uninitialised device buffer per forward call
+    // (poisoned here), sized by `saved_bytes`, handed in as a raw pointer.
+    let gpu = gpu();
+    let mut rng = rng("caller_buffer");
+    let (hq, hkv) = (4, 2);
+    let shape = VarlenShape::from_lens(&LENS, hq, hkv, 128).unwrap();
+    let t = shape.tokens();
+    let plan = Plan::new(&gpu, &shape, true).unwrap();
+    let attn = Attention::new(gpu.clone(), AttnOptions::new(AttnPath::Mxfp8)).unwrap();
+    let had = attn.options().precision.hadamard;
+    let bytes = attn.saved_bytes(&plan);
+    let buf = DeviceBuf::<u8>::from_host(&gpu, &vec![0x7Fu8; bytes]).unwrap();
+    let base = buf.ptr();
+    let err = |r: Result<Saved, GpuError>| r.map(|_| ()).unwrap_err().to_string();
+    assert!(
+        err(attn.saved_in(&plan, base, bytes - 1)).contains("need"),
+        "a short buffer is refused"
+    );
+    assert!(
+        err(attn.saved_in(&plan, base + 16, bytes)).contains("multiple"),
+        "a misaligned one too"
+    );
+    let saved = attn.saved_in(&plan, base, bytes).unwrap();
+    let x = [
+        wide_tensor(&mut rng, t, hq),
+        wide_tensor(&mut rng, t, hkv),
+        wide_tensor(&mut rng, t, hkv),
+    ];
+    let dev: Vec<_> = x.iter().map(|x| upload_bf16(&gpu, x)).collect();
+    attn.quantize_inputs(stream(), &plan, dev[0].ptr(), dev[1].ptr(), dev[2].ptr(), &saved)
+        .unwrap();
+    let host = buf.to_host().unwrap();
+    for (name, x, op, rotate) in [
+        ("q", &x[0], saved.q, had),
+        ("k", &x[1], saved.k, had),
+        ("v", &x[2], saved.v, false),
+    ] {
+        let [n_tok, n_dim, n_exps] = OperandRef::sizes(&plan, op.heads);
+        let part = |ptr: u64, n: usize| &host[(ptr - base) as usize..(ptr - base) as usize + n];
+        let exps: Vec<i8> = part(op.exps, n_exps).iter().map(|&b| b as i8).collect();
+        let xr = if rotate {
+            rotate_rows(x, 128).unwrap()
+        } else {
+            x.clone()
+        };
+        let cpu =
+            quant::quantize_e4m3(name, &xr, &shape.cu_seqlens, op.heads, 128, attn.scale_mode()).unwrap();
+        let codes = [part(op.tok, n_tok), part(op.dim, n_dim)];
+        check_operand_bytes(
+            &format!("{name} in the caller's buffer"),
+            &shape,
+            op.heads,
+            codes,
+            &exps,
+            &cpu,
+        );
     }
 }
 

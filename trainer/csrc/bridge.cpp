@@ -8,6 +8,10 @@
 // to back and delimited by cu_seqlens (int32, [0, ..., tokens]); o like q; lse (heads_q, tokens)
 // float32 (natural-log log-sum-exp of the scaled scores, the flash-attention varlen layout).
 // Mirrored in trainer/src/attention/ffi.rs: keep the two structs identical.
+//
+// FLAMIA on CUDA: the forward quantises Q, K, V into a uint8 tensor allocated here per call
+// (libtorch's caching allocator; its size comes from Rust) and saves that tensor, not the BF16
+// q, k, v, for the backward, which reads the forward's codes and exponents as they are.
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -76,10 +80,16 @@ struct FlamiaCall {
     void* dq;
     void* dk;
     void* dv;
+    // FLAMIA on CUDA: the call's quantised Q, K, V (written by forward, read by backward), a
+    // device buffer of saved_bytes bytes; null and 0 otherwise.
+    void* saved;
+    int64_t saved_bytes;
 };
 
 // Returns 0 on success; otherwise writes a NUL-terminated message into err.
 typedef int32_t (*flamia_callback)(const FlamiaCall* call, char* err, size_t err_len);
+// Writes the bytes of the call's quantised-operand buffer into *bytes; 0 on success, as above.
+typedef int32_t (*flamia_sizer)(const FlamiaCall* call, int64_t* bytes, char* err, size_t err_len);
 
 }  // extern "C"
 
@@ -87,6 +97,7 @@ namespace {
 
 flamia_callback g_forward = nullptr;
 flamia_callback g_backward = nullptr;
+flamia_sizer g_saved_bytes = nullptr;
 // Called with begin = 1 before and 0 after each attention forward/backward (any path); Rust
 // times the span (synchronising the stream first when profiling is on).
 typedef void (*flamia_timer)(const FlamiaCall* call, int32_t begin);
@@ -129,13 +140,14 @@ void save_params(AutogradContext* ctx, const FlamiaParams& p) {
     ctx->saved_data["max_seqlen"] = p.max_seqlen;
 }
 
-FlamiaCall base_call(const FlamiaParams& p, const at::Tensor& q, const at::Tensor& k,
-                     const at::Tensor& cu_host, const at::Tensor& cu_dev) {
+// A call on q-shaped tensors (q, o, dq) with heads_kv key/value heads.
+FlamiaCall base_call(const FlamiaParams& p, const at::Tensor& q, int64_t heads_kv, const at::Tensor& cu_host,
+                     const at::Tensor& cu_dev) {
     FlamiaCall c{};
     c.params = p;
     c.tokens = q.size(0);
     c.heads_q = q.size(1);
-    c.heads_kv = k.size(1);
+    c.heads_kv = heads_kv;
     c.head_dim = q.size(2);
     c.n_docs = cu_host.numel() - 1;
     c.cu_seqlens_host = cu_host.data_ptr<int32_t>();
@@ -163,13 +175,28 @@ void call_rust(flamia_callback cb, const FlamiaCall& c, const char* what) {
 
 bool use_libtorch_flash(const at::Tensor& q, const FlamiaParams& p) { return q.is_cuda() && p.path == 0; }
 
+// The uint8 device tensor the forward quantises Q, K, V into (size from Rust), set in c.
+at::Tensor alloc_saved(FlamiaCall& c, const at::Tensor& q) {
+    if (g_saved_bytes == nullptr) throw std::runtime_error("flamia bridge: Rust sizing callback not registered");
+    char err[2048];
+    err[0] = '\0';
+    int64_t bytes = 0;
+    if (g_saved_bytes(&c, &bytes, err, sizeof(err)) != 0) {
+        throw std::runtime_error(std::string("flamia attention forward: ") + err);
+    }
+    at::Tensor saved = at::empty({bytes}, q.options().dtype(at::kByte));
+    c.saved = saved.data_ptr();
+    c.saved_bytes = bytes;
+    return saved;
+}
+
 class FlamiaAttention : public torch::autograd::Function<FlamiaAttention> {
    public:
     static at::Tensor forward(AutogradContext* ctx, at::Tensor q, at::Tensor k, at::Tensor v,
                               at::Tensor cu_host, at::Tensor cu_dev, FlamiaParams p) {
         save_params(ctx, p);
         if (use_libtorch_flash(q, p)) {
-            FlamiaCall tc = base_call(p, q, k, cu_host, cu_dev);
+            FlamiaCall tc = base_call(p, q, k.size(1), cu_host, cu_dev);
             TimerSpan span(&tc);
             auto res = at::_flash_attention_forward(q, k, v, cu_dev, cu_dev, p.max_seqlen, p.max_seqlen, 0.0,
                                                     p.causal != 0, false, static_cast<double>(p.softmax_scale));
@@ -185,29 +212,37 @@ class FlamiaAttention : public torch::autograd::Function<FlamiaAttention> {
         at::Tensor vc = v.to(kind).contiguous();
         at::Tensor o = at::empty_like(qc);
         at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
-        FlamiaCall c = base_call(p, qc, kc, cu_host, cu_dev);
+        FlamiaCall c = base_call(p, qc, kc.size(1), cu_host, cu_dev);
         c.q = qc.data_ptr();
         c.k = kc.data_ptr();
         c.v = vc.data_ptr();
         c.o = o.data_ptr();
         c.lse = lse.data_ptr();
+        at::Tensor codes;
         {
             TimerSpan span(&c);
+            if (q.is_cuda()) codes = alloc_saved(c, q);
             call_rust(g_forward, c, "forward");
         }
-        ctx->save_for_backward({qc, kc, vc, o, lse, cu_host, cu_dev});
+        ctx->saved_data["heads_kv"] = kc.size(1);
+        if (q.is_cuda()) {
+            // the backward reads the forward's codes: q, k, v themselves are not kept
+            ctx->save_for_backward({o, lse, cu_host, cu_dev, codes});
+        } else {
+            ctx->save_for_backward({o, lse, cu_host, cu_dev, qc, kc, vc});
+        }
         return o.to(q.scalar_type());
     }
 
     static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
         const FlamiaParams p = params_from_ctx(ctx);
         auto saved = ctx->get_saved_variables();
-        at::Tensor q = saved[0], k = saved[1], v = saved[2], o = saved[3], lse = saved[4];
-        at::Tensor cu_host = saved[5], cu_dev = saved[6];
         at::Tensor dq, dk, dv;
-        if (use_libtorch_flash(q, p)) {
+        if (use_libtorch_flash(saved[0], p)) {  // saved: q, k, v, o, lse, cu_host, cu_dev, rng state
+            at::Tensor q = saved[0], k = saved[1], v = saved[2], o = saved[3], lse = saved[4];
+            at::Tensor cu_host = saved[5], cu_dev = saved[6];
             at::Tensor go = grads[0].to(q.scalar_type()).contiguous();
-            FlamiaCall tc = base_call(p, q, k, cu_host, cu_dev);
+            FlamiaCall tc = base_call(p, q, k.size(1), cu_host, cu_dev);
             tc.is_backward = 1;
             TimerSpan span(&tc);
             auto res = at::_flash_attention_backward(go, q, k, v, o, lse, cu_dev, cu_dev, p.max_seqlen,
@@ -217,15 +252,23 @@ class FlamiaAttention : public torch::autograd::Function<FlamiaAttention> {
             dk = std::get<1>(res);
             dv = std::get<2>(res);
         } else {
-            at::Tensor go = grads[0].to(q.scalar_type()).contiguous();
-            dq = at::empty_like(q);
-            dk = at::empty_like(k);
-            dv = at::empty_like(v);
-            FlamiaCall c = base_call(p, q, k, cu_host, cu_dev);
+            // saved: o, lse, cu_host, cu_dev, then the codes (CUDA) or q, k, v (CPU)
+            at::Tensor o = saved[0], lse = saved[1], cu_host = saved[2], cu_dev = saved[3];
+            const int64_t heads_kv = ctx->saved_data["heads_kv"].toInt();
+            at::Tensor go = grads[0].to(o.scalar_type()).contiguous();
+            dq = at::empty_like(o);
+            dk = at::empty({o.size(0), heads_kv, o.size(2)}, o.options());
+            dv = at::empty_like(dk);
+            FlamiaCall c = base_call(p, o, heads_kv, cu_host, cu_dev);
             c.is_backward = 1;
-            c.q = q.data_ptr();
-            c.k = k.data_ptr();
-            c.v = v.data_ptr();
+            if (o.is_cuda()) {
+                c.saved = saved[4].data_ptr();
+                c.saved_bytes = saved[4].numel();
+            } else {
+                c.q = saved[4].data_ptr();
+                c.k = saved[5].data_ptr();
+                c.v = saved[6].data_ptr();
+            }
             c.o = o.data_ptr();
             c.lse = lse.data_ptr();
             c.d_o = go.data_ptr();
@@ -250,9 +293,11 @@ void write_err(char* err, size_t err_len, const char* msg) {
 
 extern "C" {
 
-void flamia_bridge_register(flamia_callback forward, flamia_callback backward, flamia_timer timer) {
+void flamia_bridge_register(flamia_callback forward, flamia_callback backward, flamia_sizer saved_bytes,
+                            flamia_timer timer) {
     g_forward = forward;
     g_backward = backward;
+    g_saved_bytes = saved_bytes;
     g_timer = timer;
 }
 

@@ -1,7 +1,8 @@
 //! The attention bridge on CUDA (run on the device: `--ignored`): the FLAMIA GPU paths through
-//! libtorch autograd stay close to exact attention, and the bridge's per-stream workspace (plan
-//! and buffers reused while the packing stays the same, rebuilt when it changes, no stream
-//! synchronisation per call) gives every call the same bits as a fresh one.
+//! libtorch autograd stay close to exact attention; the bridge's per-stream workspace (plan and
+//! dO buffers reused while the packing stays the same, rebuilt when it changes, no stream
+//! synchronisation per call) gives every call the same bits as a fresh one; and each backward
+//! reads its own forward's quantised Q, K, V (kept per call), never q, k, v themselves.
 
 use flamia_kernels::{AttnOptions, AttnPath};
 use flamia_trainer::attention::{attention, Packing};
@@ -107,6 +108,57 @@ fn cuda_flamia_paths_are_close_to_exact_and_calls_are_independent_of_the_workspa
                     "{path} {name} on {lens:?}: relative L2 {err} vs exact (bound {bound})"
                 );
             }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn cuda_backward_reads_its_own_forwards_codes_not_q_k_v() {
+    assert!(
+        tch::Cuda::is_available(),
+        "this test needs a CUDA GPU; it must not pass without one"
+    );
+    let dev = Device::Cuda(0);
+    let lens = [300usize, 1, 65, 700];
+    let a = inputs(&lens, 4, 2, 3);
+    let b = inputs(&lens, 4, 2, 4);
+    let packing = Packing::new(&cu(&lens), dev).unwrap();
+    let leaf = |t: &Tensor| t.to_device(dev).to_kind(Kind::BFloat16).set_requires_grad(true);
+    for path in [AttnPath::Mxfp8, AttnPath::Nvfp4, AttnPath::LeakyFp8] {
+        let want_a = run(&a[0], &a[1], &a[2], &a[3], &lens, path, dev);
+        let want_b = run(&b[0], &b[1], &b[2], &b[3], &lens, path, dev);
+        let opts = AttnOptions::new(path);
+        // Two forwards on one packing (one workspace), then A's q, k, v overwritten with B's
+        // values, then the backwards in the other order: each must see its own forward's codes.
+        let (qa, ka, va) = (leaf(&a[0]), leaf(&a[1]), leaf(&a[2]));
+        let (qb, kb, vb) = (leaf(&b[0]), leaf(&b[1]), leaf(&b[2]));
+        let oa = attention(&qa, &ka, &va, &packing, &opts).unwrap();
+        let ob = attention(&qb, &kb, &vb, &packing, &opts).unwrap();
+        tch::no_grad(|| {
+            for (dst, src) in [(&qa, &qb), (&ka, &kb), (&va, &vb)] {
+                dst.shallow_clone().copy_(src);
+            }
+        });
+        let grads = |o: &Tensor, w: &Tensor, x: [&Tensor; 3]| {
+            let loss = (o.to_kind(Kind::Float) * w.to_device(dev)).sum(Kind::Float);
+            let g = Tensor::run_backward(&[loss], &x, false, false);
+            std::iter::once(o.detach())
+                .chain(g)
+                .map(|t| t.to_kind(Kind::Float).to_device(Device::Cpu))
+                .collect::<Vec<_>>()
+        };
+        let got_b = grads(&ob, &b[3], [&qb, &kb, &vb]);
+        let got_a = grads(&oa, &a[3], [&qa, &ka, &va]);
+        for (name, i) in [("o", 0), ("dq", 1), ("dk", 2), ("dv", 3)] {
+            assert!(
+                got_a[i].equal(&want_a[i]),
+                "{path} {name}: call A's backward did not use A's codes"
+            );
+            assert!(
+                got_b[i].equal(&want_b[i]),
+                "{path} {name}: call B differs from a call alone"
+            );
         }
     }
 }

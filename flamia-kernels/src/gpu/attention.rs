@@ -29,8 +29,8 @@ use super::buffer::DeviceBuf;
 use super::error::{GpuError, GpuResult};
 use super::plan::Plan;
 use super::quant::{
-    quantize_e4m3, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, DeltaOut, Nvfp4Operand, Operand,
-    QuantInput,
+    quantize_e4m3, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, Carver, DeltaOut, Nvfp4Ref, Operand,
+    OperandRef, QuantInput, PART_ALIGN,
 };
 use super::runtime::{launch, Gpu, RawStream, Variant};
 use super::sched::FWD_QT;
@@ -161,15 +161,19 @@ struct AttnParams {
     k4_exp: u64,
 }
 
-/// The quantised Q, K, V of one forward call, kept for its backward.
+/// The quantised Q, K, V of one forward call, kept for its backward: pointers into one device
+/// buffer of [`Attention::saved_bytes`] bytes that this value owns ([`Attention::alloc_saved`])
+/// or the caller does ([`Attention::saved_in`], e.g. a libtorch tensor autograd keeps).
 #[derive(Debug)]
 pub struct Saved {
-    pub q: Operand,
-    pub k: Operand,
-    pub v: Operand,
+    pub q: OperandRef,
+    pub k: OperandRef,
+    pub v: OperandRef,
     /// NVFP4 path: the score operands (the E4M3 `q`, `k` feed dK and dQ).
-    pub q4: Option<Nvfp4Operand>,
-    pub k4: Option<Nvfp4Operand>,
+    pub q4: Option<Nvfp4Ref>,
+    pub k4: Option<Nvfp4Ref>,
+    /// The buffer behind the pointers when this side allocated it.
+    storage: Option<DeviceBuf<u8>>,
 }
 
 /// The backward kernels, for [`Attention::backward_kernel`].
@@ -243,25 +247,47 @@ impl Attention {
         Ok(())
     }
 
-    /// Allocates the quantised-operand buffers of one forward call.
-    pub fn alloc_saved(&self, plan: &Plan) -> GpuResult<Saved> {
+    /// One call's operands laid out from `base` ([`Carver`]), and the bytes they take.
+    fn carve_saved(&self, plan: &Plan, base: u64) -> (Saved, usize) {
         let s = plan.shape();
         let nv = self.opts.path == AttnPath::Nvfp4;
-        Ok(Saved {
-            q: Operand::alloc(&self.gpu, plan, s.heads_q)?,
-            k: Operand::alloc(&self.gpu, plan, s.heads_kv)?,
-            v: Operand::alloc(&self.gpu, plan, s.heads_kv)?,
-            q4: if nv {
-                Some(Nvfp4Operand::alloc(&self.gpu, plan, s.heads_q)?)
-            } else {
-                None
-            },
-            k4: if nv {
-                Some(Nvfp4Operand::alloc(&self.gpu, plan, s.heads_kv)?)
-            } else {
-                None
-            },
-        })
+        let mut c = Carver::new(base);
+        let saved = Saved {
+            q: c.operand(plan, s.heads_q),
+            k: c.operand(plan, s.heads_kv),
+            v: c.operand(plan, s.heads_kv),
+            q4: nv.then(|| c.nvfp4(plan, s.heads_q)),
+            k4: nv.then(|| c.nvfp4(plan, s.heads_kv)),
+            storage: None,
+        };
+        (saved, c.bytes())
+    }
+
+    /// Bytes of one forward call's quantised operands under these options ([`Attention::saved_in`]).
+    pub fn saved_bytes(&self, plan: &Plan) -> usize {
+        self.carve_saved(plan, 0).1
+    }
+
+    /// Allocates the quantised-operand buffer of one forward call.
+    pub fn alloc_saved(&self, plan: &Plan) -> GpuResult<Saved> {
+        let buf = DeviceBuf::<u8>::zeros(&self.gpu, self.saved_bytes(plan))?;
+        let (mut saved, _) = self.carve_saved(plan, buf.ptr());
+        saved.storage = Some(buf);
+        Ok(saved)
+    }
+
+    /// The quantised operands of one forward call in the caller's device buffer at `base` of
+    /// `len` bytes ([`PART_ALIGN`]-aligned, at least [`Attention::saved_bytes`]): the forward's
+    /// [`Attention::quantize_inputs`] writes it, the backward reads it. The caller keeps the
+    /// buffer alive until the stream has run every kernel given this [`Saved`].
+    pub fn saved_in(&self, plan: &Plan, base: u64, len: usize) -> GpuResult<Saved> {
+        let (saved, need) = self.carve_saved(plan, base);
+        if base == 0 || base & (PART_ALIGN as u64 - 1) != 0 || len < need {
+            return Err(GpuError::Input(crate::Error::Invalid(format!(
+                "saved-operand buffer at {base:#x} of {len} bytes; need {need} bytes at a multiple of {PART_ALIGN}"
+            ))));
+        }
+        Ok(saved)
     }
 
     /// Allocates the backward workspace.
@@ -288,11 +314,11 @@ impl Attention {
         let had = self.opts.precision.hadamard;
         let m = self.scale_mode();
         let g = &self.gpu;
-        let qi = QuantInput::new(q, had, &saved.q);
-        let ki = QuantInput::new(k, had, &saved.k);
-        let vi = QuantInput::new(v, false, &saved.v);
+        let qi = QuantInput::new(q, had, saved.q);
+        let ki = QuantInput::new(k, had, saved.k);
+        let vi = QuantInput::new(v, false, saved.v);
         quantize_e4m3_fused(g, stream, plan, &[qi, ki, vi], m, None, Some(&self.amax))?;
-        if let (Some(q4), Some(k4)) = (&saved.q4, &saved.k4) {
+        if let (Some(q4), Some(k4)) = (saved.q4, saved.k4) {
             quantize_nvfp4(g, stream, plan, q, had, q4)?;
             quantize_nvfp4(g, stream, plan, k, had, k4)?;
         }
@@ -311,15 +337,15 @@ impl Attention {
         let s = plan.shape();
         let scale = self.opts.scale(s.head_dim);
         AttnParams {
-            q_tok: saved.q.tok.ptr(),
-            q_dim: saved.q.dim.ptr(),
-            q_exp: saved.q.exps.ptr(),
-            k_tok: saved.k.tok.ptr(),
-            k_dim: saved.k.dim.ptr(),
-            k_exp: saved.k.exps.ptr(),
-            v_tok: saved.v.tok.ptr(),
-            v_dim: saved.v.dim.ptr(),
-            v_exp: saved.v.exps.ptr(),
+            q_tok: saved.q.tok,
+            q_dim: saved.q.dim,
+            q_exp: saved.q.exps,
+            k_tok: saved.k.tok,
+            k_dim: saved.k.dim,
+            k_exp: saved.k.exps,
+            v_tok: saved.v.tok,
+            v_dim: saved.v.dim,
+            v_exp: saved.v.exps,
             tiles: plan.tiles.ptr(),
             t: s.tokens() as i32,
             tpad: plan.tpad() as i32,
@@ -330,10 +356,10 @@ impl Attention {
             causal: self.opts.causal as i32,
             row_ds: self.opts.precision.row_ds_exponents as i32,
             hadamard: self.opts.precision.hadamard as i32,
-            q4: saved.q4.as_ref().map_or(0, |o| o.vals.ptr()),
-            q4_exp: saved.q4.as_ref().map_or(0, |o| o.exps.ptr()),
-            k4: saved.k4.as_ref().map_or(0, |o| o.vals.ptr()),
-            k4_exp: saved.k4.as_ref().map_or(0, |o| o.exps.ptr()),
+            q4: saved.q4.map_or(0, |o| o.vals),
+            q4_exp: saved.q4.map_or(0, |o| o.exps),
+            k4: saved.k4.map_or(0, |o| o.vals),
+            k4_exp: saved.k4.map_or(0, |o| o.exps),
             ..Default::default()
         }
     }
@@ -375,9 +401,9 @@ impl Attention {
         let t = s.tokens();
         let nitems = plan.tables.fwd.items.len();
         let p = FwdV4Params {
-            q_map: tma::token_major(saved.q.tok.ptr(), t, s.heads_q, FWD_QT as u32)?,
-            k_map: tma::token_major(saved.k.tok.ptr(), t, s.heads_kv, 128)?,
-            v_map: tma::dim_major(saved.v.dim.ptr(), s.heads_kv, plan.tpad(), 128)?,
+            q_map: tma::token_major(saved.q.tok, t, s.heads_q, FWD_QT as u32)?,
+            k_map: tma::token_major(saved.k.tok, t, s.heads_kv, 128)?,
+            v_map: tma::dim_major(saved.v.dim, s.heads_kv, plan.tpad(), 128)?,
             a,
             items: plan.fwd_items.ptr(),
             tiles: plan.fwd_tiles.ptr(),

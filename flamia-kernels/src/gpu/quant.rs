@@ -8,7 +8,8 @@
 //!
 //! Operands are written through [`OperandRef`] / [`Nvfp4Ref`] (device pointers), so the memory
 //! may belong to this side ([`Operand`], [`Nvfp4Operand`]) or to the caller (e.g. libtorch
-//! tensors the trainer's bridge keeps for the backward); [`OperandRef::sizes`] says how much.
+//! tensors the trainer's bridge keeps for the backward); [`OperandRef::sizes`] says how much,
+//! [`Carver`] lays several operands out in one buffer.
 //!
 //! The E4M3 kernel is memory-bound: bytes moved per call are [`e4m3_bytes`] (BF16 read, codes,
 //! exponents and padding written), the figure the benchmark divides by the time.
@@ -141,6 +142,60 @@ impl Nvfp4Operand {
 impl From<&Nvfp4Operand> for Nvfp4Ref {
     fn from(o: &Nvfp4Operand) -> Nvfp4Ref {
         o.view()
+    }
+}
+
+/// Alignment of every part [`Carver`] lays out: 256 bytes (the kernels' vector accesses and TMA
+/// need 16; libtorch's caching allocator hands out 512-byte aligned blocks).
+pub const PART_ALIGN: usize = 256;
+
+/// Lays operands out back to back in one device buffer that starts at `base`, every part
+/// aligned to [`PART_ALIGN`]: run it from base 0 to size the buffer, from the buffer's address
+/// for the pointers (same calls, same order, same offsets).
+#[derive(Debug, Clone)]
+pub struct Carver {
+    base: u64,
+    used: usize,
+}
+
+impl Carver {
+    /// An empty layout at `base` (a multiple of [`PART_ALIGN`], or 0 to size).
+    pub fn new(base: u64) -> Carver {
+        Carver { base, used: 0 }
+    }
+
+    fn part(&mut self, bytes: usize) -> u64 {
+        let off = self.used.next_multiple_of(PART_ALIGN);
+        self.used = off + bytes;
+        self.base + off as u64
+    }
+
+    /// The next E4M3 operand of `heads` heads.
+    pub fn operand(&mut self, plan: &Plan, heads: usize) -> OperandRef {
+        let [tok, dim, exps] = OperandRef::sizes(plan, heads);
+        OperandRef {
+            tok: self.part(tok),
+            dim: self.part(dim),
+            exps: self.part(exps),
+            heads,
+        }
+    }
+
+    /// The next NVFP4 operand of `heads` heads.
+    pub fn nvfp4(&mut self, plan: &Plan, heads: usize) -> Nvfp4Ref {
+        let [codes, scales, exps, vals] = Nvfp4Ref::sizes(plan, heads);
+        Nvfp4Ref {
+            codes: self.part(codes),
+            scales: self.part(scales),
+            exps: self.part(exps),
+            vals: self.part(vals),
+            heads,
+        }
+    }
+
+    /// Bytes laid out so far.
+    pub fn bytes(&self) -> usize {
+        self.used
     }
 }
 
@@ -394,7 +449,7 @@ pub fn quantize_nvfp4(
 
 #[cfg(test)]
 mod tests {
-    use super::{quant_variant, ScaleMode};
+    use super::{quant_variant, Carver, ScaleMode, PART_ALIGN};
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
 
@@ -410,5 +465,30 @@ mod tests {
                     .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
             }
         }
+    }
+
+    #[test]
+    fn carved_parts_are_aligned_disjoint_and_the_same_from_any_base() {
+        let sizes = [1usize, 255, 256, 257, 0, 4096, 3];
+        let carve = |base: u64| {
+            let mut c = Carver::new(base);
+            let parts: Vec<u64> = sizes.iter().map(|&n| c.part(n)).collect();
+            (parts, c.bytes())
+        };
+        let (rel, bytes) = carve(0);
+        let base = 7 * PART_ALIGN as u64;
+        let (abs, bytes_at_base) = carve(base);
+        assert_eq!(bytes, bytes_at_base);
+        let mut end = 0u64;
+        for (i, (&r, &a)) in rel.iter().zip(&abs).enumerate() {
+            assert_eq!(a, base + r, "part {i} moves with the base");
+            assert_eq!(r % PART_ALIGN as u64, 0, "part {i} at {r} is not aligned");
+            assert!(
+                r >= end,
+                "part {i} at {r} overlaps the previous part (ends at {end})"
+            );
+            end = r + sizes[i] as u64;
+        }
+        assert_eq!(bytes as u64, end, "the buffer ends with the last part");
     }
 }

@@ -3,7 +3,9 @@
 //!
 //! Layouts: q `(tokens, heads_q, head_dim)`, k/v `(tokens, heads_kv, head_dim)`, o like q,
 //! lse `(heads_q, tokens)` f32. CPU pointers are f32 host memory; CUDA pointers are BF16 device
-//! memory (lse f32).
+//! memory (lse f32). On CUDA the forward also gets `saved`, a device buffer (a libtorch uint8
+//! tensor of the size [`saved_bytes_cb`] gave) that it quantises Q, K, V into; the backward gets
+//! the same buffer and no q, k, v.
 
 use std::ffi::{c_char, c_void};
 use std::sync::Once;
@@ -52,13 +54,16 @@ pub(crate) struct FlamiaCall {
     pub dq: *mut c_void,
     pub dk: *mut c_void,
     pub dv: *mut c_void,
+    pub saved: *mut c_void,
+    pub saved_bytes: i64,
 }
 
 type Callback = unsafe extern "C" fn(*const FlamiaCall, *mut c_char, usize) -> i32;
+type Sizer = unsafe extern "C" fn(*const FlamiaCall, *mut i64, *mut c_char, usize) -> i32;
 type Timer = unsafe extern "C" fn(*const FlamiaCall, i32);
 
 extern "C" {
-    fn flamia_bridge_register(forward: Callback, backward: Callback, timer: Timer);
+    fn flamia_bridge_register(forward: Callback, backward: Callback, saved_bytes: Sizer, timer: Timer);
     pub(crate) fn flamia_bridge_attention(
         q: *const CTensor,
         k: *const CTensor,
@@ -82,8 +87,8 @@ pub fn bridge_has_cuda() -> bool {
 /// Registers the Rust callbacks with the bridge (once per process).
 pub(crate) fn ensure_registered() {
     static ONCE: Once = Once::new();
-    // SAFETY: both callbacks have the C signature bridge.cpp expects and live for the program.
-    ONCE.call_once(|| unsafe { flamia_bridge_register(forward_cb, backward_cb, timer_cb) });
+    // SAFETY: the callbacks have the C signatures bridge.cpp expects and live for the program.
+    ONCE.call_once(|| unsafe { flamia_bridge_register(forward_cb, backward_cb, saved_bytes_cb, timer_cb) });
 }
 
 pub(crate) fn path_code(path: AttnPath) -> i32 {
@@ -182,26 +187,58 @@ unsafe extern "C" fn timer_cb(call: *const FlamiaCall, begin: i32) {
     }
 }
 
-fn run_callback(call: *const FlamiaCall, err: *mut c_char, err_len: usize, backward: bool) -> i32 {
+/// Runs `f` on the call behind `call`, turning an error or a panic into a message in `err`.
+fn guarded<R>(
+    call: *const FlamiaCall,
+    err: *mut c_char,
+    err_len: usize,
+    f: impl FnOnce(&FlamiaCall) -> Result<R, String> + std::panic::UnwindSafe,
+) -> Option<R> {
     let result = std::panic::catch_unwind(|| {
         // SAFETY: bridge.cpp passes a pointer to a live FlamiaCall for the duration of the call.
-        let call = unsafe { &*call };
+        f(unsafe { &*call })
+    });
+    match result {
+        Ok(Ok(r)) => Some(r),
+        Ok(Err(msg)) => {
+            write_err(err, err_len, &msg);
+            None
+        }
+        Err(_) => {
+            write_err(err, err_len, "panic in the Rust attention callback");
+            None
+        }
+    }
+}
+
+fn run_callback(call: *const FlamiaCall, err: *mut c_char, err_len: usize, backward: bool) -> i32 {
+    let run = |call: &FlamiaCall| {
         if call.device < 0 {
             super::cpu::run(call, backward)
         } else {
             super::gpu::run(call, backward)
         }
-    });
-    match result {
-        Ok(Ok(())) => 0,
-        Ok(Err(msg)) => {
-            write_err(err, err_len, &msg);
-            1
+    };
+    match guarded(call, err, err_len, run) {
+        Some(()) => 0,
+        None => 1,
+    }
+}
+
+/// Bytes of the quantised-operand buffer of a CUDA call (bridge.cpp allocates it per forward).
+unsafe extern "C" fn saved_bytes_cb(
+    call: *const FlamiaCall,
+    bytes: *mut i64,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    match guarded(call, err, err_len, super::gpu::saved_bytes) {
+        Some(n) => {
+            // SAFETY: bridge.cpp passes a pointer to an int64_t on its stack.
+            unsafe { *bytes = n as i64 };
+            0
         }
-        Err(_) => {
-            write_err(err, err_len, "panic in the Rust attention callback");
-            1
-        }
+        None => 1,
     }
 }
 
