@@ -4,13 +4,12 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::free_port;
-
-const BIN: &str = env!("CARGO_BIN_EXE_flamia-dist");
+#[path = "../../tests/support/mod.rs"]
+mod support;
+use support::{dist_bin, free_port};
 
 fn spawn(rank: usize, world: usize, port: u16, extra: &[&str]) -> Child {
-    Command::new(BIN)
+    Command::new(dist_bin())
         .args(["--join-timeout", "20", "--heartbeat-timeout", "2"])
         .arg("rendezvous")
         .args(extra)
@@ -81,7 +80,7 @@ fn four_ranks_exchange_the_same_id() {
 #[test]
 fn unreachable_master_times_out_with_a_clear_error() {
     let port = free_port(); // nothing listens here
-    let kid = Command::new(BIN)
+    let kid = Command::new(dist_bin())
         .args(["--join-timeout", "1.5", "rendezvous"])
         .env_clear()
         .env("RANK", "1")

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use flamia_dist::{env::Source, DistError, GroupOptions, ProcessGroup, Topology};
 
-mod common;
-use common::free_port;
+#[path = "../../tests/support/mod.rs"]
+mod support;
+use support::free_port;
 
 fn topo(rank: usize, world: usize, port: u16) -> Topology {
     Topology {

@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-mod common;
-use common::{flamia, repo, SMALL};
+mod support;
+use support::{flamia, repo, SMALL};
 
 fn ok(cmd: &mut std::process::Command, what: &str) -> String {
     let out = cmd

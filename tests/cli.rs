@@ -1,7 +1,7 @@
 //! The `flamia` binary starts and reports its version.
 
-mod common;
-use common::flamia;
+mod support;
+use support::flamia;
 
 #[test]
 fn version_prints() {

@@ -9,8 +9,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-mod common;
-use common::{flamia, free_port, losses, repo};
+mod support;
+use support::{flamia, free_port, losses, repo};
 
 const STEPS: usize = 6;
 const LAUNCH_VARS: [&str; 8] = [

@@ -2,27 +2,17 @@
 //! (torchrun-style variables, loopback rendezvous), and when one rank dies it exits with that
 //! rank's status after the survivors have stopped with a clear error.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::free_port;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The `flamia-dist` binary cargo built for this test run.
-fn dist_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_flamia-dist"))
-}
+mod support;
+use support::{dist_bin, free_port, repo};
 
 fn local_sh(n: usize, args: &[&str]) -> (std::process::Output, Duration) {
     let bin = dist_bin(); // may build it: not part of the launch's time
     let start = Instant::now();
     let out = Command::new("bash")
-        .arg(root().join("launch/local.sh"))
+        .arg(repo().join("launch/local.sh"))
         .arg(n.to_string())
         .arg(bin)
         .args(["--join-timeout", "20", "--heartbeat-timeout", "2", "rendezvous"])

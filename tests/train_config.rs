@@ -1,8 +1,8 @@
 //! `flamia train` configuration: presets, `FLAMIA__SECTION__KEY` environment, `--set`, unknown
 //! keys rejected with the valid ones listed.
 
-mod common;
-use common::{flamia, repo};
+mod support;
+use support::{flamia, repo};
 
 const PRESETS: [&str; 4] = ["tiny-cpu", "h200-125m", "h200x8-1b", "multinode-1b"];
 

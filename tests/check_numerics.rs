@@ -1,9 +1,9 @@
 //! `flamia check numerics --json` end to end: schema, the MXFP8 cosine bars, and the leakage
 //! figures (bitwise zero where the design promises it, a visible leak in the leaky control).
 
-mod common;
-use common::flamia;
+mod support;
 use serde_json::Value;
+use support::flamia;
 
 fn check(args: &[&str]) -> std::process::Output {
     flamia()

@@ -3,8 +3,8 @@
 
 use std::process::Output;
 
-mod common;
-use common::flamia;
+mod support;
+use support::flamia;
 
 fn run(args: &[&str]) -> Output {
     flamia().args(args).output().expect("run flamia")

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-mod common;
-use common::{flamia, losses, repo, SMALL};
+mod support;
+use support::{flamia, losses, repo, SMALL};
 
 fn train(dir: &Path, extra: &[&str]) {
     let out = flamia()

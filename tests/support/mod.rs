@@ -1,0 +1,76 @@
+//! Shared support of the end-to-end tests in this folder and of the multi-process tests of
+//! `dist/tests/`: the binaries cargo built for this test run, the repository root, a free
+//! loopback port, the small-run settings and the `metrics.jsonl` loss reader.
+//!
+//! The end-to-end tests are `[[test]]` targets of the package that owns the binary they run
+//! (`trainer/Cargo.toml` for `flamia`, `dist/Cargo.toml` for `flamia-dist`), so `cargo test
+//! --workspace` builds each binary once, with the tests' profile and features, and
+//! `CARGO_BIN_EXE_*` names it. Other packages include this file with `#[path]`.
+#![allow(dead_code)] // each test file uses a subset
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Path of the `flamia` binary (tests of the `flamia-trainer` package only: cargo sets the
+/// variable for the tests of the package that owns the binary, so elsewhere this panics, saying so).
+#[allow(clippy::option_env_unwrap)]
+pub fn flamia_bin() -> PathBuf {
+    PathBuf::from(
+        option_env!("CARGO_BIN_EXE_flamia")
+            .expect("CARGO_BIN_EXE_flamia: only tests of the flamia-trainer package run the flamia binary"),
+    )
+}
+
+/// A `Command` for the `flamia` binary.
+pub fn flamia() -> Command {
+    Command::new(flamia_bin())
+}
+
+/// Path of the `flamia-dist` binary (tests of the `flamia-dist` package only, as [`flamia_bin`]).
+#[allow(clippy::option_env_unwrap)]
+pub fn dist_bin() -> PathBuf {
+    PathBuf::from(
+        option_env!("CARGO_BIN_EXE_flamia-dist")
+            .expect("CARGO_BIN_EXE_flamia-dist: only tests of the flamia-dist package run that binary"),
+    )
+}
+
+/// The repository root (configs, embedded data and launch scripts are found from here); every
+/// package that uses this module sits one level below it.
+pub fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// A TCP port on the loopback interface that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `--set` arguments that make the tiny config small and fast: 2 rows of 64 tokens.
+pub const SMALL: [&str; 6] = [
+    "--set",
+    "data.seq_len=64",
+    "--set",
+    "data.batch_rows=2",
+    "--set",
+    "data.max_doc_tokens=64",
+];
+
+/// `(step, loss)` of every line of a run directory's `metrics.jsonl`.
+pub fn losses(dir: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            (
+                v["step"].as_u64().expect("step"),
+                v["loss"].as_f64().expect("loss"),
+            )
+        })
+        .collect()
+}
