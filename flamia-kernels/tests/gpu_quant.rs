@@ -33,6 +33,15 @@ fn wide_tensor(rng: &mut ChaCha8Rng, tokens: usize, heads: usize) -> Vec<f32> {
     x
 }
 
+/// `x` as the quantiser sees it: Hadamard-rotated rows when `hadamard`.
+fn rotated(x: &[f32], hadamard: bool) -> Vec<f32> {
+    if hadamard {
+        rotate_rows(x, 128).unwrap()
+    } else {
+        x.to_vec()
+    }
+}
+
 /// Operand buffers filled with bytes no quantiser writes (NaN codes, exponent 99), so any byte
 /// the kernel leaves unwritten shows in [`check_operand`].
 fn poisoned_operand(gpu: &flamia_kernels::gpu::Gpu, plan: &Plan, heads: usize) -> Operand {
@@ -140,11 +149,7 @@ fn e4m3_quantiser_is_bitwise_the_cpu_reference() {
                 Some(&amax),
             )
             .unwrap();
-            let xr = if hadamard {
-                rotate_rows(&x, 128).unwrap()
-            } else {
-                x.clone()
-            };
+            let xr = rotated(&x, hadamard);
             let cpu = quant::quantize_e4m3("x", &xr, &shape.cu_seqlens, heads, 128, mode).unwrap();
             check_operand(&format!("{mode:?} hadamard={hadamard}"), &shape, heads, &op, &cpu);
         }
@@ -187,7 +192,7 @@ fn quantiser_overwrites_poisoned_buffers_and_repeats_bitwise() {
     // the dim-major padding and every code are rewritten, as the CPU check shows
     let cpu = quant::quantize_e4m3(
         "x",
-        &rotate_rows(&x, 128).unwrap(),
+        &rotated(&x, true),
         &shape.cu_seqlens,
         heads,
         128,
@@ -258,11 +263,7 @@ fn fused_qkv_launch_is_bitwise_the_cpu_reference_for_every_input() {
                 .collect();
             quantize_e4m3_fused(&gpu, stream(), &plan, &launch, mode, None, Some(&amax)).unwrap();
             for (i, ((x, heads, had), op)) in inputs.iter().zip(&ops).enumerate() {
-                let xr = if *had {
-                    rotate_rows(x, 128).unwrap()
-                } else {
-                    x.clone()
-                };
+                let xr = rotated(x, *had);
                 let cpu = quant::quantize_e4m3("x", &xr, &shape.cu_seqlens, *heads, 128, mode).unwrap();
                 let tag = format!("{mode:?} wide={wide} input {i} ({heads} heads, hadamard={had})");
                 check_operand(&tag, &shape, *heads, op, &cpu);
@@ -314,11 +315,7 @@ fn quantize_inputs_fills_a_caller_owned_buffer_part_by_part() {
         let [n_tok, n_dim, n_exps] = OperandRef::sizes(&plan, op.heads);
         let part = |ptr: u64, n: usize| &host[(ptr - base) as usize..(ptr - base) as usize + n];
         let exps: Vec<i8> = part(op.exps, n_exps).iter().map(|&b| b as i8).collect();
-        let xr = if rotate {
-            rotate_rows(x, 128).unwrap()
-        } else {
-            x.clone()
-        };
+        let xr = rotated(x, rotate);
         let cpu =
             quant::quantize_e4m3(name, &xr, &shape.cu_seqlens, op.heads, 128, attn.scale_mode()).unwrap();
         let codes = [part(op.tok, n_tok), part(op.dim, n_dim)];
@@ -346,11 +343,7 @@ fn nvfp4_quantiser_is_bitwise_the_cpu_reference() {
         let dx = upload_bf16(&gpu, &x);
         let op = Nvfp4Operand::alloc(&gpu, &plan, heads).unwrap();
         quantize_nvfp4(&gpu, stream(), &plan, dx.ptr(), hadamard, &op).unwrap();
-        let xr = if hadamard {
-            rotate_rows(&x, 128).unwrap()
-        } else {
-            x.clone()
-        };
+        let xr = rotated(&x, hadamard);
         let cpu = quant::quantize_nvfp4("x", &xr, &shape.cu_seqlens, heads, 128).unwrap();
         let codes = op.codes.to_host().unwrap();
         let scales = op.scales.to_host().unwrap();

@@ -35,8 +35,13 @@ fn run(
     let (q, k, v) = (leaf(q), leaf(k), leaf(v));
     let packing = Packing::new(&cu(lens), dev).unwrap();
     let o = attention(&q, &k, &v, &packing, &AttnOptions::new(path)).unwrap();
-    let loss = (o.to_kind(Kind::Float) * w.to_device(dev)).sum(Kind::Float);
-    let g = Tensor::run_backward(&[loss], &[&q, &k, &v], false, false);
+    backward(&o, w, [&q, &k, &v])
+}
+
+/// O and the gradients of `sum(o * w)` with respect to `x` (f32, on the host).
+fn backward(o: &Tensor, w: &Tensor, x: [&Tensor; 3]) -> Vec<Tensor> {
+    let loss = (o.to_kind(Kind::Float) * w.to_device(o.device())).sum(Kind::Float);
+    let g = Tensor::run_backward(&[loss], &x, false, false);
     std::iter::once(o.detach())
         .chain(g)
         .map(|t| t.to_kind(Kind::Float).to_device(Device::Cpu))
@@ -140,16 +145,8 @@ fn cuda_backward_reads_its_own_forwards_codes_not_q_k_v() {
                 dst.shallow_clone().copy_(src);
             }
         });
-        let grads = |o: &Tensor, w: &Tensor, x: [&Tensor; 3]| {
-            let loss = (o.to_kind(Kind::Float) * w.to_device(dev)).sum(Kind::Float);
-            let g = Tensor::run_backward(&[loss], &x, false, false);
-            std::iter::once(o.detach())
-                .chain(g)
-                .map(|t| t.to_kind(Kind::Float).to_device(Device::Cpu))
-                .collect::<Vec<_>>()
-        };
-        let got_b = grads(&ob, &b[3], [&qb, &kb, &vb]);
-        let got_a = grads(&oa, &a[3], [&qa, &ka, &va]);
+        let got_b = backward(&ob, &b[3], [&qb, &kb, &vb]);
+        let got_a = backward(&oa, &a[3], [&qa, &ka, &va]);
         for (name, i) in [("o", 0), ("dq", 1), ("dk", 2), ("dv", 3)] {
             assert!(
                 got_a[i].equal(&want_a[i]),
