@@ -87,10 +87,12 @@ struct Item {
   int ti, h;
 };
 
-__device__ __forceinline__ Item decode_item(const QuantParams& p, int item) {
-  const int b = item / p.slots;
-  int s = item - b * p.slots;
-  const int4 blk = __ldg(reinterpret_cast<const int4*>(p.blocks) + b);
+__device__ __forceinline__ int4 load_block(const QuantParams& p, int b) {
+  return __ldg(reinterpret_cast<const int4*>(p.blocks) + b);
+}
+
+// The item of plan block entry `blk` and head slot `s`.
+__device__ __forceinline__ Item make_item(const QuantParams& p, int4 blk, int s) {
   Item it;
   it.doc0 = blk.x;
   it.L = blk.y;
@@ -109,6 +111,16 @@ __device__ __forceinline__ Item decode_item(const QuantParams& p, int item) {
   return it;
 }
 
+// Steps item (block b, head slot s) by gb * slots + gs items (the grid size), s < slots.
+__device__ __forceinline__ void advance(int& b, int& s, int gb, int gs, int slots) {
+  s += gs;
+  b += gb;
+  if (s >= slots) {
+    s -= slots;
+    ++b;
+  }
+}
+
 // The thread's 32 BF16 elements of row tt of the item (tokens past the document are loaded from
 // the block's first row and zeroed by the caller), as four 16-byte streaming loads.
 __device__ __forceinline__ void load_rows(const u16* base, const Item& it, int heads, uint4 (&raw)[4]) {
@@ -120,14 +132,15 @@ __device__ __forceinline__ void load_rows(const u16* base, const Item& it, int h
   for (int k = 0; k < 4; ++k) raw[k] = __ldcs(src + 4 * k);
 }
 
-__device__ __forceinline__ void unpack_bf16(const uint4 (&raw)[4], bool valid, float (&v)[32]) {
+// Rows past the document hold another row's values: their amax is masked and their codes zeroed.
+__device__ __forceinline__ void unpack_bf16(const uint4 (&raw)[4], float (&v)[32]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const u32 w[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      v[8 * k + 2 * j] = valid ? __uint_as_float(w[j] << 16) : 0.f;
-      v[8 * k + 2 * j + 1] = valid ? __uint_as_float(w[j] & 0xffff0000u) : 0.f;
+      v[8 * k + 2 * j] = __uint_as_float(w[j] << 16);
+      v[8 * k + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
     }
   }
 }
@@ -172,11 +185,13 @@ __device__ __forceinline__ void hadamard128_rows(float (&v)[32]) {
   for (int i = 0; i < 32; ++i) v[i] = __fmul_rn(v[i], c);
 }
 
+// max |v| in four interleaved chains (a quarter of the serial chain's latency); exact, so the
+// order is free.
 __device__ __forceinline__ float absmax32(const float (&v)[32]) {
-  float m = 0.f;
+  float m[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < 32; ++i) m = fmaxf(m, fabsf(v[i]));
-  return m;
+  for (int i = 0; i < 32; ++i) m[i & 3] = fmaxf(m[i & 3], fabsf(v[i]));
+  return fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
 }
 
 // Word index in the shared code tile (32 rows x 32 words) of word w of row r: XOR swizzle that
@@ -222,34 +237,39 @@ __device__ __forceinline__ float delta_dot(const u32 (&codes)[8], const uint4 (&
 
 extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(const QuantParams p) {
   __shared__ __align__(16) u32 tile[2][32 * 32];
+#if MODE == 0
   __shared__ float wmax[2][4];
-  const int tid = threadIdx.x, w = tid >> 5, tt = tid >> 2, q = tid & 3;
-  const int nitems = p.nblocks * p.slots;
-  int item = blockIdx.x;
-  if (item >= nitems) return;
-  Item it = decode_item(p, item);
+  const int w = threadIdx.x >> 5;
+#endif
+  const int tid = threadIdx.x, tt = tid >> 2, q = tid & 3;
+  // items (block b, head slot s) = b * slots + s, taken grid-stride: (b, s) advances by the
+  // grid size without a division per item
+  const int slots = p.slots, gb = gridDim.x / slots, gs = gridDim.x - gb * slots;
+  int nb = blockIdx.x / p.slots, ns = blockIdx.x - nb * p.slots;
+  if (nb >= p.nblocks) return;
+  Item it = make_item(p, load_block(p, nb), ns);
   uint4 raw[4];
-  load_rows(pick_input(p, it.ti).x, it, pick_input(p, it.ti).heads, raw);
+  {
+    const QuantTensor t0 = pick_input(p, it.ti);
+    load_rows(t0.x, it, t0.heads, raw);
+  }
+  advance(nb, ns, gb, gs, slots);  // (nb, ns): the next item
   for (int buf = 0;; buf ^= 1) {
     const QuantTensor t = pick_input(p, it.ti);
     const int n = min(32, it.L - it.b0);
     float v[32];
-    unpack_bf16(raw, tt < n, v);
-#if DELTA
-    // O of this item (not prefetched: registers); used only after the amax and the codes
-    uint4 ocur[4];
-    load_rows(p.o, it, p.in[0].heads, ocur);
-#endif
+    unpack_bf16(raw, v);
     // the next item's rows are in flight while this one is computed
-    const int next = item + gridDim.x;
+    const bool has_next = nb < p.nblocks;
     Item nx = it;
-    if (next < nitems) {
-      nx = decode_item(p, next);
+    if (has_next) {
+      nx = make_item(p, load_block(p, nb), ns);
       const QuantTensor tn = pick_input(p, nx.ti);
       load_rows(tn.x, nx, tn.heads, raw);
+      advance(nb, ns, gb, gs, slots);
     }
     if (t.hadamard) hadamard128_rows(v);
-    float m = absmax32(v);
+    float m = tt < n ? absmax32(v) : 0.f;
 #if MODE == 1
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
@@ -261,6 +281,11 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     if ((tid & 31) == 0) wmax[buf][w] = m;
     __syncthreads();
     const int e = block_exponent(fmaxf(fmaxf(wmax[buf][0], wmax[buf][1]), fmaxf(wmax[buf][2], wmax[buf][3])));
+#endif
+#if DELTA
+    // O of this item (not prefetched: registers), for D after the codes
+    uint4 ocur[4];
+    load_rows(p.o, it, p.in[0].heads, ocur);
 #endif
     const float f = pow2f(-e);
     u32 codes[8];
@@ -317,8 +342,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
         if (tail) dst[4] = make_uint2(0u, 0u);  // zero padding up to the document's 64-token end
       }
     }
-    if (next >= nitems) break;
-    item = next;
+    if (!has_next) break;
     it = nx;
   }
 }
@@ -330,14 +354,14 @@ extern "C" __global__ void __launch_bounds__(128) quant_amax(const QuantParams p
   const int tt = threadIdx.x >> 2;
   float m[QUANT_INPUTS] = {0.f, 0.f, 0.f};
   for (int item = blockIdx.x; item < nitems; item += gridDim.x) {
-    const Item it = decode_item(p, item);
+    const Item it = make_item(p, load_block(p, item / p.slots), item % p.slots);
     const QuantTensor t = pick_input(p, it.ti);
     uint4 raw[4];
     load_rows(t.x, it, t.heads, raw);
     float v[32];
-    unpack_bf16(raw, tt < min(32, it.L - it.b0), v);
+    unpack_bf16(raw, v);
     if (t.hadamard) hadamard128_rows(v);
-    const float a = absmax32(v);
+    const float a = tt < min(32, it.L - it.b0) ? absmax32(v) : 0.f;
 #pragma unroll
     for (int i = 0; i < QUANT_INPUTS; ++i) m[i] = it.ti == i ? fmaxf(m[i], a) : m[i];
   }
