@@ -5,8 +5,8 @@
 // exponent table; for dO (DELTA) also D_i = dO_hat_i . O_i (FP32, [T, H]) from the quantised dO.
 //
 // Memory-bound, so the layout is chosen for bytes in flight and full-sector accesses:
-// - Persistent grid (QUANT_CTAS_PER_SM CTAs of 128 threads per SM, guaranteed by
-//   __launch_bounds__), items taken grid-stride, head slots fastest (consecutive items read
+// - Persistent grid (as many CTAs of 128 threads per SM as fit: QUANT_CTAS_PER_SM in the
+//   __launch_bounds__, the host asks the driver), items taken grid-stride, head slots fastest (consecutive items read
 //   adjacent 256-byte rows); each CTA loads the NEXT item's 8 KB while it computes the current one.
 // - Thread (row tt = tid / 4, quarter q = tid % 4) owns 32 elements of one token row:
 //   element i = 32 k + 8 q + j (k = 0..3, j = 0..7), loaded as four 16-byte vectors.
@@ -33,11 +33,18 @@
 #ifndef DELTA
 #define DELTA 0
 #endif
-// Resident CTAs per SM the launch bounds guarantee; the host sizes the persistent grid with it
-// (flamia-kernels/src/gpu/quant.rs QUANT_CTAS_PER_SM).
+// QUANT_ASYNC 1: the next item's rows go to shared memory by cp.async (no prefetch registers,
+// so more CTAs fit) instead of registers; an A/B variant, off by default.
+#ifndef QUANT_ASYNC
+#define QUANT_ASYNC 0
+#endif
+// Resident CTAs per SM the launch bounds ask for (the host sizes the persistent grid from the
+// driver's occupancy of the loaded kernel, so a variant may change this alone).
 #ifndef QUANT_CTAS_PER_SM
 #if DELTA
 #define QUANT_CTAS_PER_SM 5
+#elif QUANT_ASYNC
+#define QUANT_CTAS_PER_SM 8
 #else
 #define QUANT_CTAS_PER_SM 7
 #endif
@@ -133,6 +140,21 @@ __device__ __forceinline__ void load_rows(const u16* base, const Item& it, int h
 }
 
 // Rows past the document hold another row's values: their amax is masked and their codes zeroed.
+#if QUANT_ASYNC
+// load_rows into the thread's own shared-memory slots st[k][tid] by cp.async (one group).
+__device__ __forceinline__ void stage_rows(const u16* base, const Item& it, int heads, uint4 (*st)[128]) {
+  const int tt = threadIdx.x >> 2, q = threadIdx.x & 3;
+  const int n = min(32, it.L - it.b0);
+  const long long tok = it.doc0 + it.b0 + (tt < n ? tt : 0);
+  const uint4* src = reinterpret_cast<const uint4*>(base + (tok * heads + it.h) * HEAD_DIM + 8 * q);
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(&st[k][threadIdx.x])), "l"(src + 4 * k)
+                 : "memory");
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+#endif
+
 __device__ __forceinline__ void unpack_bf16(const uint4 (&raw)[4], float (&v)[32]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -248,26 +270,54 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   int nb = blockIdx.x / p.slots, ns = blockIdx.x - nb * p.slots;
   if (nb >= p.nblocks) return;
   Item it = make_item(p, load_block(p, nb), ns);
+#if QUANT_ASYNC
+  __shared__ __align__(16) uint4 stage[2][4][128];
+  {
+    const QuantTensor t0 = pick_input(p, it.ti);
+    stage_rows(t0.x, it, t0.heads, stage[0]);
+  }
+#else
   uint4 raw[4];
   {
     const QuantTensor t0 = pick_input(p, it.ti);
     load_rows(t0.x, it, t0.heads, raw);
   }
+#endif
   advance(nb, ns, gb, gs, slots);  // (nb, ns): the next item
   for (int buf = 0;; buf ^= 1) {
     const QuantTensor t = pick_input(p, it.ti);
     const int n = min(32, it.L - it.b0);
     float v[32];
+#if !QUANT_ASYNC
     unpack_bf16(raw, v);
+#endif
     // the next item's rows are in flight while this one is computed
     const bool has_next = nb < p.nblocks;
     Item nx = it;
     if (has_next) {
       nx = make_item(p, load_block(p, nb), ns);
       const QuantTensor tn = pick_input(p, nx.ti);
+#if QUANT_ASYNC
+      stage_rows(tn.x, nx, tn.heads, stage[buf ^ 1]);
+#else
       load_rows(tn.x, nx, tn.heads, raw);
+#endif
       advance(nb, ns, gb, gs, slots);
     }
+#if QUANT_ASYNC
+    // this item's copies (this thread's own slots) have landed; the next item's may still fly
+    if (has_next) {
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    } else {
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    }
+    {
+      uint4 raw[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) raw[k] = stage[buf][k][tid];
+      unpack_bf16(raw, v);
+    }
+#endif
     if (t.hadamard) hadamard128_rows(v);
     float m = tt < n ? absmax32(v) : 0.f;
 #if MODE == 1

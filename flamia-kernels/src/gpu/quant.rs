@@ -275,23 +275,29 @@ fn mode_id(mode: ScaleMode) -> i32 {
     }
 }
 
-/// CTAs of `quant_e4m3` resident per SM: the kernel's `__launch_bounds__` minimum (72 registers
-/// without D, 96 with D's O rows, no spills: `scripts/kernel-regs.py`), and the persistent
-/// grid's size per SM.
-fn ctas_per_sm(delta: bool) -> u32 {
-    if delta {
-        5
-    } else {
-        7
-    }
+/// `FLAMIA_QUANT_ASYNC=1`: the quantiser's A/B variant that stages the next item's rows in
+/// shared memory by cp.async instead of registers (`QUANT_ASYNC` in `cuda/quant.cu`; same bits).
+pub fn quant_async() -> bool {
+    std::env::var("FLAMIA_QUANT_ASYNC").is_ok_and(|v| v.trim() == "1")
 }
 
-/// The variant of `quant.cu` for `mode` and D.
+/// The variant of `quant.cu` for `mode`, D and [`quant_async`].
 fn quant_variant(mode: ScaleMode, delta: bool) -> Variant {
     Variant::new()
         .define("MODE", mode_id(mode))
         .define("DELTA", delta as i32)
-        .define("QUANT_CTAS_PER_SM", ctas_per_sm(delta))
+        .define("QUANT_ASYNC", quant_async() as i32)
+}
+
+/// The persistent grid of `f` (128 threads per CTA): as many CTAs as the driver says fit on
+/// every SM (the kernel's `__launch_bounds__` ask for 7, 8 with cp.async staging, 5 with D),
+/// at most one per item.
+fn persistent_grid(gpu: &Gpu, f: &cudarc::driver::CudaFunction, items: usize) -> GpuResult<(u32, u32, u32)> {
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(128, 0, None)
+        .ctx("cuOccupancyMaxActiveBlocksPerMultiprocessor")?
+        .max(1) as usize;
+    Ok(((items.min(gpu.sm_count().max(1) as usize * per_sm)) as u32, 1, 1))
 }
 
 /// Bytes one E4M3 launch moves for inputs of `heads` heads each (BF16 read; token-major codes,
@@ -351,13 +357,6 @@ pub fn quantize_e4m3_fused(
         p.delta = d.delta;
     }
     let items = plan.tables.blocks.len() * p.slots as usize;
-    let persistent = |per_sm: u32| {
-        (
-            items.min(gpu.sm_count().max(1) as usize * per_sm as usize) as u32,
-            1,
-            1,
-        )
-    };
     if mode == ScaleMode::TensorFloor {
         let scratch = amax.ok_or_else(|| {
             GpuError::NotSupported("the tensor-wide (leaky) mode needs an AmaxScratch".into())
@@ -368,24 +367,16 @@ pub fn quantize_e4m3_fused(
             .result()
             .ctx("cuMemsetD32Async(amax)")?;
         let f = gpu.function("quant.cu", &variant, "quant_amax", 0)?;
+        let grid = persistent_grid(gpu, &f, items)?;
         // SAFETY: params mirror QuantParams; each x holds tokens*heads*128 BF16 (caller), amax
         // MAX_INPUTS u32.
-        unsafe { launch(&f, persistent(8), 128, 0, stream, &p, "quant_amax") }?;
+        unsafe { launch(&f, grid, 128, 0, stream, &p, "quant_amax") }?;
     }
     let f = gpu.function("quant.cu", &variant, "quant_e4m3", 0)?;
+    let grid = persistent_grid(gpu, &f, items)?;
     // SAFETY: params mirror QuantParams; every operand is sized by `plan` and its heads
     // (OperandRef::sizes), each x holds tokens*heads*128 BF16 (caller).
-    unsafe {
-        launch(
-            &f,
-            persistent(ctas_per_sm(delta.is_some())),
-            128,
-            0,
-            stream,
-            &p,
-            "quant_e4m3",
-        )
-    }
+    unsafe { launch(&f, grid, 128, 0, stream, &p, "quant_e4m3") }
 }
 
 /// Quantises the BF16 tensor at `x` (`(tokens, heads, 128)`, `heads = out.heads`) into `out` on
@@ -460,9 +451,11 @@ mod tests {
         }
         for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
             for delta in [false, true] {
-                let v = quant_variant(mode, delta);
-                compile_ptx("quant.cu", &v, "sm_90a")
-                    .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
+                for asynchronous in [0, 1] {
+                    let v = quant_variant(mode, delta).define("QUANT_ASYNC", asynchronous);
+                    compile_ptx("quant.cu", &v, "sm_90a")
+                        .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
+                }
             }
         }
     }
