@@ -192,8 +192,17 @@ __device__ __forceinline__ void butterfly_lanes(float (&v)[32]) {
   }
 }
 
-// The normalised Hadamard-128 of the row (contract: stages h = 1, 2, ..., 64 in order, no FMA,
-// then one multiply by RN(1/sqrt(128))).
+// RN(1/sqrt(128)), the Hadamard-128's normalisation.
+#define HADAMARD_NORM __uint_as_float(0x3DB504F3u)
+
+__device__ __forceinline__ void scale_rows(float (&v)[32], float c) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) v[i] = __fmul_rn(v[i], c);
+}
+
+// The Hadamard-128 of the row (contract: stages h = 1, 2, ..., 64 in order, no FMA, then one
+// multiply by HADAMARD_NORM, which quant_e4m3 folds into its quantisation scale where exact).
+template <bool NORMALISE>
 __device__ __forceinline__ void hadamard128_rows(float (&v)[32]) {
   butterfly_local<1>(v);   // h = 1
   butterfly_local<2>(v);   // h = 2
@@ -202,9 +211,7 @@ __device__ __forceinline__ void hadamard128_rows(float (&v)[32]) {
   butterfly_lanes<2>(v);   // h = 16
   butterfly_local<8>(v);   // h = 32
   butterfly_local<16>(v);  // h = 64
-  const float c = __uint_as_float(0x3DB504F3u);
-#pragma unroll
-  for (int i = 0; i < 32; ++i) v[i] = __fmul_rn(v[i], c);
+  if (NORMALISE) scale_rows(v, HADAMARD_NORM);
 }
 
 // max |v| in four interleaved chains (a quarter of the serial chain's latency); exact, so the
@@ -318,8 +325,13 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       unpack_bf16(raw, v);
     }
 #endif
-    if (t.hadamard) hadamard128_rows(v);
-    float m = tt < n ? absmax32(v) : 0.f;
+    // The rotation's normalisation c is folded into the quantisation scale: max_i RN(h_i c) =
+    // RN(max_i |h_i| c) (rounding is monotonic), and RN(h c 2^-e) = RN(h c) 2^-e whenever the
+    // code can be non-zero, unless e <= -116 (RN(h c) may then be an f32 subnormal while
+    // h c 2^-e >= 2^-10); such warps multiply by c first, as the contract says.
+    const float cn = t.hadamard ? HADAMARD_NORM : 1.f;
+    if (t.hadamard) hadamard128_rows<false>(v);
+    float m = tt < n ? __fmul_rn(absmax32(v), cn) : 0.f;
 #if MODE == 1
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
@@ -337,7 +349,14 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     uint4 ocur[4];
     load_rows(p.o, it, p.in[0].heads, ocur);
 #endif
-    const float f = pow2f(-e);
+    float f = pow2f(-e);
+    if (t.hadamard) {
+      if (__all_sync(0xffffffffu, e > -116)) {
+        f = __fmul_rn(HADAMARD_NORM, f);  // exact: a normal number times a power of two
+      } else {
+        scale_rows(v, HADAMARD_NORM);
+      }
+    }
     u32 codes[8];
 #pragma unroll
     for (int c = 0; c < 8; ++c)
@@ -410,7 +429,7 @@ extern "C" __global__ void __launch_bounds__(128) quant_amax(const QuantParams p
     load_rows(t.x, it, t.heads, raw);
     float v[32];
     unpack_bf16(raw, v);
-    if (t.hadamard) hadamard128_rows(v);
+    if (t.hadamard) hadamard128_rows<true>(v);
     const float a = tt < min(32, it.L - it.b0) ? absmax32(v) : 0.f;
 #pragma unroll
     for (int i = 0; i < QUANT_INPUTS; ++i) m[i] = it.ti == i ? fmaxf(m[i], a) : m[i];

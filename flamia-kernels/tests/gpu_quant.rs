@@ -24,12 +24,19 @@ const LENS: [usize; 7] = [1, 31, 32, 33, 127, 129, 4095];
 /// [`awkward_tensor`] with every element also scaled by its own power of two in `2^-12 .. 2^12`:
 /// the Hadamard butterfly's partial sums then round in every stage, so a kernel that ran the
 /// stages in another order (or fused an add into an FMA) gives other codes. (With one scale per
-/// row the sums of a few BF16 values are exact and the order would not show.)
+/// row the sums of a few BF16 values are exact and the order would not show.) One token in
+/// eight is also scaled by 2^-120, so blocks with exponents <= -116 (where the kernel keeps the
+/// Hadamard normalisation as a separate multiply) and f32 subnormals occur.
 fn wide_tensor(rng: &mut ChaCha8Rng, tokens: usize, heads: usize) -> Vec<f32> {
     let mut x = awkward_tensor(rng, tokens, heads, 6);
-    for v in x.iter_mut() {
+    let row = heads * 128;
+    for (i, v) in x.iter_mut().enumerate() {
         *v *= 2f32.powi(rng.random_range(-12..=12));
+        if (i / row) % 8 == 5 {
+            *v *= 2f32.powi(-120);
+        }
     }
+    round_bf16(&mut x);
     x
 }
 
