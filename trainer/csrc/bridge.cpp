@@ -38,9 +38,14 @@ static_assert(sizeof(c10::cuda::CUDAStream) == 16, "CUDAStream holds one c10::St
 #endif
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 extern "C" {
 
@@ -115,6 +120,65 @@ struct TimerSpan {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
+
+// Exact checksums of a tensor's bits: (sum, index-weighted sum) of its elements read as
+// integers of the element size, summed in int64 on the tensor's device (integer sums wrap and are
+// exact, so the pair does not depend on the reduction order). Synchronises with the device.
+void bits_checksum(const at::Tensor& t, int64_t out[2]) {
+    at::Tensor c = t.detach().contiguous().reshape({-1});
+    at::Tensor bits;
+    switch (c.element_size()) {
+        case 1: bits = c.view(at::kChar); break;
+        case 2: bits = c.view(at::kShort); break;
+        case 4: bits = c.view(at::kInt); break;
+        default: bits = c.view(at::kLong); break;
+    }
+    at::Tensor wide = bits.to(at::kLong);
+    at::Tensor weight = at::arange(wide.numel(), wide.options()).remainder(65521).add(1);
+    out[0] = wide.sum().item<int64_t>();
+    out[1] = wide.mul(weight).sum().item<int64_t>();
+}
+
+// `FLAMIA_TRACE_CHECKSUMS=<file>`: every attention forward and backward appends one line with
+// the checksums of its inputs and outputs (reproducibility diagnosis; synchronises every call).
+struct Trace {
+    std::mutex mu;
+    FILE* f = nullptr;
+    int64_t seq = 0;
+};
+
+Trace* trace() {
+    static Trace* t = [] {
+        const char* path = std::getenv("FLAMIA_TRACE_CHECKSUMS");
+        if (path == nullptr || path[0] == '\0') return static_cast<Trace*>(nullptr);
+        Trace* tr = new Trace();
+        tr->f = std::fopen(path, "a");
+        if (tr->f == nullptr) {
+            std::fprintf(stderr, "flamia: cannot open FLAMIA_TRACE_CHECKSUMS=%s; no trace\n", path);
+            delete tr;
+            return static_cast<Trace*>(nullptr);
+        }
+        return tr;
+    }();
+    return t;
+}
+
+void trace_call(const char* what, int32_t path, std::initializer_list<std::pair<const char*, at::Tensor>> ts) {
+    Trace* tr = trace();
+    if (tr == nullptr) return;
+    std::string line;
+    for (const auto& nt : ts) {
+        int64_t c[2];
+        bits_checksum(nt.second, c);
+        char buf[96];
+        std::snprintf(buf, sizeof(buf), " %s=%016llx:%016llx", nt.first, static_cast<unsigned long long>(c[0]),
+                      static_cast<unsigned long long>(c[1]));
+        line += buf;
+    }
+    std::lock_guard<std::mutex> g(tr->mu);
+    std::fprintf(tr->f, "attn %lld %s path=%d%s\n", static_cast<long long>(tr->seq++), what, path, line.c_str());
+    std::fflush(tr->f);
+}
 
 FlamiaParams params_from_ctx(AutogradContext* ctx) {
     FlamiaParams p{};
@@ -203,6 +267,7 @@ class FlamiaAttention : public torch::autograd::Function<FlamiaAttention> {
             at::Tensor o = std::get<0>(res);
             ctx->save_for_backward({q, k, v, o, std::get<1>(res), cu_host, cu_dev, std::get<2>(res),
                                     std::get<3>(res)});
+            trace_call("fwd", p.path, {{"q", q}, {"k", k}, {"v", v}, {"o", o}, {"lse", std::get<1>(res)}});
             return o;
         }
         // Rust path: float32 contiguous on CPU, bfloat16 contiguous on CUDA.
@@ -231,17 +296,18 @@ class FlamiaAttention : public torch::autograd::Function<FlamiaAttention> {
         } else {
             ctx->save_for_backward({o, lse, cu_host, cu_dev, qc, kc, vc});
         }
+        trace_call("fwd", p.path, {{"q", qc}, {"k", kc}, {"v", vc}, {"o", o}, {"lse", lse}});
         return o.to(q.scalar_type());
     }
 
     static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
         const FlamiaParams p = params_from_ctx(ctx);
         auto saved = ctx->get_saved_variables();
-        at::Tensor dq, dk, dv;
+        at::Tensor dq, dk, dv, go;
         if (use_libtorch_flash(saved[0], p)) {  // saved: q, k, v, o, lse, cu_host, cu_dev, rng state
             at::Tensor q = saved[0], k = saved[1], v = saved[2], o = saved[3], lse = saved[4];
             at::Tensor cu_host = saved[5], cu_dev = saved[6];
-            at::Tensor go = grads[0].to(q.scalar_type()).contiguous();
+            go = grads[0].to(q.scalar_type()).contiguous();
             FlamiaCall tc = base_call(p, q, k.size(1), cu_host, cu_dev);
             tc.is_backward = 1;
             TimerSpan span(&tc);
@@ -255,7 +321,7 @@ class FlamiaAttention : public torch::autograd::Function<FlamiaAttention> {
             // saved: o, lse, cu_host, cu_dev, then the codes (CUDA) or q, k, v (CPU)
             at::Tensor o = saved[0], lse = saved[1], cu_host = saved[2], cu_dev = saved[3];
             const int64_t heads_kv = ctx->saved_data["heads_kv"].toInt();
-            at::Tensor go = grads[0].to(o.scalar_type()).contiguous();
+            go = grads[0].to(o.scalar_type()).contiguous();
             dq = at::empty_like(o);
             dk = at::empty({o.size(0), heads_kv, o.size(2)}, o.options());
             dv = at::empty_like(dk);
@@ -278,6 +344,7 @@ class FlamiaAttention : public torch::autograd::Function<FlamiaAttention> {
             TimerSpan span(&c);
             call_rust(g_backward, c, "backward");
         }
+        trace_call("bwd", p.path, {{"do", go}, {"dq", dq}, {"dk", dk}, {"dv", dv}});
         // Gradients in the dtype of the inputs as given to forward (autograd checks this).
         return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
     }
@@ -308,6 +375,40 @@ int32_t flamia_bridge_attention(const at::Tensor* q, const at::Tensor* k, const 
     try {
         at::Tensor o = FlamiaAttention::apply(*q, *k, *v, *cu_host, *cu_dev, *p);
         *out = new at::Tensor(std::move(o));
+        return 0;
+    } catch (const std::exception& e) {
+        write_err(err, err_len, e.what());
+        return 1;
+    }
+}
+
+// libtorch's deterministic mode (run.deterministic): deterministic algorithms everywhere they
+// exist (the flash-attention backward among them), an error from any operation that has none,
+// cuDNN deterministic and not benchmarking. CUBLAS_WORKSPACE_CONFIG must be set before cuBLAS
+// starts (the Rust side does that). 0 on success, else a message in err.
+int32_t flamia_bridge_set_deterministic(int32_t on, char* err, size_t err_len) {
+    try {
+        auto& ctx = at::globalContext();
+        ctx.setDeterministicAlgorithms(on != 0, false);
+        ctx.setDeterministicCuDNN(on != 0);
+        if (on != 0) ctx.setBenchmarkCuDNN(false);
+        return 0;
+    } catch (const std::exception& e) {
+        write_err(err, err_len, e.what());
+        return 1;
+    }
+}
+
+// 1 when libtorch's deterministic algorithms are on (and not warn-only).
+int32_t flamia_bridge_deterministic() {
+    const auto& ctx = at::globalContext();
+    return ctx.deterministicAlgorithms() && !ctx.deterministicAlgorithmsWarnOnly() ? 1 : 0;
+}
+
+// The checksums `FLAMIA_TRACE_CHECKSUMS` writes, of one tensor: 0 on success.
+int32_t flamia_bridge_checksum(const at::Tensor* t, int64_t* out, char* err, size_t err_len) {
+    try {
+        bits_checksum(*t, out);
         return 0;
     } catch (const std::exception& e) {
         write_err(err, err_len, e.what());

@@ -43,6 +43,13 @@ pub struct RunConfig {
     /// Synchronise around each CUDA attention call to measure attention's share of the step
     /// (`attn_time_s`); costs two syncs per call.
     pub profile_attention: bool,
+    /// Bitwise reproducible GPU training for A/B comparisons: libtorch's deterministic
+    /// algorithms (its flash-attention backward of the `bf16` control switches to the
+    /// deterministic variant; an operation without one is an error), deterministic cuDNN,
+    /// `CUBLAS_WORKSPACE_CONFIG=:4096:8` (set by flamia; an other value already in the
+    /// environment is refused). Costs throughput (docs/perf.md); the FLAMIA paths need no switch
+    /// for reproducibility (docs/training.md "Reproducibility").
+    pub deterministic: bool,
 }
 
 impl Default for RunConfig {
@@ -60,6 +67,7 @@ impl Default for RunConfig {
             progress: true,
             cpu_threads: 0,
             profile_attention: false,
+            deterministic: false,
         }
     }
 }
@@ -299,6 +307,7 @@ impl TrainConfig {
             )));
         }
         crate::device::parse_device(&self.run.device)?;
+        crate::determinism::check_env(self.run.deterministic)?;
         if self.run.keep_checkpoints == 0 || self.run.log_every == 0 {
             return Err(invalid(
                 "run.keep_checkpoints and run.log_every must be at least 1".into(),

@@ -7,6 +7,7 @@
 //! - [`train`]: the training loop.
 //! - [`checkpoint`]: atomic checkpoints and resume.
 //! - [`config`]: the run configuration (presets, environment, `--set`).
+//! - [`determinism`]: `run.deterministic` and the checksum trace of runs that are not.
 //! - [`metrics`]: JSONL, progress bar, Weights & Biases.
 //! - [`device`], [`memory`]: device, compute precision, peak memory.
 //! - [`error`]: typed errors.
@@ -15,6 +16,7 @@ pub mod attention;
 pub mod checkpoint;
 pub mod config;
 pub mod ddp;
+pub mod determinism;
 pub mod device;
 pub mod error;
 pub mod memory;

@@ -83,6 +83,8 @@ const DATA_STATES: &str = "data_states.json";
 /// (torchrun / Slurm variables) this process is one data-parallel rank.
 pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
     let device = parse_device(&cfg.run.device)?;
+    // Before any CUDA work: cuBLAS reads its workspace configuration when it starts.
+    crate::determinism::apply(cfg.run.deterministic, device)?;
     let mut ddp = Ddp::from_env(DdpOptions::default(), matches!(device, Device::Cuda(_)))?;
     let device = ddp.device(device);
     match train_rank(cfg, opts, &mut ddp, device) {
@@ -160,6 +162,8 @@ struct Run<'a> {
     peak_mem: f64,
     t_run: Instant,
     attn_run0: f64,
+    /// `FLAMIA_TRACE_CHECKSUMS`: per-step gradient checksums (docs/training.md).
+    trace: Option<crate::determinism::Trace>,
 }
 
 impl<'a> Run<'a> {
@@ -282,6 +286,7 @@ impl<'a> Run<'a> {
             peak_mem: 0.0,
             t_run: Instant::now(),
             attn_run0: callback_seconds(),
+            trace: crate::determinism::Trace::from_env(),
         })
     }
 
@@ -368,6 +373,9 @@ impl<'a> Run<'a> {
         .map_err(|e| self.oom(e, || "the loss and gradient norm".into()))?;
         // Mean over ranks of the loss: every rank then decides (skip, clip) alike.
         let loss = ddp.mean(&[pair[0]])?[0];
+        if let Some(t) = &self.trace {
+            t.step(self.st.step + 1, loss, &self.params)?;
+        }
         Ok((loss, pair[1]))
     }
 

@@ -76,6 +76,47 @@ extern "C" {
         err_len: usize,
     ) -> i32;
     fn flamia_bridge_has_cuda() -> i32;
+    fn flamia_bridge_set_deterministic(on: i32, err: *mut c_char, err_len: usize) -> i32;
+    fn flamia_bridge_deterministic() -> i32;
+    fn flamia_bridge_checksum(t: *const CTensor, out: *mut i64, err: *mut c_char, err_len: usize) -> i32;
+}
+
+fn bridge_error(err: &[c_char]) -> String {
+    // SAFETY: the bridge wrote a NUL-terminated message into err (the buffer ends in a NUL).
+    unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Turns libtorch's deterministic mode on or off (see `flamia_bridge_set_deterministic`).
+pub(crate) fn set_deterministic(on: bool) -> Result<(), String> {
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: err is a writable buffer of err.len() bytes.
+    let rc = unsafe { flamia_bridge_set_deterministic(on as i32, err.as_mut_ptr(), err.len()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(bridge_error(&err))
+    }
+}
+
+/// Whether libtorch's deterministic algorithms are on (not warn-only).
+pub(crate) fn deterministic() -> bool {
+    // SAFETY: a plain query without arguments.
+    unsafe { flamia_bridge_deterministic() != 0 }
+}
+
+/// The bit checksums of `t` (see `bits_checksum` in bridge.cpp).
+pub(crate) fn checksum(t: &tch::Tensor) -> Result<[i64; 2], String> {
+    let mut out = [0i64; 2];
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: `t` is a live tensor; out holds two i64; err is writable.
+    let rc = unsafe { flamia_bridge_checksum(t.as_ptr(), out.as_mut_ptr(), err.as_mut_ptr(), err.len()) };
+    if rc == 0 {
+        Ok(out)
+    } else {
+        Err(bridge_error(&err))
+    }
 }
 
 /// Whether the bridge was compiled against a CUDA build of libtorch.

@@ -24,6 +24,28 @@ pub fn set_profile_cuda(on: bool) {
     ffi::PROFILE_CUDA.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Turns libtorch's deterministic mode on or off for the whole process: deterministic algorithms
+/// (an error from any operation that has none; libtorch's flash-attention backward, the `bf16`
+/// control, switches to its deterministic variant), deterministic cuDNN without benchmarking.
+/// On CUDA, `CUBLAS_WORKSPACE_CONFIG` must be set before cuBLAS starts
+/// ([`crate::determinism::apply`] does both).
+pub fn set_deterministic(on: bool) -> Result<()> {
+    ffi::set_deterministic(on).map_err(TrainError::Attention)
+}
+
+/// Whether libtorch's deterministic algorithms are on (not warn-only).
+pub fn deterministic() -> bool {
+    ffi::deterministic()
+}
+
+/// Exact checksums of a tensor's bits on its own device: the sum and an index-weighted sum of
+/// its elements read as integers (wrapping int64 sums, so independent of the reduction order).
+/// Equal tensors give equal pairs; the same pair `FLAMIA_TRACE_CHECKSUMS` writes per attention
+/// call. Synchronises with the device.
+pub fn checksum(t: &Tensor) -> Result<[i64; 2]> {
+    ffi::checksum(t).map_err(TrainError::Attention)
+}
+
 /// Seconds spent so far inside attention forward/backward calls of every path (on CUDA only
 /// meaningful with [`set_profile_cuda`], since kernels run asynchronously).
 pub fn callback_seconds() -> f64 {

@@ -1,0 +1,213 @@
+//! Reproducible training, end to end through the `flamia` binary.
+//!
+//! CPU (always): `run.deterministic = true` trains (no operation of the step lacks a
+//! deterministic libtorch algorithm) with the same bits as the default, and a
+//! `CUBLAS_WORKSPACE_CONFIG` that would break it is refused.
+//!
+//! CUDA (`--ignored`, on the device): two fresh runs of `configs/h200-125m.toml` give bitwise the
+//! same losses and final weights and optimizer state, for `mxfp8` as it is and for the `bf16`
+//! control with `run.deterministic = true`; and N/2 steps, stop, `--resume` N/2 equals N steps.
+
+use std::path::Path;
+
+mod support;
+use support::{flamia, losses, repo, SMALL};
+
+/// Runs `flamia train` with `args` into `dir`; panics with the output when it fails.
+fn train(dir: &Path, args: &[&str]) {
+    train_env(dir, args, &[]);
+}
+
+fn train_env(dir: &Path, args: &[&str], env: &[(&str, &Path)]) {
+    let out = flamia()
+        .current_dir(repo())
+        .envs(env.iter().copied())
+        .arg("train")
+        .args(["--set", &format!("run.dir={}", dir.display())])
+        .args(args)
+        .output()
+        .expect("run flamia train");
+    assert!(
+        out.status.success(),
+        "flamia train {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Asserts bitwise equal losses (every step logged) and, when `ckpt` names a checkpoint
+/// directory, byte-equal model and optimizer files in it.
+fn assert_same_run(a: &Path, b: &Path, steps: usize, ckpt: Option<&str>) {
+    let (la, lb) = (losses(a), losses(b));
+    assert_eq!(la.len(), steps, "{} logs every step", a.display());
+    assert_eq!(lb.len(), steps, "{} logs every step", b.display());
+    for ((sa, x), (sb, y)) in la.iter().zip(&lb) {
+        assert_eq!(sa, sb);
+        assert_eq!(
+            x.to_bits(),
+            y.to_bits(),
+            "step {sa}: {x} vs {y} ({} vs {})",
+            a.display(),
+            b.display()
+        );
+    }
+    if let Some(c) = ckpt {
+        for f in ["model.safetensors", "optimizer.safetensors"] {
+            let (pa, pb) = (
+                a.join("checkpoints").join(c).join(f),
+                b.join("checkpoints").join(c).join(f),
+            );
+            let (ba, bb) = (std::fs::read(&pa).unwrap(), std::fs::read(&pb).unwrap());
+            assert!(
+                ba == bb,
+                "{} and {} differ: the runs did not end with the same bits",
+                pa.display(),
+                pb.display()
+            );
+        }
+    }
+}
+
+const CPU: [&str; 8] = [
+    "--config",
+    "configs/tiny-cpu.toml",
+    "--set",
+    "run.device=cpu",
+    "--set",
+    "run.log_every=1",
+    "--set",
+    "training.steps=4",
+];
+
+#[test]
+fn deterministic_mode_trains_on_cpu_with_the_default_bits_and_the_same_trace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("default"), tmp.path().join("deterministic"));
+    let (ta, tb) = (tmp.path().join("a.trace"), tmp.path().join("b.trace"));
+    let small: Vec<&str> = CPU.iter().chain(SMALL.iter()).copied().collect();
+    train_env(&a, &small, &[("FLAMIA_TRACE_CHECKSUMS", &ta)]);
+    let det: Vec<&str> = small
+        .iter()
+        .copied()
+        .chain(["--set", "run.deterministic=true"])
+        .collect();
+    train_env(&b, &det, &[("FLAMIA_TRACE_CHECKSUMS", &tb)]);
+    assert_same_run(&a, &b, 4, Some("step_00000004"));
+    let cfg = std::fs::read_to_string(b.join("config.toml")).unwrap();
+    assert!(cfg.contains("deterministic = true"), "{cfg}");
+
+    // The checksum trace: one line per attention call and per step, the same in both runs.
+    let (xa, xb) = (
+        std::fs::read_to_string(&ta).unwrap(),
+        std::fs::read_to_string(&tb).unwrap(),
+    );
+    assert_eq!(xa, xb, "the traces of two equal runs differ");
+    let layers = 2; // tiny
+    let count = |p: &str| xa.lines().filter(|l| l.starts_with(p)).count();
+    assert_eq!(count("step "), 4, "{xa}");
+    assert_eq!(count("attn "), 4 * 2 * layers, "{xa}");
+    let first = xa.lines().next().unwrap();
+    assert!(
+        first.starts_with("attn 0 fwd path=") && first.contains(" lse="),
+        "{first}"
+    );
+    assert!(
+        xa.lines().any(|l| l.contains(" bwd ") && l.contains(" dv=")),
+        "{xa}"
+    );
+    assert!(
+        xa.contains("step 4 loss=") && xa.contains("tok_embeddings.weight="),
+        "{xa}"
+    );
+}
+
+#[test]
+fn deterministic_mode_refuses_a_nondeterministic_cublas_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = flamia()
+        .current_dir(repo())
+        .env("CUBLAS_WORKSPACE_CONFIG", ":0:0")
+        .arg("train")
+        .args(["--set", &format!("run.dir={}", tmp.path().join("r").display())])
+        .args(CPU)
+        .args(SMALL)
+        .args(["--set", "run.deterministic=true"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a :0:0 cuBLAS workspace was accepted");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("CUBLAS_WORKSPACE_CONFIG") && err.contains(":4096:8"),
+        "{err}"
+    );
+}
+
+/// The H200 preset, `steps` steps, every loss logged, a checkpoint only at the end.
+fn gpu_args<'a>(path: &'a str, steps: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "--config",
+        "configs/h200-125m.toml",
+        "--set",
+        "run.device=cuda",
+        "--set",
+        "run.log_every=1",
+        "--set",
+        "run.checkpoint_every=0",
+        "--set",
+        "run.progress=false",
+        "--set",
+        path,
+        "--set",
+        steps,
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+fn need_cuda() {
+    assert!(
+        tch::Cuda::is_available(),
+        "this test needs a CUDA GPU; it must not pass without one"
+    );
+}
+
+/// The two configurations that must be reproducible on the GPU.
+const GPU_CASES: [(&str, &[&str]); 2] = [
+    ("attention.path=mxfp8", &[]),
+    ("attention.path=bf16", &["--set", "run.deterministic=true"]),
+];
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn gpu_runs_are_bitwise_repeatable_mxfp8_and_deterministic_bf16() {
+    need_cuda();
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, (path, extra)) in GPU_CASES.iter().enumerate() {
+        let (a, b) = (tmp.path().join(format!("{i}a")), tmp.path().join(format!("{i}b")));
+        let args = gpu_args(path, "training.steps=20", extra);
+        train(&a, &args);
+        train(&b, &args);
+        assert_same_run(&a, &b, 20, Some("step_00000020"));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn gpu_resume_is_bitwise_mxfp8_and_deterministic_bf16() {
+    need_cuda();
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, (path, extra)) in GPU_CASES.iter().enumerate() {
+        let (a, b) = (
+            tmp.path().join(format!("{i}straight")),
+            tmp.path().join(format!("{i}resumed")),
+        );
+        let args = gpu_args(path, "training.steps=20", extra);
+        train(&a, &args);
+        let stop: Vec<&str> = args.iter().copied().chain(["--stop-after", "10"]).collect();
+        train(&b, &stop);
+        assert_eq!(losses(&b).len(), 10, "the stopped run logs 10 steps");
+        let resume: Vec<&str> = args.iter().copied().chain(["--resume"]).collect();
+        train(&b, &resume);
+        assert_same_run(&a, &b, 20, Some("step_00000020"));
+    }
+}
