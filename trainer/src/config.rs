@@ -46,9 +46,10 @@ pub struct RunConfig {
     /// Bitwise reproducible GPU training for A/B comparisons: libtorch's deterministic
     /// algorithms (its flash-attention backward of the `bf16` control switches to the
     /// deterministic variant; an operation without one is an error), deterministic cuDNN,
-    /// `CUBLAS_WORKSPACE_CONFIG=:4096:8` (set by flamia; an other value already in the
-    /// environment is refused). Costs throughput (docs/perf.md); the FLAMIA paths need no switch
-    /// for reproducibility (docs/training.md "Reproducibility").
+    /// `CUBLAS_WORKSPACE_CONFIG=:4096:8` (set by flamia; another value already in the
+    /// environment is refused). Without it no path is bitwise repeatable on the GPU (libtorch's
+    /// gradient of the tied embedding/output weight varies in its last bits; docs/training.md
+    /// "Reproducibility"); the CPU is repeatable either way. Cost: docs/perf.md.
     pub deterministic: bool,
 }
 
