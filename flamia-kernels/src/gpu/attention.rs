@@ -207,6 +207,11 @@ pub struct Attention {
     gpu: Arc<Gpu>,
     opts: AttnOptions,
     amax: AmaxScratch,
+    /// The development switches, read once here (not per call): `FLAMIA_ATTN_PROMOTE`,
+    /// `FLAMIA_ATTN_FWD`, `FLAMIA_FWD_STAGES`.
+    promote: u32,
+    fwd_v3: bool,
+    fwd_stages: u32,
 }
 
 impl Attention {
@@ -220,7 +225,14 @@ impl Attention {
             )),
         }
         let amax = AmaxScratch::new(&gpu)?;
-        Ok(Attention { gpu, opts, amax })
+        Ok(Attention {
+            gpu,
+            opts,
+            amax,
+            promote: promote_mask(),
+            fwd_v3: forward_v3_forced(),
+            fwd_stages: forward_v4_stages(),
+        })
     }
 
     /// The options.
@@ -330,7 +342,7 @@ impl Attention {
     /// of the dP and score products ([`promote_mask`]).
     fn variant(&self) -> (Variant, usize) {
         let i = (self.opts.path == AttnPath::Nvfp4) as usize;
-        (attention_variant(i == 1, promote_mask()), i)
+        (attention_variant(i == 1, self.promote), i)
     }
 
     fn params(&self, plan: &Plan, saved: &Saved) -> AttnParams {
@@ -367,7 +379,7 @@ impl Attention {
     /// True when the forward runs the v4 kernel (E4M3 scores, no FP32 score promotion, not
     /// forced back to v3.1 by `FLAMIA_ATTN_FWD=v3`).
     pub fn uses_forward_v4(&self) -> bool {
-        self.opts.path != AttnPath::Nvfp4 && promote_mask() & 2 == 0 && !forward_v3_forced()
+        self.opts.path != AttnPath::Nvfp4 && self.promote & 2 == 0 && !self.fwd_v3
     }
 
     /// The forward kernel on already quantised inputs: writes O (BF16) and LSE (FP32).
@@ -410,7 +422,7 @@ impl Attention {
             counter: plan.counter.ptr(),
             nitems: nitems as i32,
         };
-        let stages = forward_v4_stages();
+        let stages = self.fwd_stages;
         let smem = smem_fwd4(stages);
         let v = forward_v4_variant(self.scale_mode() == ScaleMode::PerToken, stages);
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
@@ -557,7 +569,7 @@ impl Attention {
         let (v, i) = self.variant();
         let mut out = Vec::new();
         if self.uses_forward_v4() {
-            let stages = forward_v4_stages();
+            let stages = self.fwd_stages;
             let v4 = forward_v4_variant(self.scale_mode() == ScaleMode::PerToken, stages);
             let f = self
                 .gpu
