@@ -10,12 +10,21 @@ use crate::error::{DataError, Result};
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Training shards: parquet (`.parquet`) or pre-tokenised (`.ftok`) files, directories (all
-    /// such files inside, sorted), globs (`/data/fineweb-edu/sample/10BT/*.parquet`), or
+    /// such files at any depth, sorted; names starting with `.` skipped), globs (`/data/fineweb-edu/sample/10BT/*.parquet`), or
     /// `embedded:train` for the shard compiled into the binary.
     pub train: Vec<String>,
     /// Validation shards, same forms as `train` (`embedded:val` is the held-out embedded shard).
-    /// Read in file order, unshuffled, one pass.
+    /// Read in file order, unshuffled, one pass. Must be empty when a part of `train` is held out
+    /// (`holdout_fraction` / `holdout_files`): that part is the validation split then.
     pub val: Vec<String>,
+    /// Fraction of the training row groups held out for validation (0 = none; at most 0.5).
+    /// A row group is held out when a hash of its file name and index falls below the fraction,
+    /// so the split does not depend on the other files or on the order they are listed in; at
+    /// least one row group is held out (the one of smallest hash) when the fraction is positive.
+    pub holdout_fraction: f64,
+    /// Glob patterns (matched against the file name and against the whole path) of training
+    /// files held out whole for validation, e.g. `["*-00000-of-*.parquet"]`.
+    pub holdout_files: Vec<String>,
     /// `"bytes"` for the built-in byte-level tokenizer (vocab 256 + specials), or the path of a
     /// Hugging Face `tokenizer.json` (e.g. made by `flamia tokenizer convert-tiktoken`).
     pub tokenizer: String,
@@ -23,11 +32,16 @@ pub struct Config {
     pub seq_len: usize,
     /// Rows per batch on each rank (the micro-batch); the trainer may set it from its own settings.
     pub batch_rows: usize,
-    /// Documents per shuffle block: documents are shuffled within consecutive blocks of this many
-    /// (bounded memory); 1 disables document shuffling. Shard/row-group order is shuffled per epoch
-    /// regardless when `shuffle` is on.
+    /// Documents tokenised together (one block): the granularity of tokenisation and of the resume
+    /// state; memory holds one tokenised block.
     pub shuffle_buffer: usize,
-    /// Shuffle row-group order (per epoch) and documents (per block). Validation is never shuffled.
+    /// Row groups whose documents are shuffled together: each epoch's row-group order is shuffled,
+    /// then consecutive groups of this many row groups (of this rank) are read and all their
+    /// documents permuted at once. Memory holds this many decoded row groups. 1 shuffles within
+    /// each row group only.
+    pub shuffle_row_groups: usize,
+    /// Shuffle row-group order (per epoch) and documents (across `shuffle_row_groups` row groups).
+    /// Validation is never shuffled.
     pub shuffle: bool,
     /// Seed of every shuffle; the same seed gives the same stream.
     pub seed: u64,
@@ -36,8 +50,10 @@ pub struct Config {
     pub min_int_score: Option<i64>,
     /// Keep only documents whose `language` column equals this (e.g. `"en"`); `None` keeps all.
     pub language: Option<String>,
-    /// Cap on a document's tokens including its end-of-text token (longer documents are cut);
-    /// `None` keeps whole documents. At least 2 when set.
+    /// Longest attention document, in tokens including BOS and end-of-text: a longer document is
+    /// split into consecutive pieces of at most this many tokens (nothing is dropped; each piece
+    /// is its own attention segment, and a piece's last token still predicts the next piece's
+    /// first). `None` keeps whole documents (row edges still cut them). At least 2 when set.
     pub max_doc_tokens: Option<usize>,
     /// Batches prepared ahead by the background thread (bounded queue); at least 1.
     pub prefetch: usize,
@@ -54,10 +70,13 @@ impl Default for Config {
         Config {
             train: vec!["embedded:train".into()],
             val: vec!["embedded:val".into()],
+            holdout_fraction: 0.0,
+            holdout_files: Vec::new(),
             tokenizer: "bytes".into(),
             seq_len: 512,
             batch_rows: 8,
             shuffle_buffer: 256,
+            shuffle_row_groups: 8,
             shuffle: true,
             seed: 0,
             min_int_score: None,
@@ -91,6 +110,30 @@ impl Config {
                 self.shuffle_buffer
             ));
         }
+        if self.shuffle_row_groups == 0 || self.shuffle_row_groups > 4096 {
+            return bad(format!(
+                "`shuffle_row_groups` = {} must be in 1..=4096",
+                self.shuffle_row_groups
+            ));
+        }
+        if !(0.0..=0.5).contains(&self.holdout_fraction) {
+            return bad(format!(
+                "`holdout_fraction` = {} must be in 0..=0.5",
+                self.holdout_fraction
+            ));
+        }
+        for p in &self.holdout_files {
+            if let Err(e) = glob::Pattern::new(p) {
+                return bad(format!("`holdout_files` pattern `{p}` is not a glob: {e}"));
+            }
+        }
+        if self.holds_out() && !self.val.is_empty() {
+            return bad(format!(
+                "`val` = {:?} and a held-out part of `train` (holdout_fraction / holdout_files) are both set: \
+                 set val = [] to validate on the held-out part, or drop the holdout",
+                self.val
+            ));
+        }
         if self.prefetch == 0 || self.prefetch > 1024 {
             return bad(format!("`prefetch` = {} must be in 1..=1024", self.prefetch));
         }
@@ -118,6 +161,11 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// Whether part of `train` is held out as the validation split.
+    pub fn holds_out(&self) -> bool {
+        self.holdout_fraction > 0.0 || !self.holdout_files.is_empty()
     }
 
     /// Worker threads for tokenisation after resolving 0 to the core count.
@@ -165,5 +213,21 @@ mod tests {
             ..Config::default()
         };
         assert!(c.validate().is_err());
+        // A holdout with the default `val` is ambiguous; with val = [] it is the validation split.
+        let c = Config {
+            holdout_fraction: 0.01,
+            ..Config::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("val = []"));
+        let c = Config {
+            val: vec![],
+            ..c
+        };
+        c.validate().unwrap();
+        let c = Config {
+            shuffle_row_groups: 0,
+            ..Config::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("shuffle_row_groups"));
     }
 }

@@ -41,6 +41,17 @@ pub enum DataError {
     /// A shard holds no rows at all.
     #[error("shard {path} is empty (0 rows); remove it or set skip_bad_shards = true")]
     EmptyShard { path: PathBuf },
+    /// A shard file has 0 bytes (an interrupted download or copy).
+    #[error("shard {path} is an empty file (0 bytes): an interrupted download? remove it or set skip_bad_shards = true")]
+    EmptyFile { path: PathBuf },
+    /// A byte-typed text value is not valid UTF-8.
+    #[error("shard {path}: row {row} of row group {row_group}: `text` is not valid UTF-8 (bad byte at offset {byte}); fix the file or set skip_bad_shards = true to drop such rows")]
+    NotUtf8 {
+        path: PathBuf,
+        row_group: usize,
+        row: usize,
+        byte: usize,
+    },
     /// No shard left after skipping bad ones, or no document passes the filters.
     #[error("no usable data: {0}")]
     NoData(String),

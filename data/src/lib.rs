@@ -18,12 +18,15 @@
 //! ```
 //!
 //! * Rows carry `seq_len` inputs and `seq_len` targets (the next token; the row's last target is
-//!   the first token of the next row). Every document ends with the end-of-text id; the target at
-//!   an end-of-text position is [`IGNORE_INDEX`] because document masking hides the next document.
+//!   the first token of the next row). Every document is `[BOS] + text + [EOS]` (BOS where the
+//!   tokenizer has one; the byte tokenizer's is 257); the target at an end-of-text position is
+//!   [`IGNORE_INDEX`] because document masking hides the next document. `max_doc_tokens` splits
+//!   longer documents into pieces; nothing is truncated.
 //! * Ranks get disjoint row groups (each epoch's shuffled unit list is dealt round robin); with
 //!   fewer row groups than ranks, every world-th document.
-//! * [`DataState`] is a few integers: `(epoch, shuffle block, block start, document, token)` plus a
-//!   fingerprint of shards/tokenizer/settings; all randomness derives from `(seed, epoch, block)`.
+//! * Documents are shuffled across `shuffle_row_groups` row groups at a time.
+//! * [`DataState`] is a few integers: `(epoch, block, block start, piece, token)` plus a
+//!   fingerprint of shards/tokenizer/settings; all randomness derives from `(seed, epoch, group)`.
 
 pub mod bench;
 pub mod config;
@@ -42,5 +45,6 @@ pub mod tokshard;
 pub use config::Config;
 pub use error::{DataError, Result};
 pub use loader::{Batch, Loader, LoaderStats};
-pub use stream::{Cursor, DataState, Row, IGNORE_INDEX};
+pub use source::Drops;
+pub use stream::{Cursor, DataState, Plan, Row, IGNORE_INDEX};
 pub use tokenizer::Tokenizer;

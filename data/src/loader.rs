@@ -10,7 +10,7 @@
 //! (`0 .. seq_len`); a document cut at a row edge ends at `seq_len` and continues at 0 of the next
 //! row.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,7 @@ use crossbeam_channel::{bounded, Receiver};
 
 use crate::config::Config;
 use crate::error::{DataError, Result};
+use crate::source::Drops;
 use crate::stream::{DataState, Plan, Stream, StreamSpec};
 use crate::tokenizer::Tokenizer;
 
@@ -74,7 +75,9 @@ pub struct Loader {
     state: DataState,
     vocab: usize,
     eos: u32,
+    bos: Option<u32>,
     stats: LoaderStats,
+    drops: Arc<Mutex<Drops>>,
     done: bool,
 }
 
@@ -88,26 +91,22 @@ impl std::fmt::Debug for Loader {
 }
 
 impl Loader {
-    /// The training loader of `rank` of `world_size`: shuffled, endless (epochs repeat), resumed
-    /// from `state` when given. Bad config, shards or tokenizer are reported here.
+    /// The training loader of `rank` of `world_size`: `cfg.train` minus any held-out part,
+    /// shuffled, endless (epochs repeat), resumed from `state` when given. Bad config, shards or
+    /// tokenizer are reported here.
     pub fn new(cfg: &Config, rank: usize, world_size: usize, state: Option<DataState>) -> Result<Loader> {
-        Self::build(cfg, &cfg.train, false, rank, world_size, state)
+        Self::build(cfg, false, rank, world_size, state)
     }
 
-    /// The validation loader: `cfg.val` in order, unshuffled, one pass (then `None`), this rank's
+    /// The validation loader: the held-out part of `cfg.train` (`holdout_fraction` /
+    /// `holdout_files`), else `cfg.val`; in order, unshuffled, one pass (then `None`), this rank's
     /// share only. Ranks may get different numbers of batches.
     pub fn validation(cfg: &Config, rank: usize, world_size: usize) -> Result<Loader> {
-        if cfg.val.is_empty() {
-            return Err(DataError::Config(
-                "`val` is empty: no validation shards configured".into(),
-            ));
-        }
-        Self::build(cfg, &cfg.val, true, rank, world_size, None)
+        Self::build(cfg, true, rank, world_size, None)
     }
 
     fn build(
         cfg: &Config,
-        specs: &[String],
         validation: bool,
         rank: usize,
         world: usize,
@@ -116,7 +115,11 @@ impl Loader {
         cfg.validate()?;
         let tok = Arc::new(Tokenizer::from_spec(&cfg.tokenizer)?);
         let spec = StreamSpec::from_config(cfg, validation);
-        let plan = Arc::new(Plan::build(specs, &spec.filters, cfg.skip_bad_shards)?);
+        let plan = Arc::new(if validation {
+            Plan::validation(cfg, &spec.filters)?
+        } else {
+            Plan::training(cfg, &spec.filters)?
+        });
         let fp = tok.fingerprint();
         for s in plan.shards.iter() {
             if let Some(f) = s.token_fingerprint.as_ref().filter(|f| **f != fp) {
@@ -134,6 +137,7 @@ impl Loader {
             stream.resume(st)?;
         }
         let state = stream.state();
+        let drops = stream.drops();
         let (tx, rx) = bounded::<Item>(cfg.prefetch);
         let rows = cfg.batch_rows;
         let handle = std::thread::Builder::new()
@@ -157,7 +161,9 @@ impl Loader {
             state,
             vocab: tok.vocab_size(),
             eos: tok.eos_id(),
+            bos: tok.bos_id(),
             stats: LoaderStats::default(),
+            drops,
             done: false,
         })
     }
@@ -204,6 +210,18 @@ impl Loader {
     /// The end-of-text id that ends every document.
     pub fn eos_id(&self) -> u32 {
         self.eos
+    }
+
+    /// The beginning-of-text id that starts every document, if the tokenizer has one.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos
+    }
+
+    /// What the stream has read but not trained on so far (filtered, empty or non-UTF-8 rows,
+    /// unreadable row groups), counted by the background thread as it passes them (it runs up to
+    /// `prefetch` batches ahead of [`Loader::next_batch`]). Also logged at each epoch's end.
+    pub fn drops(&self) -> Drops {
+        self.drops.lock().map(|d| *d).unwrap_or_default()
     }
 
     /// Consumer-side counters (batches, tokens, time spent waiting on the background thread).

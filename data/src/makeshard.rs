@@ -1,6 +1,7 @@
 //! Writing FineWeb-Edu-schema parquet shards: `flamia data make-shard` (text files split into
-//! paragraph-aligned documents, used to build the embedded shards reproducibly) and a synthetic
-//! shard generator for memory and throughput measurements.
+//! paragraph-aligned documents, used to build the embedded shards reproducibly; or JSON lines,
+//! one document per line, as `scripts/make-corpus.py` writes them) and a synthetic shard
+//! generator for memory and throughput measurements.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -221,6 +222,56 @@ pub fn make_shard(
     Ok((w.finish()?, bytes))
 }
 
+/// `flamia data make-shard --jsonl`: one document per JSON line into one shard. `text` is
+/// required; `id`, `dump`, `url`, `file_path`, `language` (strings), `language_score`, `score`
+/// (numbers), `token_count`, `int_score` (integers) are taken when present (defaults: id =
+/// `<file stem>/<line>`, language `en` with score 1.0, score 3.0 / int_score 3, token_count = UTF-8
+/// bytes). Returns (rows, text bytes).
+pub fn make_shard_jsonl(input: &Path, out: &Path, rows_per_group: usize) -> Result<(u64, u64)> {
+    use std::io::BufRead;
+    let bad = |problem: String| DataError::Input {
+        path: input.into(),
+        problem,
+    };
+    let f = File::open(input).map_err(|e| bad(e.to_string()))?;
+    let stem = input
+        .file_stem()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut w = ShardWriter::create(out, rows_per_group)?;
+    let mut bytes = 0u64;
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.map_err(|e| bad(format!("line {}: {e}", i + 1)))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(&line).map_err(|e| bad(format!("line {}: invalid JSON: {e}", i + 1)))?;
+        let text = v
+            .get("text")
+            .and_then(|t| t.as_str())
+            .ok_or_else(|| bad(format!("line {}: no string field \"text\"", i + 1)))?
+            .to_string();
+        let st = |k: &str, d: String| v.get(k).and_then(|x| x.as_str()).map_or(d, str::to_string);
+        let num = |k: &str, d: f64| v.get(k).and_then(|x| x.as_f64()).unwrap_or(d);
+        let int = |k: &str, d: i64| v.get(k).and_then(|x| x.as_i64()).unwrap_or(d);
+        bytes += text.len() as u64;
+        w.push(Row {
+            token_count: int("token_count", text.len() as i64),
+            id: st("id", format!("{stem}/{i}")),
+            dump: st("dump", "flamia-jsonl".into()),
+            url: st("url", String::new()),
+            file_path: st("file_path", String::new()),
+            language: st("language", "en".into()),
+            language_score: num("language_score", 1.0),
+            score: num("score", 3.0),
+            int_score: int("int_score", 3),
+            text,
+        })?;
+    }
+    Ok((w.finish()?, bytes))
+}
+
 /// A synthetic shard of about `mb` MiB of text (pseudo-random words, documents of 1-16 KiB, with
 /// varied `int_score` and `language`), for memory and throughput measurements. Deterministic in
 /// `seed`. Returns (rows, text bytes).
@@ -262,6 +313,28 @@ pub fn make_synthetic(out: &Path, mb: u64, rows_per_group: usize, seed: u64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jsonl_documents_become_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("pages.jsonl");
+        std::fs::write(
+            &input,
+            "{\"text\": \"first page\", \"url\": \"file:///a.html\", \"id\": \"a\"}\n\n{\"text\": \"second\"}\n",
+        )
+        .unwrap();
+        let out = dir.path().join("s.parquet");
+        assert_eq!(make_shard_jsonl(&input, &out, 1).unwrap(), (2, 16));
+        let shard = crate::source::open(
+            &crate::source::ShardSource::File(out.clone()),
+            &crate::source::Filters::default(),
+        )
+        .unwrap();
+        assert_eq!(shard.unit_rows, vec![1, 1]);
+        std::fs::write(&input, "{\"txt\": 1}\n").unwrap();
+        let e = make_shard_jsonl(&input, &out, 1).unwrap_err().to_string();
+        assert!(e.contains("pages.jsonl") && e.contains("line 1"), "{e}");
+    }
 
     #[test]
     fn split_keeps_paragraphs_and_all_text() {

@@ -1,7 +1,13 @@
-//! Shard discovery and reading: resolve paths/directories/globs/`embedded:*` into shards, read
-//! their footers into units (a parquet row group, or a chunk of a pre-tokenised shard), and read
-//! one unit at a time into documents. Only one unit is decoded at once, so memory is bounded by the
-//! largest row group whatever the shard size.
+//! Shard discovery and reading: resolve paths/directories (searched recursively)/globs/`embedded:*`
+//! into shards, read their footers once into units (a parquet row group, or a chunk of a
+//! pre-tokenised shard), and read one unit at a time into documents. The parquet footer is parsed
+//! when the shard is opened and reused for every row group. Only one unit is decoded at once, so
+//! memory is bounded by the largest row group whatever the shard size.
+//!
+//! The `text` column may be any arrow string type (`Utf8`, `LargeUtf8`, `Utf8View`, a dictionary
+//! of strings) or raw bytes (`Binary`, `LargeBinary`, `BinaryView`, dictionaries of them, as
+//! writers without the parquet STRING annotation store text); byte rows that are not valid UTF-8
+//! are an error naming the file, row group and row, or a counted drop with `skip_bad_shards`.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -9,9 +15,10 @@ use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::DataType;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::ProjectionMask;
 use parquet::file::reader::ChunkReader;
+use serde::{Deserialize, Serialize};
 
 use crate::embedded;
 use crate::error::{DataError, Result};
@@ -77,6 +84,8 @@ pub struct Shard {
     pub unit_rows: Vec<usize>,
     /// Tokenizer fingerprint stored in a pre-tokenised shard.
     pub token_fingerprint: Option<String>,
+    /// The parsed parquet footer and arrow schema (parquet shards), reused for every row group.
+    pub parquet: Option<ArrowReaderMetadata>,
 }
 
 /// One document as read from a shard.
@@ -86,6 +95,72 @@ pub enum RawDoc {
     Text(String),
     /// Token ids without end-of-text (pre-tokenised shard).
     Tokens(Vec<u32>),
+}
+
+/// Why a stored row yields no document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// `int_score` below `min_int_score` (or null while the filter is on).
+    Score,
+    /// `language` other than the configured one (or null).
+    Language,
+    /// Null or empty text (or an empty pre-tokenised document).
+    Empty,
+    /// A byte (`Binary`) text value that is not valid UTF-8 (only with `skip_bad_shards`).
+    BadUtf8,
+}
+
+/// A stored row: its document, or why it has none. Row indices stay exact resume cursors.
+pub type Slot = std::result::Result<RawDoc, DropReason>;
+
+/// Counts of what the pipeline read but did not train on, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drops {
+    /// Rows below `min_int_score`.
+    pub score: u64,
+    /// Rows in another language.
+    pub language: u64,
+    /// Rows with null or empty text.
+    pub empty: u64,
+    /// Rows whose text is not valid UTF-8 (skipped with `skip_bad_shards`).
+    pub bad_utf8: u64,
+    /// Row groups (units) skipped as unreadable (with `skip_bad_shards`).
+    pub bad_units: u64,
+    /// Rows in those skipped row groups.
+    pub bad_unit_rows: u64,
+}
+
+impl Drops {
+    /// Counts one dropped row.
+    pub fn add(&mut self, r: DropReason) {
+        match r {
+            DropReason::Score => self.score += 1,
+            DropReason::Language => self.language += 1,
+            DropReason::Empty => self.empty += 1,
+            DropReason::BadUtf8 => self.bad_utf8 += 1,
+        }
+    }
+
+    /// Rows dropped for any reason (skipped row groups' rows included).
+    pub fn rows(&self) -> u64 {
+        self.score + self.language + self.empty + self.bad_utf8 + self.bad_unit_rows
+    }
+}
+
+impl std::fmt::Display for Drops {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} rows dropped ({} below min_int_score, {} other language, {} empty, {} not UTF-8, {} in {} unreadable row groups)",
+            self.rows(),
+            self.score,
+            self.language,
+            self.empty,
+            self.bad_utf8,
+            self.bad_unit_rows,
+            self.bad_units
+        )
+    }
 }
 
 /// Expands specs into shard sources in a stable order (spec order; sorted within a directory or
@@ -116,17 +191,10 @@ fn resolve_one(spec: &str) -> Result<Vec<ShardSource>> {
             .map(|s| vec![s])
             .ok_or_else(|| DataError::NoShards { spec: spec.into() });
     }
-    let is_shard = |p: &Path| p.extension().is_some_and(|e| e == "parquet" || e == "ftok");
     let p = Path::new(spec);
     if p.is_dir() {
-        let rd = std::fs::read_dir(p).map_err(|e| DataError::Open {
-            path: p.into(),
-            source: e,
-        })?;
-        let mut v: Vec<PathBuf> = rd
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.is_file() && is_shard(p))
-            .collect();
+        let mut v = Vec::new();
+        walk(p, &mut v)?;
         v.sort();
         return Ok(v.into_iter().map(ShardSource::File).collect());
     }
@@ -135,14 +203,53 @@ fn resolve_one(spec: &str) -> Result<Vec<ShardSource>> {
     }
     if spec.contains(['*', '?', '[']) {
         let paths = glob::glob(spec).map_err(|e| DataError::Config(format!("bad glob `{spec}`: {e}")))?;
-        let mut v: Vec<PathBuf> = paths.filter_map(|r| r.ok()).filter(|p| p.is_file()).collect();
+        let mut v = Vec::new();
+        for p in paths.filter_map(|r| r.ok()) {
+            if p.is_dir() {
+                walk(&p, &mut v)?;
+            } else if p.is_file() {
+                v.push(p);
+            }
+        }
         v.sort();
+        v.dedup();
         return Ok(v.into_iter().map(ShardSource::File).collect());
     }
     Err(DataError::Open {
         path: p.into(),
         source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
     })
+}
+
+/// Whether a file name is a shard the loader reads (`.parquet` or `.ftok`).
+pub fn is_shard_file(p: &Path) -> bool {
+    p.extension().is_some_and(|e| e == "parquet" || e == "ftok")
+}
+
+/// Collects the shard files under `dir` at any depth. Entries whose name starts with `.` are
+/// skipped (`.cache/` of Hugging Face downloads holds partial files).
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let rd = std::fs::read_dir(dir).map_err(|e| DataError::Open {
+        path: dir.into(),
+        source: e,
+    })?;
+    for e in rd {
+        let p = e
+            .map_err(|e| DataError::Open {
+                path: dir.into(),
+                source: e,
+            })?
+            .path();
+        if p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')) {
+            continue;
+        }
+        if p.is_dir() {
+            walk(&p, out)?;
+        } else if p.is_file() && is_shard_file(&p) {
+            out.push(p);
+        }
+    }
+    Ok(())
 }
 
 /// Reads footers/headers and returns the usable shards. Bad shards (unreadable, corrupt, empty,
@@ -162,18 +269,37 @@ pub fn open_all(sources: Vec<ShardSource>, filters: &Filters, skip_bad: bool) ->
 /// Reads one shard's footer (parquet) or header (pre-tokenised) and checks its columns.
 pub fn open(source: &ShardSource, filters: &Filters) -> Result<Shard> {
     let path = source.path();
+    if let ShardSource::File(p) = source {
+        let len = std::fs::metadata(p)
+            .map_err(|e| DataError::Open {
+                path: p.clone(),
+                source: e,
+            })?
+            .len();
+        if len == 0 {
+            return Err(DataError::EmptyFile { path });
+        }
+    }
     let mut token_fingerprint = None;
+    let mut parquet = None;
     let unit_rows = if source.is_tok() {
         let r = tokshard::TokReader::open(&path)?;
         token_fingerprint = Some(r.fingerprint.clone());
         r.unit_rows()
     } else {
-        match source {
-            ShardSource::File(p) => parquet_units(&path, open_file(p)?, filters)?,
-            ShardSource::Embedded { bytes, .. } => {
-                parquet_units(&path, bytes::Bytes::from_static(bytes), filters)?
-            }
-        }
+        let meta = match source {
+            ShardSource::File(p) => load_meta(&path, &open_file(p)?)?,
+            ShardSource::Embedded { bytes, .. } => load_meta(&path, &bytes::Bytes::from_static(bytes))?,
+        };
+        column_indices(&path, meta.schema(), filters)?;
+        let rows = meta
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|g| g.num_rows().max(0) as usize)
+            .collect();
+        parquet = Some(meta);
+        rows
     };
     if unit_rows.iter().sum::<usize>() == 0 {
         return Err(DataError::EmptyShard { path });
@@ -183,6 +309,7 @@ pub fn open(source: &ShardSource, filters: &Filters) -> Result<Shard> {
         tokenized: source.is_tok(),
         unit_rows,
         token_fingerprint,
+        parquet,
     })
 }
 
@@ -193,17 +320,26 @@ fn open_file(p: &Path) -> Result<File> {
     })
 }
 
-fn parquet_units<R: ChunkReader + 'static>(path: &Path, r: R, filters: &Filters) -> Result<Vec<usize>> {
-    let b = ParquetRecordBatchReaderBuilder::try_new(r).map_err(|e| DataError::Parquet {
+/// Parses the footer (and the arrow schema it carries) once.
+fn load_meta<R: ChunkReader>(path: &Path, r: &R) -> Result<ArrowReaderMetadata> {
+    ArrowReaderMetadata::load(r, ArrowReaderOptions::default()).map_err(|e| DataError::Parquet {
         path: path.into(),
         source: e,
-    })?;
-    column_indices(path, b.schema(), filters)?;
-    Ok(b.metadata()
-        .row_groups()
-        .iter()
-        .map(|g| g.num_rows().max(0) as usize)
-        .collect())
+    })
+}
+
+/// Arrow types the `text` (and `language`) column may have: strings, bytes, dictionaries of them.
+fn is_text_type(t: &DataType) -> bool {
+    match t {
+        DataType::Utf8
+        | DataType::LargeUtf8
+        | DataType::Utf8View
+        | DataType::Binary
+        | DataType::LargeBinary
+        | DataType::BinaryView => true,
+        DataType::Dictionary(_, v) => is_text_type(v),
+        _ => false,
+    }
 }
 
 /// Root indices of (text, int_score if filtered, language if filtered), checking types.
@@ -234,45 +370,96 @@ fn column_indices(path: &Path, schema: &arrow::datatypes::Schema, f: &Filters) -
             Err(_) => Ok(None),
         }
     };
-    let is_str = |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
     let is_int = |t: &DataType| t.is_integer();
     Ok([
-        find("text", true, is_str, "a string")?,
+        find(
+            "text",
+            true,
+            is_text_type,
+            "a string or binary column (or a dictionary of them)",
+        )?,
         find("int_score", f.min_int_score.is_some(), is_int, "an integer")?,
-        find("language", f.language.is_some(), is_str, "a string")?,
+        find(
+            "language",
+            f.language.is_some(),
+            is_text_type,
+            "a string column",
+        )?,
     ])
 }
 
 /// Reads unit `unit` of `shard`: one entry per stored row, `None` where a filter (or empty text)
-/// drops the row, so row indices stay exact cursors for resuming.
+/// drops the row, so row indices stay exact cursors for resuming. Non-UTF-8 byte text is an error.
 pub fn read_unit(shard: &Shard, unit: usize, filters: &Filters) -> Result<Vec<Option<RawDoc>>> {
+    Ok(read_slots(shard, unit, filters, false)?
+        .into_iter()
+        .map(|s| s.ok())
+        .collect())
+}
+
+/// Like [`read_unit`], with the reason of every dropped row. With `skip_bad_utf8` a byte text value
+/// that is not UTF-8 is dropped as [`DropReason::BadUtf8`] instead of failing the unit.
+pub fn read_slots(shard: &Shard, unit: usize, filters: &Filters, skip_bad_utf8: bool) -> Result<Vec<Slot>> {
     let path = shard.source.path();
     if shard.tokenized {
         let docs = tokshard::TokReader::open(&path)?.read_unit(unit)?;
         return Ok(docs
             .into_iter()
-            .map(|d| (!d.is_empty()).then_some(RawDoc::Tokens(d)))
+            .map(|d| {
+                if d.is_empty() {
+                    Err(DropReason::Empty)
+                } else {
+                    Ok(RawDoc::Tokens(d))
+                }
+            })
             .collect());
     }
+    let meta = match &shard.parquet {
+        Some(m) => m.clone(),
+        None => match &shard.source {
+            ShardSource::File(p) => load_meta(&path, &open_file(p)?)?,
+            ShardSource::Embedded { bytes, .. } => load_meta(&path, &bytes::Bytes::from_static(bytes))?,
+        },
+    };
+    let ctx = UnitCtx {
+        path: &path,
+        unit,
+        filters,
+        skip_bad_utf8,
+    };
     match &shard.source {
-        ShardSource::File(p) => read_parquet_unit(&path, open_file(p)?, unit, filters),
+        ShardSource::File(p) => read_parquet_unit(&ctx, open_file(p)?, meta),
         ShardSource::Embedded { bytes, .. } => {
-            read_parquet_unit(&path, bytes::Bytes::from_static(bytes), unit, filters)
+            read_parquet_unit(&ctx, bytes::Bytes::from_static(bytes), meta)
         }
     }
 }
 
-fn read_parquet_unit<R: ChunkReader + 'static>(
-    path: &Path,
-    r: R,
+struct UnitCtx<'a> {
+    path: &'a Path,
     unit: usize,
-    filters: &Filters,
-) -> Result<Vec<Option<RawDoc>>> {
+    filters: &'a Filters,
+    skip_bad_utf8: bool,
+}
+
+fn read_parquet_unit<R: ChunkReader + 'static>(
+    ctx: &UnitCtx<'_>,
+    r: R,
+    meta: ArrowReaderMetadata,
+) -> Result<Vec<Slot>> {
+    let (path, unit, filters) = (ctx.path, ctx.unit, ctx.filters);
     let pq = |e| DataError::Parquet {
         path: path.into(),
         source: e,
     };
-    let b = ParquetRecordBatchReaderBuilder::try_new(r).map_err(pq)?;
+    if unit >= meta.metadata().num_row_groups() {
+        return Err(DataError::NoData(format!(
+            "{}: row group {unit} of {}",
+            path.display(),
+            meta.metadata().num_row_groups()
+        )));
+    }
+    let b = ParquetRecordBatchReaderBuilder::new_with_metadata(r, meta);
     let cols = column_indices(path, b.schema(), filters)?;
     let wanted: Vec<usize> = cols.iter().flatten().copied().collect();
     let mask = ProjectionMask::roots(b.parquet_schema(), wanted);
@@ -288,17 +475,50 @@ fn read_parquet_unit<R: ChunkReader + 'static>(
             path: path.into(),
             source: e,
         })?;
-        push_rows(path, &batch, filters, &mut out)?;
+        push_rows(ctx, &batch, &mut out)?;
     }
     Ok(out)
 }
 
-fn push_rows(path: &Path, batch: &RecordBatch, f: &Filters, out: &mut Vec<Option<RawDoc>>) -> Result<()> {
+/// The text column of a batch as UTF-8 strings or raw bytes.
+enum TextColumn {
+    Str(arrow::array::StringArray),
+    Bin(arrow::array::BinaryArray),
+}
+
+impl TextColumn {
+    fn of(c: &Arc<dyn Array>) -> std::result::Result<Self, arrow::error::ArrowError> {
+        let bytes = |t: &DataType| matches!(t, DataType::Binary | DataType::LargeBinary | DataType::BinaryView);
+        let is_bin = match c.data_type() {
+            DataType::Dictionary(_, v) => bytes(v),
+            t => bytes(t),
+        };
+        Ok(if is_bin {
+            let c = arrow::compute::cast(c, &DataType::Binary)?;
+            TextColumn::Bin(c.as_binary::<i32>().clone())
+        } else {
+            TextColumn::Str(string_column(c)?)
+        })
+    }
+
+    /// Row `i`: `None` if null, `Some(Err(pos))` if bytes are not UTF-8 (at byte `pos`).
+    fn get(&self, i: usize) -> Option<std::result::Result<&str, usize>> {
+        match self {
+            TextColumn::Str(a) => a.is_valid(i).then(|| Ok(a.value(i))),
+            TextColumn::Bin(a) => a
+                .is_valid(i)
+                .then(|| std::str::from_utf8(a.value(i)).map_err(|e| e.valid_up_to())),
+        }
+    }
+}
+
+fn push_rows(ctx: &UnitCtx<'_>, batch: &RecordBatch, out: &mut Vec<Slot>) -> Result<()> {
+    let (path, f) = (ctx.path, ctx.filters);
     let arrow_err = |e| DataError::Arrow {
         path: path.into(),
         source: e,
     };
-    let text = string_column(batch.column_by_name("text").ok_or_else(|| DataError::Column {
+    let text = TextColumn::of(batch.column_by_name("text").ok_or_else(|| DataError::Column {
         path: path.into(),
         column: "text".into(),
         problem: "is missing".into(),
@@ -317,14 +537,32 @@ fn push_rows(path: &Path, batch: &RecordBatch, f: &Filters, out: &mut Vec<Option
         _ => None,
     };
     for i in 0..batch.num_rows() {
-        let mut keep = text.is_valid(i) && !text.value(i).is_empty();
         if let (Some(min), Some(s)) = (f.min_int_score, score) {
-            keep &= s.is_valid(i) && s.value(i) >= min;
+            if !(s.is_valid(i) && s.value(i) >= min) {
+                out.push(Err(DropReason::Score));
+                continue;
+            }
         }
         if let (Some(want), Some(l)) = (&f.language, &lang) {
-            keep &= l.is_valid(i) && l.value(i) == want;
+            if !(l.is_valid(i) && l.value(i) == want) {
+                out.push(Err(DropReason::Language));
+                continue;
+            }
         }
-        out.push(keep.then(|| RawDoc::Text(text.value(i).to_owned())));
+        out.push(match text.get(i) {
+            None => Err(DropReason::Empty),
+            Some(Ok("")) => Err(DropReason::Empty),
+            Some(Ok(t)) => Ok(RawDoc::Text(t.to_owned())),
+            Some(Err(_)) if ctx.skip_bad_utf8 => Err(DropReason::BadUtf8),
+            Some(Err(at)) => {
+                return Err(DataError::NotUtf8 {
+                    path: path.into(),
+                    row_group: ctx.unit,
+                    row: out.len(),
+                    byte: at,
+                })
+            }
+        });
     }
     Ok(())
 }

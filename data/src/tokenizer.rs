@@ -9,7 +9,11 @@ use crate::error::{DataError, Result};
 pub const BYTE_SPECIALS: [&str; 2] = ["<|end_of_text|>", "<|begin_of_text|>"];
 
 /// End-of-document token names looked up in a `tokenizer.json`, first match wins.
-const EOS_NAMES: [&str; 4] = ["<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>"];
+pub const EOS_NAMES: [&str; 4] = ["<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>"];
+
+/// Beginning-of-document token names looked up in a `tokenizer.json`, first match wins. A
+/// tokenizer without any (GPT-2's) starts documents with no BOS.
+pub const BOS_NAMES: [&str; 4] = ["<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"];
 
 /// A tokenizer the pipeline can run from many threads at once.
 #[derive(Debug, Clone)]
@@ -21,6 +25,7 @@ pub enum Tokenizer {
         path: PathBuf,
         inner: Box<tokenizers::Tokenizer>,
         eos: u32,
+        bos: Option<u32>,
         vocab: usize,
     },
 }
@@ -52,11 +57,13 @@ impl Tokenizer {
                     EOS_NAMES.join(", ")
                 ))
             })?;
+        let bos = BOS_NAMES.iter().find_map(|n| inner.token_to_id(n));
         let vocab = inner.get_vocab_size(true);
         Ok(Tokenizer::Hf {
             path: path.to_path_buf(),
             inner: Box::new(inner),
             eos,
+            bos,
             vocab,
         })
     }
@@ -77,6 +84,24 @@ impl Tokenizer {
         }
     }
 
+    /// The beginning-of-text id put before every document, if the tokenizer has one (the byte
+    /// tokenizer's is 257; a `tokenizer.json`'s is the first of [`BOS_NAMES`] it defines).
+    pub fn bos_id(&self) -> Option<u32> {
+        match self {
+            Tokenizer::Bytes => Some(257),
+            Tokenizer::Hf { bos, .. } => *bos,
+        }
+    }
+
+    /// The spelling of token `id` (specials by name), if it exists.
+    pub fn token_name(&self, id: u32) -> Option<String> {
+        match self {
+            Tokenizer::Bytes if id >= 256 => BYTE_SPECIALS.get(id as usize - 256).map(|s| s.to_string()),
+            Tokenizer::Bytes => None,
+            Tokenizer::Hf { inner, .. } => inner.id_to_token(id),
+        }
+    }
+
     /// A short identity used to check pre-tokenised shards against the configured tokenizer.
     pub fn fingerprint(&self) -> String {
         match self {
@@ -84,14 +109,15 @@ impl Tokenizer {
             Tokenizer::Hf {
                 inner, vocab, eos, ..
             } => {
-                // The serialised model decides the ids; hash it rather than trusting the path.
+                // The serialised model decides the ids (BOS included); hash it rather than trusting
+                // the path.
                 let json = inner.to_string(false).unwrap_or_default();
                 format!("hf:{vocab}:{eos}:{:016x}", fnv1a(json.as_bytes()))
             }
         }
     }
 
-    /// Token ids of `text` without special tokens (the pipeline appends end-of-text itself).
+    /// Token ids of `text` without special tokens (the pipeline adds BOS and end-of-text itself).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         match self {
             Tokenizer::Bytes => Ok(text.bytes().map(u32::from).collect()),
@@ -129,6 +155,15 @@ impl Tokenizer {
     }
 }
 
+/// A Hugging Face `tokenizer.json` equivalent to the byte tokenizer (byte `b` = id `b`,
+/// `<|end_of_text|>` = 256, `<|begin_of_text|>` = 257): byte-level BPE over the 256 bytes with no
+/// merges. `flamia export` writes it so transformers can load byte-level models.
+pub fn byte_tokenizer_json() -> serde_json::Value {
+    let ranks: Vec<(Vec<u8>, u32)> = (0..=255u8).map(|b| (vec![b], u32::from(b))).collect();
+    let specials: Vec<String> = BYTE_SPECIALS.iter().map(|s| s.to_string()).collect();
+    crate::tiktoken::tokenizer_json(&ranks, crate::tiktoken::LLAMA3_PATTERN, &specials)
+}
+
 /// 64-bit FNV-1a, a stable hash for fingerprints and seeds (not for security).
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -151,6 +186,23 @@ mod tests {
         assert_eq!(t.decode(&ids).unwrap(), "héllo");
         assert_eq!(t.vocab_size(), 258);
         assert_eq!(t.decode(&[104, 256]).unwrap(), "h<|end_of_text|>");
+        assert_eq!((t.bos_id(), t.eos_id()), (Some(257), 256));
+        assert_eq!(t.token_name(257).as_deref(), Some("<|begin_of_text|>"));
+    }
+
+    #[test]
+    fn byte_tokenizer_json_encodes_like_the_byte_tokenizer() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tokenizer.json");
+        std::fs::write(&p, byte_tokenizer_json().to_string()).unwrap();
+        let hf = Tokenizer::from_file(&p).unwrap();
+        assert_eq!((hf.vocab_size(), hf.eos_id(), hf.bos_id()), (258, 256, Some(257)));
+        for text in ["héllo, wörld!\n\tça va? 東京 🦀", "  two  spaces\r\n"] {
+            let want = Tokenizer::Bytes.encode(text).unwrap();
+            let got = hf.encode(text).unwrap();
+            assert_eq!(got, want, "{text:?}");
+            assert_eq!(hf.decode(&got).unwrap(), text);
+        }
     }
 
     #[test]

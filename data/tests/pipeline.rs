@@ -60,6 +60,11 @@ fn rows_pack_documents_with_eos_boundaries_and_shifted_targets() {
             row_no += 1;
             assert!(tg[real..].iter().all(|&t| t == IGNORE_INDEX));
             for i in 0..real {
+                // A document starts with BOS, which predicts the document's first byte.
+                if row[i] == 257 {
+                    assert!(i == 0 || row[i - 1] == 256, "BOS only after an end-of-text");
+                    assert!(i + 1 >= n || (row[i + 1] < 256 && tg[i] == i64::from(row[i + 1])));
+                }
                 // Every end-of-text closes a segment and its target is ignored.
                 if row[i] == 256 {
                     assert_eq!(tg[i], IGNORE_INDEX);
@@ -86,15 +91,50 @@ fn rows_pack_documents_with_eos_boundaries_and_shifted_targets() {
 }
 
 #[test]
-fn doc_cap_filters_and_language() {
+fn documents_are_bos_text_eos() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_shard(dir.path(), "a.parquet", 0, 3, 8);
+    let c = cfg(vec![p.display().to_string()]);
+    let ids = stream_ids(&one_pass(&c, 0, 1));
+    let mut want = Vec::new();
+    for i in 0..3 {
+        want.push(257);
+        want.extend(doc_text(i).bytes().map(u32::from));
+        want.push(256);
+    }
+    assert_eq!(ids, want);
+}
+
+#[test]
+fn doc_cap_splits_documents_into_pieces_without_dropping() {
     let dir = tempfile::tempdir().unwrap();
     let p = write_shard(dir.path(), "a.parquet", 0, 60, 8);
     let mut c = cfg(vec![p.display().to_string()]);
     c.max_doc_tokens = Some(5);
-    let docs = docs_of(&stream_ids(&one_pass(&c, 0, 1)));
-    assert_eq!(docs.len(), 60);
-    assert!(docs.iter().all(|d| d.len() <= 4));
-    assert_eq!(docs[10], doc_text(10)[..4]);
+    let batches = one_pass(&c, 0, 1);
+    let docs = docs_of(&stream_ids(&batches));
+    let want: Vec<String> = (0..60).map(doc_text).collect();
+    assert_eq!(docs, want, "every byte of every document is kept");
+    let n = c.seq_len;
+    for b in &batches {
+        for r in 0..b.rows {
+            let row = &b.tokens[r * n..(r + 1) * n];
+            let tg = &b.targets[r * n..(r + 1) * n];
+            let cu = &b.cu_seqlens[r];
+            // No attention segment is longer than the cap (row edges cut too).
+            assert!(cu.windows(2).all(|w| w[1] - w[0] <= 5), "{cu:?}");
+            for &e in &cu[1..cu.len() - 1] {
+                let i = e as usize - 1;
+                // A segment ends at an end-of-text (target ignored) or at a piece edge inside a
+                // document, whose last token still predicts the next piece's first token.
+                if row[i] != 256 {
+                    assert_eq!(tg[i], i64::from(row[i + 1]), "piece edge at {i}");
+                } else {
+                    assert_eq!(tg[i], IGNORE_INDEX);
+                }
+            }
+        }
+    }
 
     c.max_doc_tokens = None;
     c.min_int_score = Some(4);
@@ -157,6 +197,52 @@ fn shuffling_is_seeded_and_deterministic() {
     // Unshuffled rank 1 of 2 reads row groups 1, 3, 5, ... in order.
     let docs = docs_of(&u[0].tokens);
     assert_eq!(docs[0], doc_text(10));
+}
+
+/// Row group of a test document: shards of 30-row groups, document `i` in group `i / 30`.
+fn groups_of_first_block(k: usize) -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_shard(dir.path(), "a.parquet", 0, 240, 30);
+    let c = Config {
+        shuffle_row_groups: k,
+        seq_len: 512,
+        batch_rows: 1,
+        ..cfg(vec![p.display().to_string()])
+    };
+    let b = Loader::new(&c, 0, 1, None).unwrap().next_batch().unwrap().unwrap();
+    let docs = docs_of(&b.tokens);
+    let index = |d: &String| -> usize { d[1..d.find('>').unwrap()].parse().unwrap() };
+    let mut groups: Vec<usize> = docs.iter().map(|d| index(d) / 30).collect();
+    assert!(docs.len() >= 10, "{} documents in the first row", docs.len());
+    groups.sort();
+    groups.dedup();
+    groups.len()
+}
+
+#[test]
+fn shuffling_mixes_documents_across_row_groups() {
+    // One row group at a time: the first row's documents all come from one row group.
+    assert_eq!(groups_of_first_block(1), 1);
+    // Four row groups permuted together: the first row mixes several of them.
+    assert!(groups_of_first_block(4) >= 3);
+}
+
+#[test]
+fn drops_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_shard(dir.path(), "a.parquet", 0, 60, 8);
+    let c = Config {
+        min_int_score: Some(4),
+        language: Some("en".into()),
+        ..cfg(vec![p.display().to_string()])
+    };
+    let mut l = Loader::validation(&c, 0, 1).unwrap();
+    while l.next_batch().unwrap().is_some() {}
+    let d = l.drops();
+    // int_score = i % 6: 40 of 60 below 4; of the rest, language "fr" when i % 3 == 0.
+    let score = (0..60).filter(|i| i % 6 < 4).count() as u64;
+    let lang = (0..60).filter(|i| i % 6 >= 4 && i % 3 == 0).count() as u64;
+    assert_eq!((d.score, d.language, d.empty, d.rows()), (score, lang, 0, score + lang));
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Exact resume: a loader rebuilt from a saved state yields exactly the batches the uninterrupted
-//! loader yields next, across shuffle blocks and epochs, on every rank.
+//! loader yields next, across shuffle blocks, row-group groups, document pieces and epochs, on
+//! every rank.
 
 mod common;
 
@@ -12,6 +13,8 @@ fn cfg(dir: &std::path::Path) -> Config {
         seq_len: 48,
         batch_rows: 2,
         shuffle_buffer: 7,
+        // Documents of 3 row groups permuted together; documents longer than 60 tokens in pieces.
+        shuffle_row_groups: 3,
         num_threads: 3,
         prefetch: 3,
         max_doc_tokens: Some(60),
@@ -32,7 +35,7 @@ fn resumed_stream_equals_uninterrupted_stream() {
         let mut states = Vec::new();
         // Enough batches to cross several shuffle blocks and epochs (each epoch here is a few
         // thousand tokens per rank).
-        for _ in 0..120 {
+        for _ in 0..200 {
             batches.push(l.next_batch().unwrap().unwrap());
             states.push(l.state());
         }
@@ -41,7 +44,7 @@ fn resumed_stream_equals_uninterrupted_stream() {
             "test must cross epochs: {:?}",
             states.last()
         );
-        for k in [0usize, 1, 17, 40, 77, 118] {
+        for k in [0usize, 1, 17, 40, 77, 118, 190] {
             // Through JSON, as a checkpoint stores it.
             let json = serde_json::to_string(&states[k]).unwrap();
             let st: DataState = serde_json::from_str(&json).unwrap();

@@ -48,15 +48,20 @@ pub fn write_shard(dir: &Path, name: &str, first: usize, n: usize, per_group: us
     p
 }
 
-/// Splits a byte-tokenizer id stream at end-of-text (256) into document texts.
+/// Splits a byte-tokenizer id stream into document texts: every document is
+/// `<|begin_of_text|>` (257) + bytes + `<|end_of_text|>` (256) (padding end-of-text ids at the end
+/// are skipped); panics on any other layout.
 pub fn docs_of(ids: &[u32]) -> Vec<String> {
     let mut out = Vec::new();
-    let mut cur = Vec::new();
-    for &t in ids {
-        if t == 256 {
-            out.push(String::from_utf8(std::mem::take(&mut cur)).unwrap());
-        } else {
-            cur.push(t as u8);
+    let mut cur: Option<Vec<u8>> = None;
+    for (i, &t) in ids.iter().enumerate() {
+        match (t, cur.as_mut()) {
+            (257, None) => cur = Some(Vec::new()),
+            (256, Some(_)) => out.push(String::from_utf8(cur.take().unwrap()).unwrap()),
+            (0..=255, Some(c)) => c.push(t as u8),
+            // The padding of a validation pass's last row: end-of-text to the end.
+            (256, None) if ids[i..].iter().all(|&x| x == 256) => break,
+            _ => panic!("token {t} at {i} breaks the [BOS] text [EOS] layout: {:?}", &ids[i.saturating_sub(5)..(i + 5).min(ids.len())]),
         }
     }
     out
