@@ -1,22 +1,34 @@
-//! The task harness: turns records into docs, scores every choice through a [`Scorer`] in batches,
-//! and computes `acc` (argmax of log-likelihood) and `acc_norm` (argmax of log-likelihood divided
-//! by the choice's length in characters), with bootstrap intervals and the per-example outcomes
+//! The task harness: turns records into docs (optionally preceded by few-shot examples), scores
+//! every choice through a [`Scorer`] in batches, and computes `acc` (argmax of log-likelihood) and
+//! `acc_norm` (argmax of log-likelihood divided by the choice's length in characters) — or, for
+//! LAMBADA, greedy accuracy and perplexity — with bootstrap intervals and the per-example outcomes
 //! that paired comparisons need.
 
 use crate::error::{Error, Result};
 use crate::results::TaskResult;
 use crate::scorer::{Request, Scorer};
 use crate::stats::{bootstrap_mean, RESAMPLES, SEED};
-use crate::tasks::{Doc, Task};
+use crate::tasks::{Doc, Kind, Task};
+use rand::seq::index::sample;
+use rand::SeedableRng;
 use serde_json::Value;
 
+/// lm-evaluation-harness's default separator between few-shot examples.
+pub const FEWSHOT_DELIMITER: &str = "\n\n";
+/// Seed of the few-shot example choice (lm-evaluation-harness's default `fewshot_seed`).
+pub const FEWSHOT_SEED: u64 = 1234;
+
 /// Harness options.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct HarnessOptions {
     /// Requests per [`Scorer::loglikelihood`] call (at least 1).
     pub batch_size: usize,
     /// Score only the first `limit` examples of each task.
     pub limit: Option<usize>,
+    /// Solved examples put before each scored one (0 = zero-shot).
+    pub num_fewshot: usize,
+    /// Text between few-shot examples and before the scored one.
+    pub fewshot_delimiter: String,
 }
 
 impl Default for HarnessOptions {
@@ -24,8 +36,46 @@ impl Default for HarnessOptions {
         HarnessOptions {
             batch_size: 32,
             limit: None,
+            num_fewshot: 0,
+            fewshot_delimiter: FEWSHOT_DELIMITER.into(),
         }
     }
+}
+
+/// Prepends `k` solved examples to every request of each of the first `n` docs: for doc `i`, `k`
+/// distinct other docs of the pool chosen by ChaCha8(`FEWSHOT_SEED`, `i`), each as its gold
+/// context + continuation, joined and followed by `delimiter`. lm-evaluation-harness draws them
+/// from the task's training split; the pool here is the scored split itself (the doc excluded).
+pub fn with_fewshot(docs: &[Doc], n: usize, k: usize, delimiter: &str) -> Result<Vec<Doc>> {
+    let n = n.min(docs.len());
+    if k == 0 {
+        return Ok(docs[..n].to_vec());
+    }
+    if k >= docs.len() {
+        return Err(Error::Invalid(format!(
+            "{k} few-shot examples need more than {} examples in the task",
+            docs.len()
+        )));
+    }
+    Ok((0..n)
+        .map(|i| {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(FEWSHOT_SEED ^ (i as u64).rotate_left(32));
+            let picks: Vec<usize> = sample(&mut rng, docs.len() - 1, k)
+                .into_iter()
+                .map(|j| if j >= i { j + 1 } else { j })
+                .collect();
+            let mut prefix = String::new();
+            for j in picks {
+                prefix.push_str(&docs[j].solved());
+                prefix.push_str(delimiter);
+            }
+            let mut d = docs[i].clone();
+            for r in &mut d.requests {
+                r.context = format!("{prefix}{}", r.context);
+            }
+            d
+        })
+        .collect())
 }
 
 /// Outcome of one doc.
@@ -38,12 +88,15 @@ pub struct DocScore {
     /// Argmax of `lls[i] / norm_lens[i]`.
     pub pred_norm: usize,
     pub gold: usize,
+    /// Whether each choice's continuation was entirely the model's greedy prediction.
+    pub greedy: Vec<bool>,
 }
 
 /// Scores every choice of every doc, `batch_size` requests per scorer call.
 pub fn score_docs(scorer: &mut dyn Scorer, docs: &[Doc], batch_size: usize) -> Result<Vec<DocScore>> {
     let requests: Vec<&Request> = docs.iter().flat_map(|d| &d.requests).collect();
     let mut lls = Vec::with_capacity(requests.len());
+    let mut greedy = Vec::with_capacity(requests.len());
     for chunk in requests.chunks(batch_size.max(1)) {
         let batch: Vec<Request> = chunk.iter().map(|r| (*r).clone()).collect();
         let got = scorer.loglikelihood(&batch)?;
@@ -54,13 +107,17 @@ pub fn score_docs(scorer: &mut dyn Scorer, docs: &[Doc], batch_size: usize) -> R
                 batch.len()
             )));
         }
-        lls.extend(got.into_iter().map(|l| l.logprob));
+        for l in got {
+            lls.push(l.logprob);
+            greedy.push(l.greedy);
+        }
     }
     let mut at = 0;
     Ok(docs
         .iter()
         .map(|d| {
             let l = lls[at..at + d.requests.len()].to_vec();
+            let g = greedy[at..at + d.requests.len()].to_vec();
             at += d.requests.len();
             let normed: Vec<f64> = l
                 .iter()
@@ -72,6 +129,7 @@ pub fn score_docs(scorer: &mut dyn Scorer, docs: &[Doc], batch_size: usize) -> R
                 pred_norm: argmax(&normed),
                 lls: l,
                 gold: d.gold,
+                greedy: g,
             }
         })
         .collect())
@@ -100,22 +158,51 @@ pub fn evaluate(
     records: &[Value],
     opts: &HarnessOptions,
 ) -> Result<TaskResult> {
-    let records = &records[..opts.limit.map_or(records.len(), |l| l.min(records.len()))];
-    let docs = docs_of(task, records)?;
+    let n = opts.limit.map_or(records.len(), |l| l.min(records.len()));
+    // Few-shot examples come from every record, not only the scored ones.
+    let pool = if opts.num_fewshot > 0 {
+        records
+    } else {
+        &records[..n]
+    };
+    let docs = with_fewshot(&docs_of(task, pool)?, n, opts.num_fewshot, &opts.fewshot_delimiter)?;
     if docs.is_empty() {
         return Err(Error::Invalid(format!("task {task} has no examples to score")));
     }
     let scores = score_docs(scorer, &docs, opts.batch_size)?;
-    Ok(summarise(task, &docs, &scores))
+    let mut r = summarise(task, &docs, &scores);
+    r.num_fewshot = opts.num_fewshot;
+    Ok(r)
 }
 
-/// Accuracies, intervals, per-example outcomes and the examples' fingerprint.
+/// Accuracies, intervals, per-example outcomes and the examples' fingerprint. For a
+/// [`Kind::LastWord`] task `acc` (and `acc_norm`) is the greedy accuracy and `perplexity` is set.
 pub fn summarise(task: Task, docs: &[Doc], scores: &[DocScore]) -> TaskResult {
-    let correct: Vec<f64> = scores.iter().map(|s| f64::from(s.pred == s.gold)).collect();
-    let correct_norm: Vec<f64> = scores.iter().map(|s| f64::from(s.pred_norm == s.gold)).collect();
+    let last_word = task.kind() == Kind::LastWord;
+    let correct: Vec<f64> = scores
+        .iter()
+        .map(|s| {
+            f64::from(if last_word {
+                s.greedy[s.gold]
+            } else {
+                s.pred == s.gold
+            })
+        })
+        .collect();
+    let correct_norm: Vec<f64> = if last_word {
+        correct.clone()
+    } else {
+        scores.iter().map(|s| f64::from(s.pred_norm == s.gold)).collect()
+    };
+    let perplexity = last_word.then(|| {
+        let mean = scores.iter().map(|s| s.lls[s.gold]).sum::<f64>() / scores.len().max(1) as f64;
+        (-mean).exp()
+    });
     let acc = bootstrap_mean(&correct, RESAMPLES, SEED);
     let acc_norm = bootstrap_mean(&correct_norm, RESAMPLES, SEED);
     TaskResult {
+        perplexity,
+        num_fewshot: 0,
         task: task.name().to_string(),
         split: task.split().to_string(),
         files: Vec::new(),

@@ -3,9 +3,14 @@
 //!
 //! Layout looked up for task `T` (its name, e.g. `arc_easy`) in `--data-dir D`, first match wins:
 //! 1. `D/T.jsonl`, `D/T.json` (JSON lines), `D/T.parquet`;
-//! 2. the files under `D/T/` (any depth) ending in `.jsonl`, `.json` or `.parquet` whose name
-//!    contains the task's split (`validation` or `test`), in name order; a Hugging Face dataset
-//!    snapshot (`huggingface-cli download ... --local-dir D/T`) has this shape.
+//! 2. the files under `D/T/` (any depth; entries starting with `.` skipped) ending in `.jsonl`,
+//!    `.json` or `.parquet` whose name contains the task's split (`validation` or `test`) or that
+//!    lie in a directory named after the split, in path order. A Hugging Face dataset snapshot
+//!    (`huggingface-cli download ... --local-dir D/T`) has this shape:
+//!    `ARC-Easy/test-00000-of-00001.parquet`, or `<config>/<split>/0000.parquet` in the
+//!    `refs/convert/parquet` revision. When the files belong to several configurations (the
+//!    directory above the split, e.g. `ARC-Easy` and `ARC-Challenge`), the task's own
+//!    ([`Task::configs`]) is taken; with none of them, the ambiguity is an error listing them.
 
 use crate::error::{Error, Result};
 use crate::tasks::Task;
@@ -80,29 +85,64 @@ pub fn task_files(data_dir: &Path, task: Task) -> Result<Vec<PathBuf>> {
         collect(&dir, &mut files)?;
     }
     let split = task.split();
-    let mut picked: Vec<PathBuf> = files
+    // (configuration, file): the configuration is the relative directory with a `<split>`
+    // component removed (`plain_text/validation/0000.parquet` -> `plain_text`).
+    let mut picked: Vec<(String, PathBuf)> = files
         .into_iter()
-        .filter(|p| {
-            p.file_name()
+        .filter_map(|p| {
+            let rel = p.strip_prefix(&dir).ok()?.to_path_buf();
+            let parts: Vec<String> = rel
+                .parent()
+                .map(|d| d.iter().map(|c| c.to_string_lossy().into_owned()).collect())
+                .unwrap_or_default();
+            let in_split_dir = parts.iter().any(|c| c == split);
+            let named = rel
+                .file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.contains(split))
+                .is_some_and(|n| n.contains(split));
+            (in_split_dir || named).then(|| {
+                let config: Vec<&str> = parts.iter().map(String::as_str).filter(|c| *c != split).collect();
+                (config.join("/"), p)
+            })
         })
         .collect();
     picked.sort();
     if picked.is_empty() {
         return Err(Error::Invalid(format!(
             "no data for task {task} in {}: expected {t}.jsonl, {t}.json or {t}.parquet there, or files \
-             named *{split}*.jsonl|json|parquet under {t}/ (see docs/eval.md for how to download them)",
+             named *{split}*.jsonl|json|parquet or under a {split}/ directory below {t}/ (see docs/eval.md \
+             for how to download them)",
             data_dir.display(),
             t = task.name(),
         )));
     }
-    Ok(picked)
+    let mut configs: Vec<&String> = picked.iter().map(|(c, _)| c).collect();
+    configs.dedup();
+    if configs.len() > 1 {
+        let want = task
+            .configs()
+            .iter()
+            .find(|w| configs.iter().any(|c| c == *w))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "task {task}: {} holds {split} files of several configurations {configs:?} and none is \
+                     {:?}; keep one of them there",
+                    dir.display(),
+                    task.configs()
+                ))
+            })?
+            .to_string();
+        picked.retain(|(c, _)| *c == want);
+    }
+    Ok(picked.into_iter().map(|(_, p)| p).collect())
 }
 
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let p = entry.map_err(|e| Error::io(dir, e))?.path();
+        if p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')) {
+            continue;
+        }
         if p.is_dir() {
             collect(&p, out)?;
         } else if matches!(

@@ -34,6 +34,13 @@ pub struct TaskResult {
     pub correct: String,
     /// Per-example outcome of `acc_norm`.
     pub correct_norm: String,
+    /// LAMBADA: exp(-mean log-likelihood of the last word) over the examples; absent for
+    /// multiple-choice tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perplexity: Option<f64>,
+    /// Solved examples before each scored one (0 = zero-shot).
+    #[serde(default)]
+    pub num_fewshot: usize,
 }
 
 impl TaskResult {

@@ -91,6 +91,39 @@ pub trait LanguageModel {
     /// own causal document) through `attn` and returns, for `i` in `1..L`, the score of `t[i]` given
     /// `t[..i]` (so `L - 1` scores per sequence).
     fn score_tokens(&mut self, batch: &[Vec<u32>], attn: AttnMode) -> Result<Vec<Vec<TokenScore>>>;
+    /// Like [`LanguageModel::score_tokens`], but only the scores of the last `tails[i]` tokens of
+    /// sequence `i` are wanted (the continuation of a task request): returns `tails[i]` scores per
+    /// sequence. A model should compute log-probabilities for those positions only (gather the
+    /// needed rows of the logits; no full-vocabulary copy). The default slices
+    /// [`LanguageModel::score_tokens`].
+    fn score_tails(
+        &mut self,
+        batch: &[Vec<u32>],
+        tails: &[usize],
+        attn: AttnMode,
+    ) -> Result<Vec<Vec<TokenScore>>> {
+        let all = self.score_tokens(batch, attn)?;
+        if all.len() != batch.len() || tails.len() != batch.len() {
+            return Err(Error::Scorer(format!(
+                "{} score rows and {} tails for {} sequences",
+                all.len(),
+                tails.len(),
+                batch.len()
+            )));
+        }
+        all.into_iter()
+            .zip(tails)
+            .map(|(row, &n)| {
+                if n > row.len() {
+                    return Err(Error::Scorer(format!(
+                        "tail of {n} tokens but the model returned {} scores",
+                        row.len()
+                    )));
+                }
+                Ok(row[row.len() - n..].to_vec())
+            })
+            .collect()
+    }
 }
 
 /// A [`Scorer`] over a [`LanguageModel`], following lm-evaluation-harness's `_encode_pair`:
@@ -180,7 +213,7 @@ impl<M: LanguageModel + ?Sized> Scorer for ModelScorer<'_, M> {
                 predicted.push(n);
             }
         }
-        let scores = self.model.score_tokens(&seqs, self.attn)?;
+        let scores = self.model.score_tails(&seqs, &predicted, self.attn)?;
         if scores.len() != seqs.len() {
             return Err(Error::Scorer(format!(
                 "model returned {} score rows for {} sequences",
@@ -195,16 +228,14 @@ impl<M: LanguageModel + ?Sized> Scorer for ModelScorer<'_, M> {
             };
             requests.len()
         ];
-        for (((row, seq), &i), &n) in scores.iter().zip(&seqs).zip(&owner).zip(&predicted) {
-            if row.len() != seq.len() - 1 {
+        for ((row, &i), &n) in scores.iter().zip(&owner).zip(&predicted) {
+            if row.len() != n {
                 return Err(Error::Scorer(format!(
-                    "model returned {} token scores for a sequence of {} tokens (expected {})",
-                    row.len(),
-                    seq.len(),
-                    seq.len() - 1
+                    "model returned {} token scores for a continuation of {n} tokens",
+                    row.len()
                 )));
             }
-            let tail = &row[row.len() - n..];
+            let tail = &row[..];
             out[i].logprob += tail.iter().map(|t| f64::from(t.logprob)).sum::<f64>();
             out[i].greedy &= tail.iter().all(|t| t.greedy);
         }

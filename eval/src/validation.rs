@@ -43,6 +43,9 @@ pub struct ValidationReport {
     /// The held-out file.
     pub source: String,
     pub seq_len: usize,
+    /// The token every document was prefixed with (the model's BOS, or EOS without one).
+    #[serde(default)]
+    pub prefix_token: Option<u32>,
     pub training: ValStats,
     pub exact: ValStats,
     /// `exact.loss - training.loss`: near zero for a causally safe path; clearly positive when the
@@ -156,6 +159,7 @@ pub fn report<M: LanguageModel + ?Sized>(
     Ok(ValidationReport {
         source: source.to_string(),
         seq_len: opts.seq_len,
+        prefix_token: Some(model.prefix_token()),
         gap_loss: exact.loss - training.loss,
         gap_bpb: exact.bpb - training.bpb,
         training,

@@ -3,7 +3,7 @@
 
 mod common;
 
-use flamia_eval::compare::{self, task_rows, CompareOptions};
+use flamia_eval::compare::{self, metric_rows, task_rows, Arm, CompareOptions};
 use flamia_eval::results::{EvalResults, SCHEMA};
 use flamia_eval::runs::Run;
 use flamia_eval::validation::{ValStats, ValidationReport};
@@ -25,6 +25,8 @@ fn task(name: &str, correct: &str) -> TaskResult {
         fingerprint: "00000000000000aa".into(),
         correct: correct.into(),
         correct_norm: correct.into(),
+        perplexity: None,
+        num_fewshot: 0,
     }
 }
 
@@ -41,6 +43,11 @@ fn val(attn: &str, loss: f64) -> ValStats {
 
 /// A run directory with `steps` logged losses decaying from 10 towards `floor`, and an eval.json.
 fn make_run(dir: &Path, floor: f64, tps: f64, piqa: &str, leak: f64) {
+    make_run_val(dir, floor, tps, piqa, leak, floor);
+}
+
+/// Like `make_run` with the validation (training path) loss `val` (exact = val + leak).
+fn make_run_val(dir: &Path, floor: f64, tps: f64, piqa: &str, leak: f64, val_loss: f64) {
     std::fs::create_dir_all(dir).unwrap();
     let mut lines = String::from("{\"event\":\"start\",\"config\":{}}\n");
     for step in 1..=50u64 {
@@ -53,8 +60,8 @@ fn make_run(dir: &Path, floor: f64, tps: f64, piqa: &str, leak: f64) {
     std::fs::write(dir.join("metrics.jsonl"), lines).unwrap();
     let mut tasks = BTreeMap::new();
     tasks.insert("piqa".into(), task("piqa", piqa));
-    let training = val("training", floor);
-    let exact = val("exact", floor + leak);
+    let training = val("training", val_loss);
+    let exact = val("exact", val_loss + leak);
     let results = EvalResults {
         schema: SCHEMA.into(),
         checkpoint: dir.join("checkpoints/step-50").display().to_string(),
@@ -66,6 +73,7 @@ fn make_run(dir: &Path, floor: f64, tps: f64, piqa: &str, leak: f64) {
         validation: Some(ValidationReport {
             source: "heldout.jsonl".into(),
             seq_len: 64,
+            prefix_token: Some(257),
             gap_loss: exact.loss - training.loss,
             gap_bpb: exact.bpb - training.bpb,
             training,
@@ -82,8 +90,9 @@ fn two_runs_compare_with_paired_differences() {
     // Control gets 6/10 right; the other run the same plus 2 more: paired difference exactly +20%.
     make_run(&a, 3.0, 1000.0, "1111110000", 0.0);
     make_run(&b, 3.1, 1500.0, "1111111100", 0.05);
-    let runs = compare::load_runs(&[a.display().to_string(), format!("fp8={}", b.display())]).unwrap();
-    assert_eq!(runs[1].label, "fp8");
+    let arms = compare::load_arms(&[a.display().to_string(), format!("fp8={}", b.display())]).unwrap();
+    let runs: Vec<Run> = arms.iter().map(|a| a.runs[0].clone()).collect();
+    assert_eq!(arms[1].label, "fp8");
     assert_eq!(runs[0].losses.len(), 50); // the event line is skipped
     assert_eq!(runs[0].last_step(), 50);
     let tail: f64 = (46..=50)
@@ -102,7 +111,7 @@ fn two_runs_compare_with_paired_differences() {
 
     let out = tmp.path().join("report");
     let w = compare::write(
-        &runs,
+        &arms,
         &CompareOptions {
             last_n: 5,
             out_dir: out.clone(),
@@ -115,9 +124,74 @@ fn two_runs_compare_with_paired_differences() {
     assert!(md.contains("| fp8 | mxfp8 | 3.1000 | 3.1500 | +0.0500 |"), "{md}");
     assert!(md.contains("| piqa | 10 | 60.0 ["), "{md}");
     assert!(md.contains("| +20.0 ["), "{md}");
+    // One run per arm: no seed interval.
+    assert!(md.contains("| validation loss, exact attention | 3.0000 | 3.1500 | n/a |"), "{md}");
     let png = std::fs::read(&w.png).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert_eq!(u32::from_be_bytes(png[16..20].try_into().unwrap()), 900); // IHDR width
+}
+
+#[test]
+fn arms_of_seeds_give_differences_of_means_with_welch_intervals() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = |n: &str| tmp.path().join(n);
+    // Validation (exact) losses: control 1.47, 1.48, 1.475; mxfp8 1.49, 1.485, 1.495.
+    for (name, v) in [("b0", 1.47), ("b1", 1.48), ("b2", 1.475)] {
+        make_run_val(&d(name), 3.0, 10.0, "1100", 0.0, v);
+    }
+    for (name, v) in [("m0", 1.49), ("m1", 1.485), ("m2", 1.495)] {
+        make_run_val(&d(name), 3.0, 10.0, "1110", 0.0, v);
+    }
+    let spec = |label: &str, dirs: [&str; 3]| {
+        format!(
+            "{label}={}",
+            dirs.iter().map(|n| d(n).display().to_string()).collect::<Vec<_>>().join(",")
+        )
+    };
+    let arms = compare::load_arms(&[spec("bf16", ["b0", "b1", "b2"]), spec("mxfp8", ["m0", "m1", "m2"])]).unwrap();
+    assert_eq!((arms[0].runs.len(), arms[1].label.as_str()), (3, "mxfp8"));
+    let rows = metric_rows(&arms, 5);
+    let v = rows
+        .iter()
+        .find(|r| r.metric == "validation loss, exact attention")
+        .unwrap();
+    assert!((v.values[0].mean - 1.475).abs() < 1e-12 && (v.values[0].sd - 0.005).abs() < 1e-12);
+    // 0.015 -+ t(0.975, 4) * sqrt(2 * 0.005^2 / 3) (see stats::tests).
+    let diff = v.diffs[1].unwrap();
+    assert!((diff.mean - 0.015).abs() < 1e-12 && (diff.lo - 0.003_665_21).abs() < 1e-7, "{diff:?}");
+    let acc = rows.iter().find(|r| r.metric == "piqa acc").unwrap();
+    assert!((acc.diffs[1].unwrap().mean - 0.25).abs() < 1e-12);
+    let md = compare::markdown(&arms, 5, None);
+    assert!(md.starts_with("# Comparison: bf16 (3 runs) (control) vs mxfp8 (3 runs)"), "{md}");
+    assert!(
+        md.contains("| validation loss, exact attention | 1.4750 ± 0.0050 | 1.4900 ± 0.0050 | +0.0150 [+0.0037, +0.0263] |"),
+        "{md}"
+    );
+    assert!(md.contains("| piqa acc | 50.0 ± 0.0 | 75.0 ± 0.0 | +25.0 [+25.0, +25.0] |"), "{md}");
+    assert!(md.contains("| mxfp8/m1 |"), "{md}");
+    // The plot: per-arm means and the difference panel.
+    let curves = plot::arm_curves(&arms);
+    assert_eq!(curves.len(), 2);
+    let diff = plot::difference(&curves[0].1, &curves[1].1);
+    assert_eq!(diff.len(), 50);
+    assert!(diff.iter().all(|p| p.1.abs() < 1e-12), "same training curves");
+    let px = plot::render_rgb(&arms, 600, 480).unwrap();
+    assert_eq!(px.len(), 600 * 480 * 3);
+}
+
+#[test]
+fn smoothing_means_and_differences() {
+    let c: Vec<(u64, f64)> = (1..=10).map(|s| (s, s as f64)).collect();
+    let sm = plot::smooth(&c, 3);
+    assert_eq!(sm[0], (1, 1.0));
+    assert_eq!(sm[1], (2, 1.5));
+    assert_eq!(sm[9], (10, 9.0));
+    let other: Vec<(u64, f64)> = (2..=12).step_by(2).map(|s| (s, 2.0 * s as f64)).collect();
+    let m = plot::mean_curve(&[c.clone(), other.clone()]);
+    assert_eq!(m, vec![(2, 3.0), (4, 6.0), (6, 9.0), (8, 12.0), (10, 15.0)]);
+    let d = plot::difference(&c, &other);
+    assert_eq!(d, vec![(2, 2.0), (4, 4.0), (6, 6.0), (8, 8.0), (10, 10.0)]);
+    assert_eq!((plot::window(10), plot::window(1000)), (1, 40));
 }
 
 #[test]
@@ -126,14 +200,15 @@ fn unpaired_examples_are_reported_not_compared() {
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
     make_run(&a, 3.0, 10.0, "1100", 0.0);
     make_run(&b, 3.0, 10.0, "110011", 0.0);
-    let runs = compare::load_runs(&[a.display().to_string(), b.display().to_string()]).unwrap();
+    let arms = compare::load_arms(&[a.display().to_string(), b.display().to_string()]).unwrap();
+    let runs: Vec<Run> = arms.iter().map(|a| a.runs[0].clone()).collect();
     let rows = task_rows(&runs, true);
     assert!(rows[0].diffs[1]
         .clone()
         .unwrap()
         .unwrap_err()
         .contains("different examples"));
-    let md = compare::markdown(&runs, 10, None);
+    let md = compare::markdown(&arms, 10, None);
     assert!(md.contains("not paired: different examples (n 4 vs 6)"), "{md}");
 }
 
@@ -142,9 +217,12 @@ fn plot_draws_text_without_system_fonts() {
     let tmp = tempfile::tempdir().unwrap();
     let a = tmp.path().join("a");
     make_run(&a, 3.0, 10.0, "1", 0.0);
-    let runs = vec![Run::load(&a, None).unwrap()];
+    let arms = vec![Arm {
+        label: "a".into(),
+        runs: vec![Run::load(&a, None).unwrap()],
+    }];
     let (w, h) = (400u32, 300u32);
-    let px = plot::render_rgb(&runs, w, h).unwrap();
+    let px = plot::render_rgb(&arms, w, h).unwrap();
     // The caption "training loss" sits in the top band, centred; with the embedded font it puts dark
     // pixels there (no font would leave the band white).
     let dark_in_caption = (4..30)
@@ -170,5 +248,5 @@ fn missing_metrics_is_a_clear_error() {
         },
     )
     .unwrap_err();
-    assert!(e.to_string().contains("at least 2 runs"));
+    assert!(e.to_string().contains("at least 2 arms"));
 }

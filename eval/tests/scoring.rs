@@ -56,7 +56,7 @@ fn planted_scores_give_exact_accuracies() {
     let (_, records) = load_task(&common::task_fixtures(), Task::ArcEasy, None).unwrap();
     let opts = HarnessOptions {
         batch_size: 3,
-        limit: None,
+        ..HarnessOptions::default()
     };
     let r = evaluate(&mut scorer, Task::ArcEasy, &records, &opts).unwrap();
     assert_eq!(scorer.batches, vec![3, 3, 3, 2]);
@@ -75,6 +75,7 @@ fn planted_scores_give_exact_accuracies() {
         &HarnessOptions {
             batch_size: 100,
             limit: Some(2),
+            ..HarnessOptions::default()
         },
     )
     .unwrap();

@@ -93,6 +93,40 @@ impl HfConfig {
     }
 }
 
+/// What `tokenizer_config.json` tells transformers' `AutoTokenizer` (a `PreTrainedTokenizerFast`
+/// over the exported `tokenizer.json`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenizerConfig {
+    /// The token that starts every training document, if the tokenizer has one.
+    pub bos_token: Option<String>,
+    /// The end-of-text token.
+    pub eos_token: String,
+    /// The context the model was trained with.
+    pub model_max_length: usize,
+}
+
+impl TokenizerConfig {
+    /// The `tokenizer_config.json` object.
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "model_max_length": self.model_max_length,
+            "clean_up_tokenization_spaces": false,
+            "model_input_names": ["input_ids", "attention_mask"],
+        })
+    }
+
+    /// Writes `out_dir/tokenizer_config.json`.
+    pub fn write(&self, out_dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
+        let p = out_dir.join("tokenizer_config.json");
+        let text = serde_json::to_string_pretty(&self.to_json()).map_err(|e| Error::Export(e.to_string()))?;
+        std::fs::write(&p, text + "\n").map_err(|e| Error::io(&p, e))
+    }
+}
+
 /// Every tensor a `LlamaForCausalLM` with `cfg` has, with its shape.
 pub fn expected_shapes(cfg: &HfConfig) -> BTreeMap<String, Vec<usize>> {
     let (d, f, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);

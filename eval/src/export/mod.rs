@@ -1,5 +1,7 @@
-//! Export to Hugging Face `LlamaForCausalLM` format: `config.json`, `model.safetensors` and the
-//! tokenizer files, so lm-evaluation-harness (or transformers) can load a flamia checkpoint.
+//! Export to Hugging Face `LlamaForCausalLM` format: `config.json` (with the tokenizer's BOS and
+//! EOS ids), `model.safetensors`, the tokenizer files and a `tokenizer_config.json`, so
+//! lm-evaluation-harness (or transformers' `AutoTokenizer` / `AutoModelForCausalLM`) can load a
+//! flamia checkpoint.
 //!
 //! Works on a name -> [`Tensor`] map (dtype, shape, little-endian bytes), so it is testable
 //! without libtorch. Tensor layouts are PyTorch `nn.Linear` weights, `(out_features, in_features)`:
@@ -16,7 +18,7 @@
 pub mod flamia;
 mod hf;
 
-pub use hf::{expected_shapes, interleaved_to_half, write_hf, HfConfig, RopeScaling};
+pub use hf::{expected_shapes, interleaved_to_half, write_hf, HfConfig, RopeScaling, TokenizerConfig};
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};

@@ -159,6 +159,26 @@ pub(super) fn mmlu(rec: &Value) -> FieldResult<Doc> {
     ))
 }
 
+/// LAMBADA (`text`), as lm-evaluation-harness's `lambada_openai`: context = the text up to its
+/// last space, continuation = `" " + last word`.
+pub(super) fn lambada(rec: &Value) -> FieldResult<Doc> {
+    let text = string(rec, "text")?;
+    let (ctx, word) = text
+        .rsplit_once(' ')
+        .ok_or_else(|| format!("text {text:?} has no space before a last word"))?;
+    if word.is_empty() || ctx.is_empty() {
+        return Err(format!("text {text:?} has no last word after a context"));
+    }
+    Ok(Doc {
+        requests: vec![Request {
+            context: ctx.to_string(),
+            continuation: format!(" {word}"),
+        }],
+        norm_lens: vec![word.chars().count()],
+        gold: 0,
+    })
+}
+
 /// Python's `str.capitalize()`: first character upper case, the rest lower case.
 fn py_capitalize(s: &str) -> String {
     let mut chars = s.chars();

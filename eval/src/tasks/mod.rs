@@ -1,6 +1,8 @@
-//! The zero-shot multiple-choice tasks: names, default splits, and the conversion of one dataset
-//! record (its standard Hugging Face field layout, as lm-evaluation-harness's task configs read it)
-//! into a [`Doc`]: one log-likelihood request per choice plus the gold index.
+//! The tasks: names, default splits, and the conversion of one dataset record (its standard
+//! Hugging Face field layout, as lm-evaluation-harness's task configs read it) into a [`Doc`]: one
+//! log-likelihood request per choice plus the gold index. Multiple-choice tasks score every
+//! choice; LAMBADA ([`Kind::LastWord`]) scores the one true last word (greedy accuracy and
+//! perplexity).
 
 mod fields;
 mod formats;
@@ -22,11 +24,22 @@ pub enum Task {
     CommonsenseQa,
     Boolq,
     Mmlu,
+    Lambada,
+}
+
+/// How a task is scored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Argmax of the choices' log-likelihoods (`acc`, `acc_norm`).
+    MultipleChoice,
+    /// One continuation: accuracy = every token is the greedy prediction, and perplexity =
+    /// exp(-mean log-likelihood) over examples (lm-evaluation-harness's `lambada_openai`).
+    LastWord,
 }
 
 impl Task {
     /// Every task, in report order.
-    pub const ALL: [Task; 10] = [
+    pub const ALL: [Task; 11] = [
         Task::Hellaswag,
         Task::ArcEasy,
         Task::ArcChallenge,
@@ -37,6 +50,7 @@ impl Task {
         Task::CommonsenseQa,
         Task::Boolq,
         Task::Mmlu,
+        Task::Lambada,
     ];
 
     /// Name on the command line, in file names and in result files.
@@ -52,6 +66,30 @@ impl Task {
             Task::CommonsenseQa => "commonsense_qa",
             Task::Boolq => "boolq",
             Task::Mmlu => "mmlu",
+            Task::Lambada => "lambada_openai",
+        }
+    }
+
+    /// How the task is scored.
+    pub fn kind(self) -> Kind {
+        match self {
+            Task::Lambada => Kind::LastWord,
+            _ => Kind::MultipleChoice,
+        }
+    }
+
+    /// Hugging Face dataset configurations (subset directories) this task reads, preferred first,
+    /// when a download holds several (e.g. `ai2_arc`'s `ARC-Easy` and `ARC-Challenge`).
+    pub fn configs(self) -> &'static [&'static str] {
+        match self {
+            Task::ArcEasy => &["ARC-Easy"],
+            Task::ArcChallenge => &["ARC-Challenge"],
+            Task::Winogrande => &["winogrande_xl"],
+            Task::OpenBookQa => &["main"],
+            Task::Mmlu => &["all"],
+            Task::Piqa | Task::Boolq => &["plain_text", "default"],
+            Task::Lambada => &["default", "en"],
+            _ => &["default"],
         }
     }
 
@@ -59,7 +97,7 @@ impl Task {
     /// task directory holds several splits).
     pub fn split(self) -> &'static str {
         match self {
-            Task::ArcEasy | Task::ArcChallenge | Task::OpenBookQa | Task::Mmlu => "test",
+            Task::ArcEasy | Task::ArcChallenge | Task::OpenBookQa | Task::Mmlu | Task::Lambada => "test",
             _ => "validation",
         }
     }
@@ -102,6 +140,7 @@ impl Task {
             Task::CommonsenseQa => formats::commonsense_qa(record),
             Task::Boolq => formats::boolq(record),
             Task::Mmlu => formats::mmlu(record),
+            Task::Lambada => formats::lambada(record),
         };
         let doc = doc.map_err(|msg| Error::Record {
             task: self.name().into(),
@@ -150,6 +189,13 @@ pub struct Doc {
 }
 
 impl Doc {
+    /// The gold request as one text (context + continuation): a solved example for few-shot
+    /// prompts.
+    pub fn solved(&self) -> String {
+        let r = &self.requests[self.gold];
+        format!("{}{}", r.context, r.continuation)
+    }
+
     /// A doc with one shared context and `" " + choice` continuations.
     pub(crate) fn shared_context(context: String, choices: &[String], gold: usize) -> Doc {
         Doc {
