@@ -77,7 +77,8 @@ fn eval_compare_export_two_tiny_runs() {
         assert_eq!(e["schema"], "flamia-eval/1");
         assert_eq!(e["train_attn"], path);
         assert_eq!(e["step"], 8);
-        assert_eq!(e["tasks"].as_object().unwrap().len(), 10);
+        assert_eq!(e["tasks"].as_object().unwrap().len(), 11);
+        assert!(e["tasks"]["lambada_openai"]["perplexity"].as_f64().unwrap() > 1.0);
         let v = &e["validation"];
         let (lt, le) = (
             v["training"]["loss"].as_f64().unwrap(),
@@ -87,6 +88,8 @@ fn eval_compare_export_two_tiny_runs() {
         assert!(lt.is_finite() && le < 5.6 && le > 1.0, "{v}");
         assert_eq!(v["training"]["tokens"], v["exact"]["tokens"]);
         assert!((v["gap_loss"].as_f64().unwrap() - (le - lt)).abs() < 1e-12);
+        // Evaluation starts every document with BOS, as training does.
+        assert_eq!(v["prefix_token"], 257);
     }
     // The control's training path is exact attention: no gap at all.
     assert_eq!(ea["validation"]["gap_loss"], 0.0);
@@ -131,4 +134,85 @@ fn eval_compare_export_two_tiny_runs() {
         (Some(128), Some(258))
     );
     assert!(hf.join("model.safetensors").metadata().unwrap().len() > 100_000);
+    // BOS / EOS of the byte tokenizer, a tokenizer.json for it and a tokenizer_config.json.
+    assert_eq!(
+        (cfg["bos_token_id"].as_u64(), cfg["eos_token_id"].as_u64()),
+        (Some(257), Some(256))
+    );
+    let tc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(hf.join("tokenizer_config.json")).unwrap()).unwrap();
+    assert_eq!(tc["tokenizer_class"], "PreTrainedTokenizerFast");
+    assert_eq!(
+        (tc["bos_token"].as_str(), tc["eos_token"].as_str()),
+        (Some("<|begin_of_text|>"), Some("<|end_of_text|>"))
+    );
+    assert_eq!(tc["model_max_length"], 64);
+    let tok = flamia_data::Tokenizer::from_file(&hf.join("tokenizer.json")).unwrap();
+    assert_eq!(
+        (tok.bos_id(), tok.eos_id(), tok.vocab_size()),
+        (Some(257), 256, 258)
+    );
+}
+
+/// `transformers.AutoTokenizer` and `AutoConfig` load an export: needs `transformers` in
+/// `$FLAMIA_VENV` (`pip install transformers`), which CI does not install.
+#[test]
+#[ignore = "needs transformers in $FLAMIA_VENV (pip install transformers)"]
+fn transformers_loads_the_exported_tokenizer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    ok(
+        flamia()
+            .args([
+                "train",
+                "--config",
+                "configs/tiny-cpu.toml",
+                "--set",
+                "training.steps=2",
+            ])
+            .args([
+                "--set",
+                &format!("run.dir={}", run.display()),
+                "--set",
+                "run.device=cpu",
+            ])
+            .args(SMALL),
+        "train",
+    );
+    let hf = tmp.path().join("hf");
+    ok(
+        flamia()
+            .args([
+                "export",
+                "--checkpoint",
+                &run.join("checkpoints/step_00000002").display().to_string(),
+            ])
+            .args(["--out", &hf.display().to_string()]),
+        "export",
+    );
+    let venv = std::env::var("FLAMIA_VENV").unwrap_or_else(|_| ".venv".into());
+    let script = r#"
+import sys
+from transformers import AutoConfig, AutoTokenizer
+d = sys.argv[1]
+t = AutoTokenizer.from_pretrained(d)
+c = AutoConfig.from_pretrained(d)
+ids = t("héllo, world", add_special_tokens=False)["input_ids"]
+assert ids == list("héllo, world".encode()), ids
+assert (t.bos_token_id, t.eos_token_id) == (257, 256), (t.bos_token_id, t.eos_token_id)
+assert (c.bos_token_id, c.eos_token_id) == (257, 256), (c.bos_token_id, c.eos_token_id)
+assert t.decode(ids) == "héllo, world"
+print("transformers ok", type(t).__name__)
+"#;
+    let out = std::process::Command::new(Path::new(&venv).join("bin/python"))
+        .args(["-c", script, &hf.display().to_string()])
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("transformers ok"));
 }

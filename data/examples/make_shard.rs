@@ -19,7 +19,8 @@ fn main() -> Result<(), flamia_data::DataError> {
             }
             None => flamia_data::makeshard::DEFAULT_ROWS_PER_GROUP,
         };
-        let (rows, bytes) = flamia_data::makeshard::make_shard_jsonl(input.as_ref(), out.as_ref(), rows_per_group)?;
+        let (rows, bytes) =
+            flamia_data::makeshard::make_shard_jsonl(input.as_ref(), out.as_ref(), rows_per_group)?;
         println!("wrote {out}: {rows} documents, {bytes} text bytes");
         return Ok(());
     }

@@ -219,15 +219,16 @@ mod tests {
             ..Config::default()
         };
         assert!(c.validate().unwrap_err().to_string().contains("val = []"));
-        let c = Config {
-            val: vec![],
-            ..c
-        };
+        let c = Config { val: vec![], ..c };
         c.validate().unwrap();
         let c = Config {
             shuffle_row_groups: 0,
             ..Config::default()
         };
-        assert!(c.validate().unwrap_err().to_string().contains("shuffle_row_groups"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("shuffle_row_groups"));
     }
 }

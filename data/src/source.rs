@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::DataType;
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
 use parquet::arrow::ProjectionMask;
 use parquet::file::reader::ChunkReader;
 use serde::{Deserialize, Serialize};
@@ -240,7 +242,9 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
                 source: e,
             })?
             .path();
-        if p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')) {
+        if p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        {
             continue;
         }
         if p.is_dir() {
@@ -379,12 +383,7 @@ fn column_indices(path: &Path, schema: &arrow::datatypes::Schema, f: &Filters) -
             "a string or binary column (or a dictionary of them)",
         )?,
         find("int_score", f.min_int_score.is_some(), is_int, "an integer")?,
-        find(
-            "language",
-            f.language.is_some(),
-            is_text_type,
-            "a string column",
-        )?,
+        find("language", f.language.is_some(), is_text_type, "a string column")?,
     ])
 }
 
@@ -488,7 +487,8 @@ enum TextColumn {
 
 impl TextColumn {
     fn of(c: &Arc<dyn Array>) -> std::result::Result<Self, arrow::error::ArrowError> {
-        let bytes = |t: &DataType| matches!(t, DataType::Binary | DataType::LargeBinary | DataType::BinaryView);
+        let bytes =
+            |t: &DataType| matches!(t, DataType::Binary | DataType::LargeBinary | DataType::BinaryView);
         let is_bin = match c.data_type() {
             DataType::Dictionary(_, v) => bytes(v),
             t => bytes(t),

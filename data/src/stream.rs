@@ -69,7 +69,10 @@ impl Holdout {
     }
 
     fn file_held(&self, path: &Path) -> bool {
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         self.files
             .iter()
             .any(|p| p.matches(&name) || p.matches_path(path))
@@ -77,7 +80,10 @@ impl Holdout {
 
     /// Uniform in [0, 1) from the file name and unit index (splitmix64 finaliser over FNV-1a).
     fn unit_hash(path: &Path, unit: usize) -> f64 {
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let mut z = fnv1a(format!("{name}#{unit}").as_bytes());
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -128,7 +134,12 @@ impl Plan {
     }
 
     /// Resolves `specs`, reads every footer and keeps the units of `split`.
-    pub fn build_split(specs: &[String], filters: &Filters, skip_bad: bool, split: Split<'_>) -> Result<Plan> {
+    pub fn build_split(
+        specs: &[String],
+        filters: &Filters,
+        skip_bad: bool,
+        split: Split<'_>,
+    ) -> Result<Plan> {
         let shards = source::open_all(source::resolve(specs, skip_bad)?, filters, skip_bad)?;
         if shards.is_empty() {
             return Err(DataError::NoData(format!("no readable shard in {specs:?}")));
@@ -142,7 +153,8 @@ impl Plan {
         let (units, tag) = match split {
             Split::All => (all, String::new()),
             Split::Train(h) | Split::HeldOut(h) => {
-                let keys: Vec<(&Path, usize)> = all.iter().map(|&(s, u, _)| (paths[s].as_path(), u)).collect();
+                let keys: Vec<(&Path, usize)> =
+                    all.iter().map(|&(s, u, _)| (paths[s].as_path(), u)).collect();
                 let held = h.held(&keys);
                 let want = matches!(split, Split::HeldOut(_));
                 let kept: Vec<_> = all
@@ -160,7 +172,10 @@ impl Plan {
                         if want { "validation" } else { "training" }
                     )));
                 }
-                (kept, format!("{}:{};", if want { "val" } else { "train" }, h.describe()))
+                (
+                    kept,
+                    format!("{}:{};", if want { "val" } else { "train" }, h.describe()),
+                )
             }
         };
         let mut fp = tag;
@@ -197,7 +212,10 @@ impl Plan {
     pub fn documents(&self, filters: &Filters, limit: Option<usize>) -> Result<Vec<RawDoc>> {
         let mut out = Vec::new();
         for &(s, u, _) in &self.units {
-            for d in source::read_unit(&self.shards[s], u, filters)?.into_iter().flatten() {
+            for d in source::read_unit(&self.shards[s], u, filters)?
+                .into_iter()
+                .flatten()
+            {
                 if limit.is_some_and(|l| out.len() >= l) {
                     return Ok(out);
                 }
@@ -544,20 +562,21 @@ impl Stream {
         let mut slots = Vec::new();
         for pos in positions {
             let (s, u, rows) = self.plan.units[self.order[pos]];
-            let got = match source::read_slots(&self.plan.shards[s], u, &self.spec.filters, self.spec.skip_bad) {
-                Ok(r) => r,
-                Err(e) if self.spec.skip_bad => {
-                    tracing::warn!("skipping unreadable row group {u}: {e}");
-                    if count_bad {
-                        self.count_drop(|d| {
-                            d.bad_units += 1;
-                            d.bad_unit_rows += rows as u64;
-                        });
+            let got =
+                match source::read_slots(&self.plan.shards[s], u, &self.spec.filters, self.spec.skip_bad) {
+                    Ok(r) => r,
+                    Err(e) if self.spec.skip_bad => {
+                        tracing::warn!("skipping unreadable row group {u}: {e}");
+                        if count_bad {
+                            self.count_drop(|d| {
+                                d.bad_units += 1;
+                                d.bad_unit_rows += rows as u64;
+                            });
+                        }
+                        Vec::new()
                     }
-                    Vec::new()
-                }
-                Err(e) => return Err(e),
-            };
+                    Err(e) => return Err(e),
+                };
             for (r, slot) in got.into_iter().enumerate() {
                 if self.striding && (self.prefix[pos] + r as u64) % self.world as u64 != self.rank as u64 {
                     continue;
@@ -566,7 +585,8 @@ impl Stream {
             }
         }
         if self.spec.shuffle {
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(mix(self.spec.seed, 3, self.epoch, g as u64));
+            let mut rng =
+                rand_chacha::ChaCha8Rng::seed_from_u64(mix(self.spec.seed, 3, self.epoch, g as u64));
             slots.shuffle(&mut rng);
         }
         Ok(slots)
@@ -612,7 +632,11 @@ impl Stream {
                 self.taken
             );
         } else {
-            tracing::debug!("data rank {} epoch {epoch}: {} documents read, none dropped", self.rank, self.taken);
+            tracing::debug!(
+                "data rank {} epoch {epoch}: {} documents read, none dropped",
+                self.rank,
+                self.taken
+            );
         }
     }
 

@@ -209,7 +209,11 @@ fn groups_of_first_block(k: usize) -> usize {
         batch_rows: 1,
         ..cfg(vec![p.display().to_string()])
     };
-    let b = Loader::new(&c, 0, 1, None).unwrap().next_batch().unwrap().unwrap();
+    let b = Loader::new(&c, 0, 1, None)
+        .unwrap()
+        .next_batch()
+        .unwrap()
+        .unwrap();
     let docs = docs_of(&b.tokens);
     let index = |d: &String| -> usize { d[1..d.find('>').unwrap()].parse().unwrap() };
     let mut groups: Vec<usize> = docs.iter().map(|d| index(d) / 30).collect();
@@ -242,7 +246,10 @@ fn drops_are_counted() {
     // int_score = i % 6: 40 of 60 below 4; of the rest, language "fr" when i % 3 == 0.
     let score = (0..60).filter(|i| i % 6 < 4).count() as u64;
     let lang = (0..60).filter(|i| i % 6 >= 4 && i % 3 == 0).count() as u64;
-    assert_eq!((d.score, d.language, d.empty, d.rows()), (score, lang, 0, score + lang));
+    assert_eq!(
+        (d.score, d.language, d.empty, d.rows()),
+        (score, lang, 0, score + lang)
+    );
 }
 
 #[test]

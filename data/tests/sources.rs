@@ -41,14 +41,19 @@ fn val_docs(c: &Config) -> Vec<String> {
 
 /// A one-column (`text`) parquet file with `rows_per_group` rows per row group.
 fn write_column(path: &Path, col: ArrayRef, compression: Compression, rows_per_group: usize) {
-    let schema = Arc::new(Schema::new(vec![Field::new("text", col.data_type().clone(), true)]));
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "text",
+        col.data_type().clone(),
+        true,
+    )]));
     let batch = RecordBatch::try_new(schema.clone(), vec![col]).unwrap();
     let props = WriterProperties::builder()
         .set_compression(compression)
         .set_max_row_group_size(rows_per_group)
         .build();
     let mut w =
-        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, Some(props)).unwrap();
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, Some(props))
+            .unwrap();
     w.write(&batch).unwrap();
     w.close().unwrap();
 }
@@ -119,8 +124,15 @@ fn dictionary_large_view_and_binary_text_columns_are_read() {
     }
     // A column that is not text is refused with its type.
     let p = dir.path().join("ints.parquet");
-    write_column(&p, Arc::new(arrow::array::Int64Array::from(vec![1, 2])), Compression::SNAPPY, 8);
-    let e = Loader::validation(&cfg(vec![s(&p)]), 0, 1).unwrap_err().to_string();
+    write_column(
+        &p,
+        Arc::new(arrow::array::Int64Array::from(vec![1, 2])),
+        Compression::SNAPPY,
+        8,
+    );
+    let e = Loader::validation(&cfg(vec![s(&p)]), 0, 1)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("ints.parquet") && e.contains("Int64"), "{e}");
     let _ = DataType::Utf8;
 }
@@ -236,7 +248,11 @@ fn a_validation_split_is_held_out_of_the_training_files() {
     let train = Plan::training(&c, &f).unwrap();
     let val = Plan::validation(&c, &f).unwrap();
     assert_eq!(train.units.len() + val.units.len(), 60);
-    assert!((2..=14).contains(&val.units.len()), "{} of 60 held out", val.units.len());
+    assert!(
+        (2..=14).contains(&val.units.len()),
+        "{} of 60 held out",
+        val.units.len()
+    );
     let (mut t, v) = (doc_texts(&train), doc_texts(&val));
     assert!(v.iter().all(|d| !t.contains(d)), "disjoint");
     t.extend(v.iter().cloned());
@@ -265,7 +281,10 @@ fn a_validation_split_is_held_out_of_the_training_files() {
         let ids: Vec<u32> = b.tokens.iter().copied().filter(|&t| t < 256).collect();
         let text = String::from_utf8(ids.iter().map(|&t| t as u8).collect()).unwrap();
         for i in 200..300 {
-            assert!(!text.contains(&format!("<{i}>")), "held-out document {i} in training");
+            assert!(
+                !text.contains(&format!("<{i}>")),
+                "held-out document {i} in training"
+            );
         }
     }
     // Holding out everything is an error that says so.

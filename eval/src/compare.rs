@@ -286,9 +286,7 @@ pub fn markdown(arms: &[Arm], last_n: usize, png: Option<&str>) -> String {
         "\n## Arms: mean ± sd over runs; difference to the control with a 95% Welch t interval from the seed spread\n"
     );
     if arms.iter().any(|a| a.runs.len() < 2) {
-        s.push_str(
-            "Intervals need at least 2 runs (seeds) per arm; arms with one run show `n/a`.\n\n",
-        );
+        s.push_str("Intervals need at least 2 runs (seeds) per arm; arms with one run show `n/a`.\n\n");
     }
     let mut head = String::from("| metric |");
     let mut rule = String::from("|---|");

@@ -165,7 +165,12 @@ pub fn evaluate(
     } else {
         &records[..n]
     };
-    let docs = with_fewshot(&docs_of(task, pool)?, n, opts.num_fewshot, &opts.fewshot_delimiter)?;
+    let docs = with_fewshot(
+        &docs_of(task, pool)?,
+        n,
+        opts.num_fewshot,
+        &opts.fewshot_delimiter,
+    )?;
     if docs.is_empty() {
         return Err(Error::Invalid(format!("task {task} has no examples to score")));
     }

@@ -140,7 +140,9 @@ pub fn task_files(data_dir: &Path, task: Task) -> Result<Vec<PathBuf>> {
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let p = entry.map_err(|e| Error::io(dir, e))?.path();
-        if p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')) {
+        if p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        {
             continue;
         }
         if p.is_dir() {

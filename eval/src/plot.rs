@@ -5,8 +5,8 @@
 //! licence, `eval/assets/DejaVu-LICENSE.txt`) through plotters' `ab_glyph` feature, so rendering
 //! needs no system fonts or fontconfig.
 
-use crate::error::{Error, Result};
 use crate::compare::Arm;
+use crate::error::{Error, Result};
 use crate::runs::Run;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -131,7 +131,9 @@ pub fn render_rgb(arms: &[Arm], width: u32, height: u32) -> Result<Vec<u8>> {
 }
 
 fn range(ys: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
-    let (mut lo, mut hi) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
+    let (mut lo, mut hi) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| {
+        (a.min(y), b.max(y))
+    });
     if !lo.is_finite() || !hi.is_finite() {
         return None;
     }
@@ -194,7 +196,10 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, arms: &[Arm]) -> std::
         if runs.len() > 1 {
             for r in runs {
                 chart
-                    .draw_series(LineSeries::new(r.iter().copied(), color.mix(0.35).stroke_width(1)))
+                    .draw_series(LineSeries::new(
+                        r.iter().copied(),
+                        color.mix(0.35).stroke_width(1),
+                    ))
                     .map_err(e)?;
             }
         }
@@ -242,7 +247,10 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, arms: &[Arm]) -> std::
             .draw()
             .map_err(e)?;
         chart
-            .draw_series(LineSeries::new([(0, 0.0), (max_step, 0.0)], BLACK.stroke_width(1)))
+            .draw_series(LineSeries::new(
+                [(0, 0.0), (max_step, 0.0)],
+                BLACK.stroke_width(1),
+            ))
             .map_err(e)?;
         for (i, d) in diffs.iter().enumerate() {
             let color = COLORS[(i + 1) % COLORS.len()];

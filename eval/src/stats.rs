@@ -164,9 +164,12 @@ fn inc_beta(x: f64, a: f64, b: f64) -> f64 {
     for m in 1..300 {
         let m = m as f64;
         let num = m * (b - m) * x / ((a + 2.0 * m - 1.0) * (a + 2.0 * m));
-        for (k, num) in [num, -(a + m) * (a + b + m) * x / ((a + 2.0 * m) * (a + 2.0 * m + 1.0))]
-            .into_iter()
-            .enumerate()
+        for (k, num) in [
+            num,
+            -(a + m) * (a + b + m) * x / ((a + 2.0 * m) * (a + 2.0 * m + 1.0)),
+        ]
+        .into_iter()
+        .enumerate()
         {
             d = 1.0 + num * d;
             if d.abs() < tiny {
@@ -272,7 +275,10 @@ mod tests {
         let b = [1.49, 1.485, 1.495];
         let d = welch_diff(&a, &b).unwrap();
         assert!((d.mean - 0.015).abs() < 1e-12);
-        assert!((d.lo - 0.003_665_21).abs() < 1e-7 && (d.hi - 0.026_334_79).abs() < 1e-7, "{d:?}");
+        assert!(
+            (d.lo - 0.003_665_21).abs() < 1e-7 && (d.hi - 0.026_334_79).abs() < 1e-7,
+            "{d:?}"
+        );
         assert!(welch_diff(&a[..1], &b).is_none());
         let same = welch_diff(&[2.0, 2.0], &[3.0, 3.0]).unwrap();
         assert_eq!((same.lo, same.hi), (1.0, 1.0));

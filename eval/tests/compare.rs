@@ -125,7 +125,10 @@ fn two_runs_compare_with_paired_differences() {
     assert!(md.contains("| piqa | 10 | 60.0 ["), "{md}");
     assert!(md.contains("| +20.0 ["), "{md}");
     // One run per arm: no seed interval.
-    assert!(md.contains("| validation loss, exact attention | 3.0000 | 3.1500 | n/a |"), "{md}");
+    assert!(
+        md.contains("| validation loss, exact attention | 3.0000 | 3.1500 | n/a |"),
+        "{md}"
+    );
     let png = std::fs::read(&w.png).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert_eq!(u32::from_be_bytes(png[16..20].try_into().unwrap()), 900); // IHDR width
@@ -145,10 +148,17 @@ fn arms_of_seeds_give_differences_of_means_with_welch_intervals() {
     let spec = |label: &str, dirs: [&str; 3]| {
         format!(
             "{label}={}",
-            dirs.iter().map(|n| d(n).display().to_string()).collect::<Vec<_>>().join(",")
+            dirs.iter()
+                .map(|n| d(n).display().to_string())
+                .collect::<Vec<_>>()
+                .join(",")
         )
     };
-    let arms = compare::load_arms(&[spec("bf16", ["b0", "b1", "b2"]), spec("mxfp8", ["m0", "m1", "m2"])]).unwrap();
+    let arms = compare::load_arms(&[
+        spec("bf16", ["b0", "b1", "b2"]),
+        spec("mxfp8", ["m0", "m1", "m2"]),
+    ])
+    .unwrap();
     assert_eq!((arms[0].runs.len(), arms[1].label.as_str()), (3, "mxfp8"));
     let rows = metric_rows(&arms, 5);
     let v = rows
@@ -158,16 +168,25 @@ fn arms_of_seeds_give_differences_of_means_with_welch_intervals() {
     assert!((v.values[0].mean - 1.475).abs() < 1e-12 && (v.values[0].sd - 0.005).abs() < 1e-12);
     // 0.015 -+ t(0.975, 4) * sqrt(2 * 0.005^2 / 3) (see stats::tests).
     let diff = v.diffs[1].unwrap();
-    assert!((diff.mean - 0.015).abs() < 1e-12 && (diff.lo - 0.003_665_21).abs() < 1e-7, "{diff:?}");
+    assert!(
+        (diff.mean - 0.015).abs() < 1e-12 && (diff.lo - 0.003_665_21).abs() < 1e-7,
+        "{diff:?}"
+    );
     let acc = rows.iter().find(|r| r.metric == "piqa acc").unwrap();
     assert!((acc.diffs[1].unwrap().mean - 0.25).abs() < 1e-12);
     let md = compare::markdown(&arms, 5, None);
-    assert!(md.starts_with("# Comparison: bf16 (3 runs) (control) vs mxfp8 (3 runs)"), "{md}");
+    assert!(
+        md.starts_with("# Comparison: bf16 (3 runs) (control) vs mxfp8 (3 runs)"),
+        "{md}"
+    );
     assert!(
         md.contains("| validation loss, exact attention | 1.4750 ± 0.0050 | 1.4900 ± 0.0050 | +0.0150 [+0.0037, +0.0263] |"),
         "{md}"
     );
-    assert!(md.contains("| piqa acc | 50.0 ± 0.0 | 75.0 ± 0.0 | +25.0 [+25.0, +25.0] |"), "{md}");
+    assert!(
+        md.contains("| piqa acc | 50.0 ± 0.0 | 75.0 ± 0.0 | +25.0 [+25.0, +25.0] |"),
+        "{md}"
+    );
     assert!(md.contains("| mxfp8/m1 |"), "{md}");
     // The plot: per-arm means and the difference panel.
     let curves = plot::arm_curves(&arms);

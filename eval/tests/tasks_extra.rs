@@ -32,7 +32,11 @@ fn refs_convert_parquet_layouts_are_found() {
     let arc = r#"{"question": "q", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "A"}"#;
     put(d, "arc_easy/ARC-Challenge/test-00000-of-00001.jsonl", &[arc, arc]);
     put(d, "arc_easy/ARC-Easy/test-00000-of-00001.jsonl", &[arc]);
-    put(d, "arc_easy/ARC-Easy/train-00000-of-00001.jsonl", &[arc, arc, arc]);
+    put(
+        d,
+        "arc_easy/ARC-Easy/train-00000-of-00001.jsonl",
+        &[arc, arc, arc],
+    );
     assert_eq!(
         task_files(d, Task::ArcEasy).unwrap(),
         vec![d.join("arc_easy/ARC-Easy/test-00000-of-00001.jsonl")]
@@ -49,7 +53,8 @@ fn refs_convert_parquet_layouts_are_found() {
         ]
     );
     // Unknown configurations side by side: an error that lists them.
-    let siqa = r#"{"context": "c", "question": "q", "answerA": "a", "answerB": "b", "answerC": "c", "label": "1"}"#;
+    let siqa =
+        r#"{"context": "c", "question": "q", "answerA": "a", "answerB": "b", "answerC": "c", "label": "1"}"#;
     put(d, "siqa/one/validation/0000.jsonl", &[siqa]);
     put(d, "siqa/two/validation/0000.jsonl", &[siqa]);
     let e = task_files(d, Task::Siqa).unwrap_err().to_string();
@@ -82,16 +87,27 @@ impl Scorer for Planted {
 fn lambada_scores_the_last_word_greedy_accuracy_and_perplexity() {
     let (_, records) = load_task(&common::task_fixtures(), Task::Lambada, None).unwrap();
     let mut s = Planted(
-        vec![(" tea", -1.0, true), (" compass", -2.0, false), (" envelope", -3.0, true)],
+        vec![
+            (" tea", -1.0, true),
+            (" compass", -2.0, false),
+            (" envelope", -3.0, true),
+        ],
         Vec::new(),
     );
     let r = evaluate(&mut s, Task::Lambada, &records, &HarnessOptions::default()).unwrap();
-    assert_eq!(s.1[0].context, "She poured the tea, handed him the cup and waited for him to drink the");
+    assert_eq!(
+        s.1[0].context,
+        "She poured the tea, handed him the cup and waited for him to drink the"
+    );
     assert_eq!(s.1[0].continuation, " tea");
     assert_eq!((r.n, r.correct.as_str()), (3, "101"));
     assert!((r.acc - 2.0 / 3.0).abs() < 1e-12);
     // exp(-mean(-1, -2, -3)) = e^2.
-    assert!((r.perplexity.unwrap() - 2f64.exp()).abs() < 1e-9, "{:?}", r.perplexity);
+    assert!(
+        (r.perplexity.unwrap() - 2f64.exp()).abs() < 1e-9,
+        "{:?}",
+        r.perplexity
+    );
     assert_eq!(Task::parse_list("lambada_openai").unwrap(), vec![Task::Lambada]);
 }
 
@@ -105,9 +121,15 @@ fn few_shot_prompts_put_solved_examples_before_the_question() {
         let others: Vec<String> = (0..3).filter(|&j| j != i).map(|j| docs[j].solved()).collect();
         let ctx = &d.requests[0].context;
         // Both other examples, solved, each followed by the delimiter, then the question.
-        assert!(ctx.ends_with(&format!("{FEWSHOT_DELIMITER}{}", docs[i].requests[0].context)), "{ctx:?}");
+        assert!(
+            ctx.ends_with(&format!("{FEWSHOT_DELIMITER}{}", docs[i].requests[0].context)),
+            "{ctx:?}"
+        );
         for o in &others {
-            assert!(ctx.contains(&format!("{o}{FEWSHOT_DELIMITER}")), "{ctx:?} lacks {o:?}");
+            assert!(
+                ctx.contains(&format!("{o}{FEWSHOT_DELIMITER}")),
+                "{ctx:?} lacks {o:?}"
+            );
         }
         assert!(!ctx.contains(&docs[i].solved()));
         // Choices and gold are unchanged; every choice shares the prompt.
@@ -118,7 +140,10 @@ fn few_shot_prompts_put_solved_examples_before_the_question() {
     assert_eq!(shot, with_fewshot(&docs, 3, 2, FEWSHOT_DELIMITER).unwrap());
     let one = with_fewshot(&docs, 1, 1, "\n###\n").unwrap();
     assert!(one[0].requests[0].context.contains("\n###\nQuestion:"));
-    assert!(with_fewshot(&docs, 3, 3, "\n\n").is_err(), "not enough other examples");
+    assert!(
+        with_fewshot(&docs, 3, 3, "\n\n").is_err(),
+        "not enough other examples"
+    );
     // Through the harness: n counts the scored examples; the result records the shots.
     let mut s = Planted(Vec::new(), Vec::new());
     for d in &docs {

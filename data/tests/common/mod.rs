@@ -61,7 +61,10 @@ pub fn docs_of(ids: &[u32]) -> Vec<String> {
             (0..=255, Some(c)) => c.push(t as u8),
             // The padding of a validation pass's last row: end-of-text to the end.
             (256, None) if ids[i..].iter().all(|&x| x == 256) => break,
-            _ => panic!("token {t} at {i} breaks the [BOS] text [EOS] layout: {:?}", &ids[i.saturating_sub(5)..(i + 5).min(ids.len())]),
+            _ => panic!(
+                "token {t} at {i} breaks the [BOS] text [EOS] layout: {:?}",
+                &ids[i.saturating_sub(5)..(i + 5).min(ids.len())]
+            ),
         }
     }
     out

@@ -1,5 +1,8 @@
-//! `flamia compare RUN...`: A/B report of runs against the first (the control): loss curves PNG,
-//! loss summaries, exact-attention validation, task accuracies with paired bootstrap differences.
+//! `flamia compare ARM...`: A/B report of arms (one or more runs each, e.g. seeds) against the
+//! first (the control): smoothed loss curves with a run-minus-control panel (PNG), loss
+//! summaries, exact-attention validation, task scores; per metric the arms' mean ± sd over runs
+//! and arm − control differences with a 95% Welch t interval from the seed spread (paired
+//! bootstrap task differences when every arm has one run).
 
 use anyhow::Context;
 use flamia_eval::compare::{self, CompareOptions};
@@ -7,9 +10,10 @@ use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
 pub struct CompareArgs {
-    /// Run directories, the control first; `LABEL=DIR` sets the label (default: directory name).
+    /// Arms, the control first: `DIR`, `DIR1,DIR2,...` (several runs, e.g. seeds) or
+    /// `LABEL=DIR1,DIR2,...` (default label: the first directory's name).
     #[arg(required = true, num_args = 2..)]
-    runs: Vec<String>,
+    arms: Vec<String>,
     /// Directory for `compare.md` and `loss.png`.
     #[arg(long, default_value = "compare")]
     out: PathBuf,
@@ -19,9 +23,9 @@ pub struct CompareArgs {
 }
 
 pub fn run(a: CompareArgs) -> anyhow::Result<()> {
-    let runs = compare::load_runs(&a.runs).context("reading the run directories")?;
+    let arms = compare::load_arms(&a.arms).context("reading the run directories")?;
     let w = compare::write(
-        &runs,
+        &arms,
         &CompareOptions {
             last_n: a.last_n,
             out_dir: a.out.clone(),

@@ -20,11 +20,15 @@ pub struct DataArgs {
 #[derive(Debug, Subcommand)]
 enum DataCmd {
     /// Build a FineWeb-Edu-schema parquet shard from UTF-8 text files (documents split at
-    /// paragraph breaks); this is how data/shards/*.parquet are made.
+    /// paragraph breaks; this is how data/shards/*.parquet are made) or from JSON lines (one
+    /// document per line: `text`, optional FineWeb-Edu fields).
     MakeShard {
         /// Text files, in order.
-        #[arg(long, num_args = 1.., required = true)]
+        #[arg(long, num_args = 1.., required_unless_present = "jsonl", conflicts_with = "jsonl")]
         from: Vec<PathBuf>,
+        /// A JSON-lines file, one document per line.
+        #[arg(long)]
+        jsonl: Option<PathBuf>,
         /// Output .parquet file.
         #[arg(long)]
         out: PathBuf,
@@ -132,12 +136,16 @@ pub fn run(args: DataArgs) -> anyhow::Result<()> {
     match args.cmd {
         DataCmd::MakeShard {
             from,
+            jsonl,
             out,
             doc_chars,
             rows_per_group,
         } => {
-            let (rows, bytes) = flamia_data::makeshard::make_shard(&from, &out, doc_chars, rows_per_group)
-                .with_context(|| format!("make-shard {}", out.display()))?;
+            let (rows, bytes) = match jsonl {
+                Some(j) => flamia_data::makeshard::make_shard_jsonl(&j, &out, rows_per_group),
+                None => flamia_data::makeshard::make_shard(&from, &out, doc_chars, rows_per_group),
+            }
+            .with_context(|| format!("make-shard {}", out.display()))?;
             println!("wrote {}: {rows} documents, {bytes} text bytes", out.display());
         }
         DataCmd::MakeSynthetic {

@@ -4,7 +4,8 @@
 mod model;
 
 use anyhow::{bail, Context};
-use flamia_data::source::{self, Filters, RawDoc};
+use flamia_data::source::{Filters, RawDoc};
+use flamia_data::Plan;
 use flamia_eval::harness::{self, HarnessOptions};
 use flamia_eval::results::{EvalResults, FILE_NAME, SCHEMA};
 use flamia_eval::validation::{self, ValidationOptions};
@@ -32,6 +33,14 @@ pub struct EvalArgs {
     /// Sequences per forward pass.
     #[arg(long, default_value_t = 16)]
     batch_size: usize,
+    /// Solved examples put before each scored one (drawn from the same split, the example
+    /// itself excluded, seed 1234).
+    #[arg(long, default_value_t = 0)]
+    num_fewshot: usize,
+    /// Text between few-shot examples (lm-evaluation-harness's default: a blank line); `\n` is a
+    /// newline.
+    #[arg(long, default_value = "\n\n")]
+    fewshot_delimiter: String,
     /// Attention the tasks are scored through: exact (default) or training.
     #[arg(long, default_value = "exact")]
     task_attn: String,
@@ -67,35 +76,34 @@ fn run_dir(ckpt: &Path) -> PathBuf {
     }
 }
 
-/// Texts of the run's `data.val` shards (parquet or embedded), at most `limit` documents.
+/// Texts of the run's validation split (the held-out part of `data.train`, else `data.val`), at
+/// most `limit` documents.
 fn run_val_texts(cfg: &TrainConfig, limit: Option<usize>) -> anyhow::Result<(String, Vec<String>)> {
     let filters = Filters::default();
-    let sources = source::resolve(&cfg.data.val, false).context("resolving the run's data.val shards")?;
-    let shards = source::open_all(sources, &filters, false)?;
+    let plan = Plan::validation(&cfg.data, &filters).context("the run's validation split")?;
     let mut texts = Vec::new();
-    'all: for shard in &shards {
-        for unit in 0..shard.unit_rows.len() {
-            for doc in source::read_unit(shard, unit, &filters)?.into_iter().flatten() {
-                match doc {
-                    RawDoc::Text(t) => texts.push(t),
-                    RawDoc::Tokens(_) => bail!(
-                        "{} is pre-tokenised; pass --val-data with a text shard (bits per byte needs the text)",
-                        shard.source.path().display()
-                    ),
-                }
-                if limit.is_some_and(|l| texts.len() >= l) {
-                    break 'all;
-                }
-            }
+    for doc in plan.documents(&filters, limit)? {
+        match doc {
+            RawDoc::Text(t) => texts.push(t),
+            RawDoc::Tokens(_) => bail!(
+                "the run's validation split is pre-tokenised; pass --val-data with a text shard (bits per byte needs the text)"
+            ),
         }
     }
     if texts.is_empty() {
-        bail!(
-            "the run's data.val ({:?}) holds no documents; pass --val-data",
-            cfg.data.val
-        );
+        bail!("the run's validation split holds no documents; pass --val-data");
     }
-    Ok((cfg.data.val.join(","), texts))
+    let source = if cfg.data.holds_out() {
+        format!(
+            "held out of {} (holdout_fraction {}, holdout_files {:?})",
+            cfg.data.train.join(","),
+            cfg.data.holdout_fraction,
+            cfg.data.holdout_files
+        )
+    } else {
+        cfg.data.val.join(",")
+    };
+    Ok((source, texts))
 }
 
 pub fn run(a: EvalArgs) -> anyhow::Result<()> {
@@ -112,16 +120,23 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     let opts = HarnessOptions {
         batch_size: a.batch_size,
         limit: a.limit,
+        num_fewshot: a.num_fewshot,
+        fewshot_delimiter: a.fewshot_delimiter.replace("\\n", "\n"),
     };
     let mut results = BTreeMap::new();
     for task in tasks {
         let dir = a.data_dir.as_deref().unwrap_or(Path::new("."));
-        let (files, records) = loader::load_task(dir, task, a.limit)?;
+        // Few-shot examples are drawn from every record, so read them all then.
+        let read_limit = if a.num_fewshot > 0 { None } else { a.limit };
+        let (files, records) = loader::load_task(dir, task, read_limit)?;
         let t0 = std::time::Instant::now();
         let mut scorer = ModelScorer::new(&mut m, task_attn);
         let mut r =
             harness::evaluate(&mut scorer, task, &records, &opts).with_context(|| format!("task {task}"))?;
         r.files = files.iter().map(|f| f.display().to_string()).collect();
+        if let Some(ppl) = r.perplexity {
+            eprintln!("{task}: perplexity {ppl:.3}");
+        }
         eprintln!(
             "{task}: n {} acc {:.4} [{:.4}, {:.4}] acc_norm {:.4} [{:.4}, {:.4}] ({:.1} s)",
             r.n,

@@ -1,8 +1,10 @@
-//! `flamia export`: a checkpoint to Hugging Face `LlamaForCausalLM` format (`config.json`,
-//! `model.safetensors` in BF16, tokenizer files), for lm-evaluation-harness or transformers.
+//! `flamia export`: a checkpoint to Hugging Face `LlamaForCausalLM` format (`config.json` with the
+//! tokenizer's BOS/EOS ids, `model.safetensors` in BF16, `tokenizer.json` — generated for the byte
+//! tokenizer, copied otherwise — and `tokenizer_config.json`), for lm-evaluation-harness or
+//! transformers.
 
 use anyhow::{bail, Context};
-use flamia_eval::export::{flamia, write_hf, HfConfig, RopeScaling};
+use flamia_eval::export::{flamia, write_hf, HfConfig, RopeScaling, TokenizerConfig};
 use flamia_trainer::config::TrainConfig;
 use std::path::{Path, PathBuf};
 
@@ -48,8 +50,23 @@ pub fn hf_config(cfg: &TrainConfig, vocab: usize) -> anyhow::Result<HfConfig> {
             original_max_position_embeddings: r.original_max_position,
         }),
         tie_word_embeddings: shape.tied,
-        bos_token_id: Some(tok.eos_id()),
+        bos_token_id: tok.bos_id(),
         eos_token_id: Some(tok.eos_id()),
+    })
+}
+
+/// The `tokenizer_config.json` of a run: its tokenizer's BOS and EOS spellings and context.
+pub fn tokenizer_config(cfg: &TrainConfig) -> anyhow::Result<TokenizerConfig> {
+    let tok = flamia_data::Tokenizer::from_spec(&cfg.data.tokenizer)
+        .with_context(|| format!("loading tokenizer {:?}", cfg.data.tokenizer))?;
+    let name = |id: u32| {
+        tok.token_name(id)
+            .with_context(|| format!("tokenizer {:?} has no token {id}", cfg.data.tokenizer))
+    };
+    Ok(TokenizerConfig {
+        bos_token: tok.bos_id().map(name).transpose()?,
+        eos_token: name(tok.eos_id())?,
+        model_max_length: cfg.data.seq_len,
     })
 }
 
@@ -70,18 +87,19 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     };
     let hf = hf_config(&cfg, vocab)?;
     let mut tok_files = a.tokenizer.clone();
-    if tok_files.is_empty() {
-        if cfg.data.tokenizer == "bytes" {
-            eprintln!(
-                "note: the run uses the built-in byte tokenizer (token = byte + specials); it has no \
-                 tokenizer.json, so none is copied"
-            );
-        } else {
-            tok_files.push(PathBuf::from(&cfg.data.tokenizer));
-        }
+    let bytes = cfg.data.tokenizer == "bytes";
+    if tok_files.is_empty() && !bytes {
+        tok_files.push(PathBuf::from(&cfg.data.tokenizer));
     }
     let hf_tensors = flamia::to_hf(&hf, tensors)?;
     write_hf(&hf, &hf_tensors, &a.out, &tok_files)?;
+    if bytes && a.tokenizer.is_empty() {
+        // The built-in byte tokenizer has no file: write its tokenizer.json equivalent.
+        let p = a.out.join("tokenizer.json");
+        std::fs::write(&p, flamia_data::tokenizer::byte_tokenizer_json().to_string())
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    tokenizer_config(&cfg)?.write(&a.out)?;
     println!("exported {} tensors to {}", hf_tensors.len(), a.out.display());
     Ok(())
 }

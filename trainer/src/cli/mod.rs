@@ -39,7 +39,7 @@ enum Command {
     Tokenizer(tokenizer::TokenizerArgs),
     /// Zero-shot tasks and exact-attention validation of a checkpoint; writes RUN/eval.json.
     Eval(eval::EvalArgs),
-    /// A/B report of runs against the first (the control): loss PNG, validation, task deltas.
+    /// A/B report of arms (runs or seeds) against the first: loss PNG, validation, differences with intervals.
     Compare(compare::CompareArgs),
     /// Export a checkpoint to Hugging Face LlamaForCausalLM format.
     Export(export::ExportArgs),

@@ -76,7 +76,8 @@ impl LanguageModel for TrainedModel {
     }
 
     fn prefix_token(&self) -> u32 {
-        self.tok.eos_id()
+        // Training starts every document with BOS; tokenizers without one start with EOS.
+        self.tok.bos_id().unwrap_or_else(|| self.tok.eos_id())
     }
 
     fn score_tokens(
@@ -84,49 +85,90 @@ impl LanguageModel for TrainedModel {
         batch: &[Vec<u32>],
         attn: AttnMode,
     ) -> flamia_eval::Result<Vec<Vec<TokenScore>>> {
+        let tails: Vec<usize> = batch.iter().map(|s| s.len().saturating_sub(1)).collect();
+        self.score_tails(batch, &tails, attn)
+    }
+
+    fn score_tails(
+        &mut self,
+        batch: &[Vec<u32>],
+        tails: &[usize],
+        attn: AttnMode,
+    ) -> flamia_eval::Result<Vec<Vec<TokenScore>>> {
         let mut inputs = Vec::new();
-        let mut targets = Vec::new();
         let mut cu = vec![0usize];
-        for s in batch {
-            if s.len() < 2 || s.len() > self.max_len + 1 {
+        // Packed positions whose prediction is wanted, and the token each must predict.
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        for (s, &tail) in batch.iter().zip(tails) {
+            if s.len() < 2 || s.len() > self.max_len + 1 || tail > s.len() - 1 {
                 return Err(model_err(format!(
-                    "sequence of {} tokens; allowed 2..={} (the model's context + 1)",
+                    "sequence of {} tokens with {tail} scored; allowed 2..={} tokens (the model's context + 1), at most all but the first scored",
                     s.len(),
                     self.max_len + 1
                 )));
             }
+            let base = inputs.len();
             inputs.extend(s[..s.len() - 1].iter().map(|&t| i64::from(t)));
-            targets.extend(s[1..].iter().map(|&t| i64::from(t)));
+            for i in s.len() - 1 - tail..s.len() - 1 {
+                rows.push((base + i) as i64);
+                targets.push(i64::from(s[i + 1]));
+            }
             cu.push(inputs.len());
         }
         let opts = self.options(attn);
         let (lp, greedy) = tch::no_grad(|| -> flamia_trainer::Result<(Vec<f32>, Vec<i64>)> {
             let input = self.model.input(&inputs, &cu, self.device)?;
             let logits = self.model.forward(&input, &opts, self.compute)?;
-            let logp = logits.log_softmax(-1, Kind::Float);
-            let tgt = Tensor::from_slice(&targets).to_device(self.device);
-            let picked = logp
-                .gather(1, &tgt.unsqueeze(1), false)
-                .squeeze_dim(1)
-                .to_device(Device::Cpu);
-            let argmax = logp.argmax(-1, false).to_device(Device::Cpu);
-            let lp = Vec::<f32>::try_from(picked)
-                .map_err(|e| flamia_trainer::TrainError::Invalid(e.to_string()))?;
-            let am = Vec::<i64>::try_from(argmax)
-                .map_err(|e| flamia_trainer::TrainError::Invalid(e.to_string()))?;
-            Ok((lp, am))
+            token_logprobs(&logits, &rows, &targets, self.device)
         })
         .map_err(model_err)?;
-        Ok(cu
-            .windows(2)
-            .map(|w| {
-                (w[0]..w[1])
+        let mut at = 0;
+        Ok(tails
+            .iter()
+            .map(|&n| {
+                let row = (at..at + n)
                     .map(|i| TokenScore {
                         logprob: lp[i],
                         greedy: greedy[i] == targets[i],
                     })
-                    .collect()
+                    .collect();
+                at += n;
+                row
             })
             .collect())
     }
+}
+
+/// Positions scored per chunk: bounds the temporary `(chunk, vocab)` copy that log-sum-exp makes.
+const SCORE_CHUNK: i64 = 1024;
+
+/// log p(target | prefix) and the argmax at packed positions `rows` of `logits` `(tokens, vocab)`:
+/// only those rows are gathered (in chunks of [`SCORE_CHUNK`]), the log-softmax is
+/// `logit[target] - logsumexp(logits)` per row, and only one float and one id per position come
+/// back to the host (no full-vocabulary log-softmax of the batch).
+pub fn token_logprobs(
+    logits: &Tensor,
+    rows: &[i64],
+    targets: &[i64],
+    device: Device,
+) -> flamia_trainer::Result<(Vec<f32>, Vec<i64>)> {
+    let conv = |e: tch::TchError| flamia_trainer::TrainError::Invalid(e.to_string());
+    let mut lp = Vec::with_capacity(rows.len());
+    let mut am = Vec::with_capacity(rows.len());
+    for (r, t) in rows
+        .chunks(SCORE_CHUNK as usize)
+        .zip(targets.chunks(SCORE_CHUNK as usize))
+    {
+        let idx = Tensor::from_slice(r).to_device(device);
+        let tgt = Tensor::from_slice(t).to_device(device);
+        let l = logits.index_select(0, &idx);
+        let picked = l.gather(1, &tgt.unsqueeze(1), false).squeeze_dim(1);
+        let lse = l.logsumexp([-1i64].as_slice(), false);
+        let p = (picked - lse).to_kind(Kind::Float).to_device(Device::Cpu);
+        let a = l.argmax(-1, false).to_device(Device::Cpu);
+        lp.extend(Vec::<f32>::try_from(p).map_err(conv)?);
+        am.extend(Vec::<i64>::try_from(a).map_err(conv)?);
+    }
+    Ok((lp, am))
 }
