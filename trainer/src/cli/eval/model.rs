@@ -119,8 +119,9 @@ impl LanguageModel for TrainedModel {
         let opts = self.options(attn);
         let (lp, greedy) = tch::no_grad(|| -> flamia_trainer::Result<(Vec<f32>, Vec<i64>)> {
             let input = self.model.input(&inputs, &cu, self.device)?;
-            let logits = self.model.forward(&input, &opts, self.compute)?;
-            token_logprobs(&logits, &rows, &targets, self.device)
+            let hidden = self.model.hidden(&input, &opts, self.compute)?;
+            let w_out = self.model.output_weight().to_kind(self.compute);
+            token_logprobs(&hidden, &w_out, &rows, &targets, self.device)
         })
         .map_err(model_err)?;
         let mut at = 0;
@@ -140,15 +141,17 @@ impl LanguageModel for TrainedModel {
     }
 }
 
-/// Positions scored per chunk: bounds the temporary `(chunk, vocab)` copy that log-sum-exp makes.
-const SCORE_CHUNK: i64 = 1024;
+/// Positions scored per chunk: bounds the `(chunk, vocab)` logits made at once.
+const SCORE_CHUNK: usize = 1024;
 
-/// log p(target | prefix) and the argmax at packed positions `rows` of `logits` `(tokens, vocab)`:
-/// only those rows are gathered (in chunks of [`SCORE_CHUNK`]), the log-softmax is
-/// `logit[target] - logsumexp(logits)` per row, and only one float and one id per position come
-/// back to the host (no full-vocabulary log-softmax of the batch).
+/// log p(target | prefix) and the argmax at packed positions `rows`, from the final hidden states
+/// `(tokens, dim)` and the output projection `(vocab, dim)`: only those rows are projected to
+/// logits (in chunks of [`SCORE_CHUNK`]), the log-softmax is `logit[target] - logsumexp(logits)`
+/// per row, and one float and one id per position come back to the host. No `(tokens, vocab)`
+/// tensor of the whole batch is ever made.
 pub fn token_logprobs(
-    logits: &Tensor,
+    hidden: &Tensor,
+    w_out: &Tensor,
     rows: &[i64],
     targets: &[i64],
     device: Device,
@@ -156,16 +159,16 @@ pub fn token_logprobs(
     let conv = |e: tch::TchError| flamia_trainer::TrainError::Invalid(e.to_string());
     let mut lp = Vec::with_capacity(rows.len());
     let mut am = Vec::with_capacity(rows.len());
-    for (r, t) in rows
-        .chunks(SCORE_CHUNK as usize)
-        .zip(targets.chunks(SCORE_CHUNK as usize))
-    {
+    for (r, t) in rows.chunks(SCORE_CHUNK).zip(targets.chunks(SCORE_CHUNK)) {
         let idx = Tensor::from_slice(r).to_device(device);
         let tgt = Tensor::from_slice(t).to_device(device);
-        let l = logits.index_select(0, &idx);
+        let l = hidden
+            .index_select(0, &idx)
+            .linear(w_out, None::<Tensor>)
+            .to_kind(Kind::Float);
         let picked = l.gather(1, &tgt.unsqueeze(1), false).squeeze_dim(1);
         let lse = l.logsumexp([-1i64].as_slice(), false);
-        let p = (picked - lse).to_kind(Kind::Float).to_device(Device::Cpu);
+        let p = (picked - lse).to_device(Device::Cpu);
         let a = l.argmax(-1, false).to_device(Device::Cpu);
         lp.extend(Vec::<f32>::try_from(p).map_err(conv)?);
         am.extend(Vec::<i64>::try_from(a).map_err(conv)?);
