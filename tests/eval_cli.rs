@@ -66,6 +66,20 @@ fn eval(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("eval.json")).expect("eval.json written")).unwrap()
 }
 
+/// `flamia export` of a `train` run's last checkpoint into `out`.
+fn export(run: &Path, out: &Path) {
+    ok(
+        flamia()
+            .args([
+                "export",
+                "--checkpoint",
+                &run.join("checkpoints/step_00000008").display().to_string(),
+            ])
+            .args(["--out", &out.display().to_string()]),
+        "export",
+    );
+}
+
 #[test]
 fn eval_compare_export_two_tiny_runs() {
     let tmp = tempfile::tempdir().unwrap();
@@ -116,16 +130,7 @@ fn eval_compare_export_two_tiny_runs() {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
 
     let hf = tmp.path().join("hf");
-    ok(
-        flamia()
-            .args([
-                "export",
-                "--checkpoint",
-                &a.join("checkpoints/step_00000008").display().to_string(),
-            ])
-            .args(["--out", &hf.display().to_string()]),
-        "export",
-    );
+    export(&a, &hf);
     let cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["architectures"][0], "LlamaForCausalLM");
@@ -161,35 +166,9 @@ fn eval_compare_export_two_tiny_runs() {
 fn transformers_loads_the_exported_tokenizer() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
-    ok(
-        flamia()
-            .args([
-                "train",
-                "--config",
-                "configs/tiny-cpu.toml",
-                "--set",
-                "training.steps=2",
-            ])
-            .args([
-                "--set",
-                &format!("run.dir={}", run.display()),
-                "--set",
-                "run.device=cpu",
-            ])
-            .args(SMALL),
-        "train",
-    );
+    train(&run, "bf16");
     let hf = tmp.path().join("hf");
-    ok(
-        flamia()
-            .args([
-                "export",
-                "--checkpoint",
-                &run.join("checkpoints/step_00000002").display().to_string(),
-            ])
-            .args(["--out", &hf.display().to_string()]),
-        "export",
-    );
+    export(&run, &hf);
     let venv = std::env::var("FLAMIA_VENV").unwrap_or_else(|_| ".venv".into());
     let script = r#"
 import sys
