@@ -15,6 +15,13 @@ pub const FWD_QT: usize = 128;
 /// Keys per tile of the v4 forward.
 pub const FWD_KT: usize = 128;
 
+/// Key tiles the query tile at `q0` of a `len`-token document visits (causal: up to its last
+/// query); the same count as `fwd_key_tiles` in `cuda/attn_fwd_v4.cu`.
+fn key_tiles(len: usize, q0: usize, causal: bool) -> usize {
+    let kend = if causal { len.min(q0 + FWD_QT) } else { len };
+    kend.div_ceil(FWD_KT)
+}
+
 /// The v4 forward's work list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FwdSchedule {
@@ -33,11 +40,9 @@ impl FwdSchedule {
         let mut cost = Vec::new();
         for (d, w) in shape.cu_seqlens.windows(2).enumerate() {
             let (s, len) = (w[0], w[1] - w[0]);
-            let n = len.div_ceil(FWD_KT);
             for q0 in (0..len).step_by(FWD_QT) {
                 tiles.push([s as i32, len as i32, pad_starts[d] as i32, q0 as i32]);
-                let kend = if causal { len.min(q0 + FWD_QT) } else { len };
-                cost.push(if causal { kend.div_ceil(FWD_KT) } else { n });
+                cost.push(key_tiles(len, q0, causal));
             }
         }
         let hq = shape.heads_q;
@@ -54,8 +59,7 @@ impl FwdSchedule {
     pub fn item_cost(&self, i: usize, heads_q: usize, causal: bool) -> usize {
         let t = self.tiles[self.items[i] as usize / heads_q];
         let (len, q0) = (t[1] as usize, t[3] as usize);
-        let kend = if causal { len.min(q0 + FWD_QT) } else { len };
-        kend.div_ceil(FWD_KT)
+        key_tiles(len, q0, causal)
     }
 }
 
