@@ -1,9 +1,9 @@
 //! Shared support of the end-to-end tests in this folder and of the multi-process tests of
-//! `dist/tests/`: the binaries cargo built for this test run, the repository root, a free
+//! `distributed/tests/`: the binaries cargo built for this test run, the repository root, a free
 //! loopback port, the small-run settings and the `metrics.jsonl` loss reader.
 //!
 //! The end-to-end tests are `[[test]]` targets of the package that owns the binary they run
-//! (`trainer/Cargo.toml` for `flamia`, `dist/Cargo.toml` for `flamia-dist`), so `cargo test
+//! (`trainer/Cargo.toml` for `flamia`, `distributed/Cargo.toml` for `flamia-dist`), so `cargo test
 //! --workspace` builds each binary once, with the tests' profile and features, and
 //! `CARGO_BIN_EXE_*` names it. Other packages include this file with `#[path]`.
 #![allow(dead_code)] // each test file uses a subset
