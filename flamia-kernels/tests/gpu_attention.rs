@@ -95,6 +95,37 @@ fn mxfp8_non_causal_mha_is_as_accurate_as_the_reference() {
     );
 }
 
+/// Documents of many 128-key tiles: the v4 backward's ordered dQ reduction over key tiles (a query
+/// tile gets partials from up to 9 key tiles), its GQA dK/dV sums and the walk from the document
+/// end down to the diagonal, causal and not.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn long_documents_gqa_are_as_accurate_as_the_reference() {
+    let shape = VarlenShape::from_lens(&[1100, 517, 64], 4, 2, 128).unwrap();
+    check_accuracy("mxfp8 long causal gqa", &shape, AttnOptions::new(AttnPath::Mxfp8));
+    let shape = VarlenShape::from_lens(&[700, 300], 4, 1, 128).unwrap();
+    check_accuracy(
+        "mxfp8 long non-causal gqa 4:1",
+        &shape,
+        AttnOptions {
+            causal: false,
+            ..AttnOptions::new(AttnPath::Mxfp8)
+        },
+    );
+}
+
+/// Per-token scales with dS exponents per 32x32 block: the case where the one dS fold rule
+/// (`dS * 2^(eQ_i + eK_j)` before quantising, reference/bwd.rs) differs from the unfolded dS, run
+/// by the v4 backward and held to the same GPU-vs-CPU bound.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn per_token_scales_with_block_ds_follow_the_reference_fold() {
+    let shape = VarlenShape::from_lens(&LENS, 4, 2, 128).unwrap();
+    let mut opts = AttnOptions::new(AttnPath::Mxfp8);
+    opts.precision.per_token_scales = true;
+    check_accuracy("mxfp8 per-token scales, block dS", &shape, opts);
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn precision_options_and_no_hadamard_are_as_accurate_as_the_reference() {
@@ -132,9 +163,16 @@ fn nvfp4_is_as_accurate_as_the_reference() {
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn repeated_runs_are_bitwise_identical() {
     let gpu = gpu();
-    let shape = VarlenShape::from_lens(&[300, 1, 65], 4, 1, 128).unwrap();
+    for lens in [&[300, 1, 65][..], &[1100, 517][..]] {
+        let shape = VarlenShape::from_lens(lens, 4, 1, 128).unwrap();
+        repeat_bitwise(&gpu, &shape);
+    }
+}
+
+fn repeat_bitwise(gpu: &std::sync::Arc<flamia_kernels::gpu::Gpu>, shape: &VarlenShape) {
+    let gpu = gpu.clone();
     with_seeds("repeat", |mut rng| {
-        let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+        let call = gauss_call(&mut rng, shape, AttnOptions::new(AttnPath::Mxfp8));
         for path in [AttnPath::Mxfp8, AttnPath::Nvfp4] {
             let one = call.with_path(path);
             let (a, b) = (gpu_attn(&gpu, &one), gpu_attn(&gpu, &one));

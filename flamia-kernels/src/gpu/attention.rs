@@ -33,7 +33,7 @@ use super::quant::{
     OperandRef, QuantInput, PART_ALIGN,
 };
 use super::runtime::{launch, Gpu, RawStream, Variant};
-use super::sched::FWD_QT;
+use super::sched::{BWD_KT, BWD_QT, FWD_QT};
 use super::tma::{self, TmaMap};
 use crate::options::{AttnOptions, AttnPath};
 use crate::quant::ScaleMode;
@@ -78,6 +78,110 @@ fn forward_v4_variant(per_token: bool, stages: u32) -> Variant {
         .define("PER_TOKEN_COLS", per_token as u32)
         .define("FWD_STAGES", stages)
         .define("SMEM_FWD4_BUDGET", smem_fwd4(stages))
+}
+
+/// Which backward runs: the v4 fused kernel (default where it applies: E4M3 operands, dS
+/// exponents per 32x32 block, no FP32 promotion of dP or S) or the two v3.1 kernels
+/// (`FLAMIA_ATTN_BWD=v3`, kept for A/B; the NVFP4 path and `row_ds_exponents` always use them).
+pub fn backward_v3_forced() -> bool {
+    std::env::var("FLAMIA_ATTN_BWD").is_ok_and(|v| v.trim() == "v3")
+}
+
+/// Ring depth and item slots of the v4 backward (`FLAMIA_BWD_STAGES` 2..=3, a kernel-development
+/// knob; 3 stages leave room for one item slot only).
+pub fn backward_v4_stages() -> u32 {
+    std::env::var("FLAMIA_BWD_STAGES")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|n| (2..=3).contains(n))
+        .unwrap_or(2)
+}
+
+/// Dynamic shared memory of the v4 backward (`cuda/attn_bwd_v4.cu`): per item slot the K, V and
+/// dim-major K tiles (48 KB) and 1.6 KB of per-key factors, per stage the Q and dO tiles in both
+/// layouts (32 KB) and 1.25 KB of per-query constants, the FP32 dQ partials (32 KB), two dS code
+/// tiles (16 KB), and slack for barriers, exchange slots and the 1 KB alignment (the kernel's
+/// static_assert checks the total).
+fn smem_bwd4(stages: u32, islots: u32) -> u32 {
+    (50 * islots + 34 * stages + 50) * 1024
+}
+
+fn backward_v4_variant(stages: u32) -> (Variant, u32) {
+    let islots = if stages >= 3 { 1 } else { 2 };
+    let smem = smem_bwd4(stages, islots);
+    let v = Variant::new()
+        .define("BWD_STAGES", stages)
+        .define("BWD_ISLOTS", islots)
+        .define("SMEM_BWD4_BUDGET", smem);
+    (v, smem)
+}
+
+/// Mirrors `struct BwdV4Params` of `cuda/attn_bwd_v4.cu`.
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, Default)]
+struct BwdV4Params {
+    k_map: TmaMap,
+    v_map: TmaMap,
+    kd_map: TmaMap,
+    q_map: TmaMap,
+    do_map: TmaMap,
+    qd_map: TmaMap,
+    dod_map: TmaMap,
+    dq_map: TmaMap,
+    a: AttnParams,
+    items: u64,
+    tiles: u64,
+    cexp: u64,
+    dkv_acc: u64,
+    counter: u64,
+    dq_sem: u64,
+    kv_sem: u64,
+    nitems: i32,
+    nqt: i32,
+    nkt: i32,
+}
+
+/// Mirrors `struct DvFoldParams` of `cuda/attn_bwd_v4.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct DvFoldParams {
+    do_exp: u64,
+    cu: u64,
+    cexp: u64,
+    hq: i32,
+    causal: i32,
+}
+
+/// Mirrors `struct DqConvertParams` of `cuda/attn_bwd_v4.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct DqConvertParams {
+    acc: u64,
+    q_exp: u64,
+    dq: u64,
+    rows: i64,
+    scale: f32,
+    hadamard: i32,
+}
+
+/// Scratch of the v4 backward, part of [`GradWorkspace`]: the FP32 dQ accumulator, the dQ and
+/// dK/dV semaphores, dV's per-token fold exponents, and (GQA only) the dK/dV partial sums.
+#[derive(Debug)]
+pub struct BwdScratch {
+    dq_acc: DeviceBuf<f32>,
+    sems: DeviceBuf<i32>,
+    cexp: DeviceBuf<i32>,
+    dkv: Option<DeviceBuf<f32>>,
+}
+
+impl BwdScratch {
+    /// Device bytes held.
+    pub fn bytes(&self) -> usize {
+        self.dq_acc.bytes()
+            + self.sems.bytes()
+            + self.cexp.bytes()
+            + self.dkv.as_ref().map_or(0, |b| b.bytes())
+    }
 }
 
 /// Mirrors `struct FwdV4Params` of `cuda/attn_fwd_v4.cu` (passed as a `__grid_constant__`, so the
@@ -183,6 +287,9 @@ pub enum BwdKernel {
     Dq,
     /// `attn_bwd_dkdv`: dK and dV, one CTA per (key tile, KV head).
     DkDv,
+    /// The v4 backward: `bwd_dv_fold`, `attn_bwd_v4`, `bwd_dq_convert` (where
+    /// [`Attention::uses_backward_v4`]).
+    Fused,
 }
 
 /// Device pointers the backward kernels read (`lse`) and write (the BF16 gradients).
@@ -199,6 +306,15 @@ pub struct BwdOutputs {
 pub struct GradWorkspace {
     pub d_o: Operand,
     pub delta: DeviceBuf<f32>,
+    /// The v4 backward's scratch (`None` when the v3.1 kernels run).
+    pub v4: Option<BwdScratch>,
+}
+
+impl GradWorkspace {
+    /// Device bytes held.
+    pub fn bytes(&self) -> usize {
+        self.d_o.bytes() + self.delta.bytes() + self.v4.as_ref().map_or(0, |v| v.bytes())
+    }
 }
 
 /// FLAMIA attention with fixed options on one GPU.
@@ -208,10 +324,12 @@ pub struct Attention {
     opts: AttnOptions,
     amax: AmaxScratch,
     /// The development switches, read once here (not per call): `FLAMIA_ATTN_PROMOTE`,
-    /// `FLAMIA_ATTN_FWD`, `FLAMIA_FWD_STAGES`.
+    /// `FLAMIA_ATTN_FWD`, `FLAMIA_FWD_STAGES`, `FLAMIA_ATTN_BWD`, `FLAMIA_BWD_STAGES`.
     promote: u32,
     fwd_v3: bool,
     fwd_stages: u32,
+    bwd_v3: bool,
+    bwd_stages: u32,
 }
 
 impl Attention {
@@ -232,6 +350,8 @@ impl Attention {
             promote: promote_mask(),
             fwd_v3: forward_v3_forced(),
             fwd_stages: forward_v4_stages(),
+            bwd_v3: backward_v3_forced(),
+            bwd_stages: backward_v4_stages(),
         })
     }
 
@@ -305,9 +425,26 @@ impl Attention {
     /// Allocates the backward workspace.
     pub fn alloc_grad(&self, plan: &Plan) -> GpuResult<GradWorkspace> {
         let s = plan.shape();
+        let v4 = if self.uses_backward_v4() {
+            let t = s.tokens();
+            let nkt = plan.tables.bwd.tiles.len();
+            let sems = s.heads_q * plan.tables.bwd.query_tiles + s.heads_kv * nkt;
+            let dkv = (s.heads_q != s.heads_kv)
+                .then(|| DeviceBuf::zeros(&self.gpu, nkt * s.heads_kv * 2 * BWD_KT * 128))
+                .transpose()?;
+            Some(BwdScratch {
+                dq_acc: DeviceBuf::zeros(&self.gpu, t * s.heads_q * 128)?,
+                sems: DeviceBuf::zeros(&self.gpu, sems)?,
+                cexp: DeviceBuf::zeros(&self.gpu, t * s.heads_q)?,
+                dkv,
+            })
+        } else {
+            None
+        };
         Ok(GradWorkspace {
             d_o: Operand::alloc(&self.gpu, plan, s.heads_q)?,
             delta: DeviceBuf::zeros(&self.gpu, s.heads_q * s.tokens())?,
+            v4,
         })
     }
 
@@ -380,6 +517,15 @@ impl Attention {
     /// forced back to v3.1 by `FLAMIA_ATTN_FWD=v3`).
     pub fn uses_forward_v4(&self) -> bool {
         self.opts.path != AttnPath::Nvfp4 && self.promote & 2 == 0 && !self.fwd_v3
+    }
+
+    /// True when the backward runs the v4 fused kernel (E4M3 operands, dS exponents per 32x32
+    /// block, no FP32 promotion of dP or S, not forced back to v3.1 by `FLAMIA_ATTN_BWD=v3`).
+    pub fn uses_backward_v4(&self) -> bool {
+        self.opts.path != AttnPath::Nvfp4
+            && !self.opts.precision.row_ds_exponents
+            && self.promote == 0
+            && !self.bwd_v3
     }
 
     /// The forward kernel on already quantised inputs: writes O (BF16) and LSE (FP32).
@@ -498,8 +644,131 @@ impl Attention {
         dv: u64,
     ) -> GpuResult<()> {
         let grads = BwdOutputs { lse, dq, dk, dv };
+        if self.uses_backward_v4() {
+            return self.backward_v4(stream, plan, saved, ws, grads);
+        }
         self.backward_kernel(BwdKernel::Dq, stream, plan, saved, ws, grads)?;
         self.backward_kernel(BwdKernel::DkDv, stream, plan, saved, ws, grads)
+    }
+
+    fn memset32(&self, stream: RawStream, ptr: u64, n: usize, what: &str) -> GpuResult<()> {
+        // SAFETY: `ptr` is a device buffer of at least `n` 32-bit words owned by the caller.
+        unsafe { cudarc::driver::sys::cuMemsetD32Async(ptr, 0, n, stream.0) }
+            .result()
+            .map_err(|err| GpuError::Driver {
+                what: format!("cuMemsetD32Async({what})"),
+                err,
+            })
+    }
+
+    /// The v4 backward: dV's fold exponents, the fused kernel (persistent grid over the plan's
+    /// longest-first key-tile items), then dQ from its FP32 accumulator.
+    fn backward_v4(
+        &self,
+        stream: RawStream,
+        plan: &Plan,
+        saved: &Saved,
+        ws: &GradWorkspace,
+        out: BwdOutputs,
+    ) -> GpuResult<()> {
+        self.check_plan(plan)?;
+        self.gpu.bind()?;
+        let Some(sc) = &ws.v4 else {
+            return Err(GpuError::Input(crate::Error::Invalid(
+                "gradient workspace allocated for the v3.1 backward; allocate it with this Attention's alloc_grad".into(),
+            )));
+        };
+        let s = plan.shape();
+        let t = s.tokens();
+        let mut a = self.params(plan, saved);
+        a.do_tok = ws.d_o.tok.ptr();
+        a.do_dim = ws.d_o.dim.ptr();
+        a.do_exp = ws.d_o.exps.ptr();
+        a.delta = ws.delta.ptr();
+        a.lse = out.lse;
+        a.dq = out.dq;
+        a.dk = out.dk;
+        a.dv = out.dv;
+        let bw = &plan.tables.bwd;
+        let nkt = bw.tiles.len();
+        let nitems = bw.items.len();
+        let v = Variant::new();
+        // dV's fold exponents
+        let fold = DvFoldParams {
+            do_exp: a.do_exp,
+            cu: plan.cu.ptr(),
+            cexp: sc.cexp.ptr(),
+            hq: s.heads_q as i32,
+            causal: a.causal,
+        };
+        let f = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dv_fold", 0)?;
+        // SAFETY: params mirror DvFoldParams; do_exp and cexp are [T, Hq], cu has docs + 1 entries.
+        unsafe {
+            launch(
+                &f,
+                (s.docs() as u32, s.heads_q as u32, 1),
+                1024,
+                0,
+                stream,
+                &fold,
+                "bwd_dv_fold",
+            )
+        }?;
+        // the fused kernel
+        self.memset32(stream, sc.dq_acc.ptr(), sc.dq_acc.len(), "dQ accumulator")?;
+        self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
+        self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
+        let p = BwdV4Params {
+            k_map: tma::token_major(saved.k.tok, t, s.heads_kv, BWD_KT as u32)?,
+            v_map: tma::token_major(saved.v.tok, t, s.heads_kv, BWD_KT as u32)?,
+            kd_map: tma::dim_major(saved.k.dim, s.heads_kv, plan.tpad(), 128)?,
+            q_map: tma::token_major(saved.q.tok, t, s.heads_q, BWD_QT as u32)?,
+            do_map: tma::token_major(a.do_tok, t, s.heads_q, BWD_QT as u32)?,
+            qd_map: tma::dim_major_64(saved.q.dim, s.heads_q, plan.tpad(), 128)?,
+            dod_map: tma::dim_major_64(a.do_dim, s.heads_q, plan.tpad(), 128)?,
+            dq_map: tma::f32_rows(sc.dq_acc.ptr(), t, s.heads_q, BWD_QT as u32)?,
+            a,
+            items: plan.bwd_items.ptr(),
+            tiles: plan.bwd_tiles.ptr(),
+            cexp: sc.cexp.ptr(),
+            dkv_acc: sc.dkv.as_ref().map_or(0, |b| b.ptr()),
+            counter: plan.counter.ptr(),
+            dq_sem: sc.sems.ptr(),
+            kv_sem: sc.sems.ptr() + 4 * (s.heads_q * bw.query_tiles) as u64,
+            nitems: nitems as i32,
+            nqt: bw.query_tiles as i32,
+            nkt: nkt as i32,
+        };
+        let (v4, smem) = backward_v4_variant(self.bwd_stages);
+        let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
+        let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
+        // SAFETY: params mirror BwdV4Params; the maps cover the saved and dO code buffers of
+        // `plan`'s shape and the scratch of `ws` (allocated for this plan), the gradients are the
+        // caller's (sized by plan).
+        unsafe { launch(&f, grid, 384, smem, stream, &p, "attn_bwd_v4") }?;
+        // dQ
+        let rows = t * s.heads_q;
+        let conv = DqConvertParams {
+            acc: sc.dq_acc.ptr(),
+            q_exp: saved.q.exps,
+            dq: out.dq,
+            rows: rows as i64,
+            scale: a.scale,
+            hadamard: a.hadamard,
+        };
+        let f = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
+        // SAFETY: params mirror DqConvertParams; acc and dq are [T, Hq, 128], q_exp [T, Hq].
+        unsafe {
+            launch(
+                &f,
+                (rows.div_ceil(8) as u32, 1, 1),
+                256,
+                0,
+                stream,
+                &conv,
+                "bwd_dq_convert",
+            )
+        }
     }
 
     /// One of the two backward kernels alone (the benchmark times them apart); `backward_quantized`
@@ -513,6 +782,9 @@ impl Attention {
         ws: &GradWorkspace,
         out: BwdOutputs,
     ) -> GpuResult<()> {
+        if which == BwdKernel::Fused {
+            return self.backward_v4(stream, plan, saved, ws, out);
+        }
         self.check_plan(plan)?;
         self.gpu.bind()?;
         let mut p = self.params(plan, saved);
@@ -530,6 +802,7 @@ impl Attention {
         let (name, heads, smem) = match which {
             BwdKernel::Dq => ("attn_bwd_dq", s.heads_q, SMEM_DQ[i]),
             BwdKernel::DkDv => ("attn_bwd_dkdv", s.heads_kv, SMEM_DKDV[i]),
+            BwdKernel::Fused => unreachable!("handled above"),
         };
         let f = self.gpu.function("attn_bwd.cu", &v, name, smem)?;
         // SAFETY: params mirror AttnParams; buffers sized by `plan` (caller: lse and the gradients).
@@ -577,6 +850,12 @@ impl Attention {
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
         }
+        if self.uses_backward_v4() {
+            let (v4, smem) = backward_v4_variant(self.bwd_stages);
+            let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
+            let (r, l) = super::runtime::resources(&f)?;
+            out.push(("attn_bwd_v4".to_string(), r, l));
+        }
         for (src, name, smem) in [
             ("attn_fwd.cu", "attn_fwd", SMEM_FWD[i]),
             ("attn_bwd.cu", "attn_bwd_dq", SMEM_DQ[i]),
@@ -597,7 +876,7 @@ impl Attention {
 
 #[cfg(test)]
 mod tests {
-    use super::{attention_variant, forward_v4_variant, parse_promote};
+    use super::{attention_variant, backward_v4_variant, forward_v4_variant, parse_promote};
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
 
@@ -615,6 +894,11 @@ mod tests {
                     compile_ptx(src, &v, "sm_90a").unwrap_or_else(|e| panic!("{src} [{}]: {e}", v.key()));
                 }
             }
+        }
+        for stages in [2, 3] {
+            let (v, _) = backward_v4_variant(stages);
+            compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
+                .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
         }
         for (per_token, stages) in [(false, 2), (false, 4), (true, 4), (false, 5)] {
             let v = forward_v4_variant(per_token, stages);

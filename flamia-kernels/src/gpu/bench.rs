@@ -1,6 +1,7 @@
 //! Attention benchmark on the GPU: the nine packed workloads of `bench/anchors.py` (16 heads,
 //! d = 128, causal, 65,536 tokens per row), CUDA-event medians after warm-up of the quantisers,
-//! the forward, the backward (dO quantiser + both backward kernels) and the whole training call.
+//! the forward, the backward (dO quantiser + the backward kernels: the v4 fused kernel, or the two
+//! v3.1 kernels) and the whole training call.
 //! TFLOP/s count the unmasked causal elements only, backward = 2.5 x forward (as anchors.py).
 
 use super::attention::{Attention, BwdKernel, BwdOutputs};
@@ -65,8 +66,15 @@ pub struct BenchRow {
     pub bwd_ms: f64,
     /// Parts of `bwd_ms` timed alone: the dO quantiser (with D), the dQ kernel, the dK/dV kernel.
     pub dograd_ms: f64,
+    /// v3.1: the dQ kernel alone; v4: the fused backward's three launches (dO quantiser excluded).
     pub dq_ms: f64,
+    /// v3.1: the dK/dV kernel alone; v4: 0.
     pub dkdv_ms: f64,
+    /// True when the v4 fused backward ran.
+    pub bwd_v4: bool,
+    /// Device memory the call allocates beyond its BF16 inputs and outputs: the quantised Q, K,
+    /// V and the gradient workspace (quantised dO, D, the v4 backward's scratch), MiB.
+    pub call_mib: f64,
     pub train_ms: f64,
     pub fwd_tflops: f64,
     pub bwd_tflops: f64,
@@ -169,8 +177,18 @@ pub fn run_workload(gpu: &Arc<Gpu>, opts: AttnOptions, name: &str, lens: &[usize
         dv: dv.ptr(),
     };
     let mut dograd = || attn.quantize_grad(s, &plan, d_o.ptr(), o.ptr(), &ws);
-    let mut dq_only = || attn.backward_kernel(BwdKernel::Dq, s, &plan, &saved, &ws, grads);
-    let mut dkdv_only = || attn.backward_kernel(BwdKernel::DkDv, s, &plan, &saved, &ws, grads);
+    // v4: the fused backward's launches in the dq column, 0 in dkdv
+    let v4 = attn.uses_backward_v4();
+    let (first, second) = if v4 {
+        (BwdKernel::Fused, None)
+    } else {
+        (BwdKernel::Dq, Some(BwdKernel::DkDv))
+    };
+    let mut dq_only = || attn.backward_kernel(first, s, &plan, &saved, &ws, grads);
+    let mut dkdv_only = || match second {
+        Some(k) => attn.backward_kernel(k, s, &plan, &saved, &ws, grads),
+        None => Ok(()),
+    };
     // one full call first (compiles the modules), then size the repetitions to ~1 s per phase
     quant()?;
     fwd()?;
@@ -186,7 +204,11 @@ pub fn run_workload(gpu: &Arc<Gpu>, opts: AttnOptions, name: &str, lens: &[usize
     let bwd_ms = median(time_ms(gpu, 2, reps, &mut bwd)?);
     let dograd_ms = median(time_ms(gpu, 2, reps, &mut dograd)?);
     let dq_ms = median(time_ms(gpu, 2, reps, &mut dq_only)?);
-    let dkdv_ms = median(time_ms(gpu, 2, reps, &mut dkdv_only)?);
+    let dkdv_ms = if second.is_some() {
+        median(time_ms(gpu, 2, reps, &mut dkdv_only)?)
+    } else {
+        0.0
+    };
     let train_ms = median(time_ms(gpu, 2, reps, &mut || {
         quant()?;
         fwd()?;
@@ -205,6 +227,8 @@ pub fn run_workload(gpu: &Arc<Gpu>, opts: AttnOptions, name: &str, lens: &[usize
         dograd_ms,
         dq_ms,
         dkdv_ms,
+        bwd_v4: v4,
+        call_mib: (attn.saved_bytes(&plan) + ws.bytes()) as f64 / (1 << 20) as f64,
         train_ms,
         fwd_tflops: ff / fwd_ms / 1e9,
         bwd_tflops: 2.5 * ff / bwd_ms / 1e9,

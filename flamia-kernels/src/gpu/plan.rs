@@ -11,7 +11,7 @@
 use super::buffer::DeviceBuf;
 use super::error::GpuResult;
 use super::runtime::Gpu;
-use super::sched::FwdSchedule;
+use super::sched::{BwdSchedule, FwdSchedule};
 use crate::options::VarlenShape;
 
 /// Tokens per quantiser block (the MXFP8 token block).
@@ -27,6 +27,8 @@ pub struct PlanTables {
     pub tpad: usize,
     /// The v4 forward's 128-token query tiles and longest-first work items ([`FwdSchedule`]).
     pub fwd: FwdSchedule,
+    /// The v4 backward's 128-key tiles and longest-first work items ([`BwdSchedule`]).
+    pub bwd: BwdSchedule,
 }
 
 impl PlanTables {
@@ -64,6 +66,7 @@ impl PlanTables {
             tiles,
             tpad: pad.max(TILE),
             fwd: FwdSchedule::new(shape, &pad_starts, causal),
+            bwd: BwdSchedule::new(shape, &pad_starts, causal),
         }
     }
 }
@@ -80,6 +83,10 @@ pub struct Plan {
     pub(crate) fwd_tiles: DeviceBuf<i32>,
     pub(crate) fwd_items: DeviceBuf<i32>,
     pub(crate) counter: DeviceBuf<i32>,
+    /// v4 backward: 128-key tiles and work items; `cu_seqlens` as i32 (the dV fold kernel).
+    pub(crate) bwd_tiles: DeviceBuf<i32>,
+    pub(crate) bwd_items: DeviceBuf<i32>,
+    pub(crate) cu: DeviceBuf<i32>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -119,6 +126,15 @@ impl Plan {
         let fwd_tiles = DeviceBuf::from_host(gpu, &flat(&tables.fwd.tiles))?;
         let fwd_items = DeviceBuf::from_host(gpu, &tables.fwd.items)?;
         let counter = DeviceBuf::zeros(gpu, 1)?;
+        let bwd_tiles = DeviceBuf::from_host(
+            gpu,
+            &tables.bwd.tiles.iter().flatten().copied().collect::<Vec<i32>>(),
+        )?;
+        let bwd_items = DeviceBuf::from_host(gpu, &tables.bwd.items)?;
+        let cu = DeviceBuf::from_host(
+            gpu,
+            &shape.cu_seqlens.iter().map(|&x| x as i32).collect::<Vec<i32>>(),
+        )?;
         Ok(Plan {
             shape: shape.clone(),
             causal,
@@ -128,6 +144,9 @@ impl Plan {
             fwd_tiles,
             fwd_items,
             counter,
+            bwd_tiles,
+            bwd_items,
+            cu,
         })
     }
 

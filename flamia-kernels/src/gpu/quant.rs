@@ -57,6 +57,11 @@ pub struct Operand {
 }
 
 impl Operand {
+    /// Device bytes held.
+    pub fn bytes(&self) -> usize {
+        self.tok.bytes() + self.dim.bytes() + self.exps.bytes()
+    }
+
     /// Allocates an operand of `heads` heads for `plan`.
     pub fn alloc(gpu: &Gpu, plan: &Plan, heads: usize) -> GpuResult<Operand> {
         let [tok, dim, exps] = OperandRef::sizes(plan, heads);

@@ -26,6 +26,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("attn_fwd.cu", include_str!("../../cuda/attn_fwd.cu")),
     ("attn_fwd_v4.cu", include_str!("../../cuda/attn_fwd_v4.cu")),
     ("attn_bwd.cu", include_str!("../../cuda/attn_bwd.cu")),
+    ("attn_bwd_v4.cu", include_str!("../../cuda/attn_bwd_v4.cu")),
     ("bench.cu", include_str!("../../cuda/bench.cu")),
 ];
 

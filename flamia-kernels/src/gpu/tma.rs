@@ -19,10 +19,60 @@ impl std::fmt::Debug for TmaMap {
     }
 }
 
-/// A tiled map of a byte tensor: `dims` innermost first (elements = bytes), `strides` in bytes of
-/// dimensions 1.. (multiples of 16), `boxes` the box size per dimension; the innermost box must
-/// be 128 bytes (one swizzle span). Out-of-range box elements read as zero.
+/// Element type of a mapped tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Elem {
+    /// E4M3 codes (bytes).
+    U8,
+    /// FP32 (the backward's dQ accumulator).
+    F32,
+}
+
+impl Elem {
+    fn bytes(self) -> u64 {
+        match self {
+            Elem::U8 => 1,
+            Elem::F32 => 4,
+        }
+    }
+}
+
+/// Shared-memory swizzle of a map's boxes; the innermost box must span exactly its width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Swizzle {
+    /// 64-byte rows, 512-byte atoms (wgmma descriptor mode 2).
+    B64,
+    /// 128-byte rows, 1024-byte atoms (wgmma descriptor mode 1).
+    B128,
+}
+
+impl Swizzle {
+    fn span(self) -> u64 {
+        match self {
+            Swizzle::B64 => 64,
+            Swizzle::B128 => 128,
+        }
+    }
+}
+
+/// A tiled map of a byte tensor with the 128-byte swizzle: `dims` innermost first (elements =
+/// bytes), `strides` in bytes of dimensions 1.. (multiples of 16), `boxes` the box size per
+/// dimension; the innermost box must be 128 bytes (one swizzle span). Out-of-range box elements
+/// read as zero.
 pub fn encode_u8(ptr: u64, dims: &[u64], strides: &[u64], boxes: &[u32]) -> GpuResult<TmaMap> {
+    encode(ptr, Elem::U8, dims, strides, boxes, Swizzle::B128)
+}
+
+/// A tiled map of `elem` elements (`dims` in elements, `strides` in bytes) whose innermost box
+/// spans exactly one `swizzle` width.
+pub fn encode(
+    ptr: u64,
+    elem: Elem,
+    dims: &[u64],
+    strides: &[u64],
+    boxes: &[u32],
+    swizzle: Swizzle,
+) -> GpuResult<TmaMap> {
     let rank = dims.len();
     let bad = |why: String| {
         GpuError::NotSupported(format!("TMA map {dims:?} / {strides:?} / box {boxes:?}: {why}"))
@@ -30,28 +80,39 @@ pub fn encode_u8(ptr: u64, dims: &[u64], strides: &[u64], boxes: &[u32]) -> GpuR
     if !(2..=5).contains(&rank) || strides.len() + 1 != rank || boxes.len() != rank {
         return Err(bad("rank 2..5 with rank-1 strides and rank boxes".into()));
     }
-    if boxes[0] != 128 || boxes.iter().any(|b| *b == 0 || *b > 256) {
-        return Err(bad("innermost box must be 128 bytes, every box 1..=256".into()));
+    if boxes[0] as u64 * elem.bytes() != swizzle.span() || boxes.iter().any(|b| *b == 0 || *b > 256) {
+        return Err(bad(format!(
+            "innermost box must be {} bytes (the swizzle span), every box 1..=256",
+            swizzle.span()
+        )));
     }
     if !ptr.is_multiple_of(16) || strides.iter().any(|s| !s.is_multiple_of(16)) {
         return Err(bad("address and strides must be multiples of 16 bytes".into()));
     }
-    let elem = vec![1u32; rank];
+    let ones = vec![1u32; rank];
+    let dtype = match elem {
+        Elem::U8 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        Elem::F32 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+    };
+    let sw = match swizzle {
+        Swizzle::B64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+        Swizzle::B128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+    };
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     // SAFETY: every array has `rank` (strides: rank - 1) entries as the driver requires; `map` is
     // writable and aligned (CUtensorMap's own alignment).
     unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            dtype,
             rank as u32,
             ptr as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),
             boxes.as_ptr(),
-            elem.as_ptr(),
+            ones.as_ptr(),
             sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sw,
             sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
@@ -86,6 +147,32 @@ pub fn dim_major(ptr: u64, heads: usize, tpad: usize, rows: u32) -> GpuResult<Tm
     )
 }
 
+/// Dim-major codes `(heads * 128, tpad)` with the 64-byte swizzle: box = 64 tokens x `rows`
+/// head-dim rows (the backward's dim-major Q and dO steps).
+pub fn dim_major_64(ptr: u64, heads: usize, tpad: usize, rows: u32) -> GpuResult<TmaMap> {
+    encode(
+        ptr,
+        Elem::U8,
+        &[tpad as u64, heads as u64 * 128],
+        &[tpad as u64],
+        &[64, rows],
+        Swizzle::B64,
+    )
+}
+
+/// FP32 rows `(tokens, heads, 128)`: box = 32 values x `rows` tokens of one head, 128-byte
+/// swizzle (the backward's dQ partial tiles, added with a bulk tensor reduction).
+pub fn f32_rows(ptr: u64, tokens: usize, heads: usize, rows: u32) -> GpuResult<TmaMap> {
+    encode(
+        ptr,
+        Elem::F32,
+        &[128, heads as u64, tokens as u64],
+        &[512, heads as u64 * 512],
+        &[32, 1, rows],
+        Swizzle::B128,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,6 +192,16 @@ mod tests {
         // misaligned address
         assert!(matches!(
             encode_u8(8, &[128, 4], &[128], &[128, 4]),
+            Err(GpuError::NotSupported(_))
+        ));
+        // FP32 box of 64 values with the 128-byte swizzle: 256 bytes, not the span
+        assert!(matches!(
+            encode(0, Elem::F32, &[128, 4], &[512], &[64, 4], Swizzle::B128),
+            Err(GpuError::NotSupported(_))
+        ));
+        // 64-byte swizzle with a 128-byte box
+        assert!(matches!(
+            encode(0, Elem::U8, &[256, 4], &[256], &[128, 4], Swizzle::B64),
             Err(GpuError::NotSupported(_))
         ));
         // rank mismatch

@@ -9,8 +9,14 @@
 //! document).
 //!
 //! Per visible pair (f64): `P = 2^(x_ij - LSE_i / ln 2)`, `dP = dO_i . V_j`, `dS = P (dP - D_i)`.
-//! dS is rounded to E4M3 with `e = block_exponent(max |f32(dS)|)` over the 32x32 block (or over
-//! the row's 32 entries with `row_ds_exponents`), `code = e4m3_encode(f32(dS) * 2^-e)`.
+//! One dS copy with one fold rule, shared bit for bit by the v4 backward kernel: the gradient
+//! operands' exponents are folded in first, `dS~ = f32(dS * 2^(eQ_i + eK_j))` (exponents clamped to
+//! at least -126, as the kernels' `exp2i`), then `e = block_exponent(max |dS~|)` over the 32x32
+//! block (or over the row's 32 entries with `row_ds_exponents`), `code = e4m3_encode(dS~ * 2^-e)`,
+//! and the value used by both products is `code * 2^(e - eQ_i - eK_j)`: dQ_i takes its
+//! `2^-eQ_i` and dK_j its `2^-eK_j` once per output row, the block's `2^e` per 32-wide slice. With
+//! token-block scales `eQ + eK` is uniform over a block, so the codes equal those of the unfolded
+//! dS; with per-token scales the fold is what lets one copy serve both products.
 //! - `dQ_i = scale * sum over key tiles of (sum_j dS^_ij Kg_j)`: each key tile's partial sum is
 //!   prescaled by `2^-s`, rounded to f32 and added to an f32 accumulator in key-tile order (the
 //!   kernels' FP32 atomics, made deterministic), then multiplied by `2^s`. `s = floor(log2 B) + 1 - 15`
@@ -104,6 +110,8 @@ impl BwdCtx<'_> {
         };
         let (i1, j1) = ((i0 + B).min(e), (j0 + B).min(e));
         let mut raw = [0f32; B * B];
+        // The fold 2^(eQ_i + eK_j) of the gradient operands' exponents (module docs).
+        let mut fold = [1f64; B * B];
         for i in i0..i1 {
             if self.zero_row[h * t + i] {
                 continue;
@@ -116,7 +124,10 @@ impl BwdCtx<'_> {
                 let ds = p * (dp - self.delta[h * t + i]);
                 b.p[k] = p;
                 b.ds[k] = ds;
-                raw[k] = ds as f32;
+                if prep.quantised {
+                    fold[k] = pow2(prep.qg().exp(h, i).max(-126) + prep.kg().exp(g, j).max(-126));
+                }
+                raw[k] = (ds * fold[k]) as f32;
             }
         }
         if !prep.quantised {
@@ -134,7 +145,7 @@ impl BwdCtx<'_> {
             for c in 0..jend.saturating_sub(j0) {
                 let k = r * B + c;
                 let code = quantize_e4m3_scaled(raw[k], e_row);
-                b.ds[k] = dequantize_e4m3(code, e_row);
+                b.ds[k] = dequantize_e4m3(code, e_row) / fold[k];
                 if raw[k] != 0.0 {
                     b.nonzero += 1;
                     b.zeroed += (code & 0x7F == 0) as u64;

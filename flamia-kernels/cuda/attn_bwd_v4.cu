@@ -1,0 +1,701 @@
+// FLAMIA attention backward v4 (Hopper, E4M3 operands: mxfp8 and leaky-fp8, dS exponents per
+// 32x32 block): ONE kernel per (128-key tile, query head), warp-specialised and persistent, with a
+// deterministic dQ. docs/kernels.md "Backward v4" has the design and its arithmetic.
+//
+// CTA = 384 threads, one per SM, for the whole launch:
+//   warpgroup 0, warp 0   producer: takes work items (longest first, sched.cuh), TMA-loads the
+//                         item's K, V (token-major) and K (dim-major) tiles into an item slot and,
+//                         per step, a 64-query tile of Q, dO (token-major) and Q, dO (dim-major,
+//                         64-byte swizzle) into a BWD_STAGES-deep ring, with the step's per-query
+//                         constants (scales, LSE, D) computed on the way; registers cut to 24.
+//   warpgroups 1, 2       consumers: warpgroup c owns keys 64c..64c+63 of the tile (rows of S^T),
+//                         accumulates their dK and dV in registers for the whole item (240 regs).
+// Per step (64 queries, walked from the document end down to the diagonal) warpgroup c computes
+//   S^T  = K_c Q^T, dP^T = V_c dO^T           SS wgmma m64n64k32 x 4 each, issued together
+//   P, dS (one FFMA + one ex2 per score for x, the masks only on the two diagonal steps)
+//   dS~ = dS * 2^(eQ_i + eK_j) quantised per 32x32 block (exponents through a 64-thread barrier)
+//   dV  += P~^T dO                             RS m64n128k32 x 2 (P~ = P 2^(edO_i - c_j) in E4M3)
+//   dK  += sum_s 2^e(s) (codes_s^T Q_s)        RS m64n128k32, one fresh product per 32-query slice
+//   dS codes -> shared memory, transposed      (the A operand of dQ, both warpgroups' halves)
+//   dQ_c = sum_s 2^e(s) (codes_s K_s)          SS m64n64k32 per 32-key slice, dims 64c..64c+63
+//   dQ_c -> shared memory -> TMA reduce-add (FP32) into dq_acc, after this (query tile, head)'s
+//   semaphore says every earlier key tile has added its part: a fixed order, bitwise repeatable.
+// The item's end: dK = 2^-eK scale dK (Hadamard back), dV = 2^c dV, BF16. GQA: the query heads of a
+// group are separate items; their dK/dV partials meet in dkv_acc in head order (semaphore per key
+// tile and KV head), and the group's last head writes the BF16 result.
+// Afterwards bwd_dq_convert turns dq_acc into BF16 dQ (2^-eQ scale, Hadamard back).
+// dV's fold c_j = max(edO over the rows that see key j) - 8 comes from bwd_dv_fold (run before).
+#include "attn_common.cuh"
+#include "tma.cuh"
+
+#ifndef BWD_STAGES
+#define BWD_STAGES 2
+#endif
+#ifndef BWD_ISLOTS
+#define BWD_ISLOTS 2
+#endif
+#define BKT 128  // keys per work item (two consumer warpgroups x 64)
+#define BQT 64   // queries per step
+
+// A 128-key tile: document start, length, padded start, tile offset in the document, the
+// document's first 64-query tile (global index, for the dQ semaphores), this key tile's global
+// index (dkv semaphores). Mirrors BwdSchedule::tiles in src/gpu/sched.rs.
+struct BwdTile {
+  int doc0, len, pad0, k0, qt0, kt, pad_a, pad_b;
+};
+
+// Mirrors BwdV4Params in src/gpu/attention.rs.
+struct BwdV4Params {
+  TmaMap k_map;    // k_tok (128 B, Hkv, T), box (128, 1, 128)
+  TmaMap v_map;    // v_tok, same
+  TmaMap kd_map;   // k_dim (Tpad, Hkv * 128), box (128 tokens, 128 dims)
+  TmaMap q_map;    // q_tok (128 B, Hq, T), box (128, 1, 64)
+  TmaMap do_map;   // do_tok, same
+  TmaMap qd_map;   // q_dim (Tpad, Hq * 128), box (64 tokens, 128 dims), 64-byte swizzle
+  TmaMap dod_map;  // do_dim, same
+  TmaMap dq_map;   // dq_acc FP32 (128, Hq, T), box (32, 1, 64), 128-byte swizzle
+  AttnParams a;
+  const int* items;  // key tile * hq + head, longest first
+  const int* tiles;  // BwdTile per 128-key tile
+  const int* cexp;   // c_j per (token, query head)
+  float* dkv_acc;    // GQA partial dK/dV (fragment order), null when hq == hkv
+  int* counter;      // zeroed before the launch
+  int* dq_sem;       // per (query head, global 64-query tile), zeroed
+  int* kv_sem;       // per (KV head, key tile), zeroed
+  int nitems, nqt, nkt;
+};
+
+struct BwdItem {
+  int code, h;
+  BwdTile tile;
+  float kf[BKT];  // 2^eK per key (0 past the document)
+  float vf[BKT];  // 2^eV
+  float cf[BKT];  // 2^-c
+};
+
+// Per-query constants of one step (0 / -inf past the document: those columns drop out).
+struct BwdCols {
+  float qf[BQT];  // 2^eQ * scale * log2(e)
+  float nl[BQT];  // -LSE * log2(e)
+  float dq[BQT];  // 2^(edO + eQ)
+  float nd[BQT];  // -D * 2^eQ
+  float pe[BQT];  // 2^edO
+};
+
+struct BwdV4Smem {
+  u8 k[BWD_ISLOTS][BKT * 128];         // 128-byte swizzle, row = key
+  u8 v[BWD_ISLOTS][BKT * 128];
+  u8 kd[BWD_ISLOTS][HEAD_DIM * BKT];   // row = dim, 128 keys
+  u8 q[BWD_STAGES][BQT * 128];         // row = query
+  u8 dO[BWD_STAGES][BQT * 128];
+  u8 qd[BWD_STAGES][HEAD_DIM * BQT];   // 64-byte swizzle, row = dim, 64 queries
+  u8 dOd[BWD_STAGES][HEAD_DIM * BQT];
+  u8 dqs[2][2][BQT * 128];             // [warpgroup][32-dim half] FP32 dQ partial, 128-byte swizzle
+  u8 ds[2][BQT * BKT];                 // dS codes [64 queries][128 keys], no-swizzle K-major
+  BwdCols cols[BWD_STAGES];
+  BwdItem item[BWD_ISLOTS];
+  float red[2][8][2];                  // [step parity][consumer warp][query slice] block maxima
+  int dse[2][2][4];                    // [dS buffer][query block][key block] exponents
+  u64 i_full[BWD_ISLOTS], i_empty[BWD_ISLOTS], s_full[BWD_STAGES], s_empty[BWD_STAGES];
+};
+#ifdef SMEM_BWD4_BUDGET
+static_assert(sizeof(BwdV4Smem) + 1024 <= SMEM_BWD4_BUDGET, "attn_bwd_v4: dynamic shared memory budget too small");
+#endif
+
+// ---- primitives --------------------------------------------------------------------------------
+// wgmma descriptor of a K-major tile of 64-byte rows written by TMA with the 64-byte swizzle
+// (512-byte atoms of 8 rows); K slice kk of an FP8 tile starts at +32*kk bytes.
+__device__ __forceinline__ u64 desc_sw64(u32 saddr) {
+  return (u64)((saddr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(512u >> 4) << 32) | ((u64)2 << 62);
+}
+__device__ __forceinline__ void tma_reduce_add_3d(const TmaMap* map, u32 src, int x, int y, int z) {
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   (u64)map),
+               "r"(src), "r"(x), "r"(y), "r"(z)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void spin_until(const int* p, int target) {
+  while (ld_acquire(p) < target) __nanosleep(64);
+}
+// Exponent of the operand fold, clamped as exp2i clamps (the unfold must use the same value).
+__device__ __forceinline__ int fold_exp(int e) { return max(e, -126); }
+
+__device__ __forceinline__ int bwd_steps(const BwdTile& t, int causal) {
+  const int qstart = causal ? t.k0 : 0;
+  return (t.len - qstart + BQT - 1) / BQT;
+}
+
+// ---- producer ----------------------------------------------------------------------------------
+__device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm) {
+  const AttnParams& a = P.a;
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+    tma_prefetch(&P.k_map);
+    tma_prefetch(&P.v_map);
+    tma_prefetch(&P.kd_map);
+    tma_prefetch(&P.q_map);
+    tma_prefetch(&P.do_map);
+    tma_prefetch(&P.qd_map);
+    tma_prefetch(&P.dod_map);
+  }
+  int ib = 0, s = 0;
+  u32 iph = 0, ph = 0;
+  int idx = blockIdx.x;
+  for (;;) {
+    const int code = idx < P.nitems ? P.items[idx] : -1;
+    int h = 0;
+    BwdTile t{};
+    if (code >= 0) {
+      const int tile = code / a.hq;
+      h = code - tile * a.hq;
+      t = reinterpret_cast<const BwdTile*>(P.tiles)[tile];
+    }
+    const int hk = h / (a.hq / a.hkv);
+    float kf[4], vf[4], cf[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int key = t.k0 + 4 * lane + j;
+      const bool ok = code >= 0 && key < t.len;
+      const long long e = (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk;
+      kf[j] = ok ? exp2i(a.k_exp[e]) : 0.f;
+      vf[j] = ok ? exp2i(a.v_exp[e]) : 0.f;
+      cf[j] = ok ? exp2i(-P.cexp[(long long)(t.doc0 + key) * a.hq + h]) : 0.f;
+    }
+    mbar_wait(smem_u32(&sm.i_empty[ib]), iph ^ 1);
+    BwdItem& it = sm.item[ib];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      it.kf[4 * lane + j] = kf[j];
+      it.vf[4 * lane + j] = vf[j];
+      it.cf[4 * lane + j] = cf[j];
+    }
+    const u32 ibar = smem_u32(&sm.i_full[ib]);
+    if (lane == 0) {
+      it.code = code;
+      it.h = h;
+      it.tile = t;
+      if (code >= 0) {
+        mbar_arrive_expect_tx(ibar, 3 * BKT * 128);
+        tma_load_3d(smem_u32(sm.k[ib]), &P.k_map, ibar, 0, hk, t.doc0 + t.k0);
+        tma_load_3d(smem_u32(sm.v[ib]), &P.v_map, ibar, 0, hk, t.doc0 + t.k0);
+        tma_load_2d(smem_u32(sm.kd[ib]), &P.kd_map, ibar, t.pad0 + t.k0, hk * HEAD_DIM);
+      } else {
+        mbar_arrive(ibar);
+      }
+    } else {
+      mbar_arrive(ibar);
+    }
+    if (code < 0) return;
+    if (++ib == BWD_ISLOTS) { ib = 0; iph ^= 1; }
+    int next = 0;
+    if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;
+    const int qstart = a.causal ? t.k0 : 0, n = bwd_steps(t, a.causal);
+    for (int st = 0; st < n; ++st) {
+      const int q0 = qstart + BQT * (n - 1 - st);
+      float c[5][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int i = 2 * lane + j;
+        const bool ok = q0 + i < t.len;
+        const long long e = (long long)(t.doc0 + (ok ? q0 + i : 0)) * a.hq + h;
+        const float fq = ok ? exp2i(a.q_exp[e]) : 0.f;
+        const float fo = ok ? exp2i(a.do_exp[e]) : 0.f;
+        c[0][j] = fq * a.scale_log2;
+        c[1][j] = ok ? -a.lse[e] * LOG2E : NEG_INF;
+        c[2][j] = fo * fq;
+        c[3][j] = ok ? -a.delta[e] * fq : 0.f;
+        c[4][j] = fo;
+      }
+      mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
+      BwdCols& cs = sm.cols[s];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        cs.qf[2 * lane + j] = c[0][j];
+        cs.nl[2 * lane + j] = c[1][j];
+        cs.dq[2 * lane + j] = c[2][j];
+        cs.nd[2 * lane + j] = c[3][j];
+        cs.pe[2 * lane + j] = c[4][j];
+      }
+      const u32 bar = smem_u32(&sm.s_full[s]);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(bar, 4 * BQT * 128);
+        tma_load_3d(smem_u32(sm.q[s]), &P.q_map, bar, 0, h, t.doc0 + q0);
+        tma_load_3d(smem_u32(sm.dO[s]), &P.do_map, bar, 0, h, t.doc0 + q0);
+        tma_load_2d(smem_u32(sm.qd[s]), &P.qd_map, bar, t.pad0 + q0, h * HEAD_DIM);
+        tma_load_2d(smem_u32(sm.dOd[s]), &P.dod_map, bar, t.pad0 + q0, h * HEAD_DIM);
+      } else {
+        mbar_arrive(bar);
+      }
+      if (++s == BWD_STAGES) { s = 0; ph ^= 1; }
+    }
+    idx = __shfl_sync(0xffffffffu, next, 0);
+  }
+}
+
+// ---- consumers ---------------------------------------------------------------------------------
+// Per-CTA state of a consumer warpgroup that outlives a step.
+struct BwdConsumer {
+  int cw, t, w, lane, g, qd;
+  int s;        // stage
+  u32 ph;       // stage parity
+  int nstep;    // steps run so far by this CTA (dS buffer / reduction parity)
+  int* pend;    // semaphore to bump once the pending dQ reduce has completed (thread 0 only)
+};
+
+// dS~ (already divided by 2^e per slice) -> E4M3: the A fragments of dK = dS^T Q (registers) and
+// the transposed bytes of the dQ operand (shared memory, row = query, K = keys).
+// `ds` points at this thread's byte of the tile, tile_off<BKT>(2q, key0) with key0 = the
+// fragment's row 16w + g (+ 64c): the other 31 bytes are at immediate offsets from it.
+__device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u8* ds) {
+  const int q = threadIdx.x & 3;
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    u32 R0[4], R8[4];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int i = 16 * kk + 4 * jj;
+      R0[jj] = cvt_e4m3x2(v[i + 0], v[i + 1]);
+      R8[jj] = cvt_e4m3x2(v[i + 2], v[i + 3]);
+      u8* d = ds + 1024 * (4 * kk + jj);  // query rows 8J.. (core-matrix row group J)
+      d[0] = (u8)R0[jj];
+      d[16] = (u8)(R0[jj] >> 8);
+      d[8] = (u8)R8[jj];
+      d[24] = (u8)(R8[jj] >> 8);
+    }
+    u32 WA0 = R0[0] | (R0[2] << 16), WA1 = R0[1] | (R0[3] << 16);
+    u32 WB0 = R8[0] | (R8[2] << 16), WB1 = R8[1] | (R8[3] << 16);
+    bool odd = q & 1;
+    int src1 = 2 * (q & 1) + (q >> 1);
+    int src2 = 2 * (q & 1) + 1 - (q >> 1);
+    u32 gA1 = __shfl_sync(0xffffffffu, odd ? WA1 : WA0, src1, 4);
+    u32 gA2 = __shfl_sync(0xffffffffu, odd ? WA0 : WA1, src2, 4);
+    u32 gB1 = __shfl_sync(0xffffffffu, odd ? WB1 : WB0, src1, 4);
+    u32 gB2 = __shfl_sync(0xffffffffu, odd ? WB0 : WB1, src2, 4);
+    u32 sel_lo = (q < 2) ? 0x5410u : 0x1054u;
+    u32 sel_hi = (q < 2) ? 0x7632u : 0x3276u;
+    a[kk][0] = __byte_perm(gA1, gA2, sel_lo);
+    a[kk][2] = __byte_perm(gA1, gA2, sel_hi);
+    a[kk][1] = __byte_perm(gB1, gB2, sel_lo);
+    a[kk][3] = __byte_perm(gB1, gB2, sel_hi);
+  }
+}
+
+// acc[64 x 64] = A (E4M3 fragments, K slices s0..s0+NS-1) * B^T, B the rows 64*hf..64*hf+63 of a
+// 64-byte-swizzled [128 rows x 64 bytes] tile; fresh accumulator, waited for. (Half-width products:
+// 32 accumulator registers beside the item's 128 of dK and dV.)
+template <int NS>
+__device__ __forceinline__ void mma_rs_sw64_half(float (&acc)[32], const u32 (&a)[2][4], u32 b, int s0, int hf) {
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < NS; ++kk)
+    wgmma_rs_m64n64k32_e4m3(acc, a[s0 + kk], desc_sw64(b + 4096 * hf + 32 * (s0 + kk)), kk > 0);
+  wg_commit();
+  wg_wait<0>();
+  fence_regs(acc);
+}
+
+// One step of a consumer warpgroup: 64 queries against its 64 keys. MASKED: the causal mask of
+// a diagonal step (off = q0 - k0 - 64c: key row r sees query column c iff r <= c + off).
+template <bool MASKED>
+__device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int ib, const BwdItem& it,
+                                         const float (&kf)[2], const float (&vf)[2], const float (&cf)[2],
+                                         float (&dk)[64], float (&dv)[64], int q0, int off) {
+  const AttnParams& a = P.a;
+  const int cw = C.cw, w = C.w, lane = C.lane, qd = C.qd, s = C.s;
+  const int r0 = 16 * w + C.g;  // key row (in the warpgroup's 64) of fragment element 0
+  mbar_wait(smem_u32(&sm.s_full[s]), C.ph);
+  float sc[32], dp[32];
+  {
+    const u32 kb = smem_u32(sm.k[ib]) + 64 * cw * 128, vb = smem_u32(sm.v[ib]) + 64 * cw * 128;
+    const u32 qb = smem_u32(sm.q[s]), ob = smem_u32(sm.dO[s]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_ss_m64n64k32_e4m3(sc, desc_sw128(kb + 32 * kk), desc_sw128(qb + 32 * kk), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_ss_m64n64k32_e4m3(dp, desc_sw128(vb + 32 * kk), desc_sw128(ob + 32 * kk), kk > 0);
+    wg_commit();
+    wg_wait<0>();
+    fence_regs(sc);
+    fence_regs(dp);
+  }
+  // P, dS~ (into dp) and P~ = P 2^(edO - c) (into sc)
+  const BwdCols& cs = sm.cols[s];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int r = (i >> 1) & 1, col = 8 * (i >> 2) + 2 * qd + (i & 1);
+    float x = fmaf(sc[i] * kf[r], cs.qf[col], cs.nl[col]);
+    if (MASKED) x = (r0 + 8 * r <= col + off) ? x : NEG_INF;
+    const float p = fast_exp2(x);
+    const float t = fmaf(dp[i] * vf[r], cs.dq[col], cs.nd[col]);
+    dp[i] = (p * kf[r]) * t;
+    sc[i] = (p * cs.pe[col]) * cf[r];
+  }
+  // block maxima of dS~: 32 keys (warps 2m, 2m+1 of the warpgroup) x 32 queries (slice)
+  const int par = C.nstep & 1, buf = C.nstep & 1;
+  float mx[2];
+#pragma unroll
+  for (int sl = 0; sl < 2; ++sl) {
+    float m = 0.f;
+#pragma unroll
+    for (int i = 16 * sl; i < 16 * sl + 16; ++i) m = fmaxf(m, fabsf(dp[i]));
+    mx[sl] = warp_max(m);
+  }
+  if (lane == 0) {
+    sm.red[par][4 * cw + w][0] = mx[0];
+    sm.red[par][4 * cw + w][1] = mx[1];
+  }
+  named_sync(2 + 2 * cw + (w >> 1), 64);
+  int ex[2];
+#pragma unroll
+  for (int sl = 0; sl < 2; ++sl) {
+    ex[sl] = e4m3_scale_exp(fmaxf(mx[sl], sm.red[par][4 * cw + (w ^ 1)][sl]));
+    const float f = exp2i(-ex[sl]);
+#pragma unroll
+    for (int i = 16 * sl; i < 16 * sl + 16; ++i) dp[i] *= f;
+  }
+  if (lane == 0 && (w & 1) == 0) {
+    sm.dse[buf][0][2 * cw + (w >> 1)] = ex[0];
+    sm.dse[buf][1][2 * cw + (w >> 1)] = ex[1];
+  }
+  u32 ads[2][4], ap[2][4];
+  // byte (query 2q, key 64c + 16w + g) of tile_off<BKT>: core-matrix column 4c + w, row 2q, byte g
+  ds_codes(dp, ads, sm.ds[buf] + (4 * cw + w) * 128 + 32 * qd + C.g);
+  acc_to_afrag(sc, ap);
+  // dV += P~^T dO (one chained product over the 64 queries; 2^c applied at the item's end)
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float acc[32];
+    mma_rs_sw64_half<2>(acc, ap, smem_u32(sm.dOd[s]), 0, hf);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dv[32 * hf + i] += acc[i];
+  }
+  // dK += sum over the two 32-query slices of 2^e (codes^T Q)
+#pragma unroll
+  for (int sl = 0; sl < 2; ++sl) {
+    const float f = exp2i(ex[sl]);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float acc[32];
+      mma_rs_sw64_half<1>(acc, ads, smem_u32(sm.qd[s]), sl, hf);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dk[32 * hf + i] = fmaf(acc[i], f, dk[32 * hf + i]);
+    }
+  }
+  if (lane == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
+  if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
+
+  // dQ: both warpgroups' dS codes and exponents are in shared memory after this barrier
+  fence_async_smem();
+  named_sync(1, 256);
+  float dq[32];
+  {
+    const u32 da = smem_u32(sm.ds[buf]), kb = smem_u32(sm.kd[ib]) + 64 * cw * 128;
+    const int qb = w >> 1;  // query block of this thread's rows
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      float t32[32];
+      wg_fence();
+      wgmma_ss_m64n64k32_e4m3(t32, desc_slice<BKT>(da, kk), desc_sw128(kb + 32 * kk), 0);
+      wg_commit();
+      wg_wait<0>();
+      fence_regs(t32);
+      const float f = exp2i(sm.dse[buf][qb][kk]);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dq[i] = kk ? fmaf(t32[i], f, dq[i]) : t32[i] * f;
+    }
+  }
+  // the previous step's reduce has read its buffer and landed: bump its semaphore
+  const int bar = 6 + cw;
+  if (C.t == 0 && C.pend) {
+    bulk_wait_all();
+    fence_async_global();
+    red_release_add(C.pend, 1);
+    C.pend = nullptr;
+  }
+  named_sync(bar, 128);
+  {
+    // row 16w + g + 8r, 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g)
+    u8* base = sm.dqs[cw][0] + (16 * w + C.g) * 128 + 8 * (qd & 1);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      u8* dst = base + 8192 * (j >> 2) + (((2 * (j & 3) + (qd >> 1)) ^ C.g) << 4);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float2*>(dst + 1024 * r) = make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+    }
+  }
+  fence_async_smem();
+  named_sync(bar, 128);
+  if (C.t == 0) {
+    const BwdTile& tl = it.tile;
+    int* sem = P.dq_sem + (long long)it.h * P.nqt + tl.qt0 + q0 / BQT;
+    spin_until(sem, 2 * (tl.k0 / BKT));
+    fence_async_global();
+    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][0]), 64 * cw, it.h, tl.doc0 + q0);
+    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][1]), 64 * cw + 32, it.h, tl.doc0 + q0);
+    bulk_commit();
+    C.pend = sem;
+  }
+  (void)a;
+  ++C.nstep;
+}
+
+// Normalised Walsh-Hadamard transform over the 128 columns of each row of an m64n128 accumulator
+// fragment (column 8j + 2q + b: bits b and j inside the thread, q across the quad).
+__device__ __forceinline__ void hadamard_frag_rows(float (&d)[64]) {
+#pragma unroll
+  for (int m = 1; m < 64; m <<= 1) {
+    if (m == 2) continue;  // element-index bit 1 is the row, not a column bit
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      if (i & m) continue;
+      const float x = d[i], y = d[i | m];
+      d[i] = x + y;
+      d[i | m] = x - y;
+    }
+  }
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 1; m <= 2; m <<= 1) {
+    const bool upper = lane & m;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const float o = __shfl_xor_sync(0xffffffffu, d[i], m);
+      d[i] = upper ? (o - d[i]) : (d[i] + o);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) d[i] *= INV_SQRT_128;
+}
+
+// The item's end for one warpgroup: GQA partial sums in head order, then BF16 dK and dV.
+__device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdConsumer& C, const int h, const BwdTile& tl,
+                                             float (&dk)[64], float (&dv)[64]) {
+  const AttnParams& a = P.a;
+  const int group = a.hq / a.hkv, hk = h / group, gi = h - hk * group;
+  const int bar = 6 + C.cw;
+  if (group > 1) {
+    int* sem = P.kv_sem + (long long)hk * P.nkt + tl.kt;
+    if (C.t == 0) spin_until(sem, 2 * gi);
+    named_sync(bar, 128);
+    float4* acc = reinterpret_cast<float4*>(P.dkv_acc + (((long long)tl.kt * a.hkv + hk) * 2 + C.cw) * (128 * 128)) + C.t;
+    if (gi > 0) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const float4 x = __ldcg(acc + 128 * i), y = __ldcg(acc + 128 * (16 + i));
+        dk[4 * i] += x.x; dk[4 * i + 1] += x.y; dk[4 * i + 2] += x.z; dk[4 * i + 3] += x.w;
+        dv[4 * i] += y.x; dv[4 * i + 1] += y.y; dv[4 * i + 2] += y.z; dv[4 * i + 3] += y.w;
+      }
+    }
+    if (gi + 1 < group) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        __stcg(acc + 128 * i, make_float4(dk[4 * i], dk[4 * i + 1], dk[4 * i + 2], dk[4 * i + 3]));
+        __stcg(acc + 128 * (16 + i), make_float4(dv[4 * i], dv[4 * i + 1], dv[4 * i + 2], dv[4 * i + 3]));
+      }
+      __threadfence();
+      named_sync(bar, 128);
+      if (C.t == 0) red_release_add(sem, 1);
+      return;
+    }
+  }
+  const int r0 = 16 * C.w + C.g;
+  float fk[2], fv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = tl.k0 + 64 * C.cw + r0 + 8 * r;
+    const bool ok = key < tl.len;
+    const long long e = (long long)(tl.doc0 + (ok ? key : 0)) * a.hkv + hk;
+    fk[r] = ok ? a.scale * exp2i(-fold_exp(a.k_exp[e])) : 0.f;
+    fv[r] = ok ? exp2i(P.cexp[(long long)(tl.doc0 + key) * a.hq + h]) : 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    dk[i] *= fk[(i >> 1) & 1];
+    dv[i] *= fv[(i >> 1) & 1];
+  }
+  if (a.hadamard) hadamard_frag_rows(dk);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = tl.k0 + 64 * C.cw + r0 + 8 * r;
+    if (key >= tl.len) continue;
+    const long long row = ((long long)(tl.doc0 + key) * a.hkv + hk) * HEAD_DIM;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int c = 8 * j + 2 * C.qd;
+      *reinterpret_cast<u32*>(a.dk + row + c) = pack_bf16x2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
+      *reinterpret_cast<u32*>(a.dv + row + c) = pack_bf16x2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+    }
+  }
+}
+
+__device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm, int cw) {
+  const AttnParams& a = P.a;
+  BwdConsumer C;
+  C.cw = cw;
+  C.t = threadIdx.x & 127;
+  C.w = C.t >> 5;
+  C.lane = C.t & 31;
+  C.g = C.lane >> 2;
+  C.qd = C.lane & 3;
+  C.s = 0;
+  C.ph = 0;
+  C.nstep = 0;
+  C.pend = nullptr;
+  int ib = 0;
+  u32 iph = 0;
+  const int r0 = 16 * C.w + C.g;
+  for (;;) {
+    mbar_wait(smem_u32(&sm.i_full[ib]), iph);
+    const BwdItem& it = sm.item[ib];
+    if (it.code < 0) break;
+    float kf[2], vf[2], cf[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int k = 64 * cw + r0 + 8 * r;
+      kf[r] = it.kf[k];
+      vf[r] = it.vf[k];
+      cf[r] = it.cf[k];
+    }
+    float dk[64], dv[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
+    const BwdTile tl = it.tile;
+    const int n = bwd_steps(tl, a.causal), qstart = a.causal ? tl.k0 : 0;
+    const int nint = a.causal ? max(0, n - 1 - cw) : n;
+    for (int st = 0; st < nint; ++st) {
+      const int q0 = qstart + BQT * (n - 1 - st);
+      bwd_step<false>(P, sm, C, ib, it, kf, vf, cf, dk, dv, q0, 0);
+    }
+    for (int st = nint; st < n; ++st) {
+      const int q0 = qstart + BQT * (n - 1 - st);
+      bwd_step<true>(P, sm, C, ib, it, kf, vf, cf, dk, dv, q0, q0 - tl.k0 - 64 * cw);
+    }
+    // The item's K / V / dim-major K have been read by both warpgroups' last products (each
+    // warpgroup's own waits; the other's through the step's 256-thread barrier): free the slot
+    // once this warpgroup's item-end work no longer needs `it`.
+    const int h = it.h;
+    __syncwarp();
+    if (C.lane == 0) mbar_arrive(smem_u32(&sm.i_empty[ib]));
+    if (++ib == BWD_ISLOTS) { ib = 0; iph ^= 1; }
+    if (C.t == 0 && C.pend) {  // this item's last dQ reduce: landed before any wait below
+      bulk_wait_all();
+      fence_async_global();
+      red_release_add(C.pend, 1);
+      C.pend = nullptr;
+    }
+    bwd_item_end(P, C, h, tl, dk, dv);
+  }
+  if (C.t == 0 && C.pend) {
+    bulk_wait_all();
+    fence_async_global();
+    red_release_add(C.pend, 1);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_constant__ BwdV4Params P) {
+  extern __shared__ u8 smem_raw[];
+  BwdV4Smem& sm = *reinterpret_cast<BwdV4Smem*>(smem_aligned_1024(smem_raw));
+  const int wg = threadIdx.x >> 7;
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < BWD_ISLOTS; ++b) {
+      mbar_init(smem_u32(&sm.i_full[b]), 32);
+      mbar_init(smem_u32(&sm.i_empty[b]), 8);
+    }
+    for (int s = 0; s < BWD_STAGES; ++s) {
+      mbar_init(smem_u32(&sm.s_full[s]), 32);
+      mbar_init(smem_u32(&sm.s_empty[s]), 8);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (wg == 0) {
+    regs_dealloc<24>();
+    if (threadIdx.x < 32) bwd_producer(P, sm);
+  } else {
+    regs_alloc<240>();
+    bwd_consumer(P, sm, wg - 1);
+  }
+}
+
+// c_j = max(edO_i over the rows i that see key j) - 8 per (token, query head): the suffix maximum
+// over the document (causal) or the document maximum. One 1024-thread CTA per (document, head):
+// each thread takes a contiguous run of tokens, the runs' maxima are scanned from the right.
+// Mirrors DvFoldParams in src/gpu/attention.rs.
+struct DvFoldParams {
+  const i8* do_exp;  // [T, Hq]
+  const int* cu;     // document boundaries (cu_seqlens)
+  int* cexp;         // [T, Hq]
+  int hq, causal;
+};
+extern "C" __global__ void __launch_bounds__(1024) bwd_dv_fold(const DvFoldParams p) {
+  const i8* do_exp = p.do_exp;
+  const int* cu = p.cu;
+  int* cexp = p.cexp;
+  const int hq = p.hq, causal = p.causal;
+  __shared__ int wmax[32];
+  const int d = blockIdx.x, h = blockIdx.y, t = threadIdx.x, lane = t & 31, w = t >> 5;
+  const int s = cu[d], len = cu[d + 1] - s;
+  const int span = (len + 1023) / 1024, b0 = min(len, t * span), b1 = min(len, b0 + span);
+  int m = -1000;
+  for (int i = b0; i < b1; ++i) m = max(m, (int)do_exp[(long long)(s + i) * hq + h]);
+  // exclusive suffix max over threads > t (causal) / the document maximum (not causal)
+  int incl = m;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_down_sync(0xffffffffu, incl, o);
+    if (lane + o < 32) incl = max(incl, u);
+  }
+  if (lane == 0) wmax[w] = incl;
+  __syncthreads();
+  int after = -1000;  // max over the warps after this one
+  for (int v = w + 1; v < 32; ++v) after = max(after, wmax[v]);
+  int excl = __shfl_down_sync(0xffffffffu, incl, 1);
+  excl = lane == 31 ? after : max(excl, after);
+  if (!causal) {
+    int all = -1000;
+    for (int v = 0; v < 32; ++v) all = max(all, wmax[v]);
+    for (int i = b0; i < b1; ++i) cexp[(long long)(s + i) * hq + h] = all - 8;
+    return;
+  }
+  int run = excl;
+  for (int i = b1 - 1; i >= b0; --i) {
+    run = max(run, (int)do_exp[(long long)(s + i) * hq + h]);
+    cexp[(long long)(s + i) * hq + h] = run - 8;
+  }
+}
+
+// dQ = scale * 2^-eQ * dq_acc (FP32 [T, Hq, 128]), back through the Hadamard transform, in BF16.
+// One warp per (token, head) row.
+// Mirrors DqConvertParams in src/gpu/attention.rs.
+struct DqConvertParams {
+  const float* acc;  // [T, Hq, 128]
+  const i8* q_exp;   // [T, Hq]
+  u16* dq;           // [T, Hq, 128]
+  long long rows;    // T * Hq
+  float scale;
+  int hadamard;
+};
+extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvertParams p) {
+  const float* acc = p.acc;
+  const long long rows = p.rows;
+  const long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const float4 v = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
+  const float f = p.scale * exp2i(-fold_exp(p.q_exp[r]));
+  float x[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
+  if (p.hadamard) hadamard128(x);
+  reinterpret_cast<uint2*>(p.dq + r * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
+}
