@@ -4,13 +4,14 @@
 //! bitwise the same losses; (c) two ranks with half the rows each (same global batch) train in
 //! lock step: rank 0 alone writes the metrics, the checkpoint holds both ranks' data states, and
 //! the losses stay close to the plain run's (not equal: each rank reads its own share of the
-//! documents, so the batches differ from the plain run's).
+//! documents, so the batches differ from the plain run's). Validation during training runs in
+//! every case (collective across ranks).
 
 use std::path::Path;
 use std::process::{Command, Output};
 
 mod support;
-use support::{flamia, free_port, losses, repo};
+use support::{flamia, free_port, losses, repo, val_losses};
 
 const STEPS: usize = 6;
 const LAUNCH_VARS: [&str; 8] = [
@@ -47,6 +48,10 @@ fn command(dir: &Path, rows: usize) -> Command {
         &format!("data.batch_rows={rows}"),
         "--set",
         "data.max_doc_tokens=64",
+        "--set",
+        "training.val_every=3",
+        "--set",
+        "training.val_tokens=256",
     ]);
     for v in LAUNCH_VARS {
         c.env_remove(v);
@@ -101,6 +106,10 @@ fn world_size_one_through_the_store_equals_the_plain_run_bitwise() {
         lp, ld,
         "world size 1 through the distributed path must equal the plain run"
     );
+    // Validation after steps 3 and 6, its loss combined through the store: the same bits.
+    let (vp, vd) = (val_losses(&plain), val_losses(&dist));
+    assert_eq!(vp.iter().map(|v| v.0).collect::<Vec<_>>(), vec![3, 6]);
+    assert_eq!(vp, vd);
     assert!(
         !dist
             .join("checkpoints")
@@ -143,6 +152,16 @@ fn two_ranks_share_the_global_batch_and_stay_in_lock_step() {
         ld[STEPS - 1].1 < ld[0].1 && lp[STEPS - 1].1 < lp[0].1,
         "both runs learn"
     );
+    // Validation is collective: both ranks score their share (128 tokens each) of the same
+    // 256-token budget, rank 0 logs the combined loss, close to the plain run's.
+    let (vp, vd) = (val_losses(&plain), val_losses(&dist));
+    assert_eq!(vd.iter().map(|v| v.0).collect::<Vec<_>>(), vec![3, 6]);
+    for ((s, a), (_, b)) in vp.iter().zip(&vd) {
+        assert!(
+            (a - b).abs() / a < 0.10,
+            "step {s}: validation plain {a} vs 2 ranks {b}"
+        );
+    }
     let ckpt = std::fs::read_dir(dist.join("checkpoints"))
         .unwrap()
         .map(|e| e.unwrap().path())

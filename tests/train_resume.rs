@@ -1,11 +1,12 @@
 //! `flamia train` end to end on CPU: 20 steps straight give bitwise the same losses as 10 steps,
 //! stop, `--resume`, 10 more; checkpoints are complete, pruned to `keep_checkpoints`, and the
-//! resolved config and metrics land in the run directory.
+//! resolved config and metrics land in the run directory. Validation during training
+//! (`training.val_every`) is repeatable and leaves the training losses bitwise unchanged.
 
 use std::path::Path;
 
 mod support;
-use support::{flamia, losses, repo, SMALL};
+use support::{flamia, losses, repo, val_losses, SMALL};
 
 fn train(dir: &Path, extra: &[&str]) {
     let out = flamia()
@@ -93,4 +94,90 @@ fn twenty_steps_equal_ten_then_resume_ten_bitwise() {
         cfg.contains("steps = 20") && cfg.contains("seq_len = 64"),
         "resolved config:\n{cfg}"
     );
+}
+
+/// Every metrics line of a run directory.
+fn records(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn validation_during_training_is_repeatable_and_leaves_training_unchanged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |name: &str, val_every: &str, extra: &[&str]| {
+        let dir = tmp.path().join(name);
+        let out = flamia()
+            .current_dir(repo())
+            .args(["train", "--config", "configs/tiny-cpu.toml"])
+            .args(["--set", "training.steps=6", "--set", "run.device=cpu"])
+            .args(["--set", "run.log_every=2", "--set", "run.final_checkpoint=false"])
+            .args(["--set", &format!("run.dir={}", dir.display())])
+            .args(["--set", &format!("training.val_every={val_every}")])
+            .args(["--set", "training.val_tokens=512"])
+            .args(SMALL)
+            .args(extra)
+            .output()
+            .expect("run flamia train");
+        assert!(
+            out.status.success(),
+            "flamia train ({name}) failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    };
+    let a = run("val", "4", &[]);
+    let often = run("val-often", "2", &[]);
+    let none = run("no-val", "0", &[]);
+
+    // Validated after steps 4 and 6 (the run's end), each a logged step; not elsewhere.
+    let va = val_losses(&a);
+    assert_eq!(va.iter().map(|v| v.0).collect::<Vec<_>>(), vec![4, 6], "{va:?}");
+    let logged: Vec<u64> = records(&a).iter().map(|v| v["step"].as_u64().unwrap()).collect();
+    assert_eq!(logged, vec![2, 4, 6]);
+    let counts: Vec<u64> = records(&a)
+        .iter()
+        .filter_map(|v| v.get("val_tokens")?.as_u64())
+        .collect();
+    // 512 tokens budget = four 2 x 64-token batches (end-of-text targets are not scored), the
+    // same ones every pass.
+    assert!(counts.len() == 2 && counts[0] == counts[1], "{counts:?}");
+    assert!((400..=512).contains(&counts[0]), "val_tokens {counts:?}");
+    // A byte model after a few steps: near ln(258) = 5.55, and the update moved it.
+    assert!(va.iter().all(|v| v.1 > 3.0 && v.1 < 6.5), "{va:?}");
+    assert_ne!(va[0].1.to_bits(), va[1].1.to_bits());
+    // Repeatable bitwise in another process, whatever passes came before (the same tokens
+    // every pass), and in summary.json too.
+    let vb = val_losses(&often);
+    assert_eq!(vb.iter().map(|v| v.0).collect::<Vec<_>>(), vec![2, 4, 6]);
+    assert_eq!(
+        va.iter().map(|v| v.1.to_bits()).collect::<Vec<_>>(),
+        vb[1..].iter().map(|v| v.1.to_bits()).collect::<Vec<_>>()
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(a.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["val_losses"][1][1].as_f64(), Some(va[1].1));
+    // Training is bitwise the same without validation.
+    let (la, ln) = (losses(&a), losses(&none));
+    assert_eq!(la.len(), ln.len());
+    for ((s, x), (_, y)) in la.iter().zip(&ln) {
+        assert_eq!(
+            x.to_bits(),
+            y.to_bits(),
+            "step {s}: with validation {x}, without {y}"
+        );
+    }
+    assert!(val_losses(&none).is_empty());
+
+    // The held-out part of the training shard is a validation split too (val = []).
+    let held = run(
+        "holdout",
+        "3",
+        &["--set", "data.val=[]", "--set", "data.holdout_fraction=0.1"],
+    );
+    let vh = val_losses(&held);
+    assert_eq!(vh.iter().map(|v| v.0).collect::<Vec<_>>(), vec![3, 6], "{vh:?}");
 }

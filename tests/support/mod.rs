@@ -1,6 +1,6 @@
 //! Shared support of the end-to-end tests in this folder and of the multi-process tests of
 //! `distributed/tests/`: the binaries cargo built for this test run, the repository root, a free
-//! loopback port, the small-run settings and the `metrics.jsonl` loss reader.
+//! loopback port, the small-run settings and the `metrics.jsonl` loss readers.
 //!
 //! The end-to-end tests are `[[test]]` targets of the package that owns the binary they run
 //! (`trainer/Cargo.toml` for `flamia`, `distributed/Cargo.toml` for `flamia-dist`), so `cargo test
@@ -71,6 +71,18 @@ pub fn losses(dir: &Path) -> Vec<(u64, f64)> {
                 v["step"].as_u64().expect("step"),
                 v["loss"].as_f64().expect("loss"),
             )
+        })
+        .collect()
+}
+
+/// `(step, val_loss)` of the `metrics.jsonl` lines that carry a validation loss.
+pub fn val_losses(dir: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            Some((v["step"].as_u64()?, v.get("val_loss")?.as_f64()?))
         })
         .collect()
 }

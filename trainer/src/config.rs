@@ -157,6 +157,15 @@ pub struct TrainingConfig {
     /// Tokens per chunk of the output head + cross-entropy (the f32 logits of one chunk are what
     /// exists at a time); 0 = auto (at most 1 GiB of f32 logits per chunk).
     pub loss_chunk_tokens: usize,
+    /// Validation every this many optimizer steps, and at the last step of a run at least this
+    /// long (`training.steps`): the mean next-token loss through the training attention path on
+    /// the validation split (`data.val`, or the part of `data.train` held out), logged as
+    /// `val_loss` with that step's metrics. 0 disables it.
+    pub val_every: usize,
+    /// Tokens scored per validation pass, over all ranks together (each rank scores whole
+    /// batches of its share until it reaches its part of the budget). The same tokens every
+    /// pass: the first ones of the split.
+    pub val_tokens: usize,
 }
 
 impl Default for TrainingConfig {
@@ -178,6 +187,8 @@ impl Default for TrainingConfig {
             spike_window: 20,
             activation_checkpointing: "none".into(),
             loss_chunk_tokens: 0,
+            val_every: 250,
+            val_tokens: 1 << 20,
         }
     }
 }
@@ -297,6 +308,11 @@ impl TrainConfig {
         if t.weight_decay < 0.0 || t.grad_clip < 0.0 || t.spike_factor < 0.0 {
             return Err(invalid(
                 "training.weight_decay, grad_clip and spike_factor must be >= 0".into(),
+            ));
+        }
+        if t.val_every > 0 && t.val_tokens == 0 {
+            return Err(invalid(
+                "training.val_tokens must be at least 1 when training.val_every is set (0 turns validation off)".into(),
             ));
         }
         crate::model::Checkpointing::parse(&t.activation_checkpointing)

@@ -4,7 +4,7 @@
 //! - [`attention`]: the libtorch autograd bridge (csrc/bridge.cpp) and the CPU/GPU dispatch.
 //! - [`model`]: the Llama-3-style model, sizes as data, RoPE.
 //! - [`optim`]: AdamW and the learning-rate schedule.
-//! - [`train`]: the training loop.
+//! - [`train`]: the training loop; [`validation`]: held-out loss during training.
 //! - [`checkpoint`]: atomic checkpoints and resume.
 //! - [`config`]: the run configuration (presets, environment, `--set`).
 //! - [`determinism`]: `run.deterministic` and the checksum trace of runs that are not.
@@ -24,5 +24,6 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod train;
+pub mod validation;
 
 pub use error::{Result, TrainError};

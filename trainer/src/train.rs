@@ -37,6 +37,7 @@ use crate::metrics::wandb::Wandb;
 use crate::metrics::{StepMetrics, PEAK_BF16_FLOPS};
 use crate::model::{Checkpointing, Llama, PackedInput, StepOptions};
 use crate::optim::{lr_at, AdamW};
+use crate::validation::{ValResult, Validator};
 
 /// How to run: resume or not, and where to stop early.
 #[derive(Debug, Clone, Default)]
@@ -67,6 +68,8 @@ pub struct Summary {
     pub mean_mfu_pct: Option<f64>,
     pub attn_share: f64,
     pub peak_memory_gib: f64,
+    /// `(step, validation loss)` of every validation pass of this invocation.
+    pub val_losses: Vec<(usize, f64)>,
 }
 
 fn next_batch(loader: &mut Loader) -> Result<Batch> {
@@ -112,7 +115,9 @@ fn train_rank(cfg: &TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Devic
         let (loss, grad_norm) = run.reduce(ddp, &loss_sum, &step)?;
         let lr = lr_at(&cfg.training, run.st.step);
         let skipped = run.optimizer(loss, grad_norm, lr)?;
-        run.metrics(&step, t0, attn0, loss, grad_norm, lr, skipped)?;
+        let timing = run.timing(t0, attn0);
+        let val = run.validate(ddp)?;
+        run.metrics(&step, timing, loss, grad_norm, lr, skipped, val)?;
         run.checkpoint(ddp)?;
     }
     run.finish()
@@ -164,6 +169,15 @@ struct Run<'a> {
     attn_run0: f64,
     /// `FLAMIA_TRACE_CHECKSUMS`: per-step gradient checksums (docs/training.md).
     trace: Option<crate::determinism::Trace>,
+    /// Validation during training (`training.val_every`), if on and there is a split.
+    validator: Option<Validator>,
+    val_losses: Vec<(usize, f64)>,
+}
+
+/// A step's wall time and attention seconds, taken before any validation pass.
+struct Timing {
+    dt: f64,
+    attn: f64,
 }
 
 impl<'a> Run<'a> {
@@ -248,6 +262,7 @@ impl<'a> Run<'a> {
         // Every replica starts from rank 0's (restored) weights.
         ddp.attach(&params)?;
         let start_step = st.step;
+        let validator = Validator::new(cfg, ddp.rank(), ddp.world_size())?;
         let jsonl = main
             .then(|| JsonlWriter::open(&run_dir, opts.resume.then_some(start_step)))
             .transpose()?;
@@ -287,6 +302,8 @@ impl<'a> Run<'a> {
             t_run: Instant::now(),
             attn_run0: callback_seconds(),
             trace: crate::determinism::Trace::from_env(),
+            validator,
+            val_losses: Vec::new(),
         })
     }
 
@@ -327,12 +344,7 @@ impl<'a> Run<'a> {
     /// Forward and backward of every micro-batch; gradients accumulate, the loss sum stays on
     /// the device.
     fn forward_backward(&self, step: &Step) -> Result<Tensor> {
-        let opts = StepOptions {
-            attn: &self.attn,
-            compute: self.compute,
-            checkpointing: self.checkpointing,
-            loss_chunk_tokens: self.cfg.training.loss_chunk_tokens,
-        };
+        let opts = self.step_options();
         let n = step.micro.len();
         let mut total: Option<Tensor> = None;
         for (i, m) in step.micro.iter().enumerate() {
@@ -423,25 +435,82 @@ impl<'a> Run<'a> {
         Ok(skipped)
     }
 
+    fn step_options(&self) -> StepOptions<'_> {
+        StepOptions {
+            attn: &self.attn,
+            compute: self.compute,
+            checkpointing: self.checkpointing,
+            loss_chunk_tokens: self.cfg.training.loss_chunk_tokens,
+        }
+    }
+
+    /// Whether the step just completed is logged: every `log_every` steps, the last step of
+    /// this invocation, and every validation step.
+    fn logged(&self) -> bool {
+        let s = self.st.step;
+        s.is_multiple_of(self.cfg.run.log_every)
+            || s == self.end
+            || self.validator.as_ref().is_some_and(|v| v.due(s))
+    }
+
+    /// The step's wall time and attention seconds; logged steps wait for the device first (only
+    /// those do, so their step time is complete).
+    fn timing(&self, t0: Instant, attn0: f64) -> Timing {
+        if let (true, Device::Cuda(i)) = (self.logged(), self.device) {
+            tch::Cuda::synchronize(i as i64);
+        }
+        Timing {
+            dt: t0.elapsed().as_secs_f64(),
+            attn: callback_seconds() - attn0,
+        }
+    }
+
+    /// A validation pass after the step's update, when one is due (`training.val_every`).
+    fn validate(&mut self, ddp: &Ddp) -> Result<Option<ValResult>> {
+        let s = self.st.step;
+        if !self.validator.as_ref().is_some_and(|v| v.due(s)) {
+            return Ok(None);
+        }
+        let Some(mut v) = self.validator.take() else {
+            return Ok(None);
+        };
+        let r = v.run(
+            &self.model,
+            &self.step_options(),
+            self.device,
+            ddp,
+            &self.progress,
+        );
+        self.validator = Some(v);
+        let r = r?;
+        self.val_losses.push((s, r.loss));
+        let line = format!(
+            "step {s}: validation loss {:.4} ({} tokens, {:.1} s)",
+            r.loss, r.tokens, r.seconds
+        );
+        tracing::info!("{line}");
+        if self.main {
+            self.progress.println(line);
+        }
+        Ok(Some(r))
+    }
+
     /// Step time, tokens/s, MFU, memory; the progress bar every step, the metrics file and W&B
-    /// on logged steps (only those wait for the device, so their step time is complete).
+    /// on logged steps (with the validation loss on validation steps).
     #[allow(clippy::too_many_arguments)]
     fn metrics(
         &mut self,
         step: &Step,
-        t0: Instant,
-        attn0: f64,
+        timing: Timing,
         loss: f64,
         grad_norm: f64,
         lr: f64,
         skipped: bool,
+        val: Option<ValResult>,
     ) -> Result<()> {
         let s = self.st.step;
-        let logged = s.is_multiple_of(self.cfg.run.log_every) || s == self.end;
-        if let (true, Device::Cuda(i)) = (logged, self.device) {
-            tch::Cuda::synchronize(i as i64);
-        }
-        let dt = t0.elapsed().as_secs_f64();
+        let logged = self.logged();
+        let dt = timing.dt;
         let tps = self.tokens_per_step as f64 / dt;
         let mfu = matches!(self.device, Device::Cuda(_)).then(|| 100.0 * step.flops / dt / PEAK_BF16_FLOPS);
         let m = StepMetrics {
@@ -454,8 +523,10 @@ impl<'a> Run<'a> {
             tps,
             mfu_pct: mfu,
             step_time_s: dt,
-            attn_time_s: callback_seconds() - attn0,
+            attn_time_s: timing.attn,
             memory_gib: crate::memory::peak_gib(self.device, &mut self.peak_mem),
+            val_loss: val.map(|v| v.loss),
+            val_tokens: val.map(|v| v.tokens),
         };
         self.losses.push(loss);
         self.tps_sum += tps;
@@ -530,6 +601,7 @@ impl<'a> Run<'a> {
             attn_share: (callback_seconds() - self.attn_run0) / wall.max(1e-9),
             peak_memory_gib: self.peak_mem,
             losses: std::mem::take(&mut self.losses),
+            val_losses: std::mem::take(&mut self.val_losses),
         };
         if self.main {
             let json =

@@ -85,6 +85,9 @@ fn metrics(step: usize) -> StepMetrics {
         step_time_s: 0.1,
         attn_time_s: 0.01,
         memory_gib: 0.5,
+        // Step 2 is a validation step.
+        val_loss: (step == 2).then_some(4.9),
+        val_tokens: (step == 2).then_some(4096),
     }
 }
 
@@ -146,6 +149,10 @@ fn wandb_protocol_shapes_offsets_retries_and_finish() {
                         && v["_timestamp"].is_f64()
                         && v["loss"].is_f64()
                 );
+                // The validation loss rides in its step's history line, like the train loss.
+                let val = v["_step"] == 2;
+                assert_eq!(v["val_loss"].is_f64(), val, "{v}");
+                assert_eq!(v.get("val_tokens").is_some(), val, "{v}");
                 steps.push(v["_step"].as_u64().unwrap());
                 next += 1;
             }

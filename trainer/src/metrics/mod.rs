@@ -1,5 +1,6 @@
 //! Metrics of a run: one [`StepMetrics`] record per logged step goes to the JSONL file in the run
-//! directory (stable keys), the progress bar, and Weights & Biases.
+//! directory (stable keys), the progress bar, and Weights & Biases; validation steps are always
+//! logged and carry `val_loss`.
 
 pub mod jsonl;
 pub mod progress;
@@ -37,4 +38,11 @@ pub struct StepMetrics {
     pub attn_time_s: f64,
     /// Peak memory in GiB (GPU: device memory in use at its highest; CPU: process peak RSS).
     pub memory_gib: f64,
+    /// Mean next-token loss on the validation split after this step's update (only on
+    /// validation steps, `training.val_every`; the key is absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
+    /// Targets scored by that validation pass, all ranks together.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_tokens: Option<u64>,
 }

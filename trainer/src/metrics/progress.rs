@@ -41,6 +41,11 @@ impl Progress {
         ));
     }
 
+    /// Replaces the bar's message until the next [`Progress::update`] (e.g. while validating).
+    pub fn status(&self, s: impl Into<String>) {
+        self.bar.set_message(s.into());
+    }
+
     /// Prints a line above the bar.
     pub fn println(&self, s: impl AsRef<str>) {
         self.bar.println(s.as_ref());

@@ -109,6 +109,30 @@ pub fn head_forward_backward(
     })
 }
 
+/// Sum of the token losses of `ce(h @ w^T, targets)` without gradients, `chunk` tokens at a time:
+/// the forward half of [`head_forward_backward`] (the same ops per chunk), for validation. The
+/// f32 logits of one chunk are what exists at a time.
+pub fn head_loss_sum(h: &Tensor, w: &Tensor, targets: &Tensor, chunk: usize) -> Result<Tensor> {
+    tch::no_grad(|| {
+        let compute = h.kind();
+        let (t, _) = h.size2()?;
+        let chunk = chunk.max(1) as i64;
+        let wc = w.f_to_kind(compute)?;
+        let mut loss = Tensor::f_zeros([], (Kind::Float, h.device()))?;
+        let mut start = 0i64;
+        while start < t {
+            let n = chunk.min(t - start);
+            let logits = h
+                .f_narrow(0, start, n)?
+                .f_linear(&wc, None::<Tensor>)?
+                .f_to_kind(Kind::Float)?;
+            let _ = loss.f_add_(&loss_sum(&logits, &targets.f_narrow(0, start, n)?)?)?;
+            start += n;
+        }
+        Ok(loss)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +188,26 @@ mod tests {
         // Ignored targets get no gradient.
         let c = head_forward_backward(&h, &w, &targets, denom, 8).unwrap();
         assert_eq!(c.dh.get(5).abs().max().double_value(&[]), 0.0);
+    }
+
+    #[test]
+    fn loss_without_gradients_is_the_training_heads_loss() {
+        tch::manual_seed(5);
+        let (t, d, v) = (29i64, 12i64, 31i64);
+        let h = Tensor::randn([t, d], (Kind::Float, Device::Cpu));
+        let w = Tensor::randn([v, d], (Kind::Float, Device::Cpu)) * 0.3;
+        let targets = Tensor::randint(v, [t], (Kind::Int64, Device::Cpu));
+        let _ = targets.get(3).fill_(IGNORE);
+        for chunk in [1usize, 7, 29, 100] {
+            let train = head_forward_backward(&h, &w, &targets, 1.0, chunk).unwrap();
+            let eval = head_loss_sum(&h, &w, &targets, chunk).unwrap();
+            assert_eq!(
+                eval.double_value(&[]).to_bits(),
+                train.loss_sum.double_value(&[]).to_bits(),
+                "chunk {chunk}"
+            );
+            assert!(!eval.requires_grad());
+        }
     }
 
     #[test]

@@ -284,6 +284,23 @@ impl Llama {
         }
     }
 
+    /// The summed next-token loss of a batch without autograd (validation): the hidden states
+    /// through `opts.attn`, then the loss head in chunks as in training
+    /// ([`loss::head_loss_sum`]). An f32 scalar on the device.
+    pub fn loss_sum_no_grad(
+        &self,
+        input: &PackedInput,
+        targets: &Tensor,
+        opts: &StepOptions,
+    ) -> Result<Tensor> {
+        let chunk = match opts.loss_chunk_tokens {
+            0 => loss::auto_chunk_tokens(self.shape.vocab),
+            n => n,
+        };
+        let h = tch::no_grad(|| self.hidden(input, opts.attn, opts.compute))?;
+        loss::head_loss_sum(&h, self.output_weight(), targets, chunk)
+    }
+
     /// Activation checkpointing, one layer at a time: the forward runs without a graph and
     /// keeps each block's input (and, `Selective`, the attention call with its saved tensors);
     /// the backward rebuilds one block's graph from its saved input, backpropagates the
