@@ -8,35 +8,31 @@ use std::path::Path;
 mod support;
 use support::{flamia, losses, repo, val_losses, SMALL};
 
-fn train(dir: &Path, extra: &[&str]) {
+/// `flamia train` of the tiny config on the CPU with [`SMALL`] rows, `steps` steps, into `dir`,
+/// with further arguments `args`; fails the test if the run fails.
+fn tiny(dir: &Path, steps: usize, args: &[&str]) {
     let out = flamia()
         .current_dir(repo())
-        .args([
-            "train",
-            "--config",
-            "configs/tiny-cpu.toml",
-            "--set",
-            "training.steps=20",
-        ])
+        .args(["train", "--config", "configs/tiny-cpu.toml"])
+        .args(["--set", &format!("training.steps={steps}")])
         .args(["--set", &format!("run.dir={}", dir.display())])
-        .args([
-            "--set",
-            "run.log_every=1",
-            "--set",
-            "run.device=cpu",
-            "--set",
-            "run.checkpoint_every=5",
-        ])
+        .args(["--set", "run.device=cpu"])
         .args(SMALL)
-        .args(extra)
+        .args(args)
         .output()
         .expect("run flamia train");
     assert!(
         out.status.success(),
-        "flamia train {extra:?} failed:\n{}\n{}",
+        "flamia train {args:?} failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+fn train(dir: &Path, extra: &[&str]) {
+    let mut args = vec!["--set", "run.log_every=1", "--set", "run.checkpoint_every=5"];
+    args.extend_from_slice(extra);
+    tiny(dir, 20, &args);
 }
 
 #[test]
@@ -110,23 +106,11 @@ fn validation_during_training_is_repeatable_and_leaves_training_unchanged() {
     let tmp = tempfile::tempdir().unwrap();
     let run = |name: &str, val_every: &str, extra: &[&str]| {
         let dir = tmp.path().join(name);
-        let out = flamia()
-            .current_dir(repo())
-            .args(["train", "--config", "configs/tiny-cpu.toml"])
-            .args(["--set", "training.steps=6", "--set", "run.device=cpu"])
-            .args(["--set", "run.log_every=2", "--set", "run.final_checkpoint=false"])
-            .args(["--set", &format!("run.dir={}", dir.display())])
-            .args(["--set", &format!("training.val_every={val_every}")])
-            .args(["--set", "training.val_tokens=512"])
-            .args(SMALL)
-            .args(extra)
-            .output()
-            .expect("run flamia train");
-        assert!(
-            out.status.success(),
-            "flamia train ({name}) failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let every = format!("training.val_every={val_every}");
+        let mut args = vec!["--set", "run.log_every=2", "--set", "run.final_checkpoint=false"];
+        args.extend(["--set", &every, "--set", "training.val_tokens=512"]);
+        args.extend_from_slice(extra);
+        tiny(&dir, 6, &args);
         dir
     };
     let a = run("val", "4", &[]);
