@@ -34,6 +34,15 @@
 #ifndef BWD_ISLOTS
 #define BWD_ISLOTS 2
 #endif
+// dQ reduces in flight per warpgroup before the oldest one's semaphore is bumped (its completion
+// is waited for BWD_DQ_LAG steps later, off the critical path; the next key tile then runs that
+// many steps further behind on the query tile it shares).
+// Timing-only knobs (their results are wrong; never set by the runtime): BWD_PROF_NOSEM skips the
+// dQ semaphore waits (unordered reduction), BWD_PROF_NORED the dQ reductions, BWD_PROF_NODQ the dQ
+// products. docs/perf.md "v4 backward" lists what each measured.
+#ifndef BWD_DQ_LAG
+#define BWD_DQ_LAG 2
+#endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -116,6 +125,10 @@ __device__ __forceinline__ void tma_reduce_add_3d(const TmaMap* map, u32 src, in
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+// The bulk operations of all groups have finished reading their shared-memory sources.
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
@@ -250,7 +263,20 @@ struct BwdConsumer {
   int s;        // stage
   u32 ph;       // stage parity
   int nstep;    // steps run so far by this CTA (dS buffer / reduction parity)
-  int* pend;    // semaphore to bump once the pending dQ reduce has completed (thread 0 only)
+  // dQ reduces issued and not yet known complete (thread 0 only): their semaphores, oldest first.
+  int* pend[BWD_DQ_LAG + 1];
+  int npend;
+  // Bumps the semaphores of all but the `keep` most recent reduces once those have landed.
+  __device__ __forceinline__ void retire(int keep) {
+    if (npend <= keep) return;
+    if (keep == 0) bulk_wait_all();
+    else bulk_wait<BWD_DQ_LAG>();  // keep == BWD_DQ_LAG: all but the newest BWD_DQ_LAG groups are complete
+    fence_async_global();
+    const int n = npend - keep;
+    for (int i = 0; i < n; ++i) red_release_add(pend[i], 1);
+    for (int i = 0; i < keep; ++i) pend[i] = pend[i + n];
+    npend = keep;
+  }
 };
 
 // dS~ (already divided by 2^e per slice) -> E4M3: the A fragments of dK = dS^T Q (registers) and
@@ -402,8 +428,15 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   {
     const u32 da = smem_u32(sm.ds[buf]), kb = smem_u32(sm.kd[ib]) + 64 * cw * 128;
     const int qb = w >> 1;  // query block of this thread's rows
+#ifdef BWD_PROF_NODQ
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dq[i] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 0; ++kk) {
+#else
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
+#endif
       float t32[32];
       wg_fence();
       wgmma_ss_m64n64k32_e4m3(t32, desc_slice<BKT>(da, kk), desc_sw128(kb + 32 * kk), 0);
@@ -415,14 +448,9 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
       for (int i = 0; i < 32; ++i) dq[i] = kk ? fmaf(t32[i], f, dq[i]) : t32[i] * f;
     }
   }
-  // the previous step's reduce has read its buffer and landed: bump its semaphore
+  // the previous step's reduce has read its buffer (its completion is retired below, later)
   const int bar = 6 + cw;
-  if (C.t == 0 && C.pend) {
-    bulk_wait_all();
-    fence_async_global();
-    red_release_add(C.pend, 1);
-    C.pend = nullptr;
-  }
+  if (C.t == 0) bulk_wait_read_all();
   named_sync(bar, 128);
   {
     // row 16w + g + 8r, 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g)
@@ -440,12 +468,17 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   if (C.t == 0) {
     const BwdTile& tl = it.tile;
     int* sem = P.dq_sem + (long long)it.h * P.nqt + tl.qt0 + q0 / BQT;
+#ifndef BWD_PROF_NOSEM
     spin_until(sem, 2 * (tl.k0 / BKT));
+#endif
     fence_async_global();
+#ifndef BWD_PROF_NORED
     tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][0]), 64 * cw, it.h, tl.doc0 + q0);
     tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][1]), 64 * cw + 32, it.h, tl.doc0 + q0);
+#endif
     bulk_commit();
-    C.pend = sem;
+    C.pend[C.npend++] = sem;
+    C.retire(BWD_DQ_LAG);
   }
   (void)a;
   ++C.nstep;
@@ -484,6 +517,23 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
                                              float (&dk)[64], float (&dv)[64]) {
   const AttnParams& a = P.a;
   const int group = a.hq / a.hkv, hk = h / group, gi = h - hk * group;
+  // Each head's sums in their final units first (dV's fold c_j is per query head), then the
+  // group's heads are added in head order.
+  const int r0 = 16 * C.w + C.g;
+  float fk[2], fv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = tl.k0 + 64 * C.cw + r0 + 8 * r;
+    const bool ok = key < tl.len;
+    const long long e = (long long)(tl.doc0 + (ok ? key : 0)) * a.hkv + hk;
+    fk[r] = ok ? a.scale * exp2i(-fold_exp(a.k_exp[e])) : 0.f;
+    fv[r] = ok ? exp2i(P.cexp[(long long)(tl.doc0 + key) * a.hq + h]) : 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    dk[i] *= fk[(i >> 1) & 1];
+    dv[i] *= fv[(i >> 1) & 1];
+  }
   const int bar = 6 + C.cw;
   if (group > 1) {
     int* sem = P.kv_sem + (long long)hk * P.nkt + tl.kt;
@@ -509,21 +559,6 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
       if (C.t == 0) red_release_add(sem, 1);
       return;
     }
-  }
-  const int r0 = 16 * C.w + C.g;
-  float fk[2], fv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = tl.k0 + 64 * C.cw + r0 + 8 * r;
-    const bool ok = key < tl.len;
-    const long long e = (long long)(tl.doc0 + (ok ? key : 0)) * a.hkv + hk;
-    fk[r] = ok ? a.scale * exp2i(-fold_exp(a.k_exp[e])) : 0.f;
-    fv[r] = ok ? exp2i(P.cexp[(long long)(tl.doc0 + key) * a.hq + h]) : 0.f;
-  }
-#pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    dk[i] *= fk[(i >> 1) & 1];
-    dv[i] *= fv[(i >> 1) & 1];
   }
   if (a.hadamard) hadamard_frag_rows(dk);
 #pragma unroll
@@ -552,7 +587,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
   C.s = 0;
   C.ph = 0;
   C.nstep = 0;
-  C.pend = nullptr;
+  C.npend = 0;
   int ib = 0;
   u32 iph = 0;
   const int r0 = 16 * C.w + C.g;
@@ -589,19 +624,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     __syncwarp();
     if (C.lane == 0) mbar_arrive(smem_u32(&sm.i_empty[ib]));
     if (++ib == BWD_ISLOTS) { ib = 0; iph ^= 1; }
-    if (C.t == 0 && C.pend) {  // this item's last dQ reduce: landed before any wait below
-      bulk_wait_all();
-      fence_async_global();
-      red_release_add(C.pend, 1);
-      C.pend = nullptr;
-    }
+    if (C.t == 0) C.retire(0);  // this item's dQ reduces: landed before any wait below
     bwd_item_end(P, C, h, tl, dk, dv);
   }
-  if (C.t == 0 && C.pend) {
-    bulk_wait_all();
-    fence_async_global();
-    red_release_add(C.pend, 1);
-  }
+  if (C.t == 0) C.retire(0);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_constant__ BwdV4Params P) {
