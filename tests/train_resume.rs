@@ -1,5 +1,5 @@
-//! `flamia train` end to end on CPU: 20 steps straight give bitwise the same losses as 10 steps,
-//! stop, `--resume`, 10 more; checkpoints are complete, pruned to `keep_checkpoints`, and the
+//! `flamia train` end to end on CPU: 20 steps straight give bitwise the same losses as 12 steps,
+//! stop, `--resume` from the mid-run checkpoint of step 10, 10 more; checkpoints are complete, pruned to `keep_checkpoints`, and the
 //! resolved config and metrics land in the run directory. Validation during training
 //! (`training.val_every`) is repeatable and leaves the training losses bitwise unchanged.
 
@@ -36,12 +36,15 @@ fn train(dir: &Path, extra: &[&str]) {
 }
 
 #[test]
-fn twenty_steps_equal_ten_then_resume_ten_bitwise() {
+fn twenty_steps_equal_a_stopped_run_resumed_from_a_mid_run_checkpoint_bitwise() {
     let tmp = tempfile::tempdir().unwrap();
     let (a, b) = (tmp.path().join("straight"), tmp.path().join("resumed"));
     train(&a, &[]);
-    train(&b, &["--stop-after", "10"]);
-    assert_eq!(losses(&b).len(), 10, "the stopped run logs 10 steps");
+    train(&b, &["--stop-after", "12"]);
+    assert_eq!(losses(&b).len(), 12, "the stopped run logs 12 steps");
+    // Resume from step 10's checkpoint, written mid-run (the loader had already read step 11's
+    // batches then): the data position saved must be the step's own.
+    std::fs::remove_dir_all(b.join("checkpoints/step_00000012")).unwrap();
     train(&b, &["--resume"]);
 
     let (la, lb) = (losses(&a), losses(&b));

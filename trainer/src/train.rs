@@ -4,7 +4,9 @@
 //! gradient norm) -> optimizer (non-finite/spike skip, clip, AdamW) -> metrics -> checkpoint.
 //!
 //! Inside a step the host does not wait for the device except for that one read (and, on logged
-//! steps, a synchronise so the step time is complete). Out of memory anywhere on this path is a
+//! steps, a synchronise so the step time is complete); the next step's batch is moved to the
+//! device right after the read, while the stream is idle, so its copies that wait for the stream
+//! (`Packing::new`'s `cu_seqlens`) cost no second drain. Out of memory anywhere on this path is a
 //! [`TrainError::OutOfMemory`] naming the phase, the memory in use and the remedies.
 //!
 //! Batches are packed: every row of a micro-batch is one stretch of `(rows * seq_len)` tokens
@@ -21,7 +23,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use flamia_data::{Batch, Loader};
+use flamia_data::{Batch, DataState, Loader};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
@@ -106,15 +108,25 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
 /// metrics, checkpoint.
 fn train_rank(cfg: &TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Device) -> Result<Summary> {
     let mut run = Run::start(cfg, opts, ddp, device)?;
+    let mut next: Option<Step> = None;
     while run.st.step < run.end {
         ddp.check()?;
         let t0 = Instant::now();
         let attn0 = callback_seconds();
-        let step = run.batch()?;
+        let step = match next.take() {
+            Some(s) => s,
+            None => run.batch()?,
+        };
         let loss_sum = run.forward_backward(&step)?;
         let (loss, grad_norm) = run.reduce(ddp, &loss_sum, &step)?;
+        // The read in `reduce` left the stream idle: the next step's micro-batches go to the
+        // device now, so the copies that wait for the stream (`Packing::new`'s `cu_seqlens`)
+        // wait for nothing, and the next forward's kernels queue right behind the optimizer's.
+        if run.st.step + 1 < run.end {
+            next = Some(run.batch()?);
+        }
         let lr = lr_at(&cfg.training, run.st.step);
-        let skipped = run.optimizer(loss, grad_norm, lr)?;
+        let skipped = run.optimizer(loss, grad_norm, lr, &step)?;
         let timing = run.timing(t0, attn0);
         let val = run.validate(ddp)?;
         run.metrics(&step, timing, loss, grad_norm, lr, skipped, val)?;
@@ -130,6 +142,9 @@ struct Step {
     targets: usize,
     /// This rank's model FLOPs for the step ([`crate::model::Shape::train_flops`]).
     flops: f64,
+    /// The data position right after this step's micro-batches (the loader may have been read
+    /// further, for the next step, by the time this step is checkpointed).
+    data: DataState,
 }
 
 struct Micro {
@@ -311,15 +326,16 @@ impl<'a> Run<'a> {
         crate::memory::explain(e, what, self.device)
     }
 
-    /// The step's `grad_accum` micro-batches, read and moved to the device before any compute
+    /// A step's `grad_accum` micro-batches, read and moved to the device before any compute
     /// (the host-to-device copies that wait for the stream wait here, once, not between
-    /// micro-batches).
+    /// micro-batches; the loop calls it while the stream is idle).
     fn batch(&mut self) -> Result<Step> {
         let n = self.cfg.training.grad_accum;
         let mut step = Step {
             micro: Vec::with_capacity(n),
             targets: 0,
             flops: 0.0,
+            data: self.loader.state(),
         };
         for i in 0..n {
             let b = next_batch(&mut self.loader)?;
@@ -338,6 +354,7 @@ impl<'a> Run<'a> {
             step.micro.push(micro);
         }
         step.targets = step.targets.max(1);
+        step.data = self.loader.state();
         Ok(step)
     }
 
@@ -393,7 +410,7 @@ impl<'a> Run<'a> {
 
     /// Skips a non-finite or spiking step, else clips and updates; gradients are zeroed either
     /// way. Returns whether the update was skipped.
-    fn optimizer(&mut self, loss: f64, grad_norm: f64, lr: f64) -> Result<bool> {
+    fn optimizer(&mut self, loss: f64, grad_norm: f64, lr: f64, step: &Step) -> Result<bool> {
         let cfg: &'a TrainConfig = self.cfg;
         let t = &cfg.training;
         let st = &mut self.st;
@@ -431,7 +448,7 @@ impl<'a> Run<'a> {
         st.step += 1;
         st.tokens_seen += self.tokens_per_step;
         st.optimizer_updates = self.opt.t;
-        st.data = Some(self.loader.state());
+        st.data = Some(step.data.clone());
         Ok(skipped)
     }
 
@@ -554,8 +571,7 @@ impl<'a> Run<'a> {
         }
         // Collective (every rank, same steps): rank 0 stores every rank's data position.
         let states = if self.world_size > 1 {
-            let mine =
-                serde_json::to_vec(&self.loader.state()).map_err(|e| TrainError::Invalid(e.to_string()))?;
+            let mine = serde_json::to_vec(&self.st.data).map_err(|e| TrainError::Invalid(e.to_string()))?;
             ddp.gather(&mine)?
         } else {
             Vec::new()
