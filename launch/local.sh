@@ -3,17 +3,19 @@
 # LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 #
 #   launch/local.sh NGPUS PROGRAM [ARGS...]
-#   launch/local.sh 8 target/release/flamia train --config configs/h200-1b-8x.toml
-#   launch/local.sh auto target/release/flamia train ...      # NGPUS from nvidia-smi
+#   launch/local.sh 8 target/release/flamia train --config configs/h200x8-1b.toml --resume
+#   launch/local.sh auto target/release/flamia train --config configs/h200x8-1b.toml --resume
+#                                                # NGPUS from nvidia-smi
 #
 # Rank r's output is prefixed "[r]" (rank 0's unprefixed with FLAMIA_LAUNCH_PREFIX=0). If a rank
 # fails, the others get FLAMIA_LAUNCH_GRACE_S seconds (default 30) to exit on their own (they
 # detect the failure through heartbeats/NCCL and print why), then SIGTERM, then SIGKILL. The exit
-# status is the first failing rank's. Environment: MASTER_PORT (default 29500), MASTER_ADDR
-# (default 127.0.0.1).
+# status is the first failing rank's. SIGTERM or SIGUSR1 to this script is passed to every rank
+# (flamia checkpoints and exits with 75; this script then exits with 75 too); Ctrl-C stops the
+# ranks at once. Environment: MASTER_PORT (default 29500), MASTER_ADDR (default 127.0.0.1).
 set -uo pipefail
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 [ $# -ge 2 ] || usage
 n="$1"; shift
 if [ "$n" = auto ]; then
@@ -27,6 +29,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=launch/nccl-env.sh
 source "$here/nccl-env.sh"
 
+# torchrun's agent variables would move flamia's port (MASTER_PORT + 1 under torchrun).
+for v in "${!TORCHELASTIC_@}"; do unset "$v"; done
 export WORLD_SIZE="$n" LOCAL_WORLD_SIZE="$n"
 export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}" MASTER_PORT="${MASTER_PORT:-29500}"
 grace="${FLAMIA_LAUNCH_GRACE_S:-30}"
@@ -47,20 +51,37 @@ done
 terminate() {
     for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 }
-trap 'echo "local.sh: interrupted, stopping all ranks" >&2; terminate; exit 130' INT TERM
+trap 'echo "local.sh: interrupted, stopping all ranks" >&2; terminate; exit 130' INT
+# TERM / USR1 (a scheduler's "stop soon"): every rank gets it, checkpoints and exits by itself.
+signalled=0
+forward() {
+    echo "local.sh: got SIG$1: passing it to every rank" >&2
+    signalled=1
+    for p in "${pids[@]}"; do kill -s "$1" "$p" 2>/dev/null; done
+}
+trap 'forward TERM' TERM
+trap 'forward USR1' USR1
 
 status=0
 failed_rank=""
 remaining=$n
 declare -A done_rank
 while [ "$remaining" -gt 0 ]; do
+    finished=""
     wait -n -p finished "${pids[@]}" 2>/dev/null
     rc=$?
-    [ -n "${finished:-}" ] || break
+    if [ -z "${finished:-}" ]; then
+        # `wait` was interrupted by a forwarded signal: keep waiting for the ranks.
+        if [ "$signalled" = 1 ]; then signalled=0; continue; fi
+        break
+    fi
     for r in "${!pids[@]}"; do
         if [ "${pids[$r]}" = "$finished" ] && [ -z "${done_rank[$r]:-}" ]; then
             done_rank[$r]=1; remaining=$((remaining - 1))
-            if [ "$rc" -ne 0 ] && [ -z "$failed_rank" ]; then
+            if [ "$rc" = 75 ] && [ -z "$failed_rank" ]; then
+                echo "local.sh: rank $r checkpointed and stopped on a signal (status 75)" >&2
+                status=75
+            elif [ "$rc" -ne 0 ] && [ -z "$failed_rank" ]; then
                 failed_rank=$r; status=$rc
                 echo "local.sh: rank $r exited with status $rc; waiting up to ${grace}s for the other ranks to stop" >&2
                 (

@@ -1,9 +1,12 @@
-# Sourced by launch/local.sh and launch/slurm.sbatch: NCCL settings and a libnccl.so that
-# cudarc can load. Every variable is only set when the caller has not set it.
+# Sourced by launch/local.sh and, on every node, by launch/slurm-task.sh (inside each srun task):
+# NCCL settings and a libnccl.so that cudarc can load. Every variable is only set when the caller
+# has not set it.
 #
 # cudarc (dynamic loading) looks for "libnccl.so"; pip's nvidia-nccl wheel (shipped with
-# PyTorch) has only "libnccl.so.2". We link it as libnccl.so in a private directory and put
-# that directory first on LD_LIBRARY_PATH. FLAMIA_NCCL_LIB names the library explicitly.
+# PyTorch) has only "libnccl.so.2". We link it as libnccl.so in a private directory under this
+# node's TMPDIR and put that directory first on LD_LIBRARY_PATH. The link is node-local, so this
+# file must be sourced on the node that runs the rank (a link made on the Slurm batch node does
+# not exist on the other nodes). FLAMIA_NCCL_LIB names the library explicitly.
 
 # Never use NVLink SHARP multicast on shared hosts: a program using it can take the host's GPUs
 # out of service for everyone.
@@ -12,6 +15,16 @@ export TORCH_SYMM_MEM_DISABLE_MULTICAST="${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}"
 export NVSHMEM_DISABLE_NVLS="${NVSHMEM_DISABLE_NVLS:-1}"
 # Surface NCCL's own reason for a failure (WARN is quiet on success).
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+
+# Links made by an earlier sourcing (possibly on another node: srun exports the batch node's
+# LD_LIBRARY_PATH) are dropped before searching.
+flamia_ldp=""
+IFS=: read -r -a flamia_ldp_parts <<< "${LD_LIBRARY_PATH:-}"
+for flamia_d in "${flamia_ldp_parts[@]}"; do
+    case "$flamia_d" in ''|*/flamia-nccl-*) ;; *) flamia_ldp="${flamia_ldp:+$flamia_ldp:}$flamia_d";; esac
+done
+if [ -n "$flamia_ldp" ]; then export LD_LIBRARY_PATH="$flamia_ldp"; else unset LD_LIBRARY_PATH; fi
+unset flamia_ldp flamia_ldp_parts flamia_d
 
 flamia_find_nccl() {
     if [ -n "${FLAMIA_NCCL_LIB:-}" ]; then echo "$FLAMIA_NCCL_LIB"; return; fi
@@ -47,9 +60,12 @@ PY
 }
 
 if lib="$(flamia_find_nccl)"; then
-    nccl_dir="${TMPDIR:-/tmp}/flamia-nccl-$(id -u)"
+    # Per user and job (two jobs sharing a node may use different libraries).
+    nccl_dir="${TMPDIR:-/tmp}/flamia-nccl-$(id -u)${SLURM_JOB_ID:+-job$SLURM_JOB_ID}"
     mkdir -p "$nccl_dir"
-    ln -sfn "$lib" "$nccl_dir/libnccl.so"
+    # The tasks of a node run this at the same moment: make the link under a private name, then
+    # rename it into place (atomic), so no task ever sees a missing or half-made link.
+    ln -sfn "$lib" "$nccl_dir/.libnccl.so.$$" && mv -fT "$nccl_dir/.libnccl.so.$$" "$nccl_dir/libnccl.so"
     export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
     echo "launch: warning: no libnccl found (set FLAMIA_NCCL_LIB=/path/libnccl.so.2); multi-GPU runs will fail" >&2

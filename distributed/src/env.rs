@@ -8,7 +8,8 @@
 //!
 //! Under torchrun itself (`TORCHELASTIC_RUN_ID` set) the elastic agent already holds a TCP store
 //! on `MASTER_PORT`, so flamia's rendezvous uses `MASTER_PORT + 1`. `FLAMIA_DIST_PORT` overrides
-//! the rendezvous port in every mode.
+//! the rendezvous port and `FLAMIA_DIST_ADDR` rank 0's address in every mode (under Slurm,
+//! `launch/slurm-task.sh` clears the torchrun variables, so these are the overrides that survive).
 
 use std::collections::HashMap;
 
@@ -147,6 +148,9 @@ impl Topology {
             },
             None => topo,
         };
+        if let Some(a) = get("FLAMIA_DIST_ADDR") {
+            topo.master_addr = a.to_string();
+        }
         let visible =
             get("CUDA_VISIBLE_DEVICES").map(|v| v.split(',').filter(|d| !d.trim().is_empty()).count());
         topo.device = if visible == Some(1) { 0 } else { topo.local_rank };
@@ -301,6 +305,15 @@ mod tests {
             (t.master_addr.as_str(), t.master_port, t.source),
             ("gpu07", 23456, Source::Slurm)
         );
+        let overridden = Topology::from_vars(&vars(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_JOB_NODELIST", "gpu[07-08]"),
+            ("FLAMIA_DIST_ADDR", "gpu07-ib"),
+            ("FLAMIA_DIST_PORT", "31000"),
+        ]))
+        .unwrap();
+        assert_eq!(overridden.master_endpoint(), "gpu07-ib:31000");
     }
 
     #[test]

@@ -106,6 +106,7 @@ impl ProcessGroup {
         make_payload: impl FnOnce() -> Result<Vec<u8>>,
     ) -> Result<ProcessGroup> {
         topo.validate()?;
+        install_panic_hook();
         let server_opts = ServerOptions {
             join_timeout: opts.join_timeout,
             heartbeat_timeout: opts.heartbeat_timeout,
@@ -284,10 +285,57 @@ impl ProcessGroup {
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        if self.heartbeat.is_some() {
-            self.leave(Duration::from_secs(5));
+        if self.heartbeat.is_none() {
+            return;
         }
+        if std::thread::panicking() {
+            // Dropped while unwinding (a tch call that panicked, CUDA out of memory in a call
+            // without an `f_` variant, ...): a clean Leave would let the others wait for this
+            // rank until a timeout; report the failure so that they stop at once.
+            let what = last_panic().unwrap_or_else(|| "panicked".into());
+            self.fail(&format!("panicked: {what}"));
+        }
+        self.leave(Duration::from_secs(5));
     }
+}
+
+/// The message and place of the last panic in this process (recorded by the hook that
+/// [`ProcessGroup::join`] installs), for the failure report a panicking rank sends.
+static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
+
+fn last_panic() -> Option<String> {
+    LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Wraps the current panic hook (kept: it still prints the message) with one that remembers the
+/// message, once per process.
+fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let msg = info
+                .payload()
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(no message)".into());
+            let place = info
+                .location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            let thread = std::thread::current();
+            let note = format!(
+                "thread '{}' panicked{place}: {msg}",
+                thread.name().unwrap_or("<unnamed>")
+            );
+            // try_lock: a panic while the lock is held must not deadlock the hook.
+            if let Ok(mut last) = LAST_PANIC.try_lock() {
+                *last = Some(note);
+            }
+            previous(info);
+        }));
+    });
 }
 
 /// Connect with retries until `deadline` (rank 0 may start after the others).
@@ -467,9 +515,19 @@ impl Store {
 
     /// True on every rank when at least one rank votes true (e.g. "stop now": a signal or a
     /// time limit seen by one rank).
+    /// Four small requests per rank (no all-gather), so it is cheap enough to call every step.
     pub fn vote_any(&self, mine: bool, timeout: Duration) -> Result<bool> {
-        let all = self.all_gather(&[mine as u8], timeout)?;
-        Ok(all.iter().any(|v| v.first() == Some(&1)))
+        let g = self.next_generation();
+        let yes = format!("__vote/{g}/yes");
+        if mine {
+            self.add(&yes, 1)?;
+        }
+        // Every rank's "yes" lands before its count, and "done" after the last count.
+        if self.add(&format!("__vote/{g}/n"), 1)? as usize == self.world_size {
+            self.set(&format!("__vote/{g}/done"), b"1")?;
+        }
+        self.get(&format!("__vote/{g}/done"), timeout)?;
+        Ok(self.add(&yes, 0)? > 0)
     }
 
     /// Mean of each value across ranks, computed in f64 on the CPU (for a few metrics when no

@@ -1,6 +1,7 @@
 //! Distributed training for flamia: rank discovery from torchrun or Slurm variables, a TCP
 //! rendezvous where rank 0 publishes the NCCL unique id, NCCL communicators (cudarc), gradient
-//! bucketing, ZeRO-1 partitioning, and failure detection that exits loudly instead of hanging.
+//! bucketing, ZeRO-1 partitioning, failure detection that exits loudly instead of hanging, and the
+//! scheduler's stop signals (checkpoint, then exit for a requeue).
 //!
 //! Kept out of the trainer crate so it builds and tests without libtorch. See
 //! `docs/distributed.md` for how the pieces fit and how the training loop calls them.
@@ -15,6 +16,7 @@ pub mod hostlist;
 pub mod metrics;
 pub mod nccl;
 pub mod server;
+pub mod signal;
 pub mod wire;
 pub mod zero;
 
@@ -23,4 +25,5 @@ pub use env::{Source, Topology};
 pub use error::{DistError, Result};
 pub use group::{GroupOptions, ProcessGroup, Store};
 pub use health::{Health, PEER_FAILURE_EXIT_CODE};
+pub use signal::PREEMPTED_EXIT_CODE;
 pub use zero::ZeroPartition;

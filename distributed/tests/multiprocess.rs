@@ -227,3 +227,99 @@ fn frozen_rank_is_detected_by_missing_heartbeats() {
         );
     }
 }
+
+#[test]
+fn panicking_rank_reports_failure_and_the_others_stop_within_the_heartbeat_timeout() {
+    let port = free_port();
+    // Rank 1 panics (unwinds, as a failed tch call does) at step 10; heartbeat timeout 2 s.
+    let args = [
+        "--steps",
+        "100000",
+        "--step-ms",
+        "20",
+        "--panic-rank",
+        "1",
+        "--die-at-step",
+        "10",
+    ];
+    let mut kids: Vec<Option<Child>> = (0..3).map(|r| Some(spawn(r, 3, port, &args))).collect();
+    let start = Instant::now();
+    let mut exited: [Option<Duration>; 3] = [None; 3];
+    let mut outs: Vec<Option<Output>> = vec![None, None, None];
+    while exited.iter().any(|t| t.is_none()) && start.elapsed() < Duration::from_secs(30) {
+        for r in 0..3 {
+            if exited[r].is_none() && kids[r].as_mut().unwrap().try_wait().unwrap().is_some() {
+                exited[r] = Some(start.elapsed());
+                outs[r] = Some(kids[r].take().unwrap().wait_with_output().unwrap());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for k in kids.iter_mut().flatten() {
+        k.kill().ok();
+    }
+    let panicked_at = exited[1].expect("rank 1 exits after its panic");
+    let out1 = outs[1].as_ref().unwrap();
+    assert!(!out1.status.success(), "{}", stderr(out1));
+    assert!(stderr(out1).contains("panicking at step 10 on purpose"));
+    for r in [0, 2] {
+        let took = exited[r].unwrap_or_else(|| panic!("rank {r} did not stop"));
+        let out = outs[r].as_ref().unwrap();
+        let err = stderr(out);
+        let after = took.saturating_sub(panicked_at);
+        eprintln!("rank {r} stopped {after:?} after rank 1 exited");
+        assert_eq!(
+            out.status.code(),
+            Some(flamia_dist::PEER_FAILURE_EXIT_CODE),
+            "rank {r}: {err}"
+        );
+        assert!(
+            err.contains("rank 1") && err.contains("panicked") && err.contains("on purpose"),
+            "rank {r} should name the panicking rank and its message: {err}"
+        );
+        // The report is sent before the panicking process exits: the others stop well within
+        // the heartbeat timeout (2 s) instead of waiting for a store timeout.
+        assert!(after < Duration::from_secs(2), "rank {r}: {after:?}");
+    }
+}
+
+#[test]
+fn a_signal_to_one_rank_stops_every_rank_at_the_same_step_with_status_75() {
+    let port = free_port();
+    let args = ["--steps", "100000", "--step-ms", "20", "--stop-on-signal"];
+    let kids: Vec<Child> = (0..3).map(|r| spawn(r, 3, port, &args)).collect();
+    std::thread::sleep(Duration::from_millis(1000));
+    // Only rank 2 hears from the scheduler; the vote carries it to the others.
+    let sent = Command::new("kill")
+        .args(["-USR1", &kids[2].id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let mut steps = Vec::new();
+    for (rank, kid) in kids.into_iter().enumerate() {
+        let (out, _) = finish(kid, Duration::from_secs(20));
+        assert_eq!(
+            out.status.code(),
+            Some(flamia_dist::PREEMPTED_EXIT_CODE),
+            "rank {rank}: {}",
+            stderr(&out)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout
+            .lines()
+            .find(|l| l.contains("\"stopped\""))
+            .unwrap_or_else(|| panic!("rank {rank}: {stdout}"));
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let expect_signal = if rank == 2 {
+            "SIGUSR1".into()
+        } else {
+            serde_json::Value::Null
+        };
+        assert_eq!(v["signal"], expect_signal, "rank {rank}: {line}");
+        steps.push(v["step"].as_u64().unwrap());
+    }
+    assert!(
+        steps.windows(2).all(|w| w[0] == w[1]) && steps[0] > 0,
+        "every rank stops at the same step: {steps:?}"
+    );
+}

@@ -7,6 +7,9 @@
 //!   failure detection).
 //! - `flamia-dist nccl-check`: rendezvous, then an NCCL all-reduce on `cuda:<LOCAL_RANK>`,
 //!   verified and timed (bus bandwidth).
+//! - `flamia-dist topology`: print, as one JSON line, the placement this process would take from
+//!   its environment (rank, world size, local rank, device, rendezvous endpoint, which launcher's
+//!   variables), without joining anything: what a launcher gives each task.
 
 use std::time::{Duration, Instant};
 
@@ -46,7 +49,17 @@ enum Cmd {
         die_rank: Option<usize>,
         #[arg(long, default_value_t = 0)]
         die_at_step: usize,
+        /// This rank panics (unwinding, as a failed tch call does) at `--die-at-step`.
+        #[arg(long)]
+        panic_rank: Option<usize>,
+        /// SIGTERM/SIGUSR1 stop the run: the ranks vote every step (one rank's signal is enough),
+        /// all stop at the same step and exit with 75 (what `flamia train` does after its
+        /// checkpoint).
+        #[arg(long)]
+        stop_on_signal: bool,
     },
+    /// Print this process's placement (from the launcher's variables) as JSON; joins nothing.
+    Topology,
     /// NCCL all-reduce check and bandwidth on the GPUs.
     NcclCheck {
         /// Buffer size in MiB.
@@ -94,7 +107,12 @@ fn run(cli: Cli) -> Result<()> {
             step_ms,
             die_rank,
             die_at_step,
+            panic_rank,
+            stop_on_signal,
         } => {
+            if stop_on_signal {
+                flamia_dist::signal::install(&flamia_dist::signal::STOP_SIGNALS)?;
+            }
             let pg = ProcessGroup::join(&topo, &opts, || {
                 // Not NCCL: any 128 bytes unique to this job exercise the same path.
                 let seed = std::process::id() as u64 ^ started.elapsed().as_nanos() as u64;
@@ -120,10 +138,30 @@ fn run(cli: Cli) -> Result<()> {
                     eprintln!("rank {}: dying at step {step} on purpose", pg.rank());
                     std::process::abort();
                 }
+                if panic_rank == Some(pg.rank()) && step == die_at_step {
+                    panic!("rank {} panicking at step {step} on purpose", pg.rank());
+                }
                 std::thread::sleep(Duration::from_millis(step_ms));
                 pg.health()
                     .check()
                     .with_context(|| format!("rank {} at step {step}", pg.rank()))?;
+                if stop_on_signal {
+                    let mine = flamia_dist::signal::requested();
+                    let stop = pg
+                        .store()
+                        .vote_any(mine.is_some(), step_timeout)
+                        .with_context(|| format!("rank {} at step {step}", pg.rank()))?;
+                    if stop {
+                        let seen = mine.map(flamia_dist::signal::name);
+                        println!(
+                            "{}",
+                            serde_json::json!({"event": "stopped", "rank": pg.rank(), "step": step, "signal": seen})
+                        );
+                        pg.shutdown(Duration::from_secs(30)).context("shutdown barrier")?;
+                        std::process::exit(flamia_dist::PREEMPTED_EXIT_CODE);
+                    }
+                    continue;
+                }
                 pg.store()
                     .barrier(step_timeout)
                     .with_context(|| format!("rank {} at step {step}", pg.rank()))?;
@@ -132,6 +170,21 @@ fn run(cli: Cli) -> Result<()> {
             println!(
                 "{}",
                 serde_json::json!({"event": "done", "rank": topo.rank, "steps": steps})
+            );
+            Ok(())
+        }
+        Cmd::Topology => {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "rank": topo.rank,
+                    "world_size": topo.world_size,
+                    "local_rank": topo.local_rank,
+                    "local_world_size": topo.local_world_size,
+                    "device": topo.device,
+                    "source": topo.source,
+                    "master": topo.master_endpoint(),
+                })
             );
             Ok(())
         }
