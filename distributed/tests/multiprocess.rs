@@ -44,6 +44,9 @@ fn finish(mut child: Child, limit: Duration) -> (Output, Duration) {
     }
 }
 
+/// Arguments of a run that goes on until something stops it: many barrier steps of 20 ms.
+const ENDLESS: [&str; 4] = ["--steps", "100000", "--step-ms", "20"];
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -145,16 +148,7 @@ fn duplicate_rank_fails_every_rank() {
 fn killed_rank_is_detected_by_the_others_within_the_timeout() {
     let port = free_port();
     // Rank 2 aborts at step 10 (about 0.2 s in); heartbeat timeout 2 s.
-    let args = [
-        "--steps",
-        "100000",
-        "--step-ms",
-        "20",
-        "--die-rank",
-        "2",
-        "--die-at-step",
-        "10",
-    ];
+    let args = [&ENDLESS[..], &["--die-rank", "2", "--die-at-step", "10"]].concat();
     let kids: Vec<Child> = (0..3).map(|r| spawn(r, 3, port, &args)).collect();
     let mut outs = Vec::new();
     for kid in kids {
@@ -184,7 +178,7 @@ fn killed_rank_is_detected_by_the_others_within_the_timeout() {
 #[test]
 fn frozen_rank_is_detected_by_missing_heartbeats() {
     let port = free_port();
-    let args = ["--steps", "100000", "--step-ms", "20"];
+    let args = ENDLESS;
     let mut kids: Vec<Child> = (0..3).map(|r| spawn(r, 3, port, &args)).collect();
     std::thread::sleep(Duration::from_millis(800));
     // Freeze rank 1 (alive, connections open, but silent): only the heartbeat timeout can tell.
@@ -232,16 +226,7 @@ fn frozen_rank_is_detected_by_missing_heartbeats() {
 fn panicking_rank_reports_failure_and_the_others_stop_within_the_heartbeat_timeout() {
     let port = free_port();
     // Rank 1 panics (unwinds, as a failed tch call does) at step 10; heartbeat timeout 2 s.
-    let args = [
-        "--steps",
-        "100000",
-        "--step-ms",
-        "20",
-        "--panic-rank",
-        "1",
-        "--die-at-step",
-        "10",
-    ];
+    let args = [&ENDLESS[..], &["--panic-rank", "1", "--die-at-step", "10"]].concat();
     let mut kids: Vec<Option<Child>> = (0..3).map(|r| Some(spawn(r, 3, port, &args))).collect();
     let start = Instant::now();
     let mut exited: [Option<Duration>; 3] = [None; 3];
@@ -286,7 +271,7 @@ fn panicking_rank_reports_failure_and_the_others_stop_within_the_heartbeat_timeo
 #[test]
 fn a_signal_to_one_rank_stops_every_rank_at_the_same_step_with_status_75() {
     let port = free_port();
-    let args = ["--steps", "100000", "--step-ms", "20", "--stop-on-signal"];
+    let args = [&ENDLESS[..], &["--stop-on-signal"]].concat();
     let kids: Vec<Child> = (0..3).map(|r| spawn(r, 3, port, &args)).collect();
     std::thread::sleep(Duration::from_millis(1000));
     // Only rank 2 hears from the scheduler; the vote carries it to the others.
