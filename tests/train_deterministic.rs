@@ -1,8 +1,9 @@
 //! Reproducible training, end to end through the `flamia` binary.
 //!
 //! CPU (always): `run.deterministic = true` trains (no operation of the step lacks a
-//! deterministic libtorch algorithm) with the same bits as the default, and a
-//! `CUBLAS_WORKSPACE_CONFIG` that would break it is refused.
+//! deterministic libtorch algorithm) with the same bits as the default, a
+//! `CUBLAS_WORKSPACE_CONFIG` that would break it is refused, and with a device setting that may
+//! be CUDA it sets `CUBLAS_WORKSPACE_CONFIG=:4096:8` before the device is resolved.
 //!
 //! CUDA (`--ignored`, on the device): with `run.deterministic = true`, two fresh runs of
 //! `configs/h200-125m.toml` give bitwise the same losses and final weights and optimizer state,
@@ -141,6 +142,30 @@ fn deterministic_mode_refuses_a_nondeterministic_cublas_config() {
         err.contains("CUBLAS_WORKSPACE_CONFIG") && err.contains(":4096:8"),
         "{err}"
     );
+}
+
+#[test]
+fn deterministic_mode_sets_the_cublas_workspace_before_the_device_is_resolved() {
+    // `run.device = auto` may be CUDA, so the variable is set, and that happens before the
+    // device is probed (the line naming the device resolved).
+    let tmp = tempfile::tempdir().unwrap();
+    let out = flamia()
+        .current_dir(repo())
+        .env_remove("CUBLAS_WORKSPACE_CONFIG")
+        .arg("train")
+        .args(["--set", &format!("run.dir={}", tmp.path().join("r").display())])
+        .args(["--config", "configs/tiny-cpu.toml", "--set", "run.device=auto"])
+        .args(["--set", "training.steps=1", "--set", "run.deterministic=true"])
+        .args(SMALL)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let set = err
+        .find("CUBLAS_WORKSPACE_CONFIG=:4096:8 set before CUDA starts")
+        .unwrap_or_else(|| panic!("the variable was not set:\n{err}"));
+    let device = err.find("run.device \"auto\": ").expect("the device line");
+    assert!(set < device, "set after the device was resolved:\n{err}");
 }
 
 /// The H200 preset, `steps` steps, every loss logged, a checkpoint only at the end.

@@ -46,10 +46,11 @@ pub struct RunConfig {
     /// Bitwise reproducible GPU training for A/B comparisons: libtorch's deterministic
     /// algorithms (its flash-attention backward of the `bf16` control switches to the
     /// deterministic variant; an operation without one is an error), deterministic cuDNN,
-    /// `CUBLAS_WORKSPACE_CONFIG=:4096:8` (set by flamia; another value already in the
-    /// environment is refused). Without it no path is bitwise repeatable on the GPU (libtorch's
-    /// gradient of the tied embedding/output weight varies in its last bits; docs/training.md
-    /// "Reproducibility"); the CPU is repeatable either way. Cost: docs/perf.md.
+    /// `CUBLAS_WORKSPACE_CONFIG=:4096:8` (set by flamia before CUDA starts unless the device is
+    /// `cpu`; another value already in the environment is refused; not set without this flag).
+    /// Without it no path is bitwise repeatable on the GPU (libtorch's gradient of the tied
+    /// embedding/output weight varies in its last bits; docs/training.md "Reproducibility");
+    /// the CPU is repeatable either way. Cost: docs/perf.md.
     pub deterministic: bool,
 }
 
@@ -323,7 +324,7 @@ impl TrainConfig {
                 self.run.compute
             )));
         }
-        crate::device::parse_device(&self.run.device)?;
+        crate::device::check_setting(&self.run.device)?;
         crate::determinism::check_env(self.run.deterministic)?;
         if self.run.keep_checkpoints == 0 || self.run.log_every == 0 {
             return Err(invalid(

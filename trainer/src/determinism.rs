@@ -2,9 +2,11 @@
 //! are not (`FLAMIA_TRACE_CHECKSUMS`). docs/training.md "Reproducibility" has what is and is not
 //! bitwise repeatable on the GPU and why.
 //!
-//! - [`apply`]: libtorch's deterministic mode on or off for the process; on CUDA also
-//!   `CUBLAS_WORKSPACE_CONFIG=:4096:8` (cuBLAS reads it when it starts, so this runs before the
-//!   first CUDA work of a run).
+//! - [`apply`]: libtorch's deterministic mode on or off for the process; with it, unless the
+//!   device setting is `cpu`, also `CUBLAS_WORKSPACE_CONFIG=:4096:8` (libtorch sizes cuBLAS's
+//!   workspace when it creates its first cuBLAS handle, so this runs first in a run, before the
+//!   device is even probed). Without `run.deterministic` the variable is left alone
+//!   ([`cublas_workspace_to_set`] says why).
 //! - [`Trace`]: with `FLAMIA_TRACE_CHECKSUMS=<file>`, the bridge appends one line per attention
 //!   call (checksums of q, k, v, o, lse; dO, dQ, dK, dV) and the training loop one line per step
 //!   (the loss and every parameter gradient), so two runs can be compared line by line and the
@@ -13,7 +15,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use tch::{Device, Tensor};
+use tch::Tensor;
 
 use crate::error::{Result, TrainError};
 
@@ -45,15 +47,37 @@ pub fn check_env(deterministic: bool) -> Result<()> {
     }
 }
 
-/// Puts the process into (or out of) deterministic mode for a run on `device`. Call it before
-/// the run's first CUDA work: on CUDA with `deterministic`, `CUBLAS_WORKSPACE_CONFIG` is set
-/// here when unset (cuBLAS reads it at start-up; libtorch checks it on every matmul).
-pub fn apply(deterministic: bool, device: Device) -> Result<()> {
+/// The `CUBLAS_WORKSPACE_CONFIG` value a run has to put into the environment, given
+/// `run.deterministic`, the `run.device` setting and the variable's current value: `:4096:8`
+/// when deterministic, the device may be CUDA (any setting but `cpu`, so `auto` too: the
+/// decision comes before CUDA is probed) and the variable is unset; nothing otherwise (a value
+/// already set is kept; [`check_env`] refuses a non-deterministic one). Not set by default: on
+/// Hopper (and Blackwell) libtorch 2.11 already gives cuBLAS a 32 MiB workspace when the
+/// variable is unset (`parseChosenWorkspaceSize` in its `CublasHandlePool.cpp`), the size
+/// `:4096:8` names, so there the variable changes nothing but what libtorch's deterministic-mode
+/// check accepts (docs/training.md "Reproducibility").
+pub fn cublas_workspace_to_set(
+    deterministic: bool,
+    device: &str,
+    current: Option<&str>,
+) -> Option<&'static str> {
+    (deterministic && device != "cpu" && current.is_none()).then_some(CUBLAS_DETERMINISTIC)
+}
+
+/// Puts the process into (or out of) deterministic mode for a run whose `run.device` setting is
+/// `device`. Call it first, before libtorch touches CUDA (`train` calls it before it even
+/// resolves the device): it sets `CUBLAS_WORKSPACE_CONFIG` as [`cublas_workspace_to_set`] says
+/// (cuBLAS's workspace size is fixed when libtorch creates its first cuBLAS handle; libtorch's
+/// deterministic mode checks the variable on every matmul), then libtorch's switches.
+pub fn apply(deterministic: bool, device: &str) -> Result<()> {
     check_env(deterministic)?;
-    if deterministic && device != Device::Cpu && std::env::var_os(CUBLAS_WORKSPACE_CONFIG).is_none() {
-        // The run has not started any thread that reads the environment yet (the data loader
-        // and the model come after this).
-        std::env::set_var(CUBLAS_WORKSPACE_CONFIG, CUBLAS_DETERMINISTIC);
+    let current = std::env::var(CUBLAS_WORKSPACE_CONFIG).ok();
+    if let Some(v) = cublas_workspace_to_set(deterministic, device, current.as_deref()) {
+        // No other thread of the run exists yet (the data loader and the model come later).
+        std::env::set_var(CUBLAS_WORKSPACE_CONFIG, v);
+        tracing::info!(
+            "run.deterministic: {CUBLAS_WORKSPACE_CONFIG}={v} set before CUDA starts (device setting {device:?})"
+        );
     }
     crate::attention::set_deterministic(deterministic)
 }
@@ -104,6 +128,18 @@ mod tests {
         assert!(cublas_config_is_deterministic(":16:8"));
         assert!(!cublas_config_is_deterministic(":4096:2"));
         assert!(!cublas_config_is_deterministic(""));
+    }
+
+    #[test]
+    fn the_cublas_workspace_is_set_only_for_deterministic_runs_that_may_use_cuda() {
+        for dev in ["auto", "cuda", "cuda:3"] {
+            assert_eq!(cublas_workspace_to_set(true, dev, None), Some(":4096:8"), "{dev}");
+            // A value already set is kept (check_env refuses a bad one), and nothing is set
+            // without run.deterministic.
+            assert_eq!(cublas_workspace_to_set(true, dev, Some(":16:8")), None, "{dev}");
+            assert_eq!(cublas_workspace_to_set(false, dev, None), None, "{dev}");
+        }
+        assert_eq!(cublas_workspace_to_set(true, "cpu", None), None);
     }
 
     #[test]

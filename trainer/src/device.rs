@@ -20,6 +20,15 @@ pub fn parse_device(s: &str) -> Result<Device> {
     }
 }
 
+/// Checks a `run.device` setting's spelling without probing for CUDA (configuration checks run
+/// before [`crate::determinism::apply`], which must come before libtorch touches CUDA).
+pub fn check_setting(s: &str) -> Result<()> {
+    match s {
+        "auto" | "cuda" => Ok(()),
+        other => parse_device(other).map(|_| ()),
+    }
+}
+
 /// The compute kind: BF16 on CUDA and f32 on CPU for `auto`. (On CPU, BF16 matmuls are emulated
 /// and slower than f32, and the CPU attention reference takes f32 anyway.)
 pub fn compute_kind(setting: &str, device: Device) -> Kind {

@@ -87,9 +87,11 @@ const DATA_STATES: &str = "data_states.json";
 /// Trains `cfg` to `training.steps`, writing everything into the run directory. Under a launcher
 /// (torchrun / Slurm variables) this process is one data-parallel rank.
 pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
+    // First, before libtorch touches CUDA (even to probe for it): the cuBLAS workspace
+    // configuration has to be in the environment before the first cuBLAS handle.
+    crate::determinism::apply(cfg.run.deterministic, &cfg.run.device)?;
     let device = parse_device(&cfg.run.device)?;
-    // Before any CUDA work: cuBLAS reads its workspace configuration when it starts.
-    crate::determinism::apply(cfg.run.deterministic, device)?;
+    tracing::info!("run.device {:?}: {device:?}", cfg.run.device);
     let mut ddp = Ddp::from_env(DdpOptions::default(), matches!(device, Device::Cuda(_)))?;
     let device = ddp.device(device);
     match train_rank(cfg, opts, &mut ddp, device) {
