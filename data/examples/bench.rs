@@ -1,7 +1,7 @@
 //! `flamia data bench` without building the trainer (no libtorch), for measuring the pipeline
 //! with an optimised build: `cargo run --profile test -p flamia-data --example bench -- \
 //!   [--train SPEC] [--tokenizer bytes|FILE] [--seq-len N] [--batch-rows N] [--batches N]
-//!   [--threads N[,N..]] [--step-ms MS] [--tokenize-docs N]`.
+//!   [--threads N[,N..]] [--step-ms MS] [--tokenize-docs N] [--shuffle-row-groups N]`.
 
 use std::time::Duration;
 
@@ -28,6 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--threads" => threads = v.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--step-ms" => step_ms = v.parse()?,
             "--tokenize-docs" => tok_docs = v.parse()?,
+            "--shuffle-row-groups" => cfg.shuffle_row_groups = v.parse()?,
             _ => return Err(format!("unknown flag {k}").into()),
         }
     }
@@ -37,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let p = bench::pipeline(&cfg, batches, Duration::from_secs_f64(step_ms / 1e3))?;
         println!(
             "pipeline: {t:3} threads: {} batches of {}x{}: {:.0} tokens/s after the first batch ({:.2} s to it); \
-             waited {:.3} s of {:.3} s (step {step_ms} ms); peak RSS {:.1} MiB",
+             waited {:.3} s of {:.3} s (step {step_ms} ms); shuffle_row_groups {}; peak RSS {:.1} MiB",
             p.batches,
             cfg.batch_rows,
             cfg.seq_len,
@@ -45,6 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             p.first_batch_seconds,
             p.wait_seconds,
             p.seconds - p.first_batch_seconds,
+            cfg.shuffle_row_groups,
             p.peak_rss_mib.unwrap_or(0.0)
         );
         if tok_docs > 0 {

@@ -120,6 +120,9 @@ struct BenchArgs {
     /// Documents per shuffle block.
     #[arg(long, default_value_t = 256)]
     shuffle_buffer: usize,
+    /// Row groups shuffled together (decoded and held at once).
+    #[arg(long, default_value_t = 8)]
+    shuffle_row_groups: usize,
     /// Simulated training step (ms) after each batch: waits > 0 mean the pipeline is too slow.
     #[arg(long, default_value_t = 0.0)]
     step_ms: f64,
@@ -212,6 +215,7 @@ fn bench(b: BenchArgs) -> anyhow::Result<()> {
         num_threads: b.threads,
         prefetch: b.prefetch,
         shuffle_buffer: b.shuffle_buffer,
+        shuffle_row_groups: b.shuffle_row_groups,
         ..Config::default()
     };
     if !b.train.is_empty() {
@@ -238,6 +242,7 @@ fn bench(b: BenchArgs) -> anyhow::Result<()> {
             "tokens_per_s": p.tokens_per_s(),
             "wait_seconds": p.wait_seconds,
             "step_ms": b.step_ms,
+            "shuffle_row_groups": cfg.shuffle_row_groups,
             "peak_rss_mib": p.peak_rss_mib,
             "tokenize_tokens_per_s": tok.map(|t| t.2),
         });
