@@ -69,7 +69,7 @@ struct BwdV4Params {
 
 // Per-key constants of an item (bwd_prep's rows, bulk-copied; keys past the document are
 // zeroed by the consumers), then the item itself.
-struct BwdItem {
+struct __align__(16) BwdItem {
   float kf[BKT];  // 2^eK
   float vf[BKT];  // 2^eV
   float cf[BKT];  // 2^-c
@@ -79,7 +79,7 @@ struct BwdItem {
 
 // Per-query constants of one step (bwd_prep's cols, bulk-copied; columns past the document are
 // masked by the consumers).
-struct BwdCols {
+struct __align__(16) BwdCols {
   float qf[BQT];  // 2^eQ * scale * log2(e)
   float nl[BQT];  // -LSE * log2(e)
   float dq[BQT];  // 2^(edO + eQ)
@@ -615,7 +615,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
   }
   __syncthreads();
   if (wg == 0) {
-    regs_dealloc<32>();
+    regs_dealloc<24>();
     if (threadIdx.x < 32) bwd_producer(P, sm);
   } else {
     regs_alloc<240>();
