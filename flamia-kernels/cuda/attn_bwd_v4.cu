@@ -24,8 +24,7 @@
 // group are separate items; their dK/dV partials meet in dkv_acc in head order (semaphore per key
 // tile and KV head), and the group's last head writes the BF16 result.
 // Afterwards bwd_dq_convert turns dq_acc into BF16 dQ (2^-eQ scale, Hadamard back).
-// The per-token constants (scales, LSE, D, dV's fold c_j = max(edO over the rows that see key j) - 8)
-// come from bwd_prep (run before), in tables the producer bulk-copies with the tiles.
+// dV's fold c_j = max(edO over the rows that see key j) - 8 comes from bwd_dv_fold (run before).
 #include "attn_common.cuh"
 #include "tma.cuh"
 
@@ -34,6 +33,15 @@
 #endif
 #ifndef BWD_ISLOTS
 #define BWD_ISLOTS 2
+#endif
+// dQ reduces in flight per warpgroup before the oldest one's semaphore is bumped (its completion
+// is waited for BWD_DQ_LAG steps later, off the critical path; the next key tile then runs that
+// many steps further behind on the query tile it shares).
+// Timing-only knobs (their results are wrong; never set by the runtime): BWD_PROF_NOSEM skips the
+// dQ semaphore waits (unordered reduction), BWD_PROF_NORED the dQ reductions, BWD_PROF_NODQ the dQ
+// products. docs/perf.md "v4 backward" lists what each measured.
+#ifndef BWD_DQ_LAG
+#define BWD_DQ_LAG 1
 #endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
@@ -56,30 +64,26 @@ struct BwdV4Params {
   TmaMap dod_map;  // do_dim, same
   TmaMap dq_map;   // dq_acc FP32 (128, Hq, T), box (32, 1, 64), 128-byte swizzle
   AttnParams a;
-  const int* items;    // key tile * hq + head, longest first
-  const int* tiles;    // BwdTile per 128-key tile
-  const float* cols;   // per-query constants [Hq][5][lp] (bwd_prep), padded token index
-  const float* rows;   // per-key constants [Hq][3][lp] (bwd_prep)
-  float* dkv_acc;      // GQA partial dK/dV (fragment order), null when hq == hkv
-  int* counter;        // zeroed before the launch
-  int* dq_sem;         // per (query head, global 64-query tile), zeroed
-  int* kv_sem;         // per (KV head, key tile), zeroed
-  int nitems, nqt, nkt, lp;
+  const int* items;  // key tile * hq + head, longest first
+  const int* tiles;  // BwdTile per 128-key tile
+  const int* cexp;   // c_j per (token, query head)
+  float* dkv_acc;    // GQA partial dK/dV (fragment order), null when hq == hkv
+  int* counter;      // zeroed before the launch
+  int* dq_sem;       // per (query head, global 64-query tile), zeroed
+  int* kv_sem;       // per (KV head, key tile), zeroed
+  int nitems, nqt, nkt;
 };
 
-// Per-key constants of an item (bwd_prep's rows, bulk-copied; keys past the document are
-// zeroed by the consumers), then the item itself.
-struct __align__(16) BwdItem {
-  float kf[BKT];  // 2^eK
-  float vf[BKT];  // 2^eV
-  float cf[BKT];  // 2^-c
+struct BwdItem {
   int code, h;
   BwdTile tile;
+  float kf[BKT];  // 2^eK per key (0 past the document)
+  float vf[BKT];  // 2^eV
+  float cf[BKT];  // 2^-c
 };
 
-// Per-query constants of one step (bwd_prep's cols, bulk-copied; columns past the document are
-// masked by the consumers).
-struct __align__(16) BwdCols {
+// Per-query constants of one step (0 / -inf past the document: those columns drop out).
+struct BwdCols {
   float qf[BQT];  // 2^eQ * scale * log2(e)
   float nl[BQT];  // -LSE * log2(e)
   float dq[BQT];  // 2^(edO + eQ)
@@ -119,18 +123,6 @@ __device__ __forceinline__ void tma_reduce_add_3d(const TmaMap* map, u32 src, in
                "r"(src), "r"(x), "r"(y), "r"(z)
                : "memory");
 }
-// 1-D bulk copy global -> shared (16-byte aligned, size a multiple of 16), completing on `bar`.
-__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"((u64)src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-// A shared-memory load the compiler may not hoist or keep across steps (short live ranges).
-__device__ __forceinline__ float lds_volatile(const float* p) {
-  float v;
-  asm volatile("ld.volatile.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(smem_u32(p)));
-  return v;
-}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 template <int N>
@@ -158,87 +150,132 @@ __device__ __forceinline__ int bwd_steps(const BwdTile& t, int causal) {
 }
 
 // ---- producer ----------------------------------------------------------------------------------
-// Nothing but TMA: the item's K, V, dim-major K tiles and its per-key constants into an item slot,
-// then per step the Q, dO tiles (both layouts) and the step's per-query constants into a stage.
 __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm) {
   const AttnParams& a = P.a;
-  if ((threadIdx.x & 31) != 0) return;
-  tma_prefetch(&P.k_map);
-  tma_prefetch(&P.v_map);
-  tma_prefetch(&P.kd_map);
-  tma_prefetch(&P.q_map);
-  tma_prefetch(&P.do_map);
-  tma_prefetch(&P.qd_map);
-  tma_prefetch(&P.dod_map);
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+    tma_prefetch(&P.k_map);
+    tma_prefetch(&P.v_map);
+    tma_prefetch(&P.kd_map);
+    tma_prefetch(&P.q_map);
+    tma_prefetch(&P.do_map);
+    tma_prefetch(&P.qd_map);
+    tma_prefetch(&P.dod_map);
+  }
   int ib = 0, s = 0;
   u32 iph = 0, ph = 0;
   int idx = blockIdx.x;
   for (;;) {
     const int code = idx < P.nitems ? P.items[idx] : -1;
+    int h = 0;
+    BwdTile t{};
+    if (code >= 0) {
+      const int tile = code / a.hq;
+      h = code - tile * a.hq;
+      t = reinterpret_cast<const BwdTile*>(P.tiles)[tile];
+    }
+    const int hk = h / (a.hq / a.hkv);
+    float kf[4], vf[4], cf[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int key = t.k0 + 4 * lane + j;
+      const bool ok = code >= 0 && key < t.len;
+      const long long e = (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk;
+      kf[j] = ok ? exp2i(a.k_exp[e]) : 0.f;
+      vf[j] = ok ? exp2i(a.v_exp[e]) : 0.f;
+      cf[j] = ok ? exp2i(-P.cexp[(long long)(t.doc0 + key) * a.hq + h]) : 0.f;
+    }
     mbar_wait(smem_u32(&sm.i_empty[ib]), iph ^ 1);
     BwdItem& it = sm.item[ib];
-    const u32 ibar = smem_u32(&sm.i_full[ib]);
-    it.code = code;
-    if (code < 0) {
-      mbar_arrive(ibar);
-      return;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      it.kf[4 * lane + j] = kf[j];
+      it.vf[4 * lane + j] = vf[j];
+      it.cf[4 * lane + j] = cf[j];
     }
-    const int tile = code / a.hq, h = code - tile * a.hq, hk = h / (a.hq / a.hkv);
-    const BwdTile t = reinterpret_cast<const BwdTile*>(P.tiles)[tile];
-    it.h = h;
-    it.tile = t;
-    mbar_arrive_expect_tx(ibar, 3 * BKT * 128 + 3 * BKT * 4);
-    tma_load_3d(smem_u32(sm.k[ib]), &P.k_map, ibar, 0, hk, t.doc0 + t.k0);
-    tma_load_3d(smem_u32(sm.v[ib]), &P.v_map, ibar, 0, hk, t.doc0 + t.k0);
-    tma_load_2d(smem_u32(sm.kd[ib]), &P.kd_map, ibar, t.pad0 + t.k0, hk * HEAD_DIM);
-    const float* rows = P.rows + (long long)h * 3 * P.lp + t.pad0 + t.k0;
-    bulk_load(smem_u32(it.kf), rows, BKT * 4, ibar);
-    bulk_load(smem_u32(it.vf), rows + P.lp, BKT * 4, ibar);
-    bulk_load(smem_u32(it.cf), rows + 2 * P.lp, BKT * 4, ibar);
+    const u32 ibar = smem_u32(&sm.i_full[ib]);
+    if (lane == 0) {
+      it.code = code;
+      it.h = h;
+      it.tile = t;
+      if (code >= 0) {
+        mbar_arrive_expect_tx(ibar, 3 * BKT * 128);
+        tma_load_3d(smem_u32(sm.k[ib]), &P.k_map, ibar, 0, hk, t.doc0 + t.k0);
+        tma_load_3d(smem_u32(sm.v[ib]), &P.v_map, ibar, 0, hk, t.doc0 + t.k0);
+        tma_load_2d(smem_u32(sm.kd[ib]), &P.kd_map, ibar, t.pad0 + t.k0, hk * HEAD_DIM);
+      } else {
+        mbar_arrive(ibar);
+      }
+    } else {
+      mbar_arrive(ibar);
+    }
+    if (code < 0) return;
     if (++ib == BWD_ISLOTS) { ib = 0; iph ^= 1; }
-    const int next = atomicAdd(P.counter, 1) + (int)gridDim.x;
+    int next = 0;
+    if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;
     const int qstart = a.causal ? t.k0 : 0, n = bwd_steps(t, a.causal);
-    const float* cols = P.cols + (long long)h * 5 * P.lp + t.pad0;
     for (int st = 0; st < n; ++st) {
       const int q0 = qstart + BQT * (n - 1 - st);
+      float c[5][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int i = 2 * lane + j;
+        const bool ok = q0 + i < t.len;
+        const long long e = (long long)(t.doc0 + (ok ? q0 + i : 0)) * a.hq + h;
+        const float fq = ok ? exp2i(a.q_exp[e]) : 0.f;
+        const float fo = ok ? exp2i(a.do_exp[e]) : 0.f;
+        c[0][j] = fq * a.scale_log2;
+        c[1][j] = ok ? -a.lse[e] * LOG2E : NEG_INF;
+        c[2][j] = fo * fq;
+        c[3][j] = ok ? -a.delta[e] * fq : 0.f;
+        c[4][j] = fo;
+      }
       mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
-      const u32 bar = smem_u32(&sm.s_full[s]);
-      mbar_arrive_expect_tx(bar, 4 * BQT * 128 + 5 * BQT * 4);
-      tma_load_3d(smem_u32(sm.q[s]), &P.q_map, bar, 0, h, t.doc0 + q0);
-      tma_load_3d(smem_u32(sm.dO[s]), &P.do_map, bar, 0, h, t.doc0 + q0);
-      tma_load_2d(smem_u32(sm.qd[s]), &P.qd_map, bar, t.pad0 + q0, h * HEAD_DIM);
-      tma_load_2d(smem_u32(sm.dOd[s]), &P.dod_map, bar, t.pad0 + q0, h * HEAD_DIM);
       BwdCols& cs = sm.cols[s];
-      bulk_load(smem_u32(cs.qf), cols + q0, BQT * 4, bar);
-      bulk_load(smem_u32(cs.nl), cols + P.lp + q0, BQT * 4, bar);
-      bulk_load(smem_u32(cs.dq), cols + 2 * P.lp + q0, BQT * 4, bar);
-      bulk_load(smem_u32(cs.nd), cols + 3 * P.lp + q0, BQT * 4, bar);
-      bulk_load(smem_u32(cs.pe), cols + 4 * P.lp + q0, BQT * 4, bar);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        cs.qf[2 * lane + j] = c[0][j];
+        cs.nl[2 * lane + j] = c[1][j];
+        cs.dq[2 * lane + j] = c[2][j];
+        cs.nd[2 * lane + j] = c[3][j];
+        cs.pe[2 * lane + j] = c[4][j];
+      }
+      const u32 bar = smem_u32(&sm.s_full[s]);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(bar, 4 * BQT * 128);
+        tma_load_3d(smem_u32(sm.q[s]), &P.q_map, bar, 0, h, t.doc0 + q0);
+        tma_load_3d(smem_u32(sm.dO[s]), &P.do_map, bar, 0, h, t.doc0 + q0);
+        tma_load_2d(smem_u32(sm.qd[s]), &P.qd_map, bar, t.pad0 + q0, h * HEAD_DIM);
+        tma_load_2d(smem_u32(sm.dOd[s]), &P.dod_map, bar, t.pad0 + q0, h * HEAD_DIM);
+      } else {
+        mbar_arrive(bar);
+      }
       if (++s == BWD_STAGES) { s = 0; ph ^= 1; }
     }
-    idx = next;
+    idx = __shfl_sync(0xffffffffu, next, 0);
   }
 }
 
 // ---- consumers ---------------------------------------------------------------------------------
-// Per-CTA state of a consumer warpgroup that outlives a step (kept small: the 128 accumulator
-// registers of dK and dV live across the whole item).
+// Per-CTA state of a consumer warpgroup that outlives a step.
 struct BwdConsumer {
-  int cw;       // warpgroup: keys 64cw..64cw+63 of the tile
+  int cw, t, w, lane, g, qd;
   int s;        // stage
   u32 ph;       // stage parity
-  int nstep;    // steps run so far by this CTA (dS buffer / exchange parity)
-  int* pend;    // thread 0: semaphore of the last dQ reduce, bumped once it has landed
-  // Thread 0: bumps the last reduce's semaphore once all but the newest `keep` (0 or 1) reduce
-  // groups have completed.
-  __device__ __forceinline__ void retire(int keep, int* next) {
-    if (keep) bulk_wait<1>();
-    else bulk_wait_all();
-    if (pend) {
-      fence_async_global();
-      red_release_add(pend, 1);
-    }
-    pend = next;
+  int nstep;    // steps run so far by this CTA (dS buffer / reduction parity)
+  // dQ reduces issued and not yet known complete (thread 0 only): their semaphores, oldest first.
+  int* pend[BWD_DQ_LAG + 1];
+  int npend;
+  // Bumps the semaphores of all but the `keep` most recent reduces once those have landed.
+  __device__ __forceinline__ void retire(int keep) {
+    if (npend <= keep) return;
+    if (keep == 0) bulk_wait_all();
+    else bulk_wait<BWD_DQ_LAG>();  // keep == BWD_DQ_LAG: all but the newest BWD_DQ_LAG groups are complete
+    fence_async_global();
+    const int n = npend - keep;
+    for (int i = 0; i < n; ++i) red_release_add(pend[i], 1);
+    for (int i = 0; i < keep; ++i) pend[i] = pend[i + n];
+    npend = keep;
   }
 };
 
@@ -294,15 +331,15 @@ __device__ __forceinline__ void mma_rs_sw64_half(float (&acc)[32], const u32 (&a
   fence_regs(acc);
 }
 
-// One step of a consumer warpgroup: 64 queries (qval of them in the document) against its 64 keys.
-// MASKED: key row r sees query column c iff r <= c + off (causal diagonal; off = q0 - k0 - 64cw, or
-// a large value when only the document end masks) and c < qval.
+// One step of a consumer warpgroup: 64 queries against its 64 keys. MASKED: the causal mask of
+// a diagonal step (off = q0 - k0 - 64c: key row r sees query column c iff r <= c + off).
 template <bool MASKED>
-__device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int ib,
-                                         float (&dk)[64], float (&dv)[64], int q0, int off, int qval) {
-  const int cw = C.cw, t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3, s = C.s;
-  const int r0 = 16 * w + g;  // key row (in the warpgroup's 64) of fragment element 0
-  const BwdItem& it = sm.item[ib];
+__device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int ib, const BwdItem& it,
+                                         const float (&kf)[2], const float (&vf)[2], const float (&cf)[2],
+                                         float (&dk)[64], float (&dv)[64], int q0, int off) {
+  const AttnParams& a = P.a;
+  const int cw = C.cw, w = C.w, lane = C.lane, qd = C.qd, s = C.s;
+  const int r0 = 16 * w + C.g;  // key row (in the warpgroup's 64) of fragment element 0
   mbar_wait(smem_u32(&sm.s_full[s]), C.ph);
   float sc[32], dp[32];
   {
@@ -314,40 +351,24 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_ss_m64n64k32_e4m3(dp, desc_sw128(vb + 32 * kk), desc_sw128(ob + 32 * kk), kk > 0);
     wg_commit();
+    wg_wait<0>();
+    fence_regs(sc);
+    fence_regs(dp);
   }
-  // this step's key factors (keys past the document: 0, so their dS and P~ are 0)
-  float kf[2], vf[2], cf[2];
-  {
-    const int kval = it.tile.len - it.tile.k0 - 64 * cw;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int k = 64 * cw + r0 + 8 * r;
-      const bool ok = r0 + 8 * r < kval;
-      kf[r] = ok ? lds_volatile(&it.kf[k]) : 0.f;
-      vf[r] = ok ? lds_volatile(&it.vf[k]) : 0.f;
-      cf[r] = ok ? lds_volatile(&it.cf[k]) : 0.f;
-    }
-  }
-  wg_wait<0>();
-  fence_regs(sc);
-  fence_regs(dp);
   // P, dS~ (into dp) and P~ = P 2^(edO - c) (into sc)
   const BwdCols& cs = sm.cols[s];
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const int r = (i >> 1) & 1, col = 8 * (i >> 2) + 2 * qd + (i & 1);
     float x = fmaf(sc[i] * kf[r], cs.qf[col], cs.nl[col]);
-    const float t2 = fmaf(dp[i] * vf[r], cs.dq[col], cs.nd[col]);
-    if (MASKED) {
-      const bool ok = (r0 + 8 * r <= col + off) & (col < qval);
-      x = ok ? x : NEG_INF;
-    }
-    const float pr = fast_exp2(x);
-    dp[i] = (pr * kf[r]) * t2;  // constants are finite everywhere: a masked score gives exactly 0
-    sc[i] = (pr * cs.pe[col]) * cf[r];
+    if (MASKED) x = (r0 + 8 * r <= col + off) ? x : NEG_INF;
+    const float p = fast_exp2(x);
+    const float t = fmaf(dp[i] * vf[r], cs.dq[col], cs.nd[col]);
+    dp[i] = (p * kf[r]) * t;
+    sc[i] = (p * cs.pe[col]) * cf[r];
   }
   // block maxima of dS~: 32 keys (warps 2m, 2m+1 of the warpgroup) x 32 queries (slice)
-  const int buf = C.nstep & 1;
+  const int par = C.nstep & 1, buf = C.nstep & 1;
   float mx[2];
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl) {
@@ -357,14 +378,14 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     mx[sl] = warp_max(m);
   }
   if (lane == 0) {
-    sm.red[buf][4 * cw + w][0] = mx[0];
-    sm.red[buf][4 * cw + w][1] = mx[1];
+    sm.red[par][4 * cw + w][0] = mx[0];
+    sm.red[par][4 * cw + w][1] = mx[1];
   }
   named_sync(2 + 2 * cw + (w >> 1), 64);
   int ex[2];
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl) {
-    ex[sl] = e4m3_scale_exp(fmaxf(mx[sl], sm.red[buf][4 * cw + (w ^ 1)][sl]));
+    ex[sl] = e4m3_scale_exp(fmaxf(mx[sl], sm.red[par][4 * cw + (w ^ 1)][sl]));
     const float f = exp2i(-ex[sl]);
 #pragma unroll
     for (int i = 16 * sl; i < 16 * sl + 16; ++i) dp[i] *= f;
@@ -375,7 +396,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
   u32 ads[2][4], ap[2][4];
   // byte (query 2q, key 64c + 16w + g) of tile_off<BKT>: core-matrix column 4c + w, row 2q, byte g
-  ds_codes(dp, ads, sm.ds[buf] + (4 * cw + w) * 128 + 32 * qd + g);
+  ds_codes(dp, ads, sm.ds[buf] + (4 * cw + w) * 128 + 32 * qd + C.g);
   acc_to_afrag(sc, ap);
   // dV += P~^T dO (one chained product over the 64 queries; 2^c applied at the item's end)
 #pragma unroll
@@ -427,16 +448,16 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
       for (int i = 0; i < 32; ++i) dq[i] = kk ? fmaf(t32[i], f, dq[i]) : t32[i] * f;
     }
   }
-  // the previous step's reduce has read its buffer (its completion is retired below)
+  // the previous step's reduce has read its buffer (its completion is retired below, later)
   const int bar = 6 + cw;
-  if (t == 0) bulk_wait_read_all();
+  if (C.t == 0) bulk_wait_read_all();
   named_sync(bar, 128);
   {
     // row 16w + g + 8r, 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g)
-    u8* base = sm.dqs[cw][0] + (16 * w + g) * 128 + 8 * (qd & 1);
+    u8* base = sm.dqs[cw][0] + (16 * w + C.g) * 128 + 8 * (qd & 1);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      u8* dst = base + 8192 * (j >> 2) + (((2 * (j & 3) + (qd >> 1)) ^ g) << 4);
+      u8* dst = base + 8192 * (j >> 2) + (((2 * (j & 3) + (qd >> 1)) ^ C.g) << 4);
 #pragma unroll
       for (int r = 0; r < 2; ++r)
         *reinterpret_cast<float2*>(dst + 1024 * r) = make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
@@ -444,21 +465,22 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
   fence_async_smem();
   named_sync(bar, 128);
-  if (t == 0) {
+  if (C.t == 0) {
     const BwdTile& tl = it.tile;
-    const int h = it.h;
-    int* sem = P.dq_sem + (long long)h * P.nqt + tl.qt0 + q0 / BQT;
+    int* sem = P.dq_sem + (long long)it.h * P.nqt + tl.qt0 + q0 / BQT;
 #ifndef BWD_PROF_NOSEM
     spin_until(sem, 2 * (tl.k0 / BKT));
 #endif
     fence_async_global();
 #ifndef BWD_PROF_NORED
-    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][0]), 64 * cw, h, tl.doc0 + q0);
-    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][1]), 64 * cw + 32, h, tl.doc0 + q0);
+    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][0]), 64 * cw, it.h, tl.doc0 + q0);
+    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][1]), 64 * cw + 32, it.h, tl.doc0 + q0);
 #endif
     bulk_commit();
-    C.retire(1, sem);  // the previous step's reduce has landed: its semaphore goes up
+    C.pend[C.npend++] = sem;
+    C.retire(BWD_DQ_LAG);
   }
+  (void)a;
   ++C.nstep;
 }
 
@@ -490,14 +512,23 @@ __device__ __forceinline__ void hadamard_frag_rows(float (&d)[64]) {
   for (int i = 0; i < 64; ++i) d[i] *= INV_SQRT_128;
 }
 
-// The item's end for one warpgroup: dK = scale 2^-eK dK, dV = 2^c dV (each head's own units:
-// c_j is per query head), the group's heads added in head order (GQA), then BF16 dK (Hadamard back)
-// and dV. fk / fv: those factors of the thread's two key rows (0 past the document).
+// The item's end for one warpgroup: GQA partial sums in head order, then BF16 dK and dV.
 __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdConsumer& C, const int h, const BwdTile& tl,
-                                             float (&dk)[64], float (&dv)[64], const float (&fk)[2], const float (&fv)[2]) {
+                                             float (&dk)[64], float (&dv)[64]) {
   const AttnParams& a = P.a;
-  const int t = threadIdx.x & 127, w = t >> 5, g = (t & 31) >> 2, qd = t & 3;
   const int group = a.hq / a.hkv, hk = h / group, gi = h - hk * group;
+  // Each head's sums in their final units first (dV's fold c_j is per query head), then the
+  // group's heads are added in head order.
+  const int r0 = 16 * C.w + C.g;
+  float fk[2], fv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = tl.k0 + 64 * C.cw + r0 + 8 * r;
+    const bool ok = key < tl.len;
+    const long long e = (long long)(tl.doc0 + (ok ? key : 0)) * a.hkv + hk;
+    fk[r] = ok ? a.scale * exp2i(-fold_exp(a.k_exp[e])) : 0.f;
+    fv[r] = ok ? exp2i(P.cexp[(long long)(tl.doc0 + key) * a.hq + h]) : 0.f;
+  }
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     dk[i] *= fk[(i >> 1) & 1];
@@ -506,9 +537,9 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
   const int bar = 6 + C.cw;
   if (group > 1) {
     int* sem = P.kv_sem + (long long)hk * P.nkt + tl.kt;
-    if (t == 0) spin_until(sem, 2 * gi);
+    if (C.t == 0) spin_until(sem, 2 * gi);
     named_sync(bar, 128);
-    float4* acc = reinterpret_cast<float4*>(P.dkv_acc + (((long long)tl.kt * a.hkv + hk) * 2 + C.cw) * (128 * 128)) + t;
+    float4* acc = reinterpret_cast<float4*>(P.dkv_acc + (((long long)tl.kt * a.hkv + hk) * 2 + C.cw) * (128 * 128)) + C.t;
     if (gi > 0) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
@@ -525,12 +556,11 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
       }
       __threadfence();
       named_sync(bar, 128);
-      if (t == 0) red_release_add(sem, 1);
+      if (C.t == 0) red_release_add(sem, 1);
       return;
     }
   }
   if (a.hadamard) hadamard_frag_rows(dk);
-  const int r0 = 16 * w + g;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = tl.k0 + 64 * C.cw + r0 + 8 * r;
@@ -538,7 +568,7 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
     const long long row = ((long long)(tl.doc0 + key) * a.hkv + hk) * HEAD_DIM;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const int c = 8 * j + 2 * qd;
+      const int c = 8 * j + 2 * C.qd;
       *reinterpret_cast<u32*>(a.dk + row + c) = pack_bf16x2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
       *reinterpret_cast<u32*>(a.dv + row + c) = pack_bf16x2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
     }
@@ -549,53 +579,55 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
   const AttnParams& a = P.a;
   BwdConsumer C;
   C.cw = cw;
+  C.t = threadIdx.x & 127;
+  C.w = C.t >> 5;
+  C.lane = C.t & 31;
+  C.g = C.lane >> 2;
+  C.qd = C.lane & 3;
   C.s = 0;
   C.ph = 0;
   C.nstep = 0;
-  C.pend = nullptr;
-  const int t = threadIdx.x & 127, lane = t & 31, r0 = 16 * (t >> 5) + (lane >> 2);
+  C.npend = 0;
   int ib = 0;
   u32 iph = 0;
+  const int r0 = 16 * C.w + C.g;
   for (;;) {
     mbar_wait(smem_u32(&sm.i_full[ib]), iph);
     const BwdItem& it = sm.item[ib];
     if (it.code < 0) break;
+    float kf[2], vf[2], cf[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int k = 64 * cw + r0 + 8 * r;
+      kf[r] = it.kf[k];
+      vf[r] = it.vf[k];
+      cf[r] = it.cf[k];
+    }
     float dk[64], dv[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
     const BwdTile tl = it.tile;
     const int n = bwd_steps(tl, a.causal), qstart = a.causal ? tl.k0 : 0;
-    const int nint = a.causal ? max(0, n - 1 - cw) : n;  // steps with every key of this warpgroup visible
-    const int qlast = qstart + BQT * (n - 1);            // the first step's queries (document end)
-    int st = 0;
-    if (nint > 0 && tl.len - qlast < BQT) {  // a partial document-end step before the interior ones
-      bwd_step<true>(P, sm, C, ib, dk, dv, qlast, 1 << 30, tl.len - qlast);
-      st = 1;
-    }
-    for (; st < nint; ++st) bwd_step<false>(P, sm, C, ib, dk, dv, qstart + BQT * (n - 1 - st), 0, BQT);
-    for (; st < n; ++st) {
+    const int nint = a.causal ? max(0, n - 1 - cw) : n;
+    for (int st = 0; st < nint; ++st) {
       const int q0 = qstart + BQT * (n - 1 - st);
-      bwd_step<true>(P, sm, C, ib, dk, dv, q0, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 30, min(BQT, tl.len - q0));
+      bwd_step<false>(P, sm, C, ib, it, kf, vf, cf, dk, dv, q0, 0);
     }
-    // the factors of the item's end, then the slot goes back: both warpgroups' last products
-    // that read it have completed (each warpgroup's own waits; the other's through the step's
-    // 256-thread barrier) once all 8 warps have arrived
-    float fk[2], fv[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int k = 64 * cw + r0 + 8 * r;
-      const bool ok = tl.k0 + k < tl.len;
-      fk[r] = ok ? a.scale / it.kf[k] : 0.f;  // exact: kf is a power of two
-      fv[r] = ok ? 1.f / it.cf[k] : 0.f;
+    for (int st = nint; st < n; ++st) {
+      const int q0 = qstart + BQT * (n - 1 - st);
+      bwd_step<true>(P, sm, C, ib, it, kf, vf, cf, dk, dv, q0, q0 - tl.k0 - 64 * cw);
     }
+    // The item's K / V / dim-major K have been read by both warpgroups' last products (each
+    // warpgroup's own waits; the other's through the step's 256-thread barrier): free the slot
+    // once this warpgroup's item-end work no longer needs `it`.
     const int h = it.h;
     __syncwarp();
-    if (lane == 0) mbar_arrive(smem_u32(&sm.i_empty[ib]));
+    if (C.lane == 0) mbar_arrive(smem_u32(&sm.i_empty[ib]));
     if (++ib == BWD_ISLOTS) { ib = 0; iph ^= 1; }
-    if (t == 0) C.retire(0, nullptr);  // this item's dQ reduces: landed before any wait below
-    bwd_item_end(P, C, h, tl, dk, dv, fk, fv);
+    if (C.t == 0) C.retire(0);  // this item's dQ reduces: landed before any wait below
+    bwd_item_end(P, C, h, tl, dk, dv);
   }
-  if (t == 0) C.retire(0, nullptr);
+  if (C.t == 0) C.retire(0);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_constant__ BwdV4Params P) {
@@ -604,11 +636,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
     for (int b = 0; b < BWD_ISLOTS; ++b) {
-      mbar_init(smem_u32(&sm.i_full[b]), 1);
+      mbar_init(smem_u32(&sm.i_full[b]), 32);
       mbar_init(smem_u32(&sm.i_empty[b]), 8);
     }
     for (int s = 0; s < BWD_STAGES; ++s) {
-      mbar_init(smem_u32(&sm.s_full[s]), 1);
+      mbar_init(smem_u32(&sm.s_full[s]), 32);
       mbar_init(smem_u32(&sm.s_empty[s]), 8);
     }
     mbar_init_fence();
@@ -623,51 +655,28 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
   }
 }
 
-// The backward's per-token tables, at padded token positions (document start + offset; the padding
-// between documents and the tail stay 0 from the allocation), one 1024-thread CTA per (document,
-// query head):
-//   cols [Hq][5][lp]: per query  2^eQ scale log2(e), -LSE log2(e), 2^(edO + eQ), -D 2^eQ, 2^edO
-//   rows [Hq][3][lp]: per key    2^eK, 2^eV (of the head's KV head), 2^-c
-// with dV's fold c_j = max(edO_i over the rows i that see key j) - 8: the suffix maximum over the
-// document (causal) or the document maximum. Each thread takes a contiguous run of tokens; the
-// runs' maxima are scanned from the right.
-// Mirrors BwdPrepParams in src/gpu/attention.rs.
-struct BwdPrepParams {
-  const i8* q_exp;   // [T, Hq]
-  const i8* k_exp;   // [T, Hkv]
-  const i8* v_exp;   // [T, Hkv]
+// c_j = max(edO_i over the rows i that see key j) - 8 per (token, query head): the suffix maximum
+// over the document (causal) or the document maximum. One 1024-thread CTA per (document, head):
+// each thread takes a contiguous run of tokens, the runs' maxima are scanned from the right.
+// Mirrors DvFoldParams in src/gpu/attention.rs.
+struct DvFoldParams {
   const i8* do_exp;  // [T, Hq]
-  const float* lse;  // [T, Hq]
-  const float* delta;
   const int* cu;     // document boundaries (cu_seqlens)
-  const int* pads;   // padded document starts
-  float* cols;
-  float* rows;
-  int hq, hkv, causal, lp;
-  float scale_log2;
+  int* cexp;         // [T, Hq]
+  int hq, causal;
 };
-extern "C" __global__ void __launch_bounds__(1024) bwd_prep(const BwdPrepParams p) {
+extern "C" __global__ void __launch_bounds__(1024) bwd_dv_fold(const DvFoldParams p) {
+  const i8* do_exp = p.do_exp;
+  const int* cu = p.cu;
+  int* cexp = p.cexp;
+  const int hq = p.hq, causal = p.causal;
   __shared__ int wmax[32];
   const int d = blockIdx.x, h = blockIdx.y, t = threadIdx.x, lane = t & 31, w = t >> 5;
-  const int s = p.cu[d], len = p.cu[d + 1] - s, pad = p.pads[d];
-  const int hq = p.hq, hk = h / (p.hq / p.hkv);
-  float* cols = p.cols + (long long)h * 5 * p.lp + pad;
-  float* rows = p.rows + (long long)h * 3 * p.lp + pad;
-  for (int i = t; i < len; i += 1024) {
-    const long long e = (long long)(s + i) * hq + h, ek = (long long)(s + i) * p.hkv + hk;
-    const float fq = exp2i(p.q_exp[e]), fo = exp2i(p.do_exp[e]);
-    cols[i] = fq * p.scale_log2;
-    cols[p.lp + i] = -p.lse[e] * LOG2E;
-    cols[2 * p.lp + i] = fo * fq;
-    cols[3 * p.lp + i] = -p.delta[e] * fq;
-    cols[4 * p.lp + i] = fo;
-    rows[i] = exp2i(p.k_exp[ek]);
-    rows[p.lp + i] = exp2i(p.v_exp[ek]);
-  }
+  const int s = cu[d], len = cu[d + 1] - s;
   const int span = (len + 1023) / 1024, b0 = min(len, t * span), b1 = min(len, b0 + span);
   int m = -1000;
-  for (int i = b0; i < b1; ++i) m = max(m, (int)p.do_exp[(long long)(s + i) * hq + h]);
-  // inclusive suffix max within the warp, then over the warps after this one
+  for (int i = b0; i < b1; ++i) m = max(m, (int)do_exp[(long long)(s + i) * hq + h]);
+  // exclusive suffix max over threads > t (causal) / the document maximum (not causal)
   int incl = m;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -676,21 +685,20 @@ extern "C" __global__ void __launch_bounds__(1024) bwd_prep(const BwdPrepParams 
   }
   if (lane == 0) wmax[w] = incl;
   __syncthreads();
-  int after = -1000;
+  int after = -1000;  // max over the warps after this one
   for (int v = w + 1; v < 32; ++v) after = max(after, wmax[v]);
   int excl = __shfl_down_sync(0xffffffffu, incl, 1);
   excl = lane == 31 ? after : max(excl, after);
-  float* cf = rows + 2 * p.lp;
-  if (!p.causal) {
+  if (!causal) {
     int all = -1000;
     for (int v = 0; v < 32; ++v) all = max(all, wmax[v]);
-    for (int i = b0; i < b1; ++i) cf[i] = exp2i(8 - all);
+    for (int i = b0; i < b1; ++i) cexp[(long long)(s + i) * hq + h] = all - 8;
     return;
   }
   int run = excl;
   for (int i = b1 - 1; i >= b0; --i) {
-    run = max(run, (int)p.do_exp[(long long)(s + i) * hq + h]);
-    cf[i] = exp2i(8 - run);
+    run = max(run, (int)do_exp[(long long)(s + i) * hq + h]);
+    cexp[(long long)(s + i) * hq + h] = run - 8;
   }
 }
 

@@ -131,8 +131,7 @@ struct BwdV4Params {
     a: AttnParams,
     items: u64,
     tiles: u64,
-    cols: u64,
-    rows: u64,
+    cexp: u64,
     dkv_acc: u64,
     counter: u64,
     dq_sem: u64,
@@ -140,28 +139,17 @@ struct BwdV4Params {
     nitems: i32,
     nqt: i32,
     nkt: i32,
-    lp: i32,
 }
 
-/// Mirrors `struct BwdPrepParams` of `cuda/attn_bwd_v4.cu`.
+/// Mirrors `struct DvFoldParams` of `cuda/attn_bwd_v4.cu`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-struct BwdPrepParams {
-    q_exp: u64,
-    k_exp: u64,
-    v_exp: u64,
+struct DvFoldParams {
     do_exp: u64,
-    lse: u64,
-    delta: u64,
     cu: u64,
-    pads: u64,
-    cols: u64,
-    rows: u64,
+    cexp: u64,
     hq: i32,
-    hkv: i32,
     causal: i32,
-    lp: i32,
-    scale_log2: f32,
 }
 
 /// Mirrors `struct DqConvertParams` of `cuda/attn_bwd_v4.cu`.
@@ -177,17 +165,13 @@ struct DqConvertParams {
 }
 
 /// Scratch of the v4 backward, part of [`GradWorkspace`]: the FP32 dQ accumulator, the dQ and
-/// dK/dV semaphores, the per-token tables of `bwd_prep` (5 per-query and 3 per-key constants per
-/// query head at padded token positions, [`BwdScratch::row_len`] each; the padding stays 0), and
-/// (GQA only) the dK/dV partial sums.
+/// dK/dV semaphores, dV's per-token fold exponents, and (GQA only) the dK/dV partial sums.
 #[derive(Debug)]
 pub struct BwdScratch {
     dq_acc: DeviceBuf<f32>,
     sems: DeviceBuf<i32>,
-    cols: DeviceBuf<f32>,
-    rows: DeviceBuf<f32>,
+    cexp: DeviceBuf<i32>,
     dkv: Option<DeviceBuf<f32>>,
-    lp: usize,
 }
 
 impl BwdScratch {
@@ -195,15 +179,8 @@ impl BwdScratch {
     pub fn bytes(&self) -> usize {
         self.dq_acc.bytes()
             + self.sems.bytes()
-            + self.cols.bytes()
-            + self.rows.bytes()
+            + self.cexp.bytes()
             + self.dkv.as_ref().map_or(0, |b| b.bytes())
-    }
-
-    /// Length of one table row: the padded tokens plus one key tile (a tile may run past the
-    /// last document's padding).
-    pub fn row_len(plan: &Plan) -> usize {
-        plan.tpad() + BWD_KT
     }
 }
 
@@ -310,7 +287,7 @@ pub enum BwdKernel {
     Dq,
     /// `attn_bwd_dkdv`: dK and dV, one CTA per (key tile, KV head).
     DkDv,
-    /// The v4 backward: `bwd_prep`, `attn_bwd_v4`, `bwd_dq_convert` (where
+    /// The v4 backward: `bwd_dv_fold`, `attn_bwd_v4`, `bwd_dq_convert` (where
     /// [`Attention::uses_backward_v4`]).
     Fused,
 }
@@ -455,14 +432,11 @@ impl Attention {
             let dkv = (s.heads_q != s.heads_kv)
                 .then(|| DeviceBuf::zeros(&self.gpu, nkt * s.heads_kv * 2 * BWD_KT * 128))
                 .transpose()?;
-            let lp = BwdScratch::row_len(plan);
             Some(BwdScratch {
                 dq_acc: DeviceBuf::zeros(&self.gpu, t * s.heads_q * 128)?,
                 sems: DeviceBuf::zeros(&self.gpu, sems)?,
-                cols: DeviceBuf::zeros(&self.gpu, s.heads_q * 5 * lp)?,
-                rows: DeviceBuf::zeros(&self.gpu, s.heads_q * 3 * lp)?,
+                cexp: DeviceBuf::zeros(&self.gpu, t * s.heads_q)?,
                 dkv,
-                lp,
             })
         } else {
             None
@@ -687,7 +661,7 @@ impl Attention {
             })
     }
 
-    /// The v4 backward: the per-token tables, the fused kernel (persistent grid over the plan's
+    /// The v4 backward: dV's fold exponents, the fused kernel (persistent grid over the plan's
     /// longest-first key-tile items), then dQ from its FP32 accumulator.
     fn backward_v4(
         &self,
@@ -719,28 +693,16 @@ impl Attention {
         let nkt = bw.tiles.len();
         let nitems = bw.items.len();
         let v = Variant::new();
-        // the per-token tables
-        let prep = BwdPrepParams {
-            q_exp: saved.q.exps,
-            k_exp: saved.k.exps,
-            v_exp: saved.v.exps,
+        // dV's fold exponents
+        let fold = DvFoldParams {
             do_exp: a.do_exp,
-            lse: a.lse,
-            delta: a.delta,
             cu: plan.cu.ptr(),
-            pads: plan.pads.ptr(),
-            cols: sc.cols.ptr(),
-            rows: sc.rows.ptr(),
+            cexp: sc.cexp.ptr(),
             hq: s.heads_q as i32,
-            hkv: s.heads_kv as i32,
             causal: a.causal,
-            lp: sc.lp as i32,
-            scale_log2: a.scale_log2,
         };
-        let f = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_prep", 0)?;
-        // SAFETY: params mirror BwdPrepParams; the exponent tables, LSE and D cover the plan's
-        // tokens, cu / pads its documents, cols / rows are `lp` entries per row (padded starts
-        // + the document length fit: lp = tpad + 128).
+        let f = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dv_fold", 0)?;
+        // SAFETY: params mirror DvFoldParams; do_exp and cexp are [T, Hq], cu has docs + 1 entries.
         unsafe {
             launch(
                 &f,
@@ -748,8 +710,8 @@ impl Attention {
                 1024,
                 0,
                 stream,
-                &prep,
-                "bwd_prep",
+                &fold,
+                "bwd_dv_fold",
             )
         }?;
         // the fused kernel
@@ -768,8 +730,7 @@ impl Attention {
             a,
             items: plan.bwd_items.ptr(),
             tiles: plan.bwd_tiles.ptr(),
-            cols: sc.cols.ptr(),
-            rows: sc.rows.ptr(),
+            cexp: sc.cexp.ptr(),
             dkv_acc: sc.dkv.as_ref().map_or(0, |b| b.ptr()),
             counter: plan.counter.ptr(),
             dq_sem: sc.sems.ptr(),
@@ -777,7 +738,6 @@ impl Attention {
             nitems: nitems as i32,
             nqt: bw.query_tiles as i32,
             nkt: nkt as i32,
-            lp: sc.lp as i32,
         };
         let (v4, smem) = backward_v4_variant(self.bwd_stages);
         let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;

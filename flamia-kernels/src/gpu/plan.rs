@@ -25,8 +25,6 @@ pub struct PlanTables {
     pub blocks: Vec<[i32; 4]>,
     pub tiles: Vec<[i32; 4]>,
     pub tpad: usize,
-    /// Each document's start in the padded (dim-major) layout.
-    pub pad_starts: Vec<usize>,
     /// The v4 forward's 128-token query tiles and longest-first work items ([`FwdSchedule`]).
     pub fwd: FwdSchedule,
     /// The v4 backward's 128-key tiles and longest-first work items ([`BwdSchedule`]).
@@ -69,7 +67,6 @@ impl PlanTables {
             tpad: pad.max(TILE),
             fwd: FwdSchedule::new(shape, &pad_starts, causal),
             bwd: BwdSchedule::new(shape, &pad_starts, causal),
-            pad_starts,
         }
     }
 }
@@ -90,7 +87,6 @@ pub struct Plan {
     pub(crate) bwd_tiles: DeviceBuf<i32>,
     pub(crate) bwd_items: DeviceBuf<i32>,
     pub(crate) cu: DeviceBuf<i32>,
-    pub(crate) pads: DeviceBuf<i32>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -139,10 +135,6 @@ impl Plan {
             gpu,
             &shape.cu_seqlens.iter().map(|&x| x as i32).collect::<Vec<i32>>(),
         )?;
-        let pads = DeviceBuf::from_host(
-            gpu,
-            &tables.pad_starts.iter().map(|&x| x as i32).collect::<Vec<i32>>(),
-        )?;
         Ok(Plan {
             shape: shape.clone(),
             causal,
@@ -155,7 +147,6 @@ impl Plan {
             bwd_tiles,
             bwd_items,
             cu,
-            pads,
         })
     }
 
