@@ -37,7 +37,9 @@
 // dQ reduces in flight per warpgroup before the oldest one's semaphore is bumped (its completion
 // is waited for BWD_DQ_LAG steps later, off the critical path; the next key tile then runs that
 // many steps further behind on the query tile it shares).
-// Timing-only knobs (their results are wrong; never set by the runtime): BWD_PROF_NOSEM skips the
+// Development knobs (never set by the runtime): BWD_PROF_TIMERS prints, for CTAs 0 and 1, the clocks
+// each consumer warpgroup spent waiting at each synchronisation point (device printf). Timing-only
+// (results wrong): BWD_PROF_NOSEM skips the
 // dQ semaphore waits (unordered reduction), BWD_PROF_NORED the dQ reductions, BWD_PROF_NODQ the dQ
 // products. docs/perf.md "v4 backward" lists what each measured.
 #ifndef BWD_DQ_LAG
@@ -266,6 +268,9 @@ struct BwdConsumer {
   // dQ reduces issued and not yet known complete (thread 0 only): their semaphores, oldest first.
   int* pend[BWD_DQ_LAG + 1];
   int npend;
+#ifdef BWD_PROF_TIMERS
+  long long prof[6];  // clocks waiting: stage, pair barrier, 256 barrier, dQ semaphore, item; steps
+#endif
   // Bumps the semaphores of all but the `keep` most recent reduces once those have landed.
   __device__ __forceinline__ void retire(int keep) {
     if (npend <= keep) return;
@@ -340,7 +345,13 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   const AttnParams& a = P.a;
   const int cw = C.cw, w = C.w, lane = C.lane, qd = C.qd, s = C.s;
   const int r0 = 16 * w + C.g;  // key row (in the warpgroup's 64) of fragment element 0
+#ifdef BWD_PROF_TIMERS
+  const long long _t0 = clock64();
+#endif
   mbar_wait(smem_u32(&sm.s_full[s]), C.ph);
+#ifdef BWD_PROF_TIMERS
+  C.prof[0] += clock64() - _t0;
+#endif
   float sc[32], dp[32];
   {
     const u32 kb = smem_u32(sm.k[ib]) + 64 * cw * 128, vb = smem_u32(sm.v[ib]) + 64 * cw * 128;
@@ -381,7 +392,13 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     sm.red[par][4 * cw + w][0] = mx[0];
     sm.red[par][4 * cw + w][1] = mx[1];
   }
+#ifdef BWD_PROF_TIMERS
+  const long long _t1 = clock64();
+#endif
   named_sync(2 + 2 * cw + (w >> 1), 64);
+#ifdef BWD_PROF_TIMERS
+  C.prof[1] += clock64() - _t1;
+#endif
   int ex[2];
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl) {
@@ -423,7 +440,13 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 
   // dQ: both warpgroups' dS codes and exponents are in shared memory after this barrier
   fence_async_smem();
+#ifdef BWD_PROF_TIMERS
+  const long long _t2 = clock64();
+#endif
   named_sync(1, 256);
+#ifdef BWD_PROF_TIMERS
+  C.prof[2] += clock64() - _t2;
+#endif
   float dq[32];
   {
     const u32 da = smem_u32(sm.ds[buf]), kb = smem_u32(sm.kd[ib]) + 64 * cw * 128;
@@ -469,7 +492,13 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     const BwdTile& tl = it.tile;
     int* sem = P.dq_sem + (long long)it.h * P.nqt + tl.qt0 + q0 / BQT;
 #ifndef BWD_PROF_NOSEM
+#ifdef BWD_PROF_TIMERS
+    const long long _t3 = clock64();
+#endif
     spin_until(sem, 2 * (tl.k0 / BKT));
+#ifdef BWD_PROF_TIMERS
+    C.prof[3] += clock64() - _t3;
+#endif
 #endif
     fence_async_global();
 #ifndef BWD_PROF_NORED
@@ -576,6 +605,9 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
 }
 
 __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm, int cw) {
+#ifdef BWD_PROF_TIMERS
+  const long long _t_start = clock64();
+#endif
   const AttnParams& a = P.a;
   BwdConsumer C;
   C.cw = cw;
@@ -588,11 +620,20 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
   C.ph = 0;
   C.nstep = 0;
   C.npend = 0;
+#ifdef BWD_PROF_TIMERS
+  for (int i = 0; i < 6; ++i) C.prof[i] = 0;
+#endif
   int ib = 0;
   u32 iph = 0;
   const int r0 = 16 * C.w + C.g;
   for (;;) {
+#ifdef BWD_PROF_TIMERS
+    const long long _t4 = clock64();
+#endif
     mbar_wait(smem_u32(&sm.i_full[ib]), iph);
+#ifdef BWD_PROF_TIMERS
+    C.prof[4] += clock64() - _t4;
+#endif
     const BwdItem& it = sm.item[ib];
     if (it.code < 0) break;
     float kf[2], vf[2], cf[2];
@@ -628,6 +669,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     bwd_item_end(P, C, h, tl, dk, dv);
   }
   if (C.t == 0) C.retire(0);
+#ifdef BWD_PROF_TIMERS
+  if (C.t == 0 && blockIdx.x < 2)
+    printf("bwd4 prof cta %d wg %d: steps %d clocks %lld | waits: stage %lld pair %lld bar256 %lld sem %lld item %lld\n",
+           (int)blockIdx.x, cw, C.nstep, clock64() - _t_start, C.prof[0], C.prof[1], C.prof[2], C.prof[3], C.prof[4]);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_constant__ BwdV4Params P) {
