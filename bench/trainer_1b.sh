@@ -28,7 +28,7 @@ else
   DATA=(--set data.tokenizer=bytes --set model.vocab_size=128256)
 fi
 LONG=/tmp/t1b-long.parquet
-find trainer data dist eval flamia-kernels docs launch bench \( -name '*.rs' -o -name '*.md' \) | sort | xargs cat > /tmp/t1b-text.txt
+find trainer data distributed eval flamia-kernels docs launch bench \( -name '*.rs' -o -name '*.md' \) | sort | xargs cat > /tmp/t1b-text.txt
 $B data make-shard --from /tmp/t1b-text.txt --out $LONG --doc-chars 70000 > /dev/null || exit 1
 run() {  # name, seq_len, max_doc_tokens, path, checkpointing, steps
   local name=$1 len=$2 doc=$3 path=$4 ckpt=$5 steps=$6
