@@ -36,7 +36,7 @@ run() {  # name, seq_len, max_doc_tokens, path, checkpointing, steps
   [ "$doc" -ge "$len" ] && shard="[\"$LONG\"]"
   local t0=$SECONDS
   $B train --config configs/h200x8-1b.toml "${DATA[@]}" \
-    --set "data.train=$shard" --set data.val='["embedded:val"]' \
+    --set "data.train=$shard" --set data.val='["embedded:val"]' --set data.holdout_fraction=0 \
     --set data.seq_len=$len --set data.batch_rows=1 --set data.max_doc_tokens=$doc \
     --set training.grad_accum=1 --set training.steps=$steps --set training.warmup_steps=1 \
     --set training.activation_checkpointing=$ckpt --set attention.path=$path \
