@@ -4,11 +4,16 @@
 //! bitwise the same losses; (c) two ranks with half the rows each (same global batch) train in
 //! lock step: rank 0 alone writes the metrics, the checkpoint holds both ranks' data states, and
 //! the losses stay close to the plain run's (not equal: each rank reads its own share of the
-//! documents, so the batches differ from the plain run's). Validation during training runs in
+//! documents, so the batches differ from the plain run's); (d) a stop signal to one rank makes
+//! both checkpoint at the same step and exit with 75, and `--resume` then continues to the same
+//! losses, bit for bit, as an uninterrupted run (also after the newest checkpoint is damaged:
+//! rank 0 falls back to an older one); (e) ranks started with a different configuration or
+//! shard list fail at start-up with an error naming the difference. Validation during training runs in
 //! every case (collective across ranks).
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 mod support;
 use support::{flamia, free_port, losses, repo, val_losses};
@@ -28,10 +33,11 @@ const LAUNCH_VARS: [&str; 8] = [
 /// `flamia train` on the tiny config, `rows` rows of 64 tokens per rank, no launcher variables.
 fn command(dir: &Path, rows: usize) -> Command {
     let mut c = flamia();
+    let config = repo().join("configs/tiny-cpu.toml");
     c.current_dir(repo()).args([
         "train",
         "--config",
-        "configs/tiny-cpu.toml",
+        config.to_str().unwrap(),
         "--set",
         &format!("training.steps={STEPS}"),
         "--set",
@@ -68,26 +74,35 @@ fn check(out: &Output, what: &str) {
     );
 }
 
-/// Starts `world` ranks (torchrun variables, loopback rendezvous) and waits for all of them.
-fn launch(dir: &Path, world: usize, rows: usize) {
+/// Starts `world` ranks (torchrun variables, loopback rendezvous); `adjust` adds each rank's own
+/// arguments or working directory.
+fn spawn_ranks(dir: &Path, world: usize, rows: usize, adjust: impl Fn(usize, &mut Command)) -> Vec<Child> {
     let port = free_port().to_string();
-    let children: Vec<_> = (0..world)
+    (0..world)
         .map(|r| {
-            command(dir, rows)
-                .env("RANK", r.to_string())
+            let mut c = command(dir, rows);
+            c.env("RANK", r.to_string())
                 .env("LOCAL_RANK", r.to_string())
                 .env("WORLD_SIZE", world.to_string())
                 .env("LOCAL_WORLD_SIZE", world.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", &port)
                 .env("FLAMIA_DIST_JOIN_TIMEOUT_S", "60")
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("spawn a rank")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            adjust(r, &mut c);
+            c.spawn().expect("spawn a rank")
         })
-        .collect();
-    for (r, c) in children.into_iter().enumerate() {
+        .collect()
+}
+
+/// Starts `world` ranks and waits for all of them to succeed.
+fn launch(dir: &Path, world: usize, rows: usize) {
+    launch_with(dir, world, rows, |_, _| {});
+}
+
+fn launch_with(dir: &Path, world: usize, rows: usize, adjust: impl Fn(usize, &mut Command)) {
+    for (r, c) in spawn_ranks(dir, world, rows, adjust).into_iter().enumerate() {
         check(&c.wait_with_output().unwrap(), &format!("rank {r} of {world}"));
     }
 }
@@ -171,4 +186,163 @@ fn two_ranks_share_the_global_batch_and_stay_in_lock_step() {
         serde_json::from_str(&std::fs::read_to_string(ckpt.join("data_states.json")).unwrap()).unwrap();
     assert_eq!(states.len(), 2, "one data state per rank");
     assert_ne!(states[0], states[1], "the ranks read different shares");
+}
+
+/// Steps of the preemption runs: enough that the signal lands mid-run.
+const LONG: usize = 16;
+
+fn long_run(extra: &'static [&'static str]) -> impl Fn(usize, &mut Command) {
+    move |_, c| {
+        c.args(["--set", &format!("training.steps={LONG}")])
+            .args([
+                "--set",
+                "run.checkpoint_every=4",
+                "--set",
+                "run.keep_checkpoints=3",
+            ])
+            .args(extra);
+    }
+}
+
+#[test]
+fn a_stop_signal_checkpoints_every_rank_and_resume_continues_bitwise() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (straight, stopped) = (tmp.path().join("straight"), tmp.path().join("stopped"));
+    launch_with(&straight, 2, 1, long_run(&[]));
+    let reference = losses(&straight);
+    assert_eq!(reference.len(), LONG);
+
+    // The same run, and SIGUSR1 to rank 1 only once rank 0 has logged a few steps.
+    let mut ranks = spawn_ranks(&stopped, 2, 1, long_run(&[]));
+    let start = Instant::now();
+    while std::fs::read_to_string(stopped.join("metrics.jsonl")).map_or(0, |t| t.lines().count()) < 3 {
+        assert!(start.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let sent = Command::new("kill")
+        .args(["-USR1", &ranks[1].id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let outs: Vec<Output> = ranks.drain(..).map(|c| c.wait_with_output().unwrap()).collect();
+    for (r, out) in outs.iter().enumerate() {
+        assert_eq!(
+            out.status.code(),
+            Some(75),
+            "rank {r} must exit with 75 after the checkpoint: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let err1 = String::from_utf8_lossy(&outs[1].stderr);
+    let err0 = String::from_utf8_lossy(&outs[0].stderr);
+    assert!(err1.contains("on SIGUSR1"), "{err1}");
+    assert!(err0.contains("another rank"), "{err0}");
+    let logged = losses(&stopped);
+    let stop_step = logged.last().unwrap().0 as usize;
+    assert!(
+        stop_step < LONG,
+        "the signal must stop the run early (at {stop_step})"
+    );
+    let newest = stopped.join(format!("checkpoints/step_{stop_step:08}"));
+    assert!(
+        newest.join("data_states.json").is_file(),
+        "the stop step's checkpoint, with both ranks' data positions"
+    );
+
+    // Resume from it: the rest of the run equals the uninterrupted one bit for bit.
+    launch_with(&stopped, 2, 1, long_run(&["--resume"]));
+    assert_eq!(
+        losses(&stopped),
+        reference,
+        "stopped at step {stop_step} and resumed"
+    );
+
+    // A damaged newest checkpoint (the final one): rank 0 falls back to the previous one, every
+    // rank follows, and redoing the last 4 steps gives the same losses again.
+    let last = stopped.join(format!("checkpoints/step_{LONG:08}/model.safetensors"));
+    std::fs::write(&last, b"truncated").unwrap();
+    let ranks = spawn_ranks(&stopped, 2, 1, long_run(&["--resume"]));
+    let outs: Vec<Output> = ranks.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    for (r, out) in outs.iter().enumerate() {
+        check(out, &format!("rank {r} resuming past a damaged checkpoint"));
+    }
+    let err0 = String::from_utf8_lossy(&outs[0].stderr);
+    assert!(
+        err0.contains("unusable")
+            && err0.contains(&format!(
+                "older checkpoint {}",
+                stopped
+                    .join(format!("checkpoints/step_{:08}", LONG - 4))
+                    .display()
+            )),
+        "{err0}"
+    );
+    assert_eq!(losses(&stopped), reference, "resumed from step {}", LONG - 4);
+}
+
+/// Both ranks fail at start-up, within `limit`, and their errors contain every `needle`.
+fn both_fail_naming(ranks: Vec<Child>, needles: &[&str], limit: Duration) {
+    let start = Instant::now();
+    for (r, c) in ranks.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "rank {r} must fail: {err}");
+        for n in needles {
+            assert!(err.contains(n), "rank {r}: {n:?} missing in {err}");
+        }
+    }
+    assert!(start.elapsed() < limit, "took {:?}", start.elapsed());
+}
+
+#[test]
+fn a_rank_with_another_config_fails_at_start_up_naming_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ranks = spawn_ranks(tmp.path(), 2, 1, |r, c| {
+        if r == 1 {
+            c.args(["--set", "training.lr=0.002"]);
+        }
+    });
+    both_fail_naming(
+        ranks,
+        &["ranks disagree at start-up: configuration differs: rank 1 has \"lr = 0.002\" where rank 0 has \"lr = 0.003\""],
+        Duration::from_secs(60),
+    );
+    assert!(!tmp.path().join("metrics.jsonl").exists() || losses(tmp.path()).is_empty());
+}
+
+#[test]
+fn a_rank_with_another_shard_list_fails_at_start_up_naming_the_shard() {
+    // The same config everywhere, but relative data paths and a different working directory per
+    // rank (as with a job started from different directories): rank 1 sees one shard more.
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("doc.txt");
+    std::fs::write(&text, "A paragraph of training text.\n\n".repeat(400)).unwrap();
+    for (cwd, shards) in [("rank0", &["a"][..]), ("rank1", &["a", "b"][..])] {
+        std::fs::create_dir_all(tmp.path().join(cwd).join("data")).unwrap();
+        for name in shards {
+            let out = flamia()
+                .args(["data", "make-shard", "--from", text.to_str().unwrap(), "--out"])
+                .arg(tmp.path().join(cwd).join(format!("data/{name}.parquet")))
+                .output()
+                .unwrap();
+            check(&out, "make-shard");
+        }
+    }
+    let run = tmp.path().join("run");
+    let ranks = spawn_ranks(&run, 2, 1, |r, c| {
+        c.current_dir(tmp.path().join(format!("rank{r}"))).args([
+            "--set",
+            "data.train=[\"data/*.parquet\"]",
+            "--set",
+            "data.val=[]",
+        ]);
+    });
+    both_fail_naming(
+        ranks,
+        &[
+            "data shard list differs: rank 1 has \"data/b.parquet (",
+            "where rank 0 has \"\"",
+        ],
+        Duration::from_secs(60),
+    );
 }

@@ -79,6 +79,7 @@ pub struct Loader {
     stats: LoaderStats,
     drops: Arc<Mutex<Drops>>,
     done: bool,
+    shards: Vec<String>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -120,6 +121,11 @@ impl Loader {
         } else {
             Plan::training(cfg, &spec.filters)?
         });
+        let shards = plan
+            .shards
+            .iter()
+            .map(|s| format!("{} ({} units)", s.source.path().display(), s.unit_rows.len()))
+            .collect();
         let fp = tok.fingerprint();
         for s in plan.shards.iter() {
             if let Some(f) = s.token_fingerprint.as_ref().filter(|f| **f != fp) {
@@ -165,6 +171,7 @@ impl Loader {
             stats: LoaderStats::default(),
             drops,
             done: false,
+            shards,
         })
     }
 
@@ -200,6 +207,12 @@ impl Loader {
     /// Exact resume point after the last batch returned by [`Loader::next_batch`].
     pub fn state(&self) -> DataState {
         self.state.clone()
+    }
+
+    /// The shards this loader's split was built from, in plan order, each as `path (N units)`
+    /// (ranks compare these at start-up: a shard one rank could not read changes its list).
+    pub fn shards(&self) -> &[String] {
+        &self.shards
     }
 
     /// Ids the model must embed.

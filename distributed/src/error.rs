@@ -99,6 +99,11 @@ pub enum DistError {
     #[error("NCCL {op} did not complete within {timeout:?}; communicator aborted (a peer is probably dead or stuck)")]
     CollectiveTimeout { op: &'static str, timeout: Duration },
 
+    /// Ranks started with different inputs (configuration, data, checkpoint, parameters): the
+    /// message names the item, the ranks and the first difference.
+    #[error("ranks disagree at start-up: {0}")]
+    Disagreement(String),
+
     /// Buffer sizes or bucket layouts that do not match.
     #[error("layout mismatch: {0}")]
     Layout(String),

@@ -48,7 +48,13 @@ impl GroupOptions {
     /// Defaults overridden by `FLAMIA_DIST_JOIN_TIMEOUT_S`, `FLAMIA_DIST_HEARTBEAT_TIMEOUT_S` and
     /// `FLAMIA_DIST_EXIT_GRACE_S` (0 disables the exit) when set.
     pub fn from_env() -> Result<Self> {
-        let mut o = GroupOptions::default();
+        GroupOptions::default().with_env()
+    }
+
+    /// These options overridden by the `FLAMIA_DIST_*` variables of [`GroupOptions::from_env`]
+    /// that are set.
+    pub fn with_env(self) -> Result<Self> {
+        let mut o = self;
         let secs = |var: &'static str| -> Result<Option<f64>> {
             match std::env::var(var) {
                 Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
@@ -530,6 +536,49 @@ impl Store {
         Ok(self.add(&yes, 0)? > 0)
     }
 
+    /// Rank 0's `value` on every rank (the other ranks pass `None`). O(world size) requests.
+    pub fn broadcast(&self, value: Option<&[u8]>, timeout: Duration) -> Result<Vec<u8>> {
+        let key = format!("__bcast/{}", self.next_generation());
+        match (self.rank, value) {
+            (0, Some(v)) => {
+                self.set(&key, v)?;
+                Ok(v.to_vec())
+            }
+            (0, None) => Err(DistError::Layout("broadcast: rank 0 must give the value".into())),
+            _ => self.get(&key, timeout),
+        }
+    }
+
+    /// Checks that every rank has the same value of each named item (configuration, data
+    /// fingerprint, checkpoint step, parameter checksums, ...). Rank 0 compares and publishes the
+    /// verdict, so the traffic is O(world size); on a difference every rank gets
+    /// [`DistError::Disagreement`] naming the first differing item, the ranks that differ from
+    /// rank 0, and the first differing line of the value. Every rank must pass the same names.
+    pub fn agree(&self, items: &[(&str, String)], timeout: Duration) -> Result<()> {
+        let g = self.next_generation();
+        let mine = serde_json::to_vec(items).map_err(|e| DistError::protocol(&self.peer, e.to_string()))?;
+        self.set(&format!("__agree/{g}/{}", self.rank), &mine)?;
+        let verdict_key = format!("__agree/{g}/verdict");
+        if self.rank == 0 {
+            let mut all = Vec::with_capacity(self.world_size);
+            for r in 0..self.world_size {
+                let bytes = self.get(&format!("__agree/{g}/{r}"), timeout)?;
+                let parsed: Vec<(String, String)> = serde_json::from_slice(&bytes)
+                    .map_err(|e| DistError::protocol(&self.peer, format!("rank {r}'s agreement: {e}")))?;
+                all.push(parsed);
+            }
+            self.set(&verdict_key, compare_items(&all).as_bytes())?;
+        }
+        let verdict = self.get(&verdict_key, timeout)?;
+        if verdict.is_empty() {
+            Ok(())
+        } else {
+            Err(DistError::Disagreement(
+                String::from_utf8_lossy(&verdict).into_owned(),
+            ))
+        }
+    }
+
     /// Mean of each value across ranks, computed in f64 on the CPU (for a few metrics when no
     /// NCCL communicator exists; the trainer reduces GPU metrics with NCCL instead).
     pub fn mean_across_ranks(&self, values: &[f64], timeout: Duration) -> Result<Vec<f64>> {
@@ -549,5 +598,92 @@ impl Store {
             }
         }
         Ok(sum.into_iter().map(|s| s / self.world_size as f64).collect())
+    }
+}
+
+/// Rank 0's verdict for [`Store::agree`]: empty when every rank has every item equal to rank
+/// 0's, else a description of the first differing item.
+fn compare_items(all: &[Vec<(String, String)>]) -> String {
+    let reference = &all[0];
+    for (r, items) in all.iter().enumerate().skip(1) {
+        let names = |v: &[(String, String)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        if names(items) != names(reference) {
+            return format!(
+                "rank {r} checked the items {:?}, rank 0 {:?} (different builds?)",
+                names(items),
+                names(reference)
+            );
+        }
+    }
+    for (i, (name, want)) in reference.iter().enumerate() {
+        let differ: Vec<usize> = (1..all.len()).filter(|&r| all[r][i].1 != *want).collect();
+        let Some(&first) = differ.first() else {
+            continue;
+        };
+        let theirs = &all[first][i].1;
+        let (line, a, b) = first_difference(want, theirs);
+        let clip = |s: &str| {
+            if s.chars().count() > 200 {
+                format!("{}...", s.chars().take(200).collect::<String>())
+            } else {
+                s.to_string()
+            }
+        };
+        let others = if differ.len() > 1 {
+            format!(" (ranks differing from rank 0: {differ:?})")
+        } else {
+            String::new()
+        };
+        return format!(
+            "{name} differs: rank {first} has {:?} where rank 0 has {:?} (line {line}){others}",
+            clip(b),
+            clip(a)
+        );
+    }
+    String::new()
+}
+
+/// 1-based number of the first line where `a` and `b` differ, and those lines (`""` past the end).
+fn first_difference<'a>(a: &'a str, b: &'a str) -> (usize, &'a str, &'a str) {
+    let (mut la, mut lb) = (a.lines(), b.lines());
+    let mut n = 1;
+    loop {
+        match (la.next(), lb.next()) {
+            (Some(x), Some(y)) if x == y => n += 1,
+            (x, y) => return (n, x.unwrap_or(""), y.unwrap_or("")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn agreement_names_the_item_the_rank_and_the_line() {
+        let same = items(&[("config", "a = 1\nb = 2"), ("step", "10")]);
+        assert_eq!(compare_items(&[same.clone(), same.clone(), same.clone()]), "");
+        let other = items(&[("config", "a = 1\nb = 3"), ("step", "10")]);
+        let v = compare_items(&[same.clone(), same.clone(), other.clone(), other]);
+        assert!(
+            v.contains("config differs: rank 2 has \"b = 3\" where rank 0 has \"b = 2\" (line 2)")
+                && v.contains("[2, 3]"),
+            "{v}"
+        );
+        let shorter = items(&[("config", "a = 1\nb = 2"), ("step", "")]);
+        let v = compare_items(&[same.clone(), shorter]);
+        assert!(
+            v.starts_with("step differs: rank 1 has \"\" where rank 0 has \"10\""),
+            "{v}"
+        );
+        let renamed = items(&[("config", "a = 1\nb = 2")]);
+        assert!(compare_items(&[same, renamed]).contains("different builds"));
     }
 }

@@ -54,6 +54,18 @@ fn barrier_gather_vote_and_mean_across_ranks() {
                 assert!(s.vote_any(rank == 1, t).unwrap());
                 let mean = s.mean_across_ranks(&[rank as f64, 10.0], t).unwrap();
                 assert_eq!(mean, vec![1.0, 10.0]);
+                let root = (rank == 0).then_some(&b"from rank 0"[..]);
+                assert_eq!(s.broadcast(root, t).unwrap(), b"from rank 0");
+                let same = [("config", "a = 1\nb = 2".to_string()), ("step", "7".to_string())];
+                s.agree(&same, t).unwrap();
+                let b = if rank == 2 { "b = 5" } else { "b = 2" };
+                let differing = [("config", format!("a = 1\n{b}")), ("step", "7".to_string())];
+                let e = s.agree(&differing, t).unwrap_err();
+                assert!(
+                    matches!(e, DistError::Disagreement(_))
+                        && e.to_string().contains("config differs: rank 2 has \"b = 5\""),
+                    "{e}"
+                );
                 let e = s.get("never-set", Duration::from_millis(100)).unwrap_err();
                 assert!(matches!(e, DistError::StoreTimeout { .. }), "{e}");
                 pg.shutdown(t).unwrap();

@@ -1,10 +1,23 @@
 //! Checkpoints: `<run>/checkpoints/step_NNNNNNNN/` holding `model.safetensors` (f32 master
 //! weights), `optimizer.safetensors` (AdamW moments), `state.json` (step, optimizer update count,
-//! data state, RNG, loss-spike window) and `config.toml` (the resolved config). Written into a
-//! `.tmp` directory first and renamed into place, so a crash never leaves a half checkpoint under
-//! the final name; the last `keep` are kept.
+//! data state, RNG, loss-spike window), `config.toml` (the resolved config) and, for a
+//! data-parallel run, `data_states.json` (every rank's data position).
+//!
+//! Durability: every file is written into `step_NNNNNNNN.tmp/` and fsynced, then the directory
+//! is fsynced, renamed into place, and the parent directory fsynced; so after a crash or power
+//! loss a checkpoint under its final name is complete, and an incomplete one is only ever a
+//! `.tmp` directory (ignored, removed by the next write of that step). The last `keep` are kept.
+//!
+//! Writing in the background: [`Snapshot::take`] copies the tensors to host memory (the only
+//! part that must happen between two steps), [`Writer::start`] writes that copy from a thread
+//! while training continues; [`Writer::wait`] joins it and reports its error.
+//!
+//! Reading: [`load_newest`] tries the checkpoints newest first and falls back to an older one
+//! when one cannot be read (truncated tensor file, unparsable state), saying why.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
@@ -31,6 +44,9 @@ pub struct TrainState {
     pub tokens_seen: u64,
 }
 
+/// Per-rank data states of a data-parallel checkpoint (world size > 1).
+pub const DATA_STATES: &str = "data_states.json";
+
 fn ckpt_name(step: usize) -> String {
     format!("step_{step:08}")
 }
@@ -39,49 +55,141 @@ fn cerr(what: &str, path: &Path, e: impl std::fmt::Display) -> TrainError {
     TrainError::Checkpoint(format!("{what} {}: {e}", path.display()))
 }
 
-/// Writes a checkpoint atomically and prunes older ones; returns its directory.
-pub fn save(
-    run_dir: &Path,
-    state: &TrainState,
-    model: &[(String, Tensor)],
-    optimizer: &[(String, Tensor)],
-    config_toml: &str,
-    keep: usize,
-) -> Result<PathBuf> {
-    let root = run_dir.join("checkpoints");
-    std::fs::create_dir_all(&root).map_err(|e| TrainError::io(&root, e))?;
-    let final_dir = root.join(ckpt_name(state.step));
-    let tmp = root.join(format!("{}.tmp", ckpt_name(state.step)));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+/// A checkpoint's content in host memory, ready to be written by any thread.
+#[derive(Debug)]
+pub struct Snapshot {
+    step: usize,
+    state_json: String,
+    config_toml: String,
+    model: Vec<(String, Tensor)>,
+    optimizer: Vec<(String, Tensor)>,
+    /// Further files (name, bytes), e.g. [`DATA_STATES`].
+    extra: Vec<(String, Vec<u8>)>,
+}
+
+/// A contiguous host copy of `t` (a copy also when `t` already lives on the CPU: training goes
+/// on updating the original in place while the copy is written).
+fn host_copy(t: &Tensor) -> Result<Tensor> {
+    let t = t.f_detach()?;
+    let mut dst = Tensor::f_empty(t.size().as_slice(), (t.kind(), tch::Device::Cpu))?;
+    dst.f_copy_(&t)?;
+    Ok(dst)
+}
+
+impl Snapshot {
+    /// Copies the tensors off the device (this waits for the device) and serialises the state.
+    pub fn take(
+        state: &TrainState,
+        model: &[(String, Tensor)],
+        optimizer: &[(String, Tensor)],
+        config_toml: &str,
+        extra: Vec<(String, Vec<u8>)>,
+    ) -> Result<Snapshot> {
+        let copy = |v: &[(String, Tensor)]| -> Result<Vec<(String, Tensor)>> {
+            v.iter().map(|(n, t)| Ok((n.clone(), host_copy(t)?))).collect()
+        };
+        Ok(Snapshot {
+            step: state.step,
+            state_json: serde_json::to_string_pretty(state)
+                .map_err(|e| TrainError::Checkpoint(format!("serialising the train state: {e}")))?,
+            config_toml: config_toml.to_string(),
+            model: copy(model)?,
+            optimizer: copy(optimizer)?,
+            extra,
+        })
     }
-    std::fs::create_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
-    let to_cpu = |v: &[(String, Tensor)]| -> Vec<(String, Tensor)> {
-        v.iter()
-            .map(|(n, t)| (n.clone(), t.detach().to_device(tch::Device::Cpu).contiguous()))
-            .collect()
-    };
-    Tensor::write_safetensors(&to_cpu(model), tmp.join("model.safetensors"))
-        .map_err(|e| cerr("writing", &tmp.join("model.safetensors"), e))?;
-    Tensor::write_safetensors(&to_cpu(optimizer), tmp.join("optimizer.safetensors"))
-        .map_err(|e| cerr("writing", &tmp.join("optimizer.safetensors"), e))?;
-    let json = serde_json::to_string_pretty(state).map_err(|e| cerr("serialising", &tmp, e))?;
-    write_synced(&tmp.join("state.json"), json.as_bytes())?;
-    write_synced(&tmp.join("config.toml"), config_toml.as_bytes())?;
-    if final_dir.exists() {
-        std::fs::remove_dir_all(&final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
+
+    /// The step this snapshot belongs to.
+    pub fn step(&self) -> usize {
+        self.step
     }
-    std::fs::rename(&tmp, &final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
-    prune(&root, keep)?;
-    Ok(final_dir)
+
+    /// Writes the checkpoint durably (module docs) and prunes older ones; returns its directory.
+    pub fn write(&self, run_dir: &Path, keep: usize) -> Result<PathBuf> {
+        let root = run_dir.join("checkpoints");
+        std::fs::create_dir_all(&root).map_err(|e| TrainError::io(&root, e))?;
+        let final_dir = root.join(ckpt_name(self.step));
+        let tmp = root.join(format!("{}.tmp", ckpt_name(self.step)));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+        for (name, tensors) in [
+            ("model.safetensors", &self.model),
+            ("optimizer.safetensors", &self.optimizer),
+        ] {
+            let path = tmp.join(name);
+            Tensor::write_safetensors(tensors, &path).map_err(|e| cerr("writing", &path, e))?;
+            sync_file(&path)?;
+        }
+        write_synced(&tmp.join("state.json"), self.state_json.as_bytes())?;
+        write_synced(&tmp.join("config.toml"), self.config_toml.as_bytes())?;
+        for (name, bytes) in &self.extra {
+            write_synced(&tmp.join(name), bytes)?;
+        }
+        sync_dir(&tmp)?;
+        if final_dir.exists() {
+            std::fs::remove_dir_all(&final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
+        }
+        std::fs::rename(&tmp, &final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
+        sync_dir(&root)?;
+        prune(&root, keep)?;
+        Ok(final_dir)
+    }
+}
+
+/// At most one checkpoint being written in the background.
+#[derive(Debug, Default)]
+pub struct Writer {
+    pending: Option<(usize, JoinHandle<Result<PathBuf>>)>,
+}
+
+impl Writer {
+    /// Waits for the previous write, then writes `snap` from a new thread.
+    pub fn start(&mut self, snap: Snapshot, run_dir: &Path, keep: usize) -> Result<()> {
+        self.wait()?;
+        let step = snap.step();
+        let run_dir = run_dir.to_path_buf();
+        let handle = std::thread::Builder::new()
+            .name("flamia-checkpoint".into())
+            .spawn(move || snap.write(&run_dir, keep))
+            .map_err(|e| TrainError::Checkpoint(format!("cannot start the checkpoint writer: {e}")))?;
+        self.pending = Some((step, handle));
+        Ok(())
+    }
+
+    /// Waits for the write in progress, if any; its directory, or its error.
+    pub fn wait(&mut self) -> Result<Option<PathBuf>> {
+        let Some((step, handle)) = self.pending.take() else {
+            return Ok(None);
+        };
+        match handle.join() {
+            Ok(r) => r.map(Some),
+            Err(_) => Err(TrainError::Checkpoint(format!(
+                "the background writer of step {step} panicked"
+            ))),
+        }
+    }
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
     let mut f = std::fs::File::create(path).map_err(|e| TrainError::io(path, e))?;
     f.write_all(bytes)
         .and_then(|_| f.sync_all())
         .map_err(|e| TrainError::io(path, e))
+}
+
+fn sync_file(path: &Path) -> Result<()> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| TrainError::io(path, e))
+}
+
+/// fsync of a directory: makes the entries created or renamed in it durable.
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| TrainError::io(dir, e))
 }
 
 /// Complete checkpoints under `<run>/checkpoints`, oldest first.
@@ -141,6 +249,46 @@ pub fn load(dir: &Path) -> Result<Loaded> {
     })
 }
 
+/// The newest checkpoint of `run_dir` that loads and passes `accept` (e.g. has the data states a
+/// data-parallel resume needs), trying older ones when the newest cannot be used; each one
+/// skipped is logged with its reason. `None` when there is no checkpoint at all; an error when
+/// there are checkpoints but none is usable (resuming silently from scratch would throw the run
+/// away).
+pub fn load_newest(run_dir: &Path, accept: impl Fn(&Loaded) -> Result<()>) -> Result<Option<Loaded>> {
+    let all = list(run_dir)?;
+    let mut reasons = Vec::new();
+    for (_, dir) in all.iter().rev() {
+        match load(dir).and_then(|l| accept(&l).map(|_| l)) {
+            Ok(l) => {
+                if !reasons.is_empty() {
+                    tracing::warn!(
+                        "resuming from the older checkpoint {} ({} newer one(s) unusable)",
+                        dir.display(),
+                        reasons.len()
+                    );
+                }
+                return Ok(Some(l));
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "checkpoint {} is unusable, trying an older one: {e}",
+                    dir.display()
+                );
+                reasons.push(e.to_string());
+            }
+        }
+    }
+    if reasons.is_empty() {
+        Ok(None)
+    } else {
+        Err(TrainError::Checkpoint(format!(
+            "no usable checkpoint in {}: {}",
+            run_dir.join("checkpoints").display(),
+            reasons.join("; ")
+        )))
+    }
+}
+
 /// Copies saved weights into the model's variables (same names and shapes).
 pub fn restore_params(params: &[(String, Tensor)], saved: Vec<(String, Tensor)>) -> Result<()> {
     let mut map: std::collections::HashMap<String, Tensor> = saved.into_iter().collect();
@@ -156,7 +304,7 @@ pub fn restore_params(params: &[(String, Tensor)], saved: Vec<(String, Tensor)>)
                     p.size()
                 )));
             }
-            p.shallow_clone().copy_(&src);
+            p.shallow_clone().f_copy_(&src)?;
         }
         if let Some(extra) = map.keys().next() {
             return Err(TrainError::Checkpoint(format!(
@@ -165,4 +313,66 @@ pub fn restore_params(params: &[(String, Tensor)], saved: Vec<(String, Tensor)>)
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(step: usize) -> TrainState {
+        TrainState {
+            step,
+            optimizer_updates: step as u64,
+            data: None,
+            rng_seed: 0,
+            recent_losses: Vec::new(),
+            skipped_steps: 0,
+            tokens_seen: 0,
+        }
+    }
+
+    #[test]
+    fn background_writes_are_complete_and_an_unreadable_newest_falls_back_to_an_older_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path();
+        let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
+        let params = vec![("w".to_string(), w.shallow_clone())];
+        let mut writer = Writer::default();
+        for step in [5, 10] {
+            let extra = vec![(DATA_STATES.to_string(), b"[]".to_vec())];
+            let snap = Snapshot::take(&state(step), &params, &params, "x = 1\n", extra).unwrap();
+            // The snapshot is a copy: training may change the weights while it is written.
+            let _ = tch::no_grad(|| params[0].1.shallow_clone().f_add_scalar_(1.0)).unwrap();
+            writer.start(snap, run, 3).unwrap();
+        }
+        let dir = writer.wait().unwrap().unwrap();
+        assert!(dir.ends_with("step_00000010") && dir.join(DATA_STATES).is_file());
+        let l = load(&dir).unwrap();
+        let saved: Vec<f32> = Vec::try_from(&l.model[0].1).unwrap();
+        assert_eq!(
+            saved,
+            vec![2.0, 3.0, 4.0],
+            "the values at the time of the snapshot"
+        );
+        assert_eq!(list(run).unwrap().len(), 2);
+
+        // A truncated tensor file in the newest: the older one is used, and said so.
+        let f = dir.join("model.safetensors");
+        let len = std::fs::metadata(&f).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
+        let l = load_newest(run, |_| Ok(())).unwrap().unwrap();
+        assert_eq!(l.state.step, 5);
+        // `accept` can refuse one too (e.g. data states for another world size).
+        let none = load_newest(run, |l| {
+            Err(TrainError::Checkpoint(format!("refused {}", l.state.step)))
+        })
+        .unwrap_err();
+        assert!(none.to_string().contains("no usable checkpoint"), "{none}");
+        assert!(load_newest(&run.join("nothing"), |_| Ok(())).unwrap().is_none());
+    }
 }

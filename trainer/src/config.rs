@@ -222,6 +222,73 @@ impl Default for WandbConfig {
     }
 }
 
+/// `[distributed]`: data parallelism under a launcher (`docs/distributed.md`); ignored by a plain
+/// single-process run except `stop_on_signal` and `background_checkpoint`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DistributedConfig {
+    /// Seconds for the start-up: every rank joining the rendezvous, the agreement check
+    /// (configuration, data, checkpoint, parameters) and the initial weight broadcast.
+    pub startup_timeout_s: f64,
+    /// Seconds one collective of a training step (gradient all-reduce, loss mean and stop vote)
+    /// may take before the run fails as hung.
+    pub collective_timeout_s: f64,
+    /// Seconds the other ranks wait for rank 0's checkpoint I/O: reading the checkpoint to resume
+    /// from, finishing the previous (background) write before the next checkpoint, the last
+    /// write before the final barrier.
+    pub checkpoint_timeout_s: f64,
+    /// A rank without a heartbeat for this many seconds is declared dead; the others stop.
+    pub heartbeat_timeout_s: f64,
+    /// Precision of the gradient all-reduce: `f32` (exact sums) or `bf16` (half the bytes).
+    pub reduce_dtype: String,
+    /// Gradient bucket size, MiB.
+    pub bucket_mib: usize,
+    /// SIGTERM / SIGUSR1 (Slurm's preemption, time limit, `--signal`) make every rank stop at the
+    /// same step after a checkpoint; the process exits with 75 so `launch/slurm.sbatch` requeues.
+    pub stop_on_signal: bool,
+    /// Copy the checkpoint to host memory and write it in a background thread while training
+    /// goes on (rank 0 holds one host copy of weights and moments meanwhile).
+    pub background_checkpoint: bool,
+}
+
+impl Default for DistributedConfig {
+    fn default() -> Self {
+        DistributedConfig {
+            startup_timeout_s: 900.0,
+            collective_timeout_s: 300.0,
+            checkpoint_timeout_s: 1800.0,
+            heartbeat_timeout_s: 60.0,
+            reduce_dtype: "f32".into(),
+            bucket_mib: 25,
+            stop_on_signal: true,
+            background_checkpoint: true,
+        }
+    }
+}
+
+impl DistributedConfig {
+    fn validate(&self) -> Result<()> {
+        let timeouts = [
+            self.startup_timeout_s,
+            self.collective_timeout_s,
+            self.checkpoint_timeout_s,
+            self.heartbeat_timeout_s,
+        ];
+        if timeouts.iter().any(|t| !(t.is_finite() && *t > 0.0)) {
+            return Err(invalid(
+                "distributed.*_timeout_s must be positive numbers of seconds".into(),
+            ));
+        }
+        if !matches!(self.reduce_dtype.as_str(), "f32" | "bf16") || self.bucket_mib == 0 {
+            return Err(invalid(format!(
+                "distributed.reduce_dtype {:?}: allowed f32, bf16; distributed.bucket_mib must be >= 1",
+                self.reduce_dtype
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The whole run configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -232,6 +299,7 @@ pub struct TrainConfig {
     pub training: TrainingConfig,
     pub data: flamia_data::Config,
     pub wandb: WandbConfig,
+    pub distributed: DistributedConfig,
 }
 
 fn invalid(msg: String) -> TrainError {
@@ -265,7 +333,7 @@ impl TrainConfig {
             let (k, v) = (k.trim(), v.trim());
             if !k.contains('.') {
                 return Err(invalid(format!(
-                    "--set key {k:?} must be section.key (sections: run, model, attention, training, data, wandb)"
+                    "--set key {k:?} must be section.key (sections: run, model, attention, training, data, wandb, distributed)"
                 )));
             }
             b = b
@@ -325,6 +393,7 @@ impl TrainConfig {
             )));
         }
         crate::device::check_setting(&self.run.device)?;
+        self.distributed.validate()?;
         crate::determinism::check_env(self.run.deterministic)?;
         if self.run.keep_checkpoints == 0 || self.run.log_every == 0 {
             return Err(invalid(

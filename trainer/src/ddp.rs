@@ -39,8 +39,13 @@ pub struct DdpOptions {
     pub bucket_bytes: usize,
     /// Precision of the gradient all-reduce.
     pub reduce_dtype: ReduceDtype,
-    /// A collective not finished after this is a hang: abort and fail.
+    /// A collective of a training step not finished after this is a hang: abort and fail.
     pub collective_timeout: Duration,
+    /// Start-up: joining (the group's join timeout), the agreement check, the weight broadcast.
+    pub startup_timeout: Duration,
+    /// Waits on rank 0's checkpoint I/O (its reading of the checkpoint to resume from, the
+    /// gather before a checkpoint, the final barrier).
+    pub checkpoint_timeout: Duration,
 }
 
 impl Default for DdpOptions {
@@ -49,7 +54,35 @@ impl Default for DdpOptions {
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             reduce_dtype: ReduceDtype::F32,
             collective_timeout: Duration::from_secs(300),
+            startup_timeout: Duration::from_secs(900),
+            checkpoint_timeout: Duration::from_secs(1800),
         }
+    }
+}
+
+impl DdpOptions {
+    /// The options and group options of a `[distributed]` config section; the
+    /// `FLAMIA_DIST_JOIN_TIMEOUT_S` / `FLAMIA_DIST_HEARTBEAT_TIMEOUT_S` / `FLAMIA_DIST_EXIT_GRACE_S`
+    /// variables still override the group's when set.
+    pub fn from_config(c: &crate::config::DistributedConfig) -> Result<(DdpOptions, GroupOptions)> {
+        let secs = Duration::from_secs_f64;
+        let opts = DdpOptions {
+            bucket_bytes: c.bucket_mib << 20,
+            reduce_dtype: c.reduce_dtype.parse().map_err(dist)?,
+            collective_timeout: secs(c.collective_timeout_s),
+            startup_timeout: secs(c.startup_timeout_s),
+            checkpoint_timeout: secs(c.checkpoint_timeout_s),
+        };
+        let defaults = GroupOptions::default();
+        let group = GroupOptions {
+            join_timeout: opts.startup_timeout,
+            heartbeat_timeout: secs(c.heartbeat_timeout_s),
+            heartbeat_interval: defaults.heartbeat_interval.min(secs(c.heartbeat_timeout_s / 4.0)),
+            ..defaults
+        }
+        .with_env()
+        .map_err(dist)?;
+        Ok((opts, group))
     }
 }
 
@@ -74,10 +107,9 @@ impl std::fmt::Debug for Ddp {
 impl Ddp {
     /// Join the group described by the environment. `cuda`: the run trains on a GPU (then NCCL
     /// is used and `cuda:<local rank>` becomes this thread's current device).
-    pub fn from_env(opts: DdpOptions, cuda: bool) -> Result<Ddp> {
+    pub fn from_env(opts: DdpOptions, gopts: &GroupOptions, cuda: bool) -> Result<Ddp> {
         let topo = Topology::from_env().map_err(dist)?;
-        let gopts = GroupOptions::from_env().map_err(dist)?;
-        Self::with_topology(topo, &gopts, opts, cuda)
+        Self::with_topology(topo, gopts, opts, cuda)
     }
 
     /// [`Ddp::from_env`] with an explicit placement and group options (tests, custom launchers).
@@ -182,14 +214,20 @@ impl Ddp {
             .collect();
         self.params = params.iter().map(|(_, p)| p.shallow_clone()).collect();
         self.plan = Some(plan);
-        self.broadcast_params()
+        let params: Vec<Tensor> = self.params.iter().map(|p| p.shallow_clone()).collect();
+        self.broadcast(&params)
     }
 
-    /// Copy rank 0's parameter values to every rank (f32 through NCCL broadcast; CPU: store).
-    fn broadcast_params(&mut self) -> Result<()> {
+    /// Copy rank 0's values of `tensors` (f32, in place) to every rank: NCCL broadcast, or on
+    /// CPU through the store. Collective. Used for the weights ([`Ddp::attach`]) and, on resume,
+    /// for the optimizer moments that only rank 0 read from the checkpoint.
+    pub fn broadcast(&self, tensors: &[Tensor]) -> Result<()> {
+        let Some(pg) = &self.pg else {
+            return Ok(());
+        };
         let _guard = tch::no_grad_guard();
-        for p in &self.params {
-            let mut flat = p.detach().to_kind(Kind::Float).contiguous();
+        for p in tensors {
+            let mut flat = p.f_detach()?.f_to_kind(Kind::Float)?.f_contiguous()?;
             if let Some(comm) = &self.comm {
                 let ptr = flat.data_ptr() as u64;
                 // SAFETY: `flat` is a contiguous f32 device tensor of `numel` elements that lives
@@ -197,23 +235,53 @@ impl Ddp {
                 unsafe { comm.broadcast(ptr, ptr, flat.numel(), ReduceDtype::F32, 0, STREAM) }
                     .map_err(dist)?;
                 comm.wait(STREAM, "broadcast").map_err(dist)?;
-            } else if let Some(pg) = &self.pg {
-                let mine: Vec<f32> = Vec::try_from(&flat.view([-1]))?;
-                let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
-                let all = pg
+            } else {
+                let root = if self.is_main() {
+                    let mine: Vec<f32> = Vec::try_from(&flat.f_view([-1])?)?;
+                    Some(mine.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
+                } else {
+                    None
+                };
+                let bytes = pg
                     .store()
-                    .all_gather(&bytes, Duration::from_secs(600))
+                    .broadcast(root.as_deref(), self.opts.startup_timeout)
                     .map_err(dist)?;
-                let root: Vec<f32> = all[0]
+                let root: Vec<f32> = bytes
                     .chunks_exact(4)
                     .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                     .collect();
-                flat = Tensor::from_slice(&root).view(flat.size().as_slice());
+                flat = Tensor::from_slice(&root).f_view(flat.size().as_slice())?;
             }
-            let mut dst = p.detach();
-            dst.copy_(&flat);
+            let mut dst = p.f_detach()?;
+            dst.f_copy_(&flat)?;
         }
         Ok(())
+    }
+
+    /// Rank 0's `value` on every rank (the others pass `None`): e.g. which checkpoint rank 0
+    /// chose to resume from. Waits up to the checkpoint I/O timeout (rank 0 may be reading).
+    pub fn broadcast_bytes(&self, value: Option<&[u8]>) -> Result<Vec<u8>> {
+        match &self.pg {
+            Some(pg) => pg
+                .store()
+                .broadcast(value, self.opts.checkpoint_timeout)
+                .map_err(dist),
+            None => value
+                .map(<[u8]>::to_vec)
+                .ok_or_else(|| TrainError::Invalid("broadcast_bytes: a single process is rank 0".into())),
+        }
+    }
+
+    /// Start-up agreement: every rank must have the same value of each named item, else every
+    /// rank fails with an error naming the item, the ranks and the first differing line.
+    pub fn agree(&self, items: &[(&str, String)]) -> Result<()> {
+        match &self.pg {
+            Some(pg) => pg
+                .store()
+                .agree(items, self.opts.startup_timeout)
+                .map_err(|e| TrainError::Invalid(e.to_string())),
+            None => Ok(()),
+        }
     }
 
     /// Average every parameter's gradient across ranks (in place). Call after the last backward
@@ -246,7 +314,7 @@ impl Ddp {
                 let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
                 let all = pg
                     .store()
-                    .all_gather(&bytes, Duration::from_secs(600))
+                    .all_gather(&bytes, self.opts.collective_timeout)
                     .map_err(dist)?;
                 let mut mean = vec![0f32; mine.len()];
                 for r in &all {
@@ -291,18 +359,19 @@ impl Ddp {
             Ok(out.into_iter().map(f64::from).collect())
         } else {
             pg.store()
-                .mean_across_ranks(values, Duration::from_secs(600))
+                .mean_across_ranks(values, self.opts.collective_timeout)
                 .map_err(dist)
         }
     }
 
     /// Every rank's bytes (by rank), e.g. each rank's serialised `DataState` for rank 0's
-    /// checkpoint. Collective: every rank must call it.
+    /// checkpoint. Collective: every rank must call it. Waits up to the checkpoint I/O timeout
+    /// (rank 0 may first be finishing the previous checkpoint's write).
     pub fn gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
         match &self.pg {
             Some(pg) => pg
                 .store()
-                .all_gather(bytes, Duration::from_secs(600))
+                .all_gather(bytes, self.opts.checkpoint_timeout)
                 .map_err(dist),
             None => Ok(vec![bytes.to_vec()]),
         }
@@ -327,7 +396,7 @@ impl Ddp {
     pub fn shutdown(mut self) -> Result<()> {
         self.comm = None;
         match self.pg.take() {
-            Some(pg) => pg.shutdown(Duration::from_secs(600)).map_err(dist),
+            Some(pg) => pg.shutdown(self.opts.checkpoint_timeout).map_err(dist),
             None => Ok(()),
         }
     }

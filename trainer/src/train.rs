@@ -19,6 +19,15 @@
 //! gradient norm, the loss is averaged before the skip/spike decision, and only rank 0 writes
 //! logs, W&B, checkpoints and `summary.json`. Without those variables every `Ddp` call is a no-op
 //! and the run is exactly the plain single-process one.
+//!
+//! Multi-rank safety (`docs/distributed.md`): on `--resume` rank 0 alone chooses and reads the
+//! checkpoint (an unreadable newest one falls back to an older one) and broadcasts the choice and
+//! the optimizer moments; the ranks then check that they agree on the configuration, the data
+//! shards, the checkpoint and the parameters before the first step. SIGTERM / SIGUSR1 are voted
+//! on with each step's loss mean, so every rank stops at the same step, after a checkpoint, and
+//! [`Summary::stopped_by`] tells the CLI to exit with
+//! [`flamia_dist::PREEMPTED_EXIT_CODE`]. Checkpoints are copied to host memory and written in the
+//! background (`distributed.background_checkpoint`).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -28,7 +37,7 @@ use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use crate::attention::callback_seconds;
-use crate::checkpoint::{self, TrainState};
+use crate::checkpoint::{self, Loaded, Snapshot, TrainState, DATA_STATES};
 use crate::config::TrainConfig;
 use crate::ddp::{Ddp, DdpOptions};
 use crate::device::{compute_kind, parse_device};
@@ -72,6 +81,9 @@ pub struct Summary {
     pub peak_memory_gib: f64,
     /// `(step, validation loss)` of every validation pass of this invocation.
     pub val_losses: Vec<(usize, f64)>,
+    /// Set when the run stopped early on SIGTERM / SIGUSR1 (after its checkpoint): the signal as
+    /// seen by this rank, or that another rank saw one. The CLI then exits with 75.
+    pub stopped_by: Option<String>,
 }
 
 fn next_batch(loader: &mut Loader) -> Result<Batch> {
@@ -81,9 +93,6 @@ fn next_batch(loader: &mut Loader) -> Result<Batch> {
         .ok_or_else(|| TrainError::Invalid("data: the training stream ended".into()))
 }
 
-/// Per-rank data states of a data-parallel checkpoint (world size > 1), next to `state.json`.
-const DATA_STATES: &str = "data_states.json";
-
 /// Trains `cfg` to `training.steps`, writing everything into the run directory. Under a launcher
 /// (torchrun / Slurm variables) this process is one data-parallel rank.
 pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
@@ -92,7 +101,8 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
     crate::determinism::apply(cfg.run.deterministic, &cfg.run.device)?;
     let device = parse_device(&cfg.run.device)?;
     tracing::info!("run.device {:?}: {device:?}", cfg.run.device);
-    let mut ddp = Ddp::from_env(DdpOptions::default(), matches!(device, Device::Cuda(_)))?;
+    let (dopts, gopts) = DdpOptions::from_config(&cfg.distributed)?;
+    let mut ddp = Ddp::from_env(dopts, &gopts, matches!(device, Device::Cuda(_)))?;
     let device = ddp.device(device);
     match train_rank(cfg, opts, &mut ddp, device) {
         Ok(s) => {
@@ -110,6 +120,12 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
 /// metrics, checkpoint.
 fn train_rank(cfg: &TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Device) -> Result<Summary> {
     let mut run = Run::start(cfg, opts, ddp, device)?;
+    // From here on a stop signal is worth a checkpoint (before, the default action, exiting, is
+    // right: there is nothing to save).
+    if cfg.distributed.stop_on_signal {
+        flamia_dist::signal::install(&flamia_dist::signal::STOP_SIGNALS)
+            .map_err(|e| TrainError::Invalid(e.to_string()))?;
+    }
     let mut next: Option<Step> = None;
     while run.st.step < run.end {
         ddp.check()?;
@@ -133,6 +149,15 @@ fn train_rank(cfg: &TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Devic
         let val = run.validate(ddp)?;
         run.metrics(&step, timing, loss, grad_norm, lr, skipped, val)?;
         run.checkpoint(ddp)?;
+        if run.stopped_by.is_some() && run.st.step < run.end {
+            let why = run.stopped_by.clone().unwrap_or_default();
+            run.progress.println(format!(
+                "step {}: stopping on {why}; checkpoint written",
+                run.st.step
+            ));
+            tracing::warn!(step = run.st.step, "stopping on {why} after the checkpoint");
+            break;
+        }
     }
     run.finish()
 }
@@ -189,6 +214,21 @@ struct Run<'a> {
     /// Validation during training (`training.val_every`), if on and there is a split.
     validator: Option<Validator>,
     val_losses: Vec<(usize, f64)>,
+    /// Rank 0's checkpoint being written in the background.
+    writer: checkpoint::Writer,
+    /// Set when the ranks voted to stop (a stop signal on some rank).
+    stopped_by: Option<String>,
+}
+
+/// What rank 0 tells every rank before the first step when resuming: the checkpoint it chose
+/// (`None`: start fresh), or why there is none it can use.
+#[derive(Debug, Serialize, serde::Deserialize)]
+struct ResumePlan {
+    dir: PathBuf,
+    state: TrainState,
+    config_toml: String,
+    /// Every rank's data position (world size > 1).
+    data_states: Option<Vec<DataState>>,
 }
 
 /// A step's wall time and attention seconds, taken before any validation pass.
@@ -212,13 +252,14 @@ impl<'a> Run<'a> {
         let attn = cfg.attention.options()?;
         let checkpointing = Checkpointing::parse(&cfg.training.activation_checkpointing)?;
 
-        let resumed = if opts.resume {
-            checkpoint::list(&run_dir)?.pop()
+        // Rank 0 alone reads the checkpoint; the others get its choice (and, after `attach`,
+        // the weights and moments), so N ranks never read N copies and never pick different ones.
+        let (plan, loaded) = if opts.resume {
+            resume_plan(&run_dir, ddp)?
         } else {
-            None
+            (None, None)
         };
-        let resumed = resumed.map(|(_, dir)| checkpoint::load(&dir)).transpose()?;
-        if let Some(r) = &resumed {
+        if let Some(r) = &plan {
             let saved = TrainConfig::from_toml(&r.config_toml)?;
             if saved.model != cfg.model || saved.data != cfg.data {
                 return Err(TrainError::Checkpoint(format!(
@@ -233,8 +274,11 @@ impl<'a> Run<'a> {
         }
         crate::attention::set_profile_cuda(cfg.run.profile_attention);
         tch::manual_seed(cfg.run.seed as i64);
-        let data_state = match &resumed {
-            Some(r) if ddp.world_size() > 1 => Some(rank_data_state(&r.dir, ddp.rank(), ddp.world_size())?),
+        let data_state = match &plan {
+            Some(ResumePlan {
+                data_states: Some(states),
+                ..
+            }) => Some(states[ddp.rank()].clone()),
             Some(r) => r.state.data.clone(),
             None => None,
         };
@@ -269,15 +313,39 @@ impl<'a> Run<'a> {
             skipped_steps: 0,
             tokens_seen: 0,
         };
-        if let Some(r) = resumed {
-            checkpoint::restore_params(&params, r.model)?;
-            opt.load_state(r.optimizer, r.state.optimizer_updates)?;
-            st = r.state;
+        if let Some(l) = loaded {
+            checkpoint::restore_params(&params, l.model)?;
+            opt.load_state(l.optimizer, l.state.optimizer_updates)?;
+        }
+        if let Some(r) = &plan {
+            opt.t = r.state.optimizer_updates;
+            st = r.state.clone();
             tch::manual_seed((st.rng_seed + st.step as u64) as i64);
             tracing::info!("resumed from {} at step {}", r.dir.display(), st.step);
         }
-        // Every replica starts from rank 0's (restored) weights.
+        // Every replica starts from rank 0's (restored) weights and moments.
         ddp.attach(&params)?;
+        let moments = opt.state_tensors()?;
+        if plan.is_some() {
+            let tensors: Vec<Tensor> = moments.iter().map(|(_, t)| t.shallow_clone()).collect();
+            ddp.broadcast(&tensors)?;
+        }
+        // Before the first step: the ranks must agree on what they train (an error names what
+        // differs, e.g. one rank's shard list after a read error, or a different --set).
+        let resumed_from = plan.as_ref().map_or("none".to_string(), |r| {
+            format!("{} (step {})", r.dir.display(), r.state.step)
+        });
+        ddp.agree(&[
+            ("configuration", config_toml.clone()),
+            ("data shard list", loader.shards().join("\n")),
+            (
+                "data fingerprint (shards, tokenizer, seed, stream settings)",
+                loader.state().fingerprint,
+            ),
+            ("resume checkpoint", resumed_from),
+            ("parameters (name, shape, f64 sum)", checksums(&params)?),
+            ("optimizer moments (name, shape, f64 sum)", checksums(&moments)?),
+        ])?;
         let start_step = st.step;
         let validator = Validator::new(cfg, ddp.rank(), ddp.world_size())?;
         let jsonl = main
@@ -321,6 +389,8 @@ impl<'a> Run<'a> {
             trace: crate::determinism::Trace::from_env(),
             validator,
             val_losses: Vec::new(),
+            writer: checkpoint::Writer::default(),
+            stopped_by: None,
         })
     }
 
@@ -390,7 +460,7 @@ impl<'a> Run<'a> {
 
     /// Gradients averaged over ranks, then the one read of the step: mean loss and gradient
     /// norm come to the host together (the skip and clip decisions need them).
-    fn reduce(&self, ddp: &mut Ddp, loss_sum: &Tensor, step: &Step) -> Result<(f64, f64)> {
+    fn reduce(&mut self, ddp: &mut Ddp, loss_sum: &Tensor, step: &Step) -> Result<(f64, f64)> {
         ddp.all_reduce_grads()
             .map_err(|e| self.oom(e, || "the gradient all-reduce".into()))?;
         let pair = (|| -> Result<Vec<f64>> {
@@ -402,8 +472,17 @@ impl<'a> Run<'a> {
             Ok(Vec::<f64>::try_from(&both)?)
         })()
         .map_err(|e| self.oom(e, || "the loss and gradient norm".into()))?;
-        // Mean over ranks of the loss: every rank then decides (skip, clip) alike.
-        let loss = ddp.mean(&[pair[0]])?[0];
+        // Mean over ranks of the loss, and the stop vote riding along (no extra round trip):
+        // every rank then decides (skip, clip, stop) alike.
+        let signal = flamia_dist::signal::requested();
+        let mean = ddp.mean(&[pair[0], f64::from(u8::from(signal.is_some()))])?;
+        let loss = mean[0];
+        if mean[1] > 0.0 && self.stopped_by.is_none() {
+            self.stopped_by = Some(match signal {
+                Some(sig) => flamia_dist::signal::name(sig),
+                None => "a stop signal received by another rank".into(),
+            });
+        }
         if let Some(t) = &self.trace {
             t.step(self.st.step + 1, loss, &self.params)?;
         }
@@ -562,41 +641,54 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// A checkpoint every `checkpoint_every` steps and at the end (unless `run.final_checkpoint`
-    /// is off).
+    /// A checkpoint every `checkpoint_every` steps, at the end (unless `run.final_checkpoint` is
+    /// off) and when the ranks voted to stop. Periodic ones are written in the background
+    /// (`distributed.background_checkpoint`); the last one of the invocation is complete on disk
+    /// before this returns.
     fn checkpoint(&mut self, ddp: &mut Ddp) -> Result<()> {
         let s = self.st.step;
         let every = self.cfg.run.checkpoint_every;
         let at_end = s == self.end && self.cfg.run.final_checkpoint;
-        if !((every > 0 && s.is_multiple_of(every)) || at_end) {
+        let stopping = self.stopped_by.is_some() && s < self.end;
+        if !((every > 0 && s.is_multiple_of(every)) || at_end || stopping) {
             return Ok(());
         }
+        // Rank 0 first finishes the previous write; the others meanwhile wait in the gather
+        // below, under the checkpoint I/O timeout (not the collectives').
+        if self.main {
+            if let Some(dir) = self.writer.wait()? {
+                tracing::debug!("checkpoint {} written", dir.display());
+            }
+        }
         // Collective (every rank, same steps): rank 0 stores every rank's data position.
-        let states = if self.world_size > 1 {
+        let extra = if self.world_size > 1 {
             let mine = serde_json::to_vec(&self.st.data).map_err(|e| TrainError::Invalid(e.to_string()))?;
-            ddp.gather(&mine)?
+            vec![(DATA_STATES.to_string(), data_states_json(&ddp.gather(&mine)?)?)]
         } else {
             Vec::new()
         };
         if self.main {
-            let dir = checkpoint::save(
-                &self.run_dir,
+            let snap = Snapshot::take(
                 &self.st,
                 &self.params,
                 &self.opt.state_tensors()?,
                 &self.config_toml,
-                self.cfg.run.keep_checkpoints,
+                extra,
             )?;
-            if !states.is_empty() {
-                write_data_states(&dir, &states)?;
+            let keep = self.cfg.run.keep_checkpoints;
+            if self.cfg.distributed.background_checkpoint && !at_end && !stopping {
+                self.writer.start(snap, &self.run_dir, keep)?;
+            } else {
+                let dir = snap.write(&self.run_dir, keep)?;
+                tracing::debug!("checkpoint {} written", dir.display());
             }
-            tracing::debug!("checkpoint {}", dir.display());
         }
         Ok(())
     }
 
     /// The summary (written by rank 0) and the end of the W&B run.
     fn finish(mut self) -> Result<Summary> {
+        self.writer.wait()?;
         self.progress.finish();
         let n = self.losses.len().max(1);
         let tail = (n / 10).max(1);
@@ -620,6 +712,7 @@ impl<'a> Run<'a> {
             peak_memory_gib: self.peak_mem,
             losses: std::mem::take(&mut self.losses),
             val_losses: std::mem::take(&mut self.val_losses),
+            stopped_by: self.stopped_by.take(),
         };
         if self.main {
             let json =
@@ -634,22 +727,19 @@ impl<'a> Run<'a> {
     }
 }
 
-/// Writes the gathered per-rank data states (JSON of each `DataState`, by rank) into `dir`.
-/// The checkpoint directory is already renamed into place; a crash here leaves a checkpoint that
-/// a multi-rank resume refuses (missing file) rather than one with wrong data positions.
-fn write_data_states(dir: &std::path::Path, states: &[Vec<u8>]) -> Result<()> {
+/// The gathered per-rank data states (JSON of each `DataState`, by rank) as the content of
+/// [`DATA_STATES`], written into the checkpoint before it is renamed into place.
+fn data_states_json(states: &[Vec<u8>]) -> Result<Vec<u8>> {
     let parsed: Vec<serde_json::Value> = states
         .iter()
         .map(|b| serde_json::from_slice(b))
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| TrainError::Invalid(format!("a rank sent an unreadable data state: {e}")))?;
-    let json = serde_json::to_vec_pretty(&parsed).map_err(|e| TrainError::Invalid(e.to_string()))?;
-    let path = dir.join(DATA_STATES);
-    std::fs::write(&path, json).map_err(|e| TrainError::io(&path, e))
+    serde_json::to_vec_pretty(&parsed).map_err(|e| TrainError::Invalid(e.to_string()))
 }
 
-/// Rank `rank`'s data state from a checkpoint made at `world_size` ranks.
-fn rank_data_state(dir: &std::path::Path, rank: usize, world_size: usize) -> Result<flamia_data::DataState> {
+/// Every rank's data state from a checkpoint made at `world_size` ranks.
+fn read_data_states(dir: &std::path::Path, world_size: usize) -> Result<Vec<DataState>> {
     let path = dir.join(DATA_STATES);
     let text = std::fs::read(&path).map_err(|e| {
         TrainError::Checkpoint(format!(
@@ -658,7 +748,7 @@ fn rank_data_state(dir: &std::path::Path, rank: usize, world_size: usize) -> Res
             path.display()
         ))
     })?;
-    let mut states: Vec<flamia_data::DataState> = serde_json::from_slice(&text)
+    let states: Vec<DataState> = serde_json::from_slice(&text)
         .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", path.display())))?;
     if states.len() != world_size {
         return Err(TrainError::Checkpoint(format!(
@@ -667,7 +757,71 @@ fn rank_data_state(dir: &std::path::Path, rank: usize, world_size: usize) -> Res
             states.len()
         )));
     }
-    Ok(states.swap_remove(rank))
+    Ok(states)
+}
+
+/// Rank 0 chooses the checkpoint to resume from (the newest usable one: it loads, and holds the
+/// data states this world size needs) and broadcasts the choice; every rank gets the plan, rank
+/// 0 also the loaded tensors. An error on rank 0 (checkpoints exist but none is usable) reaches
+/// every rank.
+fn resume_plan(run_dir: &std::path::Path, ddp: &Ddp) -> Result<(Option<ResumePlan>, Option<Loaded>)> {
+    let world = ddp.world_size();
+    let decode = |bytes: &[u8]| -> Result<std::result::Result<Option<ResumePlan>, String>> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| TrainError::Checkpoint(format!("rank 0's resume plan is unreadable: {e}")))
+    };
+    if !ddp.is_main() {
+        let plan = decode(&ddp.broadcast_bytes(None)?)?
+            .map_err(|e| TrainError::Checkpoint(format!("rank 0 could not choose a checkpoint: {e}")))?;
+        return Ok((plan, None));
+    }
+    let chosen = checkpoint::load_newest(run_dir, |l| {
+        if world > 1 {
+            read_data_states(&l.dir, world).map(|_| ())
+        } else {
+            Ok(())
+        }
+    })
+    .and_then(|l| {
+        let Some(l) = l else { return Ok(None) };
+        let data_states = (world > 1).then(|| read_data_states(&l.dir, world)).transpose()?;
+        let plan = ResumePlan {
+            dir: l.dir.clone(),
+            state: l.state.clone(),
+            config_toml: l.config_toml.clone(),
+            data_states,
+        };
+        Ok(Some((plan, l)))
+    });
+    let message: std::result::Result<Option<&ResumePlan>, String> = match &chosen {
+        Ok(c) => Ok(c.as_ref().map(|(p, _)| p)),
+        Err(e) => Err(e.to_string()),
+    };
+    let bytes = serde_json::to_vec(&message).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    ddp.broadcast_bytes(Some(&bytes))?;
+    Ok(match chosen? {
+        Some((plan, l)) => (Some(plan), Some(l)),
+        None => (None, None),
+    })
+}
+
+/// One line per tensor: name, shape and the f64 sum of its values (bit pattern), for the
+/// start-up agreement. One device-to-host read for all of them.
+fn checksums(tensors: &[(String, Tensor)]) -> Result<String> {
+    if tensors.is_empty() {
+        return Ok(String::new());
+    }
+    let sums: Vec<Tensor> = tensors
+        .iter()
+        .map(|(_, t)| t.f_sum(Kind::Double))
+        .collect::<std::result::Result<_, _>>()?;
+    let sums: Vec<f64> = Vec::try_from(&Tensor::f_stack(&sums, 0)?.f_to_device(Device::Cpu)?)?;
+    Ok(tensors
+        .iter()
+        .zip(sums)
+        .map(|((n, t), s)| format!("{n} {:?} {:016x}", t.size(), s.to_bits()))
+        .collect::<Vec<_>>()
+        .join("\n"))
 }
 
 /// `1234567` -> `1.23M`.
