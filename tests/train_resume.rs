@@ -9,8 +9,8 @@ mod support;
 use support::{flamia, losses, repo, val_losses, SMALL};
 
 /// `flamia train` of the tiny config on the CPU with [`SMALL`] rows, `steps` steps, into `dir`,
-/// with further arguments `args`; fails the test if the run fails.
-fn tiny(dir: &Path, steps: usize, args: &[&str]) {
+/// with further arguments `args`; fails the test if the run fails, else returns its stdout.
+fn tiny(dir: &Path, steps: usize, args: &[&str]) -> String {
     let out = flamia()
         .current_dir(repo())
         .args(["train", "--config", "configs/tiny-cpu.toml"])
@@ -27,6 +27,7 @@ fn tiny(dir: &Path, steps: usize, args: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn train(dir: &Path, extra: &[&str]) {
@@ -113,12 +114,12 @@ fn validation_during_training_is_repeatable_and_leaves_training_unchanged() {
         let mut args = vec!["--set", "run.log_every=2", "--set", "run.final_checkpoint=false"];
         args.extend(["--set", &every, "--set", "training.val_tokens=512"]);
         args.extend_from_slice(extra);
-        tiny(&dir, 6, &args);
-        dir
+        let stdout = tiny(&dir, 6, &args);
+        (dir, stdout)
     };
-    let a = run("val", "4", &[]);
-    let often = run("val-often", "2", &[]);
-    let none = run("no-val", "0", &[]);
+    let (a, stdout) = run("val", "4", &[]);
+    let (often, _) = run("val-often", "2", &[]);
+    let (none, _) = run("no-val", "0", &[]);
 
     // Validated after steps 4 and 6 (the run's end), each a logged step; not elsewhere.
     let va = val_losses(&a);
@@ -147,6 +148,8 @@ fn validation_during_training_is_repeatable_and_leaves_training_unchanged() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(a.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["val_losses"][1][1].as_f64(), Some(va[1].1));
+    let line = format!("| validation loss {:.4} at step 6 |", va[1].1);
+    assert!(stdout.contains(&line), "{stdout}");
     // Training is bitwise the same without validation.
     let (la, ln) = (losses(&a), losses(&none));
     assert_eq!(la.len(), ln.len());
@@ -160,7 +163,7 @@ fn validation_during_training_is_repeatable_and_leaves_training_unchanged() {
     assert!(val_losses(&none).is_empty());
 
     // The held-out part of the training shard is a validation split too (val = []).
-    let held = run(
+    let (held, _) = run(
         "holdout",
         "3",
         &["--set", "data.val=[]", "--set", "data.holdout_fraction=0.1"],

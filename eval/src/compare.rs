@@ -59,9 +59,10 @@ pub struct MetricRow {
     pub diffs: Vec<Option<Estimate>>,
 }
 
-/// Per-run scalar metrics: training loss (mean of the last `last_n` logged), validation loss
+/// Per-run scalar metrics: training loss (mean of the last `last_n` logged), the last validation
+/// loss logged during training (`val_loss` in `metrics.jsonl`), validation loss of `flamia eval`
 /// (exact and training path) and exact bits per byte, and every task's `acc_norm`, `acc` and
-/// perplexity.
+/// perplexity. Metrics no run has are left out.
 pub fn metric_rows(arms: &[Arm], last_n: usize) -> Vec<MetricRow> {
     type Get = Box<dyn Fn(&Run) -> Option<f64>>;
     let mut metrics: Vec<(String, bool, Get)> = vec![
@@ -69,6 +70,11 @@ pub fn metric_rows(arms: &[Arm], last_n: usize) -> Vec<MetricRow> {
             format!("training loss (mean of last {last_n} logged)"),
             false,
             Box::new(move |r: &Run| Some(r.last_n_mean(last_n))),
+        ),
+        (
+            "validation loss during training (last logged)".into(),
+            false,
+            Box::new(|r: &Run| r.val_losses.last().map(|v| v.1)),
         ),
         (
             "validation loss, exact attention".into(),

@@ -3,7 +3,8 @@
 //! Files read (docs/eval.md has the full description):
 //! - `metrics.jsonl`: one JSON object per line. Lines with a numeric `step` and a training loss
 //!   (the first key present of [`LOSS_KEYS`]) are loss points; the first key of [`TPS_KEYS`]
-//!   gives tokens/s. Other lines (events, evaluation lines) are skipped.
+//!   gives tokens/s; a line with a numeric `step` and [`VAL_LOSS_KEY`] (flamia's validation
+//!   during training) is a validation point. Other lines (events, evaluation lines) are skipped.
 //! - `eval.json`: the [`EvalResults`] `flamia eval` wrote (optional).
 
 use crate::error::{Error, Result};
@@ -17,6 +18,8 @@ use std::path::{Path, PathBuf};
 pub const METRICS_FILE: &str = "metrics.jsonl";
 /// Keys accepted for the training loss, in order of preference.
 pub const LOSS_KEYS: [&str; 3] = ["loss", "train/loss", "loss_metrics/global_avg_loss"];
+/// Key of the validation loss that `flamia train` logs with a step (`training.val_every`).
+pub const VAL_LOSS_KEY: &str = "val_loss";
 /// Keys accepted for throughput in tokens per second, in order of preference.
 pub const TPS_KEYS: [&str; 3] = ["tokens_per_s", "tps", "train/tokens_per_s"];
 
@@ -29,6 +32,8 @@ pub struct Run {
     pub losses: Vec<(u64, f64)>,
     /// Every tokens/s value logged.
     pub tps: Vec<f64>,
+    /// `(step, validation loss)` logged during training, in file order.
+    pub val_losses: Vec<(u64, f64)>,
     pub eval: Option<EvalResults>,
 }
 
@@ -44,6 +49,7 @@ impl Run {
         })?;
         let mut losses = Vec::new();
         let mut tps = Vec::new();
+        let mut val_losses = Vec::new();
         for (i, line) in BufReader::new(file).lines().enumerate() {
             let line = line.map_err(|e| Error::io(&path, e))?;
             if line.trim().is_empty() {
@@ -55,6 +61,9 @@ impl Run {
                 msg: e.to_string(),
             })?;
             let step = v.get("step").and_then(Value::as_u64);
+            if let (Some(step), Some(val)) = (step, v.get(VAL_LOSS_KEY).and_then(Value::as_f64)) {
+                val_losses.push((step, val));
+            }
             let loss = LOSS_KEYS.iter().find_map(|k| v.get(*k).and_then(Value::as_f64));
             if let (Some(step), Some(loss)) = (step, loss) {
                 losses.push((step, loss));
@@ -84,6 +93,7 @@ impl Run {
             dir: dir.into(),
             losses,
             tps,
+            val_losses,
             eval,
         })
     }

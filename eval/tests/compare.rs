@@ -46,14 +46,21 @@ fn make_run(dir: &Path, floor: f64, tps: f64, piqa: &str, leak: f64) {
     make_run_val(dir, floor, tps, piqa, leak, floor);
 }
 
-/// Like `make_run` with the validation (training path) loss `val` (exact = val + leak).
+/// Like `make_run` with the validation (training path) loss `val` (exact = val + leak); the
+/// training log carries validation losses too (`val_loss` at steps 25 and 50, the last one
+/// `val + 0.1`).
 fn make_run_val(dir: &Path, floor: f64, tps: f64, piqa: &str, leak: f64, val_loss: f64) {
     std::fs::create_dir_all(dir).unwrap();
     let mut lines = String::from("{\"event\":\"start\",\"config\":{}}\n");
     for step in 1..=50u64 {
         let loss = floor + (10.0 - floor) * (-(step as f64) / 8.0).exp();
+        let val = match step {
+            25 => format!(",\"val_loss\":{}", val_loss + 1.0),
+            50 => format!(",\"val_loss\":{}", val_loss + 0.1),
+            _ => String::new(),
+        };
         lines += &format!(
-            "{{\"step\":{step},\"loss\":{loss},\"lr\":0.001,\"tokens_per_s\":{}}}\n",
+            "{{\"step\":{step},\"loss\":{loss},\"lr\":0.001,\"tokens_per_s\":{}{val}}}\n",
             tps + step as f64
         );
     }
@@ -174,6 +181,13 @@ fn arms_of_seeds_give_differences_of_means_with_welch_intervals() {
     );
     let acc = rows.iter().find(|r| r.metric == "piqa acc").unwrap();
     assert!((acc.diffs[1].unwrap().mean - 0.25).abs() < 1e-12);
+    // The last validation loss logged during training (step 50): the same difference of means.
+    let t = rows
+        .iter()
+        .find(|r| r.metric == "validation loss during training (last logged)")
+        .unwrap();
+    assert!((t.values[0].mean - 1.575).abs() < 1e-12, "{:?}", t.values[0]);
+    assert!((t.diffs[1].unwrap().mean - 0.015).abs() < 1e-12);
     let md = compare::markdown(&arms, 5, None);
     assert!(
         md.starts_with("# Comparison: bf16 (3 runs) (control) vs mxfp8 (3 runs)"),

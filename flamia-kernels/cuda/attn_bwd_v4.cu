@@ -34,17 +34,6 @@
 #ifndef BWD_ISLOTS
 #define BWD_ISLOTS 2
 #endif
-// dQ reduces in flight per warpgroup before the oldest one's semaphore is bumped (its completion
-// is waited for BWD_DQ_LAG steps later, off the critical path; the next key tile then runs that
-// many steps further behind on the query tile it shares).
-// Development knobs (never set by the runtime): BWD_PROF_TIMERS prints, for CTAs 0 and 1, the clocks
-// each consumer warpgroup spent waiting at each synchronisation point (device printf). Timing-only
-// (results wrong): BWD_PROF_NOSEM skips the
-// dQ semaphore waits (unordered reduction), BWD_PROF_NORED the dQ reductions, BWD_PROF_NODQ the dQ
-// products. docs/perf.md "v4 backward" lists what each measured.
-#ifndef BWD_DQ_LAG
-#define BWD_DQ_LAG 1
-#endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -119,11 +108,21 @@ static_assert(sizeof(BwdV4Smem) + 1024 <= SMEM_BWD4_BUDGET, "attn_bwd_v4: dynami
 __device__ __forceinline__ u64 desc_sw64(u32 saddr) {
   return (u64)((saddr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(512u >> 4) << 32) | ((u64)2 << 62);
 }
+// Adds `bytes` to the transaction count of the barrier's current phase without arriving.
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void tma_reduce_add_3d(const TmaMap* map, u32 src, int x, int y, int z) {
   asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
                    (u64)map),
                "r"(src), "r"(x), "r"(y), "r"(z)
                : "memory");
+}
+// A shared-memory load the compiler may not hoist or keep across steps (short live ranges).
+__device__ __forceinline__ float lds_volatile(const float* p) {
+  float v;
+  asm volatile("ld.volatile.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(smem_u32(p)));
+  return v;
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
@@ -177,40 +176,33 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       t = reinterpret_cast<const BwdTile*>(P.tiles)[tile];
     }
     const int hk = h / (a.hq / a.hkv);
-    float kf[4], vf[4], cf[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int key = t.k0 + 4 * lane + j;
-      const bool ok = code >= 0 && key < t.len;
-      const long long e = (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk;
-      kf[j] = ok ? exp2i(a.k_exp[e]) : 0.f;
-      vf[j] = ok ? exp2i(a.v_exp[e]) : 0.f;
-      cf[j] = ok ? exp2i(-P.cexp[(long long)(t.doc0 + key) * a.hq + h]) : 0.f;
-    }
+    // Item slot: the TMA loads first (lane 0 sets the bytes without arriving), then every lane
+    // writes its 4 keys' factors and arrives: the slot is full once all 32 lanes have arrived
+    // and the bytes have landed. The loads' latency overlaps the factors' global loads.
     mbar_wait(smem_u32(&sm.i_empty[ib]), iph ^ 1);
     BwdItem& it = sm.item[ib];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      it.kf[4 * lane + j] = kf[j];
-      it.vf[4 * lane + j] = vf[j];
-      it.cf[4 * lane + j] = cf[j];
-    }
     const u32 ibar = smem_u32(&sm.i_full[ib]);
     if (lane == 0) {
       it.code = code;
       it.h = h;
       it.tile = t;
       if (code >= 0) {
-        mbar_arrive_expect_tx(ibar, 3 * BKT * 128);
+        mbar_expect_tx(ibar, 3 * BKT * 128);
         tma_load_3d(smem_u32(sm.k[ib]), &P.k_map, ibar, 0, hk, t.doc0 + t.k0);
         tma_load_3d(smem_u32(sm.v[ib]), &P.v_map, ibar, 0, hk, t.doc0 + t.k0);
         tma_load_2d(smem_u32(sm.kd[ib]), &P.kd_map, ibar, t.pad0 + t.k0, hk * HEAD_DIM);
-      } else {
-        mbar_arrive(ibar);
       }
-    } else {
-      mbar_arrive(ibar);
     }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int key = t.k0 + 4 * lane + j;
+      const bool ok = code >= 0 && key < t.len;
+      const long long e = (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk;
+      it.kf[4 * lane + j] = ok ? exp2i(a.k_exp[e]) : 0.f;
+      it.vf[4 * lane + j] = ok ? exp2i(a.v_exp[e]) : 0.f;
+      it.cf[4 * lane + j] = ok ? exp2i(-P.cexp[(long long)(t.doc0 + key) * a.hq + h]) : 0.f;
+    }
+    mbar_arrive(ibar);
     if (code < 0) return;
     if (++ib == BWD_ISLOTS) { ib = 0; iph ^= 1; }
     int next = 0;
@@ -218,7 +210,16 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     const int qstart = a.causal ? t.k0 : 0, n = bwd_steps(t, a.causal);
     for (int st = 0; st < n; ++st) {
       const int q0 = qstart + BQT * (n - 1 - st);
-      float c[5][2];
+      mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
+      const u32 bar = smem_u32(&sm.s_full[s]);
+      if (lane == 0) {
+        mbar_expect_tx(bar, 4 * BQT * 128);
+        tma_load_3d(smem_u32(sm.q[s]), &P.q_map, bar, 0, h, t.doc0 + q0);
+        tma_load_3d(smem_u32(sm.dO[s]), &P.do_map, bar, 0, h, t.doc0 + q0);
+        tma_load_2d(smem_u32(sm.qd[s]), &P.qd_map, bar, t.pad0 + q0, h * HEAD_DIM);
+        tma_load_2d(smem_u32(sm.dOd[s]), &P.dod_map, bar, t.pad0 + q0, h * HEAD_DIM);
+      }
+      BwdCols& cs = sm.cols[s];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int i = 2 * lane + j;
@@ -226,32 +227,13 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         const long long e = (long long)(t.doc0 + (ok ? q0 + i : 0)) * a.hq + h;
         const float fq = ok ? exp2i(a.q_exp[e]) : 0.f;
         const float fo = ok ? exp2i(a.do_exp[e]) : 0.f;
-        c[0][j] = fq * a.scale_log2;
-        c[1][j] = ok ? -a.lse[e] * LOG2E : NEG_INF;
-        c[2][j] = fo * fq;
-        c[3][j] = ok ? -a.delta[e] * fq : 0.f;
-        c[4][j] = fo;
+        cs.qf[i] = fq * a.scale_log2;
+        cs.nl[i] = ok ? -a.lse[e] * LOG2E : NEG_INF;
+        cs.dq[i] = fo * fq;
+        cs.nd[i] = ok ? -a.delta[e] * fq : 0.f;
+        cs.pe[i] = fo;
       }
-      mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
-      BwdCols& cs = sm.cols[s];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        cs.qf[2 * lane + j] = c[0][j];
-        cs.nl[2 * lane + j] = c[1][j];
-        cs.dq[2 * lane + j] = c[2][j];
-        cs.nd[2 * lane + j] = c[3][j];
-        cs.pe[2 * lane + j] = c[4][j];
-      }
-      const u32 bar = smem_u32(&sm.s_full[s]);
-      if (lane == 0) {
-        mbar_arrive_expect_tx(bar, 4 * BQT * 128);
-        tma_load_3d(smem_u32(sm.q[s]), &P.q_map, bar, 0, h, t.doc0 + q0);
-        tma_load_3d(smem_u32(sm.dO[s]), &P.do_map, bar, 0, h, t.doc0 + q0);
-        tma_load_2d(smem_u32(sm.qd[s]), &P.qd_map, bar, t.pad0 + q0, h * HEAD_DIM);
-        tma_load_2d(smem_u32(sm.dOd[s]), &P.dod_map, bar, t.pad0 + q0, h * HEAD_DIM);
-      } else {
-        mbar_arrive(bar);
-      }
+      mbar_arrive(bar);
       if (++s == BWD_STAGES) { s = 0; ph ^= 1; }
     }
     idx = __shfl_sync(0xffffffffu, next, 0);
@@ -261,27 +243,32 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 // ---- consumers ---------------------------------------------------------------------------------
 // Per-CTA state of a consumer warpgroup that outlives a step.
 struct BwdConsumer {
-  int cw, t, w, lane, g, qd;
+  int cw;
+  // Thread indices, recomputed where used (no registers held across the item's steps).
+  __device__ __forceinline__ int t() const { return threadIdx.x & 127; }
+  __device__ __forceinline__ int w() const { return (threadIdx.x >> 5) & 3; }
+  __device__ __forceinline__ int lane() const { return threadIdx.x & 31; }
+  __device__ __forceinline__ int g() const { return (threadIdx.x & 31) >> 2; }
+  __device__ __forceinline__ int qd() const { return threadIdx.x & 3; }
   int s;        // stage
   u32 ph;       // stage parity
   int nstep;    // steps run so far by this CTA (dS buffer / reduction parity)
-  // dQ reduces issued and not yet known complete (thread 0 only): their semaphores, oldest first.
-  int* pend[BWD_DQ_LAG + 1];
-  int npend;
+  // Thread 0: the semaphore of the last dQ reduce issued, bumped once that reduce has landed.
+  int* pend;
+  // Thread 0: waits until all but the newest `keep` (0 or 1) reduce groups have completed, bumps
+  // the pending semaphore (the reduce issued before them) and makes `next` the pending one.
+  __device__ __forceinline__ void retire(int keep, int* next) {
+    if (keep) bulk_wait<1>();
+    else bulk_wait_all();
+    if (pend) {
+      fence_async_global();
+      red_release_add(pend, 1);
+    }
+    pend = next;
+  }
 #ifdef BWD_PROF_TIMERS
   long long prof[6];  // clocks waiting: stage, pair barrier, 256 barrier, dQ semaphore, item; steps
 #endif
-  // Bumps the semaphores of all but the `keep` most recent reduces once those have landed.
-  __device__ __forceinline__ void retire(int keep) {
-    if (npend <= keep) return;
-    if (keep == 0) bulk_wait_all();
-    else bulk_wait<BWD_DQ_LAG>();  // keep == BWD_DQ_LAG: all but the newest BWD_DQ_LAG groups are complete
-    fence_async_global();
-    const int n = npend - keep;
-    for (int i = 0; i < n; ++i) red_release_add(pend[i], 1);
-    for (int i = 0; i < keep; ++i) pend[i] = pend[i + n];
-    npend = keep;
-  }
 };
 
 // dS~ (already divided by 2^e per slice) -> E4M3: the A fragments of dK = dS^T Q (registers) and
@@ -340,11 +327,10 @@ __device__ __forceinline__ void mma_rs_sw64_half(float (&acc)[32], const u32 (&a
 // a diagonal step (off = q0 - k0 - 64c: key row r sees query column c iff r <= c + off).
 template <bool MASKED>
 __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int ib, const BwdItem& it,
-                                         const float (&kf)[2], const float (&vf)[2], const float (&cf)[2],
                                          float (&dk)[64], float (&dv)[64], int q0, int off) {
   const AttnParams& a = P.a;
-  const int cw = C.cw, w = C.w, lane = C.lane, qd = C.qd, s = C.s;
-  const int r0 = 16 * w + C.g;  // key row (in the warpgroup's 64) of fragment element 0
+  const int cw = C.cw, w = C.w(), lane = C.lane(), qd = C.qd(), s = C.s;
+  const int r0 = 16 * w + C.g();  // key row (in the warpgroup's 64) of fragment element 0
 #ifdef BWD_PROF_TIMERS
   const long long _t0 = clock64();
 #endif
@@ -365,6 +351,15 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     wg_wait<0>();
     fence_regs(sc);
     fence_regs(dp);
+  }
+  // the item's factors of this thread's two keys, loaded per step (short live ranges)
+  float kf[2], vf[2], cf[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int k = 64 * cw + r0 + 8 * r;
+    kf[r] = lds_volatile(&it.kf[k]);
+    vf[r] = lds_volatile(&it.vf[k]);
+    cf[r] = lds_volatile(&it.cf[k]);
   }
   // P, dS~ (into dp) and P~ = P 2^(edO - c) (into sc)
   const BwdCols& cs = sm.cols[s];
@@ -413,7 +408,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
   u32 ads[2][4], ap[2][4];
   // byte (query 2q, key 64c + 16w + g) of tile_off<BKT>: core-matrix column 4c + w, row 2q, byte g
-  ds_codes(dp, ads, sm.ds[buf] + (4 * cw + w) * 128 + 32 * qd + C.g);
+  ds_codes(dp, ads, sm.ds[buf] + (4 * cw + w) * 128 + 32 * qd + C.g());
   acc_to_afrag(sc, ap);
   // dV += P~^T dO (one chained product over the 64 queries; 2^c applied at the item's end)
 #pragma unroll
@@ -473,14 +468,14 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
   // the previous step's reduce has read its buffer (its completion is retired below, later)
   const int bar = 6 + cw;
-  if (C.t == 0) bulk_wait_read_all();
+  if (C.t() == 0) bulk_wait_read_all();
   named_sync(bar, 128);
   {
     // row 16w + g + 8r, 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g)
-    u8* base = sm.dqs[cw][0] + (16 * w + C.g) * 128 + 8 * (qd & 1);
+    u8* base = sm.dqs[cw][0] + (16 * w + C.g()) * 128 + 8 * (qd & 1);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      u8* dst = base + 8192 * (j >> 2) + (((2 * (j & 3) + (qd >> 1)) ^ C.g) << 4);
+      u8* dst = base + 8192 * (j >> 2) + (((2 * (j & 3) + (qd >> 1)) ^ C.g()) << 4);
 #pragma unroll
       for (int r = 0; r < 2; ++r)
         *reinterpret_cast<float2*>(dst + 1024 * r) = make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
@@ -488,7 +483,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
   fence_async_smem();
   named_sync(bar, 128);
-  if (C.t == 0) {
+  if (C.t() == 0) {
     const BwdTile& tl = it.tile;
     int* sem = P.dq_sem + (long long)it.h * P.nqt + tl.qt0 + q0 / BQT;
 #ifndef BWD_PROF_NOSEM
@@ -506,8 +501,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][1]), 64 * cw + 32, it.h, tl.doc0 + q0);
 #endif
     bulk_commit();
-    C.pend[C.npend++] = sem;
-    C.retire(BWD_DQ_LAG);
+    C.retire(1, sem);  // the previous step's reduce has landed: its semaphore goes up
   }
   (void)a;
   ++C.nstep;
@@ -548,7 +542,7 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
   const int group = a.hq / a.hkv, hk = h / group, gi = h - hk * group;
   // Each head's sums in their final units first (dV's fold c_j is per query head), then the
   // group's heads are added in head order.
-  const int r0 = 16 * C.w + C.g;
+  const int r0 = 16 * C.w() + C.g();
   float fk[2], fv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -566,9 +560,9 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
   const int bar = 6 + C.cw;
   if (group > 1) {
     int* sem = P.kv_sem + (long long)hk * P.nkt + tl.kt;
-    if (C.t == 0) spin_until(sem, 2 * gi);
+    if (C.t() == 0) spin_until(sem, 2 * gi);
     named_sync(bar, 128);
-    float4* acc = reinterpret_cast<float4*>(P.dkv_acc + (((long long)tl.kt * a.hkv + hk) * 2 + C.cw) * (128 * 128)) + C.t;
+    float4* acc = reinterpret_cast<float4*>(P.dkv_acc + (((long long)tl.kt * a.hkv + hk) * 2 + C.cw) * (128 * 128)) + C.t();
     if (gi > 0) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
@@ -585,7 +579,7 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
       }
       __threadfence();
       named_sync(bar, 128);
-      if (C.t == 0) red_release_add(sem, 1);
+      if (C.t() == 0) red_release_add(sem, 1);
       return;
     }
   }
@@ -597,7 +591,7 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
     const long long row = ((long long)(tl.doc0 + key) * a.hkv + hk) * HEAD_DIM;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const int c = 8 * j + 2 * C.qd;
+      const int c = 8 * j + 2 * C.qd();
       *reinterpret_cast<u32*>(a.dk + row + c) = pack_bf16x2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
       *reinterpret_cast<u32*>(a.dv + row + c) = pack_bf16x2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
     }
@@ -611,21 +605,16 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
   const AttnParams& a = P.a;
   BwdConsumer C;
   C.cw = cw;
-  C.t = threadIdx.x & 127;
-  C.w = C.t >> 5;
-  C.lane = C.t & 31;
-  C.g = C.lane >> 2;
-  C.qd = C.lane & 3;
   C.s = 0;
   C.ph = 0;
   C.nstep = 0;
-  C.npend = 0;
+  C.pend = nullptr;
 #ifdef BWD_PROF_TIMERS
   for (int i = 0; i < 6; ++i) C.prof[i] = 0;
 #endif
   int ib = 0;
   u32 iph = 0;
-  const int r0 = 16 * C.w + C.g;
+  const int r0 = 16 * C.w() + C.g();
   for (;;) {
 #ifdef BWD_PROF_TIMERS
     const long long _t4 = clock64();
@@ -636,14 +625,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
     const BwdItem& it = sm.item[ib];
     if (it.code < 0) break;
-    float kf[2], vf[2], cf[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int k = 64 * cw + r0 + 8 * r;
-      kf[r] = it.kf[k];
-      vf[r] = it.vf[k];
-      cf[r] = it.cf[k];
-    }
     float dk[64], dv[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
@@ -652,25 +633,25 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     const int nint = a.causal ? max(0, n - 1 - cw) : n;
     for (int st = 0; st < nint; ++st) {
       const int q0 = qstart + BQT * (n - 1 - st);
-      bwd_step<false>(P, sm, C, ib, it, kf, vf, cf, dk, dv, q0, 0);
+      bwd_step<false>(P, sm, C, ib, it, dk, dv, q0, 0);
     }
     for (int st = nint; st < n; ++st) {
       const int q0 = qstart + BQT * (n - 1 - st);
-      bwd_step<true>(P, sm, C, ib, it, kf, vf, cf, dk, dv, q0, q0 - tl.k0 - 64 * cw);
+      bwd_step<true>(P, sm, C, ib, it, dk, dv, q0, q0 - tl.k0 - 64 * cw);
     }
     // The item's K / V / dim-major K have been read by both warpgroups' last products (each
     // warpgroup's own waits; the other's through the step's 256-thread barrier): free the slot
     // once this warpgroup's item-end work no longer needs `it`.
     const int h = it.h;
     __syncwarp();
-    if (C.lane == 0) mbar_arrive(smem_u32(&sm.i_empty[ib]));
+    if (C.lane() == 0) mbar_arrive(smem_u32(&sm.i_empty[ib]));
     if (++ib == BWD_ISLOTS) { ib = 0; iph ^= 1; }
-    if (C.t == 0) C.retire(0);  // this item's dQ reduces: landed before any wait below
+    if (C.t() == 0) C.retire(0, nullptr);  // this item's dQ reduces: landed before any wait below
     bwd_item_end(P, C, h, tl, dk, dv);
   }
-  if (C.t == 0) C.retire(0);
+  if (C.t() == 0) C.retire(0, nullptr);
 #ifdef BWD_PROF_TIMERS
-  if (C.t == 0 && blockIdx.x < 2)
+  if (C.t() == 0 && blockIdx.x < 2)
     printf("bwd4 prof cta %d wg %d: steps %d clocks %lld | waits: stage %lld pair %lld bar256 %lld sem %lld item %lld\n",
            (int)blockIdx.x, cw, C.nstep, clock64() - _t_start, C.prof[0], C.prof[1], C.prof[2], C.prof[3], C.prof[4]);
 #endif

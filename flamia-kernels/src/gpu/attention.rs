@@ -87,14 +87,14 @@ pub fn backward_v3_forced() -> bool {
     std::env::var("FLAMIA_ATTN_BWD").is_ok_and(|v| v.trim() == "v3")
 }
 
-/// Ring depth and item slots of the v4 backward (`FLAMIA_BWD_STAGES` 2..=3, a kernel-development
-/// knob; 3 stages leave room for one item slot only).
+/// Ring depth of the v4 backward: 3 stages (and one item slot) unless `FLAMIA_BWD_STAGES=2` (two
+/// item slots) says otherwise; 3 measured 7% faster at 1x65536 (docs/perf.md "v4 backward").
 pub fn backward_v4_stages() -> u32 {
     std::env::var("FLAMIA_BWD_STAGES")
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok())
         .filter(|n| (2..=3).contains(n))
-        .unwrap_or(2)
+        .unwrap_or(3)
 }
 
 /// Dynamic shared memory of the v4 backward (`cuda/attn_bwd_v4.cu`): per item slot the K, V and

@@ -41,7 +41,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     )
     .with_context(|| format!("training run in {}", cfg.run_dir().display()))?;
     println!(
-        "run {} | attention {} | {} | steps {} (skipped {}) | loss {:.4} -> {:.4} (last-10% mean {:.4}) | {:.0} tok/s{} | peak mem {:.2} GiB | attention {:.0}% of time | {:.1} s",
+        "run {} | attention {} | {} | steps {} (skipped {}) | loss {:.4} -> {:.4} (last-10% mean {:.4}){} | {:.0} tok/s{} | peak mem {:.2} GiB | attention {:.0}% of time | {:.1} s",
         s.run_dir.display(),
         s.attention_path,
         s.device,
@@ -50,6 +50,10 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         s.first_loss,
         s.final_loss,
         s.tail_mean_loss,
+        s.val_losses
+            .last()
+            .map(|(step, v)| format!(" | validation loss {v:.4} at step {step}"))
+            .unwrap_or_default(),
         s.mean_tps,
         s.mean_mfu_pct.map(|m| format!(" | MFU {m:.1}%")).unwrap_or_default(),
         s.peak_memory_gib,
