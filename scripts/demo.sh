@@ -30,4 +30,9 @@ printf '%-22s  %12s  %12s\n' "" bf16 mxfp8
 for k in first_loss final_loss tail_mean_loss mean_tps wall_s; do
     printf '%-22s  %12.4f  %12.4f\n' "$k" "$(summary "$out/bf16" $k)" "$(summary "$out/mxfp8" $k)"
 done
+# The last validation loss logged during training (training.val_every; embedded:val).
+last_val() { sed -n 's/.*"val_loss":\([-0-9.eE+naNifty]*\).*/\1/p' "$1/metrics.jsonl" | tail -1; }
+if [ -n "$(last_val "$out/bf16")" ] && [ -n "$(last_val "$out/mxfp8")" ]; then
+    printf '%-22s  %12.4f  %12.4f\n' "last val_loss" "$(last_val "$out/bf16")" "$(last_val "$out/mxfp8")"
+fi
 echo "(metrics: $out/{bf16,mxfp8}/metrics.jsonl; compare with \`flamia compare\` if built)"
