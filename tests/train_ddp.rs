@@ -346,3 +346,40 @@ fn a_rank_with_another_shard_list_fails_at_start_up_naming_the_shard() {
         Duration::from_secs(60),
     );
 }
+
+#[test]
+fn zero1_gives_bitwise_the_losses_weights_and_moments_of_plain_data_parallelism() {
+    let tmp = tempfile::tempdir().unwrap();
+    for world in [2, 4] {
+        let (plain, zero) = (
+            tmp.path().join(format!("plain{world}")),
+            tmp.path().join(format!("zero{world}")),
+        );
+        launch(&plain, world, 1);
+        let ranks = spawn_ranks(&zero, world, 1, |_, c| {
+            c.args(["--set", "distributed.zero1=true"]);
+        });
+        for (r, c) in ranks.into_iter().enumerate() {
+            let out = c.wait_with_output().unwrap();
+            check(&out, &format!("ZeRO-1 rank {r} of {world}"));
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains(&format!(
+                    "ZeRO-1: rank {r} keeps the moments of and updates elements"
+                )),
+                "rank {r} of {world} did not shard: {err}"
+            );
+        }
+        assert_eq!(losses(&plain), losses(&zero), "{world} ranks: losses");
+        assert_eq!(losses(&zero).len(), STEPS);
+        // The final checkpoint: weights, and the moments gathered from every rank's range.
+        let ckpt = format!("checkpoints/step_{STEPS:08}");
+        for f in ["model.safetensors", "optimizer.safetensors", "data_states.json"] {
+            let (a, b) = (
+                std::fs::read(plain.join(&ckpt).join(f)).unwrap(),
+                std::fs::read(zero.join(&ckpt).join(f)).unwrap(),
+            );
+            assert!(a == b, "{world} ranks: {f} differs between plain DP and ZeRO-1");
+        }
+    }
+}

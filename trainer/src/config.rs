@@ -249,6 +249,10 @@ pub struct DistributedConfig {
     /// Copy the checkpoint to host memory and write it in a background thread while training
     /// goes on (rank 0 holds one host copy of weights and moments meanwhile).
     pub background_checkpoint: bool,
+    /// ZeRO-1: each rank keeps the AdamW moments of 1/world of the parameters and updates only
+    /// those; the parameters are then all-gathered. Same results as plain data parallelism
+    /// (bitwise on CPU), a world-size-th of the moment memory.
+    pub zero1: bool,
 }
 
 impl Default for DistributedConfig {
@@ -262,6 +266,7 @@ impl Default for DistributedConfig {
             bucket_mib: 25,
             stop_on_signal: true,
             background_checkpoint: true,
+            zero1: false,
         }
     }
 }

@@ -258,6 +258,67 @@ impl Ddp {
         Ok(())
     }
 
+    /// ZeRO-1: the range of a flat buffer of `n` elements this rank owns: contiguous shards of
+    /// `ceil(n / world size)` elements in rank order (the last ones shorter or empty).
+    pub fn zero_range(&self, n: i64) -> std::ops::Range<i64> {
+        let w = self.topo.world_size as i64;
+        let shard = (n + w - 1) / w;
+        let r = self.topo.rank as i64;
+        (r * shard).min(n)..((r + 1) * shard).min(n)
+    }
+
+    /// ZeRO-1: the full flat f32 buffer of `n` elements from every rank's [`Ddp::zero_range`]
+    /// part (`part` is this rank's: `zero_range(n).len()` elements). Collective: NCCL all-gather
+    /// over equal padded shards, or on CPU through the store.
+    pub fn gather_ranges(&self, part: &Tensor, n: i64) -> Result<Tensor> {
+        let _guard = tch::no_grad_guard();
+        let own = self.zero_range(n);
+        let Some(pg) = &self.pg else {
+            return Ok(part.f_detach()?);
+        };
+        let w = self.topo.world_size as i64;
+        let shard = (n + w - 1) / w;
+        if let Some(comm) = &self.comm {
+            let buf = Tensor::f_zeros([shard * w], (Kind::Float, part.device()))?;
+            let r = self.topo.rank as i64;
+            buf.f_narrow(0, r * shard, own.end - own.start)?.f_copy_(part)?;
+            let ptr = buf.data_ptr() as u64;
+            // SAFETY: `buf` holds `world * shard` f32 on this device until the wait below; the
+            // send range is this rank's block of it (NCCL's in-place all-gather).
+            unsafe {
+                comm.all_gather(
+                    ptr + (r * shard * 4) as u64,
+                    ptr,
+                    shard as usize,
+                    ReduceDtype::F32,
+                    STREAM,
+                )
+            }
+            .map_err(dist)?;
+            comm.wait(STREAM, "ZeRO-1 all-gather").map_err(dist)?;
+            Ok(buf.f_narrow(0, 0, n)?)
+        } else {
+            let mine: Vec<f32> = Vec::try_from(&part.f_to_kind(Kind::Float)?)?;
+            let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let all = pg
+                .store()
+                .all_gather(&bytes, self.opts.collective_timeout)
+                .map_err(dist)?;
+            let full: Vec<f32> = all
+                .iter()
+                .flat_map(|b| b.chunks_exact(4))
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            if full.len() as i64 != n {
+                return Err(dist(format!(
+                    "ZeRO-1 all-gather: {} elements from the ranks, {n} expected",
+                    full.len()
+                )));
+            }
+            Ok(Tensor::from_slice(&full).f_to_device(part.device())?)
+        }
+    }
+
     /// Rank 0's `value` on every rank (the others pass `None`): e.g. which checkpoint rank 0
     /// chose to resume from. Waits up to the checkpoint I/O timeout (rank 0 may be reading).
     pub fn broadcast_bytes(&self, value: Option<&[u8]>) -> Result<Vec<u8>> {

@@ -12,6 +12,11 @@
 //!
 //! Written out rather than taken from `tch::nn::Optimizer` so the moments can be checkpointed
 //! and restored bit for bit.
+//!
+//! ZeRO-1 ([`AdamW::shard_moments`]): a data-parallel rank keeps the moments of one contiguous
+//! range of the flat buffers only and updates only that range of the parameters; the trainer
+//! then all-gathers the parameters (`Ddp::all_gather_flat`). The update of each element is the
+//! same arithmetic as unsharded, so the parameters are bitwise those of plain data parallelism.
 
 use tch::{Kind, Tensor};
 
@@ -34,6 +39,8 @@ pub struct AdamW {
     grads: Tensor,
     m: Tensor,
     v: Tensor,
+    /// ZeRO-1: the range of the flat buffers this rank updates; `m`/`v` hold only that range.
+    shard: Option<std::ops::Range<i64>>,
     /// Updates applied so far (bias correction uses it).
     pub t: u64,
     beta1: f64,
@@ -120,6 +127,7 @@ impl AdamW {
             grads,
             m,
             v,
+            shard: None,
             t: 0,
             beta1: cfg.beta1,
             beta2: cfg.beta2,
@@ -162,14 +170,15 @@ impl AdamW {
         self.t += 1;
         let bc1 = 1.0 - self.beta1.powi(self.t as i32);
         let bc2 = 1.0 - self.beta2.powi(self.t as i32);
-        let total = self.params.size()[0];
+        let range = self.shard.clone().unwrap_or(0..self.params.size()[0]);
+        let (first, total) = (range.start, range.end);
         tch::no_grad(|| -> Result<()> {
-            let mut start = 0i64;
+            let mut start = first;
             while start < total {
                 let n = SLICE.min(total - start);
                 let g = self.grads.f_narrow(0, start, n)?;
-                let mut m = self.m.f_narrow(0, start, n)?;
-                let mut v = self.v.f_narrow(0, start, n)?;
+                let mut m = self.m.f_narrow(0, start - first, n)?;
+                let mut v = self.v.f_narrow(0, start - first, n)?;
                 let mut p = self.params.f_narrow(0, start, n)?;
                 let _ = m.f_lerp_(&g, 1.0 - self.beta1)?;
                 let _ = v.f_lerp_(&g.f_square()?, 1.0 - self.beta2)?;
@@ -195,14 +204,62 @@ impl AdamW {
         Ok(buf.f_narrow(0, *o, n)?.f_view(shape.as_slice())?)
     }
 
-    /// Moments as named tensors (`m.<param>`, `v.<param>`) for the checkpoint.
+    /// Moments as named tensors (`m.<param>`, `v.<param>`) for the checkpoint. Under ZeRO-1 this
+    /// rank holds only its range: gather the full moments and use [`AdamW::state_tensors_of`].
     pub fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        if self.shard.is_some() {
+            return Err(TrainError::Invalid(
+                "the moments are sharded (ZeRO-1): gather them first".into(),
+            ));
+        }
+        self.state_tensors_of(&self.m, &self.v)
+    }
+
+    /// Named views (`m.<param>`, `v.<param>`) of full-length moment buffers `m` and `v`.
+    pub fn state_tensors_of(&self, m: &Tensor, v: &Tensor) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::with_capacity(2 * self.names.len());
         for (i, n) in self.names.iter().enumerate() {
-            out.push((format!("m.{n}"), self.view(&self.m, i)?));
-            out.push((format!("v.{n}"), self.view(&self.v, i)?));
+            out.push((format!("m.{n}"), self.view(m, i)?));
+            out.push((format!("v.{n}"), self.view(v, i)?));
         }
         Ok(out)
+    }
+
+    /// Elements of the flat buffers (every parameter).
+    pub fn numel(&self) -> i64 {
+        self.params.size()[0]
+    }
+
+    /// The flat parameter buffer (every parameter is a view of it).
+    pub fn flat_params(&self) -> &Tensor {
+        &self.params
+    }
+
+    /// This rank's moment buffers: the whole flat length, or the ZeRO-1 range.
+    pub fn flat_moments(&self) -> (&Tensor, &Tensor) {
+        (&self.m, &self.v)
+    }
+
+    /// ZeRO-1: keep (a copy of) the moments of `range` only and update only that range from now
+    /// on. Call once, after the moments are restored or broadcast.
+    pub fn shard_moments(&mut self, range: std::ops::Range<i64>) -> Result<()> {
+        if self.shard.is_some() || range.start > range.end || range.end > self.numel() {
+            return Err(TrainError::Invalid(format!(
+                "ZeRO-1 range {range:?} of {} elements (already sharded: {})",
+                self.numel(),
+                self.shard.is_some()
+            )));
+        }
+        let n = range.end - range.start;
+        let own = |full: &Tensor| -> Result<Tensor> {
+            let mut dst = Tensor::f_empty([n], (Kind::Float, full.device()))?;
+            dst.f_copy_(&full.f_narrow(0, range.start, n)?)?;
+            Ok(dst)
+        };
+        self.m = own(&self.m)?;
+        self.v = own(&self.v)?;
+        self.shard = Some(range);
+        Ok(())
     }
 
     /// Restores the moments saved by [`AdamW::state_tensors`] and the update count.

@@ -144,7 +144,7 @@ fn train_rank(cfg: &TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Devic
             next = Some(run.batch()?);
         }
         let lr = lr_at(&cfg.training, run.st.step);
-        let skipped = run.optimizer(loss, grad_norm, lr, &step)?;
+        let skipped = run.optimizer(ddp, loss, grad_norm, lr, &step)?;
         let timing = run.timing(t0, attn0);
         let val = run.validate(ddp)?;
         run.metrics(&step, timing, loss, grad_norm, lr, skipped, val)?;
@@ -218,6 +218,8 @@ struct Run<'a> {
     writer: checkpoint::Writer,
     /// Set when the ranks voted to stop (a stop signal on some rank).
     stopped_by: Option<String>,
+    /// ZeRO-1: this rank updates its range of the parameters, then they are all-gathered.
+    zero1: bool,
 }
 
 /// What rank 0 tells every rank before the first step when resuming: the checkpoint it chose
@@ -346,6 +348,18 @@ impl<'a> Run<'a> {
             ("parameters (name, shape, f64 sum)", checksums(&params)?),
             ("optimizer moments (name, shape, f64 sum)", checksums(&moments)?),
         ])?;
+        drop(moments);
+        // (World size 1 shards trivially: the whole range, gathered from itself.)
+        let zero1 = cfg.distributed.zero1;
+        if zero1 {
+            let range = ddp.zero_range(opt.numel());
+            tracing::info!(
+                "ZeRO-1: rank {} keeps the moments of and updates elements {range:?} of {}",
+                ddp.rank(),
+                opt.numel()
+            );
+            opt.shard_moments(range)?;
+        }
         let start_step = st.step;
         let validator = Validator::new(cfg, ddp.rank(), ddp.world_size())?;
         let jsonl = main
@@ -391,6 +405,7 @@ impl<'a> Run<'a> {
             val_losses: Vec::new(),
             writer: checkpoint::Writer::default(),
             stopped_by: None,
+            zero1,
         })
     }
 
@@ -491,7 +506,7 @@ impl<'a> Run<'a> {
 
     /// Skips a non-finite or spiking step, else clips and updates; gradients are zeroed either
     /// way. Returns whether the update was skipped.
-    fn optimizer(&mut self, loss: f64, grad_norm: f64, lr: f64, step: &Step) -> Result<bool> {
+    fn optimizer(&mut self, ddp: &Ddp, loss: f64, grad_norm: f64, lr: f64, step: &Step) -> Result<bool> {
         let cfg: &'a TrainConfig = self.cfg;
         let t = &cfg.training;
         let st = &mut self.st;
@@ -521,6 +536,14 @@ impl<'a> Run<'a> {
             };
             update(&mut self.opt)
                 .map_err(|e| crate::memory::explain(e, || "the optimizer step".into(), device))?;
+            if self.zero1 {
+                // Every rank updated its own range: put the others' in place.
+                let flat = self.opt.flat_params();
+                let own = ddp.zero_range(self.opt.numel());
+                let part = flat.f_narrow(0, own.start, own.end - own.start)?;
+                let full = ddp.gather_ranges(&part, self.opt.numel())?;
+                tch::no_grad(|| flat.shallow_clone().f_copy_(&full))?;
+            }
             st.recent_losses.push(loss);
             let excess = st.recent_losses.len().saturating_sub(t.spike_window.max(1));
             st.recent_losses.drain(..excess);
@@ -667,14 +690,20 @@ impl<'a> Run<'a> {
         } else {
             Vec::new()
         };
+        // ZeRO-1: the checkpoint holds the full moments, gathered from every rank's range.
+        let gathered = if self.zero1 {
+            let (m, v) = self.opt.flat_moments();
+            let n = self.opt.numel();
+            Some((ddp.gather_ranges(m, n)?, ddp.gather_ranges(v, n)?))
+        } else {
+            None
+        };
         if self.main {
-            let snap = Snapshot::take(
-                &self.st,
-                &self.params,
-                &self.opt.state_tensors()?,
-                &self.config_toml,
-                extra,
-            )?;
+            let moments = match &gathered {
+                Some((m, v)) => self.opt.state_tensors_of(m, v)?,
+                None => self.opt.state_tensors()?,
+            };
+            let snap = Snapshot::take(&self.st, &self.params, &moments, &self.config_toml, extra)?;
             let keep = self.cfg.run.keep_checkpoints;
             if self.cfg.distributed.background_checkpoint && !at_end && !stopping {
                 self.writer.start(snap, &self.run_dir, keep)?;
