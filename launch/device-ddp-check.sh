@@ -2,8 +2,9 @@
 # One-GPU check of the data-parallel path (run on a CUDA machine from the repository root, with
 # release binaries built): the NCCL GPU test, `flamia-dist nccl-check` through launch/local.sh,
 # then configs/h200-125m.toml for STEPS steps plain and through launch/local.sh 1 (world size 1,
-# rendezvous + NCCL gradient all-reduce + loss mean), printing both loss columns and their
-# largest difference. Logs go to ${OUT:-/tmp/flamia-ddp-check}.
+# rendezvous + NCCL gradient all-reduce + loss mean) and, with ZERO1=1, a third time with
+# distributed.zero1=true (NCCL all-gather of the parameters), printing the loss columns and the
+# largest difference to the plain run. Logs go to ${OUT:-/tmp/flamia-ddp-check}.
 #   launch/device-ddp-check.sh [GPU_TEST_BINARY]
 set -uo pipefail
 out="${OUT:-/tmp/flamia-ddp-check}"; mkdir -p "$out"
@@ -19,12 +20,23 @@ echo "plain rc=$?"; tail -2 "$out/plain.log"
 MASTER_PORT=29532 launch/local.sh 1 target/release/flamia "${common[@]}" --set run.dir=/tmp/ddp-dist1 > "$out/dist1.log" 2>&1
 echo "dist1 rc=$?"; tail -2 "$out/dist1.log"
 cp /tmp/ddp-plain/metrics.jsonl "$out/plain-metrics.jsonl"; cp /tmp/ddp-dist1/metrics.jsonl "$out/dist1-metrics.jsonl"
-"$(command -v python3 || echo /opt/torch/.venv/bin/python)" - "$out/plain-metrics.jsonl" "$out/dist1-metrics.jsonl" <<'PY'
+arms=("$out/plain-metrics.jsonl" "$out/dist1-metrics.jsonl")
+if [ "${ZERO1:-0}" = 1 ]; then
+    MASTER_PORT=29533 launch/local.sh 1 target/release/flamia "${common[@]}" --set run.dir=/tmp/ddp-zero1 \
+        --set distributed.zero1=true > "$out/zero1.log" 2>&1
+    echo "zero1 rc=$?"; tail -2 "$out/zero1.log"
+    cp /tmp/ddp-zero1/metrics.jsonl "$out/zero1-metrics.jsonl"; arms+=("$out/zero1-metrics.jsonl")
+fi
+"$(command -v python3 || echo /opt/torch/.venv/bin/python)" - "${arms[@]}" <<'PY'
 import json, sys
-a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
-worst = 0.0
-for x, y in zip(a, b):
-    d = abs(x["loss"] - y["loss"]); worst = max(worst, d)
-    print(f'step {x["step"]:3d} plain {x["loss"]:.6f} dist1 {y["loss"]:.6f} diff {d:.2e} tps {x["tps"]:.0f} {y["tps"]:.0f}')
-print(f"steps {len(a)} vs {len(b)}; max |loss diff| {worst:.3e}")
+runs = [[json.loads(l) for l in open(p)] for p in sys.argv[1:]]
+names = ["plain", "dist1", "zero1"][: len(runs)]
+worst = [0.0] * len(runs)
+for rows in zip(*runs):
+    for i, r in enumerate(rows):
+        worst[i] = max(worst[i], abs(r["loss"] - rows[0]["loss"]))
+    cols = " ".join(f'{n} {r["loss"]:.6f}' for n, r in zip(names, rows))
+    tps = " ".join(f'{r["tps"]:.0f}' for r in rows)
+    print(f'step {rows[0]["step"]:3d} {cols} tps {tps}')
+print("steps", [len(r) for r in runs], "; max |loss - plain|", {n: f"{w:.3e}" for n, w in zip(names, worst)})
 PY
