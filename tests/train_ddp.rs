@@ -383,3 +383,26 @@ fn zero1_gives_bitwise_the_losses_weights_and_moments_of_plain_data_parallelism(
         }
     }
 }
+
+#[test]
+fn a_bf16_gradient_reduction_is_applied_and_stays_close_to_f32() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (f32_dir, bf16_dir) = (tmp.path().join("f32"), tmp.path().join("bf16"));
+    launch(&f32_dir, 2, 1);
+    launch_with(&bf16_dir, 2, 1, |_, c| {
+        c.args(["--set", "distributed.reduce_dtype=bf16"]);
+    });
+    let (a, b) = (losses(&f32_dir), losses(&bf16_dir));
+    assert_eq!(
+        a[0], b[0],
+        "step 1's loss comes before any reduced gradient is applied"
+    );
+    assert_ne!(
+        a, b,
+        "bf16 rounding of the reduced gradients must change later losses"
+    );
+    for ((s, x), (_, y)) in a.iter().zip(&b) {
+        // bf16 keeps 8 mantissa bits of each averaged gradient: a few steps move little.
+        assert!((x - y).abs() / x < 0.01, "step {s}: f32 {x} vs bf16 {y}");
+    }
+}
