@@ -71,10 +71,15 @@ impl Packing {
         }
         let cu: Vec<i32> = cu_seqlens.iter().map(|&c| c as i32).collect();
         let cu_host = Tensor::from_slice(&cu);
+        // On CUDA: a pinned staging copy and a non-blocking upload (libtorch's host caching
+        // allocator keeps the pinned block until the copy has run), so building a packing never
+        // drains the stream; `cu_host` stays pageable for the bridge's host-side reads.
         let cu_dev = if device == Device::Cpu {
             cu_host.shallow_clone()
         } else {
-            cu_host.to_device(device)
+            cu_host
+                .f_pin_memory(device)?
+                .f_to_device_(device, Kind::Int, true, false)?
         };
         let max_seqlen = cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0) as i64;
         Ok(Packing {
