@@ -1,0 +1,48 @@
+#!/bin/bash
+# Issue 14: the GPU variants of the accuracy and leakage tests must fail when the property they
+# guard is broken in the CUDA code. Each mutation below copies flamia-kernels/cuda into a temp
+# directory, breaks one thing with sed (the script stops if the pattern is not found), and runs
+# the tests that must catch it on that source set (FLAMIA_CUDA_DIR: same binary, kernels compiled
+# from the mutated copy). "caught" = the test binary failed, as it must.
+# Run on the device from the repo root with the gpu_attention test executable staged by
+#   bash bench/device_bwd4.sh --stage        (carry .device-carry/bwd4)
+#   bash bench/gpu_mutations.sh              (about 2 minutes; logs under $OUT)
+# Locally, `bash bench/gpu_mutations.sh --check` only applies the mutations and compiles them
+# with NVRTC (scripts/kernel-regs.py), no GPU.
+set -u
+T=.device-carry/bwd4/gpu_attention
+O=${OUT:-/tmp/flamia-mut}; mkdir -p "$O"
+SP=/opt/torch/.venv/lib/python3.12/site-packages
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:${LD_LIBRARY_PATH:-}
+check=0; [ "${1:-}" = "--check" ] && check=1
+mutate() {  # name, file, sed expression, tests...
+  local name=$1 file=$2 expr=$3; shift 3
+  local d="$O/$name"; rm -rf "$d"; mkdir -p "$d"; cp flamia-kernels/cuda/* "$d/"
+  sed -i "$expr" "$d/$file"
+  if cmp -s "$d/$file" "flamia-kernels/cuda/$file"; then echo "$name: pattern not found in $file (script out of date)"; return 1; fi
+  if [ $check = 1 ]; then
+    local src=$file; [ "${file%.cuh}" != "$file" ] && src=attn_fwd_v4.cu  # a header: compile its user
+    python3 scripts/kernel-regs.py --dir "$d" -D MODE=1 "$src" 2>&1 | grep -E "error|Used" | tail -1 | sed "s/^/$name: /"
+    return 0
+  fi
+  for t in "$@"; do
+    FLAMIA_CUDA_DIR="$d" timeout 120 $T --ignored --exact "$t" > "$O/$name-$t.log" 2>&1
+    local rc=$?
+    if [ $rc = 0 ]; then echo "$name / $t: NOT caught (test passed)"; else echo "$name / $t: caught (rc $rc): $(grep -m1 -E 'panicked|exceeds|leak|differs' "$O/$name-$t.log" | cut -c1-160)"; fi
+  done
+}
+# 1. v4 forward: the causal mask of diagonal key tiles dropped (future keys visible).
+mutate fwd-no-causal softmax.cuh 's/causal ? min(kval - 1, R + dq) : kval - 1/kval - 1/' \
+  causal_leakage_has_the_reference_properties mxfp8_causal_gqa_is_as_accurate_as_the_reference
+# 2. v4 backward: the causal mask of the diagonal steps dropped.
+mutate bwd4-no-causal attn_bwd_v4.cu 's/if (MASKED) x = (r0 + 8 \* r <= col + off) ? x : NEG_INF;/(void)off;/' \
+  mxfp8_causal_gqa_is_as_accurate_as_the_reference causal_leakage_has_the_reference_properties
+# 3. v3.1 backward (runs the causally safe options): row dS exponents ignored (32x32 blocks).
+mutate bwd31-block-ds attn_bwd.cu 's/quantise_ds(ds, p.row_ds, /quantise_ds(ds, 0, /' \
+  causal_leakage_has_the_reference_properties
+# 4. Quantiser: per-token scales replaced by 32-token blocks.
+mutate quant-no-per-token quant.cu '1i #undef MODE\n#define MODE 0' \
+  causal_leakage_has_the_reference_properties
+# 5. v4 backward: dQ partials added in any order (no semaphore wait): bitwise repeatability.
+mutate bwd4-unordered-dq attn_bwd_v4.cu '1i #define BWD_PROF_NOSEM' \
+  repeated_runs_are_bitwise_identical
