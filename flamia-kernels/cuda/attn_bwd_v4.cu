@@ -276,7 +276,6 @@ struct BwdConsumer {
 // `ds` points at this thread's byte of the tile, tile_off<BKT>(2q, key0) with key0 = the
 // fragment's row 16w + g (+ 64c): the other 31 bytes are at immediate offsets from it.
 __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u8* ds) {
-  const int q = threadIdx.x & 3;
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
     u32 R0[4], R8[4];
@@ -291,21 +290,7 @@ __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u
       d[8] = (u8)R8[jj];
       d[24] = (u8)(R8[jj] >> 8);
     }
-    u32 WA0 = R0[0] | (R0[2] << 16), WA1 = R0[1] | (R0[3] << 16);
-    u32 WB0 = R8[0] | (R8[2] << 16), WB1 = R8[1] | (R8[3] << 16);
-    bool odd = q & 1;
-    int src1 = 2 * (q & 1) + (q >> 1);
-    int src2 = 2 * (q & 1) + 1 - (q >> 1);
-    u32 gA1 = __shfl_sync(0xffffffffu, odd ? WA1 : WA0, src1, 4);
-    u32 gA2 = __shfl_sync(0xffffffffu, odd ? WA0 : WA1, src2, 4);
-    u32 gB1 = __shfl_sync(0xffffffffu, odd ? WB1 : WB0, src1, 4);
-    u32 gB2 = __shfl_sync(0xffffffffu, odd ? WB0 : WB1, src2, 4);
-    u32 sel_lo = (q < 2) ? 0x5410u : 0x1054u;
-    u32 sel_hi = (q < 2) ? 0x7632u : 0x3276u;
-    a[kk][0] = __byte_perm(gA1, gA2, sel_lo);
-    a[kk][2] = __byte_perm(gA1, gA2, sel_hi);
-    a[kk][1] = __byte_perm(gB1, gB2, sel_lo);
-    a[kk][3] = __byte_perm(gB1, gB2, sel_hi);
+    codes_to_afrag(R0, R8, a[kk]);
   }
 }
 

@@ -100,10 +100,31 @@ __device__ __forceinline__ u32 cvt_e4m3x2(float lo, float hi) {
   return (u32)r;
 }
 
-// FP32 accumulator of an m64n64 product (32 regs; values already scaled for E4M3) -> the FP8 A
-// fragments of its two 32-column K slices, exact layout (wgmma-fp8-notes.md 5, shuffle variant).
-__device__ __forceinline__ void acc_to_afrag(const float (&p)[32], u32 (&a)[2][4]) {
+// E4M3 code pairs of one K slice of an m64n64 accumulator fragment -> that slice's FP8 A fragment,
+// exact layout (wgmma-fp8-notes.md 5, shuffle variant): R0[jj] / R8[jj] = the codes of columns
+// 8jj + 2q, +1 of the slice in rows r0 / r0 + 8 (cvt_e4m3x2 of the accumulator pairs).
+__device__ __forceinline__ void codes_to_afrag(const u32 (&R0)[4], const u32 (&R8)[4], u32 (&a)[4]) {
   const int q = threadIdx.x & 3;
+  u32 WA0 = R0[0] | (R0[2] << 16), WA1 = R0[1] | (R0[3] << 16);
+  u32 WB0 = R8[0] | (R8[2] << 16), WB1 = R8[1] | (R8[3] << 16);
+  bool odd = q & 1;
+  int src1 = 2 * (q & 1) + (q >> 1);
+  int src2 = 2 * (q & 1) + 1 - (q >> 1);
+  u32 gA1 = __shfl_sync(0xffffffffu, odd ? WA1 : WA0, src1, 4);
+  u32 gA2 = __shfl_sync(0xffffffffu, odd ? WA0 : WA1, src2, 4);
+  u32 gB1 = __shfl_sync(0xffffffffu, odd ? WB1 : WB0, src1, 4);
+  u32 gB2 = __shfl_sync(0xffffffffu, odd ? WB0 : WB1, src2, 4);
+  u32 sel_lo = (q < 2) ? 0x5410u : 0x1054u;
+  u32 sel_hi = (q < 2) ? 0x7632u : 0x3276u;
+  a[0] = __byte_perm(gA1, gA2, sel_lo);
+  a[2] = __byte_perm(gA1, gA2, sel_hi);
+  a[1] = __byte_perm(gB1, gB2, sel_lo);
+  a[3] = __byte_perm(gB1, gB2, sel_hi);
+}
+
+// FP32 accumulator of an m64n64 product (32 regs; values already scaled for E4M3) -> the FP8 A
+// fragments of its two 32-column K slices.
+__device__ __forceinline__ void acc_to_afrag(const float (&p)[32], u32 (&a)[2][4]) {
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
     u32 R0[4], R8[4];
@@ -113,21 +134,7 @@ __device__ __forceinline__ void acc_to_afrag(const float (&p)[32], u32 (&a)[2][4
       R0[jj] = cvt_e4m3x2(p[i + 0], p[i + 1]);
       R8[jj] = cvt_e4m3x2(p[i + 2], p[i + 3]);
     }
-    u32 WA0 = R0[0] | (R0[2] << 16), WA1 = R0[1] | (R0[3] << 16);
-    u32 WB0 = R8[0] | (R8[2] << 16), WB1 = R8[1] | (R8[3] << 16);
-    bool odd = q & 1;
-    int src1 = 2 * (q & 1) + (q >> 1);
-    int src2 = 2 * (q & 1) + 1 - (q >> 1);
-    u32 gA1 = __shfl_sync(0xffffffffu, odd ? WA1 : WA0, src1, 4);
-    u32 gA2 = __shfl_sync(0xffffffffu, odd ? WA0 : WA1, src2, 4);
-    u32 gB1 = __shfl_sync(0xffffffffu, odd ? WB1 : WB0, src1, 4);
-    u32 gB2 = __shfl_sync(0xffffffffu, odd ? WB0 : WB1, src2, 4);
-    u32 sel_lo = (q < 2) ? 0x5410u : 0x1054u;
-    u32 sel_hi = (q < 2) ? 0x7632u : 0x3276u;
-    a[kk][0] = __byte_perm(gA1, gA2, sel_lo);
-    a[kk][2] = __byte_perm(gA1, gA2, sel_hi);
-    a[kk][1] = __byte_perm(gB1, gB2, sel_lo);
-    a[kk][3] = __byte_perm(gB1, gB2, sel_hi);
+    codes_to_afrag(R0, R8, a[kk]);
   }
 }
 

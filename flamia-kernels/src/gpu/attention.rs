@@ -572,13 +572,7 @@ impl Attention {
         let smem = smem_fwd4(stages);
         let v = forward_v4_variant(self.scale_mode() == ScaleMode::PerToken, stages);
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
-        // SAFETY: a 4-byte memset of the plan's own counter on the launch stream.
-        unsafe { cudarc::driver::sys::cuMemsetD32Async(plan.counter.ptr(), 0, 1, stream.0) }
-            .result()
-            .map_err(|err| GpuError::Driver {
-                what: "cuMemsetD32Async(work counter)".into(),
-                err,
-            })?;
+        self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
         let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
         // SAFETY: params mirror FwdV4Params; the maps cover the saved code buffers of `plan`'s
         // shape, the tables and counter belong to `plan`, o and lse are the caller's (sized by plan).
@@ -651,6 +645,22 @@ impl Attention {
         self.backward_kernel(BwdKernel::DkDv, stream, plan, saved, ws, grads)
     }
 
+    /// The parameters of the backward kernels: the forward's operands, the quantised dO and D
+    /// of `ws`, LSE and the gradient pointers of `out`.
+    fn bwd_params(&self, plan: &Plan, saved: &Saved, ws: &GradWorkspace, out: BwdOutputs) -> AttnParams {
+        AttnParams {
+            do_tok: ws.d_o.tok.ptr(),
+            do_dim: ws.d_o.dim.ptr(),
+            do_exp: ws.d_o.exps.ptr(),
+            delta: ws.delta.ptr(),
+            lse: out.lse,
+            dq: out.dq,
+            dk: out.dk,
+            dv: out.dv,
+            ..self.params(plan, saved)
+        }
+    }
+
     fn memset32(&self, stream: RawStream, ptr: u64, n: usize, what: &str) -> GpuResult<()> {
         // SAFETY: `ptr` is a device buffer of at least `n` 32-bit words owned by the caller.
         unsafe { cudarc::driver::sys::cuMemsetD32Async(ptr, 0, n, stream.0) }
@@ -680,15 +690,7 @@ impl Attention {
         };
         let s = plan.shape();
         let t = s.tokens();
-        let mut a = self.params(plan, saved);
-        a.do_tok = ws.d_o.tok.ptr();
-        a.do_dim = ws.d_o.dim.ptr();
-        a.do_exp = ws.d_o.exps.ptr();
-        a.delta = ws.delta.ptr();
-        a.lse = out.lse;
-        a.dq = out.dq;
-        a.dk = out.dk;
-        a.dv = out.dv;
+        let a = self.bwd_params(plan, saved, ws, out);
         let bw = &plan.tables.bwd;
         let nkt = bw.tiles.len();
         let nitems = bw.items.len();
@@ -787,15 +789,7 @@ impl Attention {
         }
         self.check_plan(plan)?;
         self.gpu.bind()?;
-        let mut p = self.params(plan, saved);
-        p.do_tok = ws.d_o.tok.ptr();
-        p.do_dim = ws.d_o.dim.ptr();
-        p.do_exp = ws.d_o.exps.ptr();
-        p.delta = ws.delta.ptr();
-        p.lse = out.lse;
-        p.dq = out.dq;
-        p.dk = out.dk;
-        p.dv = out.dv;
+        let p = self.bwd_params(plan, saved, ws, out);
         let s = plan.shape();
         let tiles = plan.tables.tiles.len() as u32;
         let (v, i) = self.variant();
