@@ -50,11 +50,16 @@ const SMEM_DKDV: [u32; 2] = [88 * 1024, 112 * 1024];
 /// K/V ring depth of the v4 forward: 4 stages unless `FLAMIA_FWD_STAGES` (2..=5) says otherwise
 /// (a kernel-development knob for A/B runs; docs/perf.md "v4").
 pub fn forward_v4_stages() -> u32 {
-    std::env::var("FLAMIA_FWD_STAGES")
+    stages_from_env("FLAMIA_FWD_STAGES", 2..=5, 4)
+}
+
+/// A ring depth from `var` when it parses and lies in `allowed`, else `default`.
+fn stages_from_env(var: &str, allowed: std::ops::RangeInclusive<u32>, default: u32) -> u32 {
+    std::env::var(var)
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok())
-        .filter(|n| (2..=5).contains(n))
-        .unwrap_or(4)
+        .filter(|n| allowed.contains(n))
+        .unwrap_or(default)
 }
 
 /// Dynamic shared memory of the v4 forward (`cuda/attn_fwd_v4.cu`): three item slots (a 16 KB Q
@@ -90,11 +95,7 @@ pub fn backward_v3_forced() -> bool {
 /// Ring depth of the v4 backward: 3 stages (and one item slot) unless `FLAMIA_BWD_STAGES=2` (two
 /// item slots) says otherwise; 3 measured 7% faster at 1x65536 (docs/perf.md "v4 backward").
 pub fn backward_v4_stages() -> u32 {
-    std::env::var("FLAMIA_BWD_STAGES")
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .filter(|n| (2..=3).contains(n))
-        .unwrap_or(3)
+    stages_from_env("FLAMIA_BWD_STAGES", 2..=3, 3)
 }
 
 /// Dynamic shared memory of the v4 backward (`cuda/attn_bwd_v4.cu`): per item slot the K, V and
