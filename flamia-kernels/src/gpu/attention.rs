@@ -1,5 +1,8 @@
-//! FLAMIA attention forward and backward on the GPU (`cuda/attn_fwd.cu`, `cuda/attn_bwd.cu`),
-//! called on raw device pointers and a raw CUDA stream (what the trainer's attention bridge has).
+//! FLAMIA attention forward and backward on the GPU, called on raw device pointers and a raw CUDA
+//! stream (what the trainer's attention bridge has). Kernels: the v4 forward (`cuda/attn_fwd_v4.cu`)
+//! and the v4 fused backward (`cuda/attn_bwd_v4.cu`) for the E4M3-score paths; the v3.1 kernels
+//! (`cuda/attn_fwd.cu`, `cuda/attn_bwd.cu`) for the NVFP4 path, `row_ds_exponents` (backward),
+//! FP32-promoted products and the `FLAMIA_ATTN_FWD=v3` / `FLAMIA_ATTN_BWD=v3` A/B switches.
 //!
 //! Tensors: Q, O, dO, dQ `(tokens, heads_q, 128)` BF16; K, V, dK, dV `(tokens, heads_kv, 128)`
 //! BF16; LSE `(tokens, heads_q)` FP32 natural log (as the CPU reference). Documents packed back to back, `cu_seqlens`
@@ -22,8 +25,9 @@
 //!
 //! Precision options: `per_token_scales` -> per-token operand exponents; `row_ds_exponents` -> dS
 //! exponents per row of each dS product x 32 columns instead of per 32x32 block;
-//! `causal_dq_scaling` needs no action here: dQ is accumulated in FP32 registers of the CTA that
-//! owns the query tile (no FP16 partial sums, so no prescale that could see other rows).
+//! `causal_dq_scaling` needs no action here: dQ is accumulated in FP32 (v3.1: registers of the CTA
+//! that owns the query tile; v4: an FP32 accumulator added to in a fixed key-tile order), with no
+//! FP16 partial sums and so no prescale that could see other rows.
 
 use super::buffer::DeviceBuf;
 use super::error::{GpuError, GpuResult};
