@@ -12,6 +12,8 @@ checked here before a device call.
     python3 scripts/kernel-regs.py --per-score          # v4 forward: SASS instructions per score
                                                         # of the interior and the masked key-tile
                                                         # loops, by class
+    python3 scripts/kernel-regs.py --bwd-per-step       # v4 backward: SASS instructions per step
+                                                        # of its step loops, by class
 """
 import argparse
 import ctypes
@@ -73,9 +75,14 @@ def main():
                          "masked tile loop (FWD_INTERIOR_ONLY / FWD_MASKED_ONLY: census builds, their "
                          "results are wrong) and print the SASS instructions of that key-tile loop per "
                          "score, by instruction class")
+    ap.add_argument("--bwd-per-step", action="store_true",
+                    help="v4 backward: the SASS instructions of each step loop (interior and masked: the loops "
+                         "whose body holds one step's 20 wgmma) per consumer thread per step, by class")
     a = ap.parse_args()
     if a.per_score:
         return per_score(a)
+    if a.bwd_per_step:
+        return bwd_per_step(a)
     libdir = os.path.dirname(find("nvidia/cu13/lib/libnvrtc.so.13"))
     # NVRTC dlopens its builtins library by name: load it first from the same directory.
     ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
@@ -157,6 +164,65 @@ def sass_lines(lib, src_dir, name, defines):
         except ValueError:
             pass
     return out
+
+
+def loops_with(ins, n_gmma):
+    """(start, end) address ranges of backward branches whose body holds exactly n_gmma GMMAs."""
+    out = []
+    for addr, op, text in ins:
+        if op != "BRA":
+            continue
+        for w in text.replace(",", " ").split():
+            if not w.startswith("0x"):
+                continue
+            try:
+                t = int(w, 16)
+            except ValueError:
+                continue
+            if t < addr and sum(1 for a2, o2, _ in ins if t <= a2 <= addr and "GMMA" in o2) == n_gmma:
+                out.append((t, addr))
+    # innermost first, no duplicates of the same body start
+    out.sort(key=lambda r: r[1] - r[0])
+    seen, keep = set(), []
+    for r in out:
+        if r[0] not in seen:
+            seen.add(r[0])
+            keep.append(r)
+    # innermost only: drop a range that contains or overlaps a smaller one (a back edge that jumps
+    # over out-of-line code, e.g. the item end placed inside a loop's address range)
+    def overlaps(r, o):
+        return o != r and o[0] <= r[1] and r[0] <= o[1] and (o[1] - o[0]) < (r[1] - r[0])
+    inner = [r for r in keep if not any(overlaps(r, o) for o in keep)]
+    return sorted(inner)
+
+
+def class_counts(body):
+    counts = {k: 0 for k, _ in CLASSES}
+    other = 0
+    for op in body:
+        for k, prefixes in CLASSES:
+            if op.startswith(prefixes):
+                counts[k] += 1
+                break
+        else:
+            other += 1
+    return counts, other
+
+
+def bwd_per_step(a):
+    libdir = os.path.dirname(find("nvidia/cu13/lib/libnvrtc.so.13"))
+    ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
+    ins = sass_lines(lib, a.dir, "attn_bwd_v4.cu", a.defines)
+    loops = loops_with(ins, 20)  # S^T, dP^T 8 + dV 4 + dK 4 + dQ 4
+    if not loops:
+        sys.exit("no loop with one step's 20 wgmma found in the attn_bwd_v4 SASS")
+    for lo, hi in loops:
+        body = [op for addr, op, _ in ins if lo <= addr <= hi]
+        counts, other = class_counts(body)
+        print(f"attn_bwd_v4 step loop [{lo:#x}, {hi:#x}]: {len(body)} SASS instructions per consumer thread per step "
+              f"(64 queries x 64 keys per warpgroup: {len(body) / 32:.1f} per score)")
+        print("   " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f", other {other}")
 
 
 def per_score(a):
