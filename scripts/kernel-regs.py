@@ -252,15 +252,7 @@ def per_score(a):
         if best is None:
             sys.exit("could not find the key-tile loop's back edge in the SASS")
         body = [op for addr, op, _ in ins if best[0] <= addr <= best[1]]
-        counts = {k: 0 for k, _ in CLASSES}
-        other = 0
-        for op in body:
-            for k, prefixes in CLASSES:
-                if op.startswith(prefixes):
-                    counts[k] += 1
-                    break
-            else:
-                other += 1
+        counts, other = class_counts(body)
         n = len(body)
         tag = "per-token scales" if "PER_TOKEN_COLS=1" in extra else "token-block scales"
         print(f"attn_fwd_v4 {path} key-tile loop ({tag}): {n} SASS instructions per thread per tile = "

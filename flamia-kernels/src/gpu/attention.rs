@@ -778,8 +778,8 @@ impl Attention {
         }
     }
 
-    /// One of the two backward kernels alone (the benchmark times them apart); `backward_quantized`
-    /// runs both. The kernels are independent: either order gives the same bits.
+    /// One backward kernel alone (the benchmark times them apart): one of the two v3.1 kernels
+    /// (independent: either order gives the same bits), or the v4 fused backward's launches.
     pub fn backward_kernel(
         &self,
         which: BwdKernel,

@@ -30,6 +30,17 @@ fn key_tiles(len: usize, q0: usize, causal: bool) -> usize {
     kend.div_ceil(FWD_KT)
 }
 
+/// Work items `tile * heads + head` ordered by descending `cost[tile]`, ties in tile order, the
+/// heads of one tile adjacent and ascending.
+fn longest_first(cost: &[usize], heads: usize) -> Vec<i32> {
+    let mut order: Vec<usize> = (0..cost.len()).collect();
+    order.sort_by_key(|&t| (std::cmp::Reverse(cost[t]), t));
+    order
+        .iter()
+        .flat_map(|&t| (0..heads).map(move |h| (t * heads + h) as i32))
+        .collect()
+}
+
 /// The v4 forward's work list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FwdSchedule {
@@ -53,13 +64,7 @@ impl FwdSchedule {
                 cost.push(key_tiles(len, q0, causal));
             }
         }
-        let hq = shape.heads_q;
-        let mut order: Vec<usize> = (0..tiles.len()).collect();
-        order.sort_by_key(|&t| (std::cmp::Reverse(cost[t]), t));
-        let items = order
-            .iter()
-            .flat_map(|&t| (0..hq).map(move |h| (t * hq + h) as i32))
-            .collect();
+        let items = longest_first(&cost, shape.heads_q);
         FwdSchedule { tiles, items }
     }
 
@@ -120,13 +125,7 @@ impl BwdSchedule {
             }
             qt0 += len.div_ceil(BWD_QT);
         }
-        let hq = shape.heads_q;
-        let mut order: Vec<usize> = (0..tiles.len()).collect();
-        order.sort_by_key(|&t| (std::cmp::Reverse(cost[t]), t));
-        let items = order
-            .iter()
-            .flat_map(|&t| (0..hq).map(move |h| (t * hq + h) as i32))
-            .collect();
+        let items = longest_first(&cost, shape.heads_q);
         BwdSchedule {
             tiles,
             items,
