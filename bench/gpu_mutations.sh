@@ -8,8 +8,10 @@
 #   bash bench/device_bwd4.sh --stage        (carry .device-carry/bwd4)
 #   bash bench/gpu_mutations.sh              (about 2 minutes; logs under $OUT)
 # Locally, `bash bench/gpu_mutations.sh --check` only applies the mutations and compiles them
-# with NVRTC (scripts/kernel-regs.py), no GPU.
+# with NVRTC (scripts/kernel-regs.py), no GPU. SRC=dir mutates another source set (default the
+# tree's flamia-kernels/cuda), e.g. the committed sources while the tree holds a kernel variant.
 set -u
+SRC=${SRC:-flamia-kernels/cuda}
 T=.device-carry/bwd4/gpu_attention
 O=${OUT:-/tmp/flamia-mut}; mkdir -p "$O"
 SP=/opt/torch/.venv/lib/python3.12/site-packages
@@ -17,9 +19,9 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:${LD_LIBRARY_PATH:-}
 check=0; [ "${1:-}" = "--check" ] && check=1
 mutate() {  # name, file, sed expression, tests...
   local name=$1 file=$2 expr=$3; shift 3
-  local d="$O/$name"; rm -rf "$d"; mkdir -p "$d"; cp flamia-kernels/cuda/* "$d/"
+  local d="$O/$name"; rm -rf "$d"; mkdir -p "$d"; cp "$SRC"/*.cu "$SRC"/*.cuh "$d/"
   sed -i "$expr" "$d/$file"
-  if cmp -s "$d/$file" "flamia-kernels/cuda/$file"; then echo "$name: pattern not found in $file (script out of date)"; return 1; fi
+  if cmp -s "$d/$file" "$SRC/$file"; then echo "$name: pattern not found in $file (script out of date)"; return 1; fi
   if [ $check = 1 ]; then
     local src=$file; [ "${file%.cuh}" != "$file" ] && src=attn_fwd_v4.cu  # a header: compile its user
     python3 scripts/kernel-regs.py --dir "$d" -D MODE=1 "$src" 2>&1 | grep -E "error|Used" | tail -1 | sed "s/^/$name: /"

@@ -214,9 +214,9 @@ def bwd_per_step(a):
     ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
     lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
     ins = sass_lines(lib, a.dir, "attn_bwd_v4.cu", a.defines)
-    loops = loops_with(ins, 20)  # S^T, dP^T 8 + dV 4 + dK 4 + dQ 4
+    loops = loops_with(ins, 16)  # S^T, dP^T 8 + dV 2 + dK 2 + dQ 4
     if not loops:
-        sys.exit("no loop with one step's 20 wgmma found in the attn_bwd_v4 SASS")
+        sys.exit("no loop with one step's 16 wgmma found in the attn_bwd_v4 SASS")
     for lo, hi in loops:
         body = [op for addr, op, _ in ins if lo <= addr <= hi]
         counts, other = class_counts(body)

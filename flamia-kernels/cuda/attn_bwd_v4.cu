@@ -8,6 +8,9 @@
 //                         per step, a 64-query tile of Q, dO (token-major) and Q, dO (dim-major,
 //                         64-byte swizzle) into a BWD_STAGES-deep ring, with the step's per-query
 //                         constants (scales, LSE, D) computed on the way; registers cut to 24.
+//   warpgroup 0, warps 1-2  dQ reducers (lane 0, one per consumer warpgroup): take the step's FP32
+//                         dQ partial out of shared memory in order (below), so the consumers never
+//                         wait on another CTA's progress, only for their partial buffer.
 //   warpgroups 1, 2       consumers: warpgroup c owns keys 64c..64c+63 of the tile (rows of S^T),
 //                         accumulates their dK and dV in registers for the whole item (240 regs).
 // Per step (64 queries, walked from the document end down to the diagonal) warpgroup c computes
@@ -17,9 +20,11 @@
 //   dV  += P~^T dO                             RS m64n128k32 x 2 (P~ = P 2^(edO_i - c_j) in E4M3)
 //   dK  += sum_s 2^e(s) (codes_s^T Q_s)        RS m64n128k32, one fresh product per 32-query slice
 //   dS codes -> shared memory, transposed      (the A operand of dQ, both warpgroups' halves)
-//   dQ_c = sum_s 2^e(s) (codes_s K_s)          SS m64n64k32 per 32-key slice, dims 64c..64c+63
-//   dQ_c -> shared memory -> TMA reduce-add (FP32) into dq_acc, after this (query tile, head)'s
-//   semaphore says every earlier key tile has added its part: a fixed order, bitwise repeatable.
+//   dQ_c = sum_s 2^e(s) (codes_s K_s)          SS m64n64k32 per 32-key slice, dims 64c..64c+63,
+//                                              two slices in flight (two 32-register accumulators)
+//   dQ_c -> shared memory -> the reducer warp: TMA reduce-add (FP32) into dq_acc, after this
+//   (query tile, head)'s semaphore says every earlier key tile has added its part: a fixed order,
+//   bitwise repeatable.
 // The item's end: dK = 2^-eK scale dK (Hadamard back), dV = 2^c dV, BF16. GQA: the query heads of a
 // group are separate items; their dK/dV partials meet in dkv_acc in head order (semaphore per key
 // tile and KV head), and the group's last head writes the BF16 result.
@@ -82,6 +87,12 @@ struct BwdCols {
   float pe[BQT];  // 2^edO
 };
 
+// One step's dQ partial of a consumer warpgroup, handed to its reducer warp: where it goes, the
+// semaphore that admits it and the count to wait for (end != 0: no more partials).
+struct BwdDqJob {
+  int h, row, sem, target, end, pad_a, pad_b, pad_c;
+};
+
 struct BwdV4Smem {
   u8 k[BWD_ISLOTS][BKT * 128];         // 128-byte swizzle, row = key
   u8 v[BWD_ISLOTS][BKT * 128];
@@ -96,7 +107,9 @@ struct BwdV4Smem {
   BwdItem item[BWD_ISLOTS];
   float red[2][8][2];                  // [step parity][consumer warp][query slice] block maxima
   int dse[2][2][4];                    // [dS buffer][query block][key block] exponents
+  BwdDqJob job[2];                     // [warpgroup] the dQ partial now in dqs[warpgroup]
   u64 i_full[BWD_ISLOTS], i_empty[BWD_ISLOTS], s_full[BWD_STAGES], s_empty[BWD_STAGES];
+  u64 dq_full[2], dq_empty[2];         // [warpgroup] dqs handed to the reducer warp / read by TMA
 };
 #ifdef SMEM_BWD4_BUDGET
 static_assert(sizeof(BwdV4Smem) + 1024 <= SMEM_BWD4_BUDGET, "attn_bwd_v4: dynamic shared memory budget too small");
@@ -240,6 +253,27 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
   }
 }
 
+// BWD_PROF_PHASES (timing only): clocks per phase of a step, summed by thread 0 of each consumer
+// warpgroup of CTAs 0-1 and printed at the end. Phases: 0 between steps / stage wait, 1 S and dP
+// products, 2 P and dS elementwise, 3 block maxima and pair barrier, 4 E4M3 codes, 5 dV, 6 dK,
+// 7 256-thread barrier, 8 dQ products, 9 dQ partial to shared memory, 10 semaphore and reduce.
+#ifdef BWD_PROF_PHASES
+__shared__ long long bwd_phase_clk[2][12];
+__shared__ long long bwd_phase_last[2];
+#define BWD_PHASE(k)                                                   \
+  do {                                                                 \
+    if ((threadIdx.x & 127) == 0) {                                    \
+      const long long _c = clock64();                                  \
+      bwd_phase_clk[C.cw][k] += _c - bwd_phase_last[C.cw];             \
+      bwd_phase_last[C.cw] = _c;                                       \
+    }                                                                  \
+  } while (0)
+#else
+#define BWD_PHASE(k) \
+  do {               \
+  } while (0)
+#endif
+
 // ---- consumers ---------------------------------------------------------------------------------
 // Per-CTA state of a consumer warpgroup that outlives a step.
 struct BwdConsumer {
@@ -252,22 +286,9 @@ struct BwdConsumer {
   __device__ __forceinline__ int qd() const { return threadIdx.x & 3; }
   int s;        // stage
   u32 ph;       // stage parity
-  int nstep;    // steps run so far by this CTA (dS buffer / reduction parity)
-  // Thread 0: the semaphore of the last dQ reduce issued, bumped once that reduce has landed.
-  int* pend;
-  // Thread 0: waits until all but the newest `keep` (0 or 1) reduce groups have completed, bumps
-  // the pending semaphore (the reduce issued before them) and makes `next` the pending one.
-  __device__ __forceinline__ void retire(int keep, int* next) {
-    if (keep) bulk_wait<1>();
-    else bulk_wait_all();
-    if (pend) {
-      fence_async_global();
-      red_release_add(pend, 1);
-    }
-    pend = next;
-  }
+  int nstep;    // steps run so far by this CTA (dS buffer / dQ hand-off parity)
 #ifdef BWD_PROF_TIMERS
-  long long prof[6];  // clocks waiting: stage, pair barrier, 256 barrier, dQ semaphore, item; steps
+  long long prof[6];  // clocks waiting: stage, pair barrier, 256 barrier, dQ buffer, item; steps
 #endif
 };
 
@@ -294,15 +315,14 @@ __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u
   }
 }
 
-// acc[64 x 64] = A (E4M3 fragments, K slices s0..s0+NS-1) * B^T, B the rows 64*hf..64*hf+63 of a
-// 64-byte-swizzled [128 rows x 64 bytes] tile; fresh accumulator, waited for. (Half-width products:
-// 32 accumulator registers beside the item's 128 of dK and dV.)
+// acc[64 x 128] = A (E4M3 fragments, K slices s0..s0+NS-1) * B^T, B the 128 rows of a
+// 64-byte-swizzled [128 rows x 64 bytes] tile; fresh accumulator, waited for. (Full-width products:
+// one round trip per product, 64 accumulator registers beside the item's 128 of dK and dV.)
 template <int NS>
-__device__ __forceinline__ void mma_rs_sw64_half(float (&acc)[32], const u32 (&a)[2][4], u32 b, int s0, int hf) {
+__device__ __forceinline__ void mma_rs_sw64(float (&acc)[64], const u32 (&a)[2][4], u32 b, int s0) {
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < NS; ++kk)
-    wgmma_rs_m64n64k32_e4m3(acc, a[s0 + kk], desc_sw64(b + 4096 * hf + 32 * (s0 + kk)), kk > 0);
+  for (int kk = 0; kk < NS; ++kk) wgmma_rs_m64n128k32_e4m3(acc, a[s0 + kk], desc_sw64(b + 32 * (s0 + kk)), kk > 0);
   wg_commit();
   wg_wait<0>();
   fence_regs(acc);
@@ -316,6 +336,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   const AttnParams& a = P.a;
   const int cw = C.cw, w = C.w(), lane = C.lane(), qd = C.qd(), s = C.s;
   const int r0 = 16 * w + C.g();  // key row (in the warpgroup's 64) of fragment element 0
+  BWD_PHASE(0);
 #ifdef BWD_PROF_TIMERS
   const long long _t0 = clock64();
 #endif
@@ -325,8 +346,9 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #endif
   float sc[32], dp[32];
   {
-    const u32 kb = smem_u32(sm.k[ib]) + 64 * cw * 128, vb = smem_u32(sm.v[ib]) + 64 * cw * 128;
-    const u32 qb = smem_u32(sm.q[s]), ob = smem_u32(sm.dO[s]);
+    // (opaque: the eight descriptors are rebuilt per step, not held or spilled across the step)
+    const u32 kb = opaque_u32(smem_u32(sm.k[ib]) + 64 * cw * 128), vb = opaque_u32(smem_u32(sm.v[ib]) + 64 * cw * 128);
+    const u32 qb = opaque_u32(smem_u32(sm.q[s])), ob = opaque_u32(smem_u32(sm.dO[s]));
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_ss_m64n64k32_e4m3(sc, desc_sw128(kb + 32 * kk), desc_sw128(qb + 32 * kk), kk > 0);
@@ -337,6 +359,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     fence_regs(sc);
     fence_regs(dp);
   }
+  BWD_PHASE(1);
   // the item's factors of this thread's two keys, loaded per step (short live ranges)
   float kf[2], vf[2], cf[2];
 #pragma unroll
@@ -347,17 +370,26 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     cf[r] = lds_volatile(&it.cf[k]);
   }
   // P, dS~ (into dp) and P~ = P 2^(edO - c) (into sc)
+  // (a thread's columns come in pairs 8j + 2q, +1: one 8-byte load per constant and pair)
   const BwdCols& cs = sm.cols[s];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int r = (i >> 1) & 1, col = 8 * (i >> 2) + 2 * qd + (i & 1);
-    float x = fmaf(sc[i] * kf[r], cs.qf[col], cs.nl[col]);
-    if (MASKED) x = (r0 + 8 * r <= col + off) ? x : NEG_INF;
-    const float p = fast_exp2(x);
-    const float t = fmaf(dp[i] * vf[r], cs.dq[col], cs.nd[col]);
-    dp[i] = (p * kf[r]) * t;
-    sc[i] = (p * cs.pe[col]) * cf[r];
+  for (int j = 0; j < 8; ++j) {
+    const int c0 = 8 * j + 2 * qd;
+    const float2 qf = *reinterpret_cast<const float2*>(&cs.qf[c0]), nl = *reinterpret_cast<const float2*>(&cs.nl[c0]);
+    const float2 dq = *reinterpret_cast<const float2*>(&cs.dq[c0]), nd = *reinterpret_cast<const float2*>(&cs.nd[c0]);
+    const float2 pe = *reinterpret_cast<const float2*>(&cs.pe[c0]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * j + e, r = e >> 1, b = e & 1, col = c0 + b;
+      float x = fmaf(sc[i] * kf[r], b ? qf.y : qf.x, b ? nl.y : nl.x);
+      if (MASKED) x = (r0 + 8 * r <= col + off) ? x : NEG_INF;
+      const float p = fast_exp2(x);
+      const float t = fmaf(dp[i] * vf[r], b ? dq.y : dq.x, b ? nd.y : nd.x);
+      dp[i] = (p * kf[r]) * t;
+      sc[i] = (p * (b ? pe.y : pe.x)) * cf[r];
+    }
   }
+  BWD_PHASE(2);
   // block maxima of dS~: 32 keys (warps 2m, 2m+1 of the warpgroup) x 32 queries (slice)
   const int par = C.nstep & 1, buf = C.nstep & 1;
   float mx[2];
@@ -391,30 +423,30 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     sm.dse[buf][0][2 * cw + (w >> 1)] = ex[0];
     sm.dse[buf][1][2 * cw + (w >> 1)] = ex[1];
   }
+  BWD_PHASE(3);
   u32 ads[2][4], ap[2][4];
   // byte (query 2q, key 64c + 16w + g) of tile_off<BKT>: core-matrix column 4c + w, row 2q, byte g
   ds_codes(dp, ads, sm.ds[buf] + (4 * cw + w) * 128 + 32 * qd + C.g());
   acc_to_afrag(sc, ap);
+  BWD_PHASE(4);
   // dV += P~^T dO (one chained product over the 64 queries; 2^c applied at the item's end)
+  {
+    float acc[64];
+    mma_rs_sw64<2>(acc, ap, opaque_u32(smem_u32(sm.dOd[s])), 0);
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float acc[32];
-    mma_rs_sw64_half<2>(acc, ap, smem_u32(sm.dOd[s]), 0, hf);
-#pragma unroll
-    for (int i = 0; i < 32; ++i) dv[32 * hf + i] += acc[i];
+    for (int i = 0; i < 64; ++i) dv[i] += acc[i];
   }
+  BWD_PHASE(5);
   // dK += sum over the two 32-query slices of 2^e (codes^T Q)
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl) {
     const float f = exp2i(ex[sl]);
+    float acc[64];
+    mma_rs_sw64<1>(acc, ads, opaque_u32(smem_u32(sm.qd[s])), sl);
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float acc[32];
-      mma_rs_sw64_half<1>(acc, ads, smem_u32(sm.qd[s]), sl, hf);
-#pragma unroll
-      for (int i = 0; i < 32; ++i) dk[32 * hf + i] = fmaf(acc[i], f, dk[32 * hf + i]);
-    }
+    for (int i = 0; i < 64; ++i) dk[i] = fmaf(acc[i], f, dk[i]);
   }
+  BWD_PHASE(6);
   if (lane == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
   if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
 
@@ -427,34 +459,70 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #ifdef BWD_PROF_TIMERS
   C.prof[2] += clock64() - _t2;
 #endif
+  BWD_PHASE(7);
   float dq[32];
   {
-    const u32 da = smem_u32(sm.ds[buf]), kb = smem_u32(sm.kd[ib]) + 64 * cw * 128;
+    const u32 da = opaque_u32(smem_u32(sm.ds[buf])), kb = opaque_u32(smem_u32(sm.kd[ib]) + 64 * cw * 128);
     const int qb = w >> 1;  // query block of this thread's rows
 #ifdef BWD_PROF_NODQ
 #pragma unroll
     for (int i = 0; i < 32; ++i) dq[i] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < 0; ++kk) {
 #else
+    // four 32-key slices, two accumulators in flight: slice kk+1's product runs while slice kk
+    // is scaled in (2^e differs per 32x32 block, so each slice is a fresh product)
+    const int* e = sm.dse[buf][qb];
+    float ta[32], tb[32];
+    wg_fence();
+    wgmma_ss_m64n64k32_e4m3(ta, desc_slice<BKT>(da, 0), desc_sw128(kb), 0);
+    wg_commit();
+    wgmma_ss_m64n64k32_e4m3(tb, desc_slice<BKT>(da, 1), desc_sw128(kb + 32), 0);
+    wg_commit();
+    wg_wait<1>();
+    fence_regs(ta);
+    {
+      const float f = exp2i(e[0]);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-#endif
-      float t32[32];
-      wg_fence();
-      wgmma_ss_m64n64k32_e4m3(t32, desc_slice<BKT>(da, kk), desc_sw128(kb + 32 * kk), 0);
-      wg_commit();
-      wg_wait<0>();
-      fence_regs(t32);
-      const float f = exp2i(sm.dse[buf][qb][kk]);
-#pragma unroll
-      for (int i = 0; i < 32; ++i) dq[i] = kk ? fmaf(t32[i], f, dq[i]) : t32[i] * f;
+      for (int i = 0; i < 32; ++i) dq[i] = ta[i] * f;
     }
+    wg_fence();
+    wgmma_ss_m64n64k32_e4m3(ta, desc_slice<BKT>(da, 2), desc_sw128(kb + 64), 0);
+    wg_commit();
+    wg_wait<1>();
+    fence_regs(tb);
+    {
+      const float f = exp2i(e[1]);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dq[i] = fmaf(tb[i], f, dq[i]);
+    }
+    wg_fence();
+    wgmma_ss_m64n64k32_e4m3(tb, desc_slice<BKT>(da, 3), desc_sw128(kb + 96), 0);
+    wg_commit();
+    wg_wait<1>();
+    fence_regs(ta);
+    {
+      const float f = exp2i(e[2]);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dq[i] = fmaf(ta[i], f, dq[i]);
+    }
+    wg_wait<0>();
+    fence_regs(tb);
+    {
+      const float f = exp2i(e[3]);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dq[i] = fmaf(tb[i], f, dq[i]);
+    }
+#endif
   }
-  // the previous step's reduce has read its buffer (its completion is retired below, later)
+  BWD_PHASE(8);
+  // dqs[cw] is free once the reducer warp's TMA has read this warpgroup's previous partial
   const int bar = 6 + cw;
-  if (C.t() == 0) bulk_wait_read_all();
-  named_sync(bar, 128);
+#ifdef BWD_PROF_TIMERS
+  const long long _t3 = clock64();
+#endif
+  mbar_wait(smem_u32(&sm.dq_empty[cw]), (C.nstep & 1) ^ 1);
+#ifdef BWD_PROF_TIMERS
+  C.prof[3] += clock64() - _t3;
+#endif
   {
     // row 16w + g + 8r, 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g)
     u8* base = sm.dqs[cw][0] + (16 * w + C.g()) * 128 + 8 * (qd & 1);
@@ -468,26 +536,18 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
   fence_async_smem();
   named_sync(bar, 128);
+  BWD_PHASE(9);
   if (C.t() == 0) {
     const BwdTile& tl = it.tile;
-    int* sem = P.dq_sem + (long long)it.h * P.nqt + tl.qt0 + q0 / BQT;
-#ifndef BWD_PROF_NOSEM
-#ifdef BWD_PROF_TIMERS
-    const long long _t3 = clock64();
-#endif
-    spin_until(sem, 2 * (tl.k0 / BKT));
-#ifdef BWD_PROF_TIMERS
-    C.prof[3] += clock64() - _t3;
-#endif
-#endif
-    fence_async_global();
-#ifndef BWD_PROF_NORED
-    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][0]), 64 * cw, it.h, tl.doc0 + q0);
-    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][1]), 64 * cw + 32, it.h, tl.doc0 + q0);
-#endif
-    bulk_commit();
-    C.retire(1, sem);  // the previous step's reduce has landed: its semaphore goes up
+    BwdDqJob& j = sm.job[cw];
+    j.h = it.h;
+    j.row = tl.doc0 + q0;
+    j.sem = it.h * P.nqt + tl.qt0 + q0 / BQT;
+    j.target = 2 * (tl.k0 / BKT);
+    j.end = 0;
+    mbar_arrive(smem_u32(&sm.dq_full[cw]));
   }
+  BWD_PHASE(10);
   (void)a;
   ++C.nstep;
 }
@@ -593,9 +653,14 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
   C.s = 0;
   C.ph = 0;
   C.nstep = 0;
-  C.pend = nullptr;
 #ifdef BWD_PROF_TIMERS
   for (int i = 0; i < 6; ++i) C.prof[i] = 0;
+#endif
+#ifdef BWD_PROF_PHASES
+  if (C.t() == 0) {
+    for (int i = 0; i < 12; ++i) bwd_phase_clk[cw][i] = 0;
+    bwd_phase_last[cw] = clock64();
+  }
 #endif
   int ib = 0;
   u32 iph = 0;
@@ -631,15 +696,58 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     __syncwarp();
     if (C.lane() == 0) mbar_arrive(smem_u32(&sm.i_empty[ib]));
     if (++ib == BWD_ISLOTS) { ib = 0; iph ^= 1; }
-    if (C.t() == 0) C.retire(0, nullptr);  // this item's dQ reduces: landed before any wait below
     bwd_item_end(P, C, h, tl, dk, dv);
   }
-  if (C.t() == 0) C.retire(0, nullptr);
+  if (C.t() == 0) {  // no more partials: the reducer warp finishes the pending ones and stops
+    mbar_wait(smem_u32(&sm.dq_empty[cw]), (C.nstep & 1) ^ 1);
+    sm.job[cw].end = 1;
+    mbar_arrive(smem_u32(&sm.dq_full[cw]));
+  }
+#ifdef BWD_PROF_PHASES
+  if (C.t() == 0 && blockIdx.x < 2) {
+    const long long* k = bwd_phase_clk[cw];
+    printf("bwd4 phases cta %d wg %d steps %d clocks/step: wait %lld SdP %lld ew %lld max %lld codes %lld dV %lld dK %lld "
+           "bar256 %lld dQ %lld dQst %lld red %lld\n",
+           (int)blockIdx.x, cw, C.nstep, k[0] / C.nstep, k[1] / C.nstep, k[2] / C.nstep, k[3] / C.nstep, k[4] / C.nstep,
+           k[5] / C.nstep, k[6] / C.nstep, k[7] / C.nstep, k[8] / C.nstep, k[9] / C.nstep, k[10] / C.nstep);
+  }
+#endif
 #ifdef BWD_PROF_TIMERS
   if (C.t() == 0 && blockIdx.x < 2)
-    printf("bwd4 prof cta %d wg %d: steps %d clocks %lld | waits: stage %lld pair %lld bar256 %lld sem %lld item %lld\n",
+    printf("bwd4 prof cta %d wg %d: steps %d clocks %lld | waits: stage %lld pair %lld bar256 %lld dq buffer %lld item %lld\n",
            (int)blockIdx.x, cw, C.nstep, clock64() - _t_start, C.prof[0], C.prof[1], C.prof[2], C.prof[3], C.prof[4]);
 #endif
+}
+
+// ---- dQ reducer ----------------------------------------------------------------------------
+// Lane 0 of producer-warpgroup warp 1 + cw: takes consumer warpgroup cw's dQ partials in step
+// order, waits until this (query tile, head)'s semaphore admits them (every earlier key tile has
+// added its part: a fixed order, bitwise repeatable), reduce-adds them into dq_acc with TMA, frees
+// the buffer once read and bumps the semaphore once landed. The consumers never wait on another
+// CTA's progress for dQ, only for their buffer.
+__device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm, int cw) {
+  u32 ph = 0;
+  for (;;) {
+    mbar_wait(smem_u32(&sm.dq_full[cw]), ph);
+    ph ^= 1;
+    const BwdDqJob j = sm.job[cw];
+    if (j.end) break;
+    int* sem = P.dq_sem + j.sem;
+#ifndef BWD_PROF_NOSEM
+    spin_until(sem, j.target);
+#endif
+    fence_async_global();
+#ifndef BWD_PROF_NORED
+    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][0]), 64 * cw, j.h, j.row);
+    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][1]), 64 * cw + 32, j.h, j.row);
+#endif
+    bulk_commit();
+    bulk_wait_read_all();
+    mbar_arrive(smem_u32(&sm.dq_empty[cw]));
+    bulk_wait_all();
+    fence_async_global();
+    red_release_add(sem, 1);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_constant__ BwdV4Params P) {
@@ -655,12 +763,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
       mbar_init(smem_u32(&sm.s_full[s]), 32);
       mbar_init(smem_u32(&sm.s_empty[s]), 8);
     }
+    for (int c = 0; c < 2; ++c) {
+      mbar_init(smem_u32(&sm.dq_full[c]), 1);
+      mbar_init(smem_u32(&sm.dq_empty[c]), 1);
+    }
     mbar_init_fence();
   }
   __syncthreads();
   if (wg == 0) {
     regs_dealloc<24>();
     if (threadIdx.x < 32) bwd_producer(P, sm);
+    else if (threadIdx.x == 32 || threadIdx.x == 64) bwd_reducer(P, sm, (threadIdx.x >> 5) - 1);
   } else {
     regs_alloc<240>();
     bwd_consumer(P, sm, wg - 1);

@@ -93,6 +93,15 @@ __device__ __forceinline__ void fence_regs_u(u32 (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
+// Hides a value's origin from the optimiser, so what is computed from it stays where it is
+// written: a shared-memory address made opaque per loop iteration keeps the wgmma descriptors
+// built from it inside the loop (cheap uniform-datapath integer ops) instead of hoisted out and
+// spilled to local memory across the loop body.
+__device__ __forceinline__ u32 opaque_u32(u32 x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -163,7 +163,9 @@ fn nvfp4_is_as_accurate_as_the_reference() {
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn repeated_runs_are_bitwise_identical() {
     let gpu = gpu();
-    for lens in [&[300, 1, 65][..], &[1100, 517][..]] {
+    // the 8192-token document: 64 key tiles add into every query tile's FP32 dQ at once, so an
+    // unordered reduce shows up here (the small shapes alone did not catch one, issue 14)
+    for lens in [&[300, 1, 65][..], &[1100, 517][..], &[8192][..]] {
         let shape = VarlenShape::from_lens(lens, 4, 1, 128).unwrap();
         repeat_bitwise(&gpu, &shape);
     }
