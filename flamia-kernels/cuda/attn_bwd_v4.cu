@@ -39,6 +39,9 @@
 #ifndef BWD_ISLOTS
 #define BWD_ISLOTS 2
 #endif
+#ifndef BWD_DQ_BUFS
+#define BWD_DQ_BUFS 1  // dQ partial buffers per consumer warpgroup (2: the reducer may lag a step)
+#endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -101,15 +104,15 @@ struct BwdV4Smem {
   u8 dO[BWD_STAGES][BQT * 128];
   u8 qd[BWD_STAGES][HEAD_DIM * BQT];   // 64-byte swizzle, row = dim, 64 queries
   u8 dOd[BWD_STAGES][HEAD_DIM * BQT];
-  u8 dqs[2][2][BQT * 128];             // [warpgroup][32-dim half] FP32 dQ partial, 128-byte swizzle
+  u8 dqs[BWD_DQ_BUFS][2][2][BQT * 128];  // [buffer][warpgroup][32-dim half] FP32 dQ partial, 128-byte swizzle
   u8 ds[2][BQT * BKT];                 // dS codes [64 queries][128 keys], no-swizzle K-major
   BwdCols cols[BWD_STAGES];
   BwdItem item[BWD_ISLOTS];
   float red[2][8][2];                  // [step parity][consumer warp][query slice] block maxima
   int dse[2][2][4];                    // [dS buffer][query block][key block] exponents
-  BwdDqJob job[2];                     // [warpgroup] the dQ partial now in dqs[warpgroup]
+  BwdDqJob job[BWD_DQ_BUFS][2];        // [buffer][warpgroup] the dQ partial now in dqs[buffer][warpgroup]
   u64 i_full[BWD_ISLOTS], i_empty[BWD_ISLOTS], s_full[BWD_STAGES], s_empty[BWD_STAGES];
-  u64 dq_full[2], dq_empty[2];         // [warpgroup] dqs handed to the reducer warp / read by TMA
+  u64 dq_full[BWD_DQ_BUFS][2], dq_empty[BWD_DQ_BUFS][2];  // dqs handed to the reducer / read by TMA
 };
 #ifdef SMEM_BWD4_BUDGET
 static_assert(sizeof(BwdV4Smem) + 1024 <= SMEM_BWD4_BUDGET, "attn_bwd_v4: dynamic shared memory budget too small");
@@ -352,38 +355,52 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_ss_m64n64k32_e4m3(sc, desc_sw128(kb + 32 * kk), desc_sw128(qb + 32 * kk), kk > 0);
+    wg_commit();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_ss_m64n64k32_e4m3(dp, desc_sw128(vb + 32 * kk), desc_sw128(ob + 32 * kk), kk > 0);
     wg_commit();
-    wg_wait<0>();
+    wg_wait<1>();
     fence_regs(sc);
-    fence_regs(dp);
   }
   BWD_PHASE(1);
   // the item's factors of this thread's two keys, loaded per step (short live ranges)
-  float kf[2], vf[2], cf[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int k = 64 * cw + r0 + 8 * r;
-    kf[r] = lds_volatile(&it.kf[k]);
-    vf[r] = lds_volatile(&it.vf[k]);
-    cf[r] = lds_volatile(&it.cf[k]);
-  }
-  // P, dS~ (into dp) and P~ = P 2^(edO - c) (into sc)
-  // (a thread's columns come in pairs 8j + 2q, +1: one 8-byte load per constant and pair)
   const BwdCols& cs = sm.cols[s];
+  float kf[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) kf[r] = lds_volatile(&it.kf[64 * cw + r0 + 8 * r]);
+  // P (into sc) while dP^T is still in the tensor cores
+  // (a thread's columns come in pairs 8j + 2q, +1: one 8-byte load per constant and pair)
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int c0 = 8 * j + 2 * qd;
     const float2 qf = *reinterpret_cast<const float2*>(&cs.qf[c0]), nl = *reinterpret_cast<const float2*>(&cs.nl[c0]);
-    const float2 dq = *reinterpret_cast<const float2*>(&cs.dq[c0]), nd = *reinterpret_cast<const float2*>(&cs.nd[c0]);
-    const float2 pe = *reinterpret_cast<const float2*>(&cs.pe[c0]);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * j + e, r = e >> 1, b = e & 1, col = c0 + b;
       float x = fmaf(sc[i] * kf[r], b ? qf.y : qf.x, b ? nl.y : nl.x);
       if (MASKED) x = (r0 + 8 * r <= col + off) ? x : NEG_INF;
-      const float p = fast_exp2(x);
+      sc[i] = fast_exp2(x);
+    }
+  }
+  wg_wait<0>();
+  fence_regs(dp);
+  float vf[2], cf[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int k = 64 * cw + r0 + 8 * r;
+    vf[r] = lds_volatile(&it.vf[k]);
+    cf[r] = lds_volatile(&it.cf[k]);
+  }
+  // dS~ (into dp) and P~ = P 2^(edO - c) (into sc)
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int c0 = 8 * j + 2 * qd;
+    const float2 dq = *reinterpret_cast<const float2*>(&cs.dq[c0]), nd = *reinterpret_cast<const float2*>(&cs.nd[c0]);
+    const float2 pe = *reinterpret_cast<const float2*>(&cs.pe[c0]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * j + e, r = e >> 1, b = e & 1;
+      const float p = sc[i];
       const float t = fmaf(dp[i] * vf[r], b ? dq.y : dq.x, b ? nd.y : nd.x);
       dp[i] = (p * kf[r]) * t;
       sc[i] = (p * (b ? pe.y : pe.x)) * cf[r];
@@ -514,18 +531,19 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #endif
   }
   BWD_PHASE(8);
-  // dqs[cw] is free once the reducer warp's TMA has read this warpgroup's previous partial
+  // the buffer is free once the reducer warp's TMA has read this warpgroup's partial before
   const int bar = 6 + cw;
 #ifdef BWD_PROF_TIMERS
   const long long _t3 = clock64();
 #endif
-  mbar_wait(smem_u32(&sm.dq_empty[cw]), (C.nstep & 1) ^ 1);
+  const int db = C.nstep % BWD_DQ_BUFS;
+  mbar_wait(smem_u32(&sm.dq_empty[db][cw]), ((C.nstep / BWD_DQ_BUFS) & 1) ^ 1);
 #ifdef BWD_PROF_TIMERS
   C.prof[3] += clock64() - _t3;
 #endif
   {
     // row 16w + g + 8r, 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g)
-    u8* base = sm.dqs[cw][0] + (16 * w + C.g()) * 128 + 8 * (qd & 1);
+    u8* base = sm.dqs[db][cw][0] + (16 * w + C.g()) * 128 + 8 * (qd & 1);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       u8* dst = base + 8192 * (j >> 2) + (((2 * (j & 3) + (qd >> 1)) ^ C.g()) << 4);
@@ -539,13 +557,13 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   BWD_PHASE(9);
   if (C.t() == 0) {
     const BwdTile& tl = it.tile;
-    BwdDqJob& j = sm.job[cw];
+    BwdDqJob& j = sm.job[db][cw];
     j.h = it.h;
     j.row = tl.doc0 + q0;
     j.sem = it.h * P.nqt + tl.qt0 + q0 / BQT;
     j.target = 2 * (tl.k0 / BKT);
     j.end = 0;
-    mbar_arrive(smem_u32(&sm.dq_full[cw]));
+    mbar_arrive(smem_u32(&sm.dq_full[db][cw]));
   }
   BWD_PHASE(10);
   (void)a;
@@ -699,9 +717,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     bwd_item_end(P, C, h, tl, dk, dv);
   }
   if (C.t() == 0) {  // no more partials: the reducer warp finishes the pending ones and stops
-    mbar_wait(smem_u32(&sm.dq_empty[cw]), (C.nstep & 1) ^ 1);
-    sm.job[cw].end = 1;
-    mbar_arrive(smem_u32(&sm.dq_full[cw]));
+    const int db = C.nstep % BWD_DQ_BUFS;
+    mbar_wait(smem_u32(&sm.dq_empty[db][cw]), ((C.nstep / BWD_DQ_BUFS) & 1) ^ 1);
+    sm.job[db][cw].end = 1;
+    mbar_arrive(smem_u32(&sm.dq_full[db][cw]));
   }
 #ifdef BWD_PROF_PHASES
   if (C.t() == 0 && blockIdx.x < 2) {
@@ -726,11 +745,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 // the buffer once read and bumps the semaphore once landed. The consumers never wait on another
 // CTA's progress for dQ, only for their buffer.
 __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm, int cw) {
-  u32 ph = 0;
-  for (;;) {
-    mbar_wait(smem_u32(&sm.dq_full[cw]), ph);
-    ph ^= 1;
-    const BwdDqJob j = sm.job[cw];
+  for (int k = 0;; ++k) {
+    const int db = k % BWD_DQ_BUFS;
+    mbar_wait(smem_u32(&sm.dq_full[db][cw]), (k / BWD_DQ_BUFS) & 1);
+    const BwdDqJob j = sm.job[db][cw];
     if (j.end) break;
     int* sem = P.dq_sem + j.sem;
 #ifndef BWD_PROF_NOSEM
@@ -738,12 +756,12 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
 #endif
     fence_async_global();
 #ifndef BWD_PROF_NORED
-    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][0]), 64 * cw, j.h, j.row);
-    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[cw][1]), 64 * cw + 32, j.h, j.row);
+    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[db][cw][0]), 64 * cw, j.h, j.row);
+    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[db][cw][1]), 64 * cw + 32, j.h, j.row);
 #endif
     bulk_commit();
     bulk_wait_read_all();
-    mbar_arrive(smem_u32(&sm.dq_empty[cw]));
+    mbar_arrive(smem_u32(&sm.dq_empty[db][cw]));
     bulk_wait_all();
     fence_async_global();
     red_release_add(sem, 1);
@@ -763,10 +781,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
       mbar_init(smem_u32(&sm.s_full[s]), 32);
       mbar_init(smem_u32(&sm.s_empty[s]), 8);
     }
-    for (int c = 0; c < 2; ++c) {
-      mbar_init(smem_u32(&sm.dq_full[c]), 1);
-      mbar_init(smem_u32(&sm.dq_empty[c]), 1);
-    }
+    for (int b = 0; b < BWD_DQ_BUFS; ++b)
+      for (int c = 0; c < 2; ++c) {
+        mbar_init(smem_u32(&sm.dq_full[b][c]), 1);
+        mbar_init(smem_u32(&sm.dq_empty[b][c]), 1);
+      }
     mbar_init_fence();
   }
   __syncthreads();
