@@ -406,3 +406,115 @@ fn a_bf16_gradient_reduction_is_applied_and_stays_close_to_f32() {
         assert!((x - y).abs() / x < 0.01, "step {s}: f32 {x} vs bf16 {y}");
     }
 }
+
+/// The reduction-after-backward and the overlapped (hook-driven) one, 2 ranks, small buckets
+/// (many per step): bitwise the same losses and final checkpoint files, plain, with ZeRO-1, and
+/// with 2 micro-batches per step and full activation checkpointing (parameters' gradients then
+/// accumulate in several backward calls per micro-batch, the tied embedding twice).
+#[test]
+fn overlapped_reduction_gives_bitwise_the_results_of_the_reduction_after_backward() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arms: [(&str, &[&str]); 3] = [
+        ("plain", &[]),
+        ("zero1", &["distributed.zero1=true"]),
+        (
+            "accum2",
+            &["training.grad_accum=2", "training.activation_checkpointing=full"],
+        ),
+    ];
+    for (name, sets) in arms {
+        let run = |overlap: bool| {
+            let dir = tmp.path().join(format!("{name}-{overlap}"));
+            launch_with(&dir, 2, 1, |_, c| {
+                c.args(["--set", "distributed.bucket_mib=0.1"]);
+                c.args(["--set", &format!("distributed.overlap={overlap}")]);
+                for s in sets {
+                    c.args(["--set", s]);
+                }
+            });
+            dir
+        };
+        let (off, on) = (run(false), run(true));
+        assert_eq!(losses(&off).len(), STEPS, "{name}");
+        assert_eq!(losses(&off), losses(&on), "{name}: losses, overlap off vs on");
+        let ckpt = format!("checkpoints/step_{STEPS:08}");
+        for f in ["model.safetensors", "optimizer.safetensors"] {
+            let (a, b) = (
+                std::fs::read(off.join(&ckpt).join(f)).unwrap(),
+                std::fs::read(on.join(&ckpt).join(f)).unwrap(),
+            );
+            assert!(a == b, "{name}: {f} differs between overlap off and on");
+        }
+    }
+}
+
+/// `FLAMIA_DDP_TRACE` of an overlapped 2-rank run with 2 micro-batches per step: the first step
+/// records the backward's order and reduces after it; from step 2 on, buckets are launched by
+/// the gradient hooks during the last micro-batch's backward, the first one while most
+/// parameters' gradients were still to come, and none during the first micro-batch.
+#[test]
+fn overlapped_reductions_start_inside_the_backward_of_the_last_micro_batch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let traces: Vec<_> = (0..2)
+        .map(|r| tmp.path().join(format!("trace{r}.jsonl")))
+        .collect();
+    launch_with(&dir, 2, 1, |r, c| {
+        c.args(["--set", "distributed.bucket_mib=0.1"])
+            .args(["--set", "distributed.overlap=true"])
+            .args(["--set", "training.grad_accum=2"])
+            .env("FLAMIA_DDP_TRACE", &traces[r]);
+    });
+    for (r, path) in traces.iter().enumerate() {
+        let text = std::fs::read_to_string(path).unwrap();
+        let events: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        for step in 1..=STEPS as u64 {
+            let ev: Vec<&serde_json::Value> = events.iter().filter(|e| e["step"] == step).collect();
+            let kinds: Vec<&str> = ev.iter().map(|e| e["event"].as_str().unwrap()).collect();
+            let begins: Vec<usize> = (0..ev.len()).filter(|&i| kinds[i] == "backward_begin").collect();
+            assert_eq!(
+                begins.len(),
+                2,
+                "rank {r} step {step}: two micro-batches: {kinds:?}"
+            );
+            let (last_begin, end) = (
+                begins[1],
+                kinds.iter().position(|&k| k == "backward_end").unwrap(),
+            );
+            assert_eq!(ev[begins[0]]["last"], false);
+            assert_eq!(ev[last_begin]["last"], true);
+            let launches: Vec<usize> = (0..ev.len()).filter(|&i| kinds[i] == "launch").collect();
+            assert!(
+                launches.len() > 3,
+                "rank {r} step {step}: several buckets: {kinds:?}"
+            );
+            assert!(
+                launches.iter().all(|&i| i > last_begin),
+                "rank {r} step {step}: a bucket launched before the last micro-batch: {kinds:?}"
+            );
+            let during: Vec<usize> = launches.iter().copied().filter(|&i| i < end).collect();
+            if step == 1 {
+                assert!(
+                    during.is_empty(),
+                    "rank {r}: step 1 records, then reduces: {kinds:?}"
+                );
+                continue;
+            }
+            assert!(
+                during.len() * 2 > launches.len(),
+                "rank {r} step {step}: most buckets must launch inside the backward: {kinds:?}"
+            );
+            let first = ev[during[0]];
+            assert_eq!(first["from"], "hook");
+            let (pending, params) = (
+                first["pending_grads"].as_u64().unwrap(),
+                first["params"].as_u64().unwrap(),
+            );
+            assert!(
+                pending * 2 > params,
+                "rank {r} step {step}: the first bucket launched with {pending} of {params} gradients to come"
+            );
+            assert!(first["t_us"].as_u64() < ev[end]["t_us"].as_u64());
+        }
+    }
+}

@@ -122,6 +122,36 @@ impl BucketPlan {
         dtype: ReduceDtype,
         pad_multiple: usize,
     ) -> Result<Self> {
+        let reverse: Vec<usize> = (0..numels.len()).rev().collect();
+        Self::in_order(numels, &reverse, bucket_bytes, dtype, pad_multiple)
+    }
+
+    /// [`BucketPlan::new`] with the parameters filled in `order` (a permutation of the
+    /// registration indices), e.g. the order in which the backward produces the gradients:
+    /// bucket 0 then holds the first gradients ready.
+    pub fn in_order(
+        numels: &[usize],
+        order: &[usize],
+        bucket_bytes: usize,
+        dtype: ReduceDtype,
+        pad_multiple: usize,
+    ) -> Result<Self> {
+        let mut seen = vec![false; numels.len()];
+        for &p in order {
+            if p >= numels.len() || std::mem::replace(&mut seen[p], true) {
+                return Err(DistError::Layout(format!(
+                    "bucket order {order:?} is not a permutation of 0..{}",
+                    numels.len()
+                )));
+            }
+        }
+        if order.len() != numels.len() {
+            return Err(DistError::Layout(format!(
+                "bucket order has {} parameters, the model {}",
+                order.len(),
+                numels.len()
+            )));
+        }
         if bucket_bytes == 0 || pad_multiple == 0 {
             return Err(DistError::Layout(format!(
                 "bucket_bytes ({bucket_bytes}) and pad_multiple ({pad_multiple}) must be at least 1"
@@ -134,7 +164,7 @@ impl BucketPlan {
         let mut buckets = Vec::new();
         let mut cur: Vec<Slot> = Vec::new();
         let mut used = 0usize;
-        for param in (0..numels.len()).rev() {
+        for &param in order {
             let numel = numels[param];
             let start = round_up(used, ALIGN_ELEMS);
             if !cur.is_empty() && start + numel > cap {
@@ -257,6 +287,25 @@ mod tests {
             .iter()
             .map(|&n| (0..n).map(|_| rng.random_range(-3.0f32..3.0)).collect())
             .collect()
+    }
+
+    #[test]
+    fn a_given_order_fills_the_buckets_in_that_order_and_bad_orders_are_refused() {
+        let numels = [1000, 7, 300_000, 64, 4097, 1, 250_000];
+        let order = [3, 0, 6, 1, 5, 2, 4];
+        let plan = BucketPlan::in_order(&numels, &order, 4096, ReduceDtype::F32, 2).unwrap();
+        let got: Vec<usize> = plan
+            .buckets
+            .iter()
+            .flat_map(|b| b.slots.iter().map(|s| s.param))
+            .collect();
+        assert_eq!(got, order);
+        for (p, &(b, s)) in plan.locate.iter().enumerate() {
+            assert_eq!(plan.buckets[b].slots[s].param, p);
+        }
+        for bad in [&[0, 1, 2][..], &[3, 0, 6, 1, 5, 2, 2], &[3, 0, 6, 1, 5, 2, 9]] {
+            assert!(BucketPlan::in_order(&numels, bad, 4096, ReduceDtype::F32, 2).is_err());
+        }
     }
 
     #[test]

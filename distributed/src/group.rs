@@ -87,7 +87,7 @@ pub struct ProcessGroup {
     topo: Topology,
     hosts: Vec<String>,
     payload: Vec<u8>,
-    store: Store,
+    store: Arc<Store>,
     health: Arc<Health>,
     stop_heartbeat: Arc<AtomicBool>,
     heartbeat: Option<JoinHandle<()>>,
@@ -174,7 +174,7 @@ impl ProcessGroup {
             topo: topo.clone(),
             hosts,
             payload,
-            store,
+            store: Arc::new(store),
             health,
             stop_heartbeat: stop,
             heartbeat: Some(heartbeat),
@@ -254,6 +254,11 @@ impl ProcessGroup {
     }
     pub fn store(&self) -> &Store {
         &self.store
+    }
+    /// The store as a shared handle, for a thread that outlives a borrow of the group (the
+    /// trainer's overlapped gradient reducer on CPU ranks).
+    pub fn shared_store(&self) -> Arc<Store> {
+        self.store.clone()
     }
     pub fn health(&self) -> &Arc<Health> {
         &self.health

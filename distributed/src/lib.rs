@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod nccl;
 pub mod server;
 pub mod signal;
+pub mod stream;
 pub mod wire;
 pub mod zero;
 

@@ -15,6 +15,8 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #ifdef FLAMIA_WITH_CUDA
 // c10/cuda/CUDAStream.h needs the CUDA toolkit's crt/ headers, which the torch wheel does not
@@ -350,6 +352,35 @@ class FlamiaAttention : public torch::autograd::Function<FlamiaAttention> {
     }
 };
 
+// Gradient hooks (data parallelism, trainer/src/overlap.rs): called by the autograd engine right
+// after it accumulated a gradient into a leaf tensor's .grad, on the thread running the backward
+// (the caller's on CPU, libtorch's device thread on CUDA), with the current stream of that
+// moment (where the accumulation was enqueued; null on CPU and for the legacy default stream).
+typedef void (*flamia_grad_ready)(void* ctx, int64_t index, void* stream);
+// Called once when the hook is destroyed (the tensor died or the hook was replaced).
+typedef void (*flamia_release)(void* ctx);
+
+struct GradReadyHook : public torch::autograd::PostAccumulateGradHook {
+    flamia_grad_ready ready;
+    flamia_release release;
+    void* ctx;
+    int64_t index;
+    GradReadyHook(flamia_grad_ready r, flamia_release rel, void* c, int64_t i)
+        : ready(r), release(rel), ctx(c), index(i) {}
+    ~GradReadyHook() override {
+        if (release) release(ctx);
+    }
+    void operator()(const torch::autograd::Variable& tensor) override {
+        void* stream = nullptr;
+#ifdef FLAMIA_WITH_CUDA
+        if (tensor.is_cuda()) {
+            stream = static_cast<void*>(c10::cuda::getCurrentCUDAStream(tensor.get_device()).stream());
+        }
+#endif
+        ready(ctx, index, stream);
+    }
+};
+
 void write_err(char* err, size_t err_len, const char* msg) {
     if (err_len == 0) return;
     std::strncpy(err, msg, err_len - 1);
@@ -409,6 +440,25 @@ int32_t flamia_bridge_deterministic() {
 int32_t flamia_bridge_checksum(const at::Tensor* t, int64_t* out, char* err, size_t err_len) {
     try {
         bits_checksum(*t, out);
+        return 0;
+    } catch (const std::exception& e) {
+        write_err(err, err_len, e.what());
+        return 1;
+    }
+}
+
+// Sets the post-accumulate-grad hook of the leaf tensor t (one per tensor: a second call replaces
+// the first, whose release runs): after every accumulation into t.grad the autograd engine calls
+// ready(ctx, index, stream). release(ctx) runs when the hook is dropped. 0 on success.
+int32_t flamia_bridge_grad_hook(const at::Tensor* t, flamia_grad_ready ready, flamia_release release, void* ctx,
+                                int64_t index, char* err, size_t err_len) {
+    try {
+        if (!t->is_leaf() || !t->requires_grad()) {
+            if (release) release(ctx);
+            write_err(err, err_len, "gradient hooks need a leaf tensor that requires grad");
+            return 1;
+        }
+        torch::autograd::impl::set_post_acc_grad_hooks(*t, std::make_unique<GradReadyHook>(ready, release, ctx, index));
         return 0;
     } catch (const std::exception& e) {
         write_err(err, err_len, e.what());

@@ -241,8 +241,12 @@ pub struct DistributedConfig {
     pub heartbeat_timeout_s: f64,
     /// Precision of the gradient all-reduce: `f32` (exact sums) or `bf16` (half the bytes).
     pub reduce_dtype: String,
-    /// Gradient bucket size, MiB.
-    pub bucket_mib: usize,
+    /// Gradient bucket size, MiB (fractions allowed: tests use small buckets).
+    pub bucket_mib: f64,
+    /// Reduce each gradient bucket as soon as the backward has produced all its gradients
+    /// (per-parameter autograd hooks; NCCL on a side stream), instead of after the backward.
+    /// Results are the same as without it.
+    pub overlap: bool,
     /// SIGTERM / SIGUSR1 (Slurm's preemption, time limit, `--signal`) make every rank stop at the
     /// same step after a checkpoint; the process exits with 75 so `launch/slurm.sbatch` requeues.
     pub stop_on_signal: bool,
@@ -263,7 +267,8 @@ impl Default for DistributedConfig {
             checkpoint_timeout_s: 1800.0,
             heartbeat_timeout_s: 60.0,
             reduce_dtype: "f32".into(),
-            bucket_mib: 25,
+            bucket_mib: 25.0,
+            overlap: false,
             stop_on_signal: true,
             background_checkpoint: true,
             zero1: false,
@@ -284,9 +289,10 @@ impl DistributedConfig {
                 "distributed.*_timeout_s must be positive numbers of seconds".into(),
             ));
         }
-        if !matches!(self.reduce_dtype.as_str(), "f32" | "bf16") || self.bucket_mib == 0 {
+        let bucket_ok = self.bucket_mib.is_finite() && self.bucket_mib > 0.0;
+        if !(matches!(self.reduce_dtype.as_str(), "f32" | "bf16") && bucket_ok) {
             return Err(invalid(format!(
-                "distributed.reduce_dtype {:?}: allowed f32, bf16; distributed.bucket_mib must be >= 1",
+                "distributed.reduce_dtype {:?}: allowed f32, bf16; distributed.bucket_mib must be > 0",
                 self.reduce_dtype
             )));
         }

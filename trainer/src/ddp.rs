@@ -9,8 +9,11 @@
 //! backward and the optimiser without extra synchronisation; the call ends by polling that stream
 //! and NCCL's asynchronous error against the timeout, so a dead peer gives an error, not a hang.
 //!
-//! Overlap with backward: tch exposes no per-tensor autograd hooks (`register_hook`) to Rust, so
-//! gradients are reduced after the whole backward. On CPU with several ranks (tests, debugging)
+//! With `distributed.overlap` the reduction overlaps the backward instead: [`crate::overlap`]
+//! sets a post-accumulate-grad hook on every parameter (through the C++ bridge), buckets the
+//! gradients in the order the backward produces them and launches each bucket's reduction as
+//! soon as its gradients are final (NCCL on a side stream); [`Ddp::begin_backward`] tells it
+//! which micro-batch is the step's last. On CPU with several ranks (tests, debugging)
 //! gradients go through rank 0's TCP store instead of NCCL: correct, slow, for tiny models only.
 //! A single process without launcher variables makes every call a no-op.
 
@@ -24,6 +27,7 @@ use flamia_dist::{GroupOptions, ProcessGroup, Source, Topology};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Result, TrainError};
+use crate::overlap::{mean_of_ranks, Backend, Reducer, ReducerOptions};
 
 /// Stream of every NCCL call: the legacy default stream (libtorch's default).
 const STREAM: *mut std::ffi::c_void = std::ptr::null_mut();
@@ -46,6 +50,8 @@ pub struct DdpOptions {
     /// Waits on rank 0's checkpoint I/O (its reading of the checkpoint to resume from, the
     /// gather before a checkpoint, the final barrier).
     pub checkpoint_timeout: Duration,
+    /// Reduce gradient buckets during the backward (per-parameter hooks), not after it.
+    pub overlap: bool,
 }
 
 impl Default for DdpOptions {
@@ -56,6 +62,7 @@ impl Default for DdpOptions {
             collective_timeout: Duration::from_secs(300),
             startup_timeout: Duration::from_secs(900),
             checkpoint_timeout: Duration::from_secs(1800),
+            overlap: false,
         }
     }
 }
@@ -67,11 +74,12 @@ impl DdpOptions {
     pub fn from_config(c: &crate::config::DistributedConfig) -> Result<(DdpOptions, GroupOptions)> {
         let secs = Duration::from_secs_f64;
         let opts = DdpOptions {
-            bucket_bytes: c.bucket_mib << 20,
+            bucket_bytes: ((c.bucket_mib * (1u64 << 20) as f64) as usize).max(1),
             reduce_dtype: c.reduce_dtype.parse().map_err(dist)?,
             collective_timeout: secs(c.collective_timeout_s),
             startup_timeout: secs(c.startup_timeout_s),
             checkpoint_timeout: secs(c.checkpoint_timeout_s),
+            overlap: c.overlap,
         };
         let defaults = GroupOptions::default();
         let group = GroupOptions {
@@ -96,6 +104,7 @@ pub struct Ddp {
     plan: Option<BucketPlan>,
     params: Vec<Tensor>,
     flats: Vec<Tensor>,
+    overlap: Option<Arc<Reducer>>,
 }
 
 impl std::fmt::Debug for Ddp {
@@ -123,6 +132,7 @@ impl Ddp {
             plan: None,
             params: Vec::new(),
             flats: Vec::new(),
+            overlap: None,
         };
         if ddp.topo.world_size == 1 && ddp.topo.source == Source::Single {
             return Ok(ddp);
@@ -189,10 +199,32 @@ impl Ddp {
     }
 
     /// Plan gradient buckets for `params` (the optimiser's order) and copy rank 0's weights to
-    /// every rank. Call once, after the model is built (and restored from a checkpoint).
+    /// every rank. Call once, after the model is built (and restored from a checkpoint). With
+    /// `overlap` the parameters get gradient hooks instead (their gradients must be updated in
+    /// place, as AdamW's flat-buffer views are) and the buckets are planned after the first
+    /// backward, in its order.
     pub fn attach(&mut self, params: &[(String, Tensor)]) -> Result<()> {
-        if self.pg.is_none() {
+        let Some(pg) = &self.pg else {
             return Ok(());
+        };
+        if self.opts.overlap {
+            let backend = match (&self.comm, &self._ctx) {
+                (Some(comm), Some(ctx)) => Backend::Nccl {
+                    comm: comm.clone(),
+                    ctx: ctx.clone(),
+                },
+                _ => Backend::Store(pg.shared_store()),
+            };
+            let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+            let opts = ReducerOptions {
+                bucket_bytes: self.opts.bucket_bytes,
+                dtype: self.opts.reduce_dtype,
+                world: self.topo.world_size,
+                rank: self.topo.rank,
+                timeout: self.opts.collective_timeout,
+            };
+            self.overlap = Some(Reducer::attach(&tensors, backend, opts)?);
+            return self.broadcast(&tensors);
         }
         let numels: Vec<usize> = params.iter().map(|(_, p)| p.numel()).collect();
         let plan = BucketPlan::new(
@@ -345,9 +377,22 @@ impl Ddp {
         }
     }
 
+    /// Call before each micro-batch's backward; `last`: the step's last micro-batch (its
+    /// gradients are final, so overlapped reductions may start). A no-op without `overlap`.
+    pub fn begin_backward(&self, last: bool) {
+        if let Some(r) = &self.overlap {
+            r.begin_backward(last);
+        }
+    }
+
     /// Average every parameter's gradient across ranks (in place). Call after the last backward
     /// of the step (after gradient accumulation), before the gradient norm / clipping / AdamW.
+    /// With `overlap`, waits for the reductions the backward started and does the rest.
     pub fn all_reduce_grads(&mut self) -> Result<()> {
+        if let (Some(pg), Some(r)) = (&self.pg, &self.overlap) {
+            pg.health().check().map_err(dist)?;
+            return r.finish(pg.store());
+        }
         let (Some(pg), Some(plan)) = (&self.pg, &self.plan) else {
             return Ok(());
         };
@@ -377,14 +422,7 @@ impl Ddp {
                     .store()
                     .all_gather(&bytes, self.opts.collective_timeout)
                     .map_err(dist)?;
-                let mut mean = vec![0f32; mine.len()];
-                for r in &all {
-                    for (m, c) in mean.iter_mut().zip(r.chunks_exact(4)) {
-                        *m += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                    }
-                }
-                let w = self.topo.world_size as f32;
-                mean.iter_mut().for_each(|m| *m /= w);
+                let mean = mean_of_ranks(&all);
                 let reduced = Tensor::from_slice(&mean).to_kind(flat.kind());
                 flat.copy_(&reduced);
             }
@@ -455,6 +493,9 @@ impl Ddp {
 
     /// Wait for every rank at the end of training, then leave the group.
     pub fn shutdown(mut self) -> Result<()> {
+        if let Some(r) = self.overlap.take() {
+            r.close();
+        }
         self.comm = None;
         match self.pg.take() {
             Some(pg) => pg.shutdown(self.opts.checkpoint_timeout).map_err(dist),
@@ -499,44 +540,23 @@ mod tests {
         vec![("a".into(), a), ("b".into(), b)]
     }
 
-    #[test]
-    fn cpu_ranks_average_gradients_and_start_from_rank0_weights() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
-            .port();
+            .port()
+    }
+
+    /// `body(ddp, rank)` on two CPU ranks (threads, store path), then shutdown.
+    fn on_two_cpu_ranks(opts: DdpOptions, body: fn(&mut Ddp, usize)) {
+        let port = free_port();
         let ranks: Vec<_> = (0..2)
             .map(|rank| {
+                let opts = opts.clone();
                 std::thread::spawn(move || {
-                    let opts = DdpOptions {
-                        bucket_bytes: 64,
-                        ..DdpOptions::default()
-                    };
                     let mut ddp = Ddp::with_topology(topo(rank, 2, port), &gopts(), opts, false).unwrap();
-                    assert_eq!(ddp.device(Device::Cpu), Device::Cpu);
-                    let params = params_with_grads(rank, Device::Cpu);
-                    let b_before: Vec<f32> = Vec::try_from(&params[1].1.detach()).unwrap();
-                    ddp.attach(&params).unwrap();
-                    assert!(
-                        ddp.plan.as_ref().unwrap().buckets.len() == 2,
-                        "64-byte buckets: one per param"
-                    );
-                    // Weights now equal rank 0's.
-                    let a: Vec<f32> = Vec::try_from(&params[0].1.detach().view([-1])).unwrap();
-                    assert_eq!(a, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
-                    let b: Vec<f32> = Vec::try_from(&params[1].1.detach()).unwrap();
-                    assert_eq!(b, vec![0.0; 5], "rank {rank} had {b_before:?}");
-                    // Gradients: d/da = rank + 1 -> mean 1.5; d/db = 2 * 10 * rank -> mean 10.
-                    ddp.all_reduce_grads().unwrap();
-                    let ga: Vec<f32> = Vec::try_from(&params[0].1.grad().view([-1])).unwrap();
-                    assert_eq!(ga, vec![1.5; 6]);
-                    let gb: Vec<f32> = Vec::try_from(&params[1].1.grad()).unwrap();
-                    assert_eq!(gb, vec![10.0; 5]);
-                    assert_eq!(ddp.mean(&[rank as f64, 4.0]).unwrap(), vec![0.5, 4.0]);
-                    let all = ddp.gather(&[rank as u8]).unwrap();
-                    assert_eq!(all, vec![vec![0], vec![1]]);
-                    ddp.check().unwrap();
+                    body(&mut ddp, rank);
                     ddp.shutdown().unwrap();
                 })
             })
@@ -544,6 +564,81 @@ mod tests {
         for r in ranks {
             r.join().unwrap();
         }
+    }
+
+    #[test]
+    fn cpu_ranks_average_gradients_and_start_from_rank0_weights() {
+        let opts = DdpOptions {
+            bucket_bytes: 64,
+            ..DdpOptions::default()
+        };
+        on_two_cpu_ranks(opts, |ddp, rank| {
+            assert_eq!(ddp.device(Device::Cpu), Device::Cpu);
+            let params = params_with_grads(rank, Device::Cpu);
+            let b_before: Vec<f32> = Vec::try_from(&params[1].1.detach()).unwrap();
+            ddp.attach(&params).unwrap();
+            assert!(
+                ddp.plan.as_ref().unwrap().buckets.len() == 2,
+                "64-byte buckets: one per param"
+            );
+            // Weights now equal rank 0's.
+            let a: Vec<f32> = Vec::try_from(&params[0].1.detach().view([-1])).unwrap();
+            assert_eq!(a, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+            let b: Vec<f32> = Vec::try_from(&params[1].1.detach()).unwrap();
+            assert_eq!(b, vec![0.0; 5], "rank {rank} had {b_before:?}");
+            // Gradients: d/da = rank + 1 -> mean 1.5; d/db = 2 * 10 * rank -> mean 10.
+            ddp.all_reduce_grads().unwrap();
+            let ga: Vec<f32> = Vec::try_from(&params[0].1.grad().view([-1])).unwrap();
+            assert_eq!(ga, vec![1.5; 6]);
+            let gb: Vec<f32> = Vec::try_from(&params[1].1.grad()).unwrap();
+            assert_eq!(gb, vec![10.0; 5]);
+            assert_eq!(ddp.mean(&[rank as f64, 4.0]).unwrap(), vec![0.5, 4.0]);
+            let all = ddp.gather(&[rank as u8]).unwrap();
+            assert_eq!(all, vec![vec![0], vec![1]]);
+            ddp.check().unwrap();
+        });
+    }
+
+    /// Three steps of the overlapped reduction (the first records the backward's order): the
+    /// gradients of `(step + 1) * (rank + 1) * sum(a) + sum(b * b)` (b = rank 0's ones after
+    /// attach) averaged over `world` ranks, step by step.
+    fn overlapped_steps(ddp: &mut Ddp, rank: usize, world: usize, device: Device) {
+        let a = Tensor::zeros([2, 3], (Kind::Float, device)).set_requires_grad(true);
+        let b = (Tensor::ones([70], (Kind::Float, device)) * (rank as f64 + 1.0)).set_requires_grad(true);
+        let params = vec![
+            ("a".to_string(), a.shallow_clone()),
+            ("b".to_string(), b.shallow_clone()),
+        ];
+        ddp.attach(&params).unwrap();
+        let mean_rank = (1..=world).sum::<usize>() as f64 / world as f64;
+        for step in 0..3 {
+            for micro in 0..2 {
+                ddp.begin_backward(micro == 1);
+                let loss = (&a * ((step + 1) as f64 * (rank as f64 + 1.0))).sum(Kind::Float)
+                    + (&b * &b).sum(Kind::Float) * 0.5;
+                loss.backward();
+            }
+            ddp.all_reduce_grads().unwrap();
+            let ga: Vec<f32> = Vec::try_from(&a.grad().view([-1]).to_device(Device::Cpu)).unwrap();
+            let want = (2 * (step + 1)) as f64 * mean_rank;
+            assert_eq!(ga, vec![want as f32; 6], "rank {rank} step {step}");
+            let gb: Vec<f32> = Vec::try_from(&b.grad().to_device(Device::Cpu)).unwrap();
+            assert_eq!(gb, vec![2.0; 70], "rank {rank} step {step}: 2 micro-batches of b");
+            tch::no_grad(|| {
+                let _ = a.grad().zero_();
+                let _ = b.grad().zero_();
+            });
+        }
+    }
+
+    #[test]
+    fn cpu_ranks_reduce_overlapped_with_the_backward() {
+        let opts = DdpOptions {
+            bucket_bytes: 64,
+            overlap: true,
+            ..DdpOptions::default()
+        };
+        on_two_cpu_ranks(opts, |ddp, rank| overlapped_steps(ddp, rank, 2, Device::Cpu));
     }
 
     #[test]
@@ -562,11 +657,7 @@ mod tests {
     #[ignore = "needs a CUDA GPU: run on the device with --ignored (libnccl.so on LD_LIBRARY_PATH: source launch/nccl-env.sh)"]
     fn one_rank_nccl_gradient_all_reduce_on_the_device() {
         // World size 1 through the launcher path: real rendezvous, real NCCL communicator.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let mut ddp = Ddp::with_topology(topo(0, 1, port), &gopts(), DdpOptions::default(), true).unwrap();
         let device = ddp.device(Device::Cuda(0));
         let params = params_with_grads(0, device);
@@ -575,6 +666,23 @@ mod tests {
         let ga: Vec<f32> = Vec::try_from(&params[0].1.grad().view([-1]).to_device(Device::Cpu)).unwrap();
         assert_eq!(ga, vec![1.0; 6]);
         assert_eq!(ddp.mean(&[2.5]).unwrap(), vec![2.5]);
+        ddp.shutdown().unwrap();
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU: run on the device with --ignored (libnccl.so on LD_LIBRARY_PATH: source launch/nccl-env.sh)"]
+    fn one_rank_nccl_overlapped_reduction_on_the_device() {
+        // The hooks on libtorch's CUDA autograd thread, the side stream and its events, NCCL
+        // launched from the hook, the wait and the copy back.
+        let port = free_port();
+        let opts = DdpOptions {
+            bucket_bytes: 64,
+            overlap: true,
+            ..DdpOptions::default()
+        };
+        let mut ddp = Ddp::with_topology(topo(0, 1, port), &gopts(), opts, true).unwrap();
+        let device = ddp.device(Device::Cuda(0));
+        overlapped_steps(&mut ddp, 0, 1, device);
         ddp.shutdown().unwrap();
     }
 }

@@ -10,6 +10,8 @@
 //! - [`determinism`]: `run.deterministic` and the checksum trace of runs that are not.
 //! - [`metrics`]: JSONL, progress bar, Weights & Biases.
 //! - [`device`], [`memory`]: device, compute precision, peak memory.
+//! - [`ddp`], [`overlap`]: data parallelism (the gradient reduction, overlapped with the
+//!   backward through per-parameter hooks when `distributed.overlap` is on).
 //! - [`error`]: typed errors.
 
 pub mod attention;
@@ -23,6 +25,7 @@ pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+pub mod overlap;
 pub mod train;
 pub mod validation;
 

@@ -135,7 +135,7 @@ fn train_rank(cfg: &TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Devic
             Some(s) => s,
             None => run.batch()?,
         };
-        let loss_sum = run.forward_backward(&step)?;
+        let loss_sum = run.forward_backward(ddp, &step)?;
         let (loss, grad_norm) = run.reduce(ddp, &loss_sum, &step)?;
         // The read in `reduce` left the stream idle: the next step's micro-batches go to the
         // device now, so the copies that wait for the stream (`Packing::new`'s `cu_seqlens`)
@@ -446,12 +446,13 @@ impl<'a> Run<'a> {
     }
 
     /// Forward and backward of every micro-batch; gradients accumulate, the loss sum stays on
-    /// the device.
-    fn forward_backward(&self, step: &Step) -> Result<Tensor> {
+    /// the device. `ddp` learns which backward is the step's last (overlapped reduction).
+    fn forward_backward(&self, ddp: &Ddp, step: &Step) -> Result<Tensor> {
         let opts = self.step_options();
         let n = step.micro.len();
         let mut total: Option<Tensor> = None;
         for (i, m) in step.micro.iter().enumerate() {
+            ddp.begin_backward(i + 1 == n);
             let ls = self
                 .model
                 .forward_backward(&m.input, &m.targets, step.targets as f64, &opts)
