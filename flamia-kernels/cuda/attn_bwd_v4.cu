@@ -42,6 +42,10 @@
 #ifndef BWD_DQ_BUFS
 #define BWD_DQ_BUFS 1  // dQ partial buffers per consumer warpgroup (2: the reducer may lag a step)
 #endif
+#ifndef BWD_DEFER_DQ
+#define BWD_DEFER_DQ 1  // a step's dQ runs after the next step's S..dK (the warpgroups need not meet)
+#endif
+#define BWD_DS_BUFS (BWD_DEFER_DQ ? 4 : 2)  // dS code tiles in flight
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -105,14 +109,15 @@ struct BwdV4Smem {
   u8 qd[BWD_STAGES][HEAD_DIM * BQT];   // 64-byte swizzle, row = dim, 64 queries
   u8 dOd[BWD_STAGES][HEAD_DIM * BQT];
   u8 dqs[BWD_DQ_BUFS][2][2][BQT * 128];  // [buffer][warpgroup][32-dim half] FP32 dQ partial, 128-byte swizzle
-  u8 ds[2][BQT * BKT];                 // dS codes [64 queries][128 keys], no-swizzle K-major
+  u8 ds[BWD_DS_BUFS][BQT * BKT];       // dS codes [64 queries][128 keys], no-swizzle K-major
   BwdCols cols[BWD_STAGES];
   BwdItem item[BWD_ISLOTS];
   float red[2][8][2];                  // [step parity][consumer warp][query slice] block maxima
-  int dse[2][2][4];                    // [dS buffer][query block][key block] exponents
+  int dse[BWD_DS_BUFS][2][4];          // [dS buffer][query block][key block] exponents
   BwdDqJob job[BWD_DQ_BUFS][2];        // [buffer][warpgroup] the dQ partial now in dqs[buffer][warpgroup]
   u64 i_full[BWD_ISLOTS], i_empty[BWD_ISLOTS], s_full[BWD_STAGES], s_empty[BWD_STAGES];
   u64 dq_full[BWD_DQ_BUFS][2], dq_empty[BWD_DQ_BUFS][2];  // dqs handed to the reducer / read by TMA
+  u64 ds_ready[BWD_DS_BUFS];           // both warpgroups' dS codes and exponents of a step written
 };
 #ifdef SMEM_BWD4_BUDGET
 static_assert(sizeof(BwdV4Smem) + 1024 <= SMEM_BWD4_BUDGET, "attn_bwd_v4: dynamic shared memory budget too small");
@@ -259,7 +264,8 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 // BWD_PROF_PHASES (timing only): clocks per phase of a step, summed by thread 0 of each consumer
 // warpgroup of CTAs 0-1 and printed at the end. Phases: 0 between steps / stage wait, 1 S and dP
 // products, 2 P and dS elementwise, 3 block maxima and pair barrier, 4 E4M3 codes, 5 dV, 6 dK,
-// 7 256-thread barrier, 8 dQ products, 9 dQ partial to shared memory, 10 semaphore and reduce.
+// 7 dS hand-over (fence, arrive), 8 wait for both warpgroups' dS, 9 dQ products, 10 dQ partial to
+// shared memory, 11 hand-off to the reducer warp.
 #ifdef BWD_PROF_PHASES
 __shared__ long long bwd_phase_clk[2][12];
 __shared__ long long bwd_phase_last[2];
@@ -335,8 +341,7 @@ __device__ __forceinline__ void mma_rs_sw64(float (&acc)[64], const u32 (&a)[2][
 // a diagonal step (off = q0 - k0 - 64c: key row r sees query column c iff r <= c + off).
 template <bool MASKED>
 __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int ib, const BwdItem& it,
-                                         float (&dk)[64], float (&dv)[64], int q0, int off) {
-  const AttnParams& a = P.a;
+                                         float (&dk)[64], float (&dv)[64], int off) {
   const int cw = C.cw, w = C.w(), lane = C.lane(), qd = C.qd(), s = C.s;
   const int r0 = 16 * w + C.g();  // key row (in the warpgroup's 64) of fragment element 0
   BWD_PHASE(0);
@@ -408,7 +413,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
   BWD_PHASE(2);
   // block maxima of dS~: 32 keys (warps 2m, 2m+1 of the warpgroup) x 32 queries (slice)
-  const int par = C.nstep & 1, buf = C.nstep & 1;
+  const int par = C.nstep & 1, buf = C.nstep % BWD_DS_BUFS;
   float mx[2];
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl) {
@@ -466,17 +471,28 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   BWD_PHASE(6);
   if (lane == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
   if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
-
-  // dQ: both warpgroups' dS codes and exponents are in shared memory after this barrier
+  // this thread's dS codes (read by wgmma: async proxy) and exponents are written
   fence_async_smem();
+  mbar_arrive(smem_u32(&sm.ds_ready[buf]));
+  BWD_PHASE(7);
+  ++C.nstep;
+}
+
+// dQ of step n (query tile q0) of a consumer warpgroup: both warpgroups' dS codes of that step
+// times this warpgroup's 64 dims of K, handed to the reducer warp. Runs right after the step
+// (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
+// dS only when one is a whole step behind, instead of meeting at a barrier every step.
+__device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int ib, const BwdItem& it,
+                                       int n, int q0) {
+  const int cw = C.cw, w = C.w(), qd = C.qd(), buf = n % BWD_DS_BUFS;
 #ifdef BWD_PROF_TIMERS
   const long long _t2 = clock64();
 #endif
-  named_sync(1, 256);
+  mbar_wait(smem_u32(&sm.ds_ready[buf]), (n / BWD_DS_BUFS) & 1);
 #ifdef BWD_PROF_TIMERS
   C.prof[2] += clock64() - _t2;
 #endif
-  BWD_PHASE(7);
+  BWD_PHASE(8);
   float dq[32];
   {
     const u32 da = opaque_u32(smem_u32(sm.ds[buf])), kb = opaque_u32(smem_u32(sm.kd[ib]) + 64 * cw * 128);
@@ -530,14 +546,14 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     }
 #endif
   }
-  BWD_PHASE(8);
+  BWD_PHASE(9);
   // the buffer is free once the reducer warp's TMA has read this warpgroup's partial before
   const int bar = 6 + cw;
 #ifdef BWD_PROF_TIMERS
   const long long _t3 = clock64();
 #endif
-  const int db = C.nstep % BWD_DQ_BUFS;
-  mbar_wait(smem_u32(&sm.dq_empty[db][cw]), ((C.nstep / BWD_DQ_BUFS) & 1) ^ 1);
+  const int db = n % BWD_DQ_BUFS;
+  mbar_wait(smem_u32(&sm.dq_empty[db][cw]), ((n / BWD_DQ_BUFS) & 1) ^ 1);
 #ifdef BWD_PROF_TIMERS
   C.prof[3] += clock64() - _t3;
 #endif
@@ -554,7 +570,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
   fence_async_smem();
   named_sync(bar, 128);
-  BWD_PHASE(9);
+  BWD_PHASE(10);
   if (C.t() == 0) {
     const BwdTile& tl = it.tile;
     BwdDqJob& j = sm.job[db][cw];
@@ -565,9 +581,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     j.end = 0;
     mbar_arrive(smem_u32(&sm.dq_full[db][cw]));
   }
-  BWD_PHASE(10);
-  (void)a;
-  ++C.nstep;
+  BWD_PHASE(11);
 }
 
 // Normalised Walsh-Hadamard transform over the 128 columns of each row of an m64n128 accumulator
@@ -699,14 +713,26 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     const BwdTile tl = it.tile;
     const int n = bwd_steps(tl, a.causal), qstart = a.causal ? tl.k0 : 0;
     const int nint = a.causal ? max(0, n - 1 - cw) : n;
+    int pend_q0 = -1;  // query tile of the step whose dQ is still to do (BWD_DEFER_DQ)
+    const auto dq_after_step = [&](int q0) {
+      if (!BWD_DEFER_DQ) {
+        bwd_dq(P, sm, C, ib, it, C.nstep - 1, q0);
+        return;
+      }
+      if (pend_q0 >= 0) bwd_dq(P, sm, C, ib, it, C.nstep - 2, pend_q0);
+      pend_q0 = q0;
+    };
     for (int st = 0; st < nint; ++st) {
       const int q0 = qstart + BQT * (n - 1 - st);
-      bwd_step<false>(P, sm, C, ib, it, dk, dv, q0, 0);
+      bwd_step<false>(P, sm, C, ib, it, dk, dv, 0);
+      dq_after_step(q0);
     }
     for (int st = nint; st < n; ++st) {
       const int q0 = qstart + BQT * (n - 1 - st);
-      bwd_step<true>(P, sm, C, ib, it, dk, dv, q0, q0 - tl.k0 - 64 * cw);
+      bwd_step<true>(P, sm, C, ib, it, dk, dv, q0 - tl.k0 - 64 * cw);
+      dq_after_step(q0);
     }
+    if (BWD_DEFER_DQ && pend_q0 >= 0) bwd_dq(P, sm, C, ib, it, C.nstep - 1, pend_q0);
     // The item's K / V / dim-major K have been read by both warpgroups' last products (each
     // warpgroup's own waits; the other's through the step's 256-thread barrier): free the slot
     // once this warpgroup's item-end work no longer needs `it`.
@@ -725,10 +751,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #ifdef BWD_PROF_PHASES
   if (C.t() == 0 && blockIdx.x < 2) {
     const long long* k = bwd_phase_clk[cw];
-    printf("bwd4 phases cta %d wg %d steps %d clocks/step: wait %lld SdP %lld ew %lld max %lld codes %lld dV %lld dK %lld "
-           "bar256 %lld dQ %lld dQst %lld red %lld\n",
+    printf("bwd4 phases cta %d wg %d steps %d clocks/step: wait %lld S %lld ew %lld max %lld codes %lld dV %lld dK %lld "
+           "arrive %lld dSwait %lld dQ %lld dQst %lld hand %lld\n",
            (int)blockIdx.x, cw, C.nstep, k[0] / C.nstep, k[1] / C.nstep, k[2] / C.nstep, k[3] / C.nstep, k[4] / C.nstep,
-           k[5] / C.nstep, k[6] / C.nstep, k[7] / C.nstep, k[8] / C.nstep, k[9] / C.nstep, k[10] / C.nstep);
+           k[5] / C.nstep, k[6] / C.nstep, k[7] / C.nstep, k[8] / C.nstep, k[9] / C.nstep, k[10] / C.nstep, k[11] / C.nstep);
   }
 #endif
 #ifdef BWD_PROF_TIMERS
@@ -781,6 +807,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
       mbar_init(smem_u32(&sm.s_full[s]), 32);
       mbar_init(smem_u32(&sm.s_empty[s]), 8);
     }
+    for (int b = 0; b < BWD_DS_BUFS; ++b) mbar_init(smem_u32(&sm.ds_ready[b]), 256);
     for (int b = 0; b < BWD_DQ_BUFS; ++b)
       for (int c = 0; c < 2; ++c) {
         mbar_init(smem_u32(&sm.dq_full[b][c]), 1);
