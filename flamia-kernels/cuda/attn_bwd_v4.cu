@@ -34,10 +34,10 @@
 #include "tma.cuh"
 
 #ifndef BWD_STAGES
-#define BWD_STAGES 2
+#define BWD_STAGES 3  // the host's default (src/gpu/attention.rs backward_v4_stages)
 #endif
 #ifndef BWD_ISLOTS
-#define BWD_ISLOTS 2
+#define BWD_ISLOTS 1
 #endif
 #ifndef BWD_DQ_BUFS
 #define BWD_DQ_BUFS 1  // dQ partial buffers per consumer warpgroup (2: the reducer may lag a step)
