@@ -1,16 +1,23 @@
 //! Reproducible training, end to end through the `flamia` binary.
 //!
-//! CPU (always): `run.deterministic = true` trains (no operation of the step lacks a
-//! deterministic libtorch algorithm) with the same bits as the default, a
-//! `CUBLAS_WORKSPACE_CONFIG` that would break it is refused, and with a device setting that may
-//! be CUDA it sets `CUBLAS_WORKSPACE_CONFIG=:4096:8` before the device is resolved.
+//! CPU (always): the default `run.deterministic = "auto"` turns the mode on for the FLAMIA
+//! paths and off for the `bf16` control (the log says which, and libtorch's switches follow,
+//! with its NaN fill of uninitialised memory off unless `run.fill_uninitialized_memory`); the
+//! mode trains (no operation of the step lacks a deterministic libtorch algorithm) with the same
+//! bits as without it, a `CUBLAS_WORKSPACE_CONFIG` that would break it is refused, and with a
+//! device setting that may be CUDA it sets `CUBLAS_WORKSPACE_CONFIG=:4096:8` before the device
+//! is resolved.
 //!
-//! CUDA (`--ignored`, on the device): with `run.deterministic = true`, two fresh runs of
-//! `configs/h200-125m.toml` give bitwise the same losses and final weights and optimizer state,
-//! for `mxfp8` and for the `bf16` control; and N/2 steps, stop, `--resume` N/2 equals N steps.
-//! (Without it neither path is bitwise repeatable on the GPU: docs/training.md "Reproducibility".)
+//! CUDA (`--ignored`, on the device): two fresh runs of `configs/h200-125m.toml` give bitwise the
+//! same losses and final weights and optimizer state, for `mxfp8` with the default settings and
+//! for the `bf16` control with `run.deterministic = true`; and N/2 steps, stop, `--resume` N/2
+//! equals N steps. (With the mode off neither path is bitwise repeatable on the GPU:
+//! docs/training.md "Reproducibility".) A carried test executable finds the carried `flamia`
+//! and the checkout through `FLAMIA_TEST_BIN` and `FLAMIA_TEST_REPO` (tests/support).
 
 use std::path::Path;
+
+use flamia_trainer::config::TrainConfig;
 
 mod support;
 use support::{flamia, losses, repo, SMALL};
@@ -84,10 +91,15 @@ const CPU: [&str; 8] = [
 #[test]
 fn deterministic_mode_trains_on_cpu_with_the_default_bits_and_the_same_trace() {
     let tmp = tempfile::tempdir().unwrap();
-    let (a, b) = (tmp.path().join("default"), tmp.path().join("deterministic"));
+    let (a, b) = (tmp.path().join("off"), tmp.path().join("deterministic"));
     let (ta, tb) = (tmp.path().join("a.trace"), tmp.path().join("b.trace"));
     let small: Vec<&str> = CPU.iter().chain(SMALL.iter()).copied().collect();
-    train_env(&a, &small, &[("FLAMIA_TRACE_CHECKSUMS", &ta)]);
+    let off: Vec<&str> = small
+        .iter()
+        .copied()
+        .chain(["--set", "run.deterministic=false"])
+        .collect();
+    train_env(&a, &off, &[("FLAMIA_TRACE_CHECKSUMS", &ta)]);
     let det: Vec<&str> = small
         .iter()
         .copied()
@@ -121,6 +133,102 @@ fn deterministic_mode_trains_on_cpu_with_the_default_bits_and_the_same_trace() {
         xa.contains("step 4 loss=") && xa.contains("tok_embeddings.weight="),
         "{xa}"
     );
+}
+
+/// The stderr of a one-step tiny CPU run with `args` (it must succeed).
+fn one_step_log(args: &[&str]) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = flamia()
+        .current_dir(repo())
+        .env_remove("CUBLAS_WORKSPACE_CONFIG")
+        .arg("train")
+        .args(["--set", &format!("run.dir={}", tmp.path().join("r").display())])
+        .args(["--config", "configs/tiny-cpu.toml", "--set", "run.device=cpu"])
+        .args(["--set", "training.steps=1"])
+        .args(SMALL)
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{args:?}: {err}");
+    err
+}
+
+#[test]
+fn the_default_is_deterministic_for_flamia_paths_and_not_for_the_bf16_control() {
+    for (args, want) in [
+        (
+            &["--set", "attention.path=mxfp8"][..],
+            "run.deterministic auto: on for attention path mxfp8, NaN fill of uninitialised memory off",
+        ),
+        (
+            &["--set", "attention.path=leaky-fp8"][..],
+            "run.deterministic auto: on for attention path leaky-fp8,",
+        ),
+        (
+            &["--set", "attention.path=bf16"][..],
+            "run.deterministic auto: off for attention path bf16",
+        ),
+        (
+            &["--set", "attention.path=bf16", "--set", "run.deterministic=true"][..],
+            "run.deterministic true: on for attention path bf16, NaN fill of uninitialised memory off",
+        ),
+        (
+            &[
+                "--set",
+                "attention.path=mxfp8",
+                "--set",
+                "run.deterministic=false",
+            ][..],
+            "run.deterministic false: off for attention path mxfp8",
+        ),
+        (
+            &[
+                "--set",
+                "attention.path=mxfp8",
+                "--set",
+                "run.fill_uninitialized_memory=true",
+            ][..],
+            "run.deterministic auto: on for attention path mxfp8, NaN fill of uninitialised memory on",
+        ),
+    ] {
+        let err = one_step_log(args);
+        assert!(err.contains(want), "{args:?}: no {want:?} in\n{err}");
+    }
+}
+
+#[test]
+fn the_mode_sets_libtorch_as_the_config_resolves() {
+    // In this test process (the other tests only start `flamia` processes): `apply` for a config
+    // leaves libtorch's switches as the log lines above say.
+    let load = |sets: &[&str]| {
+        let mut o = vec!["run.device=cpu".to_string()];
+        o.extend(sets.iter().map(|s| s.to_string()));
+        TrainConfig::load(Some(&repo().join("configs/tiny-cpu.toml")), &o).unwrap()
+    };
+    let mx = load(&["attention.path=mxfp8"]);
+    assert_eq!(
+        mx.run.deterministic,
+        flamia_trainer::config::Deterministic::Auto,
+        "the preset's setting"
+    );
+    flamia_trainer::determinism::apply(&mx).unwrap();
+    assert!(flamia_trainer::attention::deterministic());
+    assert!(!flamia_trainer::attention::fill_uninitialized());
+
+    flamia_trainer::determinism::apply(&load(&[
+        "attention.path=mxfp8",
+        "run.fill_uninitialized_memory=true",
+    ]))
+    .unwrap();
+    assert!(flamia_trainer::attention::deterministic());
+    assert!(flamia_trainer::attention::fill_uninitialized());
+    // The fill is real: a fresh uninitialised tensor is all NaN.
+    let e = tch::Tensor::empty([1024], (tch::Kind::Float, tch::Device::Cpu));
+    assert_eq!(e.isnan().sum(tch::Kind::Int64).int64_value(&[]), 1024);
+
+    flamia_trainer::determinism::apply(&load(&["attention.path=bf16"])).unwrap();
+    assert!(!flamia_trainer::attention::deterministic());
 }
 
 #[test]
@@ -197,15 +305,16 @@ fn need_cuda() {
     );
 }
 
-/// The two configurations that must be reproducible on the GPU.
+/// The two configurations that must be reproducible on the GPU: a FLAMIA path with the default
+/// settings (`run.deterministic = "auto"`), the `bf16` control with the mode asked for.
 const GPU_CASES: [(&str, &[&str]); 2] = [
-    ("attention.path=mxfp8", &["--set", "run.deterministic=true"]),
+    ("attention.path=mxfp8", &[]),
     ("attention.path=bf16", &["--set", "run.deterministic=true"]),
 ];
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn gpu_deterministic_runs_are_bitwise_repeatable_mxfp8_and_bf16() {
+fn gpu_runs_are_bitwise_repeatable_mxfp8_default_and_bf16_deterministic() {
     need_cuda();
     let tmp = tempfile::tempdir().unwrap();
     for (i, (path, extra)) in GPU_CASES.iter().enumerate() {
@@ -219,7 +328,7 @@ fn gpu_deterministic_runs_are_bitwise_repeatable_mxfp8_and_bf16() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn gpu_deterministic_resume_is_bitwise_mxfp8_and_bf16() {
+fn gpu_resume_is_bitwise_mxfp8_default_and_bf16_deterministic() {
     need_cuda();
     let tmp = tempfile::tempdir().unwrap();
     for (i, (path, extra)) in GPU_CASES.iter().enumerate() {

@@ -13,8 +13,13 @@ use std::process::Command;
 
 /// Path of the `flamia` binary (tests of the `flamia-trainer` package only: cargo sets the
 /// variable for the tests of the package that owns the binary, so elsewhere this panics, saying so).
+/// `FLAMIA_TEST_BIN` set at run time names another one: a test executable carried to another
+/// machine (the device) runs the `flamia` carried with it, not the build machine's path.
 #[allow(clippy::option_env_unwrap)]
 pub fn flamia_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("FLAMIA_TEST_BIN").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
     PathBuf::from(
         option_env!("CARGO_BIN_EXE_flamia")
             .expect("CARGO_BIN_EXE_flamia: only tests of the flamia-trainer package run the flamia binary"),
@@ -36,9 +41,16 @@ pub fn dist_bin() -> PathBuf {
 }
 
 /// The repository root (configs, embedded data and launch scripts are found from here); every
-/// package that uses this module sits one level below it.
+/// package that uses this module sits one level below it. `FLAMIA_TEST_REPO` set at run time
+/// names another checkout (a test executable carried to the device runs there).
 pub fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+    static REPO: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    REPO.get_or_init(
+        || match std::env::var_os("FLAMIA_TEST_REPO").filter(|p| !p.is_empty()) {
+            Some(p) => PathBuf::from(p),
+            None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")),
+        },
+    )
 }
 
 /// A TCP port on the loopback interface that was free a moment ago.

@@ -415,12 +415,15 @@ int32_t flamia_bridge_attention(const at::Tensor* q, const at::Tensor* k, const 
 
 // libtorch's deterministic mode (run.deterministic): deterministic algorithms everywhere they
 // exist (the flash-attention backward among them), an error from any operation that has none,
-// cuDNN deterministic and not benchmarking. CUBLAS_WORKSPACE_CONFIG must be set before cuBLAS
-// starts (the Rust side does that). 0 on success, else a message in err.
-int32_t flamia_bridge_set_deterministic(int32_t on, char* err, size_t err_len) {
+// cuDNN deterministic and not benchmarking; `fill` keeps libtorch's NaN fill of every
+// uninitialised at::empty in the mode (run.fill_uninitialized_memory), 0 turns it off.
+// CUBLAS_WORKSPACE_CONFIG must be set before cuBLAS starts (the Rust side does that). 0 on
+// success, else a message in err.
+int32_t flamia_bridge_set_deterministic(int32_t on, int32_t fill, char* err, size_t err_len) {
     try {
         auto& ctx = at::globalContext();
         ctx.setDeterministicAlgorithms(on != 0, false);
+        ctx.setDeterministicFillUninitializedMemory(fill != 0);
         ctx.setDeterministicCuDNN(on != 0);
         if (on != 0) ctx.setBenchmarkCuDNN(false);
         return 0;
@@ -434,6 +437,11 @@ int32_t flamia_bridge_set_deterministic(int32_t on, char* err, size_t err_len) {
 int32_t flamia_bridge_deterministic() {
     const auto& ctx = at::globalContext();
     return ctx.deterministicAlgorithms() && !ctx.deterministicAlgorithmsWarnOnly() ? 1 : 0;
+}
+
+// 1 when libtorch fills uninitialised memory with NaN in deterministic mode.
+int32_t flamia_bridge_fill_uninitialized() {
+    return at::globalContext().deterministicFillUninitializedMemory() ? 1 : 0;
 }
 
 // The checksums `FLAMIA_TRACE_CHECKSUMS` writes, of one tensor: 0 on success.

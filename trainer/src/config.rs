@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::determinism::Deterministic;
 use crate::error::{Result, TrainError};
 use crate::model::ModelConfig;
 
@@ -43,15 +44,22 @@ pub struct RunConfig {
     /// Synchronise around each CUDA attention call to measure attention's share of the step
     /// (`attn_time_s`); costs two syncs per call.
     pub profile_attention: bool,
-    /// Bitwise reproducible GPU training for A/B comparisons: libtorch's deterministic
-    /// algorithms (its flash-attention backward of the `bf16` control switches to the
-    /// deterministic variant; an operation without one is an error), deterministic cuDNN,
-    /// `CUBLAS_WORKSPACE_CONFIG=:4096:8` (set by flamia before CUDA starts unless the device is
-    /// `cpu`; another value already in the environment is refused; not set without this flag).
-    /// Without it no path is bitwise repeatable on the GPU (libtorch's gradient of the tied
+    /// Bitwise reproducible GPU training for A/B comparisons: `auto` (default: on for the FLAMIA
+    /// paths, off for the `bf16` control; [`Deterministic::resolve`]), `true` or `false`. On:
+    /// libtorch's deterministic algorithms (the `bf16` control's flash-attention backward
+    /// switches to its deterministic variant; an operation without one is an error),
+    /// deterministic cuDNN, `CUBLAS_WORKSPACE_CONFIG=:4096:8` (set by flamia before CUDA starts
+    /// unless the device is `cpu`; another value already in the environment is refused; not set
+    /// when off). Off, no path is bitwise repeatable on the GPU (libtorch's gradient of the tied
     /// embedding/output weight varies in its last bits; docs/training.md "Reproducibility");
     /// the CPU is repeatable either way. Cost: docs/perf.md.
-    pub deterministic: bool,
+    pub deterministic: Deterministic,
+    /// In deterministic mode, let libtorch fill every uninitialised tensor it allocates
+    /// (`at::empty`) with NaN, as `torch.use_deterministic_algorithms` does by default: a kernel
+    /// reading memory nobody wrote then shows as NaN instead of as run-to-run noise, at the price
+    /// of a fill per allocation. Off by default (flamia's kernels write every element they
+    /// return); no effect outside the mode.
+    pub fill_uninitialized_memory: bool,
 }
 
 impl Default for RunConfig {
@@ -69,7 +77,8 @@ impl Default for RunConfig {
             progress: true,
             cpu_threads: 0,
             profile_attention: false,
-            deterministic: false,
+            deterministic: Deterministic::Auto,
+            fill_uninitialized_memory: false,
         }
     }
 }
@@ -405,7 +414,7 @@ impl TrainConfig {
         }
         crate::device::check_setting(&self.run.device)?;
         self.distributed.validate()?;
-        crate::determinism::check_env(self.run.deterministic)?;
+        crate::determinism::check_env(crate::determinism::enabled(self)?)?;
         if self.run.keep_checkpoints == 0 || self.run.log_every == 0 {
             return Err(invalid(
                 "run.keep_checkpoints and run.log_every must be at least 1".into(),

@@ -2,22 +2,102 @@
 //! are not (`FLAMIA_TRACE_CHECKSUMS`). docs/training.md "Reproducibility" has what is and is not
 //! bitwise repeatable on the GPU and why.
 //!
-//! - [`apply`]: libtorch's deterministic mode on or off for the process; with it, unless the
+//! - [`Deterministic`]: the setting, `auto` (default: on for the FLAMIA attention paths, off for
+//!   the `bf16` control), `true` or `false`; [`Deterministic::resolve`] decides for a path.
+//! - [`apply`]: libtorch's deterministic mode on or off for the process, its NaN fill of
+//!   uninitialised memory off unless `run.fill_uninitialized_memory`; with the mode, unless the
 //!   device setting is `cpu`, also `CUBLAS_WORKSPACE_CONFIG=:4096:8` (libtorch sizes cuBLAS's
 //!   workspace when it creates its first cuBLAS handle, so this runs first in a run, before the
-//!   device is even probed). Without `run.deterministic` the variable is left alone
+//!   device is even probed). Without the mode the variable is left alone
 //!   ([`cublas_workspace_to_set`] says why).
 //! - [`Trace`]: with `FLAMIA_TRACE_CHECKSUMS=<file>`, the bridge appends one line per attention
 //!   call (checksums of q, k, v, o, lse; dO, dQ, dK, dV) and the training loop one line per step
 //!   (the loss and every parameter gradient), so two runs can be compared line by line and the
 //!   first tensor that differs names where they part.
 
+use std::fmt;
 use std::io::Write;
 use std::path::PathBuf;
 
+use flamia_kernels::AttnPath;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tch::Tensor;
 
+use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
+
+/// `run.deterministic`: `auto` (the default), `true` or `false` (TOML booleans; the strings
+/// `"auto"`, `"true"`, `"false"` too, for the environment and `--set`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Deterministic {
+    /// On for the FLAMIA attention paths (`mxfp8`, `nvfp4`, `leaky-fp8`), off for the `bf16`
+    /// control ([`Deterministic::resolve`]).
+    #[default]
+    Auto,
+    /// Always on.
+    On,
+    /// Always off.
+    Off,
+}
+
+impl Deterministic {
+    /// Whether a run on attention path `path` trains in deterministic mode. `auto`: on for every
+    /// FLAMIA path, whose runs then repeat bitwise by default at a small cost (libtorch's
+    /// deterministic algorithms touch no kernel of those paths; what they fix is libtorch's
+    /// gradient of the tied embedding/output weight, docs/training.md "Reproducibility"); off
+    /// for the `bf16` control, where the mode also swaps libtorch's flash-attention backward for
+    /// its deterministic variant, a different kernel than the one the control measures.
+    pub fn resolve(self, path: AttnPath) -> bool {
+        match self {
+            Deterministic::On => true,
+            Deterministic::Off => false,
+            Deterministic::Auto => path != AttnPath::Exact,
+        }
+    }
+
+    /// The setting as written in a config: `auto`, `true` or `false`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Deterministic::Auto => "auto",
+            Deterministic::On => "true",
+            Deterministic::Off => "false",
+        }
+    }
+}
+
+impl Serialize for Deterministic {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            Deterministic::Auto => s.serialize_str("auto"),
+            Deterministic::On => s.serialize_bool(true),
+            Deterministic::Off => s.serialize_bool(false),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Deterministic {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Deterministic;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("auto, true or false")
+            }
+            fn visit_bool<E: serde::de::Error>(self, b: bool) -> std::result::Result<Deterministic, E> {
+                Ok(if b { Deterministic::On } else { Deterministic::Off })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Deterministic, E> {
+                match v {
+                    "auto" => Ok(Deterministic::Auto),
+                    "true" => Ok(Deterministic::On),
+                    "false" => Ok(Deterministic::Off),
+                    other => Err(E::invalid_value(serde::de::Unexpected::Str(other), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
 
 /// The environment variable cuBLAS reads for its workspace configuration.
 pub const CUBLAS_WORKSPACE_CONFIG: &str = "CUBLAS_WORKSPACE_CONFIG";
@@ -31,7 +111,7 @@ pub fn cublas_config_is_deterministic(v: &str) -> bool {
     matches!(v, ":4096:8" | ":16:8")
 }
 
-/// Checks that `run.deterministic` can be honoured in this environment: a
+/// Checks that deterministic mode (`deterministic`: [`enabled`]) can be honoured in this environment: a
 /// `CUBLAS_WORKSPACE_CONFIG` that is already set must be one of the deterministic values
 /// (`:4096:8`, `:16:8`), since cuBLAS reads it once and it cannot be replaced afterwards.
 pub fn check_env(deterministic: bool) -> Result<()> {
@@ -40,8 +120,9 @@ pub fn check_env(deterministic: bool) -> Result<()> {
     }
     match std::env::var(CUBLAS_WORKSPACE_CONFIG) {
         Ok(v) if !cublas_config_is_deterministic(&v) => Err(TrainError::Config(format!(
-            "run.deterministic = true needs {CUBLAS_WORKSPACE_CONFIG} unset (flamia sets \
-             {CUBLAS_DETERMINISTIC}) or one of :4096:8, :16:8; it is {v:?}"
+            "deterministic mode (run.deterministic = true, or auto on a FLAMIA attention path) \
+             needs {CUBLAS_WORKSPACE_CONFIG} unset (flamia sets {CUBLAS_DETERMINISTIC}) or one of \
+             :4096:8, :16:8; it is {v:?} (run.deterministic = false trains without the mode)"
         ))),
         _ => Ok(()),
     }
@@ -64,22 +145,48 @@ pub fn cublas_workspace_to_set(
     (deterministic && device != "cpu" && current.is_none()).then_some(CUBLAS_DETERMINISTIC)
 }
 
-/// Puts the process into (or out of) deterministic mode for a run whose `run.device` setting is
-/// `device`. Call it first, before libtorch touches CUDA (`train` calls it before it even
-/// resolves the device): it sets `CUBLAS_WORKSPACE_CONFIG` as [`cublas_workspace_to_set`] says
-/// (cuBLAS's workspace size is fixed when libtorch creates its first cuBLAS handle; libtorch's
-/// deterministic mode checks the variable on every matmul), then libtorch's switches.
-pub fn apply(deterministic: bool, device: &str) -> Result<()> {
-    check_env(deterministic)?;
+/// Whether `cfg` trains in deterministic mode: `run.deterministic` resolved for
+/// `attention.path` (an unknown path is an error).
+pub fn enabled(cfg: &TrainConfig) -> Result<bool> {
+    Ok(cfg
+        .run
+        .deterministic
+        .resolve(crate::attention::parse_path(&cfg.attention.path)?))
+}
+
+/// Puts the process into (or out of) the deterministic mode `cfg` asks for ([`enabled`]). Call
+/// it first, before libtorch touches CUDA (`train` calls it before it even resolves the
+/// device): it sets `CUBLAS_WORKSPACE_CONFIG` as [`cublas_workspace_to_set`] says (cuBLAS's
+/// workspace size is fixed when libtorch creates its first cuBLAS handle; libtorch's
+/// deterministic mode checks the variable on every matmul), then libtorch's switches
+/// ([`crate::attention::set_deterministic`], with `run.fill_uninitialized_memory`), and logs
+/// the outcome (`run.deterministic auto: on for attention path mxfp8, ...`).
+pub fn apply(cfg: &TrainConfig) -> Result<()> {
+    let on = enabled(cfg)?;
+    let fill = cfg.run.fill_uninitialized_memory;
+    let device = cfg.run.device.as_str();
+    check_env(on)?;
     let current = std::env::var(CUBLAS_WORKSPACE_CONFIG).ok();
-    if let Some(v) = cublas_workspace_to_set(deterministic, device, current.as_deref()) {
+    if let Some(v) = cublas_workspace_to_set(on, device, current.as_deref()) {
         // No other thread of the run exists yet (the data loader and the model come later).
         std::env::set_var(CUBLAS_WORKSPACE_CONFIG, v);
         tracing::info!(
             "run.deterministic: {CUBLAS_WORKSPACE_CONFIG}={v} set before CUDA starts (device setting {device:?})"
         );
     }
-    crate::attention::set_deterministic(deterministic)
+    crate::attention::set_deterministic(on, fill)?;
+    let fill_note = match (on, fill) {
+        (false, _) => "",
+        (true, false) => ", NaN fill of uninitialised memory off",
+        (true, true) => ", NaN fill of uninitialised memory on",
+    };
+    tracing::info!(
+        "run.deterministic {}: {} for attention path {}{fill_note}",
+        cfg.run.deterministic.name(),
+        if on { "on" } else { "off" },
+        cfg.attention.path,
+    );
+    Ok(())
 }
 
 /// The per-step half of the checksum trace (the bridge writes the per-call half).
@@ -121,6 +228,53 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_is_on_for_the_flamia_paths_and_off_for_the_bf16_control() {
+        for p in [AttnPath::Mxfp8, AttnPath::Nvfp4, AttnPath::LeakyFp8] {
+            assert!(Deterministic::Auto.resolve(p), "{p:?}");
+            assert!(Deterministic::On.resolve(p), "{p:?}");
+            assert!(!Deterministic::Off.resolve(p), "{p:?}");
+        }
+        assert!(!Deterministic::Auto.resolve(AttnPath::Exact));
+        assert!(Deterministic::On.resolve(AttnPath::Exact));
+        assert_eq!(Deterministic::default(), Deterministic::Auto);
+    }
+
+    #[test]
+    fn the_setting_reads_booleans_and_auto_and_writes_them_back() {
+        #[derive(Debug, PartialEq, serde::Deserialize, serde::Serialize)]
+        struct T {
+            d: Deterministic,
+        }
+        for (text, want) in [
+            ("d = true", Deterministic::On),
+            ("d = false", Deterministic::Off),
+            ("d = \"auto\"", Deterministic::Auto),
+            ("d = \"true\"", Deterministic::On),
+            ("d = \"false\"", Deterministic::Off),
+        ] {
+            let t: T = toml::from_str(text).unwrap();
+            assert_eq!(t.d, want, "{text}");
+            let back: T = toml::from_str(&toml::to_string(&t).unwrap()).unwrap();
+            assert_eq!(back, t, "{text}");
+        }
+        assert_eq!(
+            toml::to_string(&T {
+                d: Deterministic::Auto
+            })
+            .unwrap()
+            .trim(),
+            "d = \"auto\""
+        );
+        assert_eq!(
+            toml::to_string(&T { d: Deterministic::On }).unwrap().trim(),
+            "d = true"
+        );
+        let err = toml::from_str::<T>("d = \"sometimes\"").unwrap_err().to_string();
+        assert!(err.contains("auto, true or false"), "{err}");
+        assert!(toml::from_str::<T>("d = 1").is_err());
+    }
 
     #[test]
     fn only_the_two_deterministic_cublas_configs_are_accepted() {

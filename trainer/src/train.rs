@@ -98,7 +98,7 @@ fn next_batch(loader: &mut Loader) -> Result<Batch> {
 pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
     // First, before libtorch touches CUDA (even to probe for it): the cuBLAS workspace
     // configuration has to be in the environment before the first cuBLAS handle.
-    crate::determinism::apply(cfg.run.deterministic, &cfg.run.device)?;
+    crate::determinism::apply(cfg)?;
     let device = parse_device(&cfg.run.device)?;
     tracing::info!("run.device {:?}: {device:?}", cfg.run.device);
     let (dopts, gopts) = DdpOptions::from_config(&cfg.distributed)?;

@@ -76,8 +76,9 @@ extern "C" {
         err_len: usize,
     ) -> i32;
     fn flamia_bridge_has_cuda() -> i32;
-    fn flamia_bridge_set_deterministic(on: i32, err: *mut c_char, err_len: usize) -> i32;
+    fn flamia_bridge_set_deterministic(on: i32, fill: i32, err: *mut c_char, err_len: usize) -> i32;
     fn flamia_bridge_deterministic() -> i32;
+    fn flamia_bridge_fill_uninitialized() -> i32;
     fn flamia_bridge_checksum(t: *const CTensor, out: *mut i64, err: *mut c_char, err_len: usize) -> i32;
 }
 
@@ -88,11 +89,12 @@ fn bridge_error(err: &[c_char]) -> String {
         .into_owned()
 }
 
-/// Turns libtorch's deterministic mode on or off (see `flamia_bridge_set_deterministic`).
-pub(crate) fn set_deterministic(on: bool) -> Result<(), String> {
+/// Turns libtorch's deterministic mode on or off and its NaN fill of uninitialised memory
+/// (see `flamia_bridge_set_deterministic`).
+pub(crate) fn set_deterministic(on: bool, fill: bool) -> Result<(), String> {
     let mut err = [0 as c_char; 1024];
     // SAFETY: err is a writable buffer of err.len() bytes.
-    let rc = unsafe { flamia_bridge_set_deterministic(on as i32, err.as_mut_ptr(), err.len()) };
+    let rc = unsafe { flamia_bridge_set_deterministic(on as i32, fill as i32, err.as_mut_ptr(), err.len()) };
     if rc == 0 {
         Ok(())
     } else {
@@ -104,6 +106,12 @@ pub(crate) fn set_deterministic(on: bool) -> Result<(), String> {
 pub(crate) fn deterministic() -> bool {
     // SAFETY: a plain query without arguments.
     unsafe { flamia_bridge_deterministic() != 0 }
+}
+
+/// Whether libtorch's NaN fill of uninitialised memory (in deterministic mode) is on.
+pub(crate) fn fill_uninitialized() -> bool {
+    // SAFETY: a plain query without arguments.
+    unsafe { flamia_bridge_fill_uninitialized() != 0 }
 }
 
 /// The bit checksums of `t` (see `bits_checksum` in bridge.cpp).

@@ -26,16 +26,22 @@ pub fn set_profile_cuda(on: bool) {
 
 /// Turns libtorch's deterministic mode on or off for the whole process: deterministic algorithms
 /// (an error from any operation that has none; libtorch's flash-attention backward, the `bf16`
-/// control, switches to its deterministic variant), deterministic cuDNN without benchmarking.
+/// control, switches to its deterministic variant), deterministic cuDNN without benchmarking;
+/// `fill`: libtorch's NaN fill of every uninitialised tensor it allocates in the mode.
 /// On CUDA, `CUBLAS_WORKSPACE_CONFIG` must be set before cuBLAS starts
 /// ([`crate::determinism::apply`] does both).
-pub fn set_deterministic(on: bool) -> Result<()> {
-    ffi::set_deterministic(on).map_err(TrainError::Attention)
+pub fn set_deterministic(on: bool, fill: bool) -> Result<()> {
+    ffi::set_deterministic(on, fill).map_err(TrainError::Attention)
 }
 
 /// Whether libtorch's deterministic algorithms are on (not warn-only).
 pub fn deterministic() -> bool {
     ffi::deterministic()
+}
+
+/// Whether libtorch fills uninitialised memory with NaN in deterministic mode.
+pub fn fill_uninitialized() -> bool {
+    ffi::fill_uninitialized()
 }
 
 /// Exact checksums of a tensor's bits on its own device: the sum and an index-weighted sum of
