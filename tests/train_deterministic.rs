@@ -135,15 +135,21 @@ fn deterministic_mode_trains_on_cpu_with_the_default_bits_and_the_same_trace() {
     );
 }
 
-/// The stderr of a one-step tiny CPU run with `args` (it must succeed).
-fn one_step_log(args: &[&str]) -> String {
+/// The stderr of a one-step tiny run on `device` with `args` (it must succeed), with
+/// `CUBLAS_WORKSPACE_CONFIG` unset.
+fn one_step_log(device: &str, args: &[&str]) -> String {
     let tmp = tempfile::tempdir().unwrap();
     let out = flamia()
         .current_dir(repo())
         .env_remove("CUBLAS_WORKSPACE_CONFIG")
         .arg("train")
         .args(["--set", &format!("run.dir={}", tmp.path().join("r").display())])
-        .args(["--config", "configs/tiny-cpu.toml", "--set", "run.device=cpu"])
+        .args([
+            "--config",
+            "configs/tiny-cpu.toml",
+            "--set",
+            &format!("run.device={device}"),
+        ])
         .args(["--set", "training.steps=1"])
         .args(SMALL)
         .args(args)
@@ -192,7 +198,7 @@ fn the_default_is_deterministic_for_flamia_paths_and_not_for_the_bf16_control() 
             "run.deterministic auto: on for attention path mxfp8, NaN fill of uninitialised memory on",
         ),
     ] {
-        let err = one_step_log(args);
+        let err = one_step_log("cpu", args);
         assert!(err.contains(want), "{args:?}: no {want:?} in\n{err}");
     }
 }
@@ -256,19 +262,7 @@ fn deterministic_mode_refuses_a_nondeterministic_cublas_config() {
 fn deterministic_mode_sets_the_cublas_workspace_before_the_device_is_resolved() {
     // `run.device = auto` may be CUDA, so the variable is set, and that happens before the
     // device is probed (the line naming the device resolved).
-    let tmp = tempfile::tempdir().unwrap();
-    let out = flamia()
-        .current_dir(repo())
-        .env_remove("CUBLAS_WORKSPACE_CONFIG")
-        .arg("train")
-        .args(["--set", &format!("run.dir={}", tmp.path().join("r").display())])
-        .args(["--config", "configs/tiny-cpu.toml", "--set", "run.device=auto"])
-        .args(["--set", "training.steps=1", "--set", "run.deterministic=true"])
-        .args(SMALL)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let err = one_step_log("auto", &["--set", "run.deterministic=true"]);
     let set = err
         .find("CUBLAS_WORKSPACE_CONFIG=:4096:8 set before CUDA starts")
         .unwrap_or_else(|| panic!("the variable was not set:\n{err}"));
