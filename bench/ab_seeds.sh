@@ -9,9 +9,8 @@
 # steps of 16 x 2048 tokens (8.2M tokens, 0.53 of the corpus' 15.5M training tokens: one pass would
 # be 474 steps, and six such runs at ~300k tokens/s take 5.2 min, over this call's share, so every
 # run sees a little over half of the corpus once and no document twice: the validation loss
-# measures generalisation, not recall), validation every VAL_EVERY=50 steps and after the last
-# on the whole validation shard (587K tokens, under VAL_TOKENS), metrics every 5 steps, no
-# checkpoint. PARALLEL=3 processes at a time (the six take about 100 GB of GPU memory at once;
+# measures generalisation, not recall), validation at steps VAL_EVERY=125 and 250 on the whole
+# validation shard (587K tokens, under VAL_TOKENS), metrics every 5 steps, no checkpoint. PARALLEL=3 processes at a time (the six take about 100 GB of GPU memory at once;
 # the numbers compared are losses, so sharing the GPU changes nothing that is reported).
 # BUDGET_S (default 250) bounds the runs: a run still going then is stopped and reported, and
 # compare uses the last validation loss each run logged (the table says at which step).
@@ -23,7 +22,7 @@ SP=/opt/torch/.venv/lib/python3.12/site-packages
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
 B=${B:-.device-carry/bwd4/flamia}; CONFIG=${CONFIG:-configs/h200-125m.toml}
 CORPUS=${CORPUS:-.device-carry/corpus/rust-doc}
-STEPS=${STEPS:-250}; VAL_EVERY=${VAL_EVERY:-50}; VAL_TOKENS=${VAL_TOKENS:-1048576}
+STEPS=${STEPS:-250}; VAL_EVERY=${VAL_EVERY:-125}; VAL_TOKENS=${VAL_TOKENS:-1048576}
 SEEDS=${SEEDS:-0 1 2}; ARMS=${ARMS:-bf16 mxfp8}; PARALLEL=${PARALLEL:-3}; EXTRA=${EXTRA:-}
 O=${OUT:-/tmp/flamia-out}/ab; R=${RUNS:-/tmp/ab-runs}
 PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)

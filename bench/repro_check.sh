@@ -16,12 +16,13 @@
 #            untied (model.tied=false) gives the output projection and the embedding their own
 #            gradients, so the trace names which of the two differs between runs       x3 / x2
 # default-1, off-1, default-2, off-2, fill-1 run alone, one after the other (their tokens/s, median
-# of steps 11-50, is the mode's cost); the rest run in waves of up to 4 processes at once
-# (repeatability only: tokens/s of those is not comparable). A deadline (BUDGET_S, default 270 s)
+# of steps 11-50, is the mode's cost); the rest run in waves of 4-5 processes at once
+# (repeatability only: tokens/s of those is not comparable), the groups first. A deadline (BUDGET_S, default 270 s)
 # bounds the whole script: a run that would start with under 20 s left is skipped and listed.
 # Prints per group the distinct bitwise loss trajectories and the first split step
 # (bench/repro_check.py), resume vs straight (losses and final model/optimizer files), the traces.
-# Knobs: QUICK=1 (default x4, off x3, bf16det x2, resume, untied trace x2; 4 solo runs),
+# Knobs: QUICK=1 (default x4, off x3, bf16det x4, resume, untied trace x2: no cublas, fill or
+# tied trace; 4 solo runs),
 # B=binary, CONFIG=preset, STEPS, TRACE_STEPS, EXTRA="--set k=v ..." (appended to every run: the
 # CPU check of this script uses the tiny preset), BUDGET_S, RUNS=dir for the run directories.
 set -u
@@ -68,22 +69,23 @@ run off-2 "" $M $OFF $NOCK
 if [ "$QUICK" != 1 ]; then SOLO="$SOLO fill-1"; run fill-1 "" $M --set run.fill_uninitialized_memory=true $NOCK; fi
 # Phase 2, waves of concurrent processes (repeatability only).
 wave() { local p=(); for c in "$@"; do eval "$c" & p+=($!); done; wait "${p[@]}"; }
+BD="--set attention.path=bf16 --set run.deterministic=true $NOCK"
+TU="$M $TRACE --set model.tied=false"
+# The "done when" groups first (a run the deadline would cut is skipped), then the cause.
+wave "run default-3 '' $M" "run default-4 '' $M" "run bf16det-1 '' $BD" "resume_chain"
+wave "run bf16det-2 '' $BD" "run bf16det-3 '' $BD" "run bf16det-4 '' $BD" "run off-3 '' $M $OFF $NOCK"
 if [ "$QUICK" = 1 ]; then
-  wave "run default-3 '' $M" "run default-4 '' $M" "run bf16det-1 '' --set attention.path=bf16 --set run.deterministic=true $NOCK" "resume_chain"
-  wave "run off-3 '' $M $OFF $NOCK" "run bf16det-2 '' --set attention.path=bf16 --set run.deterministic=true $NOCK" \
-       "run trace-untied-1 FLAMIA_TRACE_CHECKSUMS=$R/trace-untied-1.trace $M $TRACE --set model.tied=false" \
-       "run trace-untied-2 FLAMIA_TRACE_CHECKSUMS=$R/trace-untied-2.trace $M $TRACE --set model.tied=false"
+  wave "run trace-untied-1 FLAMIA_TRACE_CHECKSUMS=$R/trace-untied-1.trace $TU" \
+       "run trace-untied-2 FLAMIA_TRACE_CHECKSUMS=$R/trace-untied-2.trace $TU"
 else
-  BD="--set attention.path=bf16 --set run.deterministic=true $NOCK"
   CB="CUBLAS_WORKSPACE_CONFIG=:4096:8"
-  wave "run default-3 '' $M" "run default-4 '' $M" "run off-3 '' $M $OFF $NOCK" "resume_chain"
-  wave "run cublas-1 $CB $M $OFF $NOCK" "run cublas-2 $CB $M $OFF $NOCK" "run cublas-3 $CB $M $OFF $NOCK" "run bf16det-1 '' $BD"
-  wave "run bf16det-2 '' $BD" "run bf16det-3 '' $BD" "run bf16det-4 '' $BD" "run fill-2 '' $M --set run.fill_uninitialized_memory=true $NOCK"
-  wave "run trace-untied-1 FLAMIA_TRACE_CHECKSUMS=$R/trace-untied-1.trace $M $TRACE --set model.tied=false" \
-       "run trace-untied-2 FLAMIA_TRACE_CHECKSUMS=$R/trace-untied-2.trace $M $TRACE --set model.tied=false" \
-       "run trace-untied-3 FLAMIA_TRACE_CHECKSUMS=$R/trace-untied-3.trace $M $TRACE --set model.tied=false" \
-       "run trace-tied-1 FLAMIA_TRACE_CHECKSUMS=$R/trace-tied-1.trace $M $TRACE"
-  wave "run trace-tied-2 FLAMIA_TRACE_CHECKSUMS=$R/trace-tied-2.trace $M $TRACE"
+  wave "run trace-untied-1 FLAMIA_TRACE_CHECKSUMS=$R/trace-untied-1.trace $TU" \
+       "run trace-untied-2 FLAMIA_TRACE_CHECKSUMS=$R/trace-untied-2.trace $TU" \
+       "run trace-untied-3 FLAMIA_TRACE_CHECKSUMS=$R/trace-untied-3.trace $TU" \
+       "run trace-tied-1 FLAMIA_TRACE_CHECKSUMS=$R/trace-tied-1.trace $M $TRACE" \
+       "run trace-tied-2 FLAMIA_TRACE_CHECKSUMS=$R/trace-tied-2.trace $M $TRACE"
+  wave "run cublas-1 $CB $M $OFF $NOCK" "run cublas-2 $CB $M $OFF $NOCK" "run cublas-3 $CB $M $OFF $NOCK" \
+       "run fill-2 '' $M --set run.fill_uninitialized_memory=true $NOCK"
 fi
 echo "== runs: $(($(date +%s) - T0)) s"
 # The trace runs have TRACE_STEPS steps: summarised by their traces, not as loss groups of STEPS.
