@@ -408,15 +408,17 @@ fn a_bf16_gradient_reduction_is_applied_and_stays_close_to_f32() {
 }
 
 /// The reduction-after-backward and the overlapped (hook-driven) one, 2 ranks, small buckets
-/// (many per step): bitwise the same losses and final checkpoint files, plain, with ZeRO-1, and
-/// with 2 micro-batches per step and full activation checkpointing (parameters' gradients then
+/// (many per step): bitwise the same losses and final checkpoint files, plain (f32: reduced in
+/// place in the gradients), with ZeRO-1, in bf16 (through flat bucket copies), and with 2
+/// micro-batches per step and full activation checkpointing (parameters' gradients then
 /// accumulate in several backward calls per micro-batch, the tied embedding twice).
 #[test]
 fn overlapped_reduction_gives_bitwise_the_results_of_the_reduction_after_backward() {
     let tmp = tempfile::tempdir().unwrap();
-    let arms: [(&str, &[&str]); 3] = [
+    let arms: [(&str, &[&str]); 4] = [
         ("plain", &[]),
         ("zero1", &["distributed.zero1=true"]),
+        ("bf16", &["distributed.reduce_dtype=bf16"]),
         (
             "accum2",
             &["training.grad_accum=2", "training.activation_checkpointing=full"],

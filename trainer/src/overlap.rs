@@ -12,20 +12,23 @@
 //!   gradients are bucketed in that order ([`BucketPlan::in_order`]) and this step is reduced
 //!   after the backward.
 //! - **Armed** (the last micro-batch of every later step): a parameter is ready when its count
-//!   is reached; when every parameter of the next bucket in order is ready, the hook copies the
-//!   bucket's gradients into its flat buffer (in the reduction dtype) and launches its
-//!   reduction at once. Buckets launch strictly in order (0, 1, ...), so the collectives match
+//!   is reached; when every parameter of the next bucket in order is ready, the hook launches
+//!   the bucket's reduction at once. With the f32 reduce dtype the gradients are reduced in
+//!   place: the bucket's parameters sorted by gradient address make a few stretches of AdamW's
+//!   flat gradient buffer, one collective each, no copy (every launch checks that no gradient
+//!   moved). With bf16 (or gradients that are not contiguous f32) the hook copies the bucket
+//!   into a flat buffer of the reduction dtype first, and `finish` copies the averages back. Buckets launch strictly in order (0, 1, ...), so the collectives match
 //!   on every rank. An accumulation beyond the recorded count (the graph changed) is an error.
 //! - Earlier micro-batches of a step (gradient accumulation) are ignored: only the last one's
 //!   gradients are final.
-//! - [`Reducer::finish`] (after the backward): launches what is left, waits for every bucket
-//!   and copies the averages back into the gradients.
+//! - [`Reducer::finish`] (after the backward): launches what is left and waits for every
+//!   bucket.
 //!
 //! Where the reductions run: on GPU, NCCL `all_reduce(avg)` on a non-blocking side stream
 //! ([`SideStream`]) that waits for an event recorded on the stream the gradient was accumulated
 //! on (libtorch's current stream in the hook), so the backward's kernels keep running while
 //! NCCL works; `finish` waits for the side stream (with the collective timeout and NCCL error
-//! polling) and copies back on the compute stream. On CPU ranks (tests) a reducer thread runs
+//! polling) and, for flat copies, copies back on the compute stream. On CPU ranks (tests) a reducer thread runs
 //! each bucket's store all-gather and averages it while the backward goes on.
 //!
 //! `FLAMIA_DDP_TRACE=<file>` appends one JSON line per micro-batch backward's start (`last`), per
@@ -109,11 +112,22 @@ enum Phase {
     Armed,
 }
 
+/// Parameters whose f32 gradients lie back to back in memory (AdamW's flat gradient buffer):
+/// reduced in place as one stretch of `len` elements from `ptr`.
+struct Run {
+    ptr: u64,
+    len: usize,
+    params: Vec<usize>,
+}
+
 /// The plan made from the recorded step, and what it needs per step.
 struct Plan {
     buckets: BucketPlan,
     /// Accumulations per parameter in one micro-batch's backward.
     expected: Vec<u32>,
+    /// In place (f32): each bucket's runs, and every gradient's address (checked per launch).
+    runs: Option<(Vec<Vec<Run>>, Vec<u64>)>,
+    /// Otherwise (bf16, or gradients that are not contiguous f32): one flat copy per bucket.
     flats: Vec<Tensor>,
     side: Option<SideStream>,
     store: Option<StoreThread>,
@@ -392,11 +406,16 @@ impl State {
             ReduceDtype::F32 => Kind::Float,
             ReduceDtype::Bf16 => Kind::BFloat16,
         };
-        let flats = buckets
-            .buckets
-            .iter()
-            .map(|b| Tensor::f_zeros([b.numel as i64], (kind, device)))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let runs = self.dense_runs(&buckets)?;
+        let flats = if runs.is_some() {
+            Vec::new()
+        } else {
+            buckets
+                .buckets
+                .iter()
+                .map(|b| Tensor::f_zeros([b.numel as i64], (kind, device)))
+                .collect::<std::result::Result<Vec<_>, _>>()?
+        };
         let (mut side, mut store_thread) = (None, None);
         match &self.backend {
             Backend::Nccl { .. } => {
@@ -405,19 +424,69 @@ impl State {
             Backend::Store(s) => store_thread = Some(spawn_store_thread(s.clone(), self.timeout)?),
         }
         let first: Vec<usize> = buckets.buckets.iter().map(|b| b.slots.len()).collect();
+        let how = match &runs {
+            Some((r, _)) => format!(
+                "in place in the gradients ({} stretches of memory)",
+                r.iter().map(Vec::len).sum::<usize>()
+            ),
+            None => "through one flat copy per bucket".to_string(),
+        };
         tracing::info!(
-            "overlapped gradient reduction: {} buckets in the backward's order (parameters per bucket {first:?}){}",
+            "overlapped gradient reduction: {} buckets in the backward's order (parameters per bucket {first:?}), {how}{}",
             buckets.buckets.len(),
             if recorded { "" } else { "; no backward recorded yet" }
         );
         self.plan = Some(Plan {
             buckets,
             expected: if recorded { expected } else { vec![0; n] },
+            runs,
             flats,
             side,
             store: store_thread,
         });
         Ok(())
+    }
+
+    /// f32 reduction of gradients that are contiguous f32 tensors: per bucket, its parameters
+    /// sorted by gradient address and merged into stretches of adjacent memory (AdamW's flat
+    /// gradient buffer makes them long), each reduced in place; `None` when that does not apply
+    /// (bf16 reduction, an undefined, non-f32, non-contiguous or overlapping gradient).
+    #[allow(clippy::type_complexity)]
+    fn dense_runs(&self, buckets: &BucketPlan) -> Result<Option<(Vec<Vec<Run>>, Vec<u64>)>> {
+        if self.dtype != ReduceDtype::F32 {
+            return Ok(None);
+        }
+        let mut ptrs = Vec::with_capacity(self.params.len());
+        for p in &self.params {
+            let g = p.f_grad()?;
+            if !g.defined() || g.kind() != Kind::Float || !g.is_contiguous() {
+                return Ok(None);
+            }
+            ptrs.push(g.data_ptr() as u64);
+        }
+        let mut all = Vec::with_capacity(buckets.buckets.len());
+        for b in &buckets.buckets {
+            let mut ps: Vec<usize> = b.slots.iter().map(|s| s.param).collect();
+            ps.sort_by_key(|&p| ptrs[p]);
+            let mut runs: Vec<Run> = Vec::new();
+            for p in ps {
+                let end = runs.last().map(|r| r.ptr + 4 * r.len as u64);
+                match runs.last_mut() {
+                    Some(r) if end == Some(ptrs[p]) => {
+                        r.len += self.numels[p];
+                        r.params.push(p);
+                    }
+                    Some(_) if end > Some(ptrs[p]) => return Ok(None),
+                    _ => runs.push(Run {
+                        ptr: ptrs[p],
+                        len: self.numels[p],
+                        params: vec![p],
+                    }),
+                }
+            }
+            all.push(runs);
+        }
+        Ok(Some((all, ptrs)))
     }
 
     /// Launches every bucket whose gradients are all ready, in order.
@@ -450,14 +519,34 @@ impl State {
             .as_mut()
             .ok_or_else(|| invalid("no bucket plan".into()))?;
         let bucket = &plan.buckets.buckets[b];
-        let flat = &plan.flats[b];
-        for s in &bucket.slots {
-            let g = self.params[s.param].f_grad()?;
-            let mut dst = flat.f_narrow(0, s.offset as i64, s.numel as i64)?;
-            if g.defined() {
-                dst.f_copy_(&g.f_view([-1])?)?;
-            } else {
-                let _ = dst.f_zero_()?;
+        // What goes on the wire: in place, the bucket's stretches of gradient memory; else the
+        // bucket's flat copy (written here, on the current stream).
+        let mut spans: Vec<(u64, usize)> = Vec::new();
+        match &plan.runs {
+            Some((runs, ptrs)) => {
+                for s in &bucket.slots {
+                    let at = self.params[s.param].f_grad()?.data_ptr() as u64;
+                    if at != ptrs[s.param] {
+                        return Err(invalid(format!(
+                            "the gradient of parameter {} moved since the buckets were planned",
+                            s.param
+                        )));
+                    }
+                }
+                spans.extend(runs[b].iter().map(|r| (r.ptr, r.len)));
+            }
+            None => {
+                let flat = &plan.flats[b];
+                for s in &bucket.slots {
+                    let g = self.params[s.param].f_grad()?;
+                    let mut dst = flat.f_narrow(0, s.offset as i64, s.numel as i64)?;
+                    if g.defined() {
+                        dst.f_copy_(&g.f_view([-1])?)?;
+                    } else {
+                        let _ = dst.f_zero_()?;
+                    }
+                }
+                spans.push((flat.data_ptr() as u64, bucket.numel));
             }
         }
         match &self.backend {
@@ -468,24 +557,30 @@ impl State {
                     .as_ref()
                     .ok_or_else(|| invalid("no side stream".into()))?;
                 side.wait_for(stream, b).map_err(|e| invalid(e.to_string()))?;
-                let ptr = flat.data_ptr() as u64;
-                // SAFETY: `flat` is a contiguous device tensor of `bucket.numel` elements of the
-                // reduction dtype, kept in the plan until `complete` has waited for the stream.
-                unsafe {
-                    comm.all_reduce(
-                        ptr,
-                        ptr,
-                        bucket.numel,
-                        plan.buckets.dtype,
-                        ReduceOp::Avg,
-                        side.raw(),
-                    )
+                for (ptr, len) in spans {
+                    // SAFETY: `len` contiguous elements of the reduction dtype on this device
+                    // from `ptr`: a stretch of the (checked, unmoved) gradients or the bucket's
+                    // flat copy, both alive until `complete` has waited for the side stream; the
+                    // backward no longer writes them (their accumulations are complete).
+                    unsafe { comm.all_reduce(ptr, ptr, len, plan.buckets.dtype, ReduceOp::Avg, side.raw()) }
+                        .map_err(|e| invalid(e.to_string()))?;
                 }
-                .map_err(|e| invalid(e.to_string()))?;
             }
             Backend::Store(_) => {
-                let mine: Vec<f32> = Vec::try_from(&flat.f_to_kind(Kind::Float)?)?;
-                let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let mut bytes: Vec<u8> = Vec::new();
+                let mut push = |t: &Tensor| -> Result<()> {
+                    let v: Vec<f32> = Vec::try_from(&t.f_to_kind(Kind::Float)?.f_view([-1])?)?;
+                    bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+                    Ok(())
+                };
+                match &plan.runs {
+                    Some((runs, _)) => {
+                        for p in runs[b].iter().flat_map(|r| &r.params) {
+                            push(&self.params[*p].f_grad()?)?;
+                        }
+                    }
+                    None => push(&plan.flats[b])?,
+                }
                 let th = plan
                     .store
                     .as_ref()
@@ -525,15 +620,30 @@ impl State {
                         .recv()
                         .map_err(|_| invalid("the reducer thread stopped".into()))?;
                     let mean = mean.map_err(invalid)?;
-                    let flat = &mut plan.flats[b];
-                    let reduced = Tensor::from_slice(&mean).f_to_kind(flat.kind())?;
-                    flat.f_copy_(&reduced)?;
+                    match &plan.runs {
+                        Some((runs, _)) => {
+                            // back into the gradients, in the order they were read
+                            let mut off = 0;
+                            for &p in runs[b].iter().flat_map(|r| &r.params) {
+                                let n = self.numels[p];
+                                let reduced = Tensor::from_slice(&mean[off..off + n]);
+                                self.params[p].f_grad()?.f_view([-1])?.f_copy_(&reduced)?;
+                                off += n;
+                            }
+                        }
+                        None => {
+                            let flat = &mut plan.flats[b];
+                            let reduced = Tensor::from_slice(&mean).f_to_kind(flat.kind())?;
+                            flat.f_copy_(&reduced)?;
+                        }
+                    }
                 }
             }
         }
         if self.error.is_some() || launched != plan.buckets.buckets.len() {
             return Ok(()); // the error is reported by `finish`
         }
+        // In place the averages are already in the gradients; else copy them back.
         for (bucket, flat) in plan.buckets.buckets.iter().zip(&plan.flats) {
             for s in &bucket.slots {
                 let g = self.params[s.param].f_grad()?;
