@@ -7,14 +7,15 @@
 #   bash bench/device_bwd4.sh --stage && bash bench/stage_repro.sh
 # carried: .device-carry/bwd4 .device-carry/repro .device-carry/corpus; from the repo root:
 #   bash bench/device_18_17.sh           (everything under $OUT: repro/, ab/, gpu_tests.log)
-# QUICK=1 shortens repro_check (~2.5 min); TESTS=0 skips the GPU tests; AB=0 skips ab_seeds.
+# QUICK=1 shortens repro_check (~2.5 min); AB_STEPS (default 250) the A/B runs; TESTS=0 skips the
+# GPU tests; AB=0 skips ab_seeds.
 set -u
 C=$PWD/.device-carry
 SP=/opt/torch/.venv/lib/python3.12/site-packages
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
 export OUT=${OUT:-/tmp/flamia-out}; mkdir -p "$OUT"
 T0=$(date +%s)
-B=$C/bwd4/flamia bash bench/repro_check.sh
+B=$C/bwd4/flamia STEPS=${REPRO_STEPS:-50} bash bench/repro_check.sh
 TP=
 if [ "${TESTS:-1}" = 1 ]; then
   ( FLAMIA_TEST_BIN=$C/bwd4/flamia FLAMIA_TEST_REPO=$PWD timeout "${TESTS_S:-240}" \
@@ -22,7 +23,7 @@ if [ "${TESTS:-1}" = 1 ]; then
     echo "GPU tests rc=$? after $(($(date +%s) - T0)) s" >> "$OUT/gpu_tests.log" ) &
   TP=$!
 fi
-[ "${AB:-1}" = 1 ] && B=$C/bwd4/flamia bash bench/ab_seeds.sh
+[ "${AB:-1}" = 1 ] && B=$C/bwd4/flamia STEPS=${AB_STEPS:-250} bash bench/ab_seeds.sh
 [ -n "$TP" ] && wait "$TP"
 echo "== GPU tests (tests/train_deterministic.rs --ignored)"
 grep -E "^test |test result|panicked|step [0-9]+:|differ|GPU tests rc" "$OUT/gpu_tests.log" 2>/dev/null | head -20
