@@ -86,4 +86,27 @@ fn unknown_keys_and_bad_values_are_rejected_with_what_is_allowed() {
     let (ok, _, err) = print_config(&["--set", "model.size=7b"], &[]);
     assert!(!ok);
     assert!(err.contains("tiny, debug, 125m, 350m, 1b"), "{err}");
+    let (ok, _, err) = print_config(&["--set", "run.deterministic=maybe"], &[]);
+    assert!(!ok);
+    assert!(err.contains("auto, true or false"), "{err}");
+}
+
+#[test]
+fn run_deterministic_is_auto_in_the_presets_and_takes_booleans_from_env_and_set() {
+    for p in PRESETS {
+        let (ok, out, err) = print_config(&["--config", &format!("configs/{p}.toml")], &[]);
+        assert!(ok, "{p}: {err}");
+        assert!(out.contains("deterministic = \"auto\""), "{p}:\n{out}");
+    }
+    let tiny = ["--config", "configs/tiny-cpu.toml"];
+    let (ok, out, err) = print_config(&tiny, &[("FLAMIA__RUN__DETERMINISTIC", "false")]);
+    assert!(ok && out.contains("deterministic = false"), "{err}\n{out}");
+    let set = [
+        "--config",
+        "configs/tiny-cpu.toml",
+        "--set",
+        "run.deterministic=true",
+    ];
+    let (ok, out, err) = print_config(&set, &[("FLAMIA__RUN__DETERMINISTIC", "false")]);
+    assert!(ok && out.contains("deterministic = true"), "{err}\n{out}");
 }
