@@ -65,16 +65,17 @@ struct BwdV4Params {
   TmaMap do_map;   // do_tok, same
   TmaMap qd_map;   // q_dim (Tpad, Hq * 128), box (64 tokens, 128 dims), 64-byte swizzle
   TmaMap dod_map;  // do_dim, same
-  TmaMap dq_map;   // dq_acc FP32 (128, Hq, T), box (32, 1, 64), 128-byte swizzle
+  TmaMap dq_map;   // dq_acc FP32 (128, chunk heads, T), box (32, 1, 64), 128-byte swizzle
   AttnParams a;
   const int* items;  // key tile * hq + head, longest first
   const int* tiles;  // BwdTile per 128-key tile
   const int* cexp;   // c_j per (token, query head)
-  float* dkv_acc;    // GQA partial dK/dV (fragment order), null when hq == hkv
+  float* dkv_acc;    // GQA partial dK/dV per (key tile, chunk KV head) (fragment order), null when hq == hkv
   int* counter;      // zeroed before the launch
   int* dq_sem;       // per (query head, global 64-query tile), zeroed
   int* kv_sem;       // per (KV head, key tile), zeroed
   int nitems, nqt, nkt;
+  int h0, hk0, hkc;  // this launch's head chunk: query heads h0.., KV heads hk0..hk0 + hkc (scratch)
 };
 
 struct BwdItem {
@@ -574,7 +575,7 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   if (C.t() == 0) {
     const BwdTile& tl = it.tile;
     BwdDqJob& j = sm.job[db][cw];
-    j.h = it.h;
+    j.h = it.h - P.h0;  // dq_acc holds the chunk's heads
     j.row = tl.doc0 + q0;
     j.sem = it.h * P.nqt + tl.qt0 + q0 / BQT;
     j.target = 2 * (tl.k0 / BKT);
@@ -639,7 +640,7 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
     int* sem = P.kv_sem + (long long)hk * P.nkt + tl.kt;
     if (C.t() == 0) spin_until(sem, 2 * gi);
     named_sync(bar, 128);
-    float4* acc = reinterpret_cast<float4*>(P.dkv_acc + (((long long)tl.kt * a.hkv + hk) * 2 + C.cw) * (128 * 128)) + C.t();
+    float4* acc = reinterpret_cast<float4*>(P.dkv_acc + (((long long)tl.kt * P.hkc + (hk - P.hk0)) * 2 + C.cw) * (128 * 128)) + C.t();
     if (gi > 0) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
@@ -877,12 +878,13 @@ extern "C" __global__ void __launch_bounds__(1024) bwd_dv_fold(const DvFoldParam
 // One warp per (token, head) row.
 // Mirrors DqConvertParams in src/gpu/attention.rs.
 struct DqConvertParams {
-  const float* acc;  // [T, Hq, 128]
+  const float* acc;  // [T, hc, 128]: the chunk's heads h0..h0 + hc
   const i8* q_exp;   // [T, Hq]
   u16* dq;           // [T, Hq, 128]
-  long long rows;    // T * Hq
+  long long rows;    // T * hc
   float scale;
   int hadamard;
+  int hc, hq, h0;
 };
 extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvertParams p) {
   const float* acc = p.acc;
@@ -890,9 +892,10 @@ extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvert
   const long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;
+  const long long o = (r / p.hc) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
   const float4 v = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
-  const float f = p.scale * exp2i(-fold_exp(p.q_exp[r]));
+  const float f = p.scale * exp2i(-fold_exp(p.q_exp[o]));
   float x[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
   if (p.hadamard) hadamard128(x);
-  reinterpret_cast<uint2*>(p.dq + r * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
+  reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
 }

@@ -188,6 +188,34 @@ fn repeat_bitwise(gpu: &std::sync::Arc<flamia_kernels::gpu::Gpu>, shape: &Varlen
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn head_chunked_backward_is_bitwise_the_one_launch_backward() {
+    // FLAMIA_BWD_SCRATCH_MIB=0: no scratch fits, so the v4 backward runs one launch per KV head
+    // (2 query heads each here) with one chunk's dQ accumulator and dK/dV partials; every head's
+    // work and reduction order is unchanged, so the gradients must match bit for bit. (The
+    // variable is process-wide: a test running beside this one may be chunked too, which changes
+    // none of its results.)
+    let gpu = gpu();
+    let shape = VarlenShape::from_lens(&[1100, 517, 2048], 8, 4, 128).unwrap();
+    with_seeds("chunks", |mut rng| {
+        let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+        std::env::remove_var("FLAMIA_BWD_SCRATCH_MIB");
+        let one = gpu_attn(&gpu, &call);
+        std::env::set_var("FLAMIA_BWD_SCRATCH_MIB", "0");
+        let split = gpu_attn(&gpu, &call);
+        std::env::remove_var("FLAMIA_BWD_SCRATCH_MIB");
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+        for (name, (x, y)) in NAMES.iter().zip(outputs(&one).into_iter().zip(outputs(&split))) {
+            assert_eq!(
+                bits(x),
+                bits(y),
+                "{name} differs between one launch and four head chunks"
+            );
+        }
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn documents_are_isolated_bitwise() {
     let gpu = gpu();
     let attn = attn_fn(&gpu);

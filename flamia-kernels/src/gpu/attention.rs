@@ -144,6 +144,9 @@ struct BwdV4Params {
     nitems: i32,
     nqt: i32,
     nkt: i32,
+    h0: i32,
+    hk0: i32,
+    hkc: i32,
 }
 
 /// Mirrors `struct DvFoldParams` of `cuda/attn_bwd_v4.cu`.
@@ -167,6 +170,9 @@ struct DqConvertParams {
     rows: i64,
     scale: f32,
     hadamard: i32,
+    hc: i32,
+    hq: i32,
+    h0: i32,
 }
 
 /// Scratch of the v4 backward, part of [`GradWorkspace`]: the FP32 dQ accumulator, the dQ and
@@ -434,11 +440,13 @@ impl Attention {
             let t = s.tokens();
             let nkt = plan.tables.bwd.tiles.len();
             let sems = s.heads_q * plan.tables.bwd.query_tiles + s.heads_kv * nkt;
+            // one head chunk's accumulators (BwdSchedule::chunks launches reuse them)
+            let chunks = plan.tables.bwd.chunks;
             let dkv = (s.heads_q != s.heads_kv)
-                .then(|| DeviceBuf::zeros(&self.gpu, nkt * s.heads_kv * 2 * BWD_KT * 128))
+                .then(|| DeviceBuf::zeros(&self.gpu, nkt * (s.heads_kv / chunks) * 2 * BWD_KT * 128))
                 .transpose()?;
             Some(BwdScratch {
-                dq_acc: DeviceBuf::zeros(&self.gpu, t * s.heads_q * 128)?,
+                dq_acc: DeviceBuf::zeros(&self.gpu, t * (s.heads_q / chunks) * 128)?,
                 sems: DeviceBuf::zeros(&self.gpu, sems)?,
                 cexp: DeviceBuf::zeros(&self.gpu, t * s.heads_q)?,
                 dkv,
@@ -698,7 +706,6 @@ impl Attention {
         let a = self.bwd_params(plan, saved, ws, out);
         let bw = &plan.tables.bwd;
         let nkt = bw.tiles.len();
-        let nitems = bw.items.len();
         let v = Variant::new();
         // dV's fold exponents
         let fold = DvFoldParams {
@@ -721,61 +728,74 @@ impl Attention {
                 "bwd_dv_fold",
             )
         }?;
-        // the fused kernel
-        self.memset32(stream, sc.dq_acc.ptr(), sc.dq_acc.len(), "dQ accumulator")?;
+        // the fused kernel and the dQ conversion, once per head chunk (BwdSchedule::chunks): the
+        // chunk's dQ accumulator and dK/dV partials are the scratch's
         self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
-        self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
-        let p = BwdV4Params {
-            k_map: tma::token_major(saved.k.tok, t, s.heads_kv, BWD_KT as u32)?,
-            v_map: tma::token_major(saved.v.tok, t, s.heads_kv, BWD_KT as u32)?,
-            kd_map: tma::dim_major(saved.k.dim, s.heads_kv, plan.tpad(), 128)?,
-            q_map: tma::token_major(saved.q.tok, t, s.heads_q, BWD_QT as u32)?,
-            do_map: tma::token_major(a.do_tok, t, s.heads_q, BWD_QT as u32)?,
-            qd_map: tma::dim_major_64(saved.q.dim, s.heads_q, plan.tpad(), 128)?,
-            dod_map: tma::dim_major_64(a.do_dim, s.heads_q, plan.tpad(), 128)?,
-            dq_map: tma::f32_rows(sc.dq_acc.ptr(), t, s.heads_q, BWD_QT as u32)?,
-            a,
-            items: plan.bwd_items.ptr(),
-            tiles: plan.bwd_tiles.ptr(),
-            cexp: sc.cexp.ptr(),
-            dkv_acc: sc.dkv.as_ref().map_or(0, |b| b.ptr()),
-            counter: plan.counter.ptr(),
-            dq_sem: sc.sems.ptr(),
-            kv_sem: sc.sems.ptr() + 4 * (s.heads_q * bw.query_tiles) as u64,
-            nitems: nitems as i32,
-            nqt: bw.query_tiles as i32,
-            nkt: nkt as i32,
-        };
         let (v4, smem) = backward_v4_variant(self.bwd_stages);
-        let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
-        let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
-        // SAFETY: params mirror BwdV4Params; the maps cover the saved and dO code buffers of
-        // `plan`'s shape and the scratch of `ws` (allocated for this plan), the gradients are the
-        // caller's (sized by plan).
-        unsafe { launch(&f, grid, 384, smem, stream, &p, "attn_bwd_v4") }?;
-        // dQ
-        let rows = t * s.heads_q;
-        let conv = DqConvertParams {
-            acc: sc.dq_acc.ptr(),
-            q_exp: saved.q.exps,
-            dq: out.dq,
-            rows: rows as i64,
-            scale: a.scale,
-            hadamard: a.hadamard,
-        };
-        let f = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
-        // SAFETY: params mirror DqConvertParams; acc and dq are [T, Hq, 128], q_exp [T, Hq].
-        unsafe {
-            launch(
-                &f,
-                (rows.div_ceil(8) as u32, 1, 1),
-                256,
-                0,
-                stream,
-                &conv,
-                "bwd_dq_convert",
-            )
+        let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
+        let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
+        let hc = bw.chunk_heads(s.heads_q);
+        let hkc = s.heads_kv / bw.chunks;
+        for c in 0..bw.chunks {
+            let range = bw.chunk_range(c);
+            self.memset32(stream, sc.dq_acc.ptr(), sc.dq_acc.len(), "dQ accumulator")?;
+            self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
+            let p = BwdV4Params {
+                k_map: tma::token_major(saved.k.tok, t, s.heads_kv, BWD_KT as u32)?,
+                v_map: tma::token_major(saved.v.tok, t, s.heads_kv, BWD_KT as u32)?,
+                kd_map: tma::dim_major(saved.k.dim, s.heads_kv, plan.tpad(), 128)?,
+                q_map: tma::token_major(saved.q.tok, t, s.heads_q, BWD_QT as u32)?,
+                do_map: tma::token_major(a.do_tok, t, s.heads_q, BWD_QT as u32)?,
+                qd_map: tma::dim_major_64(saved.q.dim, s.heads_q, plan.tpad(), 128)?,
+                dod_map: tma::dim_major_64(a.do_dim, s.heads_q, plan.tpad(), 128)?,
+                dq_map: tma::f32_rows(sc.dq_acc.ptr(), t, hc, BWD_QT as u32)?,
+                a,
+                items: plan.bwd_items.ptr() + 4 * range.start as u64,
+                tiles: plan.bwd_tiles.ptr(),
+                cexp: sc.cexp.ptr(),
+                dkv_acc: sc.dkv.as_ref().map_or(0, |b| b.ptr()),
+                counter: plan.counter.ptr(),
+                dq_sem: sc.sems.ptr(),
+                kv_sem: sc.sems.ptr() + 4 * (s.heads_q * bw.query_tiles) as u64,
+                nitems: range.len() as i32,
+                nqt: bw.query_tiles as i32,
+                nkt: nkt as i32,
+                h0: (c * hc) as i32,
+                hk0: (c * hkc) as i32,
+                hkc: hkc as i32,
+            };
+            let grid = (range.len().min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
+            // SAFETY: params mirror BwdV4Params; the maps cover the saved and dO code buffers of
+            // `plan`'s shape and the scratch of `ws` (allocated for this plan: one chunk's heads),
+            // the items are this chunk's (heads h0..h0 + hc), the gradients are the caller's.
+            unsafe { launch(&fused, grid, 384, smem, stream, &p, "attn_bwd_v4") }?;
+            let rows = t * hc;
+            let conv = DqConvertParams {
+                acc: sc.dq_acc.ptr(),
+                q_exp: saved.q.exps,
+                dq: out.dq,
+                rows: rows as i64,
+                scale: a.scale,
+                hadamard: a.hadamard,
+                hc: hc as i32,
+                hq: s.heads_q as i32,
+                h0: (c * hc) as i32,
+            };
+            // SAFETY: params mirror DqConvertParams; acc is [T, hc, 128], dq [T, Hq, 128], q_exp
+            // [T, Hq], heads h0..h0 + hc.
+            unsafe {
+                launch(
+                    &convert,
+                    (rows.div_ceil(8) as u32, 1, 1),
+                    256,
+                    0,
+                    stream,
+                    &conv,
+                    "bwd_dq_convert",
+                )
+            }?;
         }
+        Ok(())
     }
 
     /// One backward kernel alone (the benchmark times them apart): one of the two v3.1 kernels

@@ -44,6 +44,17 @@ pub fn workloads() -> Vec<(&'static str, Vec<usize>)> {
     ]
 }
 
+/// A workload by name: one of [`workloads`], or `NxL` for N documents of L tokens (e.g.
+/// `1x131072`, the row the memory bar is stated at).
+pub fn workload(name: &str) -> Option<Vec<usize>> {
+    if let Some((_, lens)) = workloads().into_iter().find(|(n, _)| *n == name) {
+        return Some(lens);
+    }
+    let (n, l) = name.split_once('x')?;
+    let (n, l) = (n.parse::<usize>().ok()?, l.parse::<usize>().ok()?);
+    (n > 0 && l > 0 && n.checked_mul(l)? <= 1 << 22).then(|| vec![l; n])
+}
+
 /// Forward FLOPs of causal attention over `lens` (unmasked elements only).
 pub fn causal_fwd_flops(lens: &[usize]) -> f64 {
     lens.iter()
@@ -255,5 +266,16 @@ mod tests {
         // anchors.py: 3.5 * sum(4 H D l (l + 1) / 2)
         let f = causal_fwd_flops(&[65536]);
         assert_eq!(f, 4.0 * 16.0 * 128.0 * 65536.0 * 65537.0 / 2.0);
+    }
+
+    #[test]
+    fn workloads_by_name_or_documents_x_length() {
+        assert_eq!(workload("1x65536"), Some(vec![65536]));
+        assert_eq!(workload("8192+224x256").map(|l| l.len()), Some(225));
+        assert_eq!(workload("1x131072"), Some(vec![131072]));
+        assert_eq!(workload("3x100"), Some(vec![100; 3]));
+        for bad in ["", "x", "0x5", "5x0", "ax5", "1x99999999", "lognormalx"] {
+            assert_eq!(workload(bad), None, "{bad}");
+        }
     }
 }

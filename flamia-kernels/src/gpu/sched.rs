@@ -15,6 +15,11 @@
 //! order in which the kernel's semaphores let each query tile's dQ partials in (an item only ever
 //! waits for items taken before it, so the ordered reduction cannot deadlock), and the heads of a
 //! GQA group are taken in the order their dK/dV partials are summed.
+//!
+//! The backward's FP32 dQ accumulator ([tokens x query heads x 128]) and, for GQA, its dK/dV
+//! partial sums grow with the packed row; past [`BWD_SCRATCH_BUDGET`] the query heads are split
+//! into chunks of whole KV groups, one launch per chunk (items listed chunk by chunk, each chunk
+//! longest first), so the scratch is one chunk's.
 
 use crate::options::VarlenShape;
 
@@ -88,6 +93,51 @@ fn query_steps(len: usize, k0: usize, causal: bool) -> usize {
     (len - start).div_ceil(BWD_QT)
 }
 
+/// Bytes the v4 backward's per-chunk scratch (FP32 dQ accumulator, GQA dK/dV partials) may take
+/// before the query heads are split into chunks (`FLAMIA_BWD_SCRATCH_MIB` overrides it).
+pub const BWD_SCRATCH_BUDGET: usize = 256 << 20;
+
+/// [`BWD_SCRATCH_BUDGET`], or `FLAMIA_BWD_SCRATCH_MIB` MiB when set (a development and test knob).
+pub fn bwd_scratch_budget() -> usize {
+    std::env::var("FLAMIA_BWD_SCRATCH_MIB")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .map_or(BWD_SCRATCH_BUDGET, |m| m << 20)
+}
+
+/// Scratch bytes of one chunk of `heads_q / chunks` query heads: the FP32 dQ accumulator and,
+/// for GQA, one FP32 dK and dV partial per (128-key tile, KV head).
+pub fn bwd_scratch_bytes(
+    tokens: usize,
+    key_tiles: usize,
+    heads_q: usize,
+    heads_kv: usize,
+    chunks: usize,
+) -> usize {
+    let dq = tokens * (heads_q / chunks) * 128 * 4;
+    let dkv = if heads_q != heads_kv {
+        key_tiles * (heads_kv / chunks) * 2 * BWD_KT * 128 * 4
+    } else {
+        0
+    };
+    dq + dkv
+}
+
+/// The fewest head chunks (a divisor of `heads_kv`, so every chunk holds whole GQA groups) whose
+/// scratch fits `budget`; `heads_kv` chunks when none does.
+pub fn bwd_head_chunks(
+    tokens: usize,
+    key_tiles: usize,
+    heads_q: usize,
+    heads_kv: usize,
+    budget: usize,
+) -> usize {
+    (1..=heads_kv)
+        .filter(|c| heads_kv % c == 0)
+        .find(|&c| bwd_scratch_bytes(tokens, key_tiles, heads_q, heads_kv, c) <= budget)
+        .unwrap_or(heads_kv)
+}
+
 /// The v4 backward's work list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BwdSchedule {
@@ -95,15 +145,19 @@ pub struct BwdSchedule {
     /// offset in doc, the document's first 64-query tile (global index), this key tile's global
     /// index, 0, 0}` (`struct BwdTile`).
     pub tiles: Vec<[i32; 8]>,
-    /// `tile * heads_q + head`, longest first.
+    /// `tile * heads_q + head`: chunk by chunk (heads `c * heads_q / chunks ..`), each longest
+    /// first.
     pub items: Vec<i32>,
     /// 64-query tiles over all documents (the dQ semaphores per head).
     pub query_tiles: usize,
+    /// Query-head chunks, one launch each ([`bwd_head_chunks`]).
+    pub chunks: usize,
 }
 
 impl BwdSchedule {
-    /// Tiles and items of `shape` (`pad_starts` as for [`FwdSchedule::new`]).
-    pub fn new(shape: &VarlenShape, pad_starts: &[usize], causal: bool) -> Self {
+    /// Tiles and items of `shape` (`pad_starts` as for [`FwdSchedule::new`]), the heads split
+    /// into chunks when the scratch would exceed `scratch_budget` bytes.
+    pub fn new(shape: &VarlenShape, pad_starts: &[usize], causal: bool, scratch_budget: usize) -> Self {
         let mut tiles = Vec::new();
         let mut cost = Vec::new();
         let mut qt0 = 0usize;
@@ -125,12 +179,31 @@ impl BwdSchedule {
             }
             qt0 += len.div_ceil(BWD_QT);
         }
-        let items = longest_first(&cost, shape.heads_q);
+        let tokens = shape.cu_seqlens.last().copied().unwrap_or(0);
+        let (hq, hkv) = (shape.heads_q, shape.heads_kv);
+        let chunks = bwd_head_chunks(tokens, tiles.len(), hq, hkv, scratch_budget);
+        let all = longest_first(&cost, hq);
+        let hc = hq / chunks;
+        let items = (0..chunks)
+            .flat_map(|c| all.iter().copied().filter(move |&it| it as usize % hq / hc == c))
+            .collect();
         BwdSchedule {
             tiles,
             items,
             query_tiles: qt0,
+            chunks,
         }
+    }
+
+    /// Query heads per chunk.
+    pub fn chunk_heads(&self, heads_q: usize) -> usize {
+        heads_q / self.chunks
+    }
+
+    /// The items of chunk `c` (a contiguous range of `items`).
+    pub fn chunk_range(&self, c: usize) -> std::ops::Range<usize> {
+        let n = self.items.len() / self.chunks;
+        c * n..(c + 1) * n
     }
 
     /// Steps walked by item `i` (the cost it was sorted by).
@@ -198,7 +271,7 @@ mod tests {
     fn backward_items_take_each_documents_key_tiles_in_ascending_order() {
         let shape = VarlenShape::from_lens(&[100, 1000, 129, 256], 4, 2, 128).unwrap();
         for causal in [true, false] {
-            let s = BwdSchedule::new(&shape, &pads(&shape), causal);
+            let s = BwdSchedule::new(&shape, &pads(&shape), causal, BWD_SCRATCH_BUDGET);
             // key tiles: 1 + 8 + 2 + 2; 64-query tiles: 2 + 16 + 3 + 4
             assert_eq!(s.tiles.len(), 13);
             assert_eq!(s.query_tiles, 25);
@@ -223,7 +296,46 @@ mod tests {
             }
         }
         // the 1000-token document's first 64-query tile is global tile 2 (after the 100-token doc)
-        let s = BwdSchedule::new(&shape, &pads(&shape), true);
+        let s = BwdSchedule::new(&shape, &pads(&shape), true, BWD_SCRATCH_BUDGET);
         assert_eq!(s.tiles[1], [100, 1000, 128, 0, 2, 1, 0, 0]);
+    }
+
+    #[test]
+    fn backward_heads_split_into_whole_group_chunks_past_the_scratch_budget() {
+        // 65,536 tokens x 16 heads x 128 x 4 B = 512 MiB of dQ accumulator: 2 chunks at 256 MiB,
+        // 4 at 131,072 tokens; GQA adds 2 x 128 x 128 x 4 B per (key tile, KV head)
+        assert_eq!(bwd_head_chunks(65536, 512, 16, 16, BWD_SCRATCH_BUDGET), 2);
+        assert_eq!(bwd_head_chunks(131072, 1024, 16, 16, BWD_SCRATCH_BUDGET), 4);
+        assert_eq!(bwd_head_chunks(4096, 32, 16, 16, BWD_SCRATCH_BUDGET), 1);
+        assert_eq!(
+            bwd_scratch_bytes(16384, 128, 16, 8, 2),
+            16384 * 8 * 512 + 128 * 4 * 2 * 128 * 128 * 4
+        );
+        // a budget nothing fits: one chunk per KV group
+        assert_eq!(bwd_head_chunks(1 << 20, 8192, 16, 4, 1), 4);
+        let shape = VarlenShape::from_lens(&[100, 1000, 129, 256], 8, 4, 128).unwrap();
+        let one = BwdSchedule::new(&shape, &pads(&shape), true, usize::MAX);
+        let split = BwdSchedule::new(&shape, &pads(&shape), true, 1);
+        assert_eq!((one.chunks, split.chunks), (1, 4));
+        let hc = split.chunk_heads(8);
+        assert_eq!(hc, 2);
+        let mut all = split.items.clone();
+        all.sort();
+        assert_eq!(all, (0..13 * 8).collect::<Vec<i32>>());
+        for c in 0..split.chunks {
+            let items = &split.items[split.chunk_range(c)];
+            assert!(
+                items.iter().all(|&it| it as usize % 8 / hc == c),
+                "chunk {c}: {items:?}"
+            );
+            // the chunk keeps the one-chunk order (longest first, key tiles ascending per head)
+            let kept: Vec<i32> = one
+                .items
+                .iter()
+                .copied()
+                .filter(|it| *it as usize % 8 / hc == c)
+                .collect();
+            assert_eq!(items, &kept[..]);
+        }
     }
 }

@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use flamia_kernels::gpu::bench::{run_workload, workloads, BenchRow};
+use flamia_kernels::gpu::bench::{run_workload, workload, workloads, BenchRow};
 use flamia_kernels::gpu::{Attention, Gpu};
 use flamia_kernels::{AttnOptions, AttnPath};
 use std::path::PathBuf;
@@ -31,7 +31,8 @@ struct AttentionArgs {
     /// Write the rows as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Only these workloads (names as in anchors.py; repeatable). Default: all nine.
+    /// Only these workloads (names as in anchors.py, or NxL: N documents of L tokens, e.g.
+    /// 1x131072; repeatable). Default: all nine.
     #[arg(long)]
     workload: Vec<String>,
     /// Turn on the three causal-safety precision options.
@@ -63,14 +64,21 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let gpu = Gpu::new(0).context("opening the GPU for the attention benchmark")?;
     let all = workloads();
-    for w in &a.workload {
-        if !all.iter().any(|(n, _)| n == w) {
-            bail!(
-                "unknown workload {w:?}; allowed: {}",
-                all.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
-            );
+    let chosen: Vec<(String, Vec<usize>)> = if a.workload.is_empty() {
+        all.iter().map(|(n, l)| (n.to_string(), l.clone())).collect()
+    } else {
+        let mut v = Vec::new();
+        for w in &a.workload {
+            let Some(lens) = workload(w) else {
+                bail!(
+                    "unknown workload {w:?}; allowed: {}, or NxL (N documents of L tokens, N*L <= 4194304)",
+                    all.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                );
+            };
+            v.push((w.clone(), lens));
         }
-    }
+        v
+    };
     println!(
         "flamia bench attention: 16 heads, d=128, causal on {} ({}, {} SMs), path {path}, precision {:?}",
         gpu.name(),
@@ -85,10 +93,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         "{:<14} {:>5} | {:>9} {:>6} {:>9} {:>9} {:>9} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8}  (ms medians, quantiser GB/s read + written; TFLOP/s; bwd parts alone, ms: v4 = fused kernel in `dq`; MiB the call allocates)",
         "workload", "docs", "quant", "GB/s", "fwd", "bwd", "train", "fwd", "bwd", "train", "dO quant", "dq", "dkdv", "MiB"
     );
-    for (name, lens) in all
-        .iter()
-        .filter(|(n, _)| a.workload.is_empty() || a.workload.iter().any(|w| w == n))
-    {
+    for (name, lens) in &chosen {
         let r = run_workload(&gpu, opts, name, lens).with_context(|| format!("workload {name}"))?;
         println!(
             "{:<14} {:>5} | {:>9.3} {:>6.0} {:>9.3} {:>9.3} {:>9.3} | {:>8.1} {:>8.1} {:>8.1} | {:>8.3} {:>8.3} {:>8.3} | {:>8.0}",
