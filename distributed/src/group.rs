@@ -524,6 +524,20 @@ impl Store {
             .collect()
     }
 
+    /// Every rank's byte string (by rank) on `root` only; the other ranks get `None` and do not
+    /// wait (the store half of a reduce to one rank: only the owner downloads).
+    pub fn gather_to(&self, root: usize, value: &[u8], timeout: Duration) -> Result<Option<Vec<Vec<u8>>>> {
+        let g = self.next_generation();
+        self.set(&format!("__gather_to/{g}/{}", self.rank), value)?;
+        if self.rank != root {
+            return Ok(None);
+        }
+        (0..self.world_size)
+            .map(|r| self.get(&format!("__gather_to/{g}/{r}"), timeout))
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
     /// True on every rank when at least one rank votes true (e.g. "stop now": a signal or a
     /// time limit seen by one rank).
     /// Four small requests per rank (no all-gather), so it is cheap enough to call every step.

@@ -277,6 +277,39 @@ impl Communicator {
         })
     }
 
+    /// Reduce to one rank: `root`'s `recv` receives the reduction of every rank's `send`
+    /// (`count` elements; in place when equal); the others' `recv` is not written.
+    ///
+    /// # Safety
+    /// As [`Communicator::all_reduce`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: ReduceDtype,
+        op: ReduceOp,
+        root: usize,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        self.enqueue("ncclReduce", |c| {
+            // SAFETY: forwarded from the caller's contract.
+            unsafe {
+                sys::ncclReduce(
+                    send as *const c_void,
+                    recv as *mut c_void,
+                    count,
+                    raw_dtype(dtype),
+                    op.raw(),
+                    root as i32,
+                    c,
+                    stream as _,
+                )
+            }
+        })
+    }
+
     /// Reduce-scatter: `send` holds `recv_count * world_size` elements; rank `r` receives the
     /// reduction of block `r` into `recv` (`recv_count` elements).
     ///

@@ -50,6 +50,9 @@ fn barrier_gather_vote_and_mean_across_ranks() {
                 assert_eq!(s.add("counter", 0).unwrap(), 6);
                 let all = s.all_gather(&[rank as u8], t).unwrap();
                 assert_eq!(all, vec![vec![0], vec![1], vec![2]]);
+                let to1 = s.gather_to(1, &[10 + rank as u8], t).unwrap();
+                let want = (rank == 1).then(|| vec![vec![10], vec![11], vec![12]]);
+                assert_eq!(to1, want, "rank {rank}: only the root gets the values");
                 assert!(!s.vote_any(false, t).unwrap());
                 assert!(s.vote_any(rank == 1, t).unwrap());
                 let mean = s.mean_across_ranks(&[rank as f64, 10.0], t).unwrap();

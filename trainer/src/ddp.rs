@@ -105,6 +105,8 @@ pub struct Ddp {
     params: Vec<Tensor>,
     flats: Vec<Tensor>,
     overlap: Option<Arc<Reducer>>,
+    /// The last gradient reduction averaged only this rank's ZeRO-1 range.
+    sharded: bool,
 }
 
 impl std::fmt::Debug for Ddp {
@@ -133,6 +135,7 @@ impl Ddp {
             params: Vec::new(),
             flats: Vec::new(),
             overlap: None,
+            sharded: false,
         };
         if ddp.topo.world_size == 1 && ddp.topo.source == Source::Single {
             return Ok(ddp);
@@ -391,7 +394,8 @@ impl Ddp {
     pub fn all_reduce_grads(&mut self) -> Result<()> {
         if let (Some(pg), Some(r)) = (&self.pg, &self.overlap) {
             pg.health().check().map_err(dist)?;
-            return r.finish(pg.store());
+            self.sharded = r.finish(pg.store())?;
+            return Ok(());
         }
         let (Some(pg), Some(plan)) = (&self.pg, &self.plan) else {
             return Ok(());
@@ -438,6 +442,24 @@ impl Ddp {
             comm.wait(STREAM, "gradient all-reduce").map_err(dist)?;
         }
         Ok(())
+    }
+
+    /// ZeRO-1 with `overlap`: from the next plan on, reduce each element of `flat` (AdamW's flat
+    /// gradient buffer, which every gradient is a view of) only to the rank whose
+    /// [`Ddp::zero_range`] holds it (NCCL reduce, or a store gather to that rank), instead of
+    /// to every rank. A no-op without `overlap`. After [`Ddp::all_reduce_grads`],
+    /// [`Ddp::grads_sharded`] says whether it applied (then only this rank's range holds
+    /// averages: the gradient norm must be combined from every rank's part).
+    pub fn shard_gradients(&self, flat: &Tensor) {
+        if let Some(r) = &self.overlap {
+            let w = self.topo.world_size as i64;
+            r.shard(flat, (flat.numel() as i64 + w - 1) / w);
+        }
+    }
+
+    /// Whether the last [`Ddp::all_reduce_grads`] averaged only this rank's ZeRO-1 range.
+    pub fn grads_sharded(&self) -> bool {
+        self.sharded
     }
 
     /// Mean of each value across ranks (every rank gets the same numbers). Use it for the loss

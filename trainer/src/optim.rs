@@ -151,6 +151,20 @@ impl AdamW {
         Ok(self.grads.f_norm()?)
     }
 
+    /// L2 norm of the gradients in `range` of the flat buffer (ZeRO-1 with sharded gradient
+    /// reduction: a rank's part of the global norm), as [`AdamW::grad_norm`].
+    pub fn grad_norm_of(&self, range: std::ops::Range<i64>) -> Result<Tensor> {
+        Ok(self
+            .grads
+            .f_narrow(0, range.start, range.end - range.start)?
+            .f_norm()?)
+    }
+
+    /// The flat gradient buffer (every gradient is a view of it).
+    pub fn flat_grads(&self) -> &Tensor {
+        &self.grads
+    }
+
     /// Multiplies every gradient by `s` (clipping).
     pub fn scale_grads(&mut self, s: f64) -> Result<()> {
         let _ = tch::no_grad(|| self.grads.f_mul_scalar_(s))?;

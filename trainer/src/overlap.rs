@@ -81,10 +81,16 @@ pub(crate) enum Backend {
     Store(Arc<Store>),
 }
 
-/// The store reducer thread's ends: jobs `(bucket, f32 bytes)` in, averages out.
+/// One bucket's work for the store reducer thread: parts of f32 bytes, each averaged on every
+/// rank (`None`) or on its owner only (`Some(rank)`, ZeRO-1).
+type StoreJob = (usize, Vec<(Option<usize>, Vec<u8>)>);
+/// Per part the average, where this rank receives it.
+type StoreResult = (usize, std::result::Result<Vec<Option<Vec<f32>>>, String>);
+
+/// The store reducer thread's ends.
 struct StoreThread {
-    jobs: mpsc::Sender<(usize, Vec<u8>)>,
-    results: mpsc::Receiver<(usize, std::result::Result<Vec<f32>, String>)>,
+    jobs: mpsc::Sender<StoreJob>,
+    results: mpsc::Receiver<StoreResult>,
 }
 
 /// The average over ranks of `all` (each rank's f32 little-endian bytes, by rank): summed in rank
@@ -127,6 +133,9 @@ struct Plan {
     expected: Vec<u32>,
     /// In place (f32): each bucket's runs, and every gradient's address (checked per launch).
     runs: Option<(Vec<Vec<Run>>, Vec<u64>)>,
+    /// ZeRO-1 (in place): each bucket's stretches cut at the ranks' ranges of the flat gradient
+    /// buffer, `(element offset, length, owner)`, each reduced to its owner only.
+    pieces: Option<Vec<Vec<(i64, usize, usize)>>>,
     /// Otherwise (bf16, or gradients that are not contiguous f32): one flat copy per bucket.
     flats: Vec<Tensor>,
     side: Option<SideStream>,
@@ -143,6 +152,8 @@ struct State {
     rank: usize,
     timeout: Duration,
     phase: Phase,
+    /// ZeRO-1: AdamW's flat gradient buffer and the elements per rank's range.
+    shard: Option<(Tensor, i64)>,
     /// This backward's accumulations per parameter.
     fires: Vec<u32>,
     /// Recording: the parameter of every accumulation, in order.
@@ -220,6 +231,7 @@ impl Reducer {
                 rank: o.rank,
                 timeout: o.timeout,
                 phase: Phase::Idle,
+                shard: None,
                 fires: vec![0; n],
                 seq: Vec::new(),
                 plan: None,
@@ -321,9 +333,10 @@ impl Reducer {
         }
     }
 
-    /// After the step's last backward: every bucket reduced, the averages in the gradients.
-    /// `store`: rank 0's recorded order reaches the others through it (the first step).
-    pub fn finish(&self, store: &Store) -> Result<()> {
+    /// After the step's last backward: every bucket reduced, the averages in the gradients
+    /// (only in this rank's ZeRO-1 range when it returns true). `store`: rank 0's recorded order
+    /// reaches the others through it (the first step).
+    pub fn finish(&self, store: &Store) -> Result<bool> {
         let mut g = self.lock();
         let st = g
             .as_mut()
@@ -346,12 +359,24 @@ impl Reducer {
             st.launch(b, main_stream, "end");
             st.next += 1;
         }
+        let sharded = st.plan.as_ref().is_some_and(|p| p.pieces.is_some());
         let done = st.complete();
         st.step += 1;
         if let Some(e) = st.error.take() {
             return Err(invalid(format!("overlapped gradient reduction: {e}")));
         }
-        done
+        done.map(|()| sharded)
+    }
+
+    /// ZeRO-1: reduce each gradient element only to the rank that updates it (rank `r` owns
+    /// elements `[r * shard, (r + 1) * shard)` of `flat`, the flat gradient buffer every gradient
+    /// is a view of): NCCL reduce / store gather to the owner instead of all-reduce, half the
+    /// traffic. Applies to plans made from now on, in place (f32) only; [`Reducer::finish`]
+    /// says whether a step's gradients were sharded (then only the own range is averaged).
+    pub fn shard(&self, flat: &Tensor, shard: i64) {
+        if let Some(st) = self.lock().as_mut() {
+            st.shard = Some((flat.shallow_clone(), shard));
+        }
     }
 
     /// Drops the buffers, the hooks' work and the communicator handle (the hooks stay but do
@@ -407,6 +432,10 @@ impl State {
             ReduceDtype::Bf16 => Kind::BFloat16,
         };
         let runs = self.dense_runs(&buckets)?;
+        let pieces = match (&runs, &self.shard) {
+            (Some((r, _)), Some((flat, shard))) => owner_pieces(r, flat, *shard),
+            _ => None,
+        };
         let flats = if runs.is_some() {
             Vec::new()
         } else {
@@ -426,8 +455,15 @@ impl State {
         let first: Vec<usize> = buckets.buckets.iter().map(|b| b.slots.len()).collect();
         let how = match &runs {
             Some((r, _)) => format!(
-                "in place in the gradients ({} stretches of memory)",
-                r.iter().map(Vec::len).sum::<usize>()
+                "in place in the gradients ({} stretches of memory{})",
+                r.iter().map(Vec::len).sum::<usize>(),
+                match &pieces {
+                    Some(p) => format!(
+                        ", ZeRO-1: {} pieces each reduced to its owner only",
+                        p.iter().map(Vec::len).sum::<usize>()
+                    ),
+                    None => String::new(),
+                }
             ),
             None => "through one flat copy per bucket".to_string(),
         };
@@ -440,6 +476,7 @@ impl State {
             buckets,
             expected: if recorded { expected } else { vec![0; n] },
             runs,
+            pieces,
             flats,
             side,
             store: store_thread,
@@ -519,11 +556,12 @@ impl State {
             .as_mut()
             .ok_or_else(|| invalid("no bucket plan".into()))?;
         let bucket = &plan.buckets.buckets[b];
-        // What goes on the wire: in place, the bucket's stretches of gradient memory; else the
+        // What goes on the wire, `(address, elements, owner)`: in place, the bucket's stretches
+        // of gradient memory (ZeRO-1: cut at the ranks' ranges, each to its owner); else the
         // bucket's flat copy (written here, on the current stream).
-        let mut spans: Vec<(u64, usize)> = Vec::new();
-        match &plan.runs {
-            Some((runs, ptrs)) => {
+        let mut spans: Vec<(u64, usize, Option<usize>)> = Vec::new();
+        match (&plan.runs, &plan.pieces, &self.shard) {
+            (Some((runs, ptrs)), pieces, shard) => {
                 for s in &bucket.slots {
                     let at = self.params[s.param].f_grad()?.data_ptr() as u64;
                     if at != ptrs[s.param] {
@@ -533,9 +571,19 @@ impl State {
                         )));
                     }
                 }
-                spans.extend(runs[b].iter().map(|r| (r.ptr, r.len)));
+                match (pieces, shard) {
+                    (Some(pieces), Some((flat, _))) => {
+                        let base = flat.data_ptr() as u64;
+                        spans.extend(
+                            pieces[b]
+                                .iter()
+                                .map(|&(o, n, r)| (base + 4 * o as u64, n, Some(r))),
+                        );
+                    }
+                    _ => spans.extend(runs[b].iter().map(|r| (r.ptr, r.len, None))),
+                }
             }
-            None => {
+            (None, _, _) => {
                 let flat = &plan.flats[b];
                 for s in &bucket.slots {
                     let g = self.params[s.param].f_grad()?;
@@ -546,7 +594,7 @@ impl State {
                         let _ = dst.f_zero_()?;
                     }
                 }
-                spans.push((flat.data_ptr() as u64, bucket.numel));
+                spans.push((flat.data_ptr() as u64, bucket.numel, None));
             }
         }
         match &self.backend {
@@ -557,36 +605,46 @@ impl State {
                     .as_ref()
                     .ok_or_else(|| invalid("no side stream".into()))?;
                 side.wait_for(stream, b).map_err(|e| invalid(e.to_string()))?;
-                for (ptr, len) in spans {
+                let dtype = plan.buckets.dtype;
+                for (ptr, len, owner) in spans {
                     // SAFETY: `len` contiguous elements of the reduction dtype on this device
                     // from `ptr`: a stretch of the (checked, unmoved) gradients or the bucket's
                     // flat copy, both alive until `complete` has waited for the side stream; the
                     // backward no longer writes them (their accumulations are complete).
-                    unsafe { comm.all_reduce(ptr, ptr, len, plan.buckets.dtype, ReduceOp::Avg, side.raw()) }
-                        .map_err(|e| invalid(e.to_string()))?;
+                    unsafe {
+                        match owner {
+                            None => comm.all_reduce(ptr, ptr, len, dtype, ReduceOp::Avg, side.raw()),
+                            Some(r) => comm.reduce(ptr, ptr, len, dtype, ReduceOp::Avg, r, side.raw()),
+                        }
+                    }
+                    .map_err(|e| invalid(e.to_string()))?;
                 }
             }
             Backend::Store(_) => {
-                let mut bytes: Vec<u8> = Vec::new();
-                let mut push = |t: &Tensor| -> Result<()> {
+                let bytes_of = |t: &Tensor| -> Result<Vec<u8>> {
                     let v: Vec<f32> = Vec::try_from(&t.f_to_kind(Kind::Float)?.f_view([-1])?)?;
-                    bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
-                    Ok(())
+                    Ok(v.iter().flat_map(|x| x.to_le_bytes()).collect())
                 };
-                match &plan.runs {
-                    Some((runs, _)) => {
+                let parts = match (&plan.runs, &plan.pieces, &self.shard) {
+                    (Some(_), Some(pieces), Some((flat, _))) => pieces[b]
+                        .iter()
+                        .map(|&(o, n, r)| Ok((Some(r), bytes_of(&flat.f_narrow(0, o, n as i64)?)?)))
+                        .collect::<Result<Vec<_>>>()?,
+                    (Some((runs, _)), _, _) => {
+                        let mut bytes = Vec::new();
                         for p in runs[b].iter().flat_map(|r| &r.params) {
-                            push(&self.params[*p].f_grad()?)?;
+                            bytes.extend(bytes_of(&self.params[*p].f_grad()?)?);
                         }
+                        vec![(None, bytes)]
                     }
-                    None => push(&plan.flats[b])?,
-                }
+                    (None, _, _) => vec![(None, bytes_of(&plan.flats[b])?)],
+                };
                 let th = plan
                     .store
                     .as_ref()
                     .ok_or_else(|| invalid("no reducer thread".into()))?;
                 th.jobs
-                    .send((b, bytes))
+                    .send((b, parts))
                     .map_err(|_| invalid("the reducer thread stopped".into()))?;
             }
         }
@@ -605,7 +663,7 @@ impl State {
         match &self.backend {
             Backend::Nccl { comm, .. } => {
                 if let Some(side) = &plan.side {
-                    comm.wait(side.raw(), "overlapped gradient all-reduce")
+                    comm.wait(side.raw(), "overlapped gradient reduction")
                         .map_err(|e| invalid(e.to_string()))?;
                 }
             }
@@ -615,14 +673,27 @@ impl State {
                     .as_ref()
                     .ok_or_else(|| invalid("no reducer thread".into()))?;
                 for _ in 0..launched {
-                    let (b, mean) = th
+                    let (b, parts) = th
                         .results
                         .recv()
                         .map_err(|_| invalid("the reducer thread stopped".into()))?;
-                    let mean = mean.map_err(invalid)?;
-                    match &plan.runs {
-                        Some((runs, _)) => {
+                    let parts = parts.map_err(invalid)?;
+                    match (&plan.runs, &plan.pieces, &self.shard) {
+                        (Some(_), Some(pieces), Some((flat, _))) => {
+                            // only the owned pieces came back
+                            for (&(o, n, _), mean) in pieces[b].iter().zip(&parts) {
+                                if let Some(mean) = mean {
+                                    flat.f_narrow(0, o, n as i64)?
+                                        .f_copy_(&Tensor::from_slice(mean))?;
+                                }
+                            }
+                        }
+                        (Some((runs, _)), _, _) => {
                             // back into the gradients, in the order they were read
+                            let mean = parts
+                                .first()
+                                .and_then(Option::as_ref)
+                                .map_or(&[][..], Vec::as_slice);
                             let mut off = 0;
                             for &p in runs[b].iter().flat_map(|r| &r.params) {
                                 let n = self.numels[p];
@@ -631,9 +702,13 @@ impl State {
                                 off += n;
                             }
                         }
-                        None => {
+                        (None, _, _) => {
+                            let mean = parts
+                                .first()
+                                .and_then(Option::as_ref)
+                                .map_or(&[][..], Vec::as_slice);
                             let flat = &mut plan.flats[b];
-                            let reduced = Tensor::from_slice(&mean).f_to_kind(flat.kind())?;
+                            let reduced = Tensor::from_slice(mean).f_to_kind(flat.kind())?;
                             flat.f_copy_(&reduced)?;
                         }
                     }
@@ -661,16 +736,54 @@ impl State {
     }
 }
 
+/// ZeRO-1: `runs` (per bucket) cut at the ranks' ranges of `flat` (`shard` elements each), as
+/// `(element offset in flat, length, owner)`; `None` when a stretch lies outside `flat`.
+fn owner_pieces(runs: &[Vec<Run>], flat: &Tensor, shard: i64) -> Option<Vec<Vec<(i64, usize, usize)>>> {
+    let base = flat.data_ptr() as u64;
+    let n = flat.numel() as i64;
+    if shard <= 0 {
+        return None;
+    }
+    let mut all = Vec::with_capacity(runs.len());
+    for bucket in runs {
+        let mut pieces = Vec::new();
+        for r in bucket {
+            let start = (r.ptr.checked_sub(base)? / 4) as i64;
+            let end = start + r.len as i64;
+            if end > n {
+                return None;
+            }
+            let mut o = start;
+            while o < end {
+                let owner = o / shard;
+                let stop = end.min((owner + 1) * shard);
+                pieces.push((o, (stop - o) as usize, owner as usize));
+                o = stop;
+            }
+        }
+        all.push(pieces);
+    }
+    Some(all)
+}
+
 fn spawn_store_thread(store: Arc<Store>, timeout: Duration) -> Result<StoreThread> {
-    let (jobs, jobs_rx) = mpsc::channel::<(usize, Vec<u8>)>();
+    let (jobs, jobs_rx) = mpsc::channel::<StoreJob>();
     let (results_tx, results) = mpsc::channel();
     std::thread::Builder::new()
         .name("flamia-grad-reducer".into())
         .spawn(move || {
-            for (b, bytes) in jobs_rx {
-                let r = store
-                    .all_gather(&bytes, timeout)
-                    .map(|all| mean_of_ranks(&all))
+            for (b, parts) in jobs_rx {
+                let r = parts
+                    .iter()
+                    .map(|(root, bytes)| match root {
+                        None => store
+                            .all_gather(bytes, timeout)
+                            .map(|all| Some(mean_of_ranks(&all))),
+                        Some(root) => store
+                            .gather_to(*root, bytes, timeout)
+                            .map(|all| all.map(|a| mean_of_ranks(&a))),
+                    })
+                    .collect::<std::result::Result<Vec<_>, _>>()
                     .map_err(|e| e.to_string());
                 if results_tx.send((b, r)).is_err() {
                     break;

@@ -359,6 +359,8 @@ impl<'a> Run<'a> {
                 opt.numel()
             );
             opt.shard_moments(range)?;
+            // With overlap: gradients reduced to their owner only (a reduce-scatter by bucket).
+            ddp.shard_gradients(opt.flat_grads());
         }
         let start_step = st.step;
         let validator = Validator::new(cfg, ddp.rank(), ddp.world_size())?;
@@ -479,11 +481,17 @@ impl<'a> Run<'a> {
     fn reduce(&mut self, ddp: &mut Ddp, loss_sum: &Tensor, step: &Step) -> Result<(f64, f64)> {
         ddp.all_reduce_grads()
             .map_err(|e| self.oom(e, || "the gradient all-reduce".into()))?;
+        // ZeRO-1 with sharded reduction: this rank's part of the norm, combined below.
+        let sharded = self.zero1 && ddp.grads_sharded();
         let pair = (|| -> Result<Vec<f64>> {
             let loss = loss_sum
                 .f_to_kind(Kind::Double)?
                 .f_div_scalar(step.targets as f64)?;
-            let norm = self.opt.grad_norm()?.f_to_kind(Kind::Double)?;
+            let norm = match sharded {
+                true => self.opt.grad_norm_of(ddp.zero_range(self.opt.numel()))?,
+                false => self.opt.grad_norm()?,
+            }
+            .f_to_kind(Kind::Double)?;
             let both = Tensor::f_stack(&[loss, norm], 0)?.f_to_device(Device::Cpu)?;
             Ok(Vec::<f64>::try_from(&both)?)
         })()
@@ -491,8 +499,16 @@ impl<'a> Run<'a> {
         // Mean over ranks of the loss, and the stop vote riding along (no extra round trip):
         // every rank then decides (skip, clip, stop) alike.
         let signal = flamia_dist::signal::requested();
-        let mean = ddp.mean(&[pair[0], f64::from(u8::from(signal.is_some()))])?;
+        let mut vals = vec![pair[0], f64::from(u8::from(signal.is_some()))];
+        if sharded {
+            vals.push(pair[1] * pair[1]);
+        }
+        let mean = ddp.mean(&vals)?;
         let loss = mean[0];
+        let grad_norm = match sharded {
+            true => (mean[2] * ddp.world_size() as f64).sqrt(),
+            false => pair[1],
+        };
         if mean[1] > 0.0 && self.stopped_by.is_none() {
             self.stopped_by = Some(match signal {
                 Some(sig) => flamia_dist::signal::name(sig),
@@ -502,7 +518,7 @@ impl<'a> Run<'a> {
         if let Some(t) = &self.trace {
             t.step(self.st.step + 1, loss, &self.params)?;
         }
-        Ok((loss, pair[1]))
+        Ok((loss, grad_norm))
     }
 
     /// Skips a non-finite or spiking step, else clips and updates; gradients are zeroed either
