@@ -6,7 +6,9 @@
 #   dist1        through launch/local.sh (world size 1), NCCL all-reduce after the backward;
 #   zero1ovl     the same with distributed.zero1=true and distributed.overlap=true:
 #                buckets reduced by the gradient hooks during the backward (NCCL on a side
-#                stream), AdamW moments sharded, parameters all-gathered.
+#                stream, in place, each piece reduced to its ZeRO-1 owner), AdamW moments
+#                sharded, the gradient norm combined from the ranks' parts, parameters
+#                all-gathered.
 # It prints every step's loss and tokens/s per arm, the largest |loss - plain| per arm, the median
 # tokens/s over steps 3..STEPS, each arm's wall time, and from the overlap arm's FLAMIA_DDP_TRACE
 # how many bucket launches came from the hooks inside the backward. ARMS (default
@@ -16,7 +18,18 @@
 # run: CONFIG=configs/tiny-cpu.toml BIN_DIR=target/debug ATTN_PATH=bf16; nccl-check then fails).
 #   launch/device-ddp-check.sh [GPU_TEST_BINARY [TEST_FILTER]]
 # GPU_TEST_BINARY runs with --ignored (e.g. the trainer lib tests, filter "ddp::").
+# Staged binaries: `launch/device-ddp-check.sh --stage` here copies target/release/flamia and
+# flamia-dist into .device-carry/ddp/ (39 MB); carry that folder and run on the device with
+#   BIN_DIR=.device-carry/ddp bash launch/device-ddp-check.sh
 set -uo pipefail
+if [ "${1:-}" = "--stage" ]; then # here, after cargo build --release -p flamia-trainer -p flamia-dist
+    mkdir -p .device-carry/ddp && cp target/release/flamia target/release/flamia-dist .device-carry/ddp/ && exit 0
+fi
+# The device's libtorch and CUDA libraries (as bench/device_18_17.sh), unless already on the path.
+SP=/opt/torch/.venv/lib/python3.12/site-packages
+if [ -d "$SP/torch/lib" ] && [[ "${LD_LIBRARY_PATH:-}" != *torch/lib* ]]; then
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+fi
 out="${OUT:-/tmp/flamia-ddp-check}"; mkdir -p "$out"
 steps="${STEPS:-30}"; path="${ATTN_PATH:-mxfp8}"; arms="${ARMS:-dist1 zero1ovl}"
 config="${CONFIG:-configs/h200-125m.toml}"; bin="${BIN_DIR:-target/release}"
