@@ -13,7 +13,8 @@
 # tokens/s over steps 3..STEPS, each arm's wall time, and from the overlap arm's FLAMIA_DDP_TRACE
 # how many bucket launches came from the hooks inside the backward. ARMS (default
 # "dist1 zero1ovl") picks the launcher arms (also: ovl = overlap without ZeRO-1, zero1).
-# Logs go to ${OUT:-/tmp/flamia-ddp-check}. About 2 minutes on one H200 (125m, 3 x 30 steps).
+# Logs go to ${OUT:-/tmp/flamia-ddp-check}. Meant to take under 3 minutes on one H200 (125m,
+# 3 x 30 steps; not yet timed there: each arm prints its wall time).
 # CONFIG and BIN_DIR (default target/release) change the config and the binaries (a CPU smoke
 # run: CONFIG=configs/tiny-cpu.toml BIN_DIR=target/debug ATTN_PATH=bf16; nccl-check then fails).
 #   launch/device-ddp-check.sh [GPU_TEST_BINARY [TEST_FILTER]]
