@@ -32,6 +32,9 @@ pub enum ReduceDtype {
     /// Half the bytes on the wire; NCCL sums in bf16, so with many ranks the mean loses about
     /// `log2(world_size)` bits on top of bf16's 8-bit mantissa.
     Bf16,
+    /// The per-step metrics (loss mean, ZeRO-1's gradient-norm parts): f64 so that a mean over
+    /// one rank is the value itself. Not a gradient setting (`FromStr` does not accept it).
+    F64,
 }
 
 impl ReduceDtype {
@@ -40,6 +43,7 @@ impl ReduceDtype {
         match self {
             ReduceDtype::F32 => 4,
             ReduceDtype::Bf16 => 2,
+            ReduceDtype::F64 => 8,
         }
     }
 }

@@ -111,6 +111,7 @@ fn raw_dtype(d: ReduceDtype) -> sys::ncclDataType_t {
     match d {
         ReduceDtype::F32 => sys::ncclDataType_t::ncclFloat32,
         ReduceDtype::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+        ReduceDtype::F64 => sys::ncclDataType_t::ncclFloat64,
     }
 }
 

@@ -241,6 +241,7 @@ impl Ddp {
         let kind = match self.opts.reduce_dtype {
             ReduceDtype::F32 => Kind::Float,
             ReduceDtype::Bf16 => Kind::BFloat16,
+            ReduceDtype::F64 => Kind::Double,
         };
         self.flats = plan
             .buckets
@@ -469,15 +470,16 @@ impl Ddp {
             return Ok(values.to_vec());
         };
         if let Some(comm) = &self.comm {
-            let v: Vec<f32> = values.iter().map(|&x| x as f32).collect();
-            let t = Tensor::from_slice(&v).to_device(Device::Cuda(self.topo.device));
+            // f64 on the wire: the mean over one rank is the value itself (in f32 the ZeRO-1
+            // gradient norm, sent squared, came back a last bit off and moved the clip factor:
+            // zero1 + overlap losses left the plain run's at step 12 of the H200 check)
+            let t = Tensor::from_slice(values).to_device(Device::Cuda(self.topo.device));
             let ptr = t.data_ptr() as u64;
-            // SAFETY: `t` holds `values.len()` f32 on this device until the wait.
-            unsafe { comm.all_reduce(ptr, ptr, v.len(), ReduceDtype::F32, ReduceOp::Avg, STREAM) }
+            // SAFETY: `t` holds `values.len()` f64 on this device until the wait.
+            unsafe { comm.all_reduce(ptr, ptr, values.len(), ReduceDtype::F64, ReduceOp::Avg, STREAM) }
                 .map_err(dist)?;
             comm.wait(STREAM, "metric all-reduce").map_err(dist)?;
-            let out: Vec<f32> = Vec::try_from(&t.to_device(Device::Cpu))?;
-            Ok(out.into_iter().map(f64::from).collect())
+            Ok(Vec::<f64>::try_from(&t.to_device(Device::Cpu))?)
         } else {
             pg.store()
                 .mean_across_ranks(values, self.opts.collective_timeout)

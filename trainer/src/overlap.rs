@@ -430,6 +430,7 @@ impl State {
         let kind = match self.dtype {
             ReduceDtype::F32 => Kind::Float,
             ReduceDtype::Bf16 => Kind::BFloat16,
+            ReduceDtype::F64 => Kind::Double,
         };
         let runs = self.dense_runs(&buckets)?;
         let pieces = match (&runs, &self.shard) {
