@@ -133,7 +133,7 @@ pub fn bwd_head_chunks(
     budget: usize,
 ) -> usize {
     (1..=heads_kv)
-        .filter(|c| heads_kv % c == 0)
+        .filter(|c| heads_kv.is_multiple_of(*c))
         .find(|&c| bwd_scratch_bytes(tokens, key_tiles, heads_q, heads_kv, c) <= budget)
         .unwrap_or(heads_kv)
 }
