@@ -506,45 +506,29 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
     // is scaled in (2^e differs per 32x32 block, so each slice is a fresh product)
     const int* e = sm.dse[buf][qb];
     float ta[32], tb[32];
-    wg_fence();
-    wgmma_ss_m64n64k32_e4m3(ta, desc_slice<BKT>(da, 0), desc_sw128(kb), 0);
-    wg_commit();
-    wgmma_ss_m64n64k32_e4m3(tb, desc_slice<BKT>(da, 1), desc_sw128(kb + 32), 0);
-    wg_commit();
-    wg_wait<1>();
-    fence_regs(ta);
-    {
-      const float f = exp2i(e[0]);
+    const auto issue = [&](float(&t)[32], int kk) {
+      wg_fence();
+      wgmma_ss_m64n64k32_e4m3(t, desc_slice<BKT>(da, kk), desc_sw128(kb + 32 * kk), 0);
+      wg_commit();
+    };
+    const auto scale_in = [&](float(&t)[32], int kk) {  // after the wait for slice kk
+      fence_regs(t);
+      const float f = exp2i(e[kk]);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) dq[i] = ta[i] * f;
-    }
-    wg_fence();
-    wgmma_ss_m64n64k32_e4m3(ta, desc_slice<BKT>(da, 2), desc_sw128(kb + 64), 0);
-    wg_commit();
+      for (int i = 0; i < 32; ++i) dq[i] = kk ? fmaf(t[i], f, dq[i]) : t[i] * f;
+    };
+    issue(ta, 0);
+    issue(tb, 1);
     wg_wait<1>();
-    fence_regs(tb);
-    {
-      const float f = exp2i(e[1]);
-#pragma unroll
-      for (int i = 0; i < 32; ++i) dq[i] = fmaf(tb[i], f, dq[i]);
-    }
-    wg_fence();
-    wgmma_ss_m64n64k32_e4m3(tb, desc_slice<BKT>(da, 3), desc_sw128(kb + 96), 0);
-    wg_commit();
+    scale_in(ta, 0);
+    issue(ta, 2);
     wg_wait<1>();
-    fence_regs(ta);
-    {
-      const float f = exp2i(e[2]);
-#pragma unroll
-      for (int i = 0; i < 32; ++i) dq[i] = fmaf(ta[i], f, dq[i]);
-    }
+    scale_in(tb, 1);
+    issue(tb, 3);
+    wg_wait<1>();
+    scale_in(ta, 2);
     wg_wait<0>();
-    fence_regs(tb);
-    {
-      const float f = exp2i(e[3]);
-#pragma unroll
-      for (int i = 0; i < 32; ++i) dq[i] = fmaf(tb[i], f, dq[i]);
-    }
+    scale_in(tb, 3);
 #endif
   }
   BWD_PHASE(9);
