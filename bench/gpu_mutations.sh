@@ -47,4 +47,4 @@ mutate quant-no-per-token quant.cu '1i #undef MODE\n#define MODE 0' \
   causal_leakage_has_the_reference_properties
 # 5. v4 backward: dQ partials added in any order (no semaphore wait): bitwise repeatability.
 mutate bwd4-unordered-dq attn_bwd_v4.cu '1i #define BWD_PROF_NOSEM' \
-  repeated_runs_are_bitwise_identical
+  repeated_runs_are_bitwise_identical dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in

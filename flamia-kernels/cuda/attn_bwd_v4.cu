@@ -76,6 +76,7 @@ struct BwdV4Params {
   int* kv_sem;       // per (KV head, key tile), zeroed
   int nitems, nqt, nkt;
   int h0, hk0, hkc;  // this launch's head chunk: query heads h0.., KV heads hk0..hk0 + hkc (scratch)
+  int jitter;        // test knob: nonzero delays each dQ reduce by a pseudo-random few microseconds
 };
 
 struct BwdItem {
@@ -762,6 +763,12 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
     const BwdDqJob j = sm.job[db][cw];
     if (j.end) break;
     int* sem = P.dq_sem + j.sem;
+    if (P.jitter) {  // tests: the reduces' arrival order changes with the seed, the result must not
+      u32 x = (u32)P.jitter * 0x9E3779B9u ^ (u32)blockIdx.x * 0x85EBCA6Bu ^ (u32)(2 * k + cw) * 0xC2B2AE35u;
+      x ^= x >> 15;
+      x *= 0x2C1B3C6Du;
+      __nanosleep((x >> 16) & 8191);
+    }
 #ifndef BWD_PROF_NOSEM
     spin_until(sem, j.target);
 #endif

@@ -188,6 +188,32 @@ fn repeat_bitwise(gpu: &std::sync::Arc<flamia_kernels::gpu::Gpu>, shape: &Varlen
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in() {
+    // FLAMIA_BWD_JITTER=s delays every dQ reduce by a seed-dependent few microseconds, so the
+    // 64 key tiles of the 8,192-token document reach each query tile's FP32 accumulator in
+    // different orders unless the semaphores order them (two repeats alone did not catch an
+    // unordered reduce, docs/numerics.md). The variable is process-wide: a test running beside
+    // this one only gets slower.
+    let gpu = gpu();
+    let shape = VarlenShape::from_lens(&[8192, 300], 4, 1, 128).unwrap();
+    with_seeds("jitter", |mut rng| {
+        let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+        std::env::remove_var("FLAMIA_BWD_JITTER");
+        let base = gpu_attn(&gpu, &call);
+        for seed in ["1", "2"] {
+            std::env::set_var("FLAMIA_BWD_JITTER", seed);
+            let other = gpu_attn(&gpu, &call);
+            std::env::remove_var("FLAMIA_BWD_JITTER");
+            for (name, (x, y)) in NAMES.iter().zip(outputs(&base).into_iter().zip(outputs(&other))) {
+                assert_eq!(bits(x), bits(y), "{name} differs with FLAMIA_BWD_JITTER={seed}");
+            }
+        }
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn head_chunked_backward_is_bitwise_the_one_launch_backward() {
     // FLAMIA_BWD_SCRATCH_MIB=0: no scratch fits, so the v4 backward runs one launch per KV head
     // (2 query heads each here) with one chunk's dQ accumulator and dK/dV partials; every head's

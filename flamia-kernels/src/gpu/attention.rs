@@ -111,6 +111,17 @@ fn smem_bwd4(stages: u32, islots: u32) -> u32 {
     (50 * islots + 34 * stages + 66) * 1024
 }
 
+/// `FLAMIA_BWD_JITTER` (a test knob, default 0): a nonzero seed makes every dQ reduce of the v4
+/// backward wait a pseudo-random few microseconds first, so the reduces reach L2 in another order;
+/// with the ordering semaphores the result must stay bitwise the same (GPU test
+/// `dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in`).
+fn bwd_jitter() -> i32 {
+    std::env::var("FLAMIA_BWD_JITTER")
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .unwrap_or(0)
+}
+
 fn backward_v4_variant(stages: u32) -> (Variant, u32) {
     let islots = 1;
     let smem = smem_bwd4(stages, islots);
@@ -147,6 +158,7 @@ struct BwdV4Params {
     h0: i32,
     hk0: i32,
     hkc: i32,
+    jitter: i32,
 }
 
 /// Mirrors `struct DvFoldParams` of `cuda/attn_bwd_v4.cu`.
@@ -763,6 +775,7 @@ impl Attention {
                 h0: (c * hc) as i32,
                 hk0: (c * hkc) as i32,
                 hkc: hkc as i32,
+                jitter: bwd_jitter(),
             };
             let grid = (range.len().min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
             // SAFETY: params mirror BwdV4Params; the maps cover the saved and dO code buffers of
