@@ -178,12 +178,36 @@ fn repeat_bitwise(gpu: &std::sync::Arc<flamia_kernels::gpu::Gpu>, shape: &Varlen
         for path in [AttnPath::Mxfp8, AttnPath::Nvfp4] {
             let one = call.with_path(path);
             let (a, b) = (gpu_attn(&gpu, &one), gpu_attn(&gpu, &one));
-            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
-            for (name, (x, y)) in NAMES.iter().zip(outputs(&a).into_iter().zip(outputs(&b))) {
-                assert_eq!(bits(x), bits(y), "{path}: {name} differs between runs");
-            }
+            assert_same_bits(&a, &b, &format!("{path}, between runs"));
         }
     });
+}
+
+/// Every output of `a` and `b` bit for bit equal (`what` names the comparison on failure).
+fn assert_same_bits(a: &(Forward, Grads), b: &(Forward, Grads), what: &str) {
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    for (name, (x, y)) in NAMES.iter().zip(outputs(a).into_iter().zip(outputs(b))) {
+        assert_eq!(bits(x), bits(y), "{name} differs: {what}");
+    }
+}
+
+/// `call` with the environment variable `var` unset, then with each of `values`: every output
+/// bitwise the same. (The variable is process-wide: a test running beside this one sees it too,
+/// which the two callers' knobs only slow down or chunk, never change in result.)
+fn same_bits_whatever(
+    gpu: &std::sync::Arc<flamia_kernels::gpu::Gpu>,
+    call: &AttnCall,
+    var: &str,
+    values: &[&str],
+) {
+    std::env::remove_var(var);
+    let base = gpu_attn(gpu, call);
+    for v in values {
+        std::env::set_var(var, v);
+        let other = gpu_attn(gpu, call);
+        std::env::remove_var(var);
+        assert_same_bits(&base, &other, &format!("unset vs {var}={v}"));
+    }
 }
 
 #[test]
@@ -192,23 +216,12 @@ fn dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in() {
     // FLAMIA_BWD_JITTER=s delays every dQ reduce by a seed-dependent few microseconds, so the
     // 64 key tiles of the 8,192-token document reach each query tile's FP32 accumulator in
     // different orders unless the semaphores order them (two repeats alone did not catch an
-    // unordered reduce, docs/numerics.md). The variable is process-wide: a test running beside
-    // this one only gets slower.
+    // unordered reduce, docs/numerics.md).
     let gpu = gpu();
     let shape = VarlenShape::from_lens(&[8192, 300], 4, 1, 128).unwrap();
     with_seeds("jitter", |mut rng| {
         let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
-        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
-        std::env::remove_var("FLAMIA_BWD_JITTER");
-        let base = gpu_attn(&gpu, &call);
-        for seed in ["1", "2"] {
-            std::env::set_var("FLAMIA_BWD_JITTER", seed);
-            let other = gpu_attn(&gpu, &call);
-            std::env::remove_var("FLAMIA_BWD_JITTER");
-            for (name, (x, y)) in NAMES.iter().zip(outputs(&base).into_iter().zip(outputs(&other))) {
-                assert_eq!(bits(x), bits(y), "{name} differs with FLAMIA_BWD_JITTER={seed}");
-            }
-        }
+        same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1", "2"]);
     });
 }
 
@@ -217,26 +230,12 @@ fn dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in() {
 fn head_chunked_backward_is_bitwise_the_one_launch_backward() {
     // FLAMIA_BWD_SCRATCH_MIB=0: no scratch fits, so the v4 backward runs one launch per KV head
     // (2 query heads each here) with one chunk's dQ accumulator and dK/dV partials; every head's
-    // work and reduction order is unchanged, so the gradients must match bit for bit. (The
-    // variable is process-wide: a test running beside this one may be chunked too, which changes
-    // none of its results.)
+    // work and reduction order is unchanged, so the gradients must match bit for bit.
     let gpu = gpu();
     let shape = VarlenShape::from_lens(&[1100, 517, 2048], 8, 4, 128).unwrap();
     with_seeds("chunks", |mut rng| {
         let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
-        std::env::remove_var("FLAMIA_BWD_SCRATCH_MIB");
-        let one = gpu_attn(&gpu, &call);
-        std::env::set_var("FLAMIA_BWD_SCRATCH_MIB", "0");
-        let split = gpu_attn(&gpu, &call);
-        std::env::remove_var("FLAMIA_BWD_SCRATCH_MIB");
-        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
-        for (name, (x, y)) in NAMES.iter().zip(outputs(&one).into_iter().zip(outputs(&split))) {
-            assert_eq!(
-                bits(x),
-                bits(y),
-                "{name} differs between one launch and four head chunks"
-            );
-        }
+        same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SCRATCH_MIB", &["0"]);
     });
 }
 
