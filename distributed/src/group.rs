@@ -147,19 +147,9 @@ impl ProcessGroup {
             }
         }
         let (conn, payload, hosts) = joined?;
-        let hello = |role| {
-            Request::Hello(Hello {
-                magic: MAGIC.into(),
-                role,
-                rank: topo.rank,
-                world_size: topo.world_size,
-                host: wire::hostname(),
-                pid: std::process::id(),
-            })
-        };
 
         let mut hb = connect(topo.rank, &endpoint, Instant::now() + Duration::from_secs(30))?;
-        wire::send(&mut hb, &endpoint, &hello(Role::Heartbeat))?;
+        wire::send(&mut hb, &endpoint, &hello(topo, Role::Heartbeat))?;
         let stop = Arc::new(AtomicBool::new(false));
         let heartbeat = spawn_heartbeat(hb, endpoint.clone(), opts.clone(), health.clone(), stop.clone())?;
         let store = Store {
@@ -190,17 +180,7 @@ impl ProcessGroup {
     ) -> Result<(TcpStream, Vec<u8>, Vec<String>)> {
         let deadline = Instant::now() + opts.join_timeout;
         let mut conn = connect(topo.rank, endpoint, deadline)?;
-        let hello = |role| {
-            Request::Hello(Hello {
-                magic: MAGIC.into(),
-                role,
-                rank: topo.rank,
-                world_size: topo.world_size,
-                host: wire::hostname(),
-                pid: std::process::id(),
-            })
-        };
-        wire::send(&mut conn, endpoint, &hello(Role::Join))?;
+        wire::send(&mut conn, endpoint, &hello(topo, Role::Join))?;
         // Rank 0 answers at its own deadline at the latest; the slack covers clock skew of starts.
         let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(10);
         conn.set_read_timeout(Some(wait))
@@ -350,6 +330,19 @@ fn install_panic_hook() {
 }
 
 /// Connect with retries until `deadline` (rank 0 may start after the others).
+/// This rank's hello on a new connection to rank 0 (`Join` for the control connection,
+/// `Heartbeat` for the heartbeat's).
+fn hello(topo: &Topology, role: Role) -> Request {
+    Request::Hello(Hello {
+        magic: MAGIC.into(),
+        role,
+        rank: topo.rank,
+        world_size: topo.world_size,
+        host: wire::hostname(),
+        pid: std::process::id(),
+    })
+}
+
 fn connect(rank: usize, endpoint: &str, deadline: Instant) -> Result<TcpStream> {
     let start = Instant::now();
     let mut last_error = String::from("no attempt made");
