@@ -8,7 +8,7 @@
 #   bash bench/device_bwd4.sh --stage        (carry .device-carry/bwd4)
 #   bash bench/gpu_mutations.sh              (about 2 minutes; logs under $OUT)
 # Locally, `bash bench/gpu_mutations.sh --check` only applies the mutations and compiles them
-# with NVRTC (scripts/kernel-regs.py), no GPU. SRC=dir mutates another source set (default the
+# with NVRTC (scripts/kernel-regs.py), no GPU. ONLY=name runs one mutation. SRC=dir mutates another source set (default the
 # tree's flamia-kernels/cuda), e.g. the committed sources while the tree holds a kernel variant.
 set -u
 SRC=${SRC:-flamia-kernels/cuda}
@@ -19,6 +19,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:${LD_LIBRARY_PATH:-}
 check=0; [ "${1:-}" = "--check" ] && check=1
 mutate() {  # name, file, sed expression, tests...
   local name=$1 file=$2 expr=$3; shift 3
+  if [ -n "${ONLY:-}" ] && [ "$name" != "$ONLY" ]; then return 0; fi
   local d="$O/$name"; rm -rf "$d"; mkdir -p "$d"; cp "$SRC"/*.cu "$SRC"/*.cuh "$d/"
   sed -i "$expr" "$d/$file"
   if cmp -s "$d/$file" "$SRC/$file"; then echo "$name: pattern not found in $file (script out of date)"; return 1; fi

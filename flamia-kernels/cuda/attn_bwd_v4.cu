@@ -3,11 +3,15 @@
 // deterministic dQ. docs/kernels.md "Backward v4" has the design and its arithmetic.
 //
 // CTA = 384 threads, one per SM, for the whole launch:
-//   warpgroup 0, warp 0   producer: takes work items (longest first, sched.cuh), TMA-loads the
-//                         item's K, V (token-major) and K (dim-major) tiles into an item slot and,
-//                         per step, a 64-query tile of Q, dO (token-major) and Q, dO (dim-major,
+//   warpgroup 0, warp 0   producer: takes work items (longest first, sched.cuh), TMA-loads per
+//                         step a 64-query tile of Q, dO (token-major) and Q, dO (dim-major,
 //                         64-byte swizzle) into a BWD_STAGES-deep ring, with the step's per-query
-//                         constants (scales, LSE, D) computed on the way; registers cut to 24.
+//                         constants (scales, LSE, D) computed on the way, and per item its K, V
+//                         (token-major) and K (dim-major) tiles and per-key factors. Items are
+//                         pipelined: the next item's first stage goes out while this item runs,
+//                         its K and V once this item's last step has read K and V (kv_empty), its
+//                         dim-major K once this item's last dQ has read that (kd_empty), so the
+//                         loads overlap the item's last dQ and its end. Registers cut to 24.
 //   warpgroup 0, warps 1-2  dQ reducers (lane 0, one per consumer warpgroup): take the step's FP32
 //                         dQ partial out of shared memory in order (below), so the consumers never
 //                         wait on another CTA's progress, only for their partial buffer.
@@ -35,9 +39,6 @@
 
 #ifndef BWD_STAGES
 #define BWD_STAGES 3  // the host's default (src/gpu/attention.rs backward_v4_stages)
-#endif
-#ifndef BWD_ISLOTS
-#define BWD_ISLOTS 1
 #endif
 #ifndef BWD_DQ_BUFS
 #define BWD_DQ_BUFS 1  // dQ partial buffers per consumer warpgroup (2: the reducer may lag a step)
@@ -79,12 +80,19 @@ struct BwdV4Params {
   int jitter;        // test knob: nonzero delays each dQ reduce by a pseudo-random few microseconds
 };
 
+// Per-key factors the steps read (one copy: the next item's are written once this item's last
+// step is done with them) ...
 struct BwdItem {
-  int code, h;
-  BwdTile tile;
   float kf[BKT];  // 2^eK per key (0 past the document)
   float vf[BKT];  // 2^eV
   float cf[BKT];  // 2^-c
+};
+// ... and what the item's last dQ hand-offs and its end read (two copies: item n in tail[n & 1]).
+struct BwdItemTail {
+  int code, h;
+  BwdTile tile;
+  float fk[BKT];  // scale 2^-eK: dK's unfold at the item's end
+  float fv[BKT];  // 2^c: dV's unfold
 };
 
 // Per-query constants of one step (0 / -inf past the document: those columns drop out).
@@ -103,9 +111,9 @@ struct BwdDqJob {
 };
 
 struct BwdV4Smem {
-  u8 k[BWD_ISLOTS][BKT * 128];         // 128-byte swizzle, row = key
-  u8 v[BWD_ISLOTS][BKT * 128];
-  u8 kd[BWD_ISLOTS][HEAD_DIM * BKT];   // row = dim, 128 keys
+  u8 k[BKT * 128];                     // 128-byte swizzle, row = key
+  u8 v[BKT * 128];
+  u8 kd[HEAD_DIM * BKT];               // row = dim, 128 keys
   u8 q[BWD_STAGES][BQT * 128];         // row = query
   u8 dO[BWD_STAGES][BQT * 128];
   u8 qd[BWD_STAGES][HEAD_DIM * BQT];   // 64-byte swizzle, row = dim, 64 queries
@@ -113,11 +121,13 @@ struct BwdV4Smem {
   u8 dqs[BWD_DQ_BUFS][2][2][BQT * 128];  // [buffer][warpgroup][32-dim half] FP32 dQ partial, 128-byte swizzle
   u8 ds[BWD_DS_BUFS][BQT * BKT];       // dS codes [64 queries][128 keys], no-swizzle K-major
   BwdCols cols[BWD_STAGES];
-  BwdItem item[BWD_ISLOTS];
+  BwdItem item;
+  BwdItemTail tail[2];
   float red[2][8][2];                  // [step parity][consumer warp][query slice] block maxima
   int dse[BWD_DS_BUFS][2][4];          // [dS buffer][query block][key block] exponents
   BwdDqJob job[BWD_DQ_BUFS][2];        // [buffer][warpgroup] the dQ partial now in dqs[buffer][warpgroup]
-  u64 i_full[BWD_ISLOTS], i_empty[BWD_ISLOTS], s_full[BWD_STAGES], s_empty[BWD_STAGES];
+  BwdTile cur[2];                      // [warpgroup] its item's tile (h in pad_a), for the hand-off: thread 0's
+  u64 kv_full, kv_empty, kd_full, kd_empty, s_full[BWD_STAGES], s_empty[BWD_STAGES];
   u64 dq_full[BWD_DQ_BUFS][2], dq_empty[BWD_DQ_BUFS][2];  // dqs handed to the reducer / read by TMA
   u64 ds_ready[BWD_DS_BUFS];           // both warpgroups' dS codes and exponents of a step written
 };
@@ -186,10 +196,10 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     tma_prefetch(&P.qd_map);
     tma_prefetch(&P.dod_map);
   }
-  int ib = 0, s = 0;
-  u32 iph = 0, ph = 0;
+  int s = 0;
+  u32 ph = 0;
   int idx = blockIdx.x;
-  for (;;) {
+  for (int ni = 0;; ++ni) {
     const int code = idx < P.nitems ? P.items[idx] : -1;
     int h = 0;
     BwdTile t{};
@@ -199,39 +209,9 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       t = reinterpret_cast<const BwdTile*>(P.tiles)[tile];
     }
     const int hk = h / (a.hq / a.hkv);
-    // Item slot: the TMA loads first (lane 0 sets the bytes without arriving), then every lane
-    // writes its 4 keys' factors and arrives: the slot is full once all 32 lanes have arrived
-    // and the bytes have landed. The loads' latency overlaps the factors' global loads.
-    mbar_wait(smem_u32(&sm.i_empty[ib]), iph ^ 1);
-    BwdItem& it = sm.item[ib];
-    const u32 ibar = smem_u32(&sm.i_full[ib]);
-    if (lane == 0) {
-      it.code = code;
-      it.h = h;
-      it.tile = t;
-      if (code >= 0) {
-        mbar_expect_tx(ibar, 3 * BKT * 128);
-        tma_load_3d(smem_u32(sm.k[ib]), &P.k_map, ibar, 0, hk, t.doc0 + t.k0);
-        tma_load_3d(smem_u32(sm.v[ib]), &P.v_map, ibar, 0, hk, t.doc0 + t.k0);
-        tma_load_2d(smem_u32(sm.kd[ib]), &P.kd_map, ibar, t.pad0 + t.k0, hk * HEAD_DIM);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int key = t.k0 + 4 * lane + j;
-      const bool ok = code >= 0 && key < t.len;
-      const long long e = (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk;
-      it.kf[4 * lane + j] = ok ? exp2i(a.k_exp[e]) : 0.f;
-      it.vf[4 * lane + j] = ok ? exp2i(a.v_exp[e]) : 0.f;
-      it.cf[4 * lane + j] = ok ? exp2i(-P.cexp[(long long)(t.doc0 + key) * a.hq + h]) : 0.f;
-    }
-    mbar_arrive(ibar);
-    if (code < 0) return;
-    if (++ib == BWD_ISLOTS) { ib = 0; iph ^= 1; }
-    int next = 0;
-    if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;
-    const int qstart = a.causal ? t.k0 : 0, n = bwd_steps(t, a.causal);
-    for (int st = 0; st < n; ++st) {
+    const int qstart = a.causal ? t.k0 : 0, n = code >= 0 ? bwd_steps(t, a.causal) : 0;
+    // Step st of this item: Q, dO (both layouts) and the per-query constants into the next stage.
+    const auto load_stage = [&](int st) {
       const int q0 = qstart + BQT * (n - 1 - st);
       mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
       const u32 bar = smem_u32(&sm.s_full[s]);
@@ -258,18 +238,65 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       }
       mbar_arrive(bar);
       if (++s == BWD_STAGES) { s = 0; ph ^= 1; }
+    };
+    // The item's first stage goes out while the previous item's last steps still hold K and V.
+    if (n > 0) load_stage(0);
+    // K and V (and the header and factors in item[ni & 1], last read by item ni - 2) once the
+    // previous item's last S / dP products have read its K and V: lane 0 sets the bytes without
+    // arriving, then every lane writes its 4 keys' factors and arrives.
+    mbar_wait(smem_u32(&sm.kv_empty), (ni & 1) ^ 1);
+    BwdItem& it = sm.item;
+    BwdItemTail& tail = sm.tail[ni & 1];
+    const u32 kvbar = smem_u32(&sm.kv_full);
+    if (lane == 0) {
+      tail.code = code;
+      tail.h = h;
+      tail.tile = t;
+      if (code >= 0) {
+        mbar_expect_tx(kvbar, 2 * BKT * 128);
+        tma_load_3d(smem_u32(sm.k), &P.k_map, kvbar, 0, hk, t.doc0 + t.k0);
+        tma_load_3d(smem_u32(sm.v), &P.v_map, kvbar, 0, hk, t.doc0 + t.k0);
+      }
     }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int key = t.k0 + 4 * lane + j;
+      const bool ok = code >= 0 && key < t.len;
+      const long long e = (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk;
+      const int ek = ok ? a.k_exp[e] : 0, c = ok ? P.cexp[(long long)(t.doc0 + key) * a.hq + h] : 0;
+      it.kf[4 * lane + j] = ok ? exp2i(ek) : 0.f;
+      it.vf[4 * lane + j] = ok ? exp2i(a.v_exp[e]) : 0.f;
+      it.cf[4 * lane + j] = ok ? exp2i(-c) : 0.f;
+      tail.fk[4 * lane + j] = ok ? a.scale * exp2i(-fold_exp(ek)) : 0.f;
+      tail.fv[4 * lane + j] = ok ? exp2i(c) : 0.f;
+    }
+    mbar_arrive(kvbar);
+    if (code < 0) return;
+    int next = 0;
+    if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;
+    // dim-major K (the dQ products' B operand) once the previous item's last dQ has read it
+    mbar_wait(smem_u32(&sm.kd_empty), (ni & 1) ^ 1);
+    if (lane == 0) {
+      const u32 kdbar = smem_u32(&sm.kd_full);
+      mbar_expect_tx(kdbar, HEAD_DIM * BKT);
+      tma_load_2d(smem_u32(sm.kd), &P.kd_map, kdbar, t.pad0 + t.k0, hk * HEAD_DIM);
+      mbar_arrive(kdbar);
+    }
+    for (int st = 1; st < n; ++st) load_stage(st);
     idx = __shfl_sync(0xffffffffu, next, 0);
   }
 }
 
 // BWD_PROF_PHASES (timing only): clocks per phase of a step, summed by thread 0 of each consumer
-// warpgroup of CTAs 0-1 and printed at the end. Phases: 0 between steps / stage wait, 1 S and dP
-// products, 2 P and dS elementwise, 3 block maxima and pair barrier, 4 E4M3 codes, 5 dV, 6 dK,
-// 7 dS hand-over (fence, arrive), 8 wait for both warpgroups' dS, 9 dQ products, 10 dQ partial to
-// shared memory, 11 hand-off to the reducer warp.
+// warpgroup of CTAs 0-1 and printed at the end. Phases: 0 between steps, 1 stage wait and the S
+// and dP products, 2 P and dS elementwise, 3 block maxima and pair barrier, 4 E4M3 codes, 5 dV,
+// 6 dK, 7 dS hand-over (fence, arrive), 8 wait for both warpgroups' dS, 9 dQ products, 10 dQ
+// partial to shared memory, 11 hand-off to the reducer warp; per item: 12 the item's end (dK/dV
+// unfold, GQA sums, stores), 13 waiting for the next item's K and V. Knock-outs (timing only, wrong
+// results): BWD_PROF_NOSTORE (the item's end stores nothing), BWD_PROF_NOHAD (no Hadamard on dK),
+// BWD_PROF_NOSEM / BWD_PROF_NORED (dQ reduces unordered / left out), BWD_PROF_NODQ (no dQ products).
 #ifdef BWD_PROF_PHASES
-__shared__ long long bwd_phase_clk[2][12];
+__shared__ long long bwd_phase_clk[2][14];
 __shared__ long long bwd_phase_last[2];
 #define BWD_PHASE(k)                                                   \
   do {                                                                 \
@@ -298,6 +325,9 @@ struct BwdConsumer {
   int s;        // stage
   u32 ph;       // stage parity
   int nstep;    // steps run so far by this CTA (dS buffer / dQ hand-off parity)
+#ifdef BWD_PROF_PHASES
+  int nitem;  // items finished
+#endif
 #ifdef BWD_PROF_TIMERS
   long long prof[6];  // clocks waiting: stage, pair barrier, 256 barrier, dQ buffer, item; steps
 #endif
@@ -342,7 +372,7 @@ __device__ __forceinline__ void mma_rs_sw64(float (&acc)[64], const u32 (&a)[2][
 // One step of a consumer warpgroup: 64 queries against its 64 keys. MASKED: the causal mask of
 // a diagonal step (off = q0 - k0 - 64c: key row r sees query column c iff r <= c + off).
 template <bool MASKED>
-__device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int ib, const BwdItem& it,
+__device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, const BwdItem& it,
                                          float (&dk)[64], float (&dv)[64], int off) {
   const int cw = C.cw, w = C.w(), lane = C.lane(), qd = C.qd(), s = C.s;
   const int r0 = 16 * w + C.g();  // key row (in the warpgroup's 64) of fragment element 0
@@ -357,7 +387,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   float sc[32], dp[32];
   {
     // (opaque: the eight descriptors are rebuilt per step, not held or spilled across the step)
-    const u32 kb = opaque_u32(smem_u32(sm.k[ib]) + 64 * cw * 128), vb = opaque_u32(smem_u32(sm.v[ib]) + 64 * cw * 128);
+    const u32 kb = opaque_u32(smem_u32(sm.k) + 64 * cw * 128), vb = opaque_u32(smem_u32(sm.v) + 64 * cw * 128);
     const u32 qb = opaque_u32(smem_u32(sm.q[s])), ob = opaque_u32(smem_u32(sm.dO[s]));
     wg_fence();
 #pragma unroll
@@ -484,8 +514,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 // times this warpgroup's 64 dims of K, handed to the reducer warp. Runs right after the step
 // (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
 // dS only when one is a whole step behind, instead of meeting at a barrier every step.
-__device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int ib, const BwdItem& it,
-                                       int n, int q0) {
+__device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int n, int q0) {
   const int cw = C.cw, w = C.w(), qd = C.qd(), buf = n % BWD_DS_BUFS;
 #ifdef BWD_PROF_TIMERS
   const long long _t2 = clock64();
@@ -497,7 +526,7 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   BWD_PHASE(8);
   float dq[32];
   {
-    const u32 da = opaque_u32(smem_u32(sm.ds[buf])), kb = opaque_u32(smem_u32(sm.kd[ib]) + 64 * cw * 128);
+    const u32 da = opaque_u32(smem_u32(sm.ds[buf])), kb = opaque_u32(smem_u32(sm.kd) + 64 * cw * 128);
     const int qb = w >> 1;  // query block of this thread's rows
 #ifdef BWD_PROF_NODQ
 #pragma unroll
@@ -558,11 +587,12 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   named_sync(bar, 128);
   BWD_PHASE(10);
   if (C.t() == 0) {
-    const BwdTile& tl = it.tile;
+    const BwdTile& tl = sm.cur[cw];  // written by this thread at the item's start
+    const int h = tl.pad_a;
     BwdDqJob& j = sm.job[db][cw];
-    j.h = it.h - P.h0;  // dq_acc holds the chunk's heads
+    j.h = h - P.h0;  // dq_acc holds the chunk's heads
     j.row = tl.doc0 + q0;
-    j.sem = it.h * P.nqt + tl.qt0 + q0 / BQT;
+    j.sem = h * P.nqt + tl.qt0 + q0 / BQT;
     j.target = 2 * (tl.k0 / BKT);
     j.end = 0;
     mbar_arrive(smem_u32(&sm.dq_full[db][cw]));
@@ -599,21 +629,19 @@ __device__ __forceinline__ void hadamard_frag_rows(float (&d)[64]) {
 }
 
 // The item's end for one warpgroup: GQA partial sums in head order, then BF16 dK and dV.
-__device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdConsumer& C, const int h, const BwdTile& tl,
+__device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdConsumer& C, const BwdItemTail& it,
                                              float (&dk)[64], float (&dv)[64]) {
   const AttnParams& a = P.a;
-  const int group = a.hq / a.hkv, hk = h / group, gi = h - hk * group;
+  const BwdTile& tl = it.tile;
+  const int h = it.h, group = a.hq / a.hkv, hk = h / group, gi = h - hk * group;
   // Each head's sums in their final units first (dV's fold c_j is per query head), then the
   // group's heads are added in head order.
   const int r0 = 16 * C.w() + C.g();
   float fk[2], fv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int key = tl.k0 + 64 * C.cw + r0 + 8 * r;
-    const bool ok = key < tl.len;
-    const long long e = (long long)(tl.doc0 + (ok ? key : 0)) * a.hkv + hk;
-    fk[r] = ok ? a.scale * exp2i(-fold_exp(a.k_exp[e])) : 0.f;
-    fv[r] = ok ? exp2i(P.cexp[(long long)(tl.doc0 + key) * a.hq + h]) : 0.f;
+    fk[r] = it.fk[64 * C.cw + r0 + 8 * r];
+    fv[r] = it.fv[64 * C.cw + r0 + 8 * r];
   }
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
@@ -646,17 +674,39 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
       return;
     }
   }
+#ifndef BWD_PROF_NOHAD
   if (a.hadamard) hadamard_frag_rows(dk);
+#endif
+#ifdef BWD_PROF_NOSTORE  // knock-out: one store per thread (the sums keep the work above alive)
+  {
+    float x = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) x += dk[i] + dv[i];
+    if (x == 1.2345f) a.dk[0] = 0;
+    return;
+  }
+#endif
+  // BF16 out, 16 bytes per store: a quad's four threads hold 8-column blocks 4J..4J+3 of a row
+  // as 4-byte pairs; a 4x4 transpose across the quad gives thread q block 4J + q whole (the
+  // 32-bit stores of the fragment layout cost ~8,000 clocks per item in partial-sector writes).
+  const int qd = C.qd();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = tl.k0 + 64 * C.cw + r0 + 8 * r;
-    if (key >= tl.len) continue;
-    const long long row = ((long long)(tl.doc0 + key) * a.hkv + hk) * HEAD_DIM;
+    const bool ok = key < tl.len;
+    const long long row = ((long long)(tl.doc0 + (ok ? key : 0)) * a.hkv + hk) * HEAD_DIM;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int c = 8 * j + 2 * C.qd();
-      *reinterpret_cast<u32*>(a.dk + row + c) = pack_bf16x2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
-      *reinterpret_cast<u32*>(a.dv + row + c) = pack_bf16x2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+    for (int t = 0; t < 2; ++t) {
+      const float(&x)[64] = t ? dv : dk;
+      u16* out = (t ? a.dv : a.dk) + row;
+#pragma unroll
+      for (int J = 0; J < 4; ++J) {
+        u32 w[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) w[jj] = pack_bf16x2(x[4 * (4 * J + jj) + 2 * r], x[4 * (4 * J + jj) + 2 * r + 1]);
+        quad_transpose(w, qd);
+        if (ok) *reinterpret_cast<uint4*>(out + 8 * (4 * J + qd)) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
     }
   }
 }
@@ -671,62 +721,72 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
   C.s = 0;
   C.ph = 0;
   C.nstep = 0;
+#ifdef BWD_PROF_PHASES
+  C.nitem = 0;
+#endif
 #ifdef BWD_PROF_TIMERS
   for (int i = 0; i < 6; ++i) C.prof[i] = 0;
 #endif
 #ifdef BWD_PROF_PHASES
   if (C.t() == 0) {
-    for (int i = 0; i < 12; ++i) bwd_phase_clk[cw][i] = 0;
+    for (int i = 0; i < 14; ++i) bwd_phase_clk[cw][i] = 0;
     bwd_phase_last[cw] = clock64();
   }
 #endif
-  int ib = 0;
-  u32 iph = 0;
-  const int r0 = 16 * C.w() + C.g();
-  for (;;) {
+  for (int ni = 0;; ++ni) {
 #ifdef BWD_PROF_TIMERS
     const long long _t4 = clock64();
 #endif
-    mbar_wait(smem_u32(&sm.i_full[ib]), iph);
+    mbar_wait(smem_u32(&sm.kv_full), ni & 1);
 #ifdef BWD_PROF_TIMERS
     C.prof[4] += clock64() - _t4;
 #endif
-    const BwdItem& it = sm.item[ib];
-    if (it.code < 0) break;
+    BWD_PHASE(13);
+    const BwdItemTail& tail = sm.tail[ni & 1];
+    if (tail.code < 0) break;
     float dk[64], dv[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
-    const BwdTile tl = it.tile;
+    const BwdTile tl = tail.tile;
+    mbar_wait(smem_u32(&sm.kd_full), ni & 1);  // the item's dim-major K (issued before the last item's end)
     const int n = bwd_steps(tl, a.causal), qstart = a.causal ? tl.k0 : 0;
     const int nint = a.causal ? max(0, n - 1 - cw) : n;
     int pend_q0 = -1;  // query tile of the step whose dQ is still to do (BWD_DEFER_DQ)
+    if (C.t() == 0) {
+      sm.cur[cw] = tl;
+      sm.cur[cw].pad_a = tail.h;
+    }
+    const auto dq = [&](int step, int q0) { bwd_dq(P, sm, C, step, q0); };
     const auto dq_after_step = [&](int q0) {
       if (!BWD_DEFER_DQ) {
-        bwd_dq(P, sm, C, ib, it, C.nstep - 1, q0);
+        dq(C.nstep - 1, q0);
         return;
       }
-      if (pend_q0 >= 0) bwd_dq(P, sm, C, ib, it, C.nstep - 2, pend_q0);
+      if (pend_q0 >= 0) dq(C.nstep - 2, pend_q0);
       pend_q0 = q0;
     };
     for (int st = 0; st < nint; ++st) {
       const int q0 = qstart + BQT * (n - 1 - st);
-      bwd_step<false>(P, sm, C, ib, it, dk, dv, 0);
+      bwd_step<false>(P, sm, C, sm.item, dk, dv, 0);
       dq_after_step(q0);
     }
     for (int st = nint; st < n; ++st) {
       const int q0 = qstart + BQT * (n - 1 - st);
-      bwd_step<true>(P, sm, C, ib, it, dk, dv, q0 - tl.k0 - 64 * cw);
+      bwd_step<true>(P, sm, C, sm.item, dk, dv, q0 - tl.k0 - 64 * cw);
       dq_after_step(q0);
     }
-    if (BWD_DEFER_DQ && pend_q0 >= 0) bwd_dq(P, sm, C, ib, it, C.nstep - 1, pend_q0);
-    // The item's K / V / dim-major K have been read by both warpgroups' last products (each
-    // warpgroup's own waits; the other's through the step's 256-thread barrier): free the slot
-    // once this warpgroup's item-end work no longer needs `it`.
-    const int h = it.h;
+    // the item's K and V are read (each warp's own waits): the producer may load the next item's
     __syncwarp();
-    if (C.lane() == 0) mbar_arrive(smem_u32(&sm.i_empty[ib]));
-    if (++ib == BWD_ISLOTS) { ib = 0; iph ^= 1; }
-    bwd_item_end(P, C, h, tl, dk, dv);
+    if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty));
+    if (BWD_DEFER_DQ && pend_q0 >= 0) dq(C.nstep - 1, pend_q0);
+    // the item's dim-major K is read (each warp's own dQ waits): the producer may load the next
+    __syncwarp();
+    if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kd_empty));
+    bwd_item_end(P, C, tail, dk, dv);
+    BWD_PHASE(12);
+#ifdef BWD_PROF_PHASES
+    ++C.nitem;
+#endif
   }
   if (C.t() == 0) {  // no more partials: the reducer warp finishes the pending ones and stops
     const int db = C.nstep % BWD_DQ_BUFS;
@@ -738,9 +798,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
   if (C.t() == 0 && blockIdx.x < 2) {
     const long long* k = bwd_phase_clk[cw];
     printf("bwd4 phases cta %d wg %d steps %d clocks/step: wait %lld S %lld ew %lld max %lld codes %lld dV %lld dK %lld "
-           "arrive %lld dSwait %lld dQ %lld dQst %lld hand %lld\n",
+           "arrive %lld dSwait %lld dQ %lld dQst %lld hand %lld | per item (%d): end %lld wait %lld\n",
            (int)blockIdx.x, cw, C.nstep, k[0] / C.nstep, k[1] / C.nstep, k[2] / C.nstep, k[3] / C.nstep, k[4] / C.nstep,
-           k[5] / C.nstep, k[6] / C.nstep, k[7] / C.nstep, k[8] / C.nstep, k[9] / C.nstep, k[10] / C.nstep, k[11] / C.nstep);
+           k[5] / C.nstep, k[6] / C.nstep, k[7] / C.nstep, k[8] / C.nstep, k[9] / C.nstep, k[10] / C.nstep, k[11] / C.nstep,
+           C.nitem, k[12] / max(C.nitem, 1), k[13] / max(C.nitem, 1));
   }
 #endif
 #ifdef BWD_PROF_TIMERS
@@ -791,10 +852,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
   BwdV4Smem& sm = *reinterpret_cast<BwdV4Smem*>(smem_aligned_1024(smem_raw));
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
-    for (int b = 0; b < BWD_ISLOTS; ++b) {
-      mbar_init(smem_u32(&sm.i_full[b]), 32);
-      mbar_init(smem_u32(&sm.i_empty[b]), 8);
-    }
+    mbar_init(smem_u32(&sm.kv_full), 32);
+    mbar_init(smem_u32(&sm.kv_empty), 8);
+    mbar_init(smem_u32(&sm.kd_full), 1);
+    mbar_init(smem_u32(&sm.kd_empty), 8);
     for (int s = 0; s < BWD_STAGES; ++s) {
       mbar_init(smem_u32(&sm.s_full[s]), 32);
       mbar_init(smem_u32(&sm.s_empty[s]), 8);

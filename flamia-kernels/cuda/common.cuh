@@ -107,3 +107,21 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+
+// 4x4 transpose of 32-bit words across the four threads of a quad (q = lane & 3): afterwards
+// thread q holds word q of each of the four threads, in thread order. Two butterfly rounds.
+__device__ __forceinline__ void quad_transpose(u32 (&w)[4], int q) {
+  const bool b0 = q & 1, b1 = q & 2;
+#pragma unroll
+  for (int p = 0; p < 4; p += 2) {  // words whose index bit 0 differs from q's swap with lane ^ 1
+    const u32 v = __shfl_xor_sync(0xffffffffu, b0 ? w[p] : w[p + 1], 1);
+    if (b0) w[p] = v;
+    else w[p + 1] = v;
+  }
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {  // then bit 1 with lane ^ 2
+    const u32 v = __shfl_xor_sync(0xffffffffu, b1 ? w[p] : w[p + 2], 2);
+    if (b1) w[p] = v;
+    else w[p + 2] = v;
+  }
+}

@@ -96,19 +96,19 @@ pub fn backward_v3_forced() -> bool {
     std::env::var("FLAMIA_ATTN_BWD").is_ok_and(|v| v.trim() == "v3")
 }
 
-/// Ring depth of the v4 backward: 3 stages unless `FLAMIA_BWD_STAGES=2` says otherwise (one item
-/// slot either way); 3 measured 7% faster at 1x65536 (docs/perf.md "v4 backward").
+/// Ring depth of the v4 backward: 3 stages unless `FLAMIA_BWD_STAGES=2` says otherwise; 3 measured 7% faster at 1x65536 (docs/perf.md "v4 backward").
 pub fn backward_v4_stages() -> u32 {
     stages_from_env("FLAMIA_BWD_STAGES", 2..=3, 3)
 }
 
-/// Dynamic shared memory of the v4 backward (`cuda/attn_bwd_v4.cu`): per item slot the K, V and
-/// dim-major K tiles (48 KB) and 1.6 KB of per-key factors, per stage the Q and dO tiles in both
-/// layouts (32 KB) and 1.25 KB of per-query constants, the FP32 dQ partials (32 KB), four dS code
-/// tiles (32 KB: a step's dQ runs one step late), and slack for barriers, exchange slots and the
-/// 1 KB alignment (the kernel's static_assert checks the total).
-fn smem_bwd4(stages: u32, islots: u32) -> u32 {
-    (50 * islots + 34 * stages + 66) * 1024
+/// Dynamic shared memory of the v4 backward (`cuda/attn_bwd_v4.cu`): the item's K, V and dim-major
+/// K tiles (48 KB) with its per-key factors and two item headers with the end's factors (~3.6 KB),
+/// per stage the Q and dO tiles in both layouts (32 KB) and 1.25 KB of per-query constants, the
+/// FP32 dQ partials (32 KB), four dS code tiles (32 KB: a step's dQ runs one step late), and slack
+/// for barriers, exchange slots and the 1 KB alignment (the kernel's static_assert checks the
+/// total).
+fn smem_bwd4(stages: u32) -> u32 {
+    (50 + 34 * stages + 66) * 1024
 }
 
 /// `FLAMIA_BWD_JITTER` (a test knob, default 0): a nonzero seed makes every dQ reduce of the v4
@@ -123,11 +123,9 @@ fn bwd_jitter() -> i32 {
 }
 
 fn backward_v4_variant(stages: u32) -> (Variant, u32) {
-    let islots = 1;
-    let smem = smem_bwd4(stages, islots);
+    let smem = smem_bwd4(stages);
     let v = Variant::new()
         .define("BWD_STAGES", stages)
-        .define("BWD_ISLOTS", islots)
         .define("SMEM_BWD4_BUDGET", smem);
     (v, smem)
 }
