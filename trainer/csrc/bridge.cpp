@@ -39,6 +39,7 @@ CUDAStream getCurrentCUDAStream(c10::DeviceIndex device_index);
 static_assert(sizeof(c10::cuda::CUDAStream) == 16, "CUDAStream holds one c10::Stream");
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +49,7 @@ static_assert(sizeof(c10::cuda::CUDAStream) == 16, "CUDAStream holds one c10::St
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 extern "C" {
 
@@ -387,6 +389,59 @@ void write_err(char* err, size_t err_len, const char* msg) {
     err[err_len - 1] = '\0';
 }
 
+// Fused AdamW (flamia_bridge_fused_adamw): every view handed to at::_fused_adamw_ is a whole
+// number of kAdamBlock elements long. The op's CPU kernel computes the vector body and the scalar
+// tail of each tensor with different rounding (measured: v differs in the last bit), so a view's
+// tail would give an element other bits than the same element inside a longer view, and ZeRO-1
+// (whose shard ends cut the views) would no longer match plain data parallelism bit for bit.
+// 64 f32 is a multiple of every vector width (8 for AVX2, 16 for AVX-512).
+constexpr int64_t kAdamBlock = 64;
+
+struct AdamGroup {
+    std::vector<at::Tensor> p, g, m, v;
+    // (destination, padded source): the partial block's results copied back after the update.
+    std::vector<std::pair<at::Tensor, at::Tensor>> back;
+};
+
+// Adds [start, end) of the flat buffers to grp: views of at most `slice` (a multiple of
+// kAdamBlock) elements, and the last (end - start) % kAdamBlock elements through zero-padded
+// kAdamBlock-element copies (zero moments and gradient: a finite, discarded update of the pad).
+// m and v hold the range starting at moff.
+void adam_group_add(AdamGroup& grp, const at::Tensor& p, const at::Tensor& g, const at::Tensor& m,
+                    const at::Tensor& v, int64_t start, int64_t end, int64_t moff, int64_t slice) {
+    const int64_t bulk_end = start + (end - start) / kAdamBlock * kAdamBlock;
+    for (int64_t s = start; s < bulk_end; s += slice) {
+        const int64_t n = std::min(slice, bulk_end - s);
+        grp.p.push_back(p.narrow(0, s, n));
+        grp.g.push_back(g.narrow(0, s, n));
+        grp.m.push_back(m.narrow(0, s - moff, n));
+        grp.v.push_back(v.narrow(0, s - moff, n));
+    }
+    const int64_t n = end - bulk_end;
+    if (n == 0) return;
+    auto padded = [&](const at::Tensor& src, int64_t off) {
+        at::Tensor t = at::zeros({kAdamBlock}, src.options());
+        t.narrow(0, 0, n).copy_(src.narrow(0, off, n));
+        return t;
+    };
+    grp.p.push_back(padded(p, bulk_end));
+    grp.g.push_back(padded(g, bulk_end));
+    grp.m.push_back(padded(m, bulk_end - moff));
+    grp.v.push_back(padded(v, bulk_end - moff));
+    grp.back.emplace_back(p.narrow(0, bulk_end, n), grp.p.back().narrow(0, 0, n));
+    grp.back.emplace_back(m.narrow(0, bulk_end - moff, n), grp.m.back().narrow(0, 0, n));
+    grp.back.emplace_back(v.narrow(0, bulk_end - moff, n), grp.v.back().narrow(0, 0, n));
+}
+
+void adam_group_run(AdamGroup& grp, const at::Tensor& step, double lr, double beta1, double beta2,
+                    double weight_decay, double eps) {
+    if (grp.p.empty()) return;
+    const std::vector<at::Tensor> steps(grp.p.size(), step);
+    at::_fused_adamw_(grp.p, grp.g, grp.m, grp.v, {}, steps, lr, beta1, beta2, weight_decay, eps,
+                      /*amsgrad=*/false, /*maximize=*/false);
+    for (auto& [dst, src] : grp.back) dst.copy_(src);
+}
+
 }  // namespace
 
 extern "C" {
@@ -467,6 +522,40 @@ int32_t flamia_bridge_grad_hook(const at::Tensor* t, flamia_grad_ready ready, fl
             return 1;
         }
         torch::autograd::impl::set_post_acc_grad_hooks(*t, std::make_unique<GradReadyHook>(ready, release, ctx, index));
+        return 0;
+    } catch (const std::exception& e) {
+        write_err(err, err_len, e.what());
+        return 1;
+    }
+}
+
+// One AdamW update (at::_fused_adamw_: one pass reading p, g, m, v and writing p, m, v) of
+// [begin, end) of the flat f32 buffers params and grads; exp_avg and exp_avg_sq hold [begin, end)
+// from their index 0 (ZeRO-1: the shard; else begin = 0). Elements before decay_end get
+// `weight_decay`, the rest none. `step` is a 0-dim f32 tensor on the buffers' device holding t,
+// the number of updates including this one (the op reads it on the device for the bias
+// corrections 1 - beta^t and does not change it: PyTorch's own `_fused_adamw` increments its step
+// tensors before the call, which is what the caller does). `slice` (a positive multiple of 64)
+// bounds each view. 0 on success, else a message in err.
+int32_t flamia_bridge_fused_adamw(const at::Tensor* params, const at::Tensor* grads, const at::Tensor* exp_avg,
+                                  const at::Tensor* exp_avg_sq, const at::Tensor* step, int64_t begin,
+                                  int64_t decay_end, int64_t end, int64_t slice, double lr, double beta1,
+                                  double beta2, double weight_decay, double eps, char* err, size_t err_len) {
+    try {
+        TORCH_CHECK(slice > 0 && slice % kAdamBlock == 0, "fused AdamW: slice ", slice, " is not a positive multiple of ",
+                    kAdamBlock);
+        TORCH_CHECK(0 <= begin && begin <= end && end <= params->numel() && end <= grads->numel(),
+                    "fused AdamW: range [", begin, ", ", end, ") of ", params->numel(), " parameters");
+        TORCH_CHECK(exp_avg->numel() == end - begin && exp_avg_sq->numel() == end - begin,
+                    "fused AdamW: moments of ", exp_avg->numel(), " and ", exp_avg_sq->numel(),
+                    " elements for a range of ", end - begin);
+        at::NoGradGuard no_grad;
+        const int64_t split = std::clamp(decay_end, begin, end);
+        AdamGroup decayed, plain;
+        adam_group_add(decayed, *params, *grads, *exp_avg, *exp_avg_sq, begin, split, begin, slice);
+        adam_group_add(plain, *params, *grads, *exp_avg, *exp_avg_sq, split, end, begin, slice);
+        adam_group_run(decayed, *step, lr, beta1, beta2, weight_decay, eps);
+        adam_group_run(plain, *step, lr, beta1, beta2, 0.0, eps);
         return 0;
     } catch (const std::exception& e) {
         write_err(err, err_len, e.what());

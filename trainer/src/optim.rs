@@ -3,12 +3,30 @@
 //!
 //! Multi-tensor form: [`AdamW::new`] moves every parameter, and its gradient, into one flat f32
 //! buffer each (the parameters become views of it, `set_data`; the gradients are views that
-//! autograd accumulates into in place), parameters with weight decay first. An update is then a
-//! handful of elementwise kernels over the flat buffers, in slices of [`SLICE`] elements so the
-//! temporaries stay small, whatever the number of parameters (the per-parameter form launched
-//! ~15 kernels per parameter). The gradient norm is one reduction, clipping one multiply. The
-//! fused `at::_fused_adamw_` is not reachable from tch 0.24 (its generated bindings leave out
-//! the foreach and fused ops), and this form runs the same on the CPU and on CUDA.
+//! autograd accumulates into in place), parameters with weight decay first. The gradient norm is
+//! one reduction, clipping one multiply.
+//!
+//! The update is libtorch's fused AdamW, `at::_fused_adamw_` (CUDA and CPU kernels), called
+//! through `flamia_bridge_fused_adamw` in `csrc/bridge.cpp` (tch 0.24's generated bindings leave
+//! out the foreach and fused ops): one pass that reads p, g, m, v and writes p, m, v (28 bytes
+//! per parameter; the unfused form before it ran ~9 elementwise kernels, ~84 bytes per
+//! parameter). The op gets two lists of views of the flat buffers, the decayed range with
+//! `weight_decay` and the rest with 0, each view at most [`SLICE`] elements (so a model of more
+//! than 2^31 elements is fine) and a whole number of 64-element blocks: the last partial block
+//! of a range goes through a zero-padded 64-element copy, because the op's CPU kernel rounds the
+//! scalar tail of a tensor differently from its vector body, and an element's bits must not
+//! depend on where a view ends (ZeRO-1's shard ends cut the views).
+//!
+//! Bias correction: the op reads the step count t from a 0-dim f32 tensor on the device (one per
+//! view; we pass the same tensor for each) and computes `1 - beta^t` itself; it does not change
+//! the tensor (PyTorch's python `_fused_adamw` increments its step tensors before the call).
+//! [`AdamW::step`] increments `t` and fills the tensor with it (a fill kernel, no host sync), so
+//! t counts the updates including this one, as before. f32 holds t exactly up to 2^24 updates.
+//!
+//! The fused op's arithmetic differs from the unfused formula in the last bits (it multiplies
+//! by `1 - lr wd` and divides by `sqrt(v) / sqrt(bc2) + eps` in f32, and its CPU kernel uses FMA
+//! for the first moment); the tests compare the two within a tolerance. The op is deterministic
+//! (elementwise, no reduction), so resume stays bitwise.
 //!
 //! Written out rather than taken from `tch::nn::Optimizer` so the moments can be checkpointed
 //! and restored bit for bit.
@@ -18,12 +36,90 @@
 //! then all-gathers the parameters (`Ddp::all_gather_flat`). The update of each element is the
 //! same arithmetic as unsharded, so the parameters are bitwise those of plain data parallelism.
 
+use std::ffi::c_char;
+
 use tch::{Kind, Tensor};
 
 use crate::config::TrainingConfig;
 use crate::error::{Result, TrainError};
 
-/// Elements per slice of the flat buffers in one update (64 Mi: 256 MiB f32 temporaries).
+extern "C" {
+    fn flamia_bridge_fused_adamw(
+        params: *const torch_sys::C_tensor,
+        grads: *const torch_sys::C_tensor,
+        exp_avg: *const torch_sys::C_tensor,
+        exp_avg_sq: *const torch_sys::C_tensor,
+        step: *const torch_sys::C_tensor,
+        begin: i64,
+        decay_end: i64,
+        end: i64,
+        slice: i64,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+}
+
+/// Hyperparameters of one update.
+#[derive(Debug, Clone, Copy)]
+struct Hyper {
+    lr: f64,
+    beta1: f64,
+    beta2: f64,
+    weight_decay: f64,
+    eps: f64,
+}
+
+/// One fused AdamW update (`flamia_bridge_fused_adamw`) of `range` of the flat buffers
+/// `[params, grads, m, v]` (`m`, `v` hold `range` from index 0); elements before `decay_end` get
+/// weight decay; views of at most `slice` elements; `step` holds t. A libtorch error comes back
+/// as [`TrainError::Tch`].
+fn fused_adamw(
+    [params, grads, m, v]: [&Tensor; 4],
+    step: &Tensor,
+    range: std::ops::Range<i64>,
+    decay_end: i64,
+    slice: i64,
+    h: Hyper,
+) -> Result<()> {
+    let mut err = [0 as c_char; 2048];
+    // SAFETY: the tensors are live for the call; err is a writable buffer of err.len() bytes that
+    // the bridge NUL-terminates.
+    let rc = unsafe {
+        flamia_bridge_fused_adamw(
+            params.as_ptr(),
+            grads.as_ptr(),
+            m.as_ptr(),
+            v.as_ptr(),
+            step.as_ptr(),
+            range.start,
+            decay_end,
+            range.end,
+            slice,
+            h.lr,
+            h.beta1,
+            h.beta2,
+            h.weight_decay,
+            h.eps,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    // SAFETY: on failure the bridge wrote a NUL-terminated message into err.
+    let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    Err(TrainError::Tch(tch::TchError::Torch(msg)))
+}
+
+/// Elements per view of the flat buffers handed to the fused update (64 Mi; a multiple of 64).
 pub const SLICE: i64 = 1 << 26;
 
 /// AdamW state for a fixed, name-sorted parameter list.
@@ -43,6 +139,8 @@ pub struct AdamW {
     shard: Option<std::ops::Range<i64>>,
     /// Updates applied so far (bias correction uses it).
     pub t: u64,
+    /// `t` as a 0-dim f32 tensor on the buffers' device, for the fused op (filled each update).
+    step: Tensor,
     beta1: f64,
     beta2: f64,
     eps: f64,
@@ -129,6 +227,7 @@ impl AdamW {
             v,
             shard: None,
             t: 0,
+            step: Tensor::f_zeros([], opts)?,
             beta1: cfg.beta1,
             beta2: cfg.beta2,
             eps: cfg.eps,
@@ -177,39 +276,39 @@ impl AdamW {
         Ok(())
     }
 
-    /// One AdamW update with learning rate `lr`:
-    /// `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`, `p *= 1 - lr wd` (decayed ones),
-    /// `p -= lr (m / bc1) / (sqrt(v / bc2) + eps)`.
+    /// One AdamW update with learning rate `lr`, of this rank's range (everything, or the ZeRO-1
+    /// shard): `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`, `p *= 1 - lr wd` (decayed
+    /// ones), `p -= lr (m / bc1) / (sqrt(v) / sqrt(bc2) + eps)` with `bc = 1 - b^t`, `t` the
+    /// updates so far including this one. One fused pass (`at::_fused_adamw_`) over the flat
+    /// buffers.
     pub fn step(&mut self, lr: f64) -> Result<()> {
         self.t += 1;
-        let bc1 = 1.0 - self.beta1.powi(self.t as i32);
-        let bc2 = 1.0 - self.beta2.powi(self.t as i32);
-        let range = self.shard.clone().unwrap_or(0..self.params.size()[0]);
-        let (first, total) = (range.start, range.end);
-        tch::no_grad(|| -> Result<()> {
-            let mut start = first;
-            while start < total {
-                let n = SLICE.min(total - start);
-                let g = self.grads.f_narrow(0, start, n)?;
-                let mut m = self.m.f_narrow(0, start - first, n)?;
-                let mut v = self.v.f_narrow(0, start - first, n)?;
-                let mut p = self.params.f_narrow(0, start, n)?;
-                let _ = m.f_lerp_(&g, 1.0 - self.beta1)?;
-                let _ = v.f_lerp_(&g.f_square()?, 1.0 - self.beta2)?;
-                if self.weight_decay > 0.0 && start < self.n_decay {
-                    let d = n.min(self.n_decay - start);
-                    let _ = p.f_narrow(0, 0, d)?.f_mul_scalar_(1.0 - lr * self.weight_decay)?;
-                }
-                // denom = (sqrt(v / bc2) + eps) * (-bc1 / lr): p + m / denom is the update.
-                let mut denom = v.f_div_scalar(bc2)?;
-                let _ = denom.f_sqrt_()?;
-                let _ = denom.f_add_scalar_(self.eps)?;
-                let _ = denom.f_mul_scalar_(-bc1 / lr)?;
-                let _ = p.f_addcdiv_(&m, &denom)?;
-                start += n;
-            }
-            Ok(())
-        })
+        let range = self.range();
+        // The op reads t from the step tensor and leaves it alone (see the module docs).
+        let _ = self.step.f_fill_(self.t as f64)?;
+        fused_adamw(
+            [&self.params, &self.grads, &self.m, &self.v],
+            &self.step,
+            range,
+            self.n_decay,
+            SLICE,
+            self.hyper(lr),
+        )
+    }
+
+    fn hyper(&self, lr: f64) -> Hyper {
+        Hyper {
+            lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            weight_decay: self.weight_decay,
+            eps: self.eps,
+        }
+    }
+
+    /// The range of the flat buffers this rank updates.
+    fn range(&self) -> std::ops::Range<i64> {
+        self.shard.clone().unwrap_or(0..self.numel())
     }
 
     fn view(&self, buf: &Tensor, i: usize) -> Result<Tensor> {
@@ -336,6 +435,112 @@ pub fn lr_at(cfg: &TrainingConfig, step: usize) -> f64 {
 mod tests {
     use super::*;
 
+    /// The unfused update this module ran before the fused one (9 elementwise kernels per
+    /// [`SLICE`]-element slice): the reference the fused update is compared against.
+    fn sliced_step(opt: &mut AdamW, lr: f64) -> Result<()> {
+        opt.t += 1;
+        let bc1 = 1.0 - opt.beta1.powi(opt.t as i32);
+        let bc2 = 1.0 - opt.beta2.powi(opt.t as i32);
+        let range = opt.range();
+        let (first, total) = (range.start, range.end);
+        tch::no_grad(|| -> Result<()> {
+            let mut start = first;
+            while start < total {
+                let n = SLICE.min(total - start);
+                let g = opt.grads.f_narrow(0, start, n)?;
+                let mut m = opt.m.f_narrow(0, start - first, n)?;
+                let mut v = opt.v.f_narrow(0, start - first, n)?;
+                let mut p = opt.params.f_narrow(0, start, n)?;
+                let _ = m.f_lerp_(&g, 1.0 - opt.beta1)?;
+                let _ = v.f_lerp_(&g.f_square()?, 1.0 - opt.beta2)?;
+                if opt.weight_decay > 0.0 && start < opt.n_decay {
+                    let d = n.min(opt.n_decay - start);
+                    let _ = p.f_narrow(0, 0, d)?.f_mul_scalar_(1.0 - lr * opt.weight_decay)?;
+                }
+                // denom = (sqrt(v / bc2) + eps) * (-bc1 / lr): p + m / denom is the update.
+                let mut denom = v.f_div_scalar(bc2)?;
+                let _ = denom.f_sqrt_()?;
+                let _ = denom.f_add_scalar_(opt.eps)?;
+                let _ = denom.f_mul_scalar_(-bc1 / lr)?;
+                let _ = p.f_addcdiv_(&m, &denom)?;
+                start += n;
+            }
+            Ok(())
+        })
+    }
+
+    /// Parameter sizes of the random optimizers: odd sizes, 1077 decayed elements, 1252 in all.
+    const SIZES: [(&str, i64); 4] = [
+        ("a.weight", 1000),
+        ("b.weight", 77),
+        ("norm1.weight", 130),
+        ("norm2.weight", 45),
+    ];
+
+    /// An optimizer over [`SIZES`] on `device` (`norm*` without decay) with random parameters
+    /// and moments from `seed`, after `t0` updates.
+    fn random_opt(device: tch::Device, wd: f64, seed: i64, t0: u64) -> AdamW {
+        tch::manual_seed(seed);
+        let cpu = (Kind::Float, tch::Device::Cpu);
+        let params = SIZES
+            .iter()
+            .map(|(n, k)| {
+                let p = Tensor::randn([*k], cpu).to_device(device).set_requires_grad(true);
+                (n.to_string(), p)
+            })
+            .collect();
+        let cfg = TrainingConfig {
+            weight_decay: wd,
+            ..Default::default()
+        };
+        let mut opt = AdamW::new(params, &cfg, |n| n.starts_with("norm")).unwrap();
+        let n = opt.numel();
+        tch::no_grad(|| {
+            opt.m.copy_(&(Tensor::randn([n], cpu) * 1e-2));
+            opt.v.copy_(&(Tensor::rand([n], cpu) * 1e-4));
+        });
+        opt.t = t0;
+        opt
+    }
+
+    /// Sets the gradients to random values from `seed` (a few exact zeros among them).
+    fn random_grads(opt: &mut AdamW, seed: i64) {
+        tch::manual_seed(seed);
+        let n = opt.numel();
+        let g = Tensor::randn([n], (Kind::Float, tch::Device::Cpu)) * 1e-2;
+        let g = g.where_self(
+            &g.abs().gt(1e-4),
+            &Tensor::zeros([], (Kind::Float, tch::Device::Cpu)),
+        );
+        tch::no_grad(|| opt.grads.copy_(&g));
+    }
+
+    /// Relative tolerance of the fused update against the unfused formula (and of CUDA against
+    /// the CPU) after 6 updates: ~8 f32 ulps (2^-23 = 1.2e-7). The two round differently (the
+    /// fused op divides sqrt(v) by sqrt(bc2) where the formula takes sqrt(v / bc2), folds lr/bc1
+    /// into one step size, and its CPU kernel fuses multiply-adds), a few ulps per update; a
+    /// wrong decay split (1e-4 relative at lr 1e-3, wd 0.1) or bias correction is far above it.
+    const TOL: f32 = 1e-6;
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        Vec::<f32>::try_from(t.to_device(tch::Device::Cpu).contiguous()).unwrap()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        values(t).iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Largest `|a - b| / max(|b|, floor)` over the elements, and where.
+    fn max_rel_gap(a: &Tensor, b: &Tensor, floor: f32) -> (f32, usize) {
+        let (a, b) = (values(a), values(b));
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs() / y.abs().max(floor))
+            .enumerate()
+            .fold((0.0, 0), |acc, (i, r)| if r > acc.0 { (r, i) } else { acc })
+    }
+
     #[test]
     fn schedules_warm_up_then_decay_to_the_floor() {
         let mut c = TrainingConfig {
@@ -385,5 +590,161 @@ mod tests {
         );
         assert!((b[0] - 3.1).abs() < 1e-6, "{b:?}");
         assert_eq!(opt.decayed().collect::<Vec<_>>(), vec!["a.weight"]);
+    }
+
+    #[test]
+    fn fused_update_matches_the_unfused_formula_within_tolerance() {
+        for wd in [0.0, 0.1] {
+            for shard in [None, Some(300i64..1200)] {
+                let mut fused = random_opt(tch::Device::Cpu, wd, 1, 10);
+                let mut reference = random_opt(tch::Device::Cpu, wd, 1, 10);
+                if let Some(r) = &shard {
+                    fused.shard_moments(r.clone()).unwrap();
+                    reference.shard_moments(r.clone()).unwrap();
+                }
+                for step in 0..6 {
+                    random_grads(&mut fused, 100 + step);
+                    random_grads(&mut reference, 100 + step);
+                    let lr = 1e-3 * (1 + step) as f64;
+                    fused.step(lr).unwrap();
+                    sliced_step(&mut reference, lr).unwrap();
+                }
+                let what = format!("wd {wd}, shard {shard:?}");
+                let p = max_rel_gap(&fused.params, &reference.params, 1e-3);
+                let m = max_rel_gap(&fused.m, &reference.m, 1e-6);
+                let v = max_rel_gap(&fused.v, &reference.v, 1e-8);
+                println!("{what}: relative gaps (gap, element) p {p:?}, m {m:?}, v {v:?}");
+                // Measured: p 4.4e-7, m 0, v 3.7e-7 (3-4 f32 ulps after 6 updates).
+                for (name, (gap, at)) in [("p", p), ("m", m), ("v", v)] {
+                    assert!(gap <= TOL, "{what}: {name} relative gap {gap} at element {at}");
+                }
+                // Outside the shard nothing moved.
+                let fresh = random_opt(tch::Device::Cpu, wd, 1, 10);
+                let r = shard.unwrap_or(0..fresh.numel());
+                for (from, len) in [(0, r.start), (r.end, fresh.numel() - r.end)] {
+                    let (a, b) = (
+                        fused.params.narrow(0, from, len),
+                        fresh.params.narrow(0, from, len),
+                    );
+                    assert!(bits(&a) == bits(&b), "{what}: outside the shard");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sharded_or_sliced_the_fused_update_gives_every_element_the_same_bits() {
+        let steps = |opt: &mut AdamW| {
+            for step in 0..4 {
+                random_grads(opt, 200 + step);
+                opt.step(2e-3).unwrap();
+            }
+        };
+        let mut full = random_opt(tch::Device::Cpu, 0.1, 3, 0);
+        steps(&mut full);
+        // Shard ends inside 64-element blocks, one across the decay boundary (1077).
+        for r in [0..333, 333..1100, 1100..1252, 5..1251] {
+            let mut part = random_opt(tch::Device::Cpu, 0.1, 3, 0);
+            part.shard_moments(r.clone()).unwrap();
+            steps(&mut part);
+            let n = r.end - r.start;
+            for (name, a, b) in [
+                (
+                    "p",
+                    part.params.narrow(0, r.start, n),
+                    full.params.narrow(0, r.start, n),
+                ),
+                ("m", part.m.shallow_clone(), full.m.narrow(0, r.start, n)),
+                ("v", part.v.shallow_clone(), full.v.narrow(0, r.start, n)),
+            ] {
+                assert!(
+                    bits(&a) == bits(&b),
+                    "shard {r:?}: {name} differs from the unsharded update"
+                );
+            }
+        }
+        // Views of 64 elements instead of SLICE: the same bits.
+        let mut sliced = random_opt(tch::Device::Cpu, 0.1, 3, 0);
+        for step in 0..4 {
+            random_grads(&mut sliced, 200 + step);
+            sliced.t += 1;
+            let _ = sliced.step.fill_(sliced.t as f64);
+            let o = &sliced;
+            let bufs = [&o.params, &o.grads, &o.m, &o.v];
+            fused_adamw(bufs, &o.step, o.range(), o.n_decay, 64, o.hyper(2e-3)).unwrap();
+        }
+        for (a, b) in [
+            (&sliced.params, &full.params),
+            (&sliced.m, &full.m),
+            (&sliced.v, &full.v),
+        ] {
+            assert!(bits(a) == bits(b), "64-element views differ from SLICE views");
+        }
+    }
+
+    #[test]
+    fn a_libtorch_error_in_the_fused_update_comes_back_as_a_typed_error() {
+        let opt = random_opt(tch::Device::Cpu, 0.1, 4, 1);
+        let bufs = [&opt.params, &opt.grads, &opt.m, &opt.v];
+        let err = fused_adamw(bufs, &opt.step, opt.range(), opt.n_decay, 100, opt.hyper(1e-3)).unwrap_err();
+        assert!(
+            matches!(&err, TrainError::Tch(_)) && err.to_string().contains("not a positive multiple of 64"),
+            "{err}"
+        );
+        // Moments shorter than the range: libtorch's own check, caught in the bridge.
+        let short = opt.m.narrow(0, 0, 10);
+        let bufs = [&opt.params, &opt.grads, &short, &short];
+        let err = fused_adamw(bufs, &opt.step, opt.range(), opt.n_decay, SLICE, opt.hyper(1e-3)).unwrap_err();
+        assert!(
+            matches!(&err, TrainError::Tch(_)) && err.to_string().contains("moments of 10"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+    fn cuda_fused_update_matches_the_cpu_one_and_shards_keep_the_bits() {
+        assert!(tch::Cuda::is_available(), "no CUDA device");
+        let gpu = tch::Device::Cuda(0);
+        let steps = |opt: &mut AdamW| {
+            for step in 0..6 {
+                random_grads(opt, 300 + step);
+                opt.step(1e-3 * (1 + step) as f64).unwrap();
+            }
+        };
+        let mut cpu = random_opt(tch::Device::Cpu, 0.1, 5, 10);
+        let mut cuda = random_opt(gpu, 0.1, 5, 10);
+        steps(&mut cpu);
+        steps(&mut cuda);
+        let p = max_rel_gap(&cuda.params, &cpu.params, 1e-3);
+        let m = max_rel_gap(&cuda.m, &cpu.m, 1e-6);
+        let v = max_rel_gap(&cuda.v, &cpu.v, 1e-8);
+        println!("CUDA vs CPU relative gaps (gap, element): p {p:?}, m {m:?}, v {v:?}");
+        for (name, (gap, at)) in [("p", p), ("m", m), ("v", v)] {
+            assert!(
+                gap <= TOL,
+                "{name}: CUDA vs CPU relative gap {gap} at element {at}"
+            );
+        }
+        for r in [0..333, 333..1100, 1100..1252] {
+            let mut part = random_opt(gpu, 0.1, 5, 10);
+            part.shard_moments(r.clone()).unwrap();
+            steps(&mut part);
+            let n = r.end - r.start;
+            for (name, a, b) in [
+                (
+                    "p",
+                    part.params.narrow(0, r.start, n),
+                    cuda.params.narrow(0, r.start, n),
+                ),
+                ("m", part.m.shallow_clone(), cuda.m.narrow(0, r.start, n)),
+                ("v", part.v.shallow_clone(), cuda.v.narrow(0, r.start, n)),
+            ] {
+                assert!(
+                    bits(&a) == bits(&b),
+                    "CUDA shard {r:?}: {name} differs from the unsharded update"
+                );
+            }
+        }
     }
 }
