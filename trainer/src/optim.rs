@@ -541,6 +541,48 @@ mod tests {
             .fold((0.0, 0), |acc, (i, r)| if r > acc.0 { (r, i) } else { acc })
     }
 
+    /// Asserts `a`'s parameters and moments within [`TOL`] of `b`'s (relative, with floors for
+    /// values near zero) and prints the largest gaps.
+    fn assert_close(a: &AdamW, b: &AdamW, what: &str) {
+        let p = max_rel_gap(&a.params, &b.params, 1e-3);
+        let m = max_rel_gap(&a.m, &b.m, 1e-6);
+        let v = max_rel_gap(&a.v, &b.v, 1e-8);
+        println!("{what}: relative gaps (gap, element) p {p:?}, m {m:?}, v {v:?}");
+        for (name, (gap, at)) in [("p", p), ("m", m), ("v", v)] {
+            assert!(gap <= TOL, "{what}: {name} relative gap {gap} at element {at}");
+        }
+    }
+
+    /// For each shard range: an optimizer like `random_opt(device, 0.1, seed, t0)` sharded to it
+    /// and run through `steps` has bitwise the parameters and moments of `full` in the range.
+    fn assert_shards_match(
+        full: &AdamW,
+        ranges: &[std::ops::Range<i64>],
+        (device, seed, t0): (tch::Device, i64, u64),
+        steps: impl Fn(&mut AdamW),
+    ) {
+        for r in ranges {
+            let mut part = random_opt(device, 0.1, seed, t0);
+            part.shard_moments(r.clone()).unwrap();
+            steps(&mut part);
+            let n = r.end - r.start;
+            let (own, whole) = (
+                part.params.narrow(0, r.start, n),
+                full.params.narrow(0, r.start, n),
+            );
+            for (name, a, b) in [
+                ("p", &own, &whole),
+                ("m", &part.m, &full.m.narrow(0, r.start, n)),
+                ("v", &part.v, &full.v.narrow(0, r.start, n)),
+            ] {
+                assert!(
+                    bits(a) == bits(b),
+                    "{device:?} shard {r:?}: {name} differs from the unsharded update"
+                );
+            }
+        }
+    }
+
     #[test]
     fn schedules_warm_up_then_decay_to_the_floor() {
         let mut c = TrainingConfig {
@@ -609,15 +651,9 @@ mod tests {
                     fused.step(lr).unwrap();
                     sliced_step(&mut reference, lr).unwrap();
                 }
-                let what = format!("wd {wd}, shard {shard:?}");
-                let p = max_rel_gap(&fused.params, &reference.params, 1e-3);
-                let m = max_rel_gap(&fused.m, &reference.m, 1e-6);
-                let v = max_rel_gap(&fused.v, &reference.v, 1e-8);
-                println!("{what}: relative gaps (gap, element) p {p:?}, m {m:?}, v {v:?}");
                 // Measured: p 4.4e-7, m 0, v 3.7e-7 (3-4 f32 ulps after 6 updates).
-                for (name, (gap, at)) in [("p", p), ("m", m), ("v", v)] {
-                    assert!(gap <= TOL, "{what}: {name} relative gap {gap} at element {at}");
-                }
+                let what = format!("wd {wd}, shard {shard:?}");
+                assert_close(&fused, &reference, &what);
                 // Outside the shard nothing moved.
                 let fresh = random_opt(tch::Device::Cpu, wd, 1, 10);
                 let r = shard.unwrap_or(0..fresh.numel());
@@ -643,26 +679,8 @@ mod tests {
         let mut full = random_opt(tch::Device::Cpu, 0.1, 3, 0);
         steps(&mut full);
         // Shard ends inside 64-element blocks, one across the decay boundary (1077).
-        for r in [0..333, 333..1100, 1100..1252, 5..1251] {
-            let mut part = random_opt(tch::Device::Cpu, 0.1, 3, 0);
-            part.shard_moments(r.clone()).unwrap();
-            steps(&mut part);
-            let n = r.end - r.start;
-            for (name, a, b) in [
-                (
-                    "p",
-                    part.params.narrow(0, r.start, n),
-                    full.params.narrow(0, r.start, n),
-                ),
-                ("m", part.m.shallow_clone(), full.m.narrow(0, r.start, n)),
-                ("v", part.v.shallow_clone(), full.v.narrow(0, r.start, n)),
-            ] {
-                assert!(
-                    bits(&a) == bits(&b),
-                    "shard {r:?}: {name} differs from the unsharded update"
-                );
-            }
-        }
+        let ranges = [0..333, 333..1100, 1100..1252, 5..1251];
+        assert_shards_match(&full, &ranges, (tch::Device::Cpu, 3, 0), steps);
         // Views of 64 elements instead of SLICE: the same bits.
         let mut sliced = random_opt(tch::Device::Cpu, 0.1, 3, 0);
         for step in 0..4 {
@@ -716,35 +734,7 @@ mod tests {
         let mut cuda = random_opt(gpu, 0.1, 5, 10);
         steps(&mut cpu);
         steps(&mut cuda);
-        let p = max_rel_gap(&cuda.params, &cpu.params, 1e-3);
-        let m = max_rel_gap(&cuda.m, &cpu.m, 1e-6);
-        let v = max_rel_gap(&cuda.v, &cpu.v, 1e-8);
-        println!("CUDA vs CPU relative gaps (gap, element): p {p:?}, m {m:?}, v {v:?}");
-        for (name, (gap, at)) in [("p", p), ("m", m), ("v", v)] {
-            assert!(
-                gap <= TOL,
-                "{name}: CUDA vs CPU relative gap {gap} at element {at}"
-            );
-        }
-        for r in [0..333, 333..1100, 1100..1252] {
-            let mut part = random_opt(gpu, 0.1, 5, 10);
-            part.shard_moments(r.clone()).unwrap();
-            steps(&mut part);
-            let n = r.end - r.start;
-            for (name, a, b) in [
-                (
-                    "p",
-                    part.params.narrow(0, r.start, n),
-                    cuda.params.narrow(0, r.start, n),
-                ),
-                ("m", part.m.shallow_clone(), cuda.m.narrow(0, r.start, n)),
-                ("v", part.v.shallow_clone(), cuda.v.narrow(0, r.start, n)),
-            ] {
-                assert!(
-                    bits(&a) == bits(&b),
-                    "CUDA shard {r:?}: {name} differs from the unsharded update"
-                );
-            }
-        }
+        assert_close(&cuda, &cpu, "CUDA vs CPU");
+        assert_shards_match(&cuda, &[0..333, 333..1100, 1100..1252], (gpu, 5, 10), steps);
     }
 }
