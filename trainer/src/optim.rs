@@ -477,15 +477,33 @@ mod tests {
         ("norm2.weight", 45),
     ];
 
+    /// `n` values uniform in `[lo, hi)` from `seed` (splitmix64: the tests run in parallel, so
+    /// they do not draw from libtorch's global generator).
+    fn uniform(n: i64, seed: u64, lo: f32, hi: f32) -> Tensor {
+        let mut x = seed;
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = x;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^= z >> 31;
+                lo + (hi - lo) * ((z >> 40) as f32 / (1u64 << 24) as f32)
+            })
+            .collect();
+        Tensor::from_slice(&v)
+    }
+
     /// An optimizer over [`SIZES`] on `device` (`norm*` without decay) with random parameters
     /// and moments from `seed`, after `t0` updates.
-    fn random_opt(device: tch::Device, wd: f64, seed: i64, t0: u64) -> AdamW {
-        tch::manual_seed(seed);
-        let cpu = (Kind::Float, tch::Device::Cpu);
+    fn random_opt(device: tch::Device, wd: f64, seed: u64, t0: u64) -> AdamW {
         let params = SIZES
             .iter()
-            .map(|(n, k)| {
-                let p = Tensor::randn([*k], cpu).to_device(device).set_requires_grad(true);
+            .zip(seed * 100..)
+            .map(|((n, k), s)| {
+                let p = uniform(*k, s, -2.0, 2.0)
+                    .to_device(device)
+                    .set_requires_grad(true);
                 (n.to_string(), p)
             })
             .collect();
@@ -496,18 +514,16 @@ mod tests {
         let mut opt = AdamW::new(params, &cfg, |n| n.starts_with("norm")).unwrap();
         let n = opt.numel();
         tch::no_grad(|| {
-            opt.m.copy_(&(Tensor::randn([n], cpu) * 1e-2));
-            opt.v.copy_(&(Tensor::rand([n], cpu) * 1e-4));
+            opt.m.copy_(&uniform(n, seed * 100 + 50, -1e-2, 1e-2));
+            opt.v.copy_(&uniform(n, seed * 100 + 51, 0.0, 1e-4));
         });
         opt.t = t0;
         opt
     }
 
-    /// Sets the gradients to random values from `seed` (a few exact zeros among them).
-    fn random_grads(opt: &mut AdamW, seed: i64) {
-        tch::manual_seed(seed);
-        let n = opt.numel();
-        let g = Tensor::randn([n], (Kind::Float, tch::Device::Cpu)) * 1e-2;
+    /// Sets the gradients to random values from `seed` (about 1% exact zeros among them).
+    fn random_grads(opt: &mut AdamW, seed: u64) {
+        let g = uniform(opt.numel(), seed, -1e-2, 1e-2);
         let g = g.where_self(
             &g.abs().gt(1e-4),
             &Tensor::zeros([], (Kind::Float, tch::Device::Cpu)),
@@ -541,10 +557,12 @@ mod tests {
             .fold((0.0, 0), |acc, (i, r)| if r > acc.0 { (r, i) } else { acc })
     }
 
-    /// Asserts `a`'s parameters and moments within [`TOL`] of `b`'s (relative, with floors for
-    /// values near zero) and prints the largest gaps.
+    /// Asserts `a`'s parameters and moments within [`TOL`] of `b`'s and prints the largest
+    /// gaps. Relative to the value, or to a floor for values near zero: for p the total movement
+    /// of the tests' 6 updates (their learning rates sum to 0.021; the update's own rounding is
+    /// relative to it), for m and v well below their typical size.
     fn assert_close(a: &AdamW, b: &AdamW, what: &str) {
-        let p = max_rel_gap(&a.params, &b.params, 1e-3);
+        let p = max_rel_gap(&a.params, &b.params, 0.02);
         let m = max_rel_gap(&a.m, &b.m, 1e-6);
         let v = max_rel_gap(&a.v, &b.v, 1e-8);
         println!("{what}: relative gaps (gap, element) p {p:?}, m {m:?}, v {v:?}");
@@ -558,7 +576,7 @@ mod tests {
     fn assert_shards_match(
         full: &AdamW,
         ranges: &[std::ops::Range<i64>],
-        (device, seed, t0): (tch::Device, i64, u64),
+        (device, seed, t0): (tch::Device, u64, u64),
         steps: impl Fn(&mut AdamW),
     ) {
         for r in ranges {
@@ -645,13 +663,13 @@ mod tests {
                     reference.shard_moments(r.clone()).unwrap();
                 }
                 for step in 0..6 {
-                    random_grads(&mut fused, 100 + step);
-                    random_grads(&mut reference, 100 + step);
+                    random_grads(&mut fused, 1000 + step);
+                    random_grads(&mut reference, 1000 + step);
                     let lr = 1e-3 * (1 + step) as f64;
                     fused.step(lr).unwrap();
                     sliced_step(&mut reference, lr).unwrap();
                 }
-                // Measured: p 4.4e-7, m 0, v 3.7e-7 (3-4 f32 ulps after 6 updates).
+                // Measured: p 1.3e-7, m 0, v 4.2e-7 (1-4 f32 ulps after 6 updates).
                 let what = format!("wd {wd}, shard {shard:?}");
                 assert_close(&fused, &reference, &what);
                 // Outside the shard nothing moved.
@@ -672,7 +690,7 @@ mod tests {
     fn sharded_or_sliced_the_fused_update_gives_every_element_the_same_bits() {
         let steps = |opt: &mut AdamW| {
             for step in 0..4 {
-                random_grads(opt, 200 + step);
+                random_grads(opt, 2000 + step);
                 opt.step(2e-3).unwrap();
             }
         };
@@ -684,7 +702,7 @@ mod tests {
         // Views of 64 elements instead of SLICE: the same bits.
         let mut sliced = random_opt(tch::Device::Cpu, 0.1, 3, 0);
         for step in 0..4 {
-            random_grads(&mut sliced, 200 + step);
+            random_grads(&mut sliced, 2000 + step);
             sliced.t += 1;
             let _ = sliced.step.fill_(sliced.t as f64);
             let o = &sliced;
@@ -726,7 +744,7 @@ mod tests {
         let gpu = tch::Device::Cuda(0);
         let steps = |opt: &mut AdamW| {
             for step in 0..6 {
-                random_grads(opt, 300 + step);
+                random_grads(opt, 3000 + step);
                 opt.step(1e-3 * (1 + step) as f64).unwrap();
             }
         };
