@@ -241,9 +241,9 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     };
     // The item's first stage goes out while the previous item's last steps still hold K and V.
     if (n > 0) load_stage(0);
-    // K and V (and the header and factors in item[ni & 1], last read by item ni - 2) once the
-    // previous item's last S / dP products have read its K and V: lane 0 sets the bytes without
-    // arriving, then every lane writes its 4 keys' factors and arrives.
+    // K and V (and the step factors in item, the header and end factors in tail[ni & 1], last read
+    // by item ni - 2) once the previous item's last steps have read its K and V: lane 0 sets the
+    // bytes without arriving, then every lane writes its 4 keys' factors and arrives.
     mbar_wait(smem_u32(&sm.kv_empty), (ni & 1) ^ 1);
     BwdItem& it = sm.item;
     BwdItemTail& tail = sm.tail[ni & 1];
@@ -275,6 +275,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     int next = 0;
     if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;
     // dim-major K (the dQ products' B operand) once the previous item's last dQ has read it
+    // (waiting for that before the factors above delays K/V: measured slower, session 6 call 6)
     mbar_wait(smem_u32(&sm.kd_empty), (ni & 1) ^ 1);
     if (lane == 0) {
       const u32 kdbar = smem_u32(&sm.kd_full);
