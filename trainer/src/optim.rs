@@ -531,12 +531,16 @@ mod tests {
         tch::no_grad(|| opt.grads.copy_(&g));
     }
 
-    /// Relative tolerance of the fused update against the unfused formula (and of CUDA against
-    /// the CPU) after 6 updates: ~8 f32 ulps (2^-23 = 1.2e-7). The two round differently (the
-    /// fused op divides sqrt(v) by sqrt(bc2) where the formula takes sqrt(v / bc2), folds lr/bc1
-    /// into one step size, and its CPU kernel fuses multiply-adds), a few ulps per update; a
-    /// wrong decay split (1e-4 relative at lr 1e-3, wd 0.1) or bias correction is far above it.
+    /// Relative tolerance of the fused update against the unfused formula after 6 updates: ~8 f32
+    /// ulps (2^-23 = 1.2e-7). The two round differently (the fused op divides sqrt(v) by
+    /// sqrt(bc2) where the formula takes sqrt(v / bc2), folds lr/bc1 into one step size, and its
+    /// CPU kernel fuses multiply-adds), a few ulps per update; a wrong decay split (1e-4 relative
+    /// at lr 1e-3, wd 0.1) or bias correction is far above it.
     const TOL: f32 = 1e-6;
+    /// CUDA's fused kernel against the CPU one: its moment update is another formula (a lerp),
+    /// measured on the H200 (session 6) at p 3.2e-7, m 1.6e-6, v 3.5e-7 relative (m to its
+    /// typical size); 1e-5 keeps the same margin to a wrong decay split or bias correction.
+    const TOL_CUDA: f32 = 1e-5;
 
     fn values(t: &Tensor) -> Vec<f32> {
         Vec::<f32>::try_from(t.to_device(tch::Device::Cpu).contiguous()).unwrap()
@@ -557,17 +561,21 @@ mod tests {
             .fold((0.0, 0), |acc, (i, r)| if r > acc.0 { (r, i) } else { acc })
     }
 
-    /// Asserts `a`'s parameters and moments within [`TOL`] of `b`'s and prints the largest
+    /// Asserts `a`'s parameters and moments within `tol` of `b`'s and prints the largest
     /// gaps. Relative to the value, or to a floor for values near zero: for p the total movement
     /// of the tests' 6 updates (their learning rates sum to 0.021; the update's own rounding is
-    /// relative to it), for m and v well below their typical size.
-    fn assert_close(a: &AdamW, b: &AdamW, what: &str) {
+    /// relative to it), for m its typical size (below it, m is a cancellation of larger terms),
+    /// for v well below its typical size.
+    fn assert_close(a: &AdamW, b: &AdamW, what: &str, tol: f32) {
         let p = max_rel_gap(&a.params, &b.params, 0.02);
-        let m = max_rel_gap(&a.m, &b.m, 1e-6);
+        // m's floor is its typical size (|g| <= 1e-2, ~1e-3 after 6 updates): where the updates
+        // cancel to |m| << 1e-3, a few ulps of the terms are a large gap relative to |m| (H200,
+        // session 6: CUDA vs CPU 1.5e-5 relative at one element with a 1e-6 floor).
+        let m = max_rel_gap(&a.m, &b.m, 1e-3);
         let v = max_rel_gap(&a.v, &b.v, 1e-8);
         println!("{what}: relative gaps (gap, element) p {p:?}, m {m:?}, v {v:?}");
         for (name, (gap, at)) in [("p", p), ("m", m), ("v", v)] {
-            assert!(gap <= TOL, "{what}: {name} relative gap {gap} at element {at}");
+            assert!(gap <= tol, "{what}: {name} relative gap {gap} at element {at}");
         }
     }
 
@@ -671,7 +679,7 @@ mod tests {
                 }
                 // Measured: p 1.3e-7, m 0, v 4.2e-7 (1-4 f32 ulps after 6 updates).
                 let what = format!("wd {wd}, shard {shard:?}");
-                assert_close(&fused, &reference, &what);
+                assert_close(&fused, &reference, &what, TOL);
                 // Outside the shard nothing moved.
                 let fresh = random_opt(tch::Device::Cpu, wd, 1, 10);
                 let r = shard.unwrap_or(0..fresh.numel());
@@ -752,7 +760,7 @@ mod tests {
         let mut cuda = random_opt(gpu, 0.1, 5, 10);
         steps(&mut cpu);
         steps(&mut cuda);
-        assert_close(&cuda, &cpu, "CUDA vs CPU");
+        assert_close(&cuda, &cpu, "CUDA vs CPU", TOL_CUDA);
         assert_shards_match(&cuda, &[0..333, 333..1100, 1100..1252], (gpu, 5, 10), steps);
     }
 }
