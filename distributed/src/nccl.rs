@@ -459,10 +459,19 @@ impl Communicator {
                     timeout: self.opts.timeout,
                 });
             }
-            std::thread::sleep(self.opts.poll);
+            // the first half millisecond spinning (a step's collectives usually end within it;
+            // a sleep overshoots by tens to hundreds of microseconds), then `poll` sleeps
+            if start.elapsed() < SPIN {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(self.opts.poll);
+            }
         }
     }
 }
+
+/// How long [`Communicator::wait`] polls without sleeping.
+const SPIN: Duration = Duration::from_micros(500);
 
 impl Drop for Communicator {
     fn drop(&mut self) {

@@ -7,7 +7,9 @@
 //! event `slot` on the compute stream and makes the side stream wait for it, so a collective
 //! enqueued next on the side stream reads what the compute stream wrote before the call.
 //! Re-recording an event is safe: a stream wait captures the event's state at the time of the
-//! wait call. Every call needs the device's context current on the calling thread.
+//! wait call. [`SideStream::join_into`] is the way back: the compute stream waits for the side
+//! stream's work so far, on the GPU. Every call needs the device's context current on the
+//! calling thread.
 
 use std::ffi::c_void;
 
@@ -79,6 +81,21 @@ impl SideStream {
         })?;
         check("cuStreamWaitEvent", unsafe {
             cu::cuStreamWaitEvent(self.stream, ev, 0)
+        })
+    }
+
+    /// Work enqueued on `compute` after this call starts once everything enqueued on the side
+    /// stream before it is done (event `slot` recorded on the side stream, waited for by
+    /// `compute`): the compute stream reads the collectives' results without the host waiting.
+    pub fn join_into(&self, compute: *mut c_void, slot: usize) -> Result<()> {
+        let ev = *self.events.get(slot).ok_or_else(|| DistError::Nccl {
+            op: "cuEventRecord",
+            reason: format!("event slot {slot} of {}", self.events.len()),
+        })?;
+        // SAFETY: as in `wait_for`, with the roles of the two streams swapped.
+        check("cuEventRecord", unsafe { cu::cuEventRecord(ev, self.stream) })?;
+        check("cuStreamWaitEvent", unsafe {
+            cu::cuStreamWaitEvent(compute as cu::CUstream, ev, 0)
         })
     }
 }

@@ -6,8 +6,11 @@
 //! [`Ddp::all_reduce_grads`] averages gradients after backward: per bucket, flatten (`narrow` +
 //! `copy_`, converting to the reduction dtype) -> `ncclAllReduce(avg)` in place -> copy back. All
 //! of it runs on the legacy default CUDA stream, the one libtorch uses, so it is ordered with the
-//! backward and the optimiser without extra synchronisation; the call ends by polling that stream
-//! and NCCL's asynchronous error against the timeout, so a dead peer gives an error, not a hang.
+//! backward and the optimiser without extra synchronisation. No call waits on the host except
+//! [`Ddp::mean`] (the step's one metric round trip, which the loop needs on the host anyway): it
+//! polls the stream and NCCL's asynchronous error against the timeout, so a dead peer gives an
+//! error there, not a hang; the gradient reduction and the ZeRO-1 all-gather only check NCCL's
+//! error state (session 6: each host wait cost the step its queue, 2-4% at world size 1).
 //!
 //! With `distributed.overlap` the reduction overlaps the backward instead: [`crate::overlap`]
 //! sets a post-accumulate-grad hook on every parameter (through the C++ bridge), buckets the
@@ -315,12 +318,14 @@ impl Ddp {
         let w = self.topo.world_size as i64;
         let shard = (n + w - 1) / w;
         if let Some(comm) = &self.comm {
-            let buf = Tensor::f_zeros([shard * w], (Kind::Float, part.device()))?;
+            // (not zeroed: past `own` a rank's block is padding, only ever read past `n`)
+            let buf = Tensor::f_empty([shard * w], (Kind::Float, part.device()))?;
             let r = self.topo.rank as i64;
             buf.f_narrow(0, r * shard, own.end - own.start)?.f_copy_(part)?;
             let ptr = buf.data_ptr() as u64;
-            // SAFETY: `buf` holds `world * shard` f32 on this device until the wait below; the
-            // send range is this rank's block of it (NCCL's in-place all-gather).
+            // SAFETY: `buf` holds `world * shard` f32 on this device; the all-gather runs on the
+            // compute stream, so the caller's reads and libtorch's reuse of `buf`'s memory queue
+            // behind it. The send range is this rank's block of it (NCCL's in-place all-gather).
             unsafe {
                 comm.all_gather(
                     ptr + (r * shard * 4) as u64,
@@ -331,7 +336,8 @@ impl Ddp {
                 )
             }
             .map_err(dist)?;
-            comm.wait(STREAM, "ZeRO-1 all-gather").map_err(dist)?;
+            // no host wait (errors surface at the next step's metric mean, as for the reduction)
+            comm.check_async().map_err(dist)?;
             Ok(buf.f_narrow(0, 0, n)?)
         } else {
             let mine: Vec<f32> = Vec::try_from(&part.f_to_kind(Kind::Float)?)?;
@@ -440,7 +446,10 @@ impl Ddp {
             }
         }
         if let Some(comm) = &self.comm {
-            comm.wait(STREAM, "gradient all-reduce").map_err(dist)?;
+            // No host wait: the all-reduces and the copies back run on the compute stream, so
+            // the optimiser's kernels queue behind them. Errors and timeouts surface at the
+            // step's metric mean (`Ddp::mean`), whose wait covers this stream's work too.
+            comm.check_async().map_err(dist)?;
         }
         Ok(())
     }

@@ -449,7 +449,8 @@ impl State {
         let (mut side, mut store_thread) = (None, None);
         match &self.backend {
             Backend::Nccl { .. } => {
-                side = Some(SideStream::new(buckets.buckets.len()).map_err(|e| invalid(e.to_string()))?)
+                // one event per bucket (compute -> side) and one to join back (side -> compute)
+                side = Some(SideStream::new(buckets.buckets.len() + 1).map_err(|e| invalid(e.to_string()))?)
             }
             Backend::Store(s) => store_thread = Some(spawn_store_thread(s.clone(), self.timeout)?),
         }
@@ -610,7 +611,8 @@ impl State {
                 for (ptr, len, owner) in spans {
                     // SAFETY: `len` contiguous elements of the reduction dtype on this device
                     // from `ptr`: a stretch of the (checked, unmoved) gradients or the bucket's
-                    // flat copy, both alive until `complete` has waited for the side stream; the
+                    // flat copy, both alive for the run (the compute stream joins the side stream
+                    // in `complete` before anything writes them again); the
                     // backward no longer writes them (their accumulations are complete).
                     unsafe {
                         match owner {
@@ -664,8 +666,14 @@ impl State {
         match &self.backend {
             Backend::Nccl { comm, .. } => {
                 if let Some(side) = &plan.side {
-                    comm.wait(side.raw(), "overlapped gradient reduction")
+                    // The compute stream waits for the reductions on the GPU (the last event
+                    // slot), not the host: the optimiser and the copies back queue behind them.
+                    // Errors and timeouts surface at the step's metric mean (`Ddp::mean` waits
+                    // for the compute stream, which now includes the side stream's work).
+                    let join = plan.buckets.buckets.len();
+                    side.join_into(std::ptr::null_mut(), join)
                         .map_err(|e| invalid(e.to_string()))?;
+                    comm.check_async().map_err(|e| invalid(e.to_string()))?;
                 }
             }
             Backend::Store(_) => {
