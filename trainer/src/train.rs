@@ -33,6 +33,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use flamia_data::{Batch, DataState, Loader};
+use flamia_kernels::AttnPath;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
@@ -46,7 +47,7 @@ use crate::metrics::jsonl::JsonlWriter;
 use crate::metrics::progress::Progress;
 use crate::metrics::wandb::Wandb;
 use crate::metrics::{StepMetrics, PEAK_BF16_FLOPS};
-use crate::model::{Checkpointing, Llama, PackedInput, StepOptions};
+use crate::model::{Checkpointing, Llama, PackedInput, Shape, StepOptions};
 use crate::optim::{lr_at, AdamW};
 use crate::validation::{ValResult, Validator};
 
@@ -286,6 +287,7 @@ impl<'a> Run<'a> {
         };
         let loader = Loader::new(&cfg.data, ddp.rank(), ddp.world_size(), data_state)
             .map_err(|e| TrainError::Invalid(format!("data: {e}")))?;
+        check_gpu_head_dim(cfg, attn.path, &cfg.model.shape(loader.vocab_size())?, device)?;
         let setup = || "the model and optimizer set-up".to_string();
         let model = Llama::new(&cfg.model, loader.vocab_size(), device)
             .map_err(|e| crate::memory::explain(e, setup, device))?;
@@ -775,6 +777,31 @@ impl<'a> Run<'a> {
 
 /// The gathered per-rank data states (JSON of each `DataState`, by rank) as the content of
 /// [`DATA_STATES`], written into the checkpoint before it is renamed into place.
+/// FLAMIA's GPU kernels are built for head dim 128: a FLAMIA path on CUDA with another head dim is
+/// refused before the model is built, naming the shape and what to change (on the CPU the
+/// reference implementation takes 64 and 128).
+fn check_gpu_head_dim(cfg: &TrainConfig, path: AttnPath, shape: &Shape, device: Device) -> Result<()> {
+    if !device.is_cuda() || path == AttnPath::Exact || shape.head_dim == 128 {
+        return Ok(());
+    }
+    let sizes: Vec<&str> = crate::model::SIZES
+        .iter()
+        .filter(|s| s.dim / s.n_heads == 128)
+        .map(|s| s.name)
+        .collect();
+    Err(TrainError::Invalid(format!(
+        "attention.path = {:?} runs FLAMIA's GPU kernels, which are built for head_dim 128; model.size \
+         {:?} has head_dim {} (dim {} / {} heads). Use attention.path = \"bf16\" for this model, or a \
+         model.size with head_dim 128: {}",
+        cfg.attention.path,
+        cfg.model.size,
+        shape.head_dim,
+        shape.dim,
+        shape.n_heads,
+        sizes.join(", ")
+    )))
+}
+
 fn data_states_json(states: &[Vec<u8>]) -> Result<Vec<u8>> {
     let parsed: Vec<serde_json::Value> = states
         .iter()
@@ -877,5 +904,45 @@ pub fn fmt_count(n: usize) -> String {
         n if n >= 1_000_000 => format!("{:.2}M", n as f64 / 1e6),
         n if n >= 1_000 => format!("{:.1}K", n as f64 / 1e3),
         n => n.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flamia_paths_on_cuda_refuse_head_dims_other_than_128() {
+        let cfg = |size: &str, path: &str| {
+            TrainConfig::load(
+                None,
+                &[format!("model.size={size}"), format!("attention.path={path}")],
+            )
+            .unwrap()
+        };
+        let cuda = Device::Cuda(0);
+        let check = |c: &TrainConfig, device| {
+            let shape = c.model.shape(256).unwrap();
+            check_gpu_head_dim(c, c.attention.options().unwrap().path, &shape, device)
+        };
+        // tiny: 2 heads of 64
+        let tiny = cfg("tiny", "mxfp8");
+        let err = check(&tiny, cuda).unwrap_err().to_string();
+        assert!(
+            err.contains("head_dim 64") && err.contains("\"bf16\"") && err.contains("125m"),
+            "{err}"
+        );
+        assert!(
+            check(&tiny, Device::Cpu).is_ok(),
+            "the CPU reference takes head_dim 64"
+        );
+        assert!(
+            check(&cfg("tiny", "bf16"), cuda).is_ok(),
+            "the bf16 control runs any head_dim"
+        );
+        assert!(
+            check(&cfg("125m", "mxfp8"), cuda).is_ok(),
+            "125m has head_dim 128"
+        );
     }
 }
