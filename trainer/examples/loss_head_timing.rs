@@ -1,9 +1,9 @@
 //! Times one forward + backward of the chunked output head and cross-entropy
-//! (`model::loss::head_forward_backward`) on the CPU with the default libtorch threads:
+//! (`model::loss::head_forward_backward`) on the CPU with libtorch's default threads (`OMP_NUM_THREADS` sets them):
 //! `tokens x dim` hidden states, a `vocab x dim` f32 output weight, one chunk, f32 compute,
 //! 1 of 16 targets ignored. CPU only: the GPU figure is a different balance of GEMM and memory.
 //!
-//! `cargo run -p flamia-trainer --example loss_head_timing [tokens dim vocab runs]`
+//! `cargo run -p flamia-trainer --example loss_head_timing -- [tokens dim vocab runs]`
 //! (default 2048 2048 32768 5) prints the median and the fastest of `runs` timed calls after
 //! one warm-up call.
 
