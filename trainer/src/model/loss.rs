@@ -307,6 +307,23 @@ mod tests {
         (h, w, targets)
     }
 
+    /// The ignored targets' rows of `dh` are exactly zero.
+    fn assert_no_gradient<const N: usize>(dh: &Tensor, rows: [i64; N]) {
+        for i in rows {
+            assert_eq!(dh.get(i).abs().max().double_value(&[]), 0.0, "row {i}");
+        }
+    }
+
+    /// `got` (on any device) is no further from the exact `want` than 1.5x the autograd head's
+    /// `old`, and within 2% of the largest entry.
+    fn assert_as_accurate(label: &str, got: &Tensor, old: &Tensor, want: &Tensor) {
+        let (e, e_old) = (max_rel(&got.to_device(Device::Cpu), want), max_rel(old, want));
+        assert!(
+            e <= 1.5 * e_old && e < 2e-2,
+            "{label}: error {e:e} (autograd head {e_old:e})"
+        );
+    }
+
     #[test]
     fn hand_written_gradient_matches_autograd_in_f32() {
         let (h, w, targets) = case(3, (37, 16, 50), Kind::Float);
@@ -331,10 +348,7 @@ mod tests {
                 let e = max_rel(got, want);
                 assert!(e < 1e-6, "chunk {chunk}: {what} off by {e:e}");
             }
-            // Ignored targets' rows get no gradient at all.
-            for i in [0, 5, 36] {
-                assert_eq!(c.dh.get(i).abs().max().double_value(&[]), 0.0, "row {i}");
-            }
+            assert_no_gradient(&c.dh, [0, 5, 36]);
         }
     }
 
@@ -356,17 +370,11 @@ mod tests {
                 "chunk {chunk}: loss {l} vs exact {lx}"
             );
             for (what, got, old, want) in [("dh", &c.dh, &dha, &dhx), ("dw", &c.dw, &dwa, &dwx)] {
-                let (e, e_old) = (max_rel(got, want), max_rel(old, want));
-                assert!(
-                    e <= 1.5 * e_old && e < 2e-2,
-                    "chunk {chunk}: {what} error {e:e} (autograd head {e_old:e})"
-                );
+                assert_as_accurate(&format!("chunk {chunk}: {what}"), got, old, want);
                 let d = max_rel(got, old);
                 assert!(d < 1e-2, "chunk {chunk}: {what} differs from autograd's by {d:e}");
             }
-            for i in [0, 5, 63] {
-                assert_eq!(c.dh.get(i).abs().max().double_value(&[]), 0.0, "row {i}");
-            }
+            assert_no_gradient(&c.dh, [0, 5, 63]);
         }
     }
 
@@ -431,7 +439,7 @@ mod tests {
         )
         .unwrap();
         let l = c.loss_sum.double_value(&[]);
-        assert!((l - la).abs() / la < 1e-4, "loss {l} vs {la} (exact {lx})");
+        assert!((l - la).abs() / la < 1e-3, "loss {l} vs {la} (exact {lx})");
         for (what, got, old, want) in [("dh", &c.dh, &dha, &dhx), ("dw", &c.dw, &dwa, &dwx)] {
             let got = got.to_device(Device::Cpu);
             let (e, e_old) = (max_rel(&got, want), max_rel(old, want));
