@@ -66,6 +66,8 @@ pub fn causal_fwd_flops(lens: &[usize]) -> f64 {
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchRow {
     pub workload: String,
+    /// Key/value heads (query heads: [`HEADS`]; fewer is GQA).
+    pub kv_heads: usize,
     pub docs: usize,
     pub tokens: usize,
     pub reps: usize,
@@ -151,15 +153,24 @@ fn fill_normal(gpu: &Gpu, buf: &DeviceBuf<u16>, seed: u32) -> GpuResult<()> {
     .ctx("cuLaunchKernel(fill_normal_bf16)")
 }
 
-/// Benchmarks one workload with `opts` (causal), on fresh random inputs.
-pub fn run_workload(gpu: &Arc<Gpu>, opts: AttnOptions, name: &str, lens: &[usize]) -> GpuResult<BenchRow> {
-    let shape = VarlenShape::from_lens(lens, HEADS, HEADS, HEAD_DIM)?;
+/// Benchmarks one workload with `opts` (causal), on fresh random inputs: [`HEADS`] query heads
+/// and `kv_heads` key/value heads (a divisor of [`HEADS`]; fewer is GQA).
+pub fn run_workload(
+    gpu: &Arc<Gpu>,
+    opts: AttnOptions,
+    name: &str,
+    lens: &[usize],
+    kv_heads: usize,
+) -> GpuResult<BenchRow> {
+    let shape = VarlenShape::from_lens(lens, HEADS, kv_heads, HEAD_DIM)?;
     let t = shape.tokens();
-    let n = t * HEADS * HEAD_DIM;
+    let (n, nkv) = (t * HEADS * HEAD_DIM, t * kv_heads * HEAD_DIM);
     let attn = Attention::new(gpu.clone(), opts)?;
     let plan = Plan::new(gpu, &shape, opts.causal)?;
-    let bufs: Vec<DeviceBuf<u16>> = (0..8)
-        .map(|_| DeviceBuf::zeros(gpu, n))
+    // q, k, v, o, dO, dQ, dK, dV: the K/V side has `kv_heads` heads
+    let bufs: Vec<DeviceBuf<u16>> = [n, nkv, nkv, n, n, n, nkv, nkv]
+        .into_iter()
+        .map(|len| DeviceBuf::zeros(gpu, len))
         .collect::<GpuResult<_>>()?;
     let (q, k, v, o, d_o, dq, dk, dv) = (
         &bufs[0], &bufs[1], &bufs[2], &bufs[3], &bufs[4], &bufs[5], &bufs[6], &bufs[7],
@@ -228,11 +239,12 @@ pub fn run_workload(gpu: &Arc<Gpu>, opts: AttnOptions, name: &str, lens: &[usize
     let ff = causal_fwd_flops(lens);
     Ok(BenchRow {
         workload: name.to_string(),
+        kv_heads,
         docs: lens.len(),
         tokens: t,
         reps,
         quant_ms,
-        quant_gbs: super::quant::e4m3_bytes(&plan, &[HEADS; 3]) as f64 / quant_ms / 1e6,
+        quant_gbs: super::quant::e4m3_bytes(&plan, &[HEADS, kv_heads, kv_heads]) as f64 / quant_ms / 1e6,
         fwd_ms,
         bwd_ms,
         dograd_ms,

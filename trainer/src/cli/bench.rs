@@ -38,6 +38,10 @@ struct AttentionArgs {
     /// Turn on the three causal-safety precision options.
     #[arg(long)]
     causally_safe: bool,
+    /// Key/value heads against the 16 query heads (16, 8, 4, 2 or 1; fewer is GQA, e.g. 8 for
+    /// the 1B preset's 16:8).
+    #[arg(long, default_value_t = 16)]
+    kv_heads: usize,
 }
 
 /// SM clock and power as nvidia-smi reports them (or why not).
@@ -62,6 +66,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if a.causally_safe {
         opts.precision = flamia_kernels::Precision::causally_safe(opts.precision.hadamard);
     }
+    if a.kv_heads == 0 || !flamia_kernels::gpu::bench::HEADS.is_multiple_of(a.kv_heads) {
+        bail!(
+            "--kv-heads {}: must divide the {} query heads (16, 8, 4, 2 or 1)",
+            a.kv_heads,
+            flamia_kernels::gpu::bench::HEADS
+        );
+    }
     let gpu = Gpu::new(0).context("opening the GPU for the attention benchmark")?;
     let all = workloads();
     let chosen: Vec<(String, Vec<usize>)> = if a.workload.is_empty() {
@@ -80,7 +91,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         v
     };
     println!(
-        "flamia bench attention: 16 heads, d=128, causal on {} ({}, {} SMs), path {path}, precision {:?}",
+        "flamia bench attention: 16 query heads, {} KV heads, d=128, causal on {} ({}, {} SMs), path {path}, precision {:?}",
+        a.kv_heads,
         gpu.name(),
         gpu.arch(),
         gpu.sm_count(),
@@ -94,7 +106,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         "workload", "docs", "quant", "GB/s", "fwd", "bwd", "train", "fwd", "bwd", "train", "dO quant", "dq", "dkdv", "MiB"
     );
     for (name, lens) in &chosen {
-        let r = run_workload(&gpu, opts, name, lens).with_context(|| format!("workload {name}"))?;
+        let r =
+            run_workload(&gpu, opts, name, lens, a.kv_heads).with_context(|| format!("workload {name}"))?;
         println!(
             "{:<14} {:>5} | {:>9.3} {:>6.0} {:>9.3} {:>9.3} {:>9.3} | {:>8.1} {:>8.1} {:>8.1} | {:>8.3} {:>8.3} {:>8.3} | {:>8.0}",
             r.workload,
