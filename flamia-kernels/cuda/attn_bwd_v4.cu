@@ -687,28 +687,15 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
     return;
   }
 #endif
-  // BF16 out, 16 bytes per store: a quad's four threads hold 8-column blocks 4J..4J+3 of a row
-  // as 4-byte pairs; a 4x4 transpose across the quad gives thread q block 4J + q whole (the
-  // 32-bit stores of the fragment layout cost ~8,000 clocks per item in partial-sector writes).
-  const int qd = C.qd();
+  // BF16 out, 16 bytes per store (store_frag_row_bf16: the 4-byte stores of the fragment layout
+  // cost ~8,000 clocks per item in partial-sector writes)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = tl.k0 + 64 * C.cw + r0 + 8 * r;
     const bool ok = key < tl.len;
     const long long row = ((long long)(tl.doc0 + (ok ? key : 0)) * a.hkv + hk) * HEAD_DIM;
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      const float(&x)[64] = t ? dv : dk;
-      u16* out = (t ? a.dv : a.dk) + row;
-#pragma unroll
-      for (int J = 0; J < 4; ++J) {
-        u32 w[4];
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) w[jj] = pack_bf16x2(x[4 * (4 * J + jj) + 2 * r], x[4 * (4 * J + jj) + 2 * r + 1]);
-        quad_transpose(w, qd);
-        if (ok) *reinterpret_cast<uint4*>(out + 8 * (4 * J + qd)) = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    }
+    store_frag_row_bf16(dk, r, 1.f, a.dk + row, ok);
+    store_frag_row_bf16(dv, r, 1.f, a.dv + row, ok);
   }
 }
 

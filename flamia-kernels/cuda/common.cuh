@@ -125,3 +125,23 @@ __device__ __forceinline__ void quad_transpose(u32 (&w)[4], int q) {
     else w[p + 2] = v;
   }
 }
+
+// Row r (0: fragment rows 0..7, 1: rows 8..15) of this thread's m64n128 FP32 accumulator
+// fragment, times f, as 128 BF16 at `out` (the row's start), 16 bytes per store: the quad's
+// 4-byte column pairs of blocks 4J..4J+3 go through quad_transpose so thread q writes block
+// 4J + q whole (full sectors; the fragment layout's 4-byte stores wrote half sectors). All 32
+// lanes must call it (shuffles); `valid` only gates the stores.
+__device__ __forceinline__ void store_frag_row_bf16(const float (&x)[64], int r, float f, u16* out, bool valid) {
+  const int q = threadIdx.x & 3;
+#pragma unroll
+  for (int J = 0; J < 4; ++J) {
+    u32 w[4];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int j = 4 * J + jj;
+      w[jj] = pack_bf16x2(x[4 * j + 2 * r] * f, x[4 * j + 2 * r + 1] * f);
+    }
+    quad_transpose(w, q);
+    if (valid) *reinterpret_cast<uint4*>(out + 8 * (4 * J + q)) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}

@@ -17,18 +17,7 @@ __device__ __forceinline__ void store_o_lse(const float (&o)[64], RowState& st, 
     const long long tok = tok0 + 8 * r;
     const float f = (l > 0.f ? 1.f / l : 0.f) * exp2i(st.evo[r] - 8);
     u16* orow = out + ((valid ? tok : tok0) * heads + h) * HEAD_DIM;
-    // 16 bytes per store: the quad's 4-byte column pairs of blocks 4J..4J+3, transposed
-#pragma unroll
-    for (int J = 0; J < 4; ++J) {
-      u32 w[4];
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const int j = 4 * J + jj;
-        w[jj] = pack_bf16x2(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
-      }
-      quad_transpose(w, q);
-      if (valid) *reinterpret_cast<uint4*>(orow + 8 * (4 * J + q)) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    store_frag_row_bf16(o, r, f, orow, valid);
     if (valid && q == 0) lse[tok * heads + h] = (st.m[r] + __log2f(l)) * LN2;
   }
 }
