@@ -70,33 +70,26 @@ impl SideStream {
     /// Work enqueued on the side stream after this call starts once everything enqueued on
     /// `compute` before it is done (event `slot` recorded on `compute`, waited for here).
     pub fn wait_for(&self, compute: *mut c_void, slot: usize) -> Result<()> {
-        let ev = *self.events.get(slot).ok_or_else(|| DistError::Nccl {
-            op: "cuEventRecord",
-            reason: format!("event slot {slot} of {}", self.events.len()),
-        })?;
-        // SAFETY: `ev` and `self.stream` are live handles owned by `self`; `compute` is a stream
-        // of the same context given by the caller (null: the legacy default stream).
-        check("cuEventRecord", unsafe {
-            cu::cuEventRecord(ev, compute as cu::CUstream)
-        })?;
-        check("cuStreamWaitEvent", unsafe {
-            cu::cuStreamWaitEvent(self.stream, ev, 0)
-        })
+        self.order(compute as cu::CUstream, self.stream, slot)
     }
 
     /// Work enqueued on `compute` after this call starts once everything enqueued on the side
     /// stream before it is done (event `slot` recorded on the side stream, waited for by
     /// `compute`): the compute stream reads the collectives' results without the host waiting.
     pub fn join_into(&self, compute: *mut c_void, slot: usize) -> Result<()> {
+        self.order(self.stream, compute as cu::CUstream, slot)
+    }
+
+    /// Event `slot` recorded on `first`, waited for by `then`.
+    fn order(&self, first: cu::CUstream, then: cu::CUstream, slot: usize) -> Result<()> {
         let ev = *self.events.get(slot).ok_or_else(|| DistError::Nccl {
             op: "cuEventRecord",
             reason: format!("event slot {slot} of {}", self.events.len()),
         })?;
-        // SAFETY: as in `wait_for`, with the roles of the two streams swapped.
-        check("cuEventRecord", unsafe { cu::cuEventRecord(ev, self.stream) })?;
-        check("cuStreamWaitEvent", unsafe {
-            cu::cuStreamWaitEvent(compute as cu::CUstream, ev, 0)
-        })
+        // SAFETY: `ev` and `self.stream` are live handles owned by `self`; the other stream is
+        // one of the same context given by the caller (null: the legacy default stream).
+        check("cuEventRecord", unsafe { cu::cuEventRecord(ev, first) })?;
+        check("cuStreamWaitEvent", unsafe { cu::cuStreamWaitEvent(then, ev, 0) })
     }
 }
 
