@@ -16,6 +16,7 @@
 // 32x32 block or, with row_ds, per row of the product x 32 columns; one fresh wgmma per 32-wide
 // K slice so each slice's exponent is applied in FP32 (FFMA into the FP32 accumulator).
 #include "attn_common.cuh"
+static_assert(HEAD_DIM == 128, "the v3.1 kernels are built for head_dim 128 only");
 
 struct DkdvSmem {
   u8 k[TILE * QK_KB];         // A of S^T = K Q^T

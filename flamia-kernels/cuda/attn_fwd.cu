@@ -11,6 +11,7 @@
 //        fresh accumulator per tile, added to the FP32 O with FFMA.
 // Output O = O / l (BF16), lse = (m + log2 l) * ln 2 (FP32, natural log).
 #include "attn_common.cuh"
+static_assert(HEAD_DIM == 128, "the v3.1 kernels are built for head_dim 128 only");
 
 struct FwdSmem {
   u8 q[TILE * QK_KB];

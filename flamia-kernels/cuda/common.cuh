@@ -13,7 +13,12 @@ typedef unsigned long long u64;
 FLAMIA_FORCE_ERROR_is_not_defined_on_purpose;  // lets the runtime test see a compile log
 #endif
 
+// Head dim of the module (a variant define: src/gpu/runtime.rs Variant; 128 when not given). The
+// v4 kernels and the E4M3 quantiser are written for 64 and 128; the v3.1 kernels for 128 only.
+#ifndef HEAD_DIM
 #define HEAD_DIM 128
+#endif
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "HEAD_DIM must be 64 or 128");
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 // ---- BF16 <-> FP32 ------------------------------------------------------------------------

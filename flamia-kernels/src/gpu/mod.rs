@@ -29,6 +29,6 @@ pub mod tma;
 pub use attention::{Attention, BwdKernel, BwdOutputs, GradWorkspace, Saved};
 pub use buffer::DeviceBuf;
 pub use error::{GpuError, GpuResult};
-pub use plan::Plan;
+pub use plan::{Plan, GPU_HEAD_DIMS};
 pub use quant::{Nvfp4Operand, Operand};
 pub use runtime::{Gpu, RawStream, Variant};

@@ -102,14 +102,19 @@ impl std::fmt::Debug for Plan {
     }
 }
 
+/// Head dims the GPU kernels are built for (the `HEAD_DIM` define of every module): the v4
+/// attention kernels and the E4M3 quantiser take both; the v3.1 kernels (NVFP4 scores, the
+/// `row_ds_exponents` backward) 128 only, which [`super::Attention`] checks.
+pub const GPU_HEAD_DIMS: [usize; 2] = [64, 128];
+
 impl Plan {
-    /// Validates `shape` (head dim 128 only on the GPU) and uploads its tables.
+    /// Validates `shape` (head dim 64 or 128 on the GPU: [`GPU_HEAD_DIMS`]) and uploads its tables.
     pub fn new(gpu: &Gpu, shape: &VarlenShape, causal: bool) -> GpuResult<Plan> {
         shape.validate()?;
-        if shape.head_dim != 128 {
+        if !GPU_HEAD_DIMS.contains(&shape.head_dim) {
             return Err(super::error::GpuError::NotSupported(format!(
-                "head_dim {} on the GPU; the kernels are built for head_dim 128 only",
-                shape.head_dim
+                "head_dim {} on the GPU; the kernels are built for head_dim {:?}",
+                shape.head_dim, GPU_HEAD_DIMS
             )));
         }
         if shape.tokens() >= i32::MAX as usize / 256 {
