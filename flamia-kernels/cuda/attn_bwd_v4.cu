@@ -18,13 +18,14 @@
 //   warpgroups 1, 2       consumers: warpgroup c owns keys 64c..64c+63 of the tile (rows of S^T),
 //                         accumulates their dK and dV in registers for the whole item (240 regs).
 // Per step (64 queries, walked from the document end down to the diagonal) warpgroup c computes
-//   S^T  = K_c Q^T, dP^T = V_c dO^T           SS wgmma m64n64k32 x 4 each, issued together
+//   S^T  = K_c Q^T, dP^T = V_c dO^T           SS wgmma m64n64k32 x HEAD_DIM/32 each, issued together
 //   P, dS (one FFMA + one ex2 per score for x, the masks only on the two diagonal steps)
 //   dS~ = dS * 2^(eQ_i + eK_j) quantised per 32x32 block (exponents through a 64-thread barrier)
-//   dV  += P~^T dO                             RS m64n128k32 x 2 (P~ = P 2^(edO_i - c_j) in E4M3)
-//   dK  += sum_s 2^e(s) (codes_s^T Q_s)        RS m64n128k32, one fresh product per 32-query slice
+//   dV  += P~^T dO                             RS m64n{HEAD_DIM}k32 x 2 (P~ = P 2^(edO_i - c_j) in E4M3)
+//   dK  += sum_s 2^e(s) (codes_s^T Q_s)        RS m64n{HEAD_DIM}k32, one fresh product per 32-query slice
 //   dS codes -> shared memory, transposed      (the A operand of dQ, both warpgroups' halves)
-//   dQ_c = sum_s 2^e(s) (codes_s K_s)          SS m64n64k32 per 32-key slice, dims 64c..64c+63,
+//   dQ_c = sum_s 2^e(s) (codes_s K_s)          SS m64n{HEAD_DIM/2}k32 per 32-key slice, this
+//                                              warpgroup's half of the dims,
 //                                              two slices in flight (two 32-register accumulators)
 //   dQ_c -> shared memory -> the reducer warp: TMA reduce-add (FP32) into dq_acc, after this
 //   (query tile, head)'s semaphore says every earlier key tile has added its part: a fixed order,
@@ -59,14 +60,15 @@ struct BwdTile {
 
 // Mirrors BwdV4Params in src/gpu/attention.rs.
 struct BwdV4Params {
-  TmaMap k_map;    // k_tok (128 B, Hkv, T), box (128, 1, 128)
+  // (token rows of HEAD_DIM bytes with the swizzle of that width: tok_off / desc_tok)
+  TmaMap k_map;    // k_tok (HEAD_DIM B, Hkv, T), box (HEAD_DIM, 1, 128)
   TmaMap v_map;    // v_tok, same
-  TmaMap kd_map;   // k_dim (Tpad, Hkv * 128), box (128 tokens, 128 dims)
-  TmaMap q_map;    // q_tok (128 B, Hq, T), box (128, 1, 64)
+  TmaMap kd_map;   // k_dim (Tpad, Hkv * HEAD_DIM), box (128 tokens, HEAD_DIM dims)
+  TmaMap q_map;    // q_tok (HEAD_DIM B, Hq, T), box (HEAD_DIM, 1, 64)
   TmaMap do_map;   // do_tok, same
-  TmaMap qd_map;   // q_dim (Tpad, Hq * 128), box (64 tokens, 128 dims), 64-byte swizzle
+  TmaMap qd_map;   // q_dim (Tpad, Hq * HEAD_DIM), box (64 tokens, HEAD_DIM dims), 64-byte swizzle
   TmaMap dod_map;  // do_dim, same
-  TmaMap dq_map;   // dq_acc FP32 (128, chunk heads, T), box (32, 1, 64), 128-byte swizzle
+  TmaMap dq_map;   // dq_acc FP32 (HEAD_DIM, chunk heads, T), box (32, 1, 64), 128-byte swizzle
   AttnParams a;
   const int* items;  // key tile * hq + head, longest first
   const int* tiles;  // BwdTile per 128-key tile
@@ -111,14 +113,14 @@ struct BwdDqJob {
 };
 
 struct BwdV4Smem {
-  u8 k[BKT * 128];                     // 128-byte swizzle, row = key
-  u8 v[BKT * 128];
+  u8 k[BKT * HEAD_DIM];                // row = key (tok_off)
+  u8 v[BKT * HEAD_DIM];
   u8 kd[HEAD_DIM * BKT];               // row = dim, 128 keys
-  u8 q[BWD_STAGES][BQT * 128];         // row = query
-  u8 dO[BWD_STAGES][BQT * 128];
+  u8 q[BWD_STAGES][BQT * HEAD_DIM];    // row = query
+  u8 dO[BWD_STAGES][BQT * HEAD_DIM];
   u8 qd[BWD_STAGES][HEAD_DIM * BQT];   // 64-byte swizzle, row = dim, 64 queries
   u8 dOd[BWD_STAGES][HEAD_DIM * BQT];
-  u8 dqs[BWD_DQ_BUFS][2][2][BQT * 128];  // [buffer][warpgroup][32-dim half] FP32 dQ partial, 128-byte swizzle
+  u8 dqs[BWD_DQ_BUFS][2][HEAD_DIM / 64][BQT * 128];  // [buffer][warpgroup][32 dims] FP32 dQ partial, 128-byte swizzle
   u8 ds[BWD_DS_BUFS][BQT * BKT];       // dS codes [64 queries][128 keys], no-swizzle K-major
   BwdCols cols[BWD_STAGES];
   BwdItem item;
@@ -136,11 +138,6 @@ static_assert(sizeof(BwdV4Smem) + 1024 <= SMEM_BWD4_BUDGET, "attn_bwd_v4: dynami
 #endif
 
 // ---- primitives --------------------------------------------------------------------------------
-// wgmma descriptor of a K-major tile of 64-byte rows written by TMA with the 64-byte swizzle
-// (512-byte atoms of 8 rows); K slice kk of an FP8 tile starts at +32*kk bytes.
-__device__ __forceinline__ u64 desc_sw64(u32 saddr) {
-  return (u64)((saddr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(512u >> 4) << 32) | ((u64)2 << 62);
-}
 // Adds `bytes` to the transaction count of the barrier's current phase without arriving.
 __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
   asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -216,7 +213,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
       const u32 bar = smem_u32(&sm.s_full[s]);
       if (lane == 0) {
-        mbar_expect_tx(bar, 4 * BQT * 128);
+        mbar_expect_tx(bar, 4 * BQT * HEAD_DIM);
         tma_load_3d(smem_u32(sm.q[s]), &P.q_map, bar, 0, h, t.doc0 + q0);
         tma_load_3d(smem_u32(sm.dO[s]), &P.do_map, bar, 0, h, t.doc0 + q0);
         tma_load_2d(smem_u32(sm.qd[s]), &P.qd_map, bar, t.pad0 + q0, h * HEAD_DIM);
@@ -253,7 +250,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       tail.h = h;
       tail.tile = t;
       if (code >= 0) {
-        mbar_expect_tx(kvbar, 2 * BKT * 128);
+        mbar_expect_tx(kvbar, 2 * BKT * HEAD_DIM);
         tma_load_3d(smem_u32(sm.k), &P.k_map, kvbar, 0, hk, t.doc0 + t.k0);
         tma_load_3d(smem_u32(sm.v), &P.v_map, kvbar, 0, hk, t.doc0 + t.k0);
       }
@@ -357,14 +354,14 @@ __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u
   }
 }
 
-// acc[64 x 128] = A (E4M3 fragments, K slices s0..s0+NS-1) * B^T, B the 128 rows of a
-// 64-byte-swizzled [128 rows x 64 bytes] tile; fresh accumulator, waited for. (Full-width products:
-// one round trip per product, 64 accumulator registers beside the item's 128 of dK and dV.)
-template <int NS>
-__device__ __forceinline__ void mma_rs_sw64(float (&acc)[64], const u32 (&a)[2][4], u32 b, int s0) {
+// acc[64 x N] = A (E4M3 fragments, K slices s0..s0+NS-1) * B^T, B the N = 2R = HEAD_DIM rows of a
+// 64-byte-swizzled [N rows x 64 bytes] tile; fresh accumulator, waited for. (Full-width products:
+// one round trip per product, R accumulator registers beside the item's 2R of dK and dV.)
+template <int NS, int R>
+__device__ __forceinline__ void mma_rs_sw64(float (&acc)[R], const u32 (&a)[2][4], u32 b, int s0) {
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < NS; ++kk) wgmma_rs_m64n128k32_e4m3(acc, a[s0 + kk], desc_sw64(b + 32 * (s0 + kk)), kk > 0);
+  for (int kk = 0; kk < NS; ++kk) wgmma_rs_k32_e4m3(acc, a[s0 + kk], desc_sw64(b + 32 * (s0 + kk)), kk > 0);
   wg_commit();
   wg_wait<0>();
   fence_regs(acc);
@@ -374,7 +371,7 @@ __device__ __forceinline__ void mma_rs_sw64(float (&acc)[64], const u32 (&a)[2][
 // a diagonal step (off = q0 - k0 - 64c: key row r sees query column c iff r <= c + off).
 template <bool MASKED>
 __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, const BwdItem& it,
-                                         float (&dk)[64], float (&dv)[64], int off) {
+                                         float (&dk)[HEAD_DIM / 2], float (&dv)[HEAD_DIM / 2], int off) {
   const int cw = C.cw, w = C.w(), lane = C.lane(), qd = C.qd(), s = C.s;
   const int r0 = 16 * w + C.g();  // key row (in the warpgroup's 64) of fragment element 0
   BWD_PHASE(0);
@@ -388,14 +385,14 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   float sc[32], dp[32];
   {
     // (opaque: the eight descriptors are rebuilt per step, not held or spilled across the step)
-    const u32 kb = opaque_u32(smem_u32(sm.k) + 64 * cw * 128), vb = opaque_u32(smem_u32(sm.v) + 64 * cw * 128);
+    const u32 kb = opaque_u32(smem_u32(sm.k) + 64 * cw * HEAD_DIM), vb = opaque_u32(smem_u32(sm.v) + 64 * cw * HEAD_DIM);
     const u32 qb = opaque_u32(smem_u32(sm.q[s])), ob = opaque_u32(smem_u32(sm.dO[s]));
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_ss_m64n64k32_e4m3(sc, desc_sw128(kb + 32 * kk), desc_sw128(qb + 32 * kk), kk > 0);
+    for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_ss_m64n64k32_e4m3(sc, desc_tok(kb + 32 * kk), desc_tok(qb + 32 * kk), kk > 0);
     wg_commit();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_ss_m64n64k32_e4m3(dp, desc_sw128(vb + 32 * kk), desc_sw128(ob + 32 * kk), kk > 0);
+    for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_ss_m64n64k32_e4m3(dp, desc_tok(vb + 32 * kk), desc_tok(ob + 32 * kk), kk > 0);
     wg_commit();
     wg_wait<1>();
     fence_regs(sc);
@@ -486,20 +483,20 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   BWD_PHASE(4);
   // dV += P~^T dO (one chained product over the 64 queries; 2^c applied at the item's end)
   {
-    float acc[64];
+    float acc[HEAD_DIM / 2];
     mma_rs_sw64<2>(acc, ap, opaque_u32(smem_u32(sm.dOd[s])), 0);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) dv[i] += acc[i];
+    for (int i = 0; i < HEAD_DIM / 2; ++i) dv[i] += acc[i];
   }
   BWD_PHASE(5);
   // dK += sum over the two 32-query slices of 2^e (codes^T Q)
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl) {
     const float f = exp2i(ex[sl]);
-    float acc[64];
+    float acc[HEAD_DIM / 2];
     mma_rs_sw64<1>(acc, ads, opaque_u32(smem_u32(sm.qd[s])), sl);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) dk[i] = fmaf(acc[i], f, dk[i]);
+    for (int i = 0; i < HEAD_DIM / 2; ++i) dk[i] = fmaf(acc[i], f, dk[i]);
   }
   BWD_PHASE(6);
   if (lane == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
@@ -512,7 +509,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 }
 
 // dQ of step n (query tile q0) of a consumer warpgroup: both warpgroups' dS codes of that step
-// times this warpgroup's 64 dims of K, handed to the reducer warp. Runs right after the step
+// times this warpgroup's HEAD_DIM / 2 dims of K, handed to the reducer warp. Runs right after the step
 // (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
 // dS only when one is a whole step behind, instead of meeting at a barrier every step.
 __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int n, int q0) {
@@ -525,28 +522,29 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   C.prof[2] += clock64() - _t2;
 #endif
   BWD_PHASE(8);
-  float dq[32];
+  constexpr int NQ = HEAD_DIM / 4;  // accumulator registers of m64n{HEAD_DIM / 2}
+  float dq[NQ];
   {
-    const u32 da = opaque_u32(smem_u32(sm.ds[buf])), kb = opaque_u32(smem_u32(sm.kd) + 64 * cw * 128);
+    const u32 da = opaque_u32(smem_u32(sm.ds[buf])), kb = opaque_u32(smem_u32(sm.kd) + (HEAD_DIM / 2) * cw * BKT);
     const int qb = w >> 1;  // query block of this thread's rows
 #ifdef BWD_PROF_NODQ
 #pragma unroll
-    for (int i = 0; i < 32; ++i) dq[i] = 0.f;
+    for (int i = 0; i < NQ; ++i) dq[i] = 0.f;
 #else
     // four 32-key slices, two accumulators in flight: slice kk+1's product runs while slice kk
     // is scaled in (2^e differs per 32x32 block, so each slice is a fresh product)
     const int* e = sm.dse[buf][qb];
-    float ta[32], tb[32];
-    const auto issue = [&](float(&t)[32], int kk) {
+    float ta[NQ], tb[NQ];
+    const auto issue = [&](float(&t)[NQ], int kk) {
       wg_fence();
-      wgmma_ss_m64n64k32_e4m3(t, desc_slice<BKT>(da, kk), desc_sw128(kb + 32 * kk), 0);
+      wgmma_ss_k32_e4m3(t, desc_slice<BKT>(da, kk), desc_sw128(kb + 32 * kk), 0);
       wg_commit();
     };
-    const auto scale_in = [&](float(&t)[32], int kk) {  // after the wait for slice kk
+    const auto scale_in = [&](float(&t)[NQ], int kk) {  // after the wait for slice kk
       fence_regs(t);
       const float f = exp2i(e[kk]);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) dq[i] = kk ? fmaf(t[i], f, dq[i]) : t[i] * f;
+      for (int i = 0; i < NQ; ++i) dq[i] = kk ? fmaf(t[i], f, dq[i]) : t[i] * f;
     };
     issue(ta, 0);
     issue(tb, 1);
@@ -577,7 +575,7 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
     // row 16w + g + 8r, 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g)
     u8* base = sm.dqs[db][cw][0] + (16 * w + C.g()) * 128 + 8 * (qd & 1);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < NQ / 4; ++j) {
       u8* dst = base + 8192 * (j >> 2) + (((2 * (j & 3) + (qd >> 1)) ^ C.g()) << 4);
 #pragma unroll
       for (int r = 0; r < 2; ++r)
@@ -601,14 +599,15 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   BWD_PHASE(11);
 }
 
-// Normalised Walsh-Hadamard transform over the 128 columns of each row of an m64n128 accumulator
+// Normalised Walsh-Hadamard transform over the N = 2R columns of each row of an m64nN accumulator
 // fragment (column 8j + 2q + b: bits b and j inside the thread, q across the quad).
-__device__ __forceinline__ void hadamard_frag_rows(float (&d)[64]) {
+template <int R>
+__device__ __forceinline__ void hadamard_frag_rows(float (&d)[R]) {
 #pragma unroll
-  for (int m = 1; m < 64; m <<= 1) {
+  for (int m = 1; m < R; m <<= 1) {
     if (m == 2) continue;  // element-index bit 1 is the row, not a column bit
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < R; ++i) {
       if (i & m) continue;
       const float x = d[i], y = d[i | m];
       d[i] = x + y;
@@ -620,18 +619,18 @@ __device__ __forceinline__ void hadamard_frag_rows(float (&d)[64]) {
   for (int m = 1; m <= 2; m <<= 1) {
     const bool upper = lane & m;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < R; ++i) {
       const float o = __shfl_xor_sync(0xffffffffu, d[i], m);
       d[i] = upper ? (o - d[i]) : (d[i] + o);
     }
   }
 #pragma unroll
-  for (int i = 0; i < 64; ++i) d[i] *= INV_SQRT_128;
+  for (int i = 0; i < R; ++i) d[i] *= INV_SQRT_HD;
 }
 
 // The item's end for one warpgroup: GQA partial sums in head order, then BF16 dK and dV.
 __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdConsumer& C, const BwdItemTail& it,
-                                             float (&dk)[64], float (&dv)[64]) {
+                                             float (&dk)[HEAD_DIM / 2], float (&dv)[HEAD_DIM / 2]) {
   const AttnParams& a = P.a;
   const BwdTile& tl = it.tile;
   const int h = it.h, group = a.hq / a.hkv, hk = h / group, gi = h - hk * group;
@@ -645,7 +644,7 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
     fv[r] = it.fv[64 * C.cw + r0 + 8 * r];
   }
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < HEAD_DIM / 2; ++i) {
     dk[i] *= fk[(i >> 1) & 1];
     dv[i] *= fv[(i >> 1) & 1];
   }
@@ -654,20 +653,22 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
     int* sem = P.kv_sem + (long long)hk * P.nkt + tl.kt;
     if (C.t() == 0) spin_until(sem, 2 * gi);
     named_sync(bar, 128);
-    float4* acc = reinterpret_cast<float4*>(P.dkv_acc + (((long long)tl.kt * P.hkc + (hk - P.hk0)) * 2 + C.cw) * (128 * 128)) + C.t();
+    // [128 threads][dK, dV: HEAD_DIM / 8 float4 each], thread-interleaved (coalesced)
+    constexpr int NV4 = HEAD_DIM / 8;
+    float4* acc = reinterpret_cast<float4*>(P.dkv_acc + (((long long)tl.kt * P.hkc + (hk - P.hk0)) * 2 + C.cw) * (128 * HEAD_DIM)) + C.t();
     if (gi > 0) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const float4 x = __ldcg(acc + 128 * i), y = __ldcg(acc + 128 * (16 + i));
+      for (int i = 0; i < NV4; ++i) {
+        const float4 x = __ldcg(acc + 128 * i), y = __ldcg(acc + 128 * (NV4 + i));
         dk[4 * i] += x.x; dk[4 * i + 1] += x.y; dk[4 * i + 2] += x.z; dk[4 * i + 3] += x.w;
         dv[4 * i] += y.x; dv[4 * i + 1] += y.y; dv[4 * i + 2] += y.z; dv[4 * i + 3] += y.w;
       }
     }
     if (gi + 1 < group) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
+      for (int i = 0; i < NV4; ++i) {
         __stcg(acc + 128 * i, make_float4(dk[4 * i], dk[4 * i + 1], dk[4 * i + 2], dk[4 * i + 3]));
-        __stcg(acc + 128 * (16 + i), make_float4(dv[4 * i], dv[4 * i + 1], dv[4 * i + 2], dv[4 * i + 3]));
+        __stcg(acc + 128 * (NV4 + i), make_float4(dv[4 * i], dv[4 * i + 1], dv[4 * i + 2], dv[4 * i + 3]));
       }
       __threadfence();
       named_sync(bar, 128);
@@ -682,7 +683,7 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
   {
     float x = 0.f;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) x += dk[i] + dv[i];
+    for (int i = 0; i < HEAD_DIM / 2; ++i) x += dk[i] + dv[i];
     if (x == 1.2345f) a.dk[0] = 0;
     return;
   }
@@ -732,9 +733,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     BWD_PHASE(13);
     const BwdItemTail& tail = sm.tail[ni & 1];
     if (tail.code < 0) break;
-    float dk[64], dv[64];
+    float dk[HEAD_DIM / 2], dv[HEAD_DIM / 2];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
+    for (int i = 0; i < HEAD_DIM / 2; ++i) dk[i] = dv[i] = 0.f;
     const BwdTile tl = tail.tile;
     mbar_wait(smem_u32(&sm.kd_full), ni & 1);  // the item's dim-major K (issued before the last item's end)
     const int n = bwd_steps(tl, a.causal), qstart = a.causal ? tl.k0 : 0;
@@ -823,8 +824,9 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
 #endif
     fence_async_global();
 #ifndef BWD_PROF_NORED
-    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[db][cw][0]), 64 * cw, j.h, j.row);
-    tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[db][cw][1]), 64 * cw + 32, j.h, j.row);
+#pragma unroll
+    for (int half = 0; half < HEAD_DIM / 64; ++half)
+      tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[db][cw][half]), (HEAD_DIM / 2) * cw + 32 * half, j.h, j.row);
 #endif
     bulk_commit();
     bulk_wait_read_all();
@@ -914,13 +916,13 @@ extern "C" __global__ void __launch_bounds__(1024) bwd_dv_fold(const DvFoldParam
   }
 }
 
-// dQ = scale * 2^-eQ * dq_acc (FP32 [T, Hq, 128]), back through the Hadamard transform, in BF16.
-// One warp per (token, head) row.
+// dQ = scale * 2^-eQ * dq_acc (FP32 [T, Hq, HEAD_DIM]), back through the Hadamard transform, in
+// BF16. HEAD_DIM / 4 lanes per (token, head) row, 4 values each: 128 / HEAD_DIM rows per warp.
 // Mirrors DqConvertParams in src/gpu/attention.rs.
 struct DqConvertParams {
-  const float* acc;  // [T, hc, 128]: the chunk's heads h0..h0 + hc
+  const float* acc;  // [T, hc, HEAD_DIM]: the chunk's heads h0..h0 + hc
   const i8* q_exp;   // [T, Hq]
-  u16* dq;           // [T, Hq, 128]
+  u16* dq;           // [T, Hq, HEAD_DIM]
   long long rows;    // T * hc
   float scale;
   int hadamard;
@@ -929,13 +931,18 @@ struct DqConvertParams {
 extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvertParams p) {
   const float* acc = p.acc;
   const long long rows = p.rows;
-  const long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (r >= rows) return;
+  constexpr int LPR = HEAD_DIM / 4;  // lanes per row
+  const long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long r0 = g / LPR;
+  const int lane = (int)(g % LPR);
+  if ((r0 & ~(long long)(32 / LPR - 1)) >= rows) return;  // whole warps only (the shuffles)
+  const bool ok = r0 < rows;
+  const long long r = ok ? r0 : rows - 1;
   const long long o = (r / p.hc) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
   const float4 v = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
   const float f = p.scale * exp2i(-fold_exp(p.q_exp[o]));
   float x[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
-  if (p.hadamard) hadamard128(x);
-  reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
+  if (p.hadamard) hadamard_hd(x);
+  if (ok)
+    reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
 }

@@ -60,6 +60,8 @@ __device__ __forceinline__ bool full_tile(int q0, int qval, int k0, int kval, in
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 #define INV_SQRT_128 0.08838834764831845f
+// 1/sqrt(HEAD_DIM): the inverse rotation's normalisation (exact 1/8 at 64).
+#define INV_SQRT_HD (HEAD_DIM == 128 ? INV_SQRT_128 : 0.125f)
 
 // 2^n as a float, n clamped to the normal range (exponents this far out only occur for all-zero
 // blocks, whose codes are zero).
@@ -386,6 +388,26 @@ __device__ __forceinline__ void hadamard128(float (&x)[4]) {
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) x[j] *= INV_SQRT_128;
+}
+
+// Normalised Walsh-Hadamard transform of a HEAD_DIM-vector held 4 per lane by HEAD_DIM / 4
+// consecutive lanes (element 4 * (lane % (HEAD_DIM / 4)) + j; a warp holds 128 / HEAD_DIM rows):
+// hadamard128 at HEAD_DIM 128, stages up to h = 32 and the 1/8 factor at 64. All 32 lanes call it.
+__device__ __forceinline__ void hadamard_hd(float (&x)[4]) {
+  float a0 = x[0] + x[1], a1 = x[0] - x[1], a2 = x[2] + x[3], a3 = x[2] - x[3];
+  x[0] = a0 + a2; x[1] = a1 + a3; x[2] = a0 - a2; x[3] = a1 - a3;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 1; m < HEAD_DIM / 4; m <<= 1) {
+    bool upper = lane & m;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float o = __shfl_xor_sync(0xffffffffu, x[j], m);
+      x[j] = upper ? (o - x[j]) : (x[j] + o);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[j] *= INV_SQRT_HD;
 }
 
 // Writes rows [0, rows) of a [64 x 128] FP32 smem tile to BF16 global rows (row r at g + r*stride),

@@ -3,16 +3,17 @@
 //
 // CTA = 384 threads, one per SM, for the whole launch:
 //   warpgroup 0, warp 0   producer: takes work items (sched.cuh), TMA-loads each item's 128-query
-//                         Q tile into a two-slot ring and every 128-key K tile and dim-major V
-//                         tile into a FWD_STAGES-deep ring (128-byte swizzle), plus the keys'
-//                         exponents (ordinary loads); registers cut to 56 (setmaxnreg)
+//                         Q tile into a QSLOTS-deep ring and every 128-key K tile and dim-major V
+//                         tile into a FWD_STAGES-deep ring (token rows with the swizzle of their
+//                         width, HEAD_DIM bytes; V's 128-key rows with the 128-byte swizzle), plus
+//                         the keys' exponents (ordinary loads); registers cut to 56 (setmaxnreg)
 //   warpgroups 1, 2       consumers, rows 0..63 / 64..127 of the query tile; both read every K/V
 //                         stage (half the L2 traffic per FLOP of a 64-row tile); 224 registers.
 // Per key tile a consumer computes
-//   S  = Q K^T                     RS wgmma m64n128k32 e4m3 x 4, Q's A fragments resident in
+//   S  = Q K^T                     RS wgmma m64n128k32 e4m3 x HEAD_DIM/32, Q's A fragments resident in
 //                                  registers for the whole item (loaded once from the Q slot)
 //   P' = softmax with folded scales (softmax.cuh: one FFMA + one ex2 per interior score)
-//   PV = P' V                      RS wgmma m64n128k32 e4m3 x 4, fresh accumulator (the FP8
+//   PV = P' V                      RS wgmma m64n{HEAD_DIM}k32 e4m3 x 4, fresh accumulator (the FP8
 //                                  accumulator truncates: never feed O back in)
 //   O  = O * alpha_o + PV          one FFMA per O element
 // and releases the stage. Masks run only on diagonal and document-end tiles.
@@ -34,9 +35,9 @@
 
 // Mirrors FwdV4Params in src/gpu/attention.rs.
 struct FwdV4Params {
-  TmaMap q_map;  // q_tok as (128 bytes, Hq, T), box (128, 1, 128)
-  TmaMap k_map;  // k_tok as (128 bytes, Hkv, T), box (128, 1, 128)
-  TmaMap v_map;  // v_dim as (Tpad, Hkv * 128), box (128 tokens, 128 dims)
+  TmaMap q_map;  // q_tok as (HEAD_DIM bytes, Hq, T), box (HEAD_DIM, 1, 128)
+  TmaMap k_map;  // k_tok as (HEAD_DIM bytes, Hkv, T), box (HEAD_DIM, 1, 128)
+  TmaMap v_map;  // v_dim as (Tpad, Hkv * HEAD_DIM), box (128 tokens, HEAD_DIM dims)
   AttnParams a;
   const int* items;  // work items, longest first: tile * hq + head
   const int* tiles;  // int4 per 128-token query tile (WorkTile)
@@ -53,8 +54,8 @@ struct ItemSlot {
 };
 
 struct FwdV4Smem {
-  u8 q[QSLOTS][QT * 128];
-  u8 k[FWD_STAGES][KT * 128];
+  u8 q[QSLOTS][QT * HEAD_DIM];
+  u8 k[FWD_STAGES][KT * HEAD_DIM];
   u8 v[FWD_STAGES][HEAD_DIM * KT];
   float kf[FWD_STAGES][KT];  // 2^eK per key (0: no key)
   int ev[FWD_STAGES][KT];    // eV per key (-1000: no key)
@@ -125,7 +126,7 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
       it.h = h;
       it.tile = t;
       if (code >= 0) {
-        mbar_arrive_expect_tx(qbar, QT * 128);
+        mbar_arrive_expect_tx(qbar, QT * HEAD_DIM);
         tma_load_3d(smem_u32(sm.q[qb]), &P.q_map, qbar, 0, h, t.doc0 + t.q0);
       } else {
         mbar_arrive(qbar);
@@ -149,7 +150,7 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
       }
       const u32 bar = smem_u32(&sm.kv_full[s]);
       if (lane == 0) {
-        mbar_arrive_expect_tx(bar, 2 * KT * 128);
+        mbar_arrive_expect_tx(bar, 2 * KT * HEAD_DIM);
         tma_load_3d(smem_u32(sm.k[s]), &P.k_map, bar, 0, hk, t.doc0 + kt * KT);
         tma_load_2d(smem_u32(sm.v[s]), &P.v_map, bar, t.pad0 + kt * KT, hk * HEAD_DIM);
       } else {
@@ -180,11 +181,13 @@ __device__ __forceinline__ void turn_pass(int cw) {
   if (FWD_PINGPONG) named_arrive(2 - cw, 256);
 }
 
-// acc[64 x 128] = A (E4M3 fragments, 4 K slices of 32) * B^T, B a swizzled [128 x 128 bytes] tile.
-__device__ __forceinline__ void mma_rs_k128(float (&acc)[64], const u32 (&a)[4][4], u32 b) {
+// acc[64 x N] = A (E4M3 fragments, 4 K slices of 32) * B^T, B a 128-byte-swizzled [N x 128 bytes]
+// tile (N = 2R: the dim-major V tile's HEAD_DIM rows).
+template <int R>
+__device__ __forceinline__ void mma_rs_k128(float (&acc)[R], const u32 (&a)[4][4], u32 b) {
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_rs_m64n128k32_e4m3(acc, a[kk], desc_sw128(b + 32 * kk), kk > 0);
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs_k32_e4m3(acc, a[kk], desc_sw128(b + 32 * kk), kk > 0);
   wg_commit();
   wg_wait<0>();
   fence_regs(acc);
@@ -195,13 +198,13 @@ __device__ __forceinline__ void mma_rs_k128(float (&acc)[64], const u32 (&a)[4][
 // first: they are a prefix of every item's key tiles), so neither loop body branches around the
 // .aligned wgmma instructions.
 template <bool MASKED>
-__device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[4][4], RowState& st, float (&o)[64],
+__device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[DK_SLICES][4], RowState& st, float (&o)[HEAD_DIM / 2],
                                          int R0, const TileMask& mk) {
   float sc[64];
   turn_take(R0 >> 6);
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_rs_m64n128k32_e4m3(sc, qa[kk], desc_sw128(smem_u32(sm.k[s]) + 32 * kk), kk > 0);
+  for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_rs_m64n128k32_e4m3(sc, qa[kk], desc_tok(smem_u32(sm.k[s]) + 32 * kk), kk > 0);
   wg_commit();
   turn_pass(R0 >> 6);
   wg_wait<0>();
@@ -211,11 +214,11 @@ __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[4
   u32 pa[4][4];
   acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[0]), *reinterpret_cast<u32(*)[2][4]>(&pa[0][0]));
   acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[32]), *reinterpret_cast<u32(*)[2][4]>(&pa[2][0]));
-  float pv[64];
+  float pv[HEAD_DIM / 2];
   mma_rs_k128(pv, pa, smem_u32(sm.v[s]));
   if ((threadIdx.x & 31) == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
 #pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha_o[(i >> 1) & 1], pv[i]);
+  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = fmaf(o[i], alpha_o[(i >> 1) & 1], pv[i]);
 }
 
 __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm, int cw) {
@@ -236,13 +239,13 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
     const WorkTile tile = it.tile;
     const int rows = min(QT, tile.len - tile.q0);
     // Q's A fragments (a[kk][r] byte j = Q[row 16w + g + 8(r&1)][32kk + 16(r>>1) + 4q + j])
-    u32 qa[4][4];
-    const u8* qs = sm.q[qb] + 64 * cw * 128;
+    u32 qa[DK_SLICES][4];
+    const u8* qs = sm.q[qb] + 64 * cw * HEAD_DIM;
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
+    for (int kk = 0; kk < DK_SLICES; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r)
-        qa[kk][r] = *reinterpret_cast<const u32*>(qs + sw128_off(16 * w + g + 8 * (r & 1), 32 * kk + 16 * (r >> 1) + 4 * q));
+        qa[kk][r] = *reinterpret_cast<const u32*>(qs + tok_off(16 * w + g + 8 * (r & 1), 32 * kk + 16 * (r >> 1) + 4 * q));
     RowState st;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -266,9 +269,9 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       }
       continue;
     }
-    float o[64];
+    float o[HEAD_DIM / 2];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
     // Interior tiles (every row of this warpgroup sees every key): a prefix of the key tiles.
 #if defined(FWD_INTERIOR_ONLY)  // instruction census builds (scripts/kernel-regs.py --per-score): wrong results
     const int nfull = nkt;

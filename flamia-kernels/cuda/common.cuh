@@ -131,15 +131,16 @@ __device__ __forceinline__ void quad_transpose(u32 (&w)[4], int q) {
   }
 }
 
-// Row r (0: fragment rows 0..7, 1: rows 8..15) of this thread's m64n128 FP32 accumulator
-// fragment, times f, as 128 BF16 at `out` (the row's start), 16 bytes per store: the quad's
-// 4-byte column pairs of blocks 4J..4J+3 go through quad_transpose so thread q writes block
-// 4J + q whole (full sectors; the fragment layout's 4-byte stores wrote half sectors). All 32
-// lanes must call it (shuffles); `valid` only gates the stores.
-__device__ __forceinline__ void store_frag_row_bf16(const float (&x)[64], int r, float f, u16* out, bool valid) {
+// Row r (0: fragment rows 0..7, 1: rows 8..15) of this thread's m64nN FP32 accumulator fragment
+// (N = 2R: 128 or 64 columns), times f, as N BF16 at `out` (the row's start), 16 bytes per store:
+// the quad's 4-byte column pairs of blocks 4J..4J+3 go through quad_transpose so thread q writes
+// block 4J + q whole (full sectors; the fragment layout's 4-byte stores wrote half sectors). All
+// 32 lanes must call it (shuffles); `valid` only gates the stores.
+template <int R>
+__device__ __forceinline__ void store_frag_row_bf16(const float (&x)[R], int r, float f, u16* out, bool valid) {
   const int q = threadIdx.x & 3;
 #pragma unroll
-  for (int J = 0; J < 4; ++J) {
+  for (int J = 0; J < R / 16; ++J) {
     u32 w[4];
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {

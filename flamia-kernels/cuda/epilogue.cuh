@@ -1,11 +1,11 @@
 // Forward epilogue of a consumer warpgroup: O = O_stored * 2^(Evo - 8) / l in BF16 straight from
-// the m64n128 accumulator fragment, and LSE = (m + log2 l) * ln 2 (FP32, natural log) per row.
+// the m64n{HEAD_DIM} accumulator fragment, and LSE = (m + log2 l) * ln 2 (FP32, natural log) per row.
 #pragma once
 #include "softmax.cuh"
 
 // rowbase: packed token index of the fragment's row R0 (row r0 of this warpgroup), valid: rows
 // of the warpgroup that belong to the document (rows at or past it are not written).
-__device__ __forceinline__ void store_o_lse(const float (&o)[64], RowState& st, u16* out, float* lse, long long tok0,
+__device__ __forceinline__ void store_o_lse(const float (&o)[HEAD_DIM / 2], RowState& st, u16* out, float* lse, long long tok0,
                                             int heads, int h, int valid0, int valid8) {
   const int q = threadIdx.x & 3;
 #pragma unroll

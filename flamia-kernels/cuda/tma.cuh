@@ -83,3 +83,18 @@ __device__ __forceinline__ u64 desc_sw128(u32 saddr) {
 }
 // Byte offset of (row r, byte k) in such a tile: the 16-byte chunk index is XORed with r % 8.
 __device__ __forceinline__ u32 sw128_off(u32 r, u32 k) { return r * 128u + (k ^ ((r & 7u) << 4)); }
+// wgmma descriptor of a K-major tile of 64-byte rows written by TMA with the 64-byte swizzle
+// (512-byte atoms of 8 rows); K slice kk of an FP8 tile starts at +32*kk bytes.
+__device__ __forceinline__ u64 desc_sw64(u32 saddr) {
+  return (u64)((saddr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(512u >> 4) << 32) | ((u64)2 << 62);
+}
+// Byte offset of (row r, byte k) in such a tile: the 16-byte chunk index (address bits 4-5) is
+// XORed with address bits 7-8, i.e. with (r / 2) % 4.
+__device__ __forceinline__ u32 sw64_off(u32 r, u32 k) { return r * 64u + (k ^ (((r >> 1) & 3u) << 4)); }
+
+// Token-major E4M3 tiles (one row = one token's HEAD_DIM codes) use the swizzle of their row width:
+// 128 bytes at HEAD_DIM 128, 64 at HEAD_DIM 64 (the host's TMA maps: src/gpu/tma.rs token_major).
+__device__ __forceinline__ u64 desc_tok(u32 saddr) { return HEAD_DIM == 128 ? desc_sw128(saddr) : desc_sw64(saddr); }
+__device__ __forceinline__ u32 tok_off(u32 r, u32 k) { return HEAD_DIM == 128 ? sw128_off(r, k) : sw64_off(r, k); }
+// K slices of 32 bytes (one k32 wgmma step of E4M3) in a token row.
+#define DK_SLICES (HEAD_DIM / 32)

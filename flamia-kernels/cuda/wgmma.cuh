@@ -13,6 +13,16 @@ __device__ __forceinline__ void wgmma_ss_m64n64k32_e4m3(float (&d)[32], u64 desc
     : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
+// D[64 x 32] (+)= A[64 x 32] * B[32 x 32]^T, A and B from shared memory, both K-major e4m3.
+__device__ __forceinline__ void wgmma_ss_m64n32k32_e4m3(float (&d)[16], u64 desc_a, u64 desc_b, int scale_d) {
+  asm volatile(
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+    "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+    : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
 // D[64 x 64] (+)= A[64 x 16] * B[64 x 16]^T, A and B from shared memory, both K-major bf16.
 __device__ __forceinline__ void wgmma_ss_m64n64k16_bf16(float (&d)[32], u64 desc_a, u64 desc_b, int scale_d) {
   asm volatile(
@@ -45,3 +55,17 @@ __device__ __forceinline__ void wgmma_rs_m64n64k32_e4m3(float (&d)[32], const u3
     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 
+// Overloads by accumulator size (N = 2 x registers), so head-dim-generic code (HEAD_DIM 64 or 128)
+// picks the shape from its accumulator's type.
+__device__ __forceinline__ void wgmma_rs_k32_e4m3(float (&d)[64], const u32 (&a)[4], u64 desc_b, int scale_d) {
+  wgmma_rs_m64n128k32_e4m3(d, a, desc_b, scale_d);
+}
+__device__ __forceinline__ void wgmma_rs_k32_e4m3(float (&d)[32], const u32 (&a)[4], u64 desc_b, int scale_d) {
+  wgmma_rs_m64n64k32_e4m3(d, a, desc_b, scale_d);
+}
+__device__ __forceinline__ void wgmma_ss_k32_e4m3(float (&d)[32], u64 desc_a, u64 desc_b, int scale_d) {
+  wgmma_ss_m64n64k32_e4m3(d, desc_a, desc_b, scale_d);
+}
+__device__ __forceinline__ void wgmma_ss_k32_e4m3(float (&d)[16], u64 desc_a, u64 desc_b, int scale_d) {
+  wgmma_ss_m64n32k32_e4m3(d, desc_a, desc_b, scale_d);
+}

@@ -336,3 +336,118 @@ fn causal_leakage_has_the_reference_properties() {
         }
     });
 }
+
+// ---- head dim 64 (the v4 kernels; Llama-3.2-1B's and most small models' head dim) -------------
+
+/// The accuracy cases of head dim 128 at 64: causal GQA, non-causal MHA, long documents (the
+/// ordered dQ reduction over many key tiles, GQA dK/dV sums), per-token scales, no Hadamard
+/// rotation, and the leaky-fp8 control.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn head_dim_64_is_as_accurate_as_the_reference() {
+    let mxfp8 = AttnOptions::new(AttnPath::Mxfp8);
+    let non_causal = AttnOptions {
+        causal: false,
+        ..mxfp8
+    };
+    let mut per_token = mxfp8;
+    per_token.precision.per_token_scales = true;
+    let mut no_hadamard = mxfp8;
+    no_hadamard.precision.hadamard = false;
+    let cases: [(&str, &[usize], usize, usize, AttnOptions); 7] = [
+        ("d64 mxfp8 causal gqa", &LENS, 4, 2, mxfp8),
+        ("d64 mxfp8 non-causal", &LENS, 2, 2, non_causal),
+        ("d64 mxfp8 long causal gqa", &[1100, 517, 64], 4, 2, mxfp8),
+        ("d64 mxfp8 long non-causal gqa 4:1", &[700, 300], 4, 1, non_causal),
+        ("d64 mxfp8 per-token scales", &LENS, 4, 2, per_token),
+        ("d64 mxfp8 no hadamard", &LENS, 2, 1, no_hadamard),
+        ("d64 leaky-fp8", &LENS, 2, 2, AttnOptions::new(AttnPath::LeakyFp8)),
+    ];
+    for (tag, lens, hq, hkv, opts) in cases {
+        let shape = VarlenShape::from_lens(lens, hq, hkv, 64).unwrap();
+        check_accuracy(tag, &shape, opts);
+    }
+}
+
+/// Bitwise repeatability at head dim 64: two runs, the dQ reduces jittered, and the head-chunked
+/// backward, each against the plain run.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn head_dim_64_is_bitwise_repeatable_whatever_the_reduce_order_and_chunking() {
+    let gpu = gpu();
+    let shape = VarlenShape::from_lens(&[8192, 300], 4, 1, 64).unwrap();
+    with_seeds("d64 repeat", |mut rng| {
+        let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+        let (a, b) = (gpu_attn(&gpu, &call), gpu_attn(&gpu, &call));
+        assert_same_bits(&a, &b, "d64, between runs");
+        same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1", "2"]);
+    });
+    let shape = VarlenShape::from_lens(&[1100, 517, 2048], 8, 4, 64).unwrap();
+    with_seeds("d64 chunks", |mut rng| {
+        let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+        same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SCRATCH_MIB", &["0"]);
+    });
+}
+
+/// Document isolation and the default MXFP8 causal property (bitwise zero before the perturbed
+/// token's own 32-token block) at head dim 64; the leaky control leaks. (The causally safe
+/// options need `row_ds_exponents`, a v3.1 kernel: head dim 128 only.)
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn head_dim_64_documents_are_isolated_and_default_mxfp8_is_causal_before_the_block() {
+    let gpu = gpu();
+    let attn = attn_fn(&gpu);
+    let shape = VarlenShape::from_lens(&[70, 33, 129], 2, 2, 64).unwrap();
+    with_seeds("d64 isolation", |mut rng| {
+        let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+        for doc in 0..3 {
+            let c = doc_isolation(&attn, &call, doc, 1e4).unwrap();
+            assert!(
+                c.bitwise_zero(),
+                "d64 mxfp8: scaling document {doc} changed {} elements of the others: {c:?}",
+                c.changed
+            );
+        }
+        let c = doc_isolation(&attn, &call.with_path(AttnPath::LeakyFp8), 1, 1e4).unwrap();
+        assert!(c.max() > 1e-3, "d64 leaky-fp8 must leak across documents: {c:?}");
+    });
+    let shape = VarlenShape::from_lens(&[150, 90], 4, 2, 64).unwrap();
+    with_seeds("d64 leakage", |mut rng| {
+        let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+        for t in [default_probe(&shape), 190] {
+            let d = causal_leakage(&attn, &call, t, 1e3).unwrap();
+            assert!(
+                d.before_own_block.bitwise_zero(),
+                "d64 default MXFP8 leaked before the perturbed block: {d:?}"
+            );
+            assert!(
+                d.in_own_block.o > 0.0,
+                "d64 default MXFP8 in-block leak not seen: {d:?}"
+            );
+            let l = causal_leakage(&attn, &call.with_path(AttnPath::LeakyFp8), t, 1e3).unwrap();
+            assert!(
+                l.before_own_block.max() > 0.0,
+                "d64 leaky control must leak: {l:?}"
+            );
+        }
+    });
+}
+
+/// What runs a v3.1 kernel (NVFP4 scores, row dS exponents) refuses head dim 64 with an error
+/// naming what works, before any launch.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn head_dim_64_is_refused_where_a_v3_kernel_would_run() {
+    let gpu = gpu();
+    let shape = VarlenShape::from_lens(&[33, 64], 2, 2, 64).unwrap();
+    let mut row_ds = AttnOptions::new(AttnPath::Mxfp8);
+    row_ds.precision.row_ds_exponents = true;
+    for opts in [AttnOptions::new(AttnPath::Nvfp4), row_ds] {
+        let call = gauss_call(&mut rng("d64 refused"), &shape, opts);
+        let err = flamia_kernels::gpu::host::forward_backward(&gpu, &call)
+            .err()
+            .unwrap_or_else(|| panic!("{opts:?} at head_dim 64 ran"))
+            .to_string();
+        assert!(err.contains("head_dim 64") && err.contains("`mxfp8`"), "{err}");
+    }
+}

@@ -287,7 +287,7 @@ impl<'a> Run<'a> {
         };
         let loader = Loader::new(&cfg.data, ddp.rank(), ddp.world_size(), data_state)
             .map_err(|e| TrainError::Invalid(format!("data: {e}")))?;
-        check_gpu_head_dim(cfg, attn.path, &cfg.model.shape(loader.vocab_size())?, device)?;
+        check_gpu_head_dim(cfg, &attn, &cfg.model.shape(loader.vocab_size())?, device)?;
         let setup = || "the model and optimizer set-up".to_string();
         let model = Llama::new(&cfg.model, loader.vocab_size(), device)
             .map_err(|e| crate::memory::explain(e, setup, device))?;
@@ -780,19 +780,26 @@ impl<'a> Run<'a> {
 /// FLAMIA's GPU kernels are built for head dim 128: a FLAMIA path on CUDA with another head dim is
 /// refused before the model is built, naming the shape and what to change (on the CPU the
 /// reference implementation takes 64 and 128).
-fn check_gpu_head_dim(cfg: &TrainConfig, path: AttnPath, shape: &Shape, device: Device) -> Result<()> {
-    if !device.is_cuda() || path == AttnPath::Exact || shape.head_dim == 128 {
+fn check_gpu_head_dim(
+    cfg: &TrainConfig,
+    opts: &flamia_kernels::AttnOptions,
+    shape: &Shape,
+    device: Device,
+) -> Result<()> {
+    if !device.is_cuda() || opts.path == AttnPath::Exact {
         return Ok(());
     }
+    let Err(e) = flamia_kernels::gpu::check_head_dim(opts, shape.head_dim, false) else {
+        return Ok(());
+    };
     let sizes: Vec<&str> = crate::model::SIZES
         .iter()
-        .filter(|s| s.dim / s.n_heads == 128)
+        .filter(|s| flamia_kernels::gpu::check_head_dim(opts, s.dim / s.n_heads, false).is_ok())
         .map(|s| s.name)
         .collect();
     Err(TrainError::Invalid(format!(
-        "attention.path = {:?} runs FLAMIA's GPU kernels, which are built for head_dim 128; model.size \
-         {:?} has head_dim {} (dim {} / {} heads). Use attention.path = \"bf16\" for this model, or a \
-         model.size with head_dim 128: {}",
+        "attention.path = {:?} runs FLAMIA's GPU kernels: {e}. model.size {:?} has head_dim {} (dim {} / \
+         {} heads). Use attention.path = \"bf16\" for this model, or a model.size these options run: {}",
         cfg.attention.path,
         cfg.model.size,
         shape.head_dim,
@@ -912,36 +919,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn flamia_paths_on_cuda_refuse_head_dims_other_than_128() {
-        let cfg = |size: &str, path: &str| {
-            TrainConfig::load(
-                None,
-                &[format!("model.size={size}"), format!("attention.path={path}")],
-            )
-            .unwrap()
+    fn flamia_paths_on_cuda_refuse_head_dims_their_kernels_do_not_take() {
+        let cfg = |size: &str, path: &str, extra: &[&str]| {
+            let mut sets = vec![format!("model.size={size}"), format!("attention.path={path}")];
+            sets.extend(extra.iter().map(|s| s.to_string()));
+            TrainConfig::load(None, &sets).unwrap()
         };
         let cuda = Device::Cuda(0);
         let check = |c: &TrainConfig, device| {
             let shape = c.model.shape(256).unwrap();
-            check_gpu_head_dim(c, c.attention.options().unwrap().path, &shape, device)
+            check_gpu_head_dim(c, &c.attention.options().unwrap(), &shape, device)
         };
-        // tiny: 2 heads of 64
-        let tiny = cfg("tiny", "mxfp8");
-        let err = check(&tiny, cuda).unwrap_err().to_string();
+        // tiny: 2 heads of 64; the v4 kernels take it, the v3.1 ones (nvfp4, row dS exponents) do not
         assert!(
-            err.contains("head_dim 64") && err.contains("\"bf16\"") && err.contains("125m"),
-            "{err}"
+            check(&cfg("tiny", "mxfp8", &[]), cuda).is_ok(),
+            "v4 at head_dim 64"
         );
         assert!(
-            check(&tiny, Device::Cpu).is_ok(),
-            "the CPU reference takes head_dim 64"
+            check(&cfg("tiny", "leaky-fp8", &[]), cuda).is_ok(),
+            "v4 at head_dim 64"
         );
+        for (path, extra) in [
+            ("nvfp4", vec![]),
+            ("mxfp8", vec!["attention.row_ds_exponents=true"]),
+        ] {
+            let c = cfg("tiny", path, &extra);
+            let err = check(&c, cuda).unwrap_err().to_string();
+            assert!(
+                err.contains("head_dim 64") && err.contains("\"bf16\"") && err.contains("125m"),
+                "{err}"
+            );
+            assert!(
+                check(&c, Device::Cpu).is_ok(),
+                "the CPU reference takes head_dim 64"
+            );
+        }
         assert!(
-            check(&cfg("tiny", "bf16"), cuda).is_ok(),
+            check(&cfg("tiny", "bf16", &[]), cuda).is_ok(),
             "the bf16 control runs any head_dim"
         );
         assert!(
-            check(&cfg("125m", "mxfp8"), cuda).is_ok(),
+            check(&cfg("125m", "nvfp4", &[]), cuda).is_ok(),
             "125m has head_dim 128"
         );
     }

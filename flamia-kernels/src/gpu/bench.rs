@@ -1,5 +1,5 @@
 //! Attention benchmark on the GPU: the nine packed workloads of `bench/anchors.py` (16 heads,
-//! d = 128, causal, 65,536 tokens per row), CUDA-event medians after warm-up of the quantisers,
+//! d = 128 by default or 64, causal, 65,536 tokens per row), CUDA-event medians after warm-up of the quantisers,
 //! the forward, the backward (dO quantiser + the backward kernels: the v4 fused kernel, or the two
 //! v3.1 kernels) and the whole training call.
 //! TFLOP/s count the unmasked causal elements only, backward = 2.5 x forward (as anchors.py).
@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 /// Heads of every workload.
 pub const HEADS: usize = 16;
-/// Head dim of every workload.
+/// Head dim of the workloads unless the caller asks for 64 (anchors.py's).
 pub const HEAD_DIM: usize = 128;
 /// Tokens per packed row.
 pub const ROW: usize = 65536;
@@ -55,10 +55,10 @@ pub fn workload(name: &str) -> Option<Vec<usize>> {
     (n > 0 && l > 0 && n.checked_mul(l)? <= 1 << 22).then(|| vec![l; n])
 }
 
-/// Forward FLOPs of causal attention over `lens` (unmasked elements only).
-pub fn causal_fwd_flops(lens: &[usize]) -> f64 {
+/// Forward FLOPs of causal attention over `lens` at head dim `hd` (unmasked elements only).
+pub fn causal_fwd_flops(lens: &[usize], hd: usize) -> f64 {
     lens.iter()
-        .map(|&l| 4.0 * (HEADS * HEAD_DIM) as f64 * (l * (l + 1)) as f64 / 2.0)
+        .map(|&l| 4.0 * (HEADS * hd) as f64 * (l * (l + 1)) as f64 / 2.0)
         .sum()
 }
 
@@ -68,6 +68,7 @@ pub struct BenchRow {
     pub workload: String,
     /// Key/value heads (query heads: [`HEADS`]; fewer is GQA).
     pub kv_heads: usize,
+    pub head_dim: usize,
     pub docs: usize,
     pub tokens: usize,
     pub reps: usize,
@@ -154,17 +155,18 @@ fn fill_normal(gpu: &Gpu, buf: &DeviceBuf<u16>, seed: u32) -> GpuResult<()> {
 }
 
 /// Benchmarks one workload with `opts` (causal), on fresh random inputs: [`HEADS`] query heads
-/// and `kv_heads` key/value heads (a divisor of [`HEADS`]; fewer is GQA).
+/// and `kv_heads` key/value heads (a divisor of [`HEADS`]; fewer is GQA), head dim `hd`.
 pub fn run_workload(
     gpu: &Arc<Gpu>,
     opts: AttnOptions,
     name: &str,
     lens: &[usize],
     kv_heads: usize,
+    hd: usize,
 ) -> GpuResult<BenchRow> {
-    let shape = VarlenShape::from_lens(lens, HEADS, kv_heads, HEAD_DIM)?;
+    let shape = VarlenShape::from_lens(lens, HEADS, kv_heads, hd)?;
     let t = shape.tokens();
-    let (n, nkv) = (t * HEADS * HEAD_DIM, t * kv_heads * HEAD_DIM);
+    let (n, nkv) = (t * HEADS * hd, t * kv_heads * hd);
     let attn = Attention::new(gpu.clone(), opts)?;
     let plan = Plan::new(gpu, &shape, opts.causal)?;
     // q, k, v, o, dO, dQ, dK, dV: the K/V side has `kv_heads` heads
@@ -236,10 +238,11 @@ pub fn run_workload(
         fwd()?;
         bwd()
     })?);
-    let ff = causal_fwd_flops(lens);
+    let ff = causal_fwd_flops(lens, hd);
     Ok(BenchRow {
         workload: name.to_string(),
         kv_heads,
+        head_dim: hd,
         docs: lens.len(),
         tokens: t,
         reps,
@@ -276,7 +279,7 @@ mod tests {
     #[test]
     fn flops_match_anchors_py() {
         // anchors.py: 3.5 * sum(4 H D l (l + 1) / 2)
-        let f = causal_fwd_flops(&[65536]);
+        let f = causal_fwd_flops(&[65536], 128);
         assert_eq!(f, 4.0 * 16.0 * 128.0 * 65536.0 * 65537.0 / 2.0);
     }
 

@@ -26,7 +26,7 @@ pub mod runtime;
 pub mod sched;
 pub mod tma;
 
-pub use attention::{Attention, BwdKernel, BwdOutputs, GradWorkspace, Saved};
+pub use attention::{check_head_dim, Attention, BwdKernel, BwdOutputs, GradWorkspace, Saved};
 pub use buffer::DeviceBuf;
 pub use error::{GpuError, GpuResult};
 pub use plan::{Plan, GPU_HEAD_DIMS};

@@ -127,47 +127,63 @@ pub fn encode(
     Ok(TmaMap(map.opaque))
 }
 
-/// Token-major codes `(tokens, heads, 128)`: box = `rows` tokens of one head.
-pub fn token_major(ptr: u64, tokens: usize, heads: usize, rows: u32) -> GpuResult<TmaMap> {
-    encode_u8(
-        ptr,
-        &[128, heads as u64, tokens as u64],
-        &[128, heads as u64 * 128],
-        &[128, 1, rows],
-    )
+/// The swizzle of a token row of `hd` E4M3 codes (`desc_tok` in `cuda/tma.cuh`): 128 bytes at head
+/// dim 128, 64 at 64.
+fn token_swizzle(hd: usize) -> Swizzle {
+    if hd == 128 {
+        Swizzle::B128
+    } else {
+        Swizzle::B64
+    }
 }
 
-/// Dim-major codes `(heads * 128, tpad)`: box = 128 tokens x `rows` head-dim rows.
-pub fn dim_major(ptr: u64, heads: usize, tpad: usize, rows: u32) -> GpuResult<TmaMap> {
-    encode_u8(
-        ptr,
-        &[tpad as u64, heads as u64 * 128],
-        &[tpad as u64],
-        &[128, rows],
-    )
-}
-
-/// Dim-major codes `(heads * 128, tpad)` with the 64-byte swizzle: box = 64 tokens x `rows`
-/// head-dim rows (the backward's dim-major Q and dO steps).
-pub fn dim_major_64(ptr: u64, heads: usize, tpad: usize, rows: u32) -> GpuResult<TmaMap> {
+/// Token-major codes `(tokens, heads, hd)`: box = `rows` tokens of one head, the swizzle of the
+/// row width (`hd` = 64 or 128 bytes).
+pub fn token_major(ptr: u64, tokens: usize, heads: usize, hd: usize, rows: u32) -> GpuResult<TmaMap> {
+    let hd = hd as u64;
     encode(
         ptr,
         Elem::U8,
-        &[tpad as u64, heads as u64 * 128],
+        &[hd, heads as u64, tokens as u64],
+        &[hd, heads as u64 * hd],
+        &[hd as u32, 1, rows],
+        token_swizzle(hd as usize),
+    )
+}
+
+/// Dim-major codes `(heads * hd, tpad)`: box = 128 tokens x the `hd` dim rows of one head,
+/// 128-byte swizzle.
+pub fn dim_major(ptr: u64, heads: usize, hd: usize, tpad: usize) -> GpuResult<TmaMap> {
+    encode_u8(
+        ptr,
+        &[tpad as u64, (heads * hd) as u64],
         &[tpad as u64],
-        &[64, rows],
+        &[128, hd as u32],
+    )
+}
+
+/// Dim-major codes `(heads * hd, tpad)` with the 64-byte swizzle: box = 64 tokens x the `hd` dim
+/// rows of one head (the backward's dim-major Q and dO steps).
+pub fn dim_major_64(ptr: u64, heads: usize, hd: usize, tpad: usize) -> GpuResult<TmaMap> {
+    encode(
+        ptr,
+        Elem::U8,
+        &[tpad as u64, (heads * hd) as u64],
+        &[tpad as u64],
+        &[64, hd as u32],
         Swizzle::B64,
     )
 }
 
-/// FP32 rows `(tokens, heads, 128)`: box = 32 values x `rows` tokens of one head, 128-byte
+/// FP32 rows `(tokens, heads, hd)`: box = 32 values x `rows` tokens of one head, 128-byte
 /// swizzle (the backward's dQ partial tiles, added with a bulk tensor reduction).
-pub fn f32_rows(ptr: u64, tokens: usize, heads: usize, rows: u32) -> GpuResult<TmaMap> {
+pub fn f32_rows(ptr: u64, tokens: usize, heads: usize, hd: usize, rows: u32) -> GpuResult<TmaMap> {
+    let row = 4 * hd as u64;
     encode(
         ptr,
         Elem::F32,
-        &[128, heads as u64, tokens as u64],
-        &[512, heads as u64 * 512],
+        &[hd as u64, heads as u64, tokens as u64],
+        &[row, heads as u64 * row],
         &[32, 1, rows],
         Swizzle::B128,
     )

@@ -42,6 +42,9 @@ struct AttentionArgs {
     /// the 1B preset's 16:8).
     #[arg(long, default_value_t = 16)]
     kv_heads: usize,
+    /// Head dim (128, or 64 as in Llama-3.2-1B; the v4 kernels take both).
+    #[arg(long, default_value_t = flamia_kernels::gpu::bench::HEAD_DIM)]
+    head_dim: usize,
 }
 
 /// SM clock and power as nvidia-smi reports them (or why not).
@@ -73,6 +76,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             flamia_kernels::gpu::bench::HEADS
         );
     }
+    if !flamia_kernels::gpu::GPU_HEAD_DIMS.contains(&a.head_dim) {
+        bail!(
+            "--head-dim {}: the GPU kernels are built for {:?}",
+            a.head_dim,
+            flamia_kernels::gpu::GPU_HEAD_DIMS
+        );
+    }
     let gpu = Gpu::new(0).context("opening the GPU for the attention benchmark")?;
     let all = workloads();
     let chosen: Vec<(String, Vec<usize>)> = if a.workload.is_empty() {
@@ -91,8 +101,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         v
     };
     println!(
-        "flamia bench attention: 16 query heads, {} KV heads, d=128, causal on {} ({}, {} SMs), path {path}, precision {:?}",
+        "flamia bench attention: 16 query heads, {} KV heads, d={}, causal on {} ({}, {} SMs), path {path}, precision {:?}",
         a.kv_heads,
+        a.head_dim,
         gpu.name(),
         gpu.arch(),
         gpu.sm_count(),
@@ -106,8 +117,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         "workload", "docs", "quant", "GB/s", "fwd", "bwd", "train", "fwd", "bwd", "train", "dO quant", "dq", "dkdv", "MiB"
     );
     for (name, lens) in &chosen {
-        let r =
-            run_workload(&gpu, opts, name, lens, a.kv_heads).with_context(|| format!("workload {name}"))?;
+        let r = run_workload(&gpu, opts, name, lens, a.kv_heads, a.head_dim)
+            .with_context(|| format!("workload {name}"))?;
         println!(
             "{:<14} {:>5} | {:>9.3} {:>6.0} {:>9.3} {:>9.3} {:>9.3} | {:>8.1} {:>8.1} {:>8.1} | {:>8.3} {:>8.3} {:>8.3} | {:>8.0}",
             r.workload,
@@ -129,7 +140,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let clock_after = sm_clock();
     println!("SM clock after:  {clock_after}");
-    let res = Attention::new(gpu.clone(), opts)?.kernel_resources()?;
+    let res = Attention::new(gpu.clone(), opts)?.kernel_resources(a.head_dim)?;
     for (name, regs, local) in &res {
         println!("kernel {name:<14} registers/thread {regs:>3}  local (spill) bytes {local}");
     }

@@ -276,7 +276,7 @@ mod tests {
         .shape(128_256)
         .unwrap();
         let attn = b.train_flops([65536]) - 6.0 * b.matmul_params() as f64 * 65536.0;
-        let bench = flamia_kernels::gpu::bench::causal_fwd_flops(&[65536]);
+        let bench = flamia_kernels::gpu::bench::causal_fwd_flops(&[65536], 128);
         assert_eq!(attn, 3.5 * 16.0 * bench);
         // Short documents cost less attention than one long one of the same tokens.
         assert!(b.train_flops(vec![1024; 64]) < b.train_flops([65536]));
