@@ -9,14 +9,19 @@
 //! document).
 //!
 //! Per visible pair (f64): `P = 2^(x_ij - LSE_i / ln 2)`, `dP = dO_i . V_j`, `dS = P (dP - D_i)`.
-//! One dS copy with one fold rule, shared bit for bit by the v4 backward kernel: the gradient
-//! operands' exponents are folded in first, `dS~ = f32(dS * 2^(eQ_i + eK_j))` (exponents clamped to
-//! at least -126, as the kernels' `exp2i`), then `e = block_exponent(max |dS~|)` over the 32x32
-//! block (or over the row's 32 entries with `row_ds_exponents`), `code = e4m3_encode(dS~ * 2^-e)`,
-//! and the value used by both products is `code * 2^(e - eQ_i - eK_j)`: dQ_i takes its
-//! `2^-eQ_i` and dK_j its `2^-eK_j` once per output row, the block's `2^e` per 32-wide slice. With
-//! token-block scales `eQ + eK` is uniform over a block, so the codes equal those of the unfolded
-//! dS; with per-token scales the fold is what lets one copy serve both products.
+//! One dS fold rule, shared bit for bit by the v4 backward kernel: the gradient operands'
+//! exponents are folded in first, `dS~ = f32(dS * 2^(eQ_i + eK_j))` (exponents clamped to at least
+//! -126, as the kernels' `exp2i`), then `e = block_exponent(max |dS~|)`, `code = e4m3_encode(dS~ *
+//! 2^-e)`, and the value used is `code * 2^(e - eQ_i - eK_j)`: dQ_i takes its `2^-eQ_i` and dK_j
+//! its `2^-eK_j` once per output row, the exponent `2^e` per 32-wide slice of the product.
+//! - Default: ONE copy, `e` over the 32x32 block, used by both products. With token-block scales
+//!   `eQ + eK` is uniform over a block, so the codes equal those of the unfolded dS; with
+//!   per-token scales the fold is what lets one copy serve both products.
+//! - `row_ds_exponents`: TWO copies, each row-wise in its product's rows: dQ's with `e` over each
+//!   query row's 32 entries of the block (what makes dQ causally safe: a later query never moves
+//!   an earlier row's exponent), dK's with `e` over each key column's 32 entries (one exponent
+//!   per row of dK's product and 32-query slice, applied per slice in FP32; a per-query exponent
+//!   could not be factored out of dK's sum over queries).
 //! - `dQ_i = scale * sum over key tiles of (sum_j dS^_ij Kg_j)`: each key tile's partial sum is
 //!   prescaled by `2^-s`, rounded to f32 and added to an f32 accumulator in key-tile order (the
 //!   kernels' FP32 atomics, made deterministic), then multiplied by `2^s`. `s = floor(log2 B) + 1 - 15`
@@ -48,10 +53,12 @@ pub(crate) struct BwdCtx<'a> {
     pub zero_row: Vec<bool>,
 }
 
-/// One 32x32 block of P and dequantised dS (zero where masked), row-major `[r * 32 + c]`.
+/// One 32x32 block of P and dequantised dS (zero where masked), row-major `[r * 32 + c]`: `ds`
+/// feeds dQ, `ds_k` dK (the same copy unless `row_ds_exponents`: module docs).
 struct Block {
     p: [f64; B * B],
     ds: [f64; B * B],
+    ds_k: [f64; B * B],
     nonzero: u64,
     zeroed: u64,
 }
@@ -105,6 +112,7 @@ impl BwdCtx<'_> {
         let mut b = Block {
             p: [0.0; B * B],
             ds: [0.0; B * B],
+            ds_k: [0.0; B * B],
             nonzero: 0,
             zeroed: 0,
         };
@@ -131,10 +139,17 @@ impl BwdCtx<'_> {
             }
         }
         if !prep.quantised {
+            b.ds_k = b.ds;
             return b;
         }
         let amax = |r0: usize, r1: usize| raw[r0 * B..r1 * B].iter().fold(0f32, |m, v| m.max(v.abs()));
+        let col_amax = |c: usize| (0..B).fold(0f32, |m, r| m.max(raw[r * B + c].abs()));
         let block_e = block_exponent(amax(0, B));
+        let col_e: Vec<i8> = if self.row_ds {
+            (0..B).map(|c| block_exponent(col_amax(c))).collect()
+        } else {
+            Vec::new()
+        };
         for r in 0..i1 - i0 {
             let e_row = if self.row_ds {
                 block_exponent(amax(r, r + 1))
@@ -146,6 +161,11 @@ impl BwdCtx<'_> {
                 let k = r * B + c;
                 let code = quantize_e4m3_scaled(raw[k], e_row);
                 b.ds[k] = dequantize_e4m3(code, e_row) / fold[k];
+                b.ds_k[k] = if self.row_ds {
+                    dequantize_e4m3(quantize_e4m3_scaled(raw[k], col_e[c]), col_e[c]) / fold[k]
+                } else {
+                    b.ds[k]
+                };
                 if raw[k] != 0.0 {
                     b.nonzero += 1;
                     b.zeroed += (code & 0x7F == 0) as u64;
@@ -399,15 +419,17 @@ fn kv_tile_body(b: &BwdCtx, dout_refs: &[i32], g: usize, s: usize, e: usize, c0:
                     let prow = &mut part[(i - rstart) * d..(i - rstart + 1) * d];
                     for c in 0..(j0 + B).min(c1) - j0 {
                         let k = r * B + c;
-                        let (p, ds) = (blk.p[k], blk.ds[k]);
-                        if p == 0.0 && ds == 0.0 {
+                        let (p, ds, ds_k) = (blk.p[k], blk.ds[k], blk.ds_k[k]);
+                        if p == 0.0 && ds == 0.0 && ds_k == 0.0 {
                             continue;
                         }
                         let j = j0 + c;
                         let at = (j - c0) * d;
                         if ds != 0.0 {
                             axpy(prow, ds, kg.row(g, j));
-                            axpy(&mut dk[at..at + d], ds, qg.row(h, i));
+                        }
+                        if ds_k != 0.0 {
+                            axpy(&mut dk[at..at + d], ds_k, qg.row(h, i));
                         }
                         let w = if ctx.prep.quantised {
                             let cj = dout_refs[h * t + j];
