@@ -48,6 +48,12 @@
 #define BWD_DEFER_DQ 1  // a step's dQ runs after the next step's S..dK (the warpgroups need not meet)
 #endif
 #define BWD_DS_BUFS (BWD_DEFER_DQ ? 4 : 2)  // dS code tiles in flight
+// BWD_ROW_DS 1 (the `row_ds_exponents` option): two dS copies, each with exponents per row of its
+// product x 32 columns (reference/bwd.rs): dQ's per (query, 32-key block), dK's per (key,
+// 32-query slice). 0: one copy, exponents per 32x32 block.
+#ifndef BWD_ROW_DS
+#define BWD_ROW_DS 0
+#endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -127,6 +133,11 @@ struct BwdV4Smem {
   BwdItemTail tail[2];
   float red[2][8][2];                  // [step parity][consumer warp][query slice] block maxima
   int dse[BWD_DS_BUFS][2][4];          // [dS buffer][query block][key block] exponents
+#if BWD_ROW_DS
+  float2 redc[2][8][32];               // [step parity][consumer warp][lane] column maxima (row dS)
+  float2 fcol[8][32];                  // [consumer warp][lane] 2^-e of the lane's two columns (row dS)
+  i8 dser[BWD_DS_BUFS][BQT][4];        // [dS buffer][query][key block] exponents of dQ's copy (row dS)
+#endif
   BwdDqJob job[BWD_DQ_BUFS][2];        // [buffer][warpgroup] the dQ partial now in dqs[buffer][warpgroup]
   BwdTile cur[2];                      // [warpgroup] its item's tile (h in pad_a), for the hand-off: thread 0's
   u64 kv_full, kv_empty, kd_full, kd_empty, s_full[BWD_STAGES], s_empty[BWD_STAGES];
@@ -354,6 +365,109 @@ __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u
   }
 }
 
+// This thread's byte of the step's dS code tile (dQ's A operand, tile_off<BKT>: row = query, K =
+// keys): byte (query 2q, key 64c + 16w + g), core-matrix column 4c + w, row 2q, byte g.
+__device__ __forceinline__ u8* ds_byte(BwdV4Smem& sm, const BwdConsumer& C, int buf) {
+  return sm.ds[buf] + (4 * C.cw + C.w()) * 128 + 32 * C.qd() + C.g();
+}
+
+// dS~ (already divided by 2^e) -> E4M3 A fragments of dK = dS^T Q only.
+__device__ __forceinline__ void ds_afrag(const float (&v)[32], u32 (&a)[2][4]) { acc_to_afrag(v, a); }
+
+#if BWD_ROW_DS
+// The two dS copies of `row_ds_exponents` from dS~ in v (this warpgroup's 64 keys x 64 queries):
+// - dK's: one exponent per (key row, 32-query slice), over the thread's 8 values and its quad;
+//   v is divided by it in place and fkr gets 2^e (applied per slice in FP32 after dK's product).
+// - dQ's: one exponent per (query column, 32-key block = this warp pair): column maxima over the
+//   thread's two rows, reduce-scattered over the 8 row lanes (lane g, q ends with columns 8g + 2q,
+//   +1), the partner warp's through shared memory, gathered back; the codes of v 2^-e go to the
+//   step's dS tile and e to dser (the dQ products' scale-in).
+__device__ __forceinline__ void row_ds_copies(BwdV4Smem& sm, const BwdConsumer& C, float (&v)[32], int par, int buf,
+                                              float (&fkr)[2][2]) {
+  const int cw = C.cw, w = C.w(), lane = C.lane(), g = C.g(), q = C.qd();
+  int ekr[2][2];
+#pragma unroll
+  for (int sl = 0; sl < 2; ++sl)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int i = 16 * sl + 4 * jj + 2 * r;
+        m = fmaxf(m, fmaxf(fabsf(v[i]), fabsf(v[i + 1])));
+      }
+      ekr[r][sl] = e4m3_scale_exp(quad_max(m));
+    }
+  // column k = 2j + b is query 8j + 2q + b: max over the rows, then over the row lanes (the first
+  // halving straight from v, so only 8 maxima are ever live)
+  const auto colmax = [&](int k) { return fmaxf(fabsf(v[4 * (k >> 1) + (k & 1)]), fabsf(v[4 * (k >> 1) + 2 + (k & 1)])); };
+  float cm[8];
+  {
+    const bool up = lane & 16;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float lo = colmax(k), hi = colmax(k + 8);
+      cm[k] = fmaxf(up ? hi : lo, __shfl_xor_sync(0xffffffffu, up ? lo : hi, 16));
+    }
+  }
+#pragma unroll
+  for (int st = 1; st < 3; ++st) {  // lane bit 4 - st of g; keep the half it names
+    const int M = 16 >> st, H = 8 >> st;
+    const bool up = lane & M;
+#pragma unroll
+    for (int k = 0; k < H; ++k) {
+      const float mine = up ? cm[k + H] : cm[k], give = up ? cm[k] : cm[k + H];
+      cm[k] = fmaxf(mine, __shfl_xor_sync(0xffffffffu, give, M));
+    }
+  }
+  // cm[0..1]: this warp's 16 keys' maxima of queries 8g + 2q, +1 (float2 index = lane)
+  sm.redc[par][4 * cw + w][lane] = make_float2(cm[0], cm[1]);
+  named_sync(2 + 2 * cw + (w >> 1), 64);
+  const float2 o = sm.redc[par][4 * cw + (w ^ 1)][lane];
+  // (e in [-126, 120]: e4m3_scale_exp's range fits i8)
+  const int e0 = e4m3_scale_exp(fmaxf(cm[0], o.x)), e1 = e4m3_scale_exp(fmaxf(cm[1], o.y));
+  if ((w & 1) == 0) {
+    sm.dser[buf][8 * g + 2 * q][2 * cw + (w >> 1)] = (i8)e0;
+    sm.dser[buf][8 * g + 2 * q + 1][2 * cw + (w >> 1)] = (i8)e1;
+  }
+  // every lane's columns' factors back through the warp's own slots (this warp read them last step)
+  __syncwarp();
+  sm.fcol[4 * cw + w][lane] = make_float2(exp2i_inrange(-e0), exp2i_inrange(-e1));
+  __syncwarp();
+  // dQ's codes (v 2^-e per column) -> the dS tile; then dK's copy in place
+  {
+    u8* ds = ds_byte(sm, C, buf);
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = 4 * kk + jj, i = 4 * j;
+        const float2 fc = sm.fcol[4 * cw + w][4 * j + q];  // queries 8j + 2q, +1
+        const float f0 = fc.x, f1 = fc.y;
+        const u32 R0 = cvt_e4m3x2(v[i] * f0, v[i + 1] * f1), R8 = cvt_e4m3x2(v[i + 2] * f0, v[i + 3] * f1);
+        u8* d = ds + 1024 * j;
+        d[0] = (u8)R0;
+        d[16] = (u8)(R0 >> 8);
+        d[8] = (u8)R8;
+        d[24] = (u8)(R8 >> 8);
+      }
+  }
+#pragma unroll
+  for (int sl = 0; sl < 2; ++sl)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float f = exp2i_inrange(-ekr[r][sl]);
+      fkr[r][sl] = exp2i_inrange(ekr[r][sl]);
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int i = 16 * sl + 4 * jj + 2 * r;
+        v[i] *= f;
+        v[i + 1] *= f;
+      }
+    }
+}
+#endif
+
 // acc[64 x N] = A (E4M3 fragments, K slices s0..s0+NS-1) * B^T, B the N = 2R = HEAD_DIM rows of a
 // 64-byte-swizzled [N rows x 64 bytes] tile; fresh accumulator, waited for. (Full-width products:
 // one round trip per product, R accumulator registers beside the item's 2R of dK and dV.)
@@ -442,8 +556,16 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     }
   }
   BWD_PHASE(2);
-  // block maxima of dS~: 32 keys (warps 2m, 2m+1 of the warpgroup) x 32 queries (slice)
   const int par = C.nstep & 1, buf = C.nstep % BWD_DS_BUFS;
+  u32 ads[2][4], ap[2][4];
+#if BWD_ROW_DS
+  acc_to_afrag(sc, ap);  // P~ first: its registers are free for the two dS copies
+  float fkr[2][2];       // dK's copy: 2^e per (key row r, query slice sl)
+  row_ds_copies(sm, C, dp, par, buf, fkr);
+  BWD_PHASE(3);
+  ds_afrag(dp, ads);
+#else
+  // block maxima of dS~: 32 keys (warps 2m, 2m+1 of the warpgroup) x 32 queries (slice)
   float mx[2];
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl) {
@@ -476,10 +598,9 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     sm.dse[buf][1][2 * cw + (w >> 1)] = ex[1];
   }
   BWD_PHASE(3);
-  u32 ads[2][4], ap[2][4];
-  // byte (query 2q, key 64c + 16w + g) of tile_off<BKT>: core-matrix column 4c + w, row 2q, byte g
-  ds_codes(dp, ads, sm.ds[buf] + (4 * cw + w) * 128 + 32 * qd + C.g());
+  ds_codes(dp, ads, ds_byte(sm, C, buf));
   acc_to_afrag(sc, ap);
+#endif
   BWD_PHASE(4);
   // dV += P~^T dO (one chained product over the 64 queries; 2^c applied at the item's end)
   {
@@ -492,11 +613,15 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   // dK += sum over the two 32-query slices of 2^e (codes^T Q)
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl) {
-    const float f = exp2i(ex[sl]);
+#if BWD_ROW_DS
+    const float f[2] = {fkr[0][sl], fkr[1][sl]};
+#else
+    const float f[2] = {exp2i(ex[sl]), exp2i(ex[sl])};
+#endif
     float acc[HEAD_DIM / 2];
     mma_rs_sw64<1>(acc, ads, opaque_u32(smem_u32(sm.qd[s])), sl);
 #pragma unroll
-    for (int i = 0; i < HEAD_DIM / 2; ++i) dk[i] = fmaf(acc[i], f, dk[i]);
+    for (int i = 0; i < HEAD_DIM / 2; ++i) dk[i] = fmaf(acc[i], f[(i >> 1) & 1], dk[i]);
   }
   BWD_PHASE(6);
   if (lane == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
@@ -526,14 +651,18 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   float dq[NQ];
   {
     const u32 da = opaque_u32(smem_u32(sm.ds[buf])), kb = opaque_u32(smem_u32(sm.kd) + (HEAD_DIM / 2) * cw * BKT);
-    const int qb = w >> 1;  // query block of this thread's rows
 #ifdef BWD_PROF_NODQ
 #pragma unroll
     for (int i = 0; i < NQ; ++i) dq[i] = 0.f;
 #else
     // four 32-key slices, two accumulators in flight: slice kk+1's product runs while slice kk
     // is scaled in (2^e differs per 32x32 block, so each slice is a fresh product)
-    const int* e = sm.dse[buf][qb];
+#if BWD_ROW_DS
+    const i8* er0 = sm.dser[buf][16 * w + C.g()];  // rows 16w + g and + 8 of the dQ product
+    const i8* er8 = sm.dser[buf][16 * w + C.g() + 8];
+#else
+    const int* e = sm.dse[buf][w >> 1];  // the query block of this thread's rows
+#endif
     float ta[NQ], tb[NQ];
     const auto issue = [&](float(&t)[NQ], int kk) {
       wg_fence();
@@ -542,9 +671,13 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
     };
     const auto scale_in = [&](float(&t)[NQ], int kk) {  // after the wait for slice kk
       fence_regs(t);
-      const float f = exp2i(e[kk]);
+#if BWD_ROW_DS
+      const float f[2] = {exp2i_inrange(er0[kk]), exp2i_inrange(er8[kk])};
+#else
+      const float f[2] = {exp2i(e[kk]), exp2i(e[kk])};
+#endif
 #pragma unroll
-      for (int i = 0; i < NQ; ++i) dq[i] = kk ? fmaf(t[i], f, dq[i]) : t[i] * f;
+      for (int i = 0; i < NQ; ++i) dq[i] = kk ? fmaf(t[i], f[(i >> 1) & 1], dq[i]) : t[i] * f[(i >> 1) & 1];
     };
     issue(ta, 0);
     issue(tb, 1);

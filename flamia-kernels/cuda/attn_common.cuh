@@ -95,6 +95,9 @@ __device__ __forceinline__ int e4m3_scale_exp(float amax) {
   return max(-126, k - 8 + (mant > 1.75f ? 1 : 0));
 }
 
+// 2^n for n already in [-126, 127] (no clamp: e.g. +-e4m3_scale_exp's results).
+__device__ __forceinline__ float exp2i_inrange(int n) { return __int_as_float((n + 127) << 23); }
+
 // Two FP32 values -> two E4M3 codes in the low 16 bits (lo in the low byte), RNE, saturating.
 __device__ __forceinline__ u32 cvt_e4m3x2(float lo, float hi) {
   u16 r;

@@ -47,14 +47,6 @@ struct RowState {
   float qf[2];   // 2^eQ * scale * log2(e)
 };
 
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ int quad_max_i(int v) {
-  v = max(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return max(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
 
 // New running max of each row from its tile maximum; alpha = exp2(m_old - m_new); mref = the
 // value subtracted (0 for a row with no visible key yet, so exp2 sees -inf, never NaN).

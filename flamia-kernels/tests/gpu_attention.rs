@@ -433,21 +433,42 @@ fn head_dim_64_documents_are_isolated_and_default_mxfp8_is_causal_before_the_blo
     });
 }
 
-/// What runs a v3.1 kernel (NVFP4 scores, row dS exponents) refuses head dim 64 with an error
-/// naming what works, before any launch.
+/// What runs a v3.1 kernel (NVFP4 scores) refuses head dim 64 with an error naming what works,
+/// before any launch.
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn head_dim_64_is_refused_where_a_v3_kernel_would_run() {
     let gpu = gpu();
     let shape = VarlenShape::from_lens(&[33, 64], 2, 2, 64).unwrap();
-    let mut row_ds = AttnOptions::new(AttnPath::Mxfp8);
-    row_ds.precision.row_ds_exponents = true;
-    for opts in [AttnOptions::new(AttnPath::Nvfp4), row_ds] {
-        let call = gauss_call(&mut rng("d64 refused"), &shape, opts);
-        let err = flamia_kernels::gpu::host::forward_backward(&gpu, &call)
-            .err()
-            .unwrap_or_else(|| panic!("{opts:?} at head_dim 64 ran"))
-            .to_string();
-        assert!(err.contains("head_dim 64") && err.contains("`mxfp8`"), "{err}");
-    }
+    let call = gauss_call(&mut rng("d64 refused"), &shape, AttnOptions::new(AttnPath::Nvfp4));
+    let err = flamia_kernels::gpu::host::forward_backward(&gpu, &call)
+        .err()
+        .expect("nvfp4 at head_dim 64 ran")
+        .to_string();
+    assert!(err.contains("head_dim 64") && err.contains("`mxfp8`"), "{err}");
+}
+
+/// The causally safe options at head dim 64 (row dS exponents on the v4 backward): as accurate as
+/// the reference and bitwise causal (precision options on, normal and quiet-prefix inputs).
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn head_dim_64_precision_options_are_accurate_and_bitwise_causal() {
+    let gpu = gpu();
+    let attn = attn_fn(&gpu);
+    let safe = safe_with(AttnPath::Mxfp8, |_| {});
+    let shape = VarlenShape::from_lens(&LENS, 2, 1, 64).unwrap();
+    check_accuracy("d64 causally safe", &shape, safe);
+    let shape = VarlenShape::from_lens(&[150, 90], 4, 2, 64).unwrap();
+    with_seeds("d64 safe leakage", |mut rng| {
+        let call = gauss_call(&mut rng, &shape, safe);
+        for t in [default_probe(&shape), 190] {
+            for (input, what) in [(call.clone(), "normal"), (quiet_prefix(&call, t), "quiet prefix")] {
+                let l = causal_leakage(&attn, &input, t, 1e3).unwrap();
+                assert!(
+                    l.bitwise_causal(),
+                    "d64 {what}: the options must give bitwise zero leakage: {l:?}"
+                );
+            }
+        }
+    });
 }

@@ -1,12 +1,12 @@
 //! FLAMIA attention forward and backward on the GPU, called on raw device pointers and a raw CUDA
 //! stream (what the trainer's attention bridge has). Kernels: the v4 forward (`cuda/attn_fwd_v4.cu`)
 //! and the v4 fused backward (`cuda/attn_bwd_v4.cu`) for the E4M3-score paths; the v3.1 kernels
-//! (`cuda/attn_fwd.cu`, `cuda/attn_bwd.cu`) for the NVFP4 path, `row_ds_exponents` (backward),
+//! (`cuda/attn_fwd.cu`, `cuda/attn_bwd.cu`) for the NVFP4 path,
 //! FP32-promoted products and the `FLAMIA_ATTN_FWD=v3` / `FLAMIA_ATTN_BWD=v3` A/B switches.
 //!
 //! Tensors: Q, O, dO, dQ `(tokens, heads_q, d)` BF16; K, V, dK, dV `(tokens, heads_kv, d)`
-//! BF16, head dim d = 64 or 128 (the v4 kernels; the v3.1 ones, and so the NVFP4 path,
-//! `row_ds_exponents` and the FP32-promotion / v3 switches, take 128 only: [`Attention`] says so); LSE `(tokens, heads_q)` FP32 natural log (as the CPU reference). Documents packed back to back, `cu_seqlens`
+//! BF16, head dim d = 64 or 128 (the v4 kernels; the v3.1 ones, and so the NVFP4 path and the
+//! FP32-promotion / v3 switches, take 128 only: [`Attention`] says so); LSE `(tokens, heads_q)` FP32 natural log (as the CPU reference). Documents packed back to back, `cu_seqlens`
 //! given on the host through the [`Plan`].
 //!
 //! ```ignore
@@ -25,7 +25,8 @@
 //! BF16) on BF16 wgmma (FP4 numerics, BF16 speed); every other product is E4M3 wgmma.
 //!
 //! Precision options: `per_token_scales` -> per-token operand exponents; `row_ds_exponents` -> dS
-//! exponents per row of each dS product x 32 columns instead of per 32x32 block;
+//! exponents per row of each dS product x 32 columns instead of per 32x32 block (two dS copies:
+//! dQ's per query row, dK's per key row; `reference/bwd.rs`);
 //! `causal_dq_scaling` needs no action here: dQ is accumulated in FP32 (v3.1: registers of the CTA
 //! that owns the query tile; v4: an FP32 accumulator added to in a fixed key-tile order), with no
 //! FP16 partial sums and so no prescale that could see other rows.
@@ -94,7 +95,7 @@ fn forward_v4_variant(per_token: bool, stages: u32, hd: u32) -> Variant {
 
 /// Which backward runs: the v4 fused kernel (default where it applies: E4M3 operands, dS
 /// exponents per 32x32 block, no FP32 promotion of dP or S) or the two v3.1 kernels
-/// (`FLAMIA_ATTN_BWD=v3`, kept for A/B; the NVFP4 path and `row_ds_exponents` always use them).
+/// (`FLAMIA_ATTN_BWD=v3`, kept for A/B; the NVFP4 path always uses them).
 pub fn backward_v3_forced() -> bool {
     std::env::var("FLAMIA_ATTN_BWD").is_ok_and(|v| v.trim() == "v3")
 }
@@ -126,10 +127,13 @@ fn bwd_jitter() -> i32 {
         .unwrap_or(0)
 }
 
-fn backward_v4_variant(stages: u32, hd: u32) -> (Variant, u32) {
-    let smem = smem_bwd4(stages, hd);
+/// Defines of the v4 backward: head dim, ring depth, `row_ds_exponents` (two dS copies with row
+/// exponents, `BWD_ROW_DS`: 7 KB more shared memory for its exchange slots) and the smem budget.
+fn backward_v4_variant(stages: u32, hd: u32, row_ds: bool) -> (Variant, u32) {
+    let smem = smem_bwd4(stages, hd) + if row_ds { 7 * 1024 } else { 0 };
     let v = Variant::new()
         .define("HEAD_DIM", hd)
+        .define("BWD_ROW_DS", row_ds as u32)
         .define("BWD_STAGES", stages)
         .define("SMEM_BWD4_BUDGET", smem);
     (v, smem)
@@ -344,7 +348,7 @@ impl GradWorkspace {
 }
 
 /// Errors unless attention with `opts` runs at head dim `hd` on the GPU: 64 and 128 on the v4
-/// kernels, 128 only where a v3.1 kernel runs: the NVFP4 path, `row_ds_exponents`, or `v3`
+/// kernels, 128 only where a v3.1 kernel runs: the NVFP4 path, or `v3`
 /// (the FP32-promotion and `FLAMIA_ATTN_FWD=v3` / `FLAMIA_ATTN_BWD=v3` switches, which
 /// [`Attention::check_head_dim`] reads). The error says what is allowed.
 pub fn check_head_dim(opts: &AttnOptions, hd: usize, v3: bool) -> GpuResult<()> {
@@ -359,8 +363,6 @@ pub fn check_head_dim(opts: &AttnOptions, hd: usize, v3: bool) -> GpuResult<()> 
     }
     let why = if opts.path == AttnPath::Nvfp4 {
         "path `nvfp4`"
-    } else if opts.precision.row_ds_exponents {
-        "precision option `row_ds_exponents`"
     } else if v3 {
         "FLAMIA_ATTN_PROMOTE / FLAMIA_ATTN_FWD=v3 / FLAMIA_ATTN_BWD=v3"
     } else {
@@ -368,7 +370,7 @@ pub fn check_head_dim(opts: &AttnOptions, hd: usize, v3: bool) -> GpuResult<()> 
     };
     Err(GpuError::NotSupported(format!(
         "{why} at head_dim {hd}: it runs the v3.1 kernels, built for head_dim 128 only; at head_dim {hd} \
-         use path `mxfp8` or `leaky-fp8` without `row_ds_exponents`"
+         use path `mxfp8` or `leaky-fp8`"
     )))
 }
 
@@ -584,13 +586,10 @@ impl Attention {
         self.opts.path != AttnPath::Nvfp4 && self.promote & 2 == 0 && !self.fwd_v3
     }
 
-    /// True when the backward runs the v4 fused kernel (E4M3 operands, dS exponents per 32x32
-    /// block, no FP32 promotion of dP or S, not forced back to v3.1 by `FLAMIA_ATTN_BWD=v3`).
+    /// True when the backward runs the v4 fused kernel (E4M3 operands, no FP32 promotion of dP or
+    /// S, not forced back to v3.1 by `FLAMIA_ATTN_BWD=v3`).
     pub fn uses_backward_v4(&self) -> bool {
-        self.opts.path != AttnPath::Nvfp4
-            && !self.opts.precision.row_ds_exponents
-            && self.promote == 0
-            && !self.bwd_v3
+        self.opts.path != AttnPath::Nvfp4 && self.promote == 0 && !self.bwd_v3
     }
 
     /// The forward kernel on already quantised inputs: writes O (BF16) and LSE (FP32).
@@ -783,7 +782,7 @@ impl Attention {
         // the fused kernel and the dQ conversion, once per head chunk (BwdSchedule::chunks): the
         // chunk's dQ accumulator and dK/dV partials are the scratch's
         self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
-        let (v4, smem) = backward_v4_variant(self.bwd_stages, hd as u32);
+        let (v4, smem) = backward_v4_variant(self.bwd_stages, hd as u32, a.row_ds != 0);
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
@@ -925,7 +924,7 @@ impl Attention {
             out.push(("attn_fwd_v4".to_string(), r, l));
         }
         if self.uses_backward_v4() {
-            let (v4, smem) = backward_v4_variant(self.bwd_stages, hd32);
+            let (v4, smem) = backward_v4_variant(self.bwd_stages, hd32, self.opts.precision.row_ds_exponents);
             let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_bwd_v4".to_string(), r, l));
@@ -974,9 +973,11 @@ mod tests {
         }
         for hd in [64, 128] {
             for stages in [2, 3] {
-                let (v, _) = backward_v4_variant(stages, hd);
-                compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
-                    .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
+                for row_ds in [false, true] {
+                    let (v, _) = backward_v4_variant(stages, hd, row_ds);
+                    compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
+                        .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
+                }
             }
             for (per_token, stages) in [(false, 2), (false, 4), (true, 4), (false, 5)] {
                 let v = forward_v4_variant(per_token, stages, hd);
