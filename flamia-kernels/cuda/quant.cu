@@ -4,26 +4,31 @@
 // the attention kernels read (token-major and dim-major, see attn_common.cuh) and the per-token
 // exponent table; for dO (DELTA) also D_i = dO_hat_i . O_i (FP32, [T, H]) from the quantised dO.
 //
+// Head dim d = HEAD_DIM (common.cuh; 64 or 128, a variant define): NK = d / 32 chunks of 32
+// elements per row.
 // Memory-bound, so the layout is chosen for bytes in flight and full-sector accesses:
 // - Persistent grid (as many CTAs of 128 threads per SM as fit: QUANT_CTAS_PER_SM in the
 //   __launch_bounds__, the host asks the driver), items taken grid-stride, head slots fastest (consecutive items read
-//   adjacent 256-byte rows); each CTA loads the NEXT item's 8 KB while it computes the current one.
-// - Thread (row tt = tid / 4, quarter q = tid % 4) owns 32 elements of one token row:
-//   element i = 32 k + 8 q + j (k = 0..3, j = 0..7), loaded as four 16-byte vectors.
-//   Hadamard stages h = 1, 2, 4 (bits of j) and 32, 64 (bits of k) run in registers, h = 8, 16
-//   (bits of q) through two shuffle stages: 2 shuffles per element instead of 5.
+//   adjacent 2d-byte rows); each CTA loads the NEXT item's 64 d bytes while it computes the current one.
+// - Thread (row tt = tid / 4, quarter q = tid % 4) owns 8 NK elements of one token row:
+//   element i = 32 k + 8 q + j (k = 0..NK-1, j = 0..7), loaded as NK 16-byte vectors.
+//   Hadamard stages h = 1, 2, 4 (bits of j) and 32 (bit 0 of k; d = 128: also 64, bit 1 of k)
+//   run in registers, h = 8, 16 (bits of q) through two shuffle stages: 2 shuffles per element
+//   instead of 5.
 // - Token-major codes: 8-byte stores, 4 lanes = one 32-byte sector of a row.
-// - Dim-major codes: the block's 32 x 128 code tile goes through shared memory (XOR-swizzled,
-//   conflict-free for the row writes and the column reads), each thread transposes two 4x4 byte
-//   squares with PRMT and 4 lanes write one full 32-byte sector (32 tokens) of a dim row.
+// - Dim-major codes: the block's 32 x d code tile goes through shared memory (rows of 32 words,
+//   words w < d / 4 used; XOR-swizzled, conflict-free for the row writes and the column reads),
+//   thread (dim quad g, token octet s) transposes two 4x4 byte squares with PRMT and 4 lanes
+//   write one full 32-byte sector (32 tokens) of a dim row; d = 64: warps 0-1 only (g < 16).
 // Arithmetic per element is exactly the contract (src/quant.rs, src/hadamard.rs); D keeps the
 // summation order of the previous kernel (per-lane FMA chains over 4 elements, then a
-// pairwise tree over the 32 four-element groups, high index bits first).
+// pairwise tree over the d / 4 four-element groups, high index bits first: delta_dot).
 // Defines: MODE (0 = 32-token blocks, 1 = per token, 2 = tensor-wide floor, the leaky control;
-// its amax comes from quant_amax), DELTA (0/1, one input only).
+// its amax comes from quant_amax), DELTA (0/1, one input only), HEAD_DIM.
 // quant_amax: tensor-wide amax (after the rotation) of every input, for MODE 2.
-// quant_nvfp4: NVFP4 (E2M1 codes, E4M3 group scales per 16 dims, per-token exponent) plus the exact
-// value e2m1 * scale in BF16 for the emulated NVFP4 score product (input 0 only).
+// quant_nvfp4 (HEAD_DIM 128 only; the host refuses other head dims): NVFP4 (E2M1 codes, E4M3
+// group scales per 16 dims, per-token exponent) plus the exact value e2m1 * scale in BF16 for
+// the emulated NVFP4 score product (input 0 only).
 // The bit-level contract is src/quant.rs; GPU tests compare every byte.
 #include "formats.cuh"
 
@@ -50,12 +55,14 @@
 #endif
 #endif
 #define QUANT_INPUTS 3
+// 32-element chunks of a row per thread (element i = 32 k + 8 q + j, k < NK).
+#define NK (HEAD_DIM / 32)
 
 // One input tensor and its operand.
 struct QuantTensor {
-  const u16* x;  // BF16 [T, heads, D]
-  u8* tok;       // [T, heads, D]
-  u8* dim;       // [heads, D, Tpad]
+  const u16* x;  // BF16 [T, heads, d]
+  u8* tok;       // [T, heads, d]
+  u8* dim;       // [heads, d, Tpad]
   i8* exps;      // [T, heads]
   int heads;
   int hadamard;
@@ -64,12 +71,12 @@ struct QuantTensor {
 struct QuantParams {
   QuantTensor in[QUANT_INPUTS];  // inputs 0 .. ninputs-1
   const int* blocks;             // int4 per 32-token block: doc start, doc length, padded doc start, block offset in doc
-  const u16* o;                  // DELTA: forward output O, BF16 [T, H, D] (input 0's shape)
+  const u16* o;                  // DELTA: forward output O, BF16 [T, H, d] (input 0's shape)
   float* delta;                  // DELTA: [T, H]
   u32* amax;                     // MODE 2 / quant_amax: one float (as bits) per input, maxed atomically
-  u8* fp4_codes;                 // [T, H, D] (low nibble)
-  u8* fp4_scales;                // [T, H, D / 16]
-  u16* fp4_vals;                 // [T, H, D] BF16 e2m1 * scale
+  u8* fp4_codes;                 // [T, H, d] (low nibble)
+  u8* fp4_scales;                // [T, H, d / 16]
+  u16* fp4_vals;                 // [T, H, d] BF16 e2m1 * scale
   int T, Tpad;
   int nblocks;                   // blocks of the plan
   int ninputs;                   // 1 .. QUANT_INPUTS
@@ -128,15 +135,15 @@ __device__ __forceinline__ void advance(int& b, int& s, int gb, int gs, int slot
   }
 }
 
-// The thread's 32 BF16 elements of row tt of the item (tokens past the document are loaded from
-// the block's first row and zeroed by the caller), as four 16-byte streaming loads.
-__device__ __forceinline__ void load_rows(const u16* base, const Item& it, int heads, uint4 (&raw)[4]) {
+// The thread's 8 NK BF16 elements of row tt of the item (tokens past the document are loaded
+// from the block's first row and zeroed by the caller), as NK 16-byte streaming loads.
+__device__ __forceinline__ void load_rows(const u16* base, const Item& it, int heads, uint4 (&raw)[NK]) {
   const int tt = threadIdx.x >> 2, q = threadIdx.x & 3;
   const int n = min(32, it.L - it.b0);
   const long long tok = it.doc0 + it.b0 + (tt < n ? tt : 0);
   const uint4* src = reinterpret_cast<const uint4*>(base + (tok * heads + it.h) * HEAD_DIM + 8 * q);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) raw[k] = __ldcs(src + 4 * k);
+  for (int k = 0; k < NK; ++k) raw[k] = __ldcs(src + 4 * k);
 }
 
 // Rows past the document hold another row's values: their amax is masked and their codes zeroed.
@@ -148,16 +155,16 @@ __device__ __forceinline__ void stage_rows(const u16* base, const Item& it, int 
   const long long tok = it.doc0 + it.b0 + (tt < n ? tt : 0);
   const uint4* src = reinterpret_cast<const uint4*>(base + (tok * heads + it.h) * HEAD_DIM + 8 * q);
 #pragma unroll
-  for (int k = 0; k < 4; ++k)
+  for (int k = 0; k < NK; ++k)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(&st[k][threadIdx.x])), "l"(src + 4 * k)
                  : "memory");
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 #endif
 
-__device__ __forceinline__ void unpack_bf16(const uint4 (&raw)[4], float (&v)[32]) {
+__device__ __forceinline__ void unpack_bf16(const uint4 (&raw)[NK], float (&v)[8 * NK]) {
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < NK; ++k) {
     const u32 w[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -169,9 +176,9 @@ __device__ __forceinline__ void unpack_bf16(const uint4 (&raw)[4], float (&v)[32
 
 // In-register butterfly stage over v-index bit M (v[i] holds element 32 (i >> 3) + 8 q + (i & 7)).
 template <int M>
-__device__ __forceinline__ void butterfly_local(float (&v)[32]) {
+__device__ __forceinline__ void butterfly_local(float (&v)[8 * NK]) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i)
+  for (int i = 0; i < 8 * NK; ++i)
     if (!(i & M)) {
       const float a = v[i], b = v[i | M];
       v[i] = __fadd_rn(a, b);
@@ -183,61 +190,71 @@ __device__ __forceinline__ void butterfly_local(float (&v)[32]) {
 // upper a - b, as fma(own, +-1, other): the product is exact, so this is the one rounding of the
 // addition (signed zeros included), one instruction instead of two predicated adds.
 template <int M>
-__device__ __forceinline__ void butterfly_lanes(float (&v)[32]) {
+__device__ __forceinline__ void butterfly_lanes(float (&v)[8 * NK]) {
   const float sign = (threadIdx.x & M) ? -1.f : 1.f;
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
+  for (int i = 0; i < 8 * NK; ++i) {
     const float o = __shfl_xor_sync(0xffffffffu, v[i], M);
     v[i] = __fmaf_rn(v[i], sign, o);
   }
 }
 
-// RN(1/sqrt(128)), the Hadamard-128's normalisation.
+// The Hadamard-d normalisation (src/hadamard.rs norm_factor): 1/8 at d = 64, RN(1/sqrt(128))
+// at d = 128.
+#if HEAD_DIM == 128
 #define HADAMARD_NORM __uint_as_float(0x3DB504F3u)
+#else
+#define HADAMARD_NORM __uint_as_float(0x3E000000u)
+#endif
 
-__device__ __forceinline__ void scale_rows(float (&v)[32], float c) {
+__device__ __forceinline__ void scale_rows(float (&v)[8 * NK], float c) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) v[i] = __fmul_rn(v[i], c);
+  for (int i = 0; i < 8 * NK; ++i) v[i] = __fmul_rn(v[i], c);
 }
 
-// The Hadamard-128 of the row (contract: stages h = 1, 2, ..., 64 in order, no FMA, then one
+// The Hadamard-d of the row (contract: stages h = 1, 2, ..., d / 2 in order, no FMA, then one
 // multiply by HADAMARD_NORM, which quant_e4m3 folds into its quantisation scale where exact).
 template <bool NORMALISE>
-__device__ __forceinline__ void hadamard128_rows(float (&v)[32]) {
-  butterfly_local<1>(v);   // h = 1
-  butterfly_local<2>(v);   // h = 2
-  butterfly_local<4>(v);   // h = 4
-  butterfly_lanes<1>(v);   // h = 8
-  butterfly_lanes<2>(v);   // h = 16
-  butterfly_local<8>(v);   // h = 32
+__device__ __forceinline__ void hadamard_rows(float (&v)[8 * NK]) {
+  butterfly_local<1>(v);  // h = 1
+  butterfly_local<2>(v);  // h = 2
+  butterfly_local<4>(v);  // h = 4
+  butterfly_lanes<1>(v);  // h = 8
+  butterfly_lanes<2>(v);  // h = 16
+  butterfly_local<8>(v);  // h = 32
+#if HEAD_DIM == 128
   butterfly_local<16>(v);  // h = 64
+#endif
   if (NORMALISE) scale_rows(v, HADAMARD_NORM);
 }
 
 // max |v| in four interleaved chains (a quarter of the serial chain's latency); exact, so the
 // order is free.
-__device__ __forceinline__ float absmax32(const float (&v)[32]) {
+__device__ __forceinline__ float absmax_rows(const float (&v)[8 * NK]) {
   float m[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < 32; ++i) m[i & 3] = fmaxf(m[i & 3], fabsf(v[i]));
+  for (int i = 0; i < 8 * NK; ++i) m[i & 3] = fmaxf(m[i & 3], fabsf(v[i]));
   return fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
 }
 
 // Word index in the shared code tile (32 rows x 32 words) of word w of row r: XOR swizzle that
 // keeps both the row writes (8 rows x 4 quarters per warp) and the column reads (8 dim quads x
-// 4 token octets per warp) on 32 distinct banks.
+// 4 token octets per warp) on 32 distinct banks. d = 64 uses words w < 16 of every row (the
+// swizzle spreads them over all 32 words; both accesses stay on 32 distinct banks per warp).
 __device__ __forceinline__ int tile_word(int r, int w) {
   return r * 32 + (w ^ ((r & 1) | ((((r >> 1) & 3) ^ ((r >> 3) & 3)) << 3)));
 }
 
 #if DELTA
-// D = sum_i decode(code_i) * o_i in the previous kernel's order: element groups g = i / 4 hold
-// an FMA chain each; the 32 group sums are added pairwise, pairing on g's bit 4 first, bit 0 last
-// (g = 8 k + 2 q + j / 4: bits 4, 3 in registers, bits 2, 1 across the row's lanes, bit 0 last).
-__device__ __forceinline__ float delta_dot(const u32 (&codes)[8], const uint4 (&oraw)[4]) {
-  float s[4][2];
+// D = sum_i decode(code_i) * o_i in the previous kernel's order: element groups g = i / 4 (d / 4
+// of them) hold an FMA chain each (j = 0..3 in order, from 0); the group sums are added
+// pairwise, pairing on g's highest bit first, bit 0 last (g = 8 k + 2 q + j / 4: k's bits in
+// registers, bits 2, 1 across the row's lanes, bit 0 last). d = 128: 32 groups, bits 4, 3, 2,
+// 1, 0; d = 64: 16 groups, bits 3, 2, 1, 0.
+__device__ __forceinline__ float delta_dot(const u32 (&codes)[2 * NK], const uint4 (&oraw)[NK]) {
+  float s[NK][2];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < NK; ++k) {
     const u32 ow[4] = {oraw[k].x, oraw[k].y, oraw[k].z, oraw[k].w};
 #pragma unroll
     for (int jh = 0; jh < 2; ++jh) {
@@ -255,8 +272,12 @@ __device__ __forceinline__ float delta_dot(const u32 (&codes)[8], const uint4 (&
   float d[2];
 #pragma unroll
   for (int jh = 0; jh < 2; ++jh) {
+#if HEAD_DIM == 128
     const float a0 = __fadd_rn(s[0][jh], s[2][jh]), a1 = __fadd_rn(s[1][jh], s[3][jh]);
     float b = __fadd_rn(a0, a1);
+#else
+    float b = __fadd_rn(s[0][jh], s[1][jh]);
+#endif
     b = __fadd_rn(b, __shfl_xor_sync(0xffffffffu, b, 2));
     d[jh] = __fadd_rn(b, __shfl_xor_sync(0xffffffffu, b, 1));
   }
@@ -278,13 +299,13 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   if (nb >= p.nblocks) return;
   Item it = make_item(p, load_block(p, nb), ns);
 #if QUANT_ASYNC
-  __shared__ __align__(16) uint4 stage[2][4][128];
+  __shared__ __align__(16) uint4 stage[2][NK][128];
   {
     const QuantTensor t0 = pick_input(p, it.ti);
     stage_rows(t0.x, it, t0.heads, stage[0]);
   }
 #else
-  uint4 raw[4];
+  uint4 raw[NK];
   {
     const QuantTensor t0 = pick_input(p, it.ti);
     load_rows(t0.x, it, t0.heads, raw);
@@ -294,7 +315,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   for (int buf = 0;; buf ^= 1) {
     const QuantTensor t = pick_input(p, it.ti);
     const int n = min(32, it.L - it.b0);
-    float v[32];
+    float v[8 * NK];
 #if !QUANT_ASYNC
     unpack_bf16(raw, v);
 #endif
@@ -319,19 +340,20 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     }
     {
-      uint4 raw[4];
+      uint4 raw[NK];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) raw[k] = stage[buf][k][tid];
+      for (int k = 0; k < NK; ++k) raw[k] = stage[buf][k][tid];
       unpack_bf16(raw, v);
     }
 #endif
     // The rotation's normalisation c is folded into the quantisation scale: max_i RN(h_i c) =
     // RN(max_i |h_i| c) (rounding is monotonic), and RN(h c 2^-e) = RN(h c) 2^-e whenever the
     // code can be non-zero, unless e <= -116 (RN(h c) may then be an f32 subnormal while
-    // h c 2^-e >= 2^-10); such warps multiply by c first, as the contract says.
+    // h c 2^-e >= 2^-10); such warps multiply by c first, as the contract says. (At d = 64,
+    // c = 1/8 makes h c exact except in that same subnormal range, so the case stays.)
     const float cn = t.hadamard ? HADAMARD_NORM : 1.f;
-    if (t.hadamard) hadamard128_rows<false>(v);
-    float m = tt < n ? __fmul_rn(absmax32(v), cn) : 0.f;
+    if (t.hadamard) hadamard_rows<false>(v);
+    float m = tt < n ? __fmul_rn(absmax_rows(v), cn) : 0.f;
 #if MODE == 1
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
@@ -346,7 +368,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #endif
 #if DELTA
     // O of this item (not prefetched: registers), for D after the codes
-    uint4 ocur[4];
+    uint4 ocur[NK];
     load_rows(p.o, it, p.in[0].heads, ocur);
 #endif
     float f = pow2f(-e);
@@ -357,13 +379,13 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
         scale_rows(v, HADAMARD_NORM);
       }
     }
-    u32 codes[8];
+    u32 codes[2 * NK];
 #pragma unroll
-    for (int c = 0; c < 8; ++c)
+    for (int c = 0; c < 2 * NK; ++c)
       codes[c] = tt < n ? e4m3x4(v[4 * c] * f, v[4 * c + 1] * f, v[4 * c + 2] * f, v[4 * c + 3] * f) : 0u;
     u32* tl = tile[buf];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < NK; ++k) {
       tl[tile_word(tt, 8 * k + 2 * q)] = codes[2 * k];
       tl[tile_word(tt, 8 * k + 2 * q + 1)] = codes[2 * k + 1];
     }
@@ -374,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       const long long row = (long long)(it.doc0 + it.b0 + tt) * t.heads + it.h;
       uint2* dst = reinterpret_cast<uint2*>(t.tok + row * HEAD_DIM + 8 * q);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) dst[4 * k] = make_uint2(codes[2 * k], codes[2 * k + 1]);
+      for (int k = 0; k < NK; ++k) dst[4 * k] = make_uint2(codes[2 * k], codes[2 * k + 1]);
       if (q == 0) t.exps[row] = (i8)e;
 #if DELTA
       // value = decode * 2^e: apply the exponent once to the sum (exact power of two)
@@ -383,7 +405,11 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     }
     __syncthreads();
     // dim-major copy: thread (dim quad g, token octet s) transposes 8 tokens x 4 dims and writes
-    // 8 bytes per dim row; lanes s = 0..3 fill one 32-byte sector.
+    // 8 bytes per dim row; lanes s = 0..3 fill one 32-byte sector. g < d / 4: at d = 64 warps 2
+    // and 3 skip it (a warp-uniform branch).
+#if HEAD_DIM < 128
+    if ((tid >> 2) < HEAD_DIM / 4)
+#endif
     {
       const int s = tid & 3, g = tid >> 2;
       u32 wd[8];
@@ -425,12 +451,12 @@ extern "C" __global__ void __launch_bounds__(128) quant_amax(const QuantParams p
   for (int item = blockIdx.x; item < nitems; item += gridDim.x) {
     const Item it = make_item(p, load_block(p, item / p.slots), item % p.slots);
     const QuantTensor t = pick_input(p, it.ti);
-    uint4 raw[4];
+    uint4 raw[NK];
     load_rows(t.x, it, t.heads, raw);
-    float v[32];
+    float v[8 * NK];
     unpack_bf16(raw, v);
-    if (t.hadamard) hadamard128_rows<true>(v);
-    const float a = tt < min(32, it.L - it.b0) ? absmax32(v) : 0.f;
+    if (t.hadamard) hadamard_rows<true>(v);
+    const float a = tt < min(32, it.L - it.b0) ? absmax_rows(v) : 0.f;
 #pragma unroll
     for (int i = 0; i < QUANT_INPUTS; ++i) m[i] = it.ti == i ? fmaxf(m[i], a) : m[i];
   }
@@ -441,7 +467,9 @@ extern "C" __global__ void __launch_bounds__(128) quant_amax(const QuantParams p
   }
 }
 
+#if HEAD_DIM == 128
 // NVFP4 of input 0: one warp per (token, head) row; lanes 4g .. 4g+3 hold group g (16 dims).
+// d = 128 only (hadamard128_contract, 4 elements per lane): not in d = 64 modules.
 __device__ __forceinline__ void load_row4(const QuantTensor& t, long long tok, int h, float (&v)[4]) {
   uint2 raw = *reinterpret_cast<const uint2*>(t.x + (tok * t.heads + h) * HEAD_DIM + 4 * (threadIdx.x & 31));
   v[0] = bf16_to_f32(raw.x & 0xffff);
@@ -483,3 +511,4 @@ extern "C" __global__ void __launch_bounds__(128) quant_nvfp4(const QuantParams 
   if ((lane & 3) == 0) p.fp4_scales[row * (HEAD_DIM / 16) + lane / 4] = (u8)sc;
   if (lane == 0) t.exps[row] = (i8)et;
 }
+#endif  // HEAD_DIM == 128

@@ -1,7 +1,9 @@
 //! GPU quantisers against the CPU reference, byte for byte, on seeded random inputs with awkward
 //! document lengths (1, 31, 32, 33, 127, 129, 4095): the single-input launch (dO, with D), the
-//! fused Q/K/V launch (different head counts, Hadamard on two inputs of three) and NVFP4.
-//! Seed: `gpu_common::rng` (fixed; `FLAMIA_TEST_SEED` replays another). Run on the device: `--ignored`.
+//! fused Q/K/V launch (different head counts, Hadamard on two inputs of three) and NVFP4. The E4M3
+//! tests run at head dims 128 and 64 ([`HEAD_DIMS`], one module each); NVFP4 is 128 only and
+//! refuses 64. Seed: `gpu_common::rng` (fixed; `FLAMIA_TEST_SEED` replays another; the 128 cases
+//! draw first, so their inputs are those of the 128-only file). Run on the device: `--ignored`.
 
 mod gpu_common;
 
@@ -9,9 +11,9 @@ use flamia_kernels::formats::{e4m3_decode, pow2_f32};
 use flamia_kernels::gpu::plan::PlanTables;
 use flamia_kernels::gpu::quant::OperandRef;
 use flamia_kernels::gpu::quant::{
-    quantize_e4m3, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, DeltaOut, QuantInput,
+    quantize_e4m3, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, DeltaOut, QuantInput, NVFP4_HEAD_DIM,
 };
-use flamia_kernels::gpu::{Attention, DeviceBuf, GpuError, Nvfp4Operand, Operand, Plan, Saved};
+use flamia_kernels::gpu::{Attention, DeviceBuf, Gpu, GpuError, Nvfp4Operand, Operand, Plan, Saved};
 use flamia_kernels::hadamard::rotate_rows;
 use flamia_kernels::quant::{self, ScaleMode};
 use flamia_kernels::{AttnOptions, AttnPath, VarlenShape};
@@ -20,16 +22,19 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 const LENS: [usize; 7] = [1, 31, 32, 33, 127, 129, 4095];
+/// Head dims of the E4M3 tests, in this order (128 first: its inputs stay those drawn before 64
+/// was added).
+const HEAD_DIMS: [usize; 2] = [128, 64];
 
-/// [`awkward_tensor`] with every element also scaled by its own power of two in `2^-12 .. 2^12`:
+/// [`awkward_tensor_d`] with every element also scaled by its own power of two in `2^-12 .. 2^12`:
 /// the Hadamard butterfly's partial sums then round in every stage, so a kernel that ran the
 /// stages in another order (or fused an add into an FMA) gives other codes. (With one scale per
 /// row the sums of a few BF16 values are exact and the order would not show.) One token in
 /// eight is also scaled by 2^-120, so blocks with exponents <= -116 (where the kernel keeps the
 /// Hadamard normalisation as a separate multiply) and f32 subnormals occur.
-fn wide_tensor(rng: &mut ChaCha8Rng, tokens: usize, heads: usize) -> Vec<f32> {
-    let mut x = awkward_tensor(rng, tokens, heads, 6);
-    let row = heads * 128;
+fn wide_tensor(rng: &mut ChaCha8Rng, tokens: usize, heads: usize, d: usize) -> Vec<f32> {
+    let mut x = awkward_tensor_d(rng, tokens, heads, d, 6);
+    let row = heads * d;
     for (i, v) in x.iter_mut().enumerate() {
         *v *= 2f32.powi(rng.random_range(-12..=12));
         if (i / row) % 8 == 5 {
@@ -40,10 +45,10 @@ fn wide_tensor(rng: &mut ChaCha8Rng, tokens: usize, heads: usize) -> Vec<f32> {
     x
 }
 
-/// `x` as the quantiser sees it: Hadamard-rotated rows when `hadamard`.
-fn rotated(x: &[f32], hadamard: bool) -> Vec<f32> {
+/// `x` (rows of `d`) as the quantiser sees it: Hadamard-rotated rows when `hadamard`.
+fn rotated(x: &[f32], d: usize, hadamard: bool) -> Vec<f32> {
     if hadamard {
-        rotate_rows(x, 128).unwrap()
+        rotate_rows(x, d).unwrap()
     } else {
         x.to_vec()
     }
@@ -59,7 +64,8 @@ fn poisoned_operand(gpu: &flamia_kernels::gpu::Gpu, plan: &Plan, heads: usize) -
     op
 }
 
-/// Checks the token-major codes, exponents and the dim-major copy (with its zero padding).
+/// Checks the token-major codes, exponents and the dim-major copy (with its zero padding), at
+/// the shape's head dim.
 fn check_operand(tag: &str, shape: &VarlenShape, heads: usize, gpu_op: &Operand, cpu: &quant::E4m3Tensor) {
     let tok = gpu_op.tok.to_host().unwrap();
     let exps = gpu_op.exps.to_host().unwrap();
@@ -103,6 +109,7 @@ fn check_operand_bytes(
         bad_exp, 0,
         "{tag}: {bad_exp} exponents differ from the CPU reference"
     );
+    let d = shape.head_dim;
     let tables = PlanTables::new(shape, true);
     let tpad = tables.tpad;
     let mut pad = 0;
@@ -110,11 +117,11 @@ fn check_operand_bytes(
     for w in shape.cu_seqlens.windows(2) {
         let (s, len) = (w[0], w[1] - w[0]);
         for h in 0..heads {
-            for c in 0..128 {
+            for c in 0..d {
                 for tt in 0..len.div_ceil(64) * 64 {
-                    let got = dim[(h * 128 + c) * tpad + pad + tt];
+                    let got = dim[(h * d + c) * tpad + pad + tt];
                     let want = if tt < len {
-                        cpu.codes[((s + tt) * heads + h) * 128 + c]
+                        cpu.codes[((s + tt) * heads + h) * d + c]
                     } else {
                         0
                     };
@@ -136,29 +143,32 @@ fn e4m3_quantiser_is_bitwise_the_cpu_reference() {
     let gpu = gpu();
     let mut rng = rng("e4m3_quantiser");
     let heads = 3;
-    let shape = VarlenShape::from_lens(&LENS, heads, heads, 128).unwrap();
-    let plan = Plan::new(&gpu, &shape, true).unwrap();
     let amax = AmaxScratch::new(&gpu).unwrap();
-    for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
-        for hadamard in [false, true] {
-            let x = awkward_tensor(&mut rng, shape.tokens(), heads, 12);
-            let dx = upload_bf16(&gpu, &x);
-            let op = Operand::alloc(&gpu, &plan, heads).unwrap();
-            quantize_e4m3(
-                &gpu,
-                stream(),
-                &plan,
-                dx.ptr(),
-                hadamard,
-                mode,
-                &op,
-                None,
-                Some(&amax),
-            )
-            .unwrap();
-            let xr = rotated(&x, hadamard);
-            let cpu = quant::quantize_e4m3("x", &xr, &shape.cu_seqlens, heads, 128, mode).unwrap();
-            check_operand(&format!("{mode:?} hadamard={hadamard}"), &shape, heads, &op, &cpu);
+    for d in HEAD_DIMS {
+        let shape = VarlenShape::from_lens(&LENS, heads, heads, d).unwrap();
+        let plan = Plan::new(&gpu, &shape, true).unwrap();
+        for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
+            for hadamard in [false, true] {
+                let x = awkward_tensor_d(&mut rng, shape.tokens(), heads, d, 12);
+                let dx = upload_bf16(&gpu, &x);
+                let op = Operand::alloc(&gpu, &plan, heads).unwrap();
+                quantize_e4m3(
+                    &gpu,
+                    stream(),
+                    &plan,
+                    dx.ptr(),
+                    hadamard,
+                    mode,
+                    &op,
+                    None,
+                    Some(&amax),
+                )
+                .unwrap();
+                let xr = rotated(&x, d, hadamard);
+                let cpu = quant::quantize_e4m3("x", &xr, &shape.cu_seqlens, heads, d, mode).unwrap();
+                let tag = format!("d={d} {mode:?} hadamard={hadamard}");
+                check_operand(&tag, &shape, heads, &op, &cpu);
+            }
         }
     }
 }
@@ -169,62 +179,53 @@ fn quantiser_overwrites_poisoned_buffers_and_repeats_bitwise() {
     let gpu = gpu();
     let mut rng = rng("quantiser_poison");
     let heads = 2;
-    let shape = VarlenShape::from_lens(&[33, 1, 129], heads, heads, 128).unwrap();
-    let plan = Plan::new(&gpu, &shape, true).unwrap();
-    let x = awkward_tensor(&mut rng, shape.tokens(), heads, 6);
-    let dx = upload_bf16(&gpu, &x);
-    let op = poisoned_operand(&gpu, &plan, heads);
-    quantize_e4m3(
-        &gpu,
-        stream(),
-        &plan,
-        dx.ptr(),
-        true,
-        ScaleMode::TokenBlock,
-        &op,
-        None,
-        None,
-    )
-    .unwrap();
-    let first = (
-        op.tok.to_host().unwrap(),
-        op.dim.to_host().unwrap(),
-        op.exps.to_host().unwrap(),
-    );
-    assert!(
-        first.0.iter().all(|&c| c & 0x7F != 0x7F),
-        "a NaN code survived in the token-major codes"
-    );
-    assert!(first.2.iter().all(|&e| e != 99), "an exponent was not written");
-    // the dim-major padding and every code are rewritten, as the CPU check shows
-    let cpu = quant::quantize_e4m3(
-        "x",
-        &rotated(&x, true),
-        &shape.cu_seqlens,
-        heads,
-        128,
-        ScaleMode::TokenBlock,
-    )
-    .unwrap();
-    check_operand("poisoned", &shape, heads, &op, &cpu);
-    quantize_e4m3(
-        &gpu,
-        stream(),
-        &plan,
-        dx.ptr(),
-        true,
-        ScaleMode::TokenBlock,
-        &op,
-        None,
-        None,
-    )
-    .unwrap();
-    let second = (
-        op.tok.to_host().unwrap(),
-        op.dim.to_host().unwrap(),
-        op.exps.to_host().unwrap(),
-    );
-    assert_eq!(first, second, "repeated quantisation differs");
+    for d in HEAD_DIMS {
+        let shape = VarlenShape::from_lens(&[33, 1, 129], heads, heads, d).unwrap();
+        let plan = Plan::new(&gpu, &shape, true).unwrap();
+        let x = awkward_tensor_d(&mut rng, shape.tokens(), heads, d, 6);
+        let dx = upload_bf16(&gpu, &x);
+        let op = poisoned_operand(&gpu, &plan, heads);
+        let run = || {
+            quantize_e4m3(
+                &gpu,
+                stream(),
+                &plan,
+                dx.ptr(),
+                true,
+                ScaleMode::TokenBlock,
+                &op,
+                None,
+                None,
+            )
+            .unwrap();
+            (
+                op.tok.to_host().unwrap(),
+                op.dim.to_host().unwrap(),
+                op.exps.to_host().unwrap(),
+            )
+        };
+        let first = run();
+        assert!(
+            first.0.iter().all(|&c| c & 0x7F != 0x7F),
+            "d={d}: a NaN code survived in the token-major codes"
+        );
+        assert!(
+            first.2.iter().all(|&e| e != 99),
+            "d={d}: an exponent was not written"
+        );
+        // the dim-major padding and every code are rewritten, as the CPU check shows
+        let cpu = quant::quantize_e4m3(
+            "x",
+            &rotated(&x, d, true),
+            &shape.cu_seqlens,
+            heads,
+            d,
+            ScaleMode::TokenBlock,
+        )
+        .unwrap();
+        check_operand(&format!("d={d} poisoned"), &shape, heads, &op, &cpu);
+        assert_eq!(first, run(), "d={d}: repeated quantisation differs");
+    }
 }
 
 #[test]
@@ -232,31 +233,38 @@ fn quantiser_overwrites_poisoned_buffers_and_repeats_bitwise() {
 fn fused_qkv_launch_is_bitwise_the_cpu_reference_for_every_input() {
     let gpu = gpu();
     let mut rng = rng("fused_qkv");
+    let amax = AmaxScratch::new(&gpu).unwrap();
+    for d in HEAD_DIMS {
+        fused_qkv_case(&gpu, &mut rng, &amax, d);
+    }
+}
+
+/// [`fused_qkv_launch_is_bitwise_the_cpu_reference_for_every_input`] at head dim `d`.
+fn fused_qkv_case(gpu: &Gpu, rng: &mut ChaCha8Rng, amax: &AmaxScratch, d: usize) {
     // GQA head counts, so the kernel's head slots cross from Q to K to V inside a block
     let (hq, hkv) = (4, 2);
-    let shape = VarlenShape::from_lens(&LENS, hq, hkv, 128).unwrap();
+    let shape = VarlenShape::from_lens(&LENS, hq, hkv, d).unwrap();
     let t = shape.tokens();
-    let plan = Plan::new(&gpu, &shape, true).unwrap();
-    let amax = AmaxScratch::new(&gpu).unwrap();
+    let plan = Plan::new(gpu, &shape, true).unwrap();
     for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
         for wide in [false, true] {
             let gen = |rng: &mut ChaCha8Rng, heads| {
                 if wide {
-                    wide_tensor(rng, t, heads)
+                    wide_tensor(rng, t, heads, d)
                 } else {
-                    awkward_tensor(rng, t, heads, 12)
+                    awkward_tensor_d(rng, t, heads, d, 12)
                 }
             };
             // (input, heads, Hadamard): Q and K rotated, V not
             let inputs = [
-                (gen(&mut rng, hq), hq, true),
-                (gen(&mut rng, hkv), hkv, true),
-                (gen(&mut rng, hkv), hkv, false),
+                (gen(rng, hq), hq, true),
+                (gen(rng, hkv), hkv, true),
+                (gen(rng, hkv), hkv, false),
             ];
-            let dev: Vec<_> = inputs.iter().map(|(x, _, _)| upload_bf16(&gpu, x)).collect();
+            let dev: Vec<_> = inputs.iter().map(|(x, _, _)| upload_bf16(gpu, x)).collect();
             let ops: Vec<_> = inputs
                 .iter()
-                .map(|(_, h, _)| poisoned_operand(&gpu, &plan, *h))
+                .map(|(_, h, _)| poisoned_operand(gpu, &plan, *h))
                 .collect();
             let launch: Vec<QuantInput> = inputs
                 .iter()
@@ -268,11 +276,11 @@ fn fused_qkv_launch_is_bitwise_the_cpu_reference_for_every_input() {
                     out: op.view(),
                 })
                 .collect();
-            quantize_e4m3_fused(&gpu, stream(), &plan, &launch, mode, None, Some(&amax)).unwrap();
+            quantize_e4m3_fused(gpu, stream(), &plan, &launch, mode, None, Some(amax)).unwrap();
             for (i, ((x, heads, had), op)) in inputs.iter().zip(&ops).enumerate() {
-                let xr = rotated(x, *had);
-                let cpu = quant::quantize_e4m3("x", &xr, &shape.cu_seqlens, *heads, 128, mode).unwrap();
-                let tag = format!("{mode:?} wide={wide} input {i} ({heads} heads, hadamard={had})");
+                let xr = rotated(x, d, *had);
+                let cpu = quant::quantize_e4m3("x", &xr, &shape.cu_seqlens, *heads, d, mode).unwrap();
+                let tag = format!("d={d} {mode:?} wide={wide} input {i} ({heads} heads, hadamard={had})");
                 check_operand(&tag, &shape, *heads, op, &cpu);
             }
         }
@@ -286,31 +294,38 @@ fn quantize_inputs_fills_a_caller_owned_buffer_part_by_part() {
     // (poisoned here), sized by `saved_bytes`, handed in as a raw pointer.
     let gpu = gpu();
     let mut rng = rng("caller_buffer");
-    let (hq, hkv) = (4, 2);
-    let shape = VarlenShape::from_lens(&LENS, hq, hkv, 128).unwrap();
-    let t = shape.tokens();
-    let plan = Plan::new(&gpu, &shape, true).unwrap();
     let attn = Attention::new(gpu.clone(), AttnOptions::new(AttnPath::Mxfp8)).unwrap();
+    for d in HEAD_DIMS {
+        caller_buffer_case(&gpu, &mut rng, &attn, d);
+    }
+}
+
+/// [`quantize_inputs_fills_a_caller_owned_buffer_part_by_part`] at head dim `d`.
+fn caller_buffer_case(gpu: &Gpu, rng: &mut ChaCha8Rng, attn: &Attention, d: usize) {
+    let (hq, hkv) = (4, 2);
+    let shape = VarlenShape::from_lens(&LENS, hq, hkv, d).unwrap();
+    let t = shape.tokens();
+    let plan = Plan::new(gpu, &shape, true).unwrap();
     let had = attn.options().precision.hadamard;
     let bytes = attn.saved_bytes(&plan);
-    let buf = DeviceBuf::<u8>::from_host(&gpu, &vec![0x7Fu8; bytes]).unwrap();
+    let buf = DeviceBuf::<u8>::from_host(gpu, &vec![0x7Fu8; bytes]).unwrap();
     let base = buf.ptr();
     let err = |r: Result<Saved, GpuError>| r.map(|_| ()).unwrap_err().to_string();
     assert!(
         err(attn.saved_in(&plan, base, bytes - 1)).contains("need"),
-        "a short buffer is refused"
+        "d={d}: a short buffer is refused"
     );
     assert!(
         err(attn.saved_in(&plan, base + 16, bytes)).contains("multiple"),
-        "a misaligned one too"
+        "d={d}: a misaligned one too"
     );
     let saved = attn.saved_in(&plan, base, bytes).unwrap();
     let x = [
-        wide_tensor(&mut rng, t, hq),
-        wide_tensor(&mut rng, t, hkv),
-        wide_tensor(&mut rng, t, hkv),
+        wide_tensor(rng, t, hq, d),
+        wide_tensor(rng, t, hkv, d),
+        wide_tensor(rng, t, hkv, d),
     ];
-    let dev: Vec<_> = x.iter().map(|x| upload_bf16(&gpu, x)).collect();
+    let dev: Vec<_> = x.iter().map(|x| upload_bf16(gpu, x)).collect();
     attn.quantize_inputs(stream(), &plan, dev[0].ptr(), dev[1].ptr(), dev[2].ptr(), &saved)
         .unwrap();
     let host = buf.to_host().unwrap();
@@ -322,12 +337,11 @@ fn quantize_inputs_fills_a_caller_owned_buffer_part_by_part() {
         let [n_tok, n_dim, n_exps] = OperandRef::sizes(&plan, op.heads);
         let part = |ptr: u64, n: usize| &host[(ptr - base) as usize..(ptr - base) as usize + n];
         let exps: Vec<i8> = part(op.exps, n_exps).iter().map(|&b| b as i8).collect();
-        let xr = rotated(x, rotate);
-        let cpu =
-            quant::quantize_e4m3(name, &xr, &shape.cu_seqlens, op.heads, 128, attn.scale_mode()).unwrap();
+        let xr = rotated(x, d, rotate);
+        let cpu = quant::quantize_e4m3(name, &xr, &shape.cu_seqlens, op.heads, d, attn.scale_mode()).unwrap();
         let codes = [part(op.tok, n_tok), part(op.dim, n_dim)];
         check_operand_bytes(
-            &format!("{name} in the caller's buffer"),
+            &format!("d={d} {name} in the caller's buffer"),
             &shape,
             op.heads,
             codes,
@@ -343,15 +357,16 @@ fn nvfp4_quantiser_is_bitwise_the_cpu_reference() {
     let gpu = gpu();
     let mut rng = rng("nvfp4_quantiser");
     let heads = 2;
-    let shape = VarlenShape::from_lens(&LENS, heads, heads, 128).unwrap();
+    let d = NVFP4_HEAD_DIM;
+    let shape = VarlenShape::from_lens(&LENS, heads, heads, d).unwrap();
     let plan = Plan::new(&gpu, &shape, true).unwrap();
     for hadamard in [false, true] {
-        let x = awkward_tensor(&mut rng, shape.tokens(), heads, 12);
+        let x = awkward_tensor_d(&mut rng, shape.tokens(), heads, d, 12);
         let dx = upload_bf16(&gpu, &x);
         let op = Nvfp4Operand::alloc(&gpu, &plan, heads).unwrap();
         quantize_nvfp4(&gpu, stream(), &plan, dx.ptr(), hadamard, &op).unwrap();
-        let xr = rotated(&x, hadamard);
-        let cpu = quant::quantize_nvfp4("x", &xr, &shape.cu_seqlens, heads, 128).unwrap();
+        let xr = rotated(&x, d, hadamard);
+        let cpu = quant::quantize_nvfp4("x", &xr, &shape.cu_seqlens, heads, d).unwrap();
         let codes = op.codes.to_host().unwrap();
         let scales = op.scales.to_host().unwrap();
         let exps = op.exps.to_host().unwrap();
@@ -373,12 +388,37 @@ fn nvfp4_quantiser_is_bitwise_the_cpu_reference() {
     }
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn nvfp4_quantiser_refuses_head_dim_64() {
+    let gpu = gpu();
+    let heads = 2;
+    let shape = VarlenShape::from_lens(&[33, 1], heads, heads, 64).unwrap();
+    let plan = Plan::new(&gpu, &shape, true).unwrap();
+    let x = poisoned_bf16(&gpu, shape.tokens() * heads * 64);
+    let mut op = Nvfp4Operand::alloc(&gpu, &plan, heads).unwrap();
+    op.codes.upload(&vec![0xEEu8; op.codes.len()]).unwrap();
+    match quantize_nvfp4(&gpu, stream(), &plan, x.ptr(), true, &op) {
+        Err(GpuError::NotSupported(msg)) => assert!(
+            msg.contains("head_dim 64") && msg.contains("head_dim 128"),
+            "the refusal names the head dim given and the one allowed: {msg}"
+        ),
+        other => panic!("quantize_nvfp4 at head_dim 64: {other:?}, expected NotSupported"),
+    }
+    assert!(
+        op.codes.to_host().unwrap().iter().all(|&c| c == 0xEE),
+        "nothing was written"
+    );
+}
+
 /// D of one (token, head) in the kernel's documented order (`cuda/quant.cu`, `delta_dot`): an FMA
-/// chain per group of 4 elements, then the 32 group sums added pairwise with the pairing on the
-/// group index's bit 4 first and bit 0 last, then one exact power-of-two scale.
+/// chain per group of 4 elements, then the d / 4 group sums added pairwise with the pairing on the
+/// group index's highest bit first (bit 4 at d = 128, bit 3 at d = 64) and bit 0 last, then one
+/// exact power-of-two scale.
 fn delta_in_kernel_order(q: &quant::E4m3Tensor, o: &[f32], tok: usize, h: usize) -> f32 {
-    let row = (tok * q.heads + h) * 128;
-    let mut s: Vec<f32> = (0..32)
+    let groups = q.head_dim / 4;
+    let row = (tok * q.heads + h) * q.head_dim;
+    let mut s: Vec<f32> = (0..groups)
         .map(|g| {
             (0..4).fold(0f32, |acc, j| {
                 let i = row + 4 * g + j;
@@ -386,8 +426,10 @@ fn delta_in_kernel_order(q: &quant::E4m3Tensor, o: &[f32], tok: usize, h: usize)
             })
         })
         .collect();
-    for bit in [16, 8, 4, 2, 1] {
-        s = (0..32).map(|l| s[l] + s[l ^ bit]).collect();
+    let mut bit = groups / 2;
+    while bit > 0 {
+        s = (0..groups).map(|l| s[l] + s[l ^ bit]).collect();
+        bit /= 2;
     }
     let e = q.exps[tok * q.heads + h] as i32;
     if e >= -126 {
@@ -402,23 +444,30 @@ fn delta_in_kernel_order(q: &quant::E4m3Tensor, o: &[f32], tok: usize, h: usize)
 fn delta_is_the_dot_product_of_quantised_do_and_o() {
     let gpu = gpu();
     let mut rng = rng("delta");
+    for d in HEAD_DIMS {
+        delta_case(&gpu, &mut rng, d);
+    }
+}
+
+/// [`delta_is_the_dot_product_of_quantised_do_and_o`] at head dim `d`.
+fn delta_case(gpu: &Gpu, rng: &mut ChaCha8Rng, d: usize) {
     let heads = 2;
-    let shape = VarlenShape::from_lens(&[31, 129, 1], heads, heads, 128).unwrap();
+    let shape = VarlenShape::from_lens(&[31, 129, 1], heads, heads, d).unwrap();
     let t = shape.tokens();
-    let plan = Plan::new(&gpu, &shape, true).unwrap();
+    let plan = Plan::new(gpu, &shape, true).unwrap();
     for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken] {
-        let d_o = wide_tensor(&mut rng, t, heads);
-        let o = gauss_tensor(&mut rng, t * heads * 128, 1.0);
-        let (dd, od) = (upload_bf16(&gpu, &d_o), upload_bf16(&gpu, &o));
-        let op = poisoned_operand(&gpu, &plan, heads);
-        let delta = poisoned_f32(&gpu, heads * t);
+        let d_o = wide_tensor(rng, t, heads, d);
+        let o = gauss_tensor(rng, t * heads * d, 1.0);
+        let (dd, od) = (upload_bf16(gpu, &d_o), upload_bf16(gpu, &o));
+        let op = poisoned_operand(gpu, &plan, heads);
+        let delta = poisoned_f32(gpu, heads * t);
         let out = DeltaOut {
             o: od.ptr(),
             delta: delta.ptr(),
         };
-        quantize_e4m3(&gpu, stream(), &plan, dd.ptr(), false, mode, &op, Some(out), None).unwrap();
-        let q = quant::quantize_e4m3("dO", &d_o, &shape.cu_seqlens, heads, 128, mode).unwrap();
-        check_operand(&format!("dO {mode:?}"), &shape, heads, &op, &q);
+        quantize_e4m3(gpu, stream(), &plan, dd.ptr(), false, mode, &op, Some(out), None).unwrap();
+        let q = quant::quantize_e4m3("dO", &d_o, &shape.cu_seqlens, heads, d, mode).unwrap();
+        check_operand(&format!("d={d} dO {mode:?}"), &shape, heads, &op, &q);
         let got = delta.to_host().unwrap();
         for tok in 0..t {
             for h in 0..heads {
@@ -427,14 +476,14 @@ fn delta_is_the_dot_product_of_quantised_do_and_o() {
                 assert_eq!(
                     g.to_bits(),
                     want_order.to_bits(),
-                    "{mode:?} D[{h},{tok}]: {g:e} is not the documented summation order's {want_order:e}"
+                    "d={d} {mode:?} D[{h},{tok}]: {g:e} is not the documented summation order's {want_order:e}"
                 );
-                let terms = (0..128).map(|c| q.value(tok, h, c) * o[(tok * heads + h) * 128 + c] as f64);
+                let terms = (0..d).map(|c| q.value(tok, h, c) * o[(tok * heads + h) * d + c] as f64);
                 let want: f64 = terms.clone().sum();
                 let absum: f64 = terms.map(f64::abs).sum();
                 assert!(
                     (g as f64 - want).abs() <= 1e-6 * absum + 1e-30,
-                    "{mode:?} D[{h},{tok}] = {g}, want {want}"
+                    "d={d} {mode:?} D[{h},{tok}] = {g}, want {want}"
                 );
             }
         }

@@ -1,10 +1,14 @@
-//! Fused GPU quantisers (`cuda/quant.cu`): ONE launch turns up to three BF16 `(tokens, heads, 128)`
+//! Fused GPU quantisers (`cuda/quant.cu`): ONE launch turns up to three BF16 `(tokens, heads, d)`
 //! tensors (Q, K, V of a forward call) into the E4M3 operands the attention kernels read, bit for
 //! bit the CPU reference [`crate::quant::quantize_e4m3`] (after [`crate::hadamard`] where the input
-//! asks for it): token-major codes `(tokens, heads, 128)`, dim-major codes `(heads, 128, Tpad)`
+//! asks for it): token-major codes `(tokens, heads, d)`, dim-major codes `(heads, d, Tpad)`
 //! (documents at multiples of 64, zero padding) and the per-token exponent table `(tokens, heads)`.
 //! For dO the same kernel also writes `D_i = dO_hat_i . O_i` (FP32, `(tokens, heads)`).
-//! [`quantize_nvfp4`] is the NVFP4 quantiser of Q/K (bit for bit [`crate::quant::quantize_nvfp4`]).
+//! The head dim `d` is the plan's (`plan.shape().head_dim`, 64 or 128: the module is compiled
+//! with `HEAD_DIM = d`).
+//! [`quantize_nvfp4`] is the NVFP4 quantiser of Q/K (bit for bit [`crate::quant::quantize_nvfp4`]),
+//! at head dim 128 only ([`NVFP4_HEAD_DIM`]; other head dims are refused with
+//! [`GpuError::NotSupported`]).
 //!
 //! Operands are written through [`OperandRef`] / [`Nvfp4Ref`] (device pointers), so the memory
 //! may belong to this side ([`Operand`], [`Nvfp4Operand`]) or to the caller (e.g. libtorch
@@ -23,13 +27,18 @@ use crate::quant::ScaleMode;
 /// Inputs one fused launch takes (`QUANT_INPUTS` in `cuda/quant.cu`): Q, K and V.
 pub const MAX_INPUTS: usize = 3;
 
+/// The only head dim [`quantize_nvfp4`] is built for (`quant_nvfp4` is in the `HEAD_DIM = 128`
+/// module only).
+pub const NVFP4_HEAD_DIM: usize = 128;
+
 /// Device pointers of an E4M3 operand in both layouts with its exponent table, in memory owned
-/// elsewhere ([`Operand`] or the caller's). Sizes: [`OperandRef::sizes`].
+/// elsewhere ([`Operand`] or the caller's). Sizes: [`OperandRef::sizes`]; `d` below is the plan's
+/// head dim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OperandRef {
-    /// `(tokens, heads, 128)` codes.
+    /// `(tokens, heads, d)` codes.
     pub tok: u64,
-    /// `(heads, 128, Tpad)` codes.
+    /// `(heads, d, Tpad)` codes.
     pub dim: u64,
     /// `(tokens, heads)` exponents (i8).
     pub exps: u64,
@@ -37,19 +46,21 @@ pub struct OperandRef {
 }
 
 impl OperandRef {
-    /// Bytes of the token-major codes, the dim-major codes and the exponents of `heads` heads.
+    /// Bytes of the token-major codes, the dim-major codes and the exponents of `heads` heads
+    /// (at the plan's head dim).
     pub fn sizes(plan: &Plan, heads: usize) -> [usize; 3] {
-        let t = plan.shape().tokens();
-        [t * heads * 128, heads * 128 * plan.tpad(), t * heads]
+        let (t, d) = (plan.shape().tokens(), plan.shape().head_dim);
+        [t * heads * d, heads * d * plan.tpad(), t * heads]
     }
 }
 
-/// An E4M3 operand in both layouts with its exponent table, owned by this side.
+/// An E4M3 operand in both layouts with its exponent table, owned by this side (`d`: the plan's
+/// head dim).
 #[derive(Debug)]
 pub struct Operand {
-    /// `(tokens, heads, 128)` codes.
+    /// `(tokens, heads, d)` codes.
     pub tok: DeviceBuf<u8>,
-    /// `(heads, 128, Tpad)` codes.
+    /// `(heads, d, Tpad)` codes.
     pub dim: DeviceBuf<u8>,
     /// `(tokens, heads)` exponents.
     pub exps: DeviceBuf<i8>,
@@ -101,10 +112,12 @@ pub struct Nvfp4Ref {
 }
 
 impl Nvfp4Ref {
-    /// Bytes of the codes, group scales, exponents and BF16 values of `heads` heads.
+    /// Bytes of the codes, group scales, exponents and BF16 values of `heads` heads (at the
+    /// plan's head dim; [`quantize_nvfp4`] writes head dim 128 only).
     pub fn sizes(plan: &Plan, heads: usize) -> [usize; 4] {
-        let t = plan.shape().tokens();
-        [t * heads * 128, t * heads * 8, t * heads, t * heads * 128 * 2]
+        let (t, d) = (plan.shape().tokens(), plan.shape().head_dim);
+        let groups = d / crate::quant::NVFP4_GROUP;
+        [t * heads * d, t * heads * groups, t * heads, t * heads * d * 2]
     }
 }
 
@@ -235,8 +248,8 @@ struct QuantParams {
     slots: i32,
 }
 
-/// One input of a fused launch: the BF16 tensor at `x` (`(tokens, out.heads, 128)`), rotated
-/// first when `hadamard`, quantised into `out`.
+/// One input of a fused launch: the BF16 tensor at `x` (`(tokens, out.heads, d)`, `d` the plan's
+/// head dim), rotated first when `hadamard`, quantised into `out`.
 #[derive(Debug, Clone, Copy)]
 pub struct QuantInput {
     pub x: u64,
@@ -286,9 +299,10 @@ pub fn quant_async() -> bool {
     std::env::var("FLAMIA_QUANT_ASYNC").is_ok_and(|v| v.trim() == "1")
 }
 
-/// The variant of `quant.cu` for `mode`, D and [`quant_async`].
-fn quant_variant(mode: ScaleMode, delta: bool) -> Variant {
+/// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D and [`quant_async`].
+fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
     Variant::new()
+        .define("HEAD_DIM", head_dim)
         .define("MODE", mode_id(mode))
         .define("DELTA", delta as i32)
         .define("QUANT_ASYNC", quant_async() as i32)
@@ -305,13 +319,14 @@ fn persistent_grid(gpu: &Gpu, f: &cudarc::driver::CudaFunction, items: usize) ->
     Ok(((items.min(gpu.sm_count().max(1) as usize * per_sm)) as u32, 1, 1))
 }
 
-/// Bytes one E4M3 launch moves for inputs of `heads` heads each (BF16 read; token-major codes,
-/// dim-major codes with their padding and exponents written), D and its O read not included.
+/// Bytes one E4M3 launch moves for inputs of `heads` heads each at the plan's head dim (BF16
+/// read; token-major codes, dim-major codes with their padding and exponents written), D and its
+/// O read not included.
 pub fn e4m3_bytes(plan: &Plan, heads: &[usize]) -> usize {
-    let t = plan.shape().tokens();
+    let (t, d) = (plan.shape().tokens(), plan.shape().head_dim);
     heads
         .iter()
-        .map(|&h| t * h * 128 * 2 + OperandRef::sizes(plan, h).iter().sum::<usize>())
+        .map(|&h| t * h * d * 2 + OperandRef::sizes(plan, h).iter().sum::<usize>())
         .sum()
 }
 
@@ -337,7 +352,7 @@ pub fn quantize_e4m3_fused(
     }
     gpu.bind()?;
     let t = plan.shape().tokens();
-    let variant = quant_variant(mode, delta.is_some());
+    let variant = quant_variant(plan.shape().head_dim, mode, delta.is_some());
     let mut p = QuantParams {
         blocks: plan.blocks.ptr(),
         t: t as i32,
@@ -373,19 +388,20 @@ pub fn quantize_e4m3_fused(
             .ctx("cuMemsetD32Async(amax)")?;
         let f = gpu.function("quant.cu", &variant, "quant_amax", 0)?;
         let grid = persistent_grid(gpu, &f, items)?;
-        // SAFETY: params mirror QuantParams; each x holds tokens*heads*128 BF16 (caller), amax
-        // MAX_INPUTS u32.
+        // SAFETY: params mirror QuantParams; each x holds tokens*heads*head_dim BF16 (caller),
+        // amax MAX_INPUTS u32.
         unsafe { launch(&f, grid, 128, 0, stream, &p, "quant_amax") }?;
     }
     let f = gpu.function("quant.cu", &variant, "quant_e4m3", 0)?;
     let grid = persistent_grid(gpu, &f, items)?;
     // SAFETY: params mirror QuantParams; every operand is sized by `plan` and its heads
-    // (OperandRef::sizes), each x holds tokens*heads*128 BF16 (caller).
+    // (OperandRef::sizes), each x holds tokens*heads*head_dim BF16 (caller); the module's
+    // HEAD_DIM is the plan's head dim.
     unsafe { launch(&f, grid, 128, 0, stream, &p, "quant_e4m3") }
 }
 
-/// Quantises the BF16 tensor at `x` (`(tokens, heads, 128)`, `heads = out.heads`) into `out` on
-/// `stream` ([`quantize_e4m3_fused`] with one input).
+/// Quantises the BF16 tensor at `x` (`(tokens, heads, d)`, `heads = out.heads`, `d` the plan's
+/// head dim) into `out` on `stream` ([`quantize_e4m3_fused`] with one input).
 #[allow(clippy::too_many_arguments)]
 pub fn quantize_e4m3(
     gpu: &Gpu,
@@ -402,7 +418,9 @@ pub fn quantize_e4m3(
     quantize_e4m3_fused(gpu, stream, plan, &[input], mode, delta, amax)
 }
 
-/// Quantises the BF16 tensor at `x` to NVFP4 (after the Hadamard rotation when `hadamard`).
+/// Quantises the BF16 tensor at `x` (`(tokens, out.heads, 128)`) to NVFP4 (after the Hadamard
+/// rotation when `hadamard`). Head dim [`NVFP4_HEAD_DIM`] only: a plan of another head dim is
+/// refused with [`GpuError::NotSupported`] before anything is launched.
 pub fn quantize_nvfp4(
     gpu: &Gpu,
     stream: RawStream,
@@ -411,6 +429,12 @@ pub fn quantize_nvfp4(
     hadamard: bool,
     out: impl Into<Nvfp4Ref>,
 ) -> GpuResult<()> {
+    let d = plan.shape().head_dim;
+    if d != NVFP4_HEAD_DIM {
+        return Err(GpuError::NotSupported(format!(
+            "the NVFP4 quantiser at head_dim {d}; it is built for head_dim {NVFP4_HEAD_DIM} only"
+        )));
+    }
     gpu.bind()?;
     let out = out.into();
     let t = plan.shape().tokens();
@@ -431,10 +455,10 @@ pub fn quantize_nvfp4(
         hadamard: hadamard as i32,
         ..Default::default()
     };
-    // the module of the default E4M3 launch (quant_nvfp4 reads no define)
+    // the module of the default E4M3 launch at head dim 128 (quant_nvfp4 reads no other define)
     let f = gpu.function(
         "quant.cu",
-        &quant_variant(ScaleMode::TokenBlock, false),
+        &quant_variant(NVFP4_HEAD_DIM, ScaleMode::TokenBlock, false),
         "quant_nvfp4",
         0,
     )?;
@@ -445,7 +469,7 @@ pub fn quantize_nvfp4(
 
 #[cfg(test)]
 mod tests {
-    use super::{quant_variant, Carver, ScaleMode, PART_ALIGN};
+    use super::{quant_variant, Carver, ScaleMode, NVFP4_HEAD_DIM, PART_ALIGN};
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
 
@@ -454,12 +478,21 @@ mod tests {
         if !nvrtc_or_skip("every_quantiser_variant_compiles") {
             return;
         }
-        for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
-            for delta in [false, true] {
-                for asynchronous in [0, 1] {
-                    let v = quant_variant(mode, delta).define("QUANT_ASYNC", asynchronous);
-                    compile_ptx("quant.cu", &v, "sm_90a")
-                        .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
+        for head_dim in crate::gpu::GPU_HEAD_DIMS {
+            for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
+                for delta in [false, true] {
+                    for asynchronous in [0, 1] {
+                        let v = quant_variant(head_dim, mode, delta).define("QUANT_ASYNC", asynchronous);
+                        let ptx = compile_ptx("quant.cu", &v, "sm_90a")
+                            .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
+                        // quant_nvfp4 is built at head dim 128 only (quantize_nvfp4 refuses 64)
+                        assert_eq!(
+                            ptx.to_src().contains(".entry quant_nvfp4("),
+                            head_dim == NVFP4_HEAD_DIM,
+                            "quant.cu [{}]: quant_nvfp4 in the module",
+                            v.key()
+                        );
+                    }
                 }
             }
         }

@@ -116,7 +116,17 @@ pub fn from_bits(x: &[u16]) -> Vec<f32> {
 /// then differ between tokens and blocks), some all-zero tokens, and a few values exactly at
 /// `448 * 2^k` (the exponent rule's boundary). BF16-representable.
 pub fn awkward_tensor(rng: &mut ChaCha8Rng, tokens: usize, heads: usize, spread: i32) -> Vec<f32> {
-    let d = 128;
+    awkward_tensor_d(rng, tokens, heads, 128, spread)
+}
+
+/// [`awkward_tensor`] at head dim `d`: `(tokens, heads, d)` (d = 128 draws the same values).
+pub fn awkward_tensor_d(
+    rng: &mut ChaCha8Rng,
+    tokens: usize,
+    heads: usize,
+    d: usize,
+    spread: i32,
+) -> Vec<f32> {
     let mut x = vec![0f32; tokens * heads * d];
     for t in 0..tokens {
         for h in 0..heads {
