@@ -355,9 +355,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     if (t.hadamard) hadamard_rows<false>(v);
     float m = tt < n ? __fmul_rn(absmax_rows(v), cn) : 0.f;
 #if MODE == 1
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    const int e = block_exponent(m);
+    const int e = block_exponent(quad_max(m));
 #elif MODE == 2
     const int e = floor_exponent(__uint_as_float(p.amax[it.ti]));
 #else
@@ -492,9 +490,7 @@ extern "C" __global__ void __launch_bounds__(128) quant_nvfp4(const QuantParams 
   load_row4(t, row / t.heads, (int)(row % t.heads), v);
   const int et = nvfp4_token_exponent(warp_max(absmax4(v)));
   const float inv = pow2f(-et);
-  float gm = absmax4(v);
-  gm = fmaxf(gm, __shfl_xor_sync(0xffffffffu, gm, 1));
-  gm = fmaxf(gm, __shfl_xor_sync(0xffffffffu, gm, 2));
+  const float gm = quad_max(absmax4(v));
   const u32 sc = e4m3_encode(__fdiv_rn(__fmul_rn(gm, inv), 6.f));
   const float scale = e4m3_decode(sc);
   u32 c4 = 0;
