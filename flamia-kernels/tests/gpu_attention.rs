@@ -442,8 +442,7 @@ fn head_dim_64_is_refused_where_a_v3_kernel_would_run() {
     let shape = VarlenShape::from_lens(&[33, 64], 2, 2, 64).unwrap();
     let call = gauss_call(&mut rng("d64 refused"), &shape, AttnOptions::new(AttnPath::Nvfp4));
     let err = flamia_kernels::gpu::host::forward_backward(&gpu, &call)
-        .err()
-        .expect("nvfp4 at head_dim 64 ran")
+        .expect_err("nvfp4 at head_dim 64 ran")
         .to_string();
     assert!(err.contains("head_dim 64") && err.contains("`mxfp8`"), "{err}");
 }

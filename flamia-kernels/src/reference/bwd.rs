@@ -145,11 +145,14 @@ impl BwdCtx<'_> {
         let amax = |r0: usize, r1: usize| raw[r0 * B..r1 * B].iter().fold(0f32, |m, v| m.max(v.abs()));
         let col_amax = |c: usize| (0..B).fold(0f32, |m, r| m.max(raw[r * B + c].abs()));
         let block_e = block_exponent(amax(0, B));
-        let col_e: Vec<i8> = if self.row_ds {
-            (0..B).map(|c| block_exponent(col_amax(c))).collect()
-        } else {
-            Vec::new()
-        };
+        // dK's copy: one exponent per key column (row_ds), else the block's
+        let col_e: [i8; B] = std::array::from_fn(|c| {
+            if self.row_ds {
+                block_exponent(col_amax(c))
+            } else {
+                block_e
+            }
+        });
         for r in 0..i1 - i0 {
             let e_row = if self.row_ds {
                 block_exponent(amax(r, r + 1))
@@ -157,12 +160,12 @@ impl BwdCtx<'_> {
                 block_e
             };
             let jend = ctx.visible_end(i0 + r, e).min(j1);
-            for c in 0..jend.saturating_sub(j0) {
+            for (c, &ce) in col_e.iter().enumerate().take(jend.saturating_sub(j0)) {
                 let k = r * B + c;
                 let code = quantize_e4m3_scaled(raw[k], e_row);
                 b.ds[k] = dequantize_e4m3(code, e_row) / fold[k];
                 b.ds_k[k] = if self.row_ds {
-                    dequantize_e4m3(quantize_e4m3_scaled(raw[k], col_e[c]), col_e[c]) / fold[k]
+                    dequantize_e4m3(quantize_e4m3_scaled(raw[k], ce), ce) / fold[k]
                 } else {
                     b.ds[k]
                 };
