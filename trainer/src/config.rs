@@ -464,3 +464,43 @@ fn toml_to_config(v: toml::Value) -> config::Value {
         other => other.to_string().into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::RmsNorm;
+
+    #[test]
+    fn model_rms_norm_defaults_to_fused_is_set_by_set_and_refuses_other_names() {
+        let default = TrainConfig::load(None, &[]).unwrap();
+        assert_eq!(default.model.rms_norm, "fused");
+        // A config.toml written before the key existed (a run to resume) reads as the default.
+        let toml = default.to_toml().unwrap();
+        let old: String = toml
+            .lines()
+            .filter(|l| !l.starts_with("rms_norm"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_ne!(old, toml, "the resolved config names the key");
+        assert_eq!(TrainConfig::from_toml(&old).unwrap().model, default.model);
+        for (name, want) in RmsNorm::NAMES
+            .iter()
+            .zip([RmsNorm::Fused, RmsNorm::FusedF32, RmsNorm::Composite])
+        {
+            let cfg = TrainConfig::load(None, &[format!("model.rms_norm={name}")]).unwrap();
+            assert_eq!(RmsNorm::parse(&cfg.model.rms_norm).unwrap(), want);
+            let back = TrainConfig::from_toml(&cfg.to_toml().unwrap()).unwrap();
+            assert_eq!(back.model.rms_norm, *name);
+        }
+        for bad in ["apex", "Fused", ""] {
+            let e = TrainConfig::load(None, &[format!("model.rms_norm={bad}")])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("model.rms_norm {bad:?}"))
+                    && e.contains("allowed: fused, fused-f32, composite"),
+                "{e}"
+            );
+        }
+    }
+}

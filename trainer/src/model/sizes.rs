@@ -138,6 +138,10 @@ pub struct ModelConfig {
     pub tied: Option<bool>,
     /// RMSNorm epsilon.
     pub norm_eps: f64,
+    /// How the RMSNorms run: `fused` (default: libtorch's fused kernel with the weight cast to
+    /// the activations' kind, BF16 on the GPU), `fused-f32` (the fused kernel in f32) or
+    /// `composite` (op by op in f32); [`super::RmsNorm`] has the numerics of each.
+    pub rms_norm: String,
     /// Std of the normal initialisation (output projections get it divided by sqrt(2 * layers)).
     pub init_std: f64,
     /// Rows of the embedding and the output head: 0 = the tokenizer's vocabulary; a larger value
@@ -155,6 +159,7 @@ impl Default for ModelConfig {
             rope_scaling: RopeScaling::default(),
             tied: None,
             norm_eps: 1e-5,
+            rms_norm: "fused".into(),
             init_std: 0.02,
             vocab_size: 0,
         }
@@ -177,6 +182,7 @@ impl ModelConfig {
                 "model.rope_scaling needs factor >= 1 and high_freq_factor > low_freq_factor > 0, got {r:?}"
             )));
         }
+        super::RmsNorm::parse(&self.rms_norm)?;
         if !(self.norm_eps > 0.0 && self.init_std > 0.0) {
             return Err(TrainError::Invalid(
                 "model.norm_eps and model.init_std must be > 0".into(),
