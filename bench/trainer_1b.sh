@@ -10,10 +10,14 @@
 # `flamia data make-shard`, cut at the row length (every row one document). The model's
 # vocabulary is padded to 128,256 (model.vocab_size) so the embedding and output head are
 # Llama-3's size; TOKENIZER=path/to/llama3.json uses a real tokenizer instead. Knobs: PATHS ("bf16 mxfp8"), STEPS16 (8), STEPS64
-# (5), CKPT16 (none), CKPT64 (selective), ROWS ("16384 65536"), OOM_CHECK (1), EXTRA (more
+# (5), CKPT16 (none), CKPT64 (selective), ROWS ("16384 65536"), DOCS ("short long"), NORMS
+# (model.rms_norm values, each its own run named after it, a repeated value gets "-again";
+# default: the preset's, no suffix), OOM_CHECK (1), EXTRA (more
 # --set arguments, last wins; e.g. a CPU dry run of the script itself:
 # B=target/debug/flamia ROWS="128 512" OOM_CHECK=0 EXTRA="--set run.device=cpu
 # --set run.compute=fp32 --set model.size=tiny --set model.vocab_size=0" bash bench/trainer_1b.sh).
+# RMSNorm A/B, bf16 at 16K rows with short documents only (three runs, about 2 minutes):
+#   ROWS=16384 PATHS=bf16 DOCS=short NORMS="composite fused fused-f32" OOM_CHECK=0 bash bench/trainer_1b.sh
 # Tokens/s and MFU are medians over the steps after the first two (allocator warm-up, kernel
 # compiles); MFU is per GPU from the batch's document lengths (docs/training.md); memory is the
 # driver's view (total - free: libtorch's cache included).
@@ -28,10 +32,21 @@ else
   DATA=(--set data.tokenizer=bytes --set model.vocab_size=128256)
 fi
 LONG=/tmp/t1b-long.parquet
-find trainer data distributed eval flamia-kernels docs launch bench \( -name '*.rs' -o -name '*.md' \) | sort | xargs cat > /tmp/t1b-text.txt
-$B data make-shard --from /tmp/t1b-text.txt --out $LONG --doc-chars 70000 > /dev/null || exit 1
-run() {  # name, seq_len, max_doc_tokens, path, checkpointing, steps
-  local name=$1 len=$2 doc=$3 path=$4 ckpt=$5 steps=$6
+DOCS=${DOCS:-short long}
+need_long=0  # row-long documents, or rows no longer than the short documents' 1,024 tokens
+[[ " $DOCS " == *" long "* ]] && need_long=1
+for len in ${ROWS:-16384 65536}; do [ "$len" -le 1024 ] && need_long=1; done
+if [ $need_long = 1 ]; then
+  find trainer data distributed eval flamia-kernels docs launch bench \( -name '*.rs' -o -name '*.md' \) | sort | xargs cat > /tmp/t1b-text.txt
+  $B data make-shard --from /tmp/t1b-text.txt --out $LONG --doc-chars 70000 > /dev/null || exit 1
+fi
+SEEN=" "
+run() {  # name, seq_len, max_doc_tokens, path, checkpointing, steps[, model.rms_norm]
+  local name=$1 len=$2 doc=$3 path=$4 ckpt=$5 steps=$6 norm=${7:-preset}
+  local normset=()
+  if [ "$norm" != preset ]; then normset=(--set "model.rms_norm=$norm"); name="$name-$norm"; fi
+  [[ "$SEEN" == *" $name "* ]] && name="$name-again"
+  SEEN="$SEEN$name "
   local shard='["embedded:train"]'
   [ "$doc" -ge "$len" ] && shard="[\"$LONG\"]"
   local t0=$SECONDS
@@ -41,7 +56,8 @@ run() {  # name, seq_len, max_doc_tokens, path, checkpointing, steps
     --set training.grad_accum=1 --set training.steps=$steps --set training.warmup_steps=1 \
     --set training.activation_checkpointing=$ckpt --set attention.path=$path \
     --set run.device=cuda --set run.log_every=1 --set run.progress=false --set run.checkpoint_every=0 \
-    --set run.final_checkpoint=false --set wandb.enabled=false --set run.dir=/tmp/t1b-$name ${EXTRA:-} \
+    --set run.final_checkpoint=false --set wandb.enabled=false --set run.dir=/tmp/t1b-$name \
+    ${normset[@]+"${normset[@]}"} ${EXTRA:-} \
     > "/tmp/t1b-$name.log" 2>&1
   local rc=$?
   echo "$name rc=$rc ($((SECONDS - t0)) s)"
@@ -68,8 +84,12 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,power.draw,temperature.gpu --
 for len in ${ROWS:-16384 65536}; do
   if [ "$len" -le 16384 ]; then steps=${STEPS16:-8}; ckpt=${CKPT16:-none}; else steps=${STEPS64:-5}; ckpt=${CKPT64:-selective}; fi
   for p in ${PATHS:-bf16 mxfp8}; do
-    run "$p-$len-short-$ckpt" $len 1024 $p $ckpt $steps
-    run "$p-$len-long-$ckpt" $len $len $p $ckpt $steps
+    for d in $DOCS; do
+      [ "$d" = short ] && doc=1024 || doc=$len
+      for n in ${NORMS:-preset}; do
+        run "$p-$len-$d-$ckpt" $len $doc $p $ckpt $steps $n
+      done
+    done
   done
 done
 if [ "${OOM_CHECK:-1}" = 1 ]; then  # expected to fail: a clear out-of-memory error, no panic

@@ -88,7 +88,10 @@ fn compare_with_composite(dev: Device, shapes: &[(i64, i64)]) {
                 let tol = tolerance(imp, kind);
                 for (k, name) in ["y", "dx", "dw"].iter().enumerate() {
                     let d = gap(&got[k], &want[k]);
-                    println!("{rows}x{dim} {kind:?} {imp:?} {name}: gap {d:.3e} (allowed {:.0e})", tol[k]);
+                    println!(
+                        "{rows}x{dim} {kind:?} {imp:?} {name}: gap {d:.3e} (allowed {:.0e})",
+                        tol[k]
+                    );
                     assert!(
                         d <= tol[k],
                         "{rows}x{dim} {kind:?} {imp:?}: {name} is {d:.3e} of its largest entry from the composite's (allowed {:.0e})",

@@ -262,6 +262,11 @@ impl Llama {
         })
     }
 
+    /// The RMSNorm implementation the model runs (`model.rms_norm`).
+    pub fn norm_impl(&self) -> RmsNorm {
+        self.norm_impl
+    }
+
     /// The model's RMSNorm (`model.rms_norm`) of `x` with `weight`.
     fn rms_norm(&self, x: &Tensor, weight: &Tensor) -> Result<Tensor> {
         self.norm_impl.apply(x, weight, self.cfg.norm_eps)
@@ -590,6 +595,26 @@ mod tests {
     #[test]
     fn quantised_attention_recomputed_or_kept_gives_the_same_gradients() {
         compare("mxfp8");
+    }
+
+    #[test]
+    fn the_model_runs_the_configured_rms_norm_and_refuses_an_unknown_one() {
+        for (name, want) in RmsNorm::NAMES
+            .iter()
+            .zip([RmsNorm::Fused, RmsNorm::FusedF32, RmsNorm::Composite])
+        {
+            let cfg = ModelConfig {
+                rms_norm: name.to_string(),
+                ..Default::default()
+            };
+            assert_eq!(Llama::new(&cfg, VOCAB, Device::Cpu).unwrap().norm_impl(), want);
+        }
+        let cfg = ModelConfig {
+            rms_norm: "rms".into(),
+            ..Default::default()
+        };
+        let e = Llama::new(&cfg, VOCAB, Device::Cpu).unwrap_err().to_string();
+        assert!(e.contains("allowed: fused, fused-f32, composite"), "{e}");
     }
 
     #[test]
