@@ -294,7 +294,7 @@ impl<'a> Run<'a> {
         let (n_params, n_emb) = model.shape.param_counts();
         tracing::info!(
             "model {}: {} parameters ({} non-embedding), {:?}, device {:?}, compute {:?}, attention {}, \
-             activation checkpointing {}, RMSNorm {}",
+             activation checkpointing {}",
             cfg.model.size,
             fmt_count(n_params),
             fmt_count(n_params - n_emb),
@@ -302,8 +302,7 @@ impl<'a> Run<'a> {
             device,
             compute,
             cfg.attention.path,
-            cfg.training.activation_checkpointing,
-            cfg.model.rms_norm
+            cfg.training.activation_checkpointing
         );
         let params = model.named_parameters();
         let mut opt = AdamW::new(model.named_parameters(), &cfg.training, Llama::no_decay)

@@ -221,6 +221,7 @@ impl Llama {
             (!shape.tied).then(|| (&root / "output").randn("weight", &[shape.vocab as i64, d], 0.0, std));
         let scaling = cfg.rope_scaled.then_some(&cfg.rope_scaling);
         let inv_freq = rope::inv_freqs(shape.head_dim, cfg.rope_theta, scaling);
+        tracing::info!("model.rms_norm = {}", cfg.rms_norm);
         Ok(Llama {
             shape,
             cfg: cfg.clone(),
