@@ -59,6 +59,10 @@ struct FwdV4Smem {
   u8 v[FWD_STAGES][HEAD_DIM * KT];
   float kf[FWD_STAGES][KT];  // 2^eK per key (0: no key)
   int ev[FWD_STAGES][KT];    // eV per key (-1000: no key)
+#if PER_TOKEN_COLS
+  float vf[FWD_STAGES][KT];  // 2^(eV - evt + 8) per key (0: no key): the interior tiles' P fold
+  int evt[FWD_STAGES];       // max eV of the tile's keys
+#endif
   ItemSlot item[QSLOTS];
   u64 q_full[QSLOTS], q_empty[QSLOTS], kv_full[FWD_STAGES], kv_empty[FWD_STAGES];
 };
@@ -148,6 +152,16 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
         sm.kf[s][4 * lane + j] = kf[j];
         sm.ev[s][4 * lane + j] = ev[j];
       }
+#if PER_TOKEN_COLS
+      {
+        int evt = max(max(ev[0], ev[1]), max(ev[2], ev[3]));
+#pragma unroll
+        for (int o = 16; o; o >>= 1) evt = max(evt, __shfl_xor_sync(0xffffffffu, evt, o));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sm.vf[s][4 * lane + j] = ev[j] > -1000 ? exp2i(ev[j] - evt + 8) : 0.f;
+        if (lane == 0) sm.evt[s] = evt;
+      }
+#endif
       const u32 bar = smem_u32(&sm.kv_full[s]);
       if (lane == 0) {
         mbar_arrive_expect_tx(bar, 2 * KT * HEAD_DIM);
@@ -210,7 +224,11 @@ __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[D
   wg_wait<0>();
   fence_regs(sc);
   float alpha_o[2];
-  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], R0, mk, alpha_o);
+#if PER_TOKEN_COLS
+  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], sm.vf[s], sm.evt[s], R0, mk, alpha_o);
+#else
+  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], nullptr, 0, R0, mk, alpha_o);
+#endif
   u32 pa[4][4];
   acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[0]), *reinterpret_cast<u32(*)[2][4]>(&pa[0][0]));
   acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[32]), *reinterpret_cast<u32(*)[2][4]>(&pa[2][0]));

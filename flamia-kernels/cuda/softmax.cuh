@@ -63,9 +63,11 @@ __device__ __forceinline__ void update_max(RowState& st, const float (&tmax)[2],
 // One score tile -> P' (in place, ready for the E4M3 conversion), the row state updated and the
 // factor alpha_o each O row is multiplied by before this tile's PV is added. kf / ev: 2^eK and eV
 // per key of the tile (shared memory); R0 = row of s[0] in the 128-row query tile.
+// vf / evt (per-token scales only): the producer's per-key fold 2^(eV_c - evt + 8) and the tile's
+// max eV, which on an interior tile (every row sees every key) are exactly each row's Ev and fold.
 template <bool MASKED>
-__device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const float* kf, const int* ev, int R0,
-                                             const TileMask& mk, float (&alpha_o)[2]) {
+__device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const float* kf, const int* ev, const float* vf,
+                                             int evt, int R0, const TileMask& mk, float (&alpha_o)[2]) {
   const int q = threadIdx.x & 3;
   float alpha[2], mref[2];
   int Ev[2];
@@ -139,6 +141,27 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
   }
 #else
   float tmax[2] = {NEG_INF, NEG_INF};
+  if (!MASKED) {  // interior: Ev = evt for both rows, the fold per key from the producer
+    Ev[0] = Ev[1] = evt;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
+      const float y = s[i] * kf[c];
+      s[i] = y;
+      tmax[r] = fmaxf(tmax[r], y * st.qf[r]);
+    }
+    update_max(st, tmax, alpha, mref);
+    float ps[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
+      const float p = fast_exp2(fmaf(s[i], st.qf[r], -mref[r]));
+      ps[r] += p;
+      s[i] = p * vf[c];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) st.l[r] = fmaf(st.l[r], alpha[r], ps[r]);
+  } else {
   Ev[0] = Ev[1] = -1000;
   int lq[2];
 #pragma unroll
@@ -166,6 +189,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) st.l[r] = fmaf(st.l[r], alpha[r], ps[r]);
+  }
 #endif
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

@@ -71,9 +71,11 @@ fn stages_from_env(var: &str, allowed: std::ops::RangeInclusive<u32>, default: u
 /// Dynamic shared memory of the v4 forward (`cuda/attn_fwd_v4.cu`) at head dim `hd`: three item
 /// slots (a 128 x hd Q tile, 16 KB at 128, and 0.5 KB of item data each), per stage a K tile and a
 /// V tile (128 x hd each) and 1 KB of key exponents, barriers and 1 KB of alignment slack (the
-/// kernel's static_assert checks it).
-fn smem_fwd4(stages: u32, hd: u32) -> u32 {
-    (3 * hd / 8 + (hd / 4 + 1) * stages + 4) * 1024
+/// kernel's static_assert checks it). Per-token scales add the interior tiles' per-key P folds
+/// (0.5 KB per stage).
+fn smem_fwd4(stages: u32, hd: u32, per_token: bool) -> u32 {
+    let fold = if per_token { stages.div_ceil(2) } else { 0 };
+    (3 * hd / 8 + (hd / 4 + 1) * stages + 4 + fold) * 1024
 }
 
 /// Which forward kernel runs: the v4 warp-specialised kernel (default for the E4M3-score paths)
@@ -90,7 +92,7 @@ fn forward_v4_variant(per_token: bool, stages: u32, hd: u32) -> Variant {
         .define("HEAD_DIM", hd)
         .define("PER_TOKEN_COLS", per_token as u32)
         .define("FWD_STAGES", stages)
-        .define("SMEM_FWD4_BUDGET", smem_fwd4(stages, hd))
+        .define("SMEM_FWD4_BUDGET", smem_fwd4(stages, hd, per_token))
 }
 
 /// Which backward runs: the v4 fused kernel (default where it applies: E4M3 operands, dS
@@ -633,8 +635,9 @@ impl Attention {
             nitems: nitems as i32,
         };
         let stages = self.fwd_stages;
-        let smem = smem_fwd4(stages, hd as u32);
-        let v = forward_v4_variant(self.scale_mode() == ScaleMode::PerToken, stages, hd as u32);
+        let per_token = self.scale_mode() == ScaleMode::PerToken;
+        let smem = smem_fwd4(stages, hd as u32, per_token);
+        let v = forward_v4_variant(per_token, stages, hd as u32);
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
         let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
@@ -916,10 +919,14 @@ impl Attention {
         let mut out = Vec::new();
         if self.uses_forward_v4() {
             let stages = self.fwd_stages;
-            let v4 = forward_v4_variant(self.scale_mode() == ScaleMode::PerToken, stages, hd32);
-            let f = self
-                .gpu
-                .function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem_fwd4(stages, hd32))?;
+            let per_token = self.scale_mode() == ScaleMode::PerToken;
+            let v4 = forward_v4_variant(per_token, stages, hd32);
+            let f = self.gpu.function(
+                "attn_fwd_v4.cu",
+                &v4,
+                "attn_fwd_v4",
+                smem_fwd4(stages, hd32, per_token),
+            )?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
         }
@@ -979,7 +986,14 @@ mod tests {
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
                 }
             }
-            for (per_token, stages) in [(false, 2), (false, 4), (true, 4), (false, 5)] {
+            for (per_token, stages) in [
+                (false, 2),
+                (false, 4),
+                (true, 2),
+                (true, 4),
+                (false, 5),
+                (true, 5),
+            ] {
                 let v = forward_v4_variant(per_token, stages, hd);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
