@@ -38,9 +38,8 @@
 #ifndef DELTA
 #define DELTA 0
 #endif
-// QUANT_ASYNC D (1 or 2): the rows of the next D items go to shared memory by cp.async (a ring of
-// D + 1 slots per thread; no prefetch registers, so more CTAs fit, and with D = 2 twice the bytes
-// in flight) instead of one item ahead in registers; an A/B variant, off by default.
+// QUANT_ASYNC 1: the next item's rows go to shared memory by cp.async (no prefetch registers,
+// so more CTAs fit) instead of registers; an A/B variant, off by default.
 #ifndef QUANT_ASYNC
 #define QUANT_ASYNC 0
 #endif
@@ -49,8 +48,6 @@
 #ifndef QUANT_CTAS_PER_SM
 #if DELTA
 #define QUANT_CTAS_PER_SM 5
-#elif QUANT_ASYNC == 2
-#define QUANT_CTAS_PER_SM 6
 #elif QUANT_ASYNC
 #define QUANT_CTAS_PER_SM 8
 #else
@@ -302,7 +299,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   if (nb >= p.nblocks) return;
   Item it = make_item(p, load_block(p, nb), ns);
 #if QUANT_ASYNC
-  __shared__ __align__(16) uint4 stage[QUANT_ASYNC + 1][NK][128];
+  __shared__ __align__(16) uint4 stage[2][NK][128];
   {
     const QuantTensor t0 = pick_input(p, it.ti);
     stage_rows(t0.x, it, t0.heads, stage[0]);
@@ -315,22 +312,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   }
 #endif
   advance(nb, ns, gb, gs, slots);  // (nb, ns): the next item
-#if QUANT_ASYNC == 2
-  // the item after `it` (n1) is staged too before the loop: each iteration stages the item two ahead
-  bool has1 = nb < p.nblocks;
-  Item n1 = it;
-  if (has1) {
-    n1 = make_item(p, load_block(p, nb), ns);
-    const QuantTensor t1 = pick_input(p, n1.ti);
-    stage_rows(t1.x, n1, t1.heads, stage[1]);
-    advance(nb, ns, gb, gs, slots);
-  } else {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");  // empty: the wait counts stay uniform
-  }
-#endif
-#if QUANT_ASYNC
-  int slot = 0;  // this item's stage slot
-#endif
   for (int buf = 0;; buf ^= 1) {
     const QuantTensor t = pick_input(p, it.ti);
     const int n = min(32, it.L - it.b0);
@@ -338,33 +319,32 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #if !QUANT_ASYNC
     unpack_bf16(raw, v);
 #endif
-    // the next item's rows (QUANT_ASYNC: the item QUANT_ASYNC ahead) are in flight while this
-    // one is computed
+    // the next item's rows are in flight while this one is computed
     const bool has_next = nb < p.nblocks;
     Item nx = it;
     if (has_next) {
       nx = make_item(p, load_block(p, nb), ns);
       const QuantTensor tn = pick_input(p, nx.ti);
 #if QUANT_ASYNC
-      stage_rows(tn.x, nx, tn.heads, stage[slot == 0 ? QUANT_ASYNC : slot - 1]);
+      stage_rows(tn.x, nx, tn.heads, stage[buf ^ 1]);
 #else
       load_rows(tn.x, nx, tn.heads, raw);
 #endif
       advance(nb, ns, gb, gs, slots);
     }
 #if QUANT_ASYNC
-    else {
-      asm volatile("cp.async.commit_group;\n" ::: "memory");  // empty: the wait counts stay uniform
+    // this item's copies (this thread's own slots) have landed; the next item's may still fly
+    if (has_next) {
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    } else {
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     }
-    // this item's copies (this thread's own slots) have landed; the later ones may still fly
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(QUANT_ASYNC) : "memory");
     {
       uint4 raw[NK];
 #pragma unroll
-      for (int k = 0; k < NK; ++k) raw[k] = stage[slot][k][tid];
+      for (int k = 0; k < NK; ++k) raw[k] = stage[buf][k][tid];
       unpack_bf16(raw, v);
     }
-    slot = slot == QUANT_ASYNC ? 0 : slot + 1;
 #endif
     // The rotation's normalisation c is folded into the quantisation scale: max_i RN(h_i c) =
     // RN(max_i |h_i| c) (rounding is monotonic), and RN(h c 2^-e) = RN(h c) 2^-e whenever the
@@ -455,15 +435,8 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
         if (tail) dst[4] = make_uint2(0u, 0u);  // zero padding up to the document's 64-token end
       }
     }
-#if QUANT_ASYNC == 2
-    if (!has1) break;
-    it = n1;
-    n1 = nx;
-    has1 = has_next;
-#else
     if (!has_next) break;
     it = nx;
-#endif
   }
 }
 

@@ -293,15 +293,10 @@ fn mode_id(mode: ScaleMode) -> i32 {
     }
 }
 
-/// `FLAMIA_QUANT_ASYNC=1` or `2`: the quantiser's A/B variants that stage the rows of the next one
-/// or two items in shared memory by cp.async instead of the next item's in registers
-/// (`QUANT_ASYNC` in `cuda/quant.cu`; same bits); 0 (unset, or anything else): registers.
-pub fn quant_async() -> u32 {
-    match std::env::var("FLAMIA_QUANT_ASYNC").as_deref().map(str::trim) {
-        Ok("1") => 1,
-        Ok("2") => 2,
-        _ => 0,
-    }
+/// `FLAMIA_QUANT_ASYNC=1`: the quantiser's A/B variant that stages the next item's rows in
+/// shared memory by cp.async instead of registers (`QUANT_ASYNC` in `cuda/quant.cu`; same bits).
+pub fn quant_async() -> bool {
+    std::env::var("FLAMIA_QUANT_ASYNC").is_ok_and(|v| v.trim() == "1")
 }
 
 /// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D and [`quant_async`].
@@ -310,7 +305,7 @@ fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
         .define("HEAD_DIM", head_dim)
         .define("MODE", mode_id(mode))
         .define("DELTA", delta as i32)
-        .define("QUANT_ASYNC", quant_async())
+        .define("QUANT_ASYNC", quant_async() as i32)
 }
 
 /// The persistent grid of `f` (128 threads per CTA): as many CTAs as the driver says fit on
@@ -486,7 +481,7 @@ mod tests {
         for head_dim in crate::gpu::GPU_HEAD_DIMS {
             for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
                 for delta in [false, true] {
-                    for asynchronous in [0, 1, 2] {
+                    for asynchronous in [0, 1] {
                         let v = quant_variant(head_dim, mode, delta).define("QUANT_ASYNC", asynchronous);
                         let ptx = compile_ptx("quant.cu", &v, "sm_90a")
                             .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
