@@ -4,7 +4,8 @@
 # at d = 64 more CTAs per SM (kernel copies with QUANT_CTAS_PER_SM prepended, FLAMIA_CUDA_DIR);
 # `flamia bench attention` quant column (ms, GB/s) at 1x65536 and 64x1024, d = 128 and 64, base
 # again at the end; gpu_quant bitwise tests on the async-2 and the 10-CTA variants; ncu of the
-# Q/K/V launch. Stage: device_bwd4.sh --stage + .device-carry/var/qctas8, qctas10.
+# Q/K/V launch. Stage: device_bwd4.sh --stage + .device-carry/var/qctas8, qctas10. (The depth-2
+# variant, FLAMIA_QUANT_ASYNC=2, was measured slower and reverted: commit 0fa02f2 has it.)
 set -u
 C=.device-carry/bwd4
 SP=/opt/torch/.venv/lib/python3.12/site-packages
