@@ -374,28 +374,10 @@ __device__ __forceinline__ void acc_to_smem(const float (&d)[64], float* s, floa
   }
 }
 
-// Normalised Walsh-Hadamard transform of a 128-vector held 4 per lane (element 4*lane + j):
-// stages h = 1, 2 inside the thread, h = 4 .. 64 across lanes, then the 1/sqrt(128) factor.
-__device__ __forceinline__ void hadamard128(float (&x)[4]) {
-  float a0 = x[0] + x[1], a1 = x[0] - x[1], a2 = x[2] + x[3], a3 = x[2] - x[3];
-  x[0] = a0 + a2; x[1] = a1 + a3; x[2] = a0 - a2; x[3] = a1 - a3;
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int m = 1; m < 32; m <<= 1) {
-    bool upper = lane & m;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float o = __shfl_xor_sync(0xffffffffu, x[j], m);
-      x[j] = upper ? (o - x[j]) : (x[j] + o);
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) x[j] *= INV_SQRT_128;
-}
-
 // Normalised Walsh-Hadamard transform of a HEAD_DIM-vector held 4 per lane by HEAD_DIM / 4
 // consecutive lanes (element 4 * (lane % (HEAD_DIM / 4)) + j; a warp holds 128 / HEAD_DIM rows):
-// hadamard128 at HEAD_DIM 128, stages up to h = 32 and the 1/8 factor at 64. All 32 lanes call it.
+// stages h = 1, 2 inside the thread, h = 4 .. HEAD_DIM / 2 across lanes, then 1/sqrt(HEAD_DIM).
+// All 32 lanes call it.
 __device__ __forceinline__ void hadamard_hd(float (&x)[4]) {
   float a0 = x[0] + x[1], a1 = x[0] - x[1], a2 = x[2] + x[3], a3 = x[2] - x[3];
   x[0] = a0 + a2; x[1] = a1 + a3; x[2] = a0 - a2; x[3] = a1 - a3;
@@ -420,7 +402,7 @@ __device__ __forceinline__ void smem_rows_to_bf16(const float* s, u16* g, long l
   for (int r = w; r < rows; r += 4) {
     float4 v4 = *reinterpret_cast<const float4*>(s + r * EPI_STRIDE + 4 * l);
     float x[4] = {v4.x, v4.y, v4.z, v4.w};
-    if (had) hadamard128(x);
+    if (had) hadamard_hd(x);  // the v3.1 kernels: HEAD_DIM 128
     uint2 o = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
     *reinterpret_cast<uint2*>(g + r * stride + 4 * l) = o;
   }
