@@ -129,7 +129,10 @@ fn world_size_one_through_the_store_equals_the_plain_run_bitwise() {
     let tmp = tempfile::tempdir().unwrap();
     let (plain, dist) = (tmp.path().join("plain"), tmp.path().join("dist1"));
     check(&command(&plain, 2).output().unwrap(), "plain run");
-    launch(&dist, 1, 2);
+    // (forced: at world size 1 the per-step collectives are otherwise skipped, next test)
+    launch_with(&dist, 1, 2, |_, c| {
+        c.args(["--set", "distributed.force_collectives=true"]);
+    });
     let (lp, ld) = (losses(&plain), losses(&dist));
     assert_eq!(lp.len(), STEPS, "plain run logs every step");
     // Bitwise: the average of one rank is the value itself, and the store path round-trips f32
@@ -150,6 +153,65 @@ fn world_size_one_through_the_store_equals_the_plain_run_bitwise() {
             .any(|e| { e.unwrap().path().join("data_states.json").exists() }),
         "world size 1 keeps the plain checkpoint layout"
     );
+}
+
+/// World size 1 skips the per-step collectives (identities) unless
+/// `distributed.force_collectives`: the reduction after the backward, and ZeRO-1 with the
+/// overlapped reduction (hooks, reduction to the owner, sharded norm, parameter all-gather), each
+/// skipped and forced, give bitwise the plain run's losses and gradient norms; the skipping runs
+/// say so once, the forced ones do not skip (the forced overlapped run plans its buckets).
+#[test]
+fn world_size_one_skips_the_identity_collectives_unless_forced_with_the_same_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = tmp.path().join("plain");
+    check(&command(&plain, 2).output().unwrap(), "plain run");
+    let zero1ovl: &[&str] = &[
+        "distributed.zero1=true",
+        "distributed.overlap=true",
+        "distributed.bucket_mib=0.1",
+    ];
+    let field = |dir: &Path, key: &str| -> Vec<u64> {
+        std::fs::read_to_string(dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter_map(|v| v[key].as_f64().map(f64::to_bits))
+            .collect()
+    };
+    const SKIP: &str = "are identities and are skipped";
+    for (name, sets) in [("dist1", &[][..]), ("zero1ovl", zero1ovl)] {
+        for force in [false, true] {
+            let dir = tmp.path().join(format!("{name}-{force}"));
+            let mut c = spawn_ranks(&dir, 1, 2, |_, c| {
+                c.args(["--set", &format!("distributed.force_collectives={force}")]);
+                for s in sets {
+                    c.args(["--set", s]);
+                }
+            });
+            let out = c.remove(0).wait_with_output().unwrap();
+            check(&out, &format!("{name} force_collectives={force}"));
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                err.matches(SKIP).count(),
+                usize::from(!force),
+                "{name} force_collectives={force}: the skip is logged once, only when it applies: {err}"
+            );
+            if force && !sets.is_empty() {
+                assert!(
+                    err.contains("pieces each reduced to its owner only"),
+                    "{name}: the forced run reduces through the hooks: {err}"
+                );
+            }
+            for key in ["loss", "grad_norm"] {
+                let (a, b) = (field(&plain, key), field(&dir, key));
+                assert_eq!(a.len(), STEPS, "{name}: {key} of every step");
+                assert_eq!(
+                    a, b,
+                    "{name} force_collectives={force}: {key} bits vs the plain run"
+                );
+            }
+        }
+    }
 }
 
 #[test]

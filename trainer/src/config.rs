@@ -266,6 +266,10 @@ pub struct DistributedConfig {
     /// those; the parameters are then all-gathered. Same results as plain data parallelism
     /// (bitwise on CPU), a world-size-th of the moment memory.
     pub zero1: bool,
+    /// At world size 1 through a launcher the per-step collectives (gradient reduction, ZeRO-1
+    /// all-gather, metric mean) are identities and are skipped; `true` runs them anyway (to
+    /// test the NCCL path on one GPU). Same results either way.
+    pub force_collectives: bool,
 }
 
 impl Default for DistributedConfig {
@@ -281,6 +285,7 @@ impl Default for DistributedConfig {
             stop_on_signal: true,
             background_checkpoint: true,
             zero1: false,
+            force_collectives: false,
         }
     }
 }

@@ -19,6 +19,13 @@
 //! which micro-batch is the step's last. On CPU with several ranks (tests, debugging)
 //! gradients go through rank 0's TCP store instead of NCCL: correct, slow, for tiny models only.
 //! A single process without launcher variables makes every call a no-op.
+//!
+//! At world size 1 through a launcher every per-step collective is an identity (the average
+//! over one rank is the value itself): by default [`Ddp`] skips them (the gradient reduction,
+//! its packing copies and hooks, the ZeRO-1 parameter all-gather, the metric mean) and says so
+//! once at start-up; the start-up collectives (rendezvous, agreement, weight broadcast) still
+//! run. `distributed.force_collectives = true` runs them anyway, so the NCCL path can be
+//! exercised on one GPU. The numbers are the same either way (bitwise).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +62,8 @@ pub struct DdpOptions {
     pub checkpoint_timeout: Duration,
     /// Reduce gradient buckets during the backward (per-parameter hooks), not after it.
     pub overlap: bool,
+    /// Run the per-step collectives at world size 1 too (they are identities; skipped unless set).
+    pub force_collectives: bool,
 }
 
 impl Default for DdpOptions {
@@ -66,6 +75,7 @@ impl Default for DdpOptions {
             startup_timeout: Duration::from_secs(900),
             checkpoint_timeout: Duration::from_secs(1800),
             overlap: false,
+            force_collectives: false,
         }
     }
 }
@@ -83,6 +93,7 @@ impl DdpOptions {
             startup_timeout: secs(c.startup_timeout_s),
             checkpoint_timeout: secs(c.checkpoint_timeout_s),
             overlap: c.overlap,
+            force_collectives: c.force_collectives,
         };
         let defaults = GroupOptions::default();
         let group = GroupOptions {
@@ -110,6 +121,9 @@ pub struct Ddp {
     overlap: Option<Arc<Reducer>>,
     /// The last gradient reduction averaged only this rank's ZeRO-1 range.
     sharded: bool,
+    /// World size 1 through a launcher without `force_collectives`: the per-step collectives
+    /// are identities and are skipped.
+    identity: bool,
 }
 
 impl std::fmt::Debug for Ddp {
@@ -139,6 +153,7 @@ impl Ddp {
             flats: Vec::new(),
             overlap: None,
             sharded: false,
+            identity: false,
         };
         if ddp.topo.world_size == 1 && ddp.topo.source == Source::Single {
             return Ok(ddp);
@@ -182,6 +197,14 @@ impl Ddp {
             pg.hosts()
         );
         ddp.pg = Some(pg);
+        ddp.identity = ddp.topo.world_size == 1 && !ddp.opts.force_collectives;
+        if ddp.identity {
+            tracing::info!(
+                "data parallel: world size 1: the per-step collectives (gradient reduction, ZeRO-1 \
+                 all-gather, metric mean) are identities and are skipped; \
+                 distributed.force_collectives = true runs them"
+            );
+        }
         Ok(ddp)
     }
 
@@ -213,6 +236,11 @@ impl Ddp {
         let Some(pg) = &self.pg else {
             return Ok(());
         };
+        if self.identity {
+            // no buckets, no hooks: only the start-up copy of rank 0's weights (itself)
+            let params: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+            return self.broadcast(&params);
+        }
         if self.opts.overlap {
             let backend = match (&self.comm, &self._ctx) {
                 (Some(comm), Some(ctx)) => Backend::Nccl {
@@ -312,7 +340,7 @@ impl Ddp {
     pub fn gather_ranges(&self, part: &Tensor, n: i64) -> Result<Tensor> {
         let _guard = tch::no_grad_guard();
         let own = self.zero_range(n);
-        let Some(pg) = &self.pg else {
+        let Some(pg) = self.pg.as_ref().filter(|_| !self.identity) else {
             return Ok(part.f_detach()?);
         };
         let w = self.topo.world_size as i64;
@@ -361,6 +389,48 @@ impl Ddp {
         }
     }
 
+    /// ZeRO-1 after the update: `flat` (the flat f32 parameter buffer, `n` elements, of which
+    /// this rank updated its [`Ddp::zero_range`]) gets every other rank's range, in place.
+    /// Collective. With NCCL and `n` a multiple of the world size it is NCCL's in-place
+    /// all-gather on `flat` itself (no buffer, no copy); otherwise [`Ddp::gather_ranges`] into a
+    /// padded buffer, copied back. Nothing to do for a single process or at world size 1
+    /// without `force_collectives`.
+    pub fn all_gather_in_place(&self, flat: &Tensor) -> Result<()> {
+        if self.pg.is_none() || self.identity {
+            return self.check();
+        }
+        let _guard = tch::no_grad_guard();
+        let n = flat.numel() as i64;
+        let (w, r) = (self.topo.world_size as i64, self.topo.rank as i64);
+        if let Some(comm) = &self.comm {
+            if n % w == 0 && flat.kind() == Kind::Float && flat.is_contiguous() {
+                let shard = n / w;
+                let ptr = flat.data_ptr() as u64;
+                // SAFETY: `flat` holds `n = world * shard` contiguous f32 on this device and
+                // outlives the all-gather (the optimiser's buffer); it runs on the compute stream,
+                // behind the update that wrote this rank's block and ahead of the next forward.
+                // The send range is this rank's block of it (NCCL's in-place all-gather).
+                unsafe {
+                    comm.all_gather(
+                        ptr + (r * shard * 4) as u64,
+                        ptr,
+                        shard as usize,
+                        ReduceDtype::F32,
+                        STREAM,
+                    )
+                }
+                .map_err(dist)?;
+                // no host wait (errors surface at the next step's metric mean)
+                return comm.check_async().map_err(dist);
+            }
+        }
+        let own = self.zero_range(n);
+        let part = flat.f_narrow(0, own.start, own.end - own.start)?;
+        let full = self.gather_ranges(&part, n)?;
+        flat.shallow_clone().f_copy_(&full)?;
+        Ok(())
+    }
+
     /// Rank 0's `value` on every rank (the others pass `None`): e.g. which checkpoint rank 0
     /// chose to resume from. Waits up to the checkpoint I/O timeout (rank 0 may be reading).
     pub fn broadcast_bytes(&self, value: Option<&[u8]>) -> Result<Vec<u8>> {
@@ -405,7 +475,8 @@ impl Ddp {
             return Ok(());
         }
         let (Some(pg), Some(plan)) = (&self.pg, &self.plan) else {
-            return Ok(());
+            // (also world size 1 without `force_collectives`: `attach` planned nothing)
+            return self.check();
         };
         pg.health().check().map_err(dist)?;
         let _guard = tch::no_grad_guard();
@@ -475,7 +546,8 @@ impl Ddp {
     /// Mean of each value across ranks (every rank gets the same numbers). Use it for the loss
     /// *before* any decision that must agree across ranks (skipping a step, stopping).
     pub fn mean(&self, values: &[f64]) -> Result<Vec<f64>> {
-        let Some(pg) = &self.pg else {
+        let Some(pg) = self.pg.as_ref().filter(|_| !self.identity) else {
+            self.check()?;
             return Ok(values.to_vec());
         };
         if let Some(comm) = &self.comm {

@@ -557,11 +557,7 @@ impl<'a> Run<'a> {
                 .map_err(|e| crate::memory::explain(e, || "the optimizer step".into(), device))?;
             if self.zero1 {
                 // Every rank updated its own range: put the others' in place.
-                let flat = self.opt.flat_params();
-                let own = ddp.zero_range(self.opt.numel());
-                let part = flat.f_narrow(0, own.start, own.end - own.start)?;
-                let full = ddp.gather_ranges(&part, self.opt.numel())?;
-                tch::no_grad(|| flat.shallow_clone().f_copy_(&full))?;
+                ddp.all_gather_in_place(self.opt.flat_params())?;
             }
             st.recent_losses.push(loss);
             let excess = st.recent_losses.len().saturating_sub(t.spike_window.max(1));
