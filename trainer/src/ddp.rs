@@ -758,12 +758,49 @@ mod tests {
         assert!(ddp.is_main());
     }
 
+    /// World size 1 through the launcher without `force_collectives`: nothing planned, no hooks,
+    /// gradients and metrics untouched; forced, the same calls go through the store.
+    #[test]
+    fn world_size_one_skips_the_identity_collectives_unless_forced() {
+        for force in [false, true] {
+            let opts = DdpOptions {
+                bucket_bytes: 64,
+                overlap: true,
+                force_collectives: force,
+                ..DdpOptions::default()
+            };
+            let mut ddp = Ddp::with_topology(topo(0, 1, free_port()), &gopts(), opts, false).unwrap();
+            assert_eq!(ddp.identity, !force);
+            let params = params_with_grads(0, Device::Cpu);
+            ddp.attach(&params).unwrap();
+            assert_eq!(ddp.overlap.is_some(), force, "hooks only when forced");
+            if force {
+                ddp.begin_backward(true);
+            }
+            ddp.all_reduce_grads().unwrap();
+            let ga: Vec<f32> = Vec::try_from(&params[0].1.grad().view([-1])).unwrap();
+            assert_eq!(ga, vec![1.0; 6]);
+            assert_eq!(ddp.mean(&[0.1, 7.0]).unwrap(), vec![0.1, 7.0]);
+            let flat = Tensor::arange(5, (Kind::Float, Device::Cpu));
+            ddp.all_gather_in_place(&flat).unwrap();
+            let back: Vec<f32> = Vec::try_from(&flat).unwrap();
+            assert_eq!(back, vec![0.0, 1.0, 2.0, 3.0, 4.0]);
+            ddp.shutdown().unwrap();
+        }
+    }
+
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device with --ignored (libnccl.so on LD_LIBRARY_PATH: source launch/nccl-env.sh)"]
     fn one_rank_nccl_gradient_all_reduce_on_the_device() {
-        // World size 1 through the launcher path: real rendezvous, real NCCL communicator.
+        // World size 1 through the launcher path: real rendezvous, real NCCL communicator (the
+        // per-step collectives forced: at world size 1 they are otherwise skipped).
         let port = free_port();
-        let mut ddp = Ddp::with_topology(topo(0, 1, port), &gopts(), DdpOptions::default(), true).unwrap();
+        let opts = DdpOptions {
+            force_collectives: true,
+            ..DdpOptions::default()
+        };
+        let mut ddp = Ddp::with_topology(topo(0, 1, port), &gopts(), opts, true).unwrap();
+        assert!(!ddp.identity);
         let device = ddp.device(Device::Cuda(0));
         let params = params_with_grads(0, device);
         ddp.attach(&params).unwrap();
@@ -771,6 +808,11 @@ mod tests {
         let ga: Vec<f32> = Vec::try_from(&params[0].1.grad().view([-1]).to_device(Device::Cpu)).unwrap();
         assert_eq!(ga, vec![1.0; 6]);
         assert_eq!(ddp.mean(&[2.5]).unwrap(), vec![2.5]);
+        // ZeRO-1's parameter all-gather in place on the flat buffer (send = receive at 1 rank)
+        let flat = Tensor::arange(10, (Kind::Float, device));
+        ddp.all_gather_in_place(&flat).unwrap();
+        let back: Vec<f32> = Vec::try_from(&flat.to_device(Device::Cpu)).unwrap();
+        assert_eq!(back, (0..10).map(|i| i as f32).collect::<Vec<_>>());
         ddp.shutdown().unwrap();
     }
 
@@ -783,11 +825,13 @@ mod tests {
         let opts = DdpOptions {
             bucket_bytes: 64,
             overlap: true,
+            force_collectives: true,
             ..DdpOptions::default()
         };
         let mut ddp = Ddp::with_topology(topo(0, 1, port), &gopts(), opts, true).unwrap();
         let device = ddp.device(Device::Cuda(0));
         overlapped_steps(&mut ddp, 0, 1, device);
+        assert!(ddp.overlap.is_some(), "forced: the hooks reduce");
         ddp.shutdown().unwrap();
     }
 }
