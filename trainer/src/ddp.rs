@@ -350,22 +350,7 @@ impl Ddp {
             let buf = Tensor::f_empty([shard * w], (Kind::Float, part.device()))?;
             let r = self.topo.rank as i64;
             buf.f_narrow(0, r * shard, own.end - own.start)?.f_copy_(part)?;
-            let ptr = buf.data_ptr() as u64;
-            // SAFETY: `buf` holds `world * shard` f32 on this device; the all-gather runs on the
-            // compute stream, so the caller's reads and libtorch's reuse of `buf`'s memory queue
-            // behind it. The send range is this rank's block of it (NCCL's in-place all-gather).
-            unsafe {
-                comm.all_gather(
-                    ptr + (r * shard * 4) as u64,
-                    ptr,
-                    shard as usize,
-                    ReduceDtype::F32,
-                    STREAM,
-                )
-            }
-            .map_err(dist)?;
-            // no host wait (errors surface at the next step's metric mean, as for the reduction)
-            comm.check_async().map_err(dist)?;
+            self.all_gather_blocks(comm, &buf, shard)?;
             Ok(buf.f_narrow(0, 0, n)?)
         } else {
             let mine: Vec<f32> = Vec::try_from(&part.f_to_kind(Kind::Float)?)?;
@@ -389,6 +374,27 @@ impl Ddp {
         }
     }
 
+    /// NCCL's in-place all-gather in `buf` (`world * shard` contiguous f32 on this device, alive
+    /// until the compute stream has passed it): every rank's block `r * shard..` from rank `r`.
+    /// On the compute stream, so the caller's reads and libtorch's reuse of the memory queue
+    /// behind it; no host wait (errors surface at the next step's metric mean).
+    fn all_gather_blocks(&self, comm: &Communicator, buf: &Tensor, shard: i64) -> Result<()> {
+        let ptr = buf.data_ptr() as u64;
+        let r = self.topo.rank as i64;
+        // SAFETY: as documented above; the send range is this rank's block of `buf`.
+        unsafe {
+            comm.all_gather(
+                ptr + (r * shard * 4) as u64,
+                ptr,
+                shard as usize,
+                ReduceDtype::F32,
+                STREAM,
+            )
+        }
+        .map_err(dist)?;
+        comm.check_async().map_err(dist)
+    }
+
     /// ZeRO-1 after the update: `flat` (the flat f32 parameter buffer, `n` elements, of which
     /// this rank updated its [`Ddp::zero_range`]) gets every other rank's range, in place.
     /// Collective. With NCCL and `n` a multiple of the world size it is NCCL's in-place
@@ -401,27 +407,12 @@ impl Ddp {
         }
         let _guard = tch::no_grad_guard();
         let n = flat.numel() as i64;
-        let (w, r) = (self.topo.world_size as i64, self.topo.rank as i64);
+        let w = self.topo.world_size as i64;
         if let Some(comm) = &self.comm {
             if n % w == 0 && flat.kind() == Kind::Float && flat.is_contiguous() {
-                let shard = n / w;
-                let ptr = flat.data_ptr() as u64;
-                // SAFETY: `flat` holds `n = world * shard` contiguous f32 on this device and
-                // outlives the all-gather (the optimiser's buffer); it runs on the compute stream,
-                // behind the update that wrote this rank's block and ahead of the next forward.
-                // The send range is this rank's block of it (NCCL's in-place all-gather).
-                unsafe {
-                    comm.all_gather(
-                        ptr + (r * shard * 4) as u64,
-                        ptr,
-                        shard as usize,
-                        ReduceDtype::F32,
-                        STREAM,
-                    )
-                }
-                .map_err(dist)?;
-                // no host wait (errors surface at the next step's metric mean)
-                return comm.check_async().map_err(dist);
+                // (the optimiser's buffer: behind the update that wrote this rank's block, ahead
+                // of the next forward, all on the compute stream)
+                return self.all_gather_blocks(comm, flat, n / w);
             }
         }
         let own = self.zero_range(n);
