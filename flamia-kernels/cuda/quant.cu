@@ -54,15 +54,6 @@
 #define QUANT_CTAS_PER_SM 7
 #endif
 #endif
-// QUANT_DEFER_DIM 1 (token-block scales only): an item's dim-major copy is written after the next
-// item's block-amax barrier, so one CTA barrier per item instead of two.
-#ifndef QUANT_DEFER_DIM
-#define QUANT_DEFER_DIM 0
-#endif
-#if QUANT_DEFER_DIM && MODE != 0
-#undef QUANT_DEFER_DIM
-#define QUANT_DEFER_DIM 0
-#endif
 #define QUANT_INPUTS 3
 // 32-element chunks of a row per thread (element i = 32 k + 8 q + j, k < NK).
 #define NK (HEAD_DIM / 32)
@@ -294,51 +285,6 @@ __device__ __forceinline__ float delta_dot(const u32 (&codes)[2 * NK], const uin
 }
 #endif
 
-// The dim-major copy of item `it` from its code tile `tl` in shared memory (every thread: call
-// after a CTA barrier that follows the tile's writes): thread (dim quad g, token octet s)
-// transposes 8 tokens x 4 dims and writes 8 bytes per dim row; lanes s = 0..3 fill one 32-byte
-// sector. g < d / 4: at d = 64 warps 2 and 3 skip it (a warp-uniform branch).
-// Where item `it` of an input with dim-major codes `dim` starts (dim row 0 of its head, its first
-// token), and whether its block ends the document short of the 64-token padding.
-struct DimDst {
-  u8* base;
-  bool tail;
-};
-__device__ __forceinline__ DimDst dim_dst(const QuantParams& p, const Item& it, u8* dim) {
-  const int padded = (it.L + 63) & ~63;
-  return DimDst{dim + (long long)it.h * HEAD_DIM * p.Tpad + it.pad0 + it.b0, it.b0 + 32 >= it.L && it.b0 + 32 < padded};
-}
-__device__ __forceinline__ void store_dim(const QuantParams& p, DimDst d, const u32* tl) {
-  const int tid = threadIdx.x;
-#if HEAD_DIM < 128
-  if ((tid >> 2) < HEAD_DIM / 4)
-#endif
-  {
-    const int s = tid & 3, g = tid >> 2;
-    u32 wd[8];
-#pragma unroll
-    for (int r = 0; r < 8; ++r) wd[r] = tl[tile_word(8 * s + r, g)];
-    u32 lo[4], hi[4];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const u32* x = wd + 4 * half;
-      const u32 a0 = __byte_perm(x[0], x[1], 0x5140), a1 = __byte_perm(x[0], x[1], 0x7362);
-      const u32 b0 = __byte_perm(x[2], x[3], 0x5140), b1 = __byte_perm(x[2], x[3], 0x7362);
-      u32* out = half ? hi : lo;
-      out[0] = __byte_perm(a0, b0, 0x5410);
-      out[1] = __byte_perm(a0, b0, 0x7632);
-      out[2] = __byte_perm(a1, b1, 0x5410);
-      out[3] = __byte_perm(a1, b1, 0x7632);
-    }
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      uint2* dst = reinterpret_cast<uint2*>(d.base + (long long)(4 * g + c) * p.Tpad + 8 * s);
-      dst[0] = make_uint2(lo[c], hi[c]);
-      if (d.tail) dst[4] = make_uint2(0u, 0u);  // zero padding up to the document's 64-token end
-    }
-  }
-}
-
 extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(const QuantParams p) {
   __shared__ __align__(16) u32 tile[2][32 * 32];
 #if MODE == 0
@@ -366,10 +312,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   }
 #endif
   advance(nb, ns, gb, gs, slots);  // (nb, ns): the next item
-#if QUANT_DEFER_DIM
-  bool have_prev = false;  // an item whose dim-major copy is still to do (its tile: tile[buf ^ 1])
-  DimDst prev{nullptr, false};
-#endif
   for (int buf = 0;; buf ^= 1) {
     const QuantTensor t = pick_input(p, it.ti);
     const int n = min(32, it.L - it.b0);
@@ -419,10 +361,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #else
     m = warp_max(m);
     if ((tid & 31) == 0) wmax[buf][w] = m;
-    __syncthreads();  // (QUANT_DEFER_DIM: the previous item's code tile is complete too)
-#if QUANT_DEFER_DIM
-    if (have_prev) store_dim(p, prev, tile[buf ^ 1]);
-#endif
+    __syncthreads();
     const int e = block_exponent(fmaxf(fmaxf(wmax[buf][0], wmax[buf][1]), fmaxf(wmax[buf][2], wmax[buf][3])));
 #endif
 #if DELTA
@@ -462,20 +401,40 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       if (q == 0) p.delta[row] = e >= -126 ? dsum * pow2f(e) : (dsum * 0.5f) * pow2f(e + 1);
 #endif
     }
-#if QUANT_DEFER_DIM
-    // the dim-major copy of this item runs after the NEXT item's barrier (one barrier per item);
-    // the last item's after one more
-    if (!has_next) {
-      __syncthreads();
-      store_dim(p, dim_dst(p, it, t.dim), tl);
-      break;
-    }
-    have_prev = true;
-    prev = dim_dst(p, it, t.dim);
-#else
     __syncthreads();
-    store_dim(p, dim_dst(p, it, t.dim), tl);
+    // dim-major copy: thread (dim quad g, token octet s) transposes 8 tokens x 4 dims and writes
+    // 8 bytes per dim row; lanes s = 0..3 fill one 32-byte sector. g < d / 4: at d = 64 warps 2
+    // and 3 skip it (a warp-uniform branch).
+#if HEAD_DIM < 128
+    if ((tid >> 2) < HEAD_DIM / 4)
 #endif
+    {
+      const int s = tid & 3, g = tid >> 2;
+      u32 wd[8];
+#pragma unroll
+      for (int r = 0; r < 8; ++r) wd[r] = tl[tile_word(8 * s + r, g)];
+      u32 lo[4], hi[4];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const u32* x = wd + 4 * half;
+        const u32 a0 = __byte_perm(x[0], x[1], 0x5140), a1 = __byte_perm(x[0], x[1], 0x7362);
+        const u32 b0 = __byte_perm(x[2], x[3], 0x5140), b1 = __byte_perm(x[2], x[3], 0x7362);
+        u32* out = half ? hi : lo;
+        out[0] = __byte_perm(a0, b0, 0x5410);
+        out[1] = __byte_perm(a0, b0, 0x7632);
+        out[2] = __byte_perm(a1, b1, 0x5410);
+        out[3] = __byte_perm(a1, b1, 0x7632);
+      }
+      const int padded = (it.L + 63) & ~63;
+      const bool tail = it.b0 + 32 >= it.L && it.b0 + 32 < padded;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        uint2* dst = reinterpret_cast<uint2*>(t.dim + ((long long)it.h * HEAD_DIM + 4 * g + c) * p.Tpad + it.pad0 +
+                                              it.b0 + 8 * s);
+        dst[0] = make_uint2(lo[c], hi[c]);
+        if (tail) dst[4] = make_uint2(0u, 0u);  // zero padding up to the document's 64-token end
+      }
+    }
     if (!has_next) break;
     it = nx;
   }
