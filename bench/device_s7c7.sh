@@ -1,0 +1,24 @@
+#!/bin/bash
+# Session 7, device call 7 (final): the training call against the BF16 anchors in ONE call
+# (`flamia bench attention`, bench/anchors.py, `flamia bench attention` again), then data parallel
+# at world size 1 again (plain vs zero1ovl, three rounds alternating). Stage as device_s7c6.sh.
+set -u
+C=.device-carry/bwd4
+SP=/opt/torch/.venv/lib/python3.12/site-packages
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia
+clock() { nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader; }
+{
+echo "=== ours (A)   clock $(clock)"; date
+timeout 100 $B bench attention --json "$O/ours_a.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"
+echo "=== BF16 anchors   clock $(clock)"; date
+OUT=$O timeout 330 python3 bench/anchors.py > "$O/anchors.log" 2>&1 || echo "anchors rc=$?"
+tail -14 "$O/anchors.log"
+echo "=== ours (B)   clock $(clock)"; date
+timeout 100 $B bench attention --json "$O/ours_b.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"
+echo "=== data parallel at world size 1"; date
+OUT=$O/ddp BIN_DIR=$C STEPS=60 ROUNDS=3 DEADLINE_S=120 ARMS="zero1ovl" timeout 150 bash launch/device-ddp-check.sh 2>&1 |
+  grep -E "^run |^arm |rc=[1-9]|deadline|total wall"
+date
+} 2>&1 | tee "$O/s7c7.log"
