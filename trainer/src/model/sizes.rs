@@ -20,9 +20,9 @@ pub struct Size {
     pub tied: bool,
 }
 
-/// Every size, small to large. Head dims are 64 or 128 (the CPU reference takes both); the GPU
-/// FLAMIA kernels take 128 only, so every size meant for the GPU uses 128.
-pub const SIZES: [Size; 5] = [
+/// Every size, small to large. Head dims are 64 or 128: the CPU reference and the GPU's v4
+/// kernels take both (the NVFP4 path, a v3.1 kernel, takes 128 only: `check_gpu_head_dim`).
+pub const SIZES: [Size; 6] = [
     // CPU demo: 2 layers of dim 128, 2 heads of 64 sharing one KV head.
     Size {
         name: "tiny",
@@ -70,6 +70,17 @@ pub const SIZES: [Size; 5] = [
         dim: 2048,
         n_layers: 16,
         n_heads: 16,
+        n_kv_heads: 8,
+        ffn_multiplier: Some(1.5),
+        multiple_of: 256,
+        tied: true,
+    },
+    // Llama-3.2-1B's shape: 32 heads of 64 sharing 8 KV heads, FFN 8192, tied embedding.
+    Size {
+        name: "1b-d64",
+        dim: 2048,
+        n_layers: 16,
+        n_heads: 32,
         n_kv_heads: 8,
         ffn_multiplier: Some(1.5),
         multiple_of: 256,
@@ -286,6 +297,22 @@ mod tests {
         assert_eq!(attn, 3.5 * 16.0 * bench);
         // Short documents cost less attention than one long one of the same tokens.
         assert!(b.train_flops(vec![1024; 64]) < b.train_flops([65536]));
+    }
+
+    #[test]
+    fn the_1b_d64_size_is_llama_3_2_1b_shaped() {
+        let cfg = ModelConfig {
+            size: "1b-d64".into(),
+            ..ModelConfig::default()
+        };
+        let s = cfg.shape(128_256).unwrap();
+        assert_eq!(
+            (s.dim, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim),
+            (2048, 16, 32, 8, 64)
+        );
+        assert_eq!(s.ffn_dim, 8192);
+        // exactly Llama-3.2-1B's parameter count (8 KV heads of 64: K and V project to 512)
+        assert_eq!(s.param_counts().0, 1_235_814_400);
     }
 
     #[test]
