@@ -219,9 +219,16 @@ def bwd_per_step(a):
         sys.exit("no loop with one step's 16 wgmma found in the attn_bwd_v4 SASS")
     for lo, hi in loops:
         body = [op for addr, op, _ in ins if lo <= addr <= hi]
+        texts = [t for addr, _, t in ins if lo <= addr <= hi]
         counts, other = class_counts(body)
-        print(f"attn_bwd_v4 step loop [{lo:#x}, {hi:#x}]: {len(body)} SASS instructions per consumer thread per step "
-              f"(64 queries x 64 keys per warpgroup: {len(body) / 32:.1f} per score)")
+        # the causal mask's selects mark the diagonal-step loop; global stores inside a step loop's
+        # address range are out-of-line code placed there (the item end's dK/dV stores), not step work
+        masked = sum(1 for t in texts if "-INF" in t) > 0
+        stg = sum(1 for op in body if op.startswith("STG"))
+        kind = "masked (diagonal) steps" if masked else "interior steps"
+        note = f"; the range also holds {stg} global stores of out-of-line code, so it over-counts" if stg else ""
+        print(f"attn_bwd_v4 step loop [{lo:#x}, {hi:#x}], {kind}: {len(body)} SASS instructions per consumer thread "
+              f"per step (64 queries x 64 keys per warpgroup: {len(body) / 32:.1f} per score){note}")
         print("   " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f", other {other}")
 
 
