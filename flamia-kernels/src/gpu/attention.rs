@@ -6,8 +6,9 @@
 //!
 //! Tensors: Q, O, dO, dQ `(tokens, heads_q, d)` BF16; K, V, dK, dV `(tokens, heads_kv, d)`
 //! BF16, head dim d = 64 or 128 (the v4 kernels; the v3.1 ones, and so the NVFP4 path and the
-//! FP32-promotion / v3 switches, take 128 only: [`Attention`] says so); LSE `(tokens, heads_q)` FP32 natural log (as the CPU reference). Documents packed back to back, `cu_seqlens`
-//! given on the host through the [`Plan`].
+//! FP32-promotion / v3 switches, take 128 only: [`check_head_dim`]); LSE `(tokens, heads_q)` FP32
+//! natural log (as the CPU reference). Documents packed back to back, `cu_seqlens` given on the
+//! host through the [`Plan`].
 //!
 //! ```ignore
 //! let gpu = Gpu::new(0)?;
@@ -95,8 +96,8 @@ fn forward_v4_variant(per_token: bool, stages: u32, hd: u32) -> Variant {
         .define("SMEM_FWD4_BUDGET", smem_fwd4(stages, hd, per_token))
 }
 
-/// Which backward runs: the v4 fused kernel (default where it applies: E4M3 operands, dS
-/// exponents per 32x32 block, no FP32 promotion of dP or S) or the two v3.1 kernels
+/// Which backward runs: the v4 fused kernel (default where it applies: E4M3 operands, no FP32
+/// promotion of dP or S; block or row dS exponents) or the two v3.1 kernels
 /// (`FLAMIA_ATTN_BWD=v3`, kept for A/B; the NVFP4 path always uses them).
 pub fn backward_v3_forced() -> bool {
     std::env::var("FLAMIA_ATTN_BWD").is_ok_and(|v| v.trim() == "v3")
