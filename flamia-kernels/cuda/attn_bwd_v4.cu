@@ -346,6 +346,15 @@ struct BwdConsumer {
 // the transposed bytes of the dQ operand (shared memory, row = query, K = keys).
 // `ds` points at this thread's byte of the tile, tile_off<BKT>(2q, key0) with key0 = the
 // fragment's row 16w + g (+ 64c): the other 31 bytes are at immediate offsets from it.
+// Stores the thread's E4M3 codes R0 (rows g, queries 2q, 2q+1) and R8 (key row + 8) of one 8-query
+// column block into the dS tile at d = its byte for the block (1024-byte row groups apart).
+__device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
+  d[0] = (u8)R0;
+  d[16] = (u8)(R0 >> 8);
+  d[8] = (u8)R8;
+  d[24] = (u8)(R8 >> 8);
+}
+
 __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u8* ds) {
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
@@ -355,11 +364,7 @@ __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u
       const int i = 16 * kk + 4 * jj;
       R0[jj] = cvt_e4m3x2(v[i + 0], v[i + 1]);
       R8[jj] = cvt_e4m3x2(v[i + 2], v[i + 3]);
-      u8* d = ds + 1024 * (4 * kk + jj);  // query rows 8J.. (core-matrix row group J)
-      d[0] = (u8)R0[jj];
-      d[16] = (u8)(R0[jj] >> 8);
-      d[8] = (u8)R8[jj];
-      d[24] = (u8)(R8[jj] >> 8);
+      ds_store_block(ds + 1024 * (4 * kk + jj), R0[jj], R8[jj]);  // query rows 8J.. (row group J)
     }
     codes_to_afrag(R0, R8, a[kk]);
   }
@@ -370,9 +375,6 @@ __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u
 __device__ __forceinline__ u8* ds_byte(BwdV4Smem& sm, const BwdConsumer& C, int buf) {
   return sm.ds[buf] + (4 * C.cw + C.w()) * 128 + 32 * C.qd() + C.g();
 }
-
-// dS~ (already divided by 2^e) -> E4M3 A fragments of dK = dS^T Q only.
-__device__ __forceinline__ void ds_afrag(const float (&v)[32], u32 (&a)[2][4]) { acc_to_afrag(v, a); }
 
 #if BWD_ROW_DS
 // The two dS copies of `row_ds_exponents` from dS~ in v (this warpgroup's 64 keys x 64 queries):
@@ -444,12 +446,7 @@ __device__ __forceinline__ void row_ds_copies(BwdV4Smem& sm, const BwdConsumer& 
         const int j = 4 * kk + jj, i = 4 * j;
         const float2 fc = sm.fcol[4 * cw + w][4 * j + q];  // queries 8j + 2q, +1
         const float f0 = fc.x, f1 = fc.y;
-        const u32 R0 = cvt_e4m3x2(v[i] * f0, v[i + 1] * f1), R8 = cvt_e4m3x2(v[i + 2] * f0, v[i + 3] * f1);
-        u8* d = ds + 1024 * j;
-        d[0] = (u8)R0;
-        d[16] = (u8)(R0 >> 8);
-        d[8] = (u8)R8;
-        d[24] = (u8)(R8 >> 8);
+        ds_store_block(ds + 1024 * j, cvt_e4m3x2(v[i] * f0, v[i + 1] * f1), cvt_e4m3x2(v[i + 2] * f0, v[i + 3] * f1));
       }
   }
 #pragma unroll
@@ -563,7 +560,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   float fkr[2][2];       // dK's copy: 2^e per (key row r, query slice sl)
   row_ds_copies(sm, C, dp, par, buf, fkr);
   BWD_PHASE(3);
-  ds_afrag(dp, ads);
+  acc_to_afrag(dp, ads);  // dK's copy: A fragments only
 #else
   // block maxima of dS~: 32 keys (warps 2m, 2m+1 of the warpgroup) x 32 queries (slice)
   float mx[2];

@@ -927,18 +927,14 @@ mod tests {
             check_gpu_head_dim(c, &c.attention.options().unwrap(), &shape, device)
         };
         // tiny: 2 heads of 64; the v4 kernels take it, the v3.1 ones (nvfp4) do not
-        assert!(
-            check(&cfg("tiny", "mxfp8", &[]), cuda).is_ok(),
-            "v4 at head_dim 64"
-        );
-        assert!(
-            check(&cfg("tiny", "leaky-fp8", &[]), cuda).is_ok(),
-            "v4 at head_dim 64"
-        );
-        assert!(
-            check(&cfg("tiny", "mxfp8", &["attention.row_ds_exponents=true"]), cuda).is_ok(),
-            "row dS exponents run on v4 at head_dim 64"
-        );
+        for (path, extra) in [
+            ("mxfp8", &[][..]),
+            ("leaky-fp8", &[]),
+            ("mxfp8", &["attention.row_ds_exponents=true"]),
+        ] {
+            let r = check(&cfg("tiny", path, extra), cuda);
+            assert!(r.is_ok(), "{path} {extra:?} runs on v4 at head_dim 64: {r:?}");
+        }
         {
             let c = cfg("tiny", "nvfp4", &[]);
             let err = check(&c, cuda).unwrap_err().to_string();

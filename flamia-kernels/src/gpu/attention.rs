@@ -87,13 +87,15 @@ pub fn forward_v3_forced() -> bool {
 }
 
 /// Defines of the v4 forward: per-key scale columns (per-token scales) or per-32-key-group
-/// folds (token-block and tensor-wide scales), the ring depth and the smem budget.
-fn forward_v4_variant(per_token: bool, stages: u32, hd: u32) -> Variant {
-    Variant::new()
+/// folds (token-block and tensor-wide scales), the ring depth and the smem budget (returned too).
+fn forward_v4_variant(per_token: bool, stages: u32, hd: u32) -> (Variant, u32) {
+    let smem = smem_fwd4(stages, hd, per_token);
+    let v = Variant::new()
         .define("HEAD_DIM", hd)
         .define("PER_TOKEN_COLS", per_token as u32)
         .define("FWD_STAGES", stages)
-        .define("SMEM_FWD4_BUDGET", smem_fwd4(stages, hd, per_token))
+        .define("SMEM_FWD4_BUDGET", smem);
+    (v, smem)
 }
 
 /// Which backward runs: the v4 fused kernel (default where it applies: E4M3 operands, no FP32
@@ -635,10 +637,8 @@ impl Attention {
             counter: plan.counter.ptr(),
             nitems: nitems as i32,
         };
-        let stages = self.fwd_stages;
         let per_token = self.scale_mode() == ScaleMode::PerToken;
-        let smem = smem_fwd4(stages, hd as u32, per_token);
-        let v = forward_v4_variant(per_token, stages, hd as u32);
+        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32);
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
         let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
@@ -919,15 +919,9 @@ impl Attention {
         let hd32 = hd as u32;
         let mut out = Vec::new();
         if self.uses_forward_v4() {
-            let stages = self.fwd_stages;
             let per_token = self.scale_mode() == ScaleMode::PerToken;
-            let v4 = forward_v4_variant(per_token, stages, hd32);
-            let f = self.gpu.function(
-                "attn_fwd_v4.cu",
-                &v4,
-                "attn_fwd_v4",
-                smem_fwd4(stages, hd32, per_token),
-            )?;
+            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32);
+            let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
         }
@@ -995,7 +989,7 @@ mod tests {
                 (false, 5),
                 (true, 5),
             ] {
-                let v = forward_v4_variant(per_token, stages, hd);
+                let (v, _) = forward_v4_variant(per_token, stages, hd);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
