@@ -31,9 +31,30 @@ if ! torch_lib >/dev/null; then
         echo "setup-libtorch: no python3 found; install Python >= 3.10 (needed once to fetch PyTorch $want)" >&2
         exit 1
     fi
+    # The install needs about 4.7 GB where the venv goes; pip's wheel cache would double the peak
+    # (the downloaded wheels stay in ~/.cache/pip), so it is off. Refuse early, with the numbers,
+    # rather than fail half way with ENOSPC.
+    parent="$(dirname "$venv")"
+    need_kb=$((5500 * 1024))
+    free_kb="$(df -Pk "$parent" 2>/dev/null | awk 'NR == 2 { print $4 }')"
+    if [ -n "$free_kb" ] && [ "$free_kb" -lt "$need_kb" ]; then
+        echo "setup-libtorch: $parent has $((free_kb / 1024)) MiB free; installing torch==$want" \
+            "needs about $((need_kb / 1024)) MiB. Free space there, or set FLAMIA_VENV to a venv" \
+            "path on a larger disk." >&2
+        exit 1
+    fi
     echo "setup-libtorch: installing torch==$want into $venv (first use only, ~4.7 GB)" >&2
+    created=0
+    [ -e "$venv" ] || created=1
     "$py" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$want" >&2
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
+        "torch==$want" >&2 ||
+        {
+            echo "setup-libtorch: pip could not install torch==$want into $venv (see above)" >&2
+            # Only a venv this run created is removed (FLAMIA_VENV may name the user's own).
+            if [ "$created" = 1 ]; then rm -rf "$venv"; echo "setup-libtorch: removed the partial $venv" >&2; fi
+            exit 1
+        }
     "$venv/bin/python" -W ignore -c "import torch" 2>/dev/null ||
         { echo "setup-libtorch: torch $want did not import from $venv" >&2; exit 1; }
 fi
