@@ -137,7 +137,10 @@ CLASSES = [("MMA", ("QGMMA", "HGMMA")), ("FFMA", ("FFMA",)), ("FMUL", ("FMUL",))
            ("sync", ("SYNCS", "WARPGROUP", "BAR", "DEPBAR", "WARPSYNC", "BRA"))]
 
 
-def sass_lines(lib, src_dir, name, defines):
+def sass_lines(lib, src_dir, name, defines, function):
+    """(address, opcode, text) of the SASS of one kernel (`function`) of the module. Addresses are
+    per function, so the kernels of one module overlap: counting by address range alone mixed the
+    module's small kernels into the ranges of the big one's loops."""
     ptx = nvrtc_ptx(lib, src_dir, name, defines)
     ptxas = find("torch/bin/ptxas")
     cuobjdump = find("triton/backends/nvidia/bin/cuobjdump")
@@ -149,9 +152,13 @@ def sass_lines(lib, src_dir, name, defines):
             sys.exit(f"{name}: ptxas failed\n{r.stderr}")
         sass = subprocess.run([cuobjdump, "--dump-sass", cubin], capture_output=True, text=True).stdout
     out = []  # (address, opcode, text)
+    fn = None
     for line in sass.splitlines():
         t = line.strip()
-        if not t.startswith("/*") or "*/" not in t:
+        if "Function :" in t:
+            fn = t.split(":", 1)[1].strip()
+            continue
+        if fn != function or not t.startswith("/*") or "*/" not in t:
             continue
         addr, rest = t[2:].split("*/", 1)
         words = rest.replace(";", " ").split()
@@ -163,6 +170,8 @@ def sass_lines(lib, src_dir, name, defines):
             out.append((int(addr.strip(), 16), words[0], rest))
         except ValueError:
             pass
+    if not out:
+        sys.exit(f"{name}: no SASS for kernel {function}")
     return out
 
 
@@ -213,7 +222,7 @@ def bwd_per_step(a):
     libdir = os.path.dirname(find("nvidia/cu13/lib/libnvrtc.so.13"))
     ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
     lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
-    ins = sass_lines(lib, a.dir, "attn_bwd_v4.cu", a.defines)
+    ins = sass_lines(lib, a.dir, "attn_bwd_v4.cu", a.defines, "attn_bwd_v4")
     loops = loops_with(ins, 16)  # S^T, dP^T 8 + dV 2 + dK 2 + dQ 4
     if not loops:
         sys.exit("no loop with one step's 16 wgmma found in the attn_bwd_v4 SASS")
@@ -239,7 +248,7 @@ def per_score(a):
     for path, extra in (("interior", ["FWD_INTERIOR_ONLY=1"]), ("masked", ["FWD_MASKED_ONLY=1"]),
                         ("interior", ["FWD_INTERIOR_ONLY=1", "PER_TOKEN_COLS=1"]),
                         ("masked", ["FWD_MASKED_ONLY=1", "PER_TOKEN_COLS=1"])):
-        ins = sass_lines(lib, a.dir, "attn_fwd_v4.cu", extra + a.defines)
+        ins = sass_lines(lib, a.dir, "attn_fwd_v4.cu", extra + a.defines, "attn_fwd_v4")
         mma = [i for i, (_, op, _) in enumerate(ins) if "GMMA" in op]
         if len(mma) < 8:
             sys.exit(f"expected 8 GMMA in the consumer loop, found {len(mma)}")
