@@ -77,7 +77,8 @@ def main():
                          "score, by instruction class")
     ap.add_argument("--bwd-per-step", action="store_true",
                     help="v4 backward: the SASS instructions of each step loop (interior and masked: the loops "
-                         "whose body holds one step's 20 wgmma) per consumer thread per step, by class")
+                         "whose body holds one step's 16 wgmma, 12 at HEAD_DIM=64) per consumer thread per step, "
+                         "by class")
     a = ap.parse_args()
     if a.per_score:
         return per_score(a)
@@ -223,9 +224,12 @@ def bwd_per_step(a):
     ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
     lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
     ins = sass_lines(lib, a.dir, "attn_bwd_v4.cu", a.defines, "attn_bwd_v4")
-    loops = loops_with(ins, 16)  # S^T, dP^T 8 + dV 2 + dK 2 + dQ 4
+    # one step's wgmma: S^T and dP^T 2 x HEAD_DIM / 32 (K slices of the head dim), dV 2, dK 2, dQ 4
+    hd = next((int(d.split("=", 1)[1]) for d in a.defines if d.startswith("HEAD_DIM=")), 128)
+    n_gmma = 2 * hd // 32 + 8
+    loops = loops_with(ins, n_gmma)
     if not loops:
-        sys.exit("no loop with one step's 16 wgmma found in the attn_bwd_v4 SASS")
+        sys.exit(f"no loop with one step's {n_gmma} wgmma found in the attn_bwd_v4 SASS")
     for lo, hi in loops:
         body = [op for addr, op, _ in ins if lo <= addr <= hi]
         texts = [t for addr, _, t in ins if lo <= addr <= hi]
