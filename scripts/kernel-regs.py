@@ -77,7 +77,7 @@ def main():
                          "score, by instruction class")
     ap.add_argument("--bwd-per-step", action="store_true",
                     help="v4 backward: the SASS instructions of each step loop (interior and masked: the loops "
-                         "whose body holds one step's 16 wgmma, 12 at HEAD_DIM=64) per consumer thread per step, "
+                         "whose body holds one step's wgmma: at least 16, 12 at HEAD_DIM=64) per consumer thread per step, "
                          "by class")
     a = ap.parse_args()
     if a.per_score:
@@ -177,7 +177,8 @@ def sass_lines(lib, src_dir, name, defines, function):
 
 
 def loops_with(ins, n_gmma):
-    """(start, end) address ranges of backward branches whose body holds exactly n_gmma GMMAs."""
+    """(start, end) address ranges of the innermost backward branches whose body holds at least
+    n_gmma GMMAs."""
     out = []
     for addr, op, text in ins:
         if op != "BRA":
@@ -189,7 +190,7 @@ def loops_with(ins, n_gmma):
                 t = int(w, 16)
             except ValueError:
                 continue
-            if t < addr and sum(1 for a2, o2, _ in ins if t <= a2 <= addr and "GMMA" in o2) == n_gmma:
+            if t < addr and sum(1 for a2, o2, _ in ins if t <= a2 <= addr and "GMMA" in o2) >= n_gmma:
                 out.append((t, addr))
     # innermost first, no duplicates of the same body start
     out.sort(key=lambda r: r[1] - r[0])
@@ -224,7 +225,8 @@ def bwd_per_step(a):
     ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
     lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
     ins = sass_lines(lib, a.dir, "attn_bwd_v4.cu", a.defines, "attn_bwd_v4")
-    # one step's wgmma: S^T and dP^T 2 x HEAD_DIM / 32 (K slices of the head dim), dV 2, dK 2, dQ 4
+    # one step's wgmma: S^T and dP^T 2 x HEAD_DIM / 32 (K slices of the head dim), dQ 4, dV and dK
+    # at least 4 (more when split into pieces)
     hd = next((int(d.split("=", 1)[1]) for d in a.defines if d.startswith("HEAD_DIM=")), 128)
     n_gmma = 2 * hd // 32 + 8
     loops = loops_with(ins, n_gmma)
