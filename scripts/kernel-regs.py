@@ -236,8 +236,9 @@ def bwd_per_step(a):
         body = [op for addr, op, _ in ins if lo <= addr <= hi]
         texts = [t for addr, _, t in ins if lo <= addr <= hi]
         counts, other = class_counts(body)
-        # the causal mask's selects mark the diagonal-step loop; global stores inside a step loop's
-        # address range are out-of-line code placed there (the item end's dK/dV stores), not step work
+        # the causal mask's selects mark the diagonal-step loop; a step stores nothing to global
+        # memory, so global stores inside a loop's address range are out-of-line code of the same
+        # kernel that ptxas placed there (none today), not step work
         masked = sum(1 for t in texts if "-INF" in t) > 0
         stg = sum(1 for op in body if op.startswith("STG"))
         kind = "masked (diagonal) steps" if masked else "interior steps"
