@@ -54,6 +54,12 @@
 #ifndef BWD_ROW_DS
 #define BWD_ROW_DS 0
 #endif
+// BWD_KEY_BLOCKS 1 (the host sets it unless per-token scales): K's, V's and the dV fold's
+// exponents are uniform per aligned 32-key block, so each consumer thread's key factors are one
+// value per step (`bwd_step`).
+#ifndef BWD_KEY_BLOCKS
+#define BWD_KEY_BLOCKS 0
+#endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -103,13 +109,16 @@ struct BwdItemTail {
   float fv[BKT];  // 2^c: dV's unfold
 };
 
-// Per-query constants of one step (0 / -inf past the document: those columns drop out).
+// Per-query constants of one step (0 / -inf past the document: those columns drop out), by
+// column pair: a consumer thread's columns come in pairs 8j + 2q, +1, so one 16-byte load gives
+// a pair's qf and nl, one its dq and nd, one 8-byte load its pe (24 loads per step, was 40).
+struct alignas(16) BwdColPair {
+  float2 qf, nl;  // 2^eQ * scale * log2(e); -LSE * log2(e)
+  float2 dq, nd;  // 2^(edO + eQ); -D * 2^eQ
+  float2 pe, pad; // 2^edO
+};
 struct BwdCols {
-  float qf[BQT];  // 2^eQ * scale * log2(e)
-  float nl[BQT];  // -LSE * log2(e)
-  float dq[BQT];  // 2^(edO + eQ)
-  float nd[BQT];  // -D * 2^eQ
-  float pe[BQT];  // 2^edO
+  BwdColPair p[BQT / 2];
 };
 
 // One step's dQ partial of a consumer warpgroup, handed to its reducer warp: where it goes, the
@@ -230,7 +239,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         tma_load_2d(smem_u32(sm.qd[s]), &P.qd_map, bar, t.pad0 + q0, h * HEAD_DIM);
         tma_load_2d(smem_u32(sm.dOd[s]), &P.dod_map, bar, t.pad0 + q0, h * HEAD_DIM);
       }
-      BwdCols& cs = sm.cols[s];
+      float c[5][2];  // qf, nl, dq, nd, pe of this lane's pair of queries 2 lane, +1
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int i = 2 * lane + j;
@@ -238,12 +247,16 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         const long long e = (long long)(t.doc0 + (ok ? q0 + i : 0)) * a.hq + h;
         const float fq = ok ? exp2i(a.q_exp[e]) : 0.f;
         const float fo = ok ? exp2i(a.do_exp[e]) : 0.f;
-        cs.qf[i] = fq * a.scale_log2;
-        cs.nl[i] = ok ? -a.lse[e] * LOG2E : NEG_INF;
-        cs.dq[i] = fo * fq;
-        cs.nd[i] = ok ? -a.delta[e] * fq : 0.f;
-        cs.pe[i] = fo;
+        c[0][j] = fq * a.scale_log2;
+        c[1][j] = ok ? -a.lse[e] * LOG2E : NEG_INF;
+        c[2][j] = fo * fq;
+        c[3][j] = ok ? -a.delta[e] * fq : 0.f;
+        c[4][j] = fo;
       }
+      BwdColPair& cp = sm.cols[s].p[lane];
+      *reinterpret_cast<float4*>(&cp.qf) = make_float4(c[0][0], c[0][1], c[1][0], c[1][1]);
+      *reinterpret_cast<float4*>(&cp.dq) = make_float4(c[2][0], c[2][1], c[3][0], c[3][1]);
+      cp.pe = make_float2(c[4][0], c[4][1]);
       mbar_arrive(bar);
       if (++s == BWD_STAGES) { s = 0; ph ^= 1; }
     };
@@ -470,21 +483,28 @@ __device__ __forceinline__ void row_ds_copies(BwdV4Smem& sm, const BwdConsumer& 
 // one round trip per product, R accumulator registers beside the item's 2R of dK and dV.)
 template <int NS, int R>
 __device__ __forceinline__ void mma_rs_sw64(float (&acc)[R], const u32 (&a)[2][4], u32 b, int s0) {
+  const u64 db = desc_sw64(b);
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < NS; ++kk) wgmma_rs_k32_e4m3(acc, a[s0 + kk], desc_sw64(b + 32 * (s0 + kk)), kk > 0);
+  for (int kk = 0; kk < NS; ++kk) wgmma_rs_k32_e4m3(acc, a[s0 + kk], desc_add(db, 32 * (s0 + kk)), kk > 0);
   wg_commit();
   wg_wait<0>();
   fence_regs(acc);
 }
 
-// One step of a consumer warpgroup: 64 queries against its 64 keys. MASKED: the causal mask of
-// a diagonal step (off = q0 - k0 - 64c: key row r sees query column c iff r <= c + off).
+// One step of a consumer warpgroup: 64 queries against its 64 keys. MASKED: a diagonal step or
+// one of a tile that passes the document's end: key row r sees query column c iff r <= c + off
+// (causal; off = q0 - k0 - 64c, or 1 << 20 without the causal mask) and r <= lim (the
+// warpgroup's last key inside the document).
 template <bool MASKED>
 __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, const BwdItem& it,
-                                         float (&dk)[HEAD_DIM / 2], float (&dv)[HEAD_DIM / 2], int off) {
+                                         float (&dk)[HEAD_DIM / 2], float (&dv)[HEAD_DIM / 2], int off, int lim) {
   const int cw = C.cw, w = C.w(), lane = C.lane(), qd = C.qd(), s = C.s;
   const int r0 = 16 * w + C.g();  // key row (in the warpgroup's 64) of fragment element 0
+  // (masked steps) row r0 + 8r sees the thread's column 8j + 2q + b iff 8j + b >= thr[r]
+  int thr[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) thr[r] = r0 + 8 * r <= lim ? r0 + 8 * r - off - 2 * qd : 1 << 20;
   BWD_PHASE(0);
 #ifdef BWD_PROF_TIMERS
   const long long _t0 = clock64();
@@ -495,36 +515,76 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #endif
   float sc[32], dp[32];
   {
-    // (opaque: the eight descriptors are rebuilt per step, not held or spilled across the step)
+    // (opaque: the four base descriptors are rebuilt per step, not held or spilled across the
+    // step; each K slice's is its base plus an offset)
     const u32 kb = opaque_u32(smem_u32(sm.k) + 64 * cw * HEAD_DIM), vb = opaque_u32(smem_u32(sm.v) + 64 * cw * HEAD_DIM);
     const u32 qb = opaque_u32(smem_u32(sm.q[s])), ob = opaque_u32(smem_u32(sm.dO[s]));
+    const u64 dkb = desc_tok(kb), dvb = desc_tok(vb), dqb = desc_tok(qb), dob = desc_tok(ob);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_ss_m64n64k32_e4m3(sc, desc_tok(kb + 32 * kk), desc_tok(qb + 32 * kk), kk > 0);
+    for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_ss_m64n64k32_e4m3(sc, desc_add(dkb, 32 * kk), desc_add(dqb, 32 * kk), kk > 0);
     wg_commit();
 #pragma unroll
-    for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_ss_m64n64k32_e4m3(dp, desc_tok(vb + 32 * kk), desc_tok(ob + 32 * kk), kk > 0);
+    for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_ss_m64n64k32_e4m3(dp, desc_add(dvb, 32 * kk), desc_add(dob, 32 * kk), kk > 0);
     wg_commit();
     wg_wait<1>();
     fence_regs(sc);
   }
   BWD_PHASE(1);
+  const BwdColPair* cp = sm.cols[s].p + qd;  // the thread's column pair of block j: cp[4 * j]
+#if BWD_KEY_BLOCKS
+  // Token-block or tensor-wide scales: the thread's two keys (rows 16w + g, +8) lie in one
+  // 32-key block, so 2^eK, 2^eV and 2^-c are one value each and fold into the thread's 16
+  // column constants once per step (all powers of two: the products are exact, so x, dS~ and P~
+  // are bitwise those of the per-row expressions below). Keys past the document, whose factors
+  // are 0, are masked instead (masked steps only: `mask_limits`).
+  const int kr = 64 * cw + r0;
+  const float kf = lds_volatile(&it.kf[kr]);
+  // P (into sc) while dP^T is still in the tensor cores: x = s 2^eK qf - LSE log2 e
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float4 qn = *reinterpret_cast<const float4*>(&cp[4 * j].qf);
+    const float qk[2] = {qn.x * kf, qn.y * kf}, nl[2] = {qn.z, qn.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * j + e, r = e >> 1, b = e & 1;
+      float x = fmaf(sc[i], qk[b], nl[b]);
+      if (MASKED) x = (8 * j + b >= thr[r]) ? x : NEG_INF;
+      sc[i] = fast_exp2(x);
+    }
+  }
+  wg_wait<0>();
+  fence_regs(dp);
+  const float vk = lds_volatile(&it.vf[kr]) * kf, cf = lds_volatile(&it.cf[kr]);
+  // dS~ = P (dP 2^(eV + eK + edO + eQ) - D 2^(eK + eQ)) (into dp) and P~ = P 2^(edO - c) (into sc)
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float4 dn = *reinterpret_cast<const float4*>(&cp[4 * j].dq);
+    const float2 pe = cp[4 * j].pe;
+    const float A[2] = {dn.x * vk, dn.y * vk}, B[2] = {dn.z * kf, dn.w * kf}, pc[2] = {pe.x * cf, pe.y * cf};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * j + e, b = e & 1;
+      const float p = sc[i];
+      dp[i] = p * fmaf(dp[i], A[b], B[b]);
+      sc[i] = p * pc[b];
+    }
+  }
+#else
   // the item's factors of this thread's two keys, loaded per step (short live ranges)
-  const BwdCols& cs = sm.cols[s];
   float kf[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) kf[r] = lds_volatile(&it.kf[64 * cw + r0 + 8 * r]);
   // P (into sc) while dP^T is still in the tensor cores
-  // (a thread's columns come in pairs 8j + 2q, +1: one 8-byte load per constant and pair)
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const int c0 = 8 * j + 2 * qd;
-    const float2 qf = *reinterpret_cast<const float2*>(&cs.qf[c0]), nl = *reinterpret_cast<const float2*>(&cs.nl[c0]);
+    const float4 qn = *reinterpret_cast<const float4*>(&cp[4 * j].qf);
+    const float qf[2] = {qn.x, qn.y}, nl[2] = {qn.z, qn.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int i = 4 * j + e, r = e >> 1, b = e & 1, col = c0 + b;
-      float x = fmaf(sc[i] * kf[r], b ? qf.y : qf.x, b ? nl.y : nl.x);
-      if (MASKED) x = (r0 + 8 * r <= col + off) ? x : NEG_INF;
+      const int i = 4 * j + e, r = e >> 1, b = e & 1;
+      float x = fmaf(sc[i] * kf[r], qf[b], nl[b]);
+      if (MASKED) x = (8 * j + b >= thr[r]) ? x : NEG_INF;
       sc[i] = fast_exp2(x);
     }
   }
@@ -540,18 +600,19 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   // dS~ (into dp) and P~ = P 2^(edO - c) (into sc)
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const int c0 = 8 * j + 2 * qd;
-    const float2 dq = *reinterpret_cast<const float2*>(&cs.dq[c0]), nd = *reinterpret_cast<const float2*>(&cs.nd[c0]);
-    const float2 pe = *reinterpret_cast<const float2*>(&cs.pe[c0]);
+    const float4 dn = *reinterpret_cast<const float4*>(&cp[4 * j].dq);
+    const float2 pe = cp[4 * j].pe;
+    const float dq[2] = {dn.x, dn.y}, nd[2] = {dn.z, dn.w}, pf[2] = {pe.x, pe.y};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * j + e, r = e >> 1, b = e & 1;
       const float p = sc[i];
-      const float t = fmaf(dp[i] * vf[r], b ? dq.y : dq.x, b ? nd.y : nd.x);
+      const float t = fmaf(dp[i] * vf[r], dq[b], nd[b]);
       dp[i] = (p * kf[r]) * t;
-      sc[i] = (p * (b ? pe.y : pe.x)) * cf[r];
+      sc[i] = (p * pf[b]) * cf[r];
     }
   }
+#endif
   BWD_PHASE(2);
   const int par = C.nstep & 1, buf = C.nstep % BWD_DS_BUFS;
   u32 ads[2][4], ap[2][4];
@@ -648,6 +709,7 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   float dq[NQ];
   {
     const u32 da = opaque_u32(smem_u32(sm.ds[buf])), kb = opaque_u32(smem_u32(sm.kd) + (HEAD_DIM / 2) * cw * BKT);
+    const u64 dda = desc_slice<BKT>(da, 0), dkb = desc_sw128(kb);
 #ifdef BWD_PROF_NODQ
 #pragma unroll
     for (int i = 0; i < NQ; ++i) dq[i] = 0.f;
@@ -663,7 +725,7 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
     float ta[NQ], tb[NQ];
     const auto issue = [&](float(&t)[NQ], int kk) {
       wg_fence();
-      wgmma_ss_k32_e4m3(t, desc_slice<BKT>(da, kk), desc_sw128(kb + 32 * kk), 0);
+      wgmma_ss_k32_e4m3(t, desc_add(dda, 256 * kk), desc_add(dkb, 32 * kk), 0);
       wg_commit();
     };
     const auto scale_in = [&](float(&t)[NQ], int kk) {  // after the wait for slice kk
@@ -869,7 +931,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     const BwdTile tl = tail.tile;
     mbar_wait(smem_u32(&sm.kd_full), ni & 1);  // the item's dim-major K (issued before the last item's end)
     const int n = bwd_steps(tl, a.causal), qstart = a.causal ? tl.k0 : 0;
-    const int nint = a.causal ? max(0, n - 1 - cw) : n;
+    // Interior steps: no key past the document and, causal, every key row sees every query.
+    // Causal, they never hold a key past the document (a tile's steps from its own first query
+    // on are masked, and a partial tile has at most two); without the mask, a partial tile's
+    // steps are all masked.
+    const int lim = tl.len - 1 - tl.k0 - 64 * cw;  // this warpgroup's last key in the document
+    const int nint = a.causal ? max(0, n - 1 - cw) : (lim >= 63 ? n : 0);
     int pend_q0 = -1;  // query tile of the step whose dQ is still to do (BWD_DEFER_DQ)
     if (C.t() == 0) {
       sm.cur[cw] = tl;
@@ -886,12 +953,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     };
     for (int st = 0; st < nint; ++st) {
       const int q0 = qstart + BQT * (n - 1 - st);
-      bwd_step<false>(P, sm, C, sm.item, dk, dv, 0);
+      bwd_step<false>(P, sm, C, sm.item, dk, dv, 0, 63);
       dq_after_step(q0);
     }
     for (int st = nint; st < n; ++st) {
       const int q0 = qstart + BQT * (n - 1 - st);
-      bwd_step<true>(P, sm, C, sm.item, dk, dv, q0 - tl.k0 - 64 * cw);
+      bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim);
       dq_after_step(q0);
     }
     // the item's K and V are read (each warp's own waits): the producer may load the next item's

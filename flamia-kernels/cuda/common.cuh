@@ -49,6 +49,18 @@ __device__ __forceinline__ u64 make_desc(u32 saddr, u32 lbo, u32 sbo) {
   return d;  // swizzle 0 (none)
 }
 
+// The descriptor of a tile `bytes` further on (a K slice of the same tile): the start address
+// field (bits 0-13, address >> 4) grows by bytes >> 4. Shared-memory addresses stay below 2^18,
+// so the field never carries into the LBO bits above it, and only the low word changes (one
+// uniform add per descriptor instead of rebuilding it from the address).
+__device__ __forceinline__ u64 desc_add(u64 d, u32 bytes) {
+  u32 lo, hi;
+  asm("mov.b64 {%0, %1}, %2;" : "=r"(lo), "=r"(hi) : "l"(d));
+  lo += bytes >> 4;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo), "r"(hi));
+  return d;
+}
+
 // No-swizzle K-major tile of ROWS rows x KB bytes of K (KB a multiple of 16). A core matrix is
 // 8 rows x 16 bytes stored as 128 contiguous bytes; K-neighbouring core matrices are 128 bytes
 // apart (LBO), 8-row groups KB*8 bytes apart (SBO). Verified layout: wgmma-fp8-notes.md 2.

@@ -241,6 +241,32 @@ fn head_chunked_backward_is_bitwise_the_one_launch_backward() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn folded_key_factors_give_bitwise_the_per_row_backward() {
+    // With token-block (and tensor-wide) scales the v4 backward folds 2^eK, 2^eV and 2^-c of a
+    // thread's 32-key block into its column constants once per step; FLAMIA_BWD_KEY_BLOCKS=0
+    // multiplies them per score instead. Powers of two: the two must agree bit for bit, keys
+    // past a document's end included (masked in the folded form; their factors are 0 in the
+    // other), causal and not, GQA, both head dims.
+    let gpu = gpu();
+    for (hd, lens, causal, path) in [
+        (128, &[300, 1, 65, 1100][..], true, AttnPath::Mxfp8),
+        (128, &[300, 1, 65, 1100][..], false, AttnPath::Mxfp8),
+        (128, &[517, 2048][..], true, AttnPath::LeakyFp8),
+        (64, &[300, 1, 65, 1100][..], true, AttnPath::Mxfp8),
+        (64, &[517, 2048][..], false, AttnPath::Mxfp8),
+    ] {
+        let shape = VarlenShape::from_lens(lens, 4, 2, hd).unwrap();
+        with_seeds("key blocks", |mut rng| {
+            let mut opts = AttnOptions::new(path);
+            opts.causal = causal;
+            let call = gauss_call(&mut rng, &shape, opts);
+            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_KEY_BLOCKS", &["0"]);
+        });
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn documents_are_isolated_bitwise() {
     let gpu = gpu();
     let attn = attn_fn(&gpu);

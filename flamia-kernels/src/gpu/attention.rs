@@ -113,12 +113,19 @@ pub fn backward_v4_stages() -> u32 {
 /// Dynamic shared memory of the v4 backward (`cuda/attn_bwd_v4.cu`) at head dim `hd`: the item's
 /// K, V and dim-major K tiles (3 x 128 x hd: 48 KB at 128) with its per-key factors and two item
 /// headers with the end's factors (~3.6 KB), per stage the Q and dO tiles in both layouts
-/// (4 x 64 x hd: 32 KB at 128) and 1.25 KB of per-query constants, the FP32 dQ partials
+/// (4 x 64 x hd: 32 KB at 128) and 1.5 KB of per-query constants, the FP32 dQ partials
 /// (64 x hd x 4 bytes: 32 KB at 128), four dS code tiles (32 KB: a step's dQ runs one step late),
 /// and slack for barriers, exchange slots and the 1 KB alignment (the kernel's static_assert
 /// checks the total).
 fn smem_bwd4(stages: u32, hd: u32) -> u32 {
-    ((3 * hd / 8 + 2) + (hd / 4 + 2) * stages + (hd / 4 + 34)) * 1024
+    ((3 * hd / 8 + 3) + (hd / 4 + 2) * stages + (hd / 4 + 34)) * 1024
+}
+
+/// `FLAMIA_BWD_KEY_BLOCKS=0` (a test and A/B knob): the v4 backward multiplies each key row's
+/// factors per score even where they are uniform per 32-key block; the result must be bitwise the
+/// same (GPU test `folded_key_factors_give_bitwise_the_per_row_backward`).
+fn bwd_key_blocks_off() -> bool {
+    std::env::var("FLAMIA_BWD_KEY_BLOCKS").is_ok_and(|v| v.trim() == "0")
 }
 
 /// `FLAMIA_BWD_JITTER` (a test knob, default 0): a nonzero seed makes every dQ reduce of the v4
@@ -133,12 +140,16 @@ fn bwd_jitter() -> i32 {
 }
 
 /// Defines of the v4 backward: head dim, ring depth, `row_ds_exponents` (two dS copies with row
-/// exponents, `BWD_ROW_DS`: 7 KB more shared memory for its exchange slots) and the smem budget.
-fn backward_v4_variant(stages: u32, hd: u32, row_ds: bool) -> (Variant, u32) {
+/// exponents, `BWD_ROW_DS`: 7 KB more shared memory for its exchange slots), whether the key
+/// factors are uniform per 32-key block (`BWD_KEY_BLOCKS`: token-block and tensor-wide scales,
+/// not per-token ones; each consumer thread then folds them into its column constants once per
+/// step) and the smem budget.
+fn backward_v4_variant(stages: u32, hd: u32, row_ds: bool, key_blocks: bool) -> (Variant, u32) {
     let smem = smem_bwd4(stages, hd) + if row_ds { 7 * 1024 } else { 0 };
     let v = Variant::new()
         .define("HEAD_DIM", hd)
         .define("BWD_ROW_DS", row_ds as u32)
+        .define("BWD_KEY_BLOCKS", key_blocks as u32)
         .define("BWD_STAGES", stages)
         .define("SMEM_BWD4_BUDGET", smem);
     (v, smem)
@@ -429,6 +440,12 @@ impl Attention {
             (_, true) => ScaleMode::PerToken,
             (_, false) => ScaleMode::TokenBlock,
         }
+    }
+
+    /// Whether the v4 backward may take each thread's key factors as one value per 32-key block:
+    /// token-block and tensor-wide scales, unless `FLAMIA_BWD_KEY_BLOCKS=0`.
+    fn bwd_key_blocks(&self) -> bool {
+        self.scale_mode() != ScaleMode::PerToken && !bwd_key_blocks_off()
     }
 
     fn check_plan(&self, plan: &Plan) -> GpuResult<()> {
@@ -786,7 +803,8 @@ impl Attention {
         // the fused kernel and the dQ conversion, once per head chunk (BwdSchedule::chunks): the
         // chunk's dQ accumulator and dK/dV partials are the scratch's
         self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
-        let (v4, smem) = backward_v4_variant(self.bwd_stages, hd as u32, a.row_ds != 0);
+        let (v4, smem) =
+            backward_v4_variant(self.bwd_stages, hd as u32, a.row_ds != 0, self.bwd_key_blocks());
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
@@ -926,7 +944,8 @@ impl Attention {
             out.push(("attn_fwd_v4".to_string(), r, l));
         }
         if self.uses_backward_v4() {
-            let (v4, smem) = backward_v4_variant(self.bwd_stages, hd32, self.opts.precision.row_ds_exponents);
+            let row_ds = self.opts.precision.row_ds_exponents;
+            let (v4, smem) = backward_v4_variant(self.bwd_stages, hd32, row_ds, self.bwd_key_blocks());
             let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_bwd_v4".to_string(), r, l));
@@ -974,9 +993,10 @@ mod tests {
             }
         }
         for hd in [64, 128] {
-            for stages in [2, 3] {
+            // (per-token key factors at 3 stages only: the define changes the step, not the ring)
+            for (stages, key_blocks) in [(2, true), (3, true), (3, false)] {
                 for row_ds in [false, true] {
-                    let (v, _) = backward_v4_variant(stages, hd, row_ds);
+                    let (v, _) = backward_v4_variant(stages, hd, row_ds, key_blocks);
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
                 }
