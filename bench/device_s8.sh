@@ -1,0 +1,68 @@
+#!/bin/bash
+# The device call prepared in session 8 (which had no device time left): the bwd-diet branch's
+# backward and the fwd-overlap branch's forward, checked and timed against main's kernels with
+# one binary (this branch's), kernel sources swapped through FLAMIA_CUDA_DIR.
+#   1. every GPU test on this branch's kernels (incl. folded_key_factors_give_bitwise_the_per_row_backward);
+#   2. a mutation the new test must catch (keys past the document left unmasked in the folded
+#      form): that test and the non-causal accuracy test must FAIL on it;
+#   3. the forward overlap (FWD_OVERLAP=1): accuracy, repeat and leakage tests;
+#   4. `flamia bench attention`, nine workloads, d = 128 then d = 64: diet / main / nopipe (diet
+#      without the dV/dK piece pipeline, BWD_KV_PIPE 0) / fwdov, twice.
+# Stage here (after `cargo build --release -p flamia-trainer -p flamia-dist` and
+# `cargo test --release --no-run -p flamia-kernels -p flamia-trainer`):
+#   bash bench/device_s8.sh --stage MAIN_REV FWDOV_REV
+# then carry .device-carry/bwd4 and .device-carry/var and run `bash bench/device_s8.sh` there.
+set -u
+C=.device-carry/bwd4; V=.device-carry/var
+if [ "${1:-}" = "--stage" ]; then
+  main_rev=${2:?main revision}; fwdov_rev=${3:?fwd-overlap revision}
+  bash bench/device_bwd4.sh --stage >/dev/null
+  rm -rf $V && mkdir -p $V/main $V/mut $V/fwdov $V/nopipe
+  for f in $(git ls-tree --name-only "$main_rev" flamia-kernels/cuda/ | grep -E '\.(cu|cuh)$'); do
+    git show "$main_rev:$f" > $V/main/$(basename "$f")
+  done
+  cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $V/mut/
+  # the mutation: keys past the document's end no longer masked in the folded (BWD_KEY_BLOCKS) form
+  python3 - "$V/mut/attn_bwd_v4.cu" <<'EOF'
+import sys
+p = sys.argv[1]
+s = open(p).read()
+old = "thr[r] = r0 + 8 * r <= lim ? r0 + 8 * r - off - 2 * qd : 1 << 20;"
+assert old in s, "mutation site not found"
+open(p, "w").write(s.replace(old, "thr[r] = r0 + 8 * r - off - 2 * qd;"))
+EOF
+  cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $V/nopipe/
+  sed -i '1i #define BWD_KV_PIPE 0' $V/nopipe/attn_bwd_v4.cu
+  for f in attn_fwd_v4.cu wgmma.cuh; do git show "$fwdov_rev:flamia-kernels/cuda/$f" > $V/fwdov/$f; done
+  sed -i '1i #define FWD_OVERLAP 1' $V/fwdov/attn_fwd_v4.cu
+  du -sh $C $V; exit 0
+fi
+SP=/opt/torch/.venv/lib/python3.12/site-packages
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia
+clock() { nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader; }
+res() { grep -E "test result|panicked at|FAILED|^test .* \.\.\. (ok|FAILED)"; }
+{
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv
+echo "=== 1. GPU tests, this branch's kernels"; date
+for t in gpu_attention gpu_quant bridge_cuda; do
+  timeout 240 $C/$t --ignored --test-threads=1 > "$O/$t.log" 2>&1; echo "$t rc=$?"; res < "$O/$t.log"
+done
+echo "=== 2. mutation (must FAIL)"; date
+FLAMIA_CUDA_DIR=$V/mut timeout 120 $C/gpu_attention --ignored --test-threads=1 --exact \
+  folded_key_factors_give_bitwise_the_per_row_backward mxfp8_non_causal_mha_is_as_accurate_as_the_reference \
+  > "$O/mutation.log" 2>&1; echo "mutation rc=$? (nonzero expected)"; res < "$O/mutation.log"
+echo "=== 3. forward overlap: accuracy, repeat, leakage"; date
+FLAMIA_CUDA_DIR=$V/fwdov timeout 200 $C/gpu_attention --ignored --test-threads=1 accurate repeat leakage isolated \
+  > "$O/fwdov_tests.log" 2>&1; echo "fwdov tests rc=$?"; res < "$O/fwdov_tests.log"
+for hd in 128 64; do
+  for r in 1 2; do
+    for v in diet main nopipe fwdov; do
+      echo "=== 4. d=$hd $v ($r)   clock $(clock)"
+      if [ $v = diet ]; then timeout 100 $B bench attention --head-dim $hd --json "$O/b_${hd}_${v}_$r.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"
+      else FLAMIA_CUDA_DIR=$V/$v timeout 100 $B bench attention --head-dim $hd --json "$O/b_${hd}_${v}_$r.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"; fi
+    done
+  done
+done
+date
+} 2>&1 | tee "$O/s8.log"
