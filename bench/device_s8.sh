@@ -6,8 +6,10 @@
 #   2. a mutation the new test must catch (keys past the document left unmasked in the folded
 #      form): that test and the non-causal accuracy test must FAIL on it;
 #   3. the forward overlap (FWD_OVERLAP=1): accuracy, repeat and leakage tests;
-#   4. `flamia bench attention`, nine workloads, d = 128 then d = 64: diet / main / nopipe (diet
-#      without the dV/dK piece pipeline, BWD_KV_PIPE 0) / fwdov, twice.
+#   4. `flamia bench attention`, nine workloads: d = 128 diet / main / nopipe (diet without the
+#      dV/dK piece pipeline, BWD_KV_PIPE 0) / fwdov, twice (VARS128, ROUNDS); d = 64 diet / main /
+#      fwdov once (VARS64).
+# PHASE=tests runs 1-3, PHASE=bench 4 (two calls: all of it may pass one call's 600 s).
 # Stage here (after `cargo build --release -p flamia-trainer -p flamia-dist` and
 # `cargo test --release --no-run -p flamia-kernels -p flamia-trainer`):
 #   bash bench/device_s8.sh --stage MAIN_REV FWDOV_REV
@@ -42,27 +44,30 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia
 clock() { nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader; }
 res() { grep -E "test result|panicked at|FAILED|^test .* \.\.\. (ok|FAILED)"; }
+PHASE=${PHASE:-all}  # tests | bench | all (all may pass the 600 s limit of one call: ~4 + ~6 min)
 {
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv
-echo "=== 1. GPU tests, this branch's kernels"; date
-for t in gpu_attention gpu_quant bridge_cuda; do
-  timeout 240 $C/$t --ignored --test-threads=1 > "$O/$t.log" 2>&1; echo "$t rc=$?"; res < "$O/$t.log"
-done
-echo "=== 2. mutation (must FAIL)"; date
-FLAMIA_CUDA_DIR=$V/mut timeout 120 $C/gpu_attention --ignored --test-threads=1 --exact \
-  folded_key_factors_give_bitwise_the_per_row_backward mxfp8_non_causal_mha_is_as_accurate_as_the_reference \
-  > "$O/mutation.log" 2>&1; echo "mutation rc=$? (nonzero expected)"; res < "$O/mutation.log"
-echo "=== 3. forward overlap: accuracy, repeat, leakage"; date
-FLAMIA_CUDA_DIR=$V/fwdov timeout 200 $C/gpu_attention --ignored --test-threads=1 accurate repeat leakage isolated \
-  > "$O/fwdov_tests.log" 2>&1; echo "fwdov tests rc=$?"; res < "$O/fwdov_tests.log"
-for hd in 128 64; do
-  for r in 1 2; do
-    for v in diet main nopipe fwdov; do
-      echo "=== 4. d=$hd $v ($r)   clock $(clock)"
-      if [ $v = diet ]; then timeout 100 $B bench attention --head-dim $hd --json "$O/b_${hd}_${v}_$r.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"
-      else FLAMIA_CUDA_DIR=$V/$v timeout 100 $B bench attention --head-dim $hd --json "$O/b_${hd}_${v}_$r.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"; fi
-    done
+if [ "$PHASE" != bench ]; then
+  echo "=== 1. GPU tests, this branch's kernels"; date
+  for t in gpu_attention gpu_quant bridge_cuda; do
+    timeout 240 $C/$t --ignored --test-threads=1 > "$O/$t.log" 2>&1; echo "$t rc=$?"; res < "$O/$t.log"
   done
-done
+  echo "=== 2. mutation (must FAIL)"; date
+  FLAMIA_CUDA_DIR=$V/mut timeout 120 $C/gpu_attention --ignored --test-threads=1 --exact \
+    folded_key_factors_give_bitwise_the_per_row_backward mxfp8_non_causal_mha_is_as_accurate_as_the_reference \
+    > "$O/mutation.log" 2>&1; echo "mutation rc=$? (nonzero expected)"; res < "$O/mutation.log"
+  echo "=== 3. forward overlap: accuracy, repeat, leakage"; date
+  FLAMIA_CUDA_DIR=$V/fwdov timeout 200 $C/gpu_attention --ignored --test-threads=1 accurate repeat leakage isolated \
+    > "$O/fwdov_tests.log" 2>&1; echo "fwdov tests rc=$?"; res < "$O/fwdov_tests.log"
+fi
+if [ "$PHASE" != tests ]; then
+  run() {  # head dim, variant, round
+    echo "=== 4. d=$1 $2 ($3)   clock $(clock)"
+    if [ "$2" = diet ]; then timeout 100 $B bench attention --head-dim $1 --json "$O/b_$1_$2_$3.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"
+    else FLAMIA_CUDA_DIR=$V/$2 timeout 100 $B bench attention --head-dim $1 --json "$O/b_$1_$2_$3.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"; fi
+  }
+  for r in $(seq ${ROUNDS:-2}); do for v in ${VARS128:-diet main nopipe fwdov}; do run 128 $v $r; done; done
+  for v in ${VARS64:-diet main fwdov}; do run 64 $v 1; done
+fi
 date
-} 2>&1 | tee "$O/s8.log"
+} 2>&1 | tee "$O/s8_$PHASE.log"
