@@ -9,7 +9,8 @@
 #   4. `flamia bench attention`, nine workloads: d = 128 diet / main / nopipe (diet without the
 #      dV/dK piece pipeline, BWD_KV_PIPE 0) / fwdov, twice (VARS128, ROUNDS); d = 64 diet / main /
 #      fwdov once (VARS64).
-# PHASE=tests runs 1-3, PHASE=bench 4 (two calls: all of it may pass one call's 600 s).
+# PHASE=tests runs 1-3, PHASE=bench 4 (two calls: all of it may pass one call's 600 s);
+# PHASE=anchors: `flamia bench attention`, bench/anchors.py (BF16, ~5 min), ours again.
 # Stage here (after `cargo build --release -p flamia-trainer -p flamia-dist` and
 # `cargo test --release --no-run -p flamia-kernels -p flamia-trainer`):
 #   bash bench/device_s8.sh --stage MAIN_REV FWDOV_REV
@@ -44,7 +45,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia
 clock() { nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader; }
 res() { grep -E "test result|panicked at|FAILED|^test .* \.\.\. (ok|FAILED)"; }
-PHASE=${PHASE:-all}  # tests | bench | all (all may pass the 600 s limit of one call: ~4 + ~6 min)
+PHASE=${PHASE:-all}  # tests | bench | all (all may pass the 600 s limit of one call: ~4 + ~6 min) | anchors
 {
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv
 if [ "$PHASE" != bench ]; then
@@ -68,6 +69,15 @@ if [ "$PHASE" != tests ]; then
   }
   for r in $(seq ${ROUNDS:-2}); do for v in ${VARS128:-diet main nopipe fwdov}; do run 128 $v $r; done; done
   for v in ${VARS64:-diet main fwdov}; do run 64 $v 1; done
+fi
+if [ "$PHASE" = anchors ]; then  # the comparison, same call: ours, BF16 anchors, ours
+  echo "=== ours (A)   clock $(clock)"; date
+  timeout 100 $B bench attention --json "$O/ours_a.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"
+  echo "=== BF16 anchors   clock $(clock)"; date
+  OUT=$O timeout 330 python3 bench/anchors.py > "$O/anchors.log" 2>&1 || echo "anchors rc=$?"
+  tail -14 "$O/anchors.log"
+  echo "=== ours (B)   clock $(clock)"; date
+  timeout 100 $B bench attention --json "$O/ours_b.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"
 fi
 date
 } 2>&1 | tee "$O/s8_$PHASE.log"
