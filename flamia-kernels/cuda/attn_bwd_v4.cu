@@ -540,9 +540,10 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #if BWD_KEY_BLOCKS
   // Token-block or tensor-wide scales: the thread's two keys (rows 16w + g, +8) lie in one
   // 32-key block, so 2^eK, 2^eV and 2^-c are one value each and fold into the thread's 16
-  // column constants once per step (all powers of two: the products are exact, so x, dS~ and P~
-  // are bitwise those of the per-row expressions below). Keys past the document, whose factors
-  // are 0, are masked instead (masked steps only: `mask_limits`).
+  // column constants once per step (all powers of two: scaling by them commutes with the
+  // rounding, so x, dS~ and P~ are bitwise those of the per-row expressions below while the
+  // values stay in the normal range; f32 subnormals, e.g. dO near 2^-110, may round otherwise).
+  // Keys past the document, whose factors are 0, are masked instead (masked steps' `lim`).
   const int kr = 64 * cw + r0;
   const float kf = lds_volatile(&it.kf[kr]);
   // P (into sc) while dP^T is still in the tensor cores: x = s 2^eK qf - LSE log2 e
