@@ -312,9 +312,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   }
 #endif
   advance(nb, ns, gb, gs, slots);  // (nb, ns): the next item
-  // the next item's plan entry, loaded one item ahead: its rows' addresses need it, so a load
-  // issued where they are computed would stall every item by an L2 round trip
-  int4 nblk = nb < p.nblocks ? load_block(p, nb) : make_int4(0, 0, 0, 0);
   for (int buf = 0;; buf ^= 1) {
     const QuantTensor t = pick_input(p, it.ti);
     const int n = min(32, it.L - it.b0);
@@ -322,17 +319,11 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #if !QUANT_ASYNC
     unpack_bf16(raw, v);
 #endif
-#if DELTA
-    // O of this item for D after the codes, loaded before the rotation and the block maximum so
-    // its latency runs under them (not prefetched a whole item ahead: registers)
-    uint4 ocur[NK];
-    load_rows(p.o, it, p.in[0].heads, ocur);
-#endif
     // the next item's rows are in flight while this one is computed
     const bool has_next = nb < p.nblocks;
     Item nx = it;
     if (has_next) {
-      nx = make_item(p, nblk, ns);
+      nx = make_item(p, load_block(p, nb), ns);
       const QuantTensor tn = pick_input(p, nx.ti);
 #if QUANT_ASYNC
       stage_rows(tn.x, nx, tn.heads, stage[buf ^ 1]);
@@ -340,7 +331,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       load_rows(tn.x, nx, tn.heads, raw);
 #endif
       advance(nb, ns, gb, gs, slots);
-      if (nb < p.nblocks) nblk = load_block(p, nb);  // the item after next (used next iteration)
     }
 #if QUANT_ASYNC
     // this item's copies (this thread's own slots) have landed; the next item's may still fly
@@ -373,6 +363,11 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     if ((tid & 31) == 0) wmax[buf][w] = m;
     __syncthreads();
     const int e = block_exponent(fmaxf(fmaxf(wmax[buf][0], wmax[buf][1]), fmaxf(wmax[buf][2], wmax[buf][3])));
+#endif
+#if DELTA
+    // O of this item (not prefetched: registers), for D after the codes
+    uint4 ocur[NK];
+    load_rows(p.o, it, p.in[0].heads, ocur);
 #endif
     float f = pow2f(-e);
     if (t.hadamard) {
