@@ -60,11 +60,6 @@
 #ifndef BWD_KEY_BLOCKS
 #define BWD_KEY_BLOCKS 0
 #endif
-// BWD_KV_PIPE 1: a step's dV and dK products as m64n64 pieces, two in flight (0: one full-width
-// product at a time, each waited for before its sum).
-#ifndef BWD_KV_PIPE
-#define BWD_KV_PIPE 1
-#endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -624,42 +619,6 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   u32 ads[2][4], ap[2][4];
   float fk[2][2];           // dK's scale-in 2^e per [query slice][key row r0, r0 + 8]
   acc_to_afrag(sc, ap);     // P~ first: its registers are free for dS, and dV may start
-#if BWD_KV_PIPE
-  // dV += P~^T dO (one chained product over the 64 queries; 2^c applied at the item's end) and
-  // dK += sum over the two 32-query slices of 2^e (codes^T Q), as m64n64 pieces of 64 dims (dV,
-  // then dK slice 0, then slice 1; two pieces per product at d = 128), two in flight: a piece's
-  // sum runs while the next piece is in the tensor cores, and dV's first piece runs under the
-  // dS block maxima and codes. Each element's sums and their order are those of the
-  // full-width products.
-  constexpr int NP = HEAD_DIM / 64;  // pieces per product
-  const u64 dbo = desc_sw64(opaque_u32(smem_u32(sm.dOd[s]))), dbq = desc_sw64(opaque_u32(smem_u32(sm.qd[s])));
-  float ta[32], tb[32];
-  // piece p: product p / NP (0 dV, 1 + sl dK slice sl), dims 64 (p % NP).. (rows 64h.. of the
-  // dim-major B tile: 64 rows x 64 bytes = 4 KB further on)
-  const auto issue = [&](float(&t)[32], int p) {
-    const int h = p % NP, m = p / NP;
-    wg_fence();
-    if (m == 0) {
-      wgmma_rs_m64n64k32_e4m3(t, ap[0], desc_add(dbo, 4096 * h), 0);
-      wgmma_rs_m64n64k32_e4m3(t, ap[1], desc_add(dbo, 4096 * h + 32), 1);
-    } else {
-      wgmma_rs_m64n64k32_e4m3(t, ads[m - 1], desc_add(dbq, 4096 * h + 32 * (m - 1)), 0);
-    }
-    wg_commit();
-  };
-  const auto add = [&](float(&t)[32], int p) {
-    const int h = p % NP, m = p / NP;
-    fence_regs(t);
-    if (m == 0) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) dv[32 * h + i] += t[i];
-    } else {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) dk[32 * h + i] = fmaf(t[i], fk[m - 1][(i >> 1) & 1], dk[32 * h + i]);
-    }
-  };
-  issue(ta, 0);
-#endif
 #if BWD_ROW_DS
   float fkr[2][2];  // dK's copy: 2^e per (key row r, query slice sl)
   row_ds_copies(sm, C, dp, par, buf, fkr);
@@ -705,18 +664,6 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   ds_codes(dp, ads, ds_byte(sm, C, buf));
 #endif
   BWD_PHASE(4);
-#if BWD_KV_PIPE
-#pragma unroll
-  for (int p = 0; p < 3 * NP; ++p) {
-    if (p + 1 < 3 * NP) {
-      issue((p & 1) ? ta : tb, p + 1);
-      wg_wait<1>();
-    } else {
-      wg_wait<0>();
-    }
-    add((p & 1) ? tb : ta, p);
-  }
-#else
   // dV += P~^T dO (one chained product over the 64 queries; 2^c applied at the item's end)
   {
     float acc[HEAD_DIM / 2];
@@ -733,7 +680,6 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; ++i) dk[i] = fmaf(acc[i], fk[sl][(i >> 1) & 1], dk[i]);
   }
-#endif
   BWD_PHASE(6);
   if (lane == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
   if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
@@ -817,14 +763,21 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   C.prof[3] += clock64() - _t3;
 #endif
   {
-    // row 16w + g + 8r, 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g)
+    // row 16w + g + 8r, 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g).
+    // Rows g and g ^ 1 of a half-warp would write the same 32-byte pair of chunks (2-way bank
+    // conflicts on every store: ncu, session 9), so odd rows write block j ^ 2 in store j: a
+    // half-warp's rows 0..3 then cover four different pairs.
     u8* base = sm.dqs[db][cw][0] + (16 * w + C.g()) * 128 + 8 * (qd & 1);
+    const int sw = 2 * (C.g() & 1);
 #pragma unroll
     for (int j = 0; j < NQ / 4; ++j) {
-      u8* dst = base + 8192 * (j >> 2) + (((2 * (j & 3) + (qd >> 1)) ^ C.g()) << 4);
+      const int jj = j ^ sw, js = j ^ 2;
+      u8* dst = base + 8192 * (j >> 2) + (((2 * (jj & 3) + (qd >> 1)) ^ C.g()) << 4);
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<float2*>(dst + 1024 * r) = make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+      for (int r = 0; r < 2; ++r) {
+        const float2 v = make_float2(sw ? dq[4 * js + 2 * r] : dq[4 * j + 2 * r], sw ? dq[4 * js + 2 * r + 1] : dq[4 * j + 2 * r + 1]);
+        *reinterpret_cast<float2*>(dst + 1024 * r) = v;
+      }
     }
   }
   fence_async_smem();
