@@ -10,13 +10,7 @@ export PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia
 clock() { nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader; }
 {
-echo "=== ours (A)   clock $(clock)"; date
-timeout 100 $B bench attention --json "$O/ours_a.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"
-echo "=== BF16 anchors   clock $(clock)"; date
-OUT=$O timeout 330 python3 bench/anchors.py > "$O/anchors.log" 2>&1 || echo "anchors rc=$?"
-tail -14 "$O/anchors.log"
-echo "=== ours (B)   clock $(clock)"; date
-timeout 100 $B bench attention --json "$O/ours_b.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"
+B=$B O=$O bash bench/vs-anchors.sh  # ours (A), bench/anchors.py, ours (B), the table
 echo "=== data parallel at world size 1"; date
 OUT=$O/ddp BIN_DIR=$C STEPS=60 ROUNDS=3 DEADLINE_S=120 ARMS="zero1ovl" timeout 150 bash launch/device-ddp-check.sh 2>&1 |
   grep -E "^run |^arm |rc=[1-9]|deadline|total wall"

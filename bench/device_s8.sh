@@ -71,13 +71,7 @@ if [ "$PHASE" != tests ]; then
   for v in ${VARS64:-diet main fwdov}; do run 64 $v 1; done
 fi
 if [ "$PHASE" = anchors ]; then  # the comparison, same call: ours, BF16 anchors, ours
-  echo "=== ours (A)   clock $(clock)"; date
-  timeout 100 $B bench attention --json "$O/ours_a.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"
-  echo "=== BF16 anchors   clock $(clock)"; date
-  OUT=$O timeout 330 python3 bench/anchors.py > "$O/anchors.log" 2>&1 || echo "anchors rc=$?"
-  tail -14 "$O/anchors.log"
-  echo "=== ours (B)   clock $(clock)"; date
-  timeout 100 $B bench attention --json "$O/ours_b.json" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"
+  B=$B O=$O bash bench/vs-anchors.sh  # ours (A), bench/anchors.py, ours (B), the table
 fi
 date
 } 2>&1 | tee "$O/s8_$PHASE.log"
