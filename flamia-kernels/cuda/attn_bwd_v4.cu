@@ -959,13 +959,16 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
       if (pend_q0 >= 0) dq(C.nstep - 2, pend_q0);
       pend_q0 = q0;
     };
-    for (int st = 0; st < nint; ++st) {
-      const int q0 = qstart + BQT * (n - 1 - st);
+    // The steps walk the query tiles from the last one down. The loops carry only values that
+    // change every step (q0 and a count down to 0): with q0 = qstart + BQT (n - 1 - st) ptxas kept
+    // n and qstart in local memory and reloaded both at every step's end, right before their use
+    // (~190 clocks per step, ncu, session 9).
+    int q0 = qstart + BQT * (n - 1);
+    for (int left = nint; left > 0; --left, q0 -= BQT) {
       bwd_step<false>(P, sm, C, sm.item, dk, dv, 0, 63);
       dq_after_step(q0);
     }
-    for (int st = nint; st < n; ++st) {
-      const int q0 = qstart + BQT * (n - 1 - st);
+    for (int left = n - nint; left > 0; --left, q0 -= BQT) {
       bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim);
       dq_after_step(q0);
     }
