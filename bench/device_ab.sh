@@ -1,9 +1,27 @@
 #!/bin/bash
 # A/B of kernel-source variants in .device-carry/var (FLAMIA_CUDA_DIR, one binary): the GPU
 # attention tests on each variant, then `flamia bench attention` base / variants, twice.
-# Carry .device-carry/bwd4 and .device-carry/var; run from the repo root on the device.
+# Stage here: `bash bench/device_bwd4.sh --stage` (the binaries), then
+#   bash bench/device_ab.sh --stage NAME=REV [NAME=REV ...]
+# writes each git revision's kernel sources (flamia-kernels/cuda/*.cu, *.cuh) to
+# .device-carry/var/NAME (the folder is emptied first). Carry .device-carry/bwd4 and
+# .device-carry/var; run from the repo root on the device. "base" is the binary's own sources.
 set -u
 C=.device-carry/bwd4; B=$C/flamia; V=.device-carry/var
+if [ "${1:-}" = "--stage" ]; then
+  shift
+  rm -rf $V && mkdir -p $V
+  for spec in "$@"; do
+    name=${spec%%=*}; rev=${spec#*=}
+    [ "$name" = "$spec" ] && { echo "--stage takes NAME=REV, got '$spec'"; exit 2; }
+    git rev-parse --verify -q "$rev^{commit}" >/dev/null || { echo "no git revision '$rev'"; exit 2; }
+    mkdir -p $V/$name
+    for f in $(git ls-tree --name-only "$rev" flamia-kernels/cuda/ | grep -E '\.(cu|cuh)$'); do
+      git show "$rev:$f" > $V/$name/$(basename "$f")
+    done
+  done
+  du -sh $V/*; exit 0
+fi
 SP=/opt/torch/.venv/lib/python3.12/site-packages
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:${LD_LIBRARY_PATH:-}
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
@@ -19,8 +37,8 @@ fi
 for r in $(seq ${REPS:-2}); do
   for v in base $VARS; do
     echo "=== $v ($r)"
-    if [ $v = base ]; then timeout 200 $B bench attention $WL 2>&1 | grep -E "^[0-9]"
-    else FLAMIA_CUDA_DIR=$V/$v timeout 200 $B bench attention $WL 2>&1 | grep -E "^[0-9]"; fi
+    if [ $v = base ]; then timeout 200 $B bench attention $WL 2>&1 | grep -E "^[0-9]|^lognormal"
+    else FLAMIA_CUDA_DIR=$V/$v timeout 200 $B bench attention $WL 2>&1 | grep -E "^[0-9]|^lognormal"; fi
   done
 done
 } 2>&1 | tee "$O/device_ab.log"
