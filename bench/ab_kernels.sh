@@ -19,8 +19,7 @@ if [ "${1:-}" = "--prepare" ]; then
   echo "$rev" > bench/kernels-base/REVISION
   ls bench/kernels-base; exit 0
 fi
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 export PYTHONUNBUFFERED=1
 B=${B:-target/release/flamia}; O=${OUT:-/tmp/flamia-out}; BASE=${BASE:-bench/kernels-base}; mkdir -p "$O"
 D=${TEST_BIN_DIR:-target/release/deps}

@@ -18,8 +18,7 @@
 # ARMS="bf16 mxfp8" (the first is the control), PARALLEL, BUDGET_S, RUNS=dir for the runs,
 # EXTRA="--set k=v ..." appended to every run (the CPU check uses the tiny preset).
 set -u
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 B=${B:-.device-carry/bwd4/flamia}; CONFIG=${CONFIG:-configs/h200-125m.toml}
 CORPUS=${CORPUS:-.device-carry/corpus/rust-doc}
 STEPS=${STEPS:-250}; VAL_EVERY=${VAL_EVERY:-125}; VAL_TOKENS=${VAL_TOKENS:-1048576}

@@ -11,8 +11,7 @@
 # GPU tests; AB=0 skips ab_seeds.
 set -u
 C=$PWD/.device-carry
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 export OUT=${OUT:-/tmp/flamia-out}; mkdir -p "$OUT"
 T0=$(date +%s)
 B=$C/bwd4/flamia STEPS=${REPRO_STEPS:-50} bash bench/repro_check.sh

@@ -1,8 +1,7 @@
 #!/bin/bash
 # Device call: GPU tests + SASS (device_check.sh), `flamia check numerics` on cuda and cpu (same
 # seed), and the benchmark of the nvfp4 path and of mxfp8 with the precision options.
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 B=${B:-target/release/flamia}; O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 bash bench/device_check.sh > /dev/null 2>&1
 {

@@ -5,8 +5,7 @@
 # the default). The numerics JSON is printed to stdout too: the device call brings back at most
 # 8 files from $OUT. Carry target/release/flamia and the test
 # executables (target/release/deps/{flamia_kernels,gpu_quant,gpu_attention}-*).
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 B=${B:-target/release/flamia}; D=target/release/deps; O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 exe() { ls -t $D/$1-* 2>/dev/null | grep -v '\.d$' | head -1; }
 W="--workload 4x16384 --workload 64x1024 --workload 256x256"

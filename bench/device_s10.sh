@@ -15,8 +15,7 @@
 # WIN (a variant name or "base") picks the kernels of the last two phases (default base).
 set -u
 C=.device-carry/bwd4; V=.device-carry/var; B=$C/flamia
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 WIN=${WIN:-base}
 [ "$WIN" != base ] && export FLAMIA_CUDA_DIR=$V/$WIN

@@ -5,8 +5,7 @@
 # Carry .device-carry/bwd4 (flamia, flamia-dist, test executables) and .device-carry/var.
 set -u
 C=.device-carry/bwd4; B=$C/flamia; V=.device-carry/var
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 WL="--workload 1x65536 --workload 16x4096 --workload 64x1024 --workload 256x256 --workload 8192+224x256"
 {

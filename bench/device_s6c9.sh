@@ -11,8 +11,7 @@
 # Carry .device-carry/bwd4 (flamia, flamia-dist, trainer_lib, train_deterministic) and .device-carry/var.
 set -u
 C=.device-carry/bwd4; B=$C/flamia; V=.device-carry/var
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 {
 timeout 120 $C/trainer_lib --ignored --test-threads=1 --nocapture optim:: ddp:: loss:: > "$O/trainer_lib.log" 2>&1; echo "trainer_lib optim+ddp+loss rc=$?"

@@ -7,8 +7,7 @@
 # .device-carry/bwd4 carried: bash bench/device_s7c1.sh (logs under $OUT).
 set -u
 C=.device-carry/bwd4
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia
 {
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv

@@ -7,8 +7,7 @@
 # .device-carry/bwd4/rms_norm; run from the repo root on the device: bash bench/device_s7c2.sh
 set -u
 C=.device-carry/bwd4
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia
 {
 echo "=== rms_norm GPU tests"; date

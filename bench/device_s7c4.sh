@@ -8,8 +8,7 @@
 # Stage as device_s7c2.sh (+ .device-carry/var/rowds_block); run: bash bench/device_s7c4.sh
 set -u
 C=.device-carry/bwd4
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia
 PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)
 {

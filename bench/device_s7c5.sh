@@ -8,8 +8,7 @@
 # variant, FLAMIA_QUANT_ASYNC=2, was measured slower and reverted: commit 0fa02f2 has it.)
 set -u
 C=.device-carry/bwd4
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia; V=.device-carry/var
 bq() {  # label, then bench args; prints the quant ms / GB/s and the training-call ms per workload
   local label=$1; shift

@@ -7,8 +7,7 @@
 # note). Stage: device_bwd4.sh --stage (+ flamia-dist, trainer_lib) and the var dirs.
 set -u
 C=.device-carry/bwd4
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia; V=.device-carry/var
 bq() {  # label, then bench args
   local label=$1; shift

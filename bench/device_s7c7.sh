@@ -4,8 +4,7 @@
 # at world size 1 again (plain vs zero1ovl, three rounds alternating). Stage as device_s7c6.sh.
 set -u
 C=.device-carry/bwd4
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 export PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia
 clock() { nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader; }

@@ -3,8 +3,7 @@
 # (`flamia bench attention --head-dim 64`, `ANCHOR_HEAD_DIM=64 bench/anchors.py`). Stage as s7c7.
 set -u
 C=.device-carry/bwd4
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 export PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia
 {

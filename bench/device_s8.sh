@@ -40,8 +40,7 @@ EOF
   sed -i '1i #define FWD_OVERLAP 1' $V/fwdov/attn_fwd_v4.cu
   du -sh $C $V; exit 0
 fi
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia
 clock() { nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader; }
 res() { grep -E "test result|panicked at|FAILED|^test .* \.\.\. (ok|FAILED)"; }

@@ -18,8 +18,7 @@ if [ "${1:-}" = "--stage" ]; then
   done
   ls -la $C; du -sh $C; exit 0
 fi
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 export PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; B=$C/flamia
 clock() { nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader; }

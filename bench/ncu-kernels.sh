@@ -12,8 +12,7 @@
 # The clocks are left alone (--clock-control none, as the device notes ask).
 set -u
 B=${B:-target/release/flamia}
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null) || { echo "ncu not found"; exit 1; }
 {

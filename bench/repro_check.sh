@@ -26,8 +26,7 @@
 # B=binary, CONFIG=preset, STEPS, TRACE_STEPS, EXTRA="--set k=v ..." (appended to every run: the
 # CPU check of this script uses the tiny preset), BUDGET_S, RUNS=dir for the run directories.
 set -u
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 B=${B:-.device-carry/bwd4/flamia}; CONFIG=${CONFIG:-configs/h200-125m.toml}
 STEPS=${STEPS:-50}; HALF=$((STEPS / 2)); TRACE_STEPS=${TRACE_STEPS:-10}; QUICK=${QUICK:-0}
 O=${OUT:-/tmp/flamia-out}/repro; R=${RUNS:-/tmp/repro-runs}; EXTRA=${EXTRA:-}

@@ -2,8 +2,7 @@
 # One device call: our attention benchmark, the BF16 anchors (bench/anchors.py), ours again
 # (A B A: the card's clock drifts with load), then the comparison table. From the repo root:
 #   bash bench/run_bench.sh        (B=path/to/flamia; logs and JSON under $OUT)
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 export PYTHONUNBUFFERED=1
 B=${B:-target/release/flamia}; O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 {

@@ -22,8 +22,7 @@
 # compiles); MFU is per GPU from the batch's document lengths (docs/training.md); memory is the
 # driver's view (total - free: libtorch's cache included).
 set -u
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 B=${B:-target/release/flamia}; O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)
 if [ -n "${TOKENIZER:-}" ]; then

@@ -9,8 +9,7 @@
 # Prints, per run, the median tokens/s of the steps after the first 10 (warm-up, kernel compiles)
 # and the losses of steps 1 and STEPS.
 set -u
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr "\n" ":")${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 B=${B:-target/release/flamia}; O=${OUT:-/tmp/flamia-out}; BASE=${BASE:-bench/kernels-base}; mkdir -p "$O"
 steps=${STEPS:-60}
 PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)
