@@ -60,6 +60,12 @@
 #ifndef BWD_KEY_BLOCKS
 #define BWD_KEY_BLOCKS 0
 #endif
+// BWD_EARLY_COLS 1: P's column constants and the key factors are loaded before the wait for S^T.
+// Measured (session 10, 1x65536 backward, same call): d = 64 70.8 vs 73.4 ms; d = 128 94.4 /
+// 94.6 vs 93.2 / 93.2 ms (ptxas schedules the d = 128 step worse), so on for d = 64 alone.
+#ifndef BWD_EARLY_COLS
+#define BWD_EARLY_COLS (HEAD_DIM == 64)
+#endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -527,11 +533,29 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #pragma unroll
     for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_ss_m64n64k32_e4m3(dp, desc_add(dvb, 32 * kk), desc_add(dob, 32 * kk), kk > 0);
     wg_commit();
-    wg_wait<1>();
-    fence_regs(sc);
   }
-  BWD_PHASE(1);
   const BwdColPair* cp = sm.cols[s].p + qd;  // the thread's column pair of block j: cp[4 * j]
+#if BWD_EARLY_COLS
+  // P's column constants and the keys' factors are loaded while S^T is in the tensor cores (after
+  // the wait they queue behind the products' shared-memory reads: ~430 clocks, ncu, session 9)
+  float4 cols[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) cols[j] = *reinterpret_cast<const float4*>(&cp[4 * j].qf);
+#define BWD_COLS(j) cols[j]
+#if BWD_KEY_BLOCKS
+  const int kr = 64 * cw + r0;
+  const float kf = lds_volatile(&it.kf[kr]);
+#else
+  float kf[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) kf[r] = lds_volatile(&it.kf[64 * cw + r0 + 8 * r]);
+#endif
+#else
+#define BWD_COLS(j) (*reinterpret_cast<const float4*>(&cp[4 * (j)].qf))
+#endif
+  wg_wait<1>();
+  fence_regs(sc);
+  BWD_PHASE(1);
 #if BWD_KEY_BLOCKS
   // Token-block or tensor-wide scales: the thread's two keys (rows 16w + g, +8) lie in one
   // 32-key block, so 2^eK, 2^eV and 2^-c are one value each and fold into the thread's 16
@@ -539,12 +563,14 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   // rounding, so x, dS~ and P~ are bitwise those of the per-row expressions below while the
   // values stay in the normal range; f32 subnormals, e.g. dO near 2^-110, may round otherwise).
   // Keys past the document, whose factors are 0, are masked instead (masked steps' `lim`).
+#if !BWD_EARLY_COLS
   const int kr = 64 * cw + r0;
   const float kf = lds_volatile(&it.kf[kr]);
+#endif
   // P (into sc) while dP^T is still in the tensor cores: x = s 2^eK qf - LSE log2 e
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const float4 qn = *reinterpret_cast<const float4*>(&cp[4 * j].qf);
+    const float4 qn = BWD_COLS(j);
     const float qk[2] = {qn.x * kf, qn.y * kf}, nl[2] = {qn.z, qn.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -573,13 +599,15 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
 #else
   // the item's factors of this thread's two keys, loaded per step (short live ranges)
+#if !BWD_EARLY_COLS
   float kf[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) kf[r] = lds_volatile(&it.kf[64 * cw + r0 + 8 * r]);
+#endif
   // P (into sc) while dP^T is still in the tensor cores
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const float4 qn = *reinterpret_cast<const float4*>(&cp[4 * j].qf);
+    const float4 qn = BWD_COLS(j);
     const float qf[2] = {qn.x, qn.y}, nl[2] = {qn.z, qn.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
