@@ -26,6 +26,10 @@ case "${PHASE:-ab}" in
   ab)
     WL="--workload 1x65536 --workload 8x8192 --workload 64x1024 --workload 256x256 --workload lognormal" \
       REPS=2 OUT=$O bash bench/device_ab.sh
+    for m in $(ls .device-carry/mut 2>/dev/null); do  # mutations: these must FAIL the tests
+      echo "=== gpu_attention on mutation $m (must fail)"
+      FLAMIA_CUDA_DIR=.device-carry/mut/$m timeout 200 $C/gpu_attention --ignored --test-threads=1 accurate 2>&1 | grep -E "test result|panicked|FAILED"
+    done
     for v in base $(ls $V); do
       echo "=== d=64 $v"
       if [ $v = base ]; then timeout 60 $B bench attention --head-dim 64 2>&1 | res
