@@ -8,9 +8,12 @@
 # then carry .device-carry/bwd4 and .device-carry/var and run, one call each (~5 min each):
 #   PHASE=ab bash bench/device_s10.sh        gpu_attention on each variant, base / variants twice
 #                                            (5 workloads), d = 64 once
+#   PHASE=check bash bench/device_s10.sh     the GPU tests (attention, quantiser, bridge) on the
+#                                            binary's kernels, then the mutations in .device-carry/mut
+#                                            (kernel sources, each must fail)
 #   PHASE=options bash bench/device_s10.sh   the precision options' cost (`--causally-safe` beside
 #                                            the default, nine workloads), the 1x131072 call's
-#                                            memory, gpu_quant and bridge_cuda on WIN
+#                                            memory
 #   PHASE=anchors bash bench/device_s10.sh   bench/vs-anchors.sh (ours, BF16 anchors, ours, table)
 # WIN (a variant name or "base") picks the kernels of the last two phases (default base).
 set -u
@@ -26,19 +29,20 @@ case "${PHASE:-ab}" in
   ab)
     WL="--workload 1x65536 --workload 8x8192 --workload 64x1024 --workload 256x256 --workload lognormal" \
       REPS=2 OUT=$O bash bench/device_ab.sh
-    for m in $(ls .device-carry/mut 2>/dev/null); do  # mutations: these must FAIL the tests
-      echo "=== gpu_attention on mutation $m (must fail)"
-      FLAMIA_CUDA_DIR=.device-carry/mut/$m timeout 200 $C/gpu_attention --ignored --test-threads=1 accurate 2>&1 | grep -E "test result|panicked|FAILED"
-    done
     for v in base $(ls $V); do
       echo "=== d=64 $v"
       if [ $v = base ]; then timeout 60 $B bench attention --head-dim 64 2>&1 | res
       else FLAMIA_CUDA_DIR=$V/$v timeout 60 $B bench attention --head-dim 64 2>&1 | res; fi
     done ;;
-  options)
-    for t in gpu_quant bridge_cuda; do
-      timeout 120 $C/$t --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
+  check)
+    for t in gpu_attention gpu_quant bridge_cuda; do
+      echo "=== $t"; timeout 200 $C/$t --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
     done
+    for m in $(ls .device-carry/mut 2>/dev/null); do  # mutations: these must FAIL the tests
+      echo "=== gpu_attention on mutation $m (must fail)"
+      FLAMIA_CUDA_DIR=.device-carry/mut/$m timeout 200 $C/gpu_attention --ignored --test-threads=1 whatever accurate 2>&1 | grep -E "test result|panicked|FAILED"
+    done ;;
+  options)
     for r in 1 2; do
       echo "=== default ($r)"; timeout 60 $B bench attention --json "$O/default_$r.json" 2>&1 | res
       echo "=== causally safe ($r)"; timeout 90 $B bench attention --causally-safe --json "$O/safe_$r.json" 2>&1 | res
@@ -46,7 +50,7 @@ case "${PHASE:-ab}" in
     echo "=== 1x131072 (MiB: what the call allocates)"; timeout 120 $B bench attention --workload 1x131072 2>&1 | res ;;
   anchors)
     B=$B O=$O bash bench/vs-anchors.sh ;;
-  *) echo "PHASE is ab, options or anchors"; exit 2 ;;
+  *) echo "PHASE is ab, check, options or anchors"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s10_${PHASE:-ab}.log"

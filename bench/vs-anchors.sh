@@ -5,11 +5,15 @@
 # device; B = the binary (target/release/flamia), O = the output folder ($OUT), extra arguments go
 # to both `flamia bench attention` runs (e.g. --head-dim 64, then set ANCHOR_HEAD_DIM=64 too).
 set -u
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH (run directly, the binary found no libtorch)
 B=${B:-target/release/flamia}; O=${O:-${OUT:-/tmp/flamia-out}}; mkdir -p "$O"
 clock() { nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader; }
 ours() {
   echo "=== ours ($1)   clock $(clock)"; date
-  timeout 100 "$B" bench attention --json "$O/ours_$1.json" "${@:2}" 2>&1 | grep -E "^[0-9]|^lognormal|^workload"
+  local log; log=$(mktemp)
+  timeout 100 "$B" bench attention --json "$O/ours_$1.json" "${@:2}" >"$log" 2>&1 \
+    || { echo "ours ($1) failed (rc $?):"; tail -5 "$log"; }
+  grep -E "^[0-9]|^lognormal|^workload" "$log"; rm -f "$log"
 }
 ours a "$@"
 echo "=== BF16 anchors   clock $(clock)"; date

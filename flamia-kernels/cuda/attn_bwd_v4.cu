@@ -66,6 +66,14 @@
 #ifndef BWD_EARLY_COLS
 #define BWD_EARLY_COLS (HEAD_DIM == 64)
 #endif
+// BWD_STRESS 1 (test builds: the host's FLAMIA_BWD_JITTER): with a nonzero P.jitter each consumer
+// warp also waits a pseudo-random few microseconds between taking its dQ buffer and storing its
+// partial, so a buffer released before the stores have landed is read early by the reducer's TMA
+// and the jitter test sees other bits (the release's ordering is otherwise hidden by timing: the
+// partial stores beat the reducer's TMA even when they follow the arrival, session 10).
+#ifndef BWD_STRESS
+#define BWD_STRESS 0
+#endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -484,6 +492,15 @@ __device__ __forceinline__ void row_ds_copies(BwdV4Smem& sm, const BwdConsumer& 
 }
 #endif
 
+// A pseudo-random sleep of at most `mask` ns, a hash of (seed, block, site): the test knob
+// P.jitter's delays (the reducer's, and the consumers' under BWD_STRESS).
+__device__ __forceinline__ void stress_sleep(u32 seed, u32 block, u32 site, u32 mask) {
+  u32 x = seed * 0x9E3779B9u ^ block * 0x85EBCA6Bu ^ site * 0xC2B2AE35u;
+  x ^= x >> 15;
+  x *= 0x2C1B3C6Du;
+  __nanosleep((x >> 16) & mask);
+}
+
 // acc[64 x N] = A (E4M3 fragments, K slices s0..s0+NS-1) * B^T, B the N = 2R = HEAD_DIM rows of a
 // 64-byte-swizzled [N rows x 64 bytes] tile; fresh accumulator, waited for. (Full-width products:
 // one round trip per product, R accumulator registers beside the item's 2R of dK and dV.)
@@ -790,6 +807,9 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   C.prof[3] += clock64() - _t3;
 #endif
   {
+#if BWD_STRESS  // (the delay belongs to the stores: whatever reorders them past the release takes it along)
+    if (P.jitter) stress_sleep((u32)P.jitter, (u32)blockIdx.x, (u32)((8 * n + 4 * cw + w) | 1u << 31), 4095);
+#endif
     // row 16w + g + 8r, 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g).
     // Rows g and g ^ 1 of a half-warp would write the same 32-byte pair of chunks (2-way bank
     // conflicts on every store: ncu, session 9), so odd rows write block j ^ 2 in store j: a
@@ -1049,12 +1069,8 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
     const BwdDqJob j = sm.job[db][cw];
     if (j.end) break;
     int* sem = P.dq_sem + j.sem;
-    if (P.jitter) {  // tests: the reduces' arrival order changes with the seed, the result must not
-      u32 x = (u32)P.jitter * 0x9E3779B9u ^ (u32)blockIdx.x * 0x85EBCA6Bu ^ (u32)(2 * k + cw) * 0xC2B2AE35u;
-      x ^= x >> 15;
-      x *= 0x2C1B3C6Du;
-      __nanosleep((x >> 16) & 8191);
-    }
+    // tests: the reduces' arrival order changes with the seed, the result must not
+    if (P.jitter) stress_sleep((u32)P.jitter, (u32)blockIdx.x, (u32)(2 * k + cw), 8191);
 #ifndef BWD_PROF_NOSEM
     spin_until(sem, j.target);
 #endif

@@ -129,8 +129,11 @@ fn bwd_key_blocks_off() -> bool {
 }
 
 /// `FLAMIA_BWD_JITTER` (a test knob, default 0): a nonzero seed makes every dQ reduce of the v4
-/// backward wait a pseudo-random few microseconds first, so the reduces reach L2 in another order;
-/// with the ordering semaphores the result must stay bitwise the same (GPU test
+/// backward wait a pseudo-random few microseconds first, so the reduces reach L2 in another order,
+/// and builds the kernel with `BWD_STRESS`, whose consumer warps also wait a pseudo-random while
+/// between taking a dQ buffer and storing their partial into it (a partial released before its
+/// stores would then be read early); with the ordering semaphores and the hand-off's fence and
+/// arrival the result must stay bitwise the same (GPU test
 /// `dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in`).
 fn bwd_jitter() -> i32 {
     std::env::var("FLAMIA_BWD_JITTER")
@@ -143,15 +146,19 @@ fn bwd_jitter() -> i32 {
 /// exponents, `BWD_ROW_DS`: 7 KB more shared memory for its exchange slots), whether the key
 /// factors are uniform per 32-key block (`BWD_KEY_BLOCKS`: token-block and tensor-wide scales,
 /// not per-token ones; each consumer thread then folds them into its column constants once per
-/// step) and the smem budget.
-fn backward_v4_variant(stages: u32, hd: u32, row_ds: bool, key_blocks: bool) -> (Variant, u32) {
+/// step), the consumers' stress delays (`BWD_STRESS`, test builds alone: `bwd_jitter`) and the
+/// smem budget.
+fn backward_v4_variant(stages: u32, hd: u32, row_ds: bool, key_blocks: bool, stress: bool) -> (Variant, u32) {
     let smem = smem_bwd4(stages, hd) + if row_ds { 7 * 1024 } else { 0 };
-    let v = Variant::new()
+    let mut v = Variant::new()
         .define("HEAD_DIM", hd)
         .define("BWD_ROW_DS", row_ds as u32)
         .define("BWD_KEY_BLOCKS", key_blocks as u32)
         .define("BWD_STAGES", stages)
         .define("SMEM_BWD4_BUDGET", smem);
+    if stress {
+        v = v.define("BWD_STRESS", 1);
+    }
     (v, smem)
 }
 
@@ -803,8 +810,13 @@ impl Attention {
         // the fused kernel and the dQ conversion, once per head chunk (BwdSchedule::chunks): the
         // chunk's dQ accumulator and dK/dV partials are the scratch's
         self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
-        let (v4, smem) =
-            backward_v4_variant(self.bwd_stages, hd as u32, a.row_ds != 0, self.bwd_key_blocks());
+        let (v4, smem) = backward_v4_variant(
+            self.bwd_stages,
+            hd as u32,
+            a.row_ds != 0,
+            self.bwd_key_blocks(),
+            bwd_jitter() != 0,
+        );
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
@@ -945,7 +957,13 @@ impl Attention {
         }
         if self.uses_backward_v4() {
             let row_ds = self.opts.precision.row_ds_exponents;
-            let (v4, smem) = backward_v4_variant(self.bwd_stages, hd32, row_ds, self.bwd_key_blocks());
+            let (v4, smem) = backward_v4_variant(
+                self.bwd_stages,
+                hd32,
+                row_ds,
+                self.bwd_key_blocks(),
+                bwd_jitter() != 0,
+            );
             let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_bwd_v4".to_string(), r, l));
@@ -994,9 +1012,15 @@ mod tests {
         }
         for hd in [64, 128] {
             // (per-token key factors at 3 stages only: the define changes the step, not the ring)
-            for (stages, key_blocks) in [(2, true), (3, true), (3, false)] {
+            // (the stress build of the tests once per head dim)
+            for (stages, key_blocks, stress) in [
+                (2, true, false),
+                (3, true, false),
+                (3, false, false),
+                (3, true, true),
+            ] {
                 for row_ds in [false, true] {
-                    let (v, _) = backward_v4_variant(stages, hd, row_ds, key_blocks);
+                    let (v, _) = backward_v4_variant(stages, hd, row_ds, key_blocks, stress);
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
                 }
