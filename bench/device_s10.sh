@@ -9,8 +9,8 @@
 #   PHASE=ab bash bench/device_s10.sh        gpu_attention on each variant, base / variants twice
 #                                            (5 workloads), d = 64 once
 #   PHASE=check bash bench/device_s10.sh     the GPU tests (attention, quantiser, bridge) on the
-#                                            binary's kernels, then the mutations in .device-carry/mut
-#                                            (kernel sources, each must fail)
+#                                            binary's kernels, then bench/gpu_mutations.sh (each
+#                                            mutation of the kernel sources must fail its tests)
 #   PHASE=options bash bench/device_s10.sh   the precision options' cost (`--causally-safe` beside
 #                                            the default, nine workloads), the 1x131072 call's
 #                                            memory
@@ -38,10 +38,7 @@ case "${PHASE:-ab}" in
     for t in gpu_attention gpu_quant bridge_cuda; do
       echo "=== $t"; timeout 200 $C/$t --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
     done
-    for m in $(ls .device-carry/mut 2>/dev/null); do  # mutations: these must FAIL the tests
-      echo "=== gpu_attention on mutation $m (must fail)"
-      FLAMIA_CUDA_DIR=.device-carry/mut/$m timeout 200 $C/gpu_attention --ignored --test-threads=1 whatever accurate 2>&1 | grep -E "test result|panicked|FAILED"
-    done ;;
+    echo "=== bench/gpu_mutations.sh (each must be caught)"; OUT=$O/mut bash bench/gpu_mutations.sh ;;
   options)
     for r in 1 2; do
       echo "=== default ($r)"; timeout 60 $B bench attention --json "$O/default_$r.json" 2>&1 | res

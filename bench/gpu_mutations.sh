@@ -14,13 +14,12 @@ set -u
 SRC=${SRC:-flamia-kernels/cuda}
 T=.device-carry/bwd4/gpu_attention
 O=${OUT:-/tmp/flamia-mut}; mkdir -p "$O"
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 check=0; [ "${1:-}" = "--check" ] && check=1
 mutate() {  # name, file, sed expression, tests...
   local name=$1 file=$2 expr=$3; shift 3
   if [ -n "${ONLY:-}" ] && [ "$name" != "$ONLY" ]; then return 0; fi
-  local d="$O/$name"; rm -rf "$d"; mkdir -p "$d"; cp "$SRC"/*.cu "$SRC"/*.cuh "$d/"
+  local d="${MUT_SRC:-/tmp/flamia-mut-src}/$name"; rm -rf "$d"; mkdir -p "$d"; cp "$SRC"/*.cu "$SRC"/*.cuh "$d/"
   sed -i "$expr" "$d/$file"
   if cmp -s "$d/$file" "$SRC/$file"; then echo "$name: pattern not found in $file (script out of date)"; return 1; fi
   if [ $check = 1 ]; then
@@ -38,7 +37,7 @@ mutate() {  # name, file, sed expression, tests...
 mutate fwd-no-causal softmax.cuh 's/causal ? min(kval - 1, R + dq) : kval - 1/kval - 1/' \
   causal_leakage_has_the_reference_properties mxfp8_causal_gqa_is_as_accurate_as_the_reference
 # 2. v4 backward: the causal mask of the diagonal steps dropped.
-mutate bwd4-no-causal attn_bwd_v4.cu 's/if (MASKED) x = (r0 + 8 \* r <= col + off) ? x : NEG_INF;/(void)off;/' \
+mutate bwd4-no-causal attn_bwd_v4.cu 's/? r0 + 8 \* r - off - 2 \* qd : 1 << 20;/? -(1 << 20) : 1 << 20;/' \
   mxfp8_causal_gqa_is_as_accurate_as_the_reference causal_leakage_has_the_reference_properties
 # 3. v3.1 backward (runs the causally safe options): row dS exponents ignored (32x32 blocks).
 mutate bwd31-block-ds attn_bwd.cu 's/quantise_ds(ds, p.row_ds, /quantise_ds(ds, 0, /' \
@@ -49,3 +48,8 @@ mutate quant-no-per-token quant.cu '1i #undef MODE\n#define MODE 0' \
 # 5. v4 backward: dQ partials added in any order (no semaphore wait): bitwise repeatability.
 mutate bwd4-unordered-dq attn_bwd_v4.cu '1i #define BWD_PROF_NOSEM' \
   repeated_runs_are_bitwise_identical dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in
+# 6. v4 backward: the dQ partial stored after the arrival that releases it to the reducer's TMA
+# (the hand-off's order). Timing alone hides it (session 10: all GPU tests passed); the jitter
+# test's stress build (BWD_STRESS) sleeps inside bwd_dq_store, so the reducer reads early.
+mutate bwd4-dq-after-release attn_bwd_v4.cu '/^  bwd_dq_store(P, sm, C, db, n, dq);/{h;d};/^  mbar_arrive(smem_u32(&sm.dq_full\[db\]\[cw\]));$/G' \
+  dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in

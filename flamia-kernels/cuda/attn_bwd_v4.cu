@@ -739,6 +739,35 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 // times this warpgroup's HEAD_DIM / 2 dims of K, handed to the reducer warp. Runs right after the step
 // (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
 // dS only when one is a whole step behind, instead of meeting at a barrier every step.
+// The consumer thread's part of its warpgroup's FP32 dQ partial, into buffer db: row 16w + g + 8r,
+// 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g). Rows g and g ^ 1 of a
+// half-warp would write the same 32-byte pair of chunks (2-way bank conflicts on every store:
+// ncu, session 9), so odd rows write block j ^ 2 in store j: a half-warp's rows 0..3 then cover
+// four different pairs.
+template <int NQ>
+__device__ __forceinline__ void bwd_dq_store(const BwdV4Params& P, BwdV4Smem& sm, const BwdConsumer& C, int db, int n,
+                                             const float (&dq)[NQ]) {
+  const int cw = C.cw, w = C.w(), qd = C.qd();
+#if BWD_STRESS  // (the delay belongs to the stores: whatever reorders them past the release takes it along)
+  if (P.jitter) stress_sleep((u32)P.jitter, (u32)blockIdx.x, (u32)((8 * n + 4 * cw + w) | 1u << 31), 4095);
+#else
+  (void)P;
+  (void)n;
+#endif
+  u8* base = sm.dqs[db][cw][0] + (16 * w + C.g()) * 128 + 8 * (qd & 1);
+  const int sw = 2 * (C.g() & 1);
+#pragma unroll
+  for (int j = 0; j < NQ / 4; ++j) {
+    const int jj = j ^ sw, js = j ^ 2;
+    u8* dst = base + 8192 * (j >> 2) + (((2 * (jj & 3) + (qd >> 1)) ^ C.g()) << 4);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float2 v = make_float2(sw ? dq[4 * js + 2 * r] : dq[4 * j + 2 * r], sw ? dq[4 * js + 2 * r + 1] : dq[4 * j + 2 * r + 1]);
+      *reinterpret_cast<float2*>(dst + 1024 * r) = v;
+    }
+  }
+}
+
 __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int n, int q0) {
   const int cw = C.cw, w = C.w(), qd = C.qd(), buf = n % BWD_DS_BUFS;
 #ifdef BWD_PROF_TIMERS
@@ -806,27 +835,7 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
 #ifdef BWD_PROF_TIMERS
   C.prof[3] += clock64() - _t3;
 #endif
-  {
-#if BWD_STRESS  // (the delay belongs to the stores: whatever reorders them past the release takes it along)
-    if (P.jitter) stress_sleep((u32)P.jitter, (u32)blockIdx.x, (u32)((8 * n + 4 * cw + w) | 1u << 31), 4095);
-#endif
-    // row 16w + g + 8r, 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g).
-    // Rows g and g ^ 1 of a half-warp would write the same 32-byte pair of chunks (2-way bank
-    // conflicts on every store: ncu, session 9), so odd rows write block j ^ 2 in store j: a
-    // half-warp's rows 0..3 then cover four different pairs.
-    u8* base = sm.dqs[db][cw][0] + (16 * w + C.g()) * 128 + 8 * (qd & 1);
-    const int sw = 2 * (C.g() & 1);
-#pragma unroll
-    for (int j = 0; j < NQ / 4; ++j) {
-      const int jj = j ^ sw, js = j ^ 2;
-      u8* dst = base + 8192 * (j >> 2) + (((2 * (jj & 3) + (qd >> 1)) ^ C.g()) << 4);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float2 v = make_float2(sw ? dq[4 * js + 2 * r] : dq[4 * j + 2 * r], sw ? dq[4 * js + 2 * r + 1] : dq[4 * j + 2 * r + 1]);
-        *reinterpret_cast<float2*>(dst + 1024 * r) = v;
-      }
-    }
-  }
+  bwd_dq_store(P, sm, C, db, n, dq);  // (one line: bench/gpu_mutations.sh moves it past the release)
   BWD_PHASE(10);
   if (C.t() == 0) {  // the job, before this thread's arrival releases it
     const BwdTile& tl = sm.cur[cw];  // written by this thread at the item's start

@@ -216,7 +216,9 @@ fn dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in() {
     // FLAMIA_BWD_JITTER=s delays every dQ reduce by a seed-dependent few microseconds, so the
     // 64 key tiles of the 8,192-token document reach each query tile's FP32 accumulator in
     // different orders unless the semaphores order them (two repeats alone did not catch an
-    // unordered reduce, docs/numerics.md).
+    // unordered reduce, docs/numerics.md); it also builds the stress kernel (BWD_STRESS), whose
+    // consumer warps sleep before storing each dQ partial, so a partial released to the
+    // reducer before its stores is read early (bench/gpu_mutations.sh: bwd4-dq-after-release).
     let gpu = gpu();
     let shape = VarlenShape::from_lens(&[8192, 300], 4, 1, 128).unwrap();
     with_seeds("jitter", |mut rng| {
