@@ -1,15 +1,30 @@
 """Per workload: our training call and forward (flamia bench attention JSON, one or two runs of the
 same device call) against the best BF16 baseline of anchors.py from that call, as a markdown table
-(docs/perf.md's form). "ours / best" takes our slower run: < 1 means we are faster.
-Usage: python3 bench/compare.py OURS.json ANCHORS.json [OURS2.json]"""
+(docs/perf.md's form), and against cuDNN FP8 (bench/cudnn_fp8.py's JSON) where given. "ours / best"
+takes our slower run: < 1 means we are faster.
+Usage: python3 bench/compare.py OURS.json ANCHORS.json [OURS2.json] [--fp8 CUDNN_FP8.json]"""
 import json
 import sys
 
-ours = [json.load(open(p)) for p in [sys.argv[1]] + sys.argv[3:]]
-anchors = json.load(open(sys.argv[2]))
+args = sys.argv[1:]
+fp8 = None
+if "--fp8" in args:
+    i = args.index("--fp8")
+    if i + 1 >= len(args):
+        sys.exit("--fp8 needs the cudnn_fp8.json path")
+    fp8 = json.load(open(args[i + 1]))
+    del args[i:i + 2]
+if len(args) not in (2, 3):
+    sys.exit(__doc__)
+ours = [json.load(open(p)) for p in [args[0]] + args[2:]]
+anchors = json.load(open(args[1]))
 base = {r["workload"]: r for r in anchors["rows"]}
+# cuDNN FP8 rows that ran (skipped / failed ones carry no times)
+fp8_rows = {r["workload"]: r for r in (fp8 or {}).get("rows", []) if "fwdbwd_ms" in r}
 NAMES = {"fa2_varlen": "FA2 varlen", "cudnn_pad": "cuDNN", "flex": "Flex"}
 print("anchors env:", json.dumps(anchors.get("env", {})))
+if fp8 is not None:
+    print("cuDNN FP8 env:", json.dumps(fp8.get("env", {})))
 for o in ours:
     print("ours: %s %s, SM clock before %s, after %s" % (o["device"], o["path"], o["sm_clock_before"], o["sm_clock_after"]))
 
@@ -23,15 +38,21 @@ def runs(w):
     return [r for o in ours for r in o["rows"] if r["workload"] == w]
 
 
+head = ["workload", "ours train ms", "best BF16 train ms", "ours / best", "ours fwd ms", "best BF16 fwd ms",
+        "ours / best", "bwd TFLOP/s"]
+if fp8 is not None:
+    head += ["cuDNN FP8 fwd+bwd ms", "ours / FP8", "cuDNN FP8 fwd ms", "ours fwd / FP8"]
 print()
-print("| workload | ours train ms | best BF16 train ms | ours / best | ours fwd ms | best BF16 fwd ms | ours / best | bwd TFLOP/s |")
-print("|---|---|---|---|---|---|---|---|")
+print("| " + " | ".join(head) + " |")
+print("|" + "---|" * len(head))
 for r in ours[0]["rows"]:
     w = r["workload"]
     rs, b = runs(w), base.get(w, {})
     cols = [w]
+    worst = {}
     for ms_key, keys in (("train_ms", ("fa2_varlen_ms", "cudnn_pad_ms", "flex_ms")), ("fwd_ms", ("cudnn_pad_fwd_ms", "flex_fwd_ms"))):
         mine = [x[ms_key] for x in rs]
+        worst[ms_key] = max(mine)
         cols.append(" / ".join("%.3f" % m for m in mine))
         hit = best(b, keys)
         if hit:
@@ -40,5 +61,15 @@ for r in ours[0]["rows"]:
         else:
             cols += ["-", "-"]
     cols.append(" / ".join("%.0f" % x["bwd_tflops"] for x in rs))
+    if fp8 is not None:
+        f = fp8_rows.get(w)
+        if f:
+            cols += ["%.3f" % f["fwdbwd_ms"], "%.2fx" % (worst["train_ms"] / f["fwdbwd_ms"]),
+                     "%.3f" % f["fwd_ms"], "%.2fx" % (worst["fwd_ms"] / f["fwd_ms"])]
+        else:
+            cols += ["-", "-", "-", "-"]
     print("| " + " | ".join(cols) + " |")
 print("\nours / best: our slower run's ms over the best BF16 baseline's ms of the same device call (< 1: faster)")
+if fp8 is not None:
+    print("ours / FP8: our slower training call over cuDNN FP8's forward + backward (its inputs already FP8 with "
+          "per-tensor scales: no quantiser in its time; padded batches; '-' where it skipped or failed)")
