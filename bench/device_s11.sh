@@ -1,0 +1,52 @@
+#!/bin/bash
+# The device calls prepared in session 10 for the next one (docs/perf.md "Next"). Stage here, on
+# the branch to validate (release-qkv: selective checkpointing frees q, k, v after the FLAMIA
+# forward; merge it into main only after PHASE=check and PHASE=mem):
+#   source scripts/env.sh
+#   cargo build --release -p flamia-trainer -p flamia-dist
+#   cargo test --release --no-run -p flamia-kernels -p flamia-trainer
+#   bash bench/device_bwd4.sh --stage          (flamia + gpu_attention, gpu_quant, bridge_cuda, model_cuda)
+# then carry .device-carry/bwd4 (and .whl for PHASE=anchors: the cuDNN FP8 frontend wheel) and
+# run, one call each:
+#   PHASE=check bash bench/device_s11.sh    every GPU test executable staged (model_cuda is the new
+#                                           selective-checkpointing test), then every mutation of
+#                                           bench/gpu_mutations.sh (bwd4-no-causal was updated in
+#                                           session 10 and not yet run); ~4 minutes
+#   PHASE=mem bash bench/device_s11.sh      1B and 1B-d64 at 64K rows (selective checkpointing),
+#                                           bf16 and mxfp8, short and row-long documents: peak
+#                                           memory (session 10 without the release: mxfp8 58.54
+#                                           vs bf16 47.95 GiB, d = 64 51.14 vs 43.33) and tok/s;
+#                                           ~4 minutes
+#   PHASE=anchors bash bench/device_s11.sh  bench/vs-anchors.sh: ours, BF16 anchors, cuDNN FP8
+#                                           (with .whl carried), ours; ~8 minutes
+#   PHASE=e2e125 bash bench/device_s11.sh   configs/h200-125m.toml bf16 vs mxfp8 (issue 13's
+#                                           list; last measured in session 7); ~3 minutes
+set -u
+C=.device-carry/bwd4; B=$C/flamia
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
+O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
+res() { grep -E "^[0-9]|^lognormal|^workload"; }
+{
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
+case "${PHASE:-check}" in
+  check)
+    for t in gpu_attention gpu_quant bridge_cuda model_cuda; do
+      if [ -x $C/$t ]; then
+        echo "=== $t"; timeout 200 $C/$t --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
+      else
+        echo "=== $t: not staged (skipped)"
+      fi
+    done
+    echo "=== bench/gpu_mutations.sh (each must be caught)"; OUT=$O/mut bash bench/gpu_mutations.sh ;;
+  mem)
+    B=$B ROWS=65536 STEPS64=6 OOM_CHECK=0 OUT=$O/d128 bash bench/trainer_1b.sh 2>&1 | grep -E "steps|rc="
+    B=$B EXTRA="--set model.size=1b-d64" ROWS=65536 STEPS64=6 OOM_CHECK=0 OUT=$O/d64 bash bench/trainer_1b.sh 2>&1 \
+      | grep -E "steps|rc=" ;;
+  anchors)
+    B=$B O=$O bash bench/vs-anchors.sh ;;
+  e2e125)
+    B=$B STEPS=60 AGAIN=1 bash bench/trainer_ab.sh ;;
+  *) echo "PHASE is check, mem, anchors or e2e125"; exit 2 ;;
+esac
+date
+} 2>&1 | tee "$O/s11_${PHASE:-check}.log"
