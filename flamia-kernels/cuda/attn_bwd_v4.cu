@@ -60,11 +60,17 @@
 #ifndef BWD_KEY_BLOCKS
 #define BWD_KEY_BLOCKS 0
 #endif
-// BWD_EARLY_COLS 1: P's column constants and the key factors are loaded before the wait for S^T.
-// Measured (session 10, 1x65536 backward, same call): d = 64 70.8 vs 73.4 ms; d = 128 94.4 /
-// 94.6 vs 93.2 / 93.2 ms (ptxas schedules the d = 128 step worse), so on for d = 64 alone.
+// BWD_EARLY_COLS n (0..8): the first n of P's 8 column-constant loads (float4 each) and the key
+// factors are issued before the wait for S^T, the rest inside P's loop. Measured (session 10,
+// 1x65536 backward, same call): all 8 early, d = 64 70.8 vs 73.4 ms; d = 128 94.4 / 94.6 vs
+// 93.2 / 93.2 ms (ptxas schedules the d = 128 step worse), so 8 at d = 64 and none at d = 128.
 #ifndef BWD_EARLY_COLS
-#define BWD_EARLY_COLS (HEAD_DIM == 64)
+#define BWD_EARLY_COLS (HEAD_DIM == 64 ? 8 : 0)
+#endif
+// BWD_COLS_FIRST 1: those early loads are issued right after the stage's wait, before S^T's and
+// dP^T's products (0: after them). Not measured yet (session 10: an A/B variant).
+#ifndef BWD_COLS_FIRST
+#define BWD_COLS_FIRST 0
 #endif
 // BWD_STRESS 1 (test builds: the host's FLAMIA_BWD_JITTER): with a nonzero P.jitter each consumer
 // warp also waits a pseudo-random few microseconds between taking its dQ buffer and storing its
@@ -536,6 +542,34 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #ifdef BWD_PROF_TIMERS
   C.prof[0] += clock64() - _t0;
 #endif
+  const BwdColPair* cp = sm.cols[s].p + qd;  // the thread's column pair of block j: cp[4 * j]
+#if BWD_EARLY_COLS
+  // P's first BWD_EARLY_COLS column constants and the keys' factors, loaded while S^T is in the
+  // tensor cores (BWD_COLS_FIRST: before its products are issued, so the loads do not queue
+  // behind their shared-memory reads; loaded after the wait they queued ~430 clocks, ncu,
+  // session 9). j is a constant in the unrolled loops: BWD_COLS picks at compile time.
+#define BWD_EARLY_LOADS                                                                             \
+  float4 cols[BWD_EARLY_COLS];                                                                      \
+  _Pragma("unroll") for (int j = 0; j < BWD_EARLY_COLS; ++j) cols[j] =                              \
+      *reinterpret_cast<const float4*>(&cp[4 * j].qf);                                              \
+  BWD_EARLY_KEY_FACTORS
+#if BWD_KEY_BLOCKS
+#define BWD_EARLY_KEY_FACTORS          \
+  const int kr = 64 * cw + r0;         \
+  const float kf = lds_volatile(&it.kf[kr]);
+#else
+#define BWD_EARLY_KEY_FACTORS \
+  float kf[2];                \
+  _Pragma("unroll") for (int r = 0; r < 2; ++r) kf[r] = lds_volatile(&it.kf[64 * cw + r0 + 8 * r]);
+#endif
+#define BWD_COLS(j) \
+  ((j) < BWD_EARLY_COLS ? cols[(j) < BWD_EARLY_COLS ? (j) : 0] : *reinterpret_cast<const float4*>(&cp[4 * (j)].qf))
+#else
+#define BWD_COLS(j) (*reinterpret_cast<const float4*>(&cp[4 * (j)].qf))
+#endif
+#if BWD_EARLY_COLS && BWD_COLS_FIRST
+  BWD_EARLY_LOADS
+#endif
   float sc[32], dp[32];
   {
     // (opaque: the four base descriptors are rebuilt per step, not held or spilled across the
@@ -551,24 +585,8 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_ss_m64n64k32_e4m3(dp, desc_add(dvb, 32 * kk), desc_add(dob, 32 * kk), kk > 0);
     wg_commit();
   }
-  const BwdColPair* cp = sm.cols[s].p + qd;  // the thread's column pair of block j: cp[4 * j]
-#if BWD_EARLY_COLS
-  // P's column constants and the keys' factors are loaded while S^T is in the tensor cores (after
-  // the wait they queue behind the products' shared-memory reads: ~430 clocks, ncu, session 9)
-  float4 cols[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) cols[j] = *reinterpret_cast<const float4*>(&cp[4 * j].qf);
-#define BWD_COLS(j) cols[j]
-#if BWD_KEY_BLOCKS
-  const int kr = 64 * cw + r0;
-  const float kf = lds_volatile(&it.kf[kr]);
-#else
-  float kf[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) kf[r] = lds_volatile(&it.kf[64 * cw + r0 + 8 * r]);
-#endif
-#else
-#define BWD_COLS(j) (*reinterpret_cast<const float4*>(&cp[4 * (j)].qf))
+#if BWD_EARLY_COLS && !BWD_COLS_FIRST
+  BWD_EARLY_LOADS
 #endif
   wg_wait<1>();
   fence_regs(sc);
