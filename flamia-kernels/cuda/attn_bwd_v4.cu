@@ -72,6 +72,12 @@
 #ifndef BWD_COLS_FIRST
 #define BWD_COLS_FIRST 0
 #endif
+// BWD_DV_EARLY 1: dV's product is issued right after P~'s A fragments and waited for after the
+// dS block maxima and codes (0: issued and waited for after them). Not measured yet (session
+// 10: an A/B variant; session 8's m64n64 dV pieces under the maxima at d = 128 were 1-2% slower).
+#ifndef BWD_DV_EARLY
+#define BWD_DV_EARLY 0
+#endif
 // BWD_STRESS 1 (test builds: the host's FLAMIA_BWD_JITTER): with a nonzero P.jitter each consumer
 // warp also waits a pseudo-random few microseconds between taking its dQ buffer and storing its
 // partial, so a buffer released before the stores have landed is read early by the reducer's TMA
@@ -511,12 +517,16 @@ __device__ __forceinline__ void stress_sleep(u32 seed, u32 block, u32 site, u32 
 // 64-byte-swizzled [N rows x 64 bytes] tile; fresh accumulator, waited for. (Full-width products:
 // one round trip per product, R accumulator registers beside the item's 2R of dK and dV.)
 template <int NS, int R>
-__device__ __forceinline__ void mma_rs_sw64(float (&acc)[R], const u32 (&a)[2][4], u32 b, int s0) {
+__device__ __forceinline__ void mma_rs_sw64_issue(float (&acc)[R], const u32 (&a)[2][4], u32 b, int s0) {
   const u64 db = desc_sw64(b);
   wg_fence();
 #pragma unroll
   for (int kk = 0; kk < NS; ++kk) wgmma_rs_k32_e4m3(acc, a[s0 + kk], desc_add(db, 32 * (s0 + kk)), kk > 0);
   wg_commit();
+}
+template <int NS, int R>
+__device__ __forceinline__ void mma_rs_sw64(float (&acc)[R], const u32 (&a)[2][4], u32 b, int s0) {
+  mma_rs_sw64_issue<NS>(acc, a, b, s0);
   wg_wait<0>();
   fence_regs(acc);
 }
@@ -682,6 +692,12 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   u32 ads[2][4], ap[2][4];
   float fk[2][2];           // dK's scale-in 2^e per [query slice][key row r0, r0 + 8]
   acc_to_afrag(sc, ap);     // P~ first: its registers are free for dS, and dV may start
+#if BWD_DV_EARLY
+  // dV's product runs under the dS block maxima and codes (its A fragments ap and accumulator
+  // stay untouched until the wait below)
+  float dvacc[HEAD_DIM / 2];
+  mma_rs_sw64_issue<2>(dvacc, ap, opaque_u32(smem_u32(sm.dOd[s])), 0);
+#endif
 #if BWD_ROW_DS
   float fkr[2][2];  // dK's copy: 2^e per (key row r, query slice sl)
   row_ds_copies(sm, C, dp, par, buf, fkr);
@@ -728,12 +744,19 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #endif
   BWD_PHASE(4);
   // dV += P~^T dO (one chained product over the 64 queries; 2^c applied at the item's end)
+#if BWD_DV_EARLY
+  wg_wait<0>();
+  fence_regs(dvacc);
+#pragma unroll
+  for (int i = 0; i < HEAD_DIM / 2; ++i) dv[i] += dvacc[i];
+#else
   {
     float acc[HEAD_DIM / 2];
     mma_rs_sw64<2>(acc, ap, opaque_u32(smem_u32(sm.dOd[s])), 0);
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; ++i) dv[i] += acc[i];
   }
+#endif
   BWD_PHASE(5);
   // dK += sum over the two 32-query slices of 2^e (codes^T Q)
 #pragma unroll
