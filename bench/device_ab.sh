@@ -6,6 +6,8 @@
 # writes each git revision's kernel sources (flamia-kernels/cuda/*.cu, *.cuh) to
 # .device-carry/var/NAME (the folder is emptied first). Carry .device-carry/bwd4 and
 # .device-carry/var; run from the repo root on the device. "base" is the binary's own sources.
+# Knobs: VARS (the variants, default all staged), WL (bench arguments), REPS (2), TESTS=0 skips
+# the tests, TEST_FILTER (gpu_attention's test-name filter, e.g. head_dim_64).
 set -u
 C=.device-carry/bwd4; B=$C/flamia; V=.device-carry/var
 if [ "${1:-}" = "--stage" ]; then
@@ -22,8 +24,7 @@ if [ "${1:-}" = "--stage" ]; then
   done
   du -sh $V/*; exit 0
 fi
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$SP/torch/lib:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 WL=${WL:---workload 1x65536 --workload 16x4096 --workload 64x1024 --workload 256x256 --workload 8192+224x256}
 VARS=${VARS:-$(ls $V)}
@@ -31,7 +32,7 @@ VARS=${VARS:-$(ls $V)}
 if [ "${TESTS:-1}" = 1 ]; then
   for v in $VARS; do
     echo "=== gpu_attention on $v"
-    FLAMIA_CUDA_DIR=$V/$v timeout 200 $C/gpu_attention --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
+    FLAMIA_CUDA_DIR=$V/$v timeout 200 $C/gpu_attention --ignored --test-threads=1 ${TEST_FILTER:-} 2>&1 | grep -E "test result|panicked|FAILED"
   done
 fi
 for r in $(seq ${REPS:-2}); do

@@ -8,13 +8,16 @@
 #   bash bench/device_bwd4.sh --stage          (flamia + gpu_attention, gpu_quant, bridge_cuda, model_cuda)
 # then carry .device-carry/bwd4 (and .whl for PHASE=anchors: the cuDNN FP8 frontend wheel) and
 # run, one call each:
-#   PHASE=ab bash bench/device_s11.sh       the backward variants of session 10 (kernel sources of
-#                                           branches bwd-first4 / bwd-first8, staged by
+#   PHASE=ab bash bench/device_s11.sh       the backward variants of session 10, staged by
 #                                           `bash bench/device_ab.sh --stage first4=bwd-first4
-#                                           first8=bwd-first8`, carry .device-carry/var too): P's
-#                                           column constants loaded before S^T's and dP^T's
-#                                           products (4 or 8 of 8 at d = 128, 8 at d = 64);
-#                                           gpu_attention on each, d = 128 and d = 64 twice; ~6 min
+#                                           first8=bwd-first8 dvearly=bwd-dvearly both64=bwd-both64`
+#                                           (carry .device-carry/var too): P's column constants
+#                                           before S^T's and dP^T's products (4 or 8 of 8;
+#                                           BWD_COLS_FIRST), dV's product under the dS maxima at
+#                                           d = 64 (BWD_DV_EARLY), both at d = 64. d = 128:
+#                                           gpu_attention on first4 / first8, then base, first4,
+#                                           first8 twice (~4 min). d = 64: the head_dim_64 tests
+#                                           on first8, dvearly, both64, then all four twice (~3 min)
 #   PHASE=check bash bench/device_s11.sh    every GPU test executable staged (model_cuda is the new
 #                                           selective-checkpointing test), then every mutation of
 #                                           bench/gpu_mutations.sh (bwd4-no-causal was updated in
@@ -46,9 +49,11 @@ case "${PHASE:-check}" in
     done
     echo "=== bench/gpu_mutations.sh (each must be caught)"; OUT=$O/mut bash bench/gpu_mutations.sh ;;
   ab)
-    WL="--workload 1x65536 --workload 8x8192 --workload 64x1024 --workload 256x256 --workload lognormal" \
-      REPS=2 OUT=$O bash bench/device_ab.sh
-    TESTS=0 REPS=2 WL="--head-dim 64 --workload 1x65536 --workload 8x8192 --workload 64x1024" OUT=$O/d64 \
+    VARS="first4 first8" REPS=2 OUT=$O \
+      WL="--workload 1x65536 --workload 8x8192 --workload 64x1024 --workload 256x256 --workload lognormal" \
+      bash bench/device_ab.sh
+    VARS="first8 dvearly both64" TEST_FILTER=head_dim_64 REPS=2 OUT=$O/d64 \
+      WL="--head-dim 64 --workload 1x65536 --workload 8x8192 --workload 64x1024 --workload lognormal" \
       bash bench/device_ab.sh ;;
   mem)
     B=$B ROWS=65536 STEPS64=6 OOM_CHECK=0 OUT=$O/d128 bash bench/trainer_1b.sh 2>&1 | grep -E "steps|rc="
