@@ -1,7 +1,8 @@
 #!/bin/bash
-# The device calls prepared in session 10 for the next one (docs/perf.md "Next"). Stage here, on
-# the branch to validate (release-qkv: selective checkpointing frees q, k, v after the FLAMIA
-# forward; merge it into main only after PHASE=check and PHASE=mem):
+# The device calls prepared in session 10 for the next one (docs/perf.md "Next"). Stage once,
+# here, on branch release-qkv (main plus the trainer's q, k, v release under selective
+# checkpointing; the kernels are main's, so every phase can use this one staging; merge the
+# branch only after PHASE=check and PHASE=mem pass):
 #   source scripts/env.sh
 #   cargo build --release -p flamia-trainer -p flamia-dist
 #   cargo test --release --no-run -p flamia-kernels -p flamia-trainer
