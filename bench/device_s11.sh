@@ -55,7 +55,8 @@ case "${PHASE:-check}" in
       bash bench/device_ab.sh
     VARS="first8 dvearly both64" TEST_FILTER=head_dim_64 REPS=2 OUT=$O/d64 \
       WL="--head-dim 64 --workload 1x65536 --workload 8x8192 --workload 64x1024 --workload lognormal" \
-      bash bench/device_ab.sh ;;
+      bash bench/device_ab.sh
+    python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/d64/device_ab.log ;;
   mem)
     B=$B ROWS=65536 STEPS64=6 OOM_CHECK=0 OUT=$O/d128 bash bench/trainer_1b.sh 2>&1 | grep -E "steps|rc="
     B=$B EXTRA="--set model.size=1b-d64" ROWS=65536 STEPS64=6 OOM_CHECK=0 OUT=$O/d64 bash bench/trainer_1b.sh 2>&1 \
