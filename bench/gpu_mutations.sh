@@ -53,3 +53,7 @@ mutate bwd4-unordered-dq attn_bwd_v4.cu '1i #define BWD_PROF_NOSEM' \
 # test's stress build (BWD_STRESS) sleeps inside bwd_dq_store, so the reducer reads early.
 mutate bwd4-dq-after-release attn_bwd_v4.cu '/^  bwd_dq_store(P, sm, C, db, n, dq);/{h;d};/^  mbar_arrive(smem_u32(&sm.dq_full\[db\]\[cw\]));$/G' \
   dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in
+# 7. v4 backward: a skipped dead step leaves the dS tile's old codes (FLAMIA_BWD_SKIP_DEAD=1 in
+# the test builds the skip whatever the source's default).
+mutate bwd4-dead-stale-codes attn_bwd_v4.cu 's/ds_store_block(ds + 1024 \* j, 0u, 0u);/(void)j;/' \
+  dead_steps_skipped_give_bitwise_the_full_backward

@@ -78,6 +78,17 @@
 #ifndef BWD_DV_EARLY
 #define BWD_DV_EARLY 0
 #endif
+// BWD_SKIP_DEAD 1: a step whose warpgroup keys see none of its queries (causal: the second
+// warpgroup's step at the tile's first query tile, its keys all after those queries; any mask:
+// no key of the warpgroup in the document) runs `bwd_step_dead` (zero codes, no products)
+// instead of a masked step; the results are bitwise the same (GPU test
+// `dead_steps_skipped_give_bitwise_the_full_backward`, host knob FLAMIA_BWD_SKIP_DEAD). Such
+// steps are 1 of a tile's n for the second warpgroup: 1 in 9 on 1,024-token documents. At d = 128
+// the extra loop costs the interior loop 3 spilled dV registers (ptxas, session 10): on long
+// documents that may cost more than it saves; both are A/B variants (branches bwd-skipdead*).
+#ifndef BWD_SKIP_DEAD
+#define BWD_SKIP_DEAD 0
+#endif
 // BWD_STRESS 1 (test builds: the host's FLAMIA_BWD_JITTER): with a nonzero P.jitter each consumer
 // warp also waits a pseudo-random few microseconds between taking its dQ buffer and storing its
 // partial, so a buffer released before the stores have landed is read early by the reducer's TMA
@@ -776,6 +787,38 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   ++C.nstep;
 }
 
+// A step whose 64 keys of this warpgroup see none of its 64 queries (BWD_SKIP_DEAD): nothing
+// adds to dK or dV, and the step's dS codes of these keys are zero, so the products and the
+// elementwise work are skipped. It keeps every protocol of a full step: it waits for the stage
+// and releases it, writes zero codes and exponent 0 (scale 1) into the dS tile and its exponents
+// (both warpgroups' dQ products read them), meets its partner warp at the block-maxima barrier
+// (the exchange slots alternate by step parity, so each step must pass it once) and arrives on
+// ds_ready.
+__device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
+  const int cw = C.cw, w = C.w(), lane = C.lane(), s = C.s, buf = C.nstep % BWD_DS_BUFS;
+  mbar_wait(smem_u32(&sm.s_full[s]), C.ph);
+  u8* ds = ds_byte(sm, C, buf);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) ds_store_block(ds + 1024 * j, 0u, 0u);
+#if BWD_ROW_DS
+  if ((w & 1) == 0) {
+    sm.dser[buf][8 * C.g() + 2 * C.qd()][2 * cw + (w >> 1)] = 0;
+    sm.dser[buf][8 * C.g() + 2 * C.qd() + 1][2 * cw + (w >> 1)] = 0;
+  }
+#else
+  if (lane == 0 && (w & 1) == 0) {
+    sm.dse[buf][0][2 * cw + (w >> 1)] = 0;
+    sm.dse[buf][1][2 * cw + (w >> 1)] = 0;
+  }
+#endif
+  named_sync(2 + 2 * cw + (w >> 1), 64);
+  if (lane == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
+  if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
+  fence_async_smem();
+  mbar_arrive(smem_u32(&sm.ds_ready[buf]));
+  ++C.nstep;
+}
+
 // dQ of step n (query tile q0) of a consumer warpgroup: both warpgroups' dS codes of that step
 // times this warpgroup's HEAD_DIM / 2 dims of K, handed to the reducer warp. Runs right after the step
 // (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
@@ -1066,8 +1109,16 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
       bwd_step<false>(P, sm, C, sm.item, dk, dv, 0, 63);
       dq_after_step(q0);
     }
-    for (int left = n - nint; left > 0; --left, q0 -= BQT) {
+    // Dead steps (BWD_SKIP_DEAD), the last ones: no key of this warpgroup in the document (every
+    // masked step), or causal, the second warpgroup's step at the tile's first query tile.
+    const int nmask = n - nint;
+    const int ndead = BWD_SKIP_DEAD ? (lim < 0 ? nmask : (a.causal && cw == 1 ? 1 : 0)) : 0;
+    for (int left = nmask - ndead; left > 0; --left, q0 -= BQT) {
       bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim);
+      dq_after_step(q0);
+    }
+    for (int left = ndead; left > 0; --left, q0 -= BQT) {
+      bwd_step_dead(sm, C);
       dq_after_step(q0);
     }
     // the item's K and V are read (each warp's own waits): the producer may load the next item's

@@ -243,6 +243,33 @@ fn head_chunked_backward_is_bitwise_the_one_launch_backward() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn dead_steps_skipped_give_bitwise_the_full_backward() {
+    // A step whose warpgroup keys see none of its queries (causal: the second warpgroup at a
+    // tile's first query tile; any mask: a tile's second half past the document, e.g. the
+    // 1-token and 65-token documents) adds nothing to dK and dV and has zero dS codes:
+    // FLAMIA_BWD_SKIP_DEAD=1 skips its products, =0 runs it as a masked step. Bit for bit the
+    // same, causal and not, row dS exponents, GQA, both head dims.
+    let gpu = gpu();
+    for (hd, lens, causal, row_ds) in [
+        (128, &[300, 1, 65, 1100][..], true, false),
+        (128, &[300, 1, 65, 1100][..], false, false),
+        (128, &[517, 64, 129, 2048][..], true, true),
+        (64, &[300, 1, 65, 1100][..], true, false),
+        (64, &[517, 64, 129, 2048][..], false, true),
+    ] {
+        let shape = VarlenShape::from_lens(lens, 4, 2, hd).unwrap();
+        with_seeds("dead steps", |mut rng| {
+            let mut opts = AttnOptions::new(AttnPath::Mxfp8);
+            opts.causal = causal;
+            opts.precision.row_ds_exponents = row_ds;
+            let call = gauss_call(&mut rng, &shape, opts);
+            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SKIP_DEAD", &["0", "1"]);
+        });
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn folded_key_factors_give_bitwise_the_per_row_backward() {
     // With token-block (and tensor-wide) scales the v4 backward folds 2^eK, 2^eV and 2^-c of a
     // thread's 32-key block into its column constants once per step; FLAMIA_BWD_KEY_BLOCKS=0

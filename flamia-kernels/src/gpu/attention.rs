@@ -128,6 +128,18 @@ fn bwd_key_blocks_off() -> bool {
     std::env::var("FLAMIA_BWD_KEY_BLOCKS").is_ok_and(|v| v.trim() == "0")
 }
 
+/// `FLAMIA_BWD_SKIP_DEAD` (a test and A/B knob): `1` or `0` builds the v4 backward with its
+/// dead steps (a warpgroup's keys see none of the step's queries) skipped or run as masked
+/// steps, instead of the source's default (`BWD_SKIP_DEAD`); the result must be bitwise the same
+/// (GPU test `dead_steps_skipped_give_bitwise_the_full_backward`).
+fn bwd_skip_dead() -> Option<bool> {
+    match std::env::var("FLAMIA_BWD_SKIP_DEAD").as_deref().map(str::trim) {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    }
+}
+
 /// `FLAMIA_BWD_JITTER` (a test knob, default 0): a nonzero seed makes every dQ reduce of the v4
 /// backward wait a pseudo-random few microseconds first, so the reduces reach L2 in another order,
 /// and builds the kernel with `BWD_STRESS`, whose consumer warps also wait a pseudo-random while
@@ -158,6 +170,9 @@ fn backward_v4_variant(stages: u32, hd: u32, row_ds: bool, key_blocks: bool, str
         .define("SMEM_BWD4_BUDGET", smem);
     if stress {
         v = v.define("BWD_STRESS", 1);
+    }
+    if let Some(on) = bwd_skip_dead() {
+        v = v.define("BWD_SKIP_DEAD", on as u32);
     }
     (v, smem)
 }
@@ -1021,6 +1036,8 @@ mod tests {
             ] {
                 for row_ds in [false, true] {
                     let (v, _) = backward_v4_variant(stages, hd, row_ds, key_blocks, stress);
+                    // (the dead steps' skip, FLAMIA_BWD_SKIP_DEAD, with the stress build)
+                    let v = if stress { v.define("BWD_SKIP_DEAD", 1) } else { v };
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
                 }
