@@ -9,16 +9,19 @@
 #   bash bench/device_bwd4.sh --stage          (flamia + gpu_attention, gpu_quant, bridge_cuda, model_cuda)
 # then carry .device-carry/bwd4 (and .whl for PHASE=anchors: the cuDNN FP8 frontend wheel) and
 # run, one call each:
-#   PHASE=ab bash bench/device_s11.sh       the backward variants of session 10, staged by
-#                                           `bash bench/device_ab.sh --stage first4=bwd-first4
-#                                           first8=bwd-first8 dvearly=bwd-dvearly both64=bwd-both64`
-#                                           (carry .device-carry/var too): P's column constants
-#                                           before S^T's and dP^T's products (4 or 8 of 8;
-#                                           BWD_COLS_FIRST), dV's product under the dS maxima at
-#                                           d = 64 (BWD_DV_EARLY), both at d = 64. d = 128:
-#                                           gpu_attention on first4 / first8, then base, first4,
-#                                           first8 twice (~4 min). d = 64: the head_dim_64 tests
-#                                           on first8, dvearly, both64, then all four twice (~3 min)
+#   PHASE=ab128 / PHASE=ab64 bash bench/device_s11.sh   the backward variants of session 10,
+#                                           staged by `bash bench/device_ab.sh --stage
+#                                           first4=bwd-first4 first8=bwd-first8 dvearly=bwd-dvearly
+#                                           both64=bwd-both64 skip=bwd-skipdead skip128=bwd-skipdead128`
+#                                           (carry .device-carry/var too). first4/first8: P's
+#                                           column constants before S^T's and dP^T's products
+#                                           (BWD_COLS_FIRST); dvearly: d = 64 dV's product under
+#                                           the dS maxima; both64: both at d = 64; skip / skip128:
+#                                           dead steps skipped (BWD_SKIP_DEAD) at d = 64 / both
+#                                           (d = 128 with 3 spilled dV registers). ab128: the GPU
+#                                           tests on first4, first8, skip128, then base and those
+#                                           twice (~6 min); ab64: the head_dim_64 tests on first8,
+#                                           dvearly, both64, skip, then all twice (~4 min)
 #   PHASE=check bash bench/device_s11.sh    every GPU test executable staged (model_cuda is the new
 #                                           selective-checkpointing test), then every mutation of
 #                                           bench/gpu_mutations.sh (bwd4-no-causal was updated in
@@ -49,14 +52,16 @@ case "${PHASE:-check}" in
       fi
     done
     echo "=== bench/gpu_mutations.sh (each must be caught)"; OUT=$O/mut bash bench/gpu_mutations.sh ;;
-  ab)
-    VARS="first4 first8" REPS=2 OUT=$O \
+  ab128)
+    VARS="first4 first8 skip128" REPS=2 OUT=$O \
       WL="--workload 1x65536 --workload 8x8192 --workload 64x1024 --workload 256x256 --workload lognormal" \
       bash bench/device_ab.sh
-    VARS="first8 dvearly both64" TEST_FILTER=head_dim_64 REPS=2 OUT=$O/d64 \
-      WL="--head-dim 64 --workload 1x65536 --workload 8x8192 --workload 64x1024 --workload lognormal" \
+    python3 bench/ab_table.py $O/device_ab.log ;;
+  ab64)
+    VARS="first8 dvearly both64 skip" TEST_FILTER=head_dim_64 REPS=2 OUT=$O \
+      WL="--head-dim 64 --workload 1x65536 --workload 8x8192 --workload 64x1024 --workload 256x256 --workload lognormal" \
       bash bench/device_ab.sh
-    python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/d64/device_ab.log ;;
+    python3 bench/ab_table.py $O/device_ab.log ;;
   mem)
     B=$B ROWS=65536 STEPS64=6 OOM_CHECK=0 OUT=$O/d128 bash bench/trainer_1b.sh 2>&1 | grep -E "steps|rc="
     B=$B EXTRA="--set model.size=1b-d64" ROWS=65536 STEPS64=6 OOM_CHECK=0 OUT=$O/d64 bash bench/trainer_1b.sh 2>&1 \
@@ -65,7 +70,7 @@ case "${PHASE:-check}" in
     B=$B O=$O bash bench/vs-anchors.sh ;;
   e2e125)
     B=$B STEPS=60 AGAIN=1 bash bench/trainer_ab.sh ;;
-  *) echo "PHASE is ab, check, mem, anchors or e2e125"; exit 2 ;;
+  *) echo "PHASE is ab128, ab64, check, mem, anchors or e2e125"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s11_${PHASE:-check}.log"
