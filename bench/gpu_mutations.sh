@@ -6,7 +6,7 @@
 # from the mutated copy). "caught" = the test binary failed, as it must.
 # Run on the device from the repo root with the gpu_attention test executable staged by
 #   bash bench/device_bwd4.sh --stage        (carry .device-carry/bwd4)
-#   bash bench/gpu_mutations.sh              (about 2 minutes; logs under $OUT)
+#   bash bench/gpu_mutations.sh              (about 3 minutes; logs under $OUT)
 # Locally, `bash bench/gpu_mutations.sh --check` only applies the mutations and compiles them
 # with NVRTC (scripts/kernel-regs.py), no GPU. ONLY=name runs one mutation. SRC=dir mutates another source set (default the
 # tree's flamia-kernels/cuda), e.g. the committed sources while the tree holds a kernel variant.
