@@ -12,7 +12,8 @@
 #   PHASE=ab128 / PHASE=ab64 bash bench/device_s11.sh   the backward variants of session 10,
 #                                           staged by `bash bench/device_ab.sh --stage
 #                                           first4=bwd-first4 first8=bwd-first8 dvearly=bwd-dvearly
-#                                           both64=bwd-both64 skip=bwd-skipdead skip128=bwd-skipdead128`
+#                                           both64=bwd-both64 skip=bwd-skipdead skip128=bwd-skipdead128
+#                                           tmax=fwd-tmax`
 #                                           (carry .device-carry/var too). first4/first8: P's
 #                                           column constants before S^T's and dP^T's products
 #                                           (BWD_COLS_FIRST); dvearly: d = 64 dV's product under
@@ -22,6 +23,10 @@
 #                                           tests on first4, first8, skip128, then base and those
 #                                           twice (~6 min); ab64: the head_dim_64 tests on first8,
 #                                           dvearly, both64, skip, then all twice (~4 min)
+#   PHASE=opts bash bench/device_s11.sh     branch fwd-tmax (per-token forward: row maxima scaled
+#                                           once per row, bitwise the same; stage it as
+#                                           tmax=fwd-tmax with the others): gpu_attention on it,
+#                                           then `--causally-safe` base / tmax twice (~4 min)
 #   PHASE=check bash bench/device_s11.sh    every GPU test executable staged (model_cuda is the new
 #                                           selective-checkpointing test), then every mutation of
 #                                           bench/gpu_mutations.sh (bwd4-no-causal was updated in
@@ -62,6 +67,9 @@ case "${PHASE:-check}" in
       WL="--head-dim 64 --workload 1x65536 --workload 8x8192 --workload 64x1024 --workload 256x256 --workload lognormal" \
       bash bench/device_ab.sh
     python3 bench/ab_table.py $O/device_ab.log ;;
+  opts)
+    VARS="tmax" REPS=2 OUT=$O WL="--causally-safe" bash bench/device_ab.sh
+    python3 bench/ab_table.py $O/device_ab.log --col fwd; python3 bench/ab_table.py $O/device_ab.log --col train ;;
   mem)
     B=$B ROWS=65536 STEPS64=6 OOM_CHECK=0 OUT=$O/d128 bash bench/trainer_1b.sh 2>&1 | grep -E "steps|rc="
     B=$B EXTRA="--set model.size=1b-d64" ROWS=65536 STEPS64=6 OOM_CHECK=0 OUT=$O/d64 bash bench/trainer_1b.sh 2>&1 \
@@ -70,7 +78,7 @@ case "${PHASE:-check}" in
     B=$B O=$O bash bench/vs-anchors.sh ;;
   e2e125)
     B=$B STEPS=60 AGAIN=1 bash bench/trainer_ab.sh ;;
-  *) echo "PHASE is ab128, ab64, check, mem, anchors or e2e125"; exit 2 ;;
+  *) echo "PHASE is ab128, ab64, opts, check, mem, anchors or e2e125"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s11_${PHASE:-check}.log"
