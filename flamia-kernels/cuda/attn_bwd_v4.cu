@@ -786,6 +786,9 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   BWD_PHASE(7);
   ++C.nstep;
 }
+#undef BWD_COLS
+#undef BWD_EARLY_LOADS
+#undef BWD_EARLY_KEY_FACTORS
 
 // A step whose 64 keys of this warpgroup see none of its 64 queries (BWD_SKIP_DEAD): nothing
 // adds to dK or dV, and the step's dS codes of these keys are zero, so the products and the
