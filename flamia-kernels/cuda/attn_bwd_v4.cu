@@ -426,6 +426,24 @@ __device__ __forceinline__ u8* ds_byte(BwdV4Smem& sm, const BwdConsumer& C, int 
   return sm.ds[buf] + (4 * C.cw + C.w()) * 128 + 32 * C.qd() + C.g();
 }
 
+// The dQ products' exponents of this warp pair's 32-key block (2 cw + w / 2) in the step's dS
+// buffer, written by the pair's even warp: BWD_ROW_DS, per query (this lane's queries 8g + 2q,
+// +1); else per 32-query block 0 and 1 (lane 0).
+__device__ __forceinline__ void store_ds_exps(BwdV4Smem& sm, const BwdConsumer& C, int buf, int e0, int e1) {
+  const int w = C.w(), kb = 2 * C.cw + (w >> 1);
+#if BWD_ROW_DS
+  if ((w & 1) == 0) {
+    sm.dser[buf][8 * C.g() + 2 * C.qd()][kb] = (i8)e0;
+    sm.dser[buf][8 * C.g() + 2 * C.qd() + 1][kb] = (i8)e1;
+  }
+#else
+  if (C.lane() == 0 && (w & 1) == 0) {
+    sm.dse[buf][0][kb] = e0;
+    sm.dse[buf][1][kb] = e1;
+  }
+#endif
+}
+
 #if BWD_ROW_DS
 // The two dS copies of `row_ds_exponents` from dS~ in v (this warpgroup's 64 keys x 64 queries):
 // - dK's: one exponent per (key row, 32-query slice), over the thread's 8 values and its quad;
@@ -478,10 +496,7 @@ __device__ __forceinline__ void row_ds_copies(BwdV4Smem& sm, const BwdConsumer& 
   const float2 o = sm.redc[par][4 * cw + (w ^ 1)][lane];
   // (e in [-126, 120]: e4m3_scale_exp's range fits i8)
   const int e0 = e4m3_scale_exp(fmaxf(cm[0], o.x)), e1 = e4m3_scale_exp(fmaxf(cm[1], o.y));
-  if ((w & 1) == 0) {
-    sm.dser[buf][8 * g + 2 * q][2 * cw + (w >> 1)] = (i8)e0;
-    sm.dser[buf][8 * g + 2 * q + 1][2 * cw + (w >> 1)] = (i8)e1;
-  }
+  store_ds_exps(sm, C, buf, e0, e1);
   // every lane's columns' factors back through the warp's own slots (this warp read them last step)
   __syncwarp();
   sm.fcol[4 * cw + w][lane] = make_float2(exp2i_inrange(-e0), exp2i_inrange(-e1));
@@ -746,10 +761,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     for (int i = 16 * sl; i < 16 * sl + 16; ++i) dp[i] *= f;
     fk[sl][0] = fk[sl][1] = exp2i(ex[sl]);
   }
-  if (lane == 0 && (w & 1) == 0) {
-    sm.dse[buf][0][2 * cw + (w >> 1)] = ex[0];
-    sm.dse[buf][1][2 * cw + (w >> 1)] = ex[1];
-  }
+  store_ds_exps(sm, C, buf, ex[0], ex[1]);
   BWD_PHASE(3);
   ds_codes(dp, ads, ds_byte(sm, C, buf));
 #endif
@@ -798,34 +810,20 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 // (the exchange slots alternate by step parity, so each step must pass it once) and arrives on
 // ds_ready.
 __device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
-  const int cw = C.cw, w = C.w(), lane = C.lane(), s = C.s, buf = C.nstep % BWD_DS_BUFS;
+  const int cw = C.cw, w = C.w(), s = C.s, buf = C.nstep % BWD_DS_BUFS;
   mbar_wait(smem_u32(&sm.s_full[s]), C.ph);
   u8* ds = ds_byte(sm, C, buf);
 #pragma unroll
   for (int j = 0; j < 8; ++j) ds_store_block(ds + 1024 * j, 0u, 0u);
-#if BWD_ROW_DS
-  if ((w & 1) == 0) {
-    sm.dser[buf][8 * C.g() + 2 * C.qd()][2 * cw + (w >> 1)] = 0;
-    sm.dser[buf][8 * C.g() + 2 * C.qd() + 1][2 * cw + (w >> 1)] = 0;
-  }
-#else
-  if (lane == 0 && (w & 1) == 0) {
-    sm.dse[buf][0][2 * cw + (w >> 1)] = 0;
-    sm.dse[buf][1][2 * cw + (w >> 1)] = 0;
-  }
-#endif
+  store_ds_exps(sm, C, buf, 0, 0);
   named_sync(2 + 2 * cw + (w >> 1), 64);
-  if (lane == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
+  if (C.lane() == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
   if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
   fence_async_smem();
   mbar_arrive(smem_u32(&sm.ds_ready[buf]));
   ++C.nstep;
 }
 
-// dQ of step n (query tile q0) of a consumer warpgroup: both warpgroups' dS codes of that step
-// times this warpgroup's HEAD_DIM / 2 dims of K, handed to the reducer warp. Runs right after the step
-// (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
-// dS only when one is a whole step behind, instead of meeting at a barrier every step.
 // The consumer thread's part of its warpgroup's FP32 dQ partial, into buffer db: row 16w + g + 8r,
 // 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g). Rows g and g ^ 1 of a
 // half-warp would write the same 32-byte pair of chunks (2-way bank conflicts on every store:
@@ -855,6 +853,10 @@ __device__ __forceinline__ void bwd_dq_store(const BwdV4Params& P, BwdV4Smem& sm
   }
 }
 
+// dQ of step n (query tile q0) of a consumer warpgroup: both warpgroups' dS codes of that step
+// times this warpgroup's HEAD_DIM / 2 dims of K, handed to the reducer warp. Runs right after the step
+// (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
+// dS only when one is a whole step behind, instead of meeting at a barrier every step.
 __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int n, int q0) {
   const int cw = C.cw, w = C.w(), qd = C.qd(), buf = n % BWD_DS_BUFS;
 #ifdef BWD_PROF_TIMERS
