@@ -158,9 +158,17 @@ fn bwd_jitter() -> i32 {
 /// exponents, `BWD_ROW_DS`: 7 KB more shared memory for its exchange slots), whether the key
 /// factors are uniform per 32-key block (`BWD_KEY_BLOCKS`: token-block and tensor-wide scales,
 /// not per-token ones; each consumer thread then folds them into its column constants once per
-/// step), the consumers' stress delays (`BWD_STRESS`, test builds alone: `bwd_jitter`) and the
-/// smem budget.
-fn backward_v4_variant(stages: u32, hd: u32, row_ds: bool, key_blocks: bool, stress: bool) -> (Variant, u32) {
+/// step), the consumers' stress delays (`BWD_STRESS`, test builds alone: `bwd_jitter`), the dead
+/// steps' skip where it is set (`BWD_SKIP_DEAD`, else the source's default: `bwd_skip_dead`) and
+/// the smem budget.
+fn backward_v4_variant(
+    stages: u32,
+    hd: u32,
+    row_ds: bool,
+    key_blocks: bool,
+    stress: bool,
+    skip_dead: Option<bool>,
+) -> (Variant, u32) {
     let smem = smem_bwd4(stages, hd) + if row_ds { 7 * 1024 } else { 0 };
     let mut v = Variant::new()
         .define("HEAD_DIM", hd)
@@ -171,7 +179,7 @@ fn backward_v4_variant(stages: u32, hd: u32, row_ds: bool, key_blocks: bool, str
     if stress {
         v = v.define("BWD_STRESS", 1);
     }
-    if let Some(on) = bwd_skip_dead() {
+    if let Some(on) = skip_dead {
         v = v.define("BWD_SKIP_DEAD", on as u32);
     }
     (v, smem)
@@ -468,6 +476,19 @@ impl Attention {
     /// token-block and tensor-wide scales, unless `FLAMIA_BWD_KEY_BLOCKS=0`.
     fn bwd_key_blocks(&self) -> bool {
         self.scale_mode() != ScaleMode::PerToken && !bwd_key_blocks_off()
+    }
+
+    /// The v4 backward's variant and smem budget for this call's options at head dim `hd`, with
+    /// the test knobs of the environment (`FLAMIA_BWD_JITTER`, `FLAMIA_BWD_SKIP_DEAD`).
+    fn backward_v4_kernel(&self, hd: u32) -> (Variant, u32) {
+        backward_v4_variant(
+            self.bwd_stages,
+            hd,
+            self.opts.precision.row_ds_exponents,
+            self.bwd_key_blocks(),
+            bwd_jitter() != 0,
+            bwd_skip_dead(),
+        )
     }
 
     fn check_plan(&self, plan: &Plan) -> GpuResult<()> {
@@ -825,13 +846,7 @@ impl Attention {
         // the fused kernel and the dQ conversion, once per head chunk (BwdSchedule::chunks): the
         // chunk's dQ accumulator and dK/dV partials are the scratch's
         self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
-        let (v4, smem) = backward_v4_variant(
-            self.bwd_stages,
-            hd as u32,
-            a.row_ds != 0,
-            self.bwd_key_blocks(),
-            bwd_jitter() != 0,
-        );
+        let (v4, smem) = self.backward_v4_kernel(hd as u32);
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
@@ -971,14 +986,7 @@ impl Attention {
             out.push(("attn_fwd_v4".to_string(), r, l));
         }
         if self.uses_backward_v4() {
-            let row_ds = self.opts.precision.row_ds_exponents;
-            let (v4, smem) = backward_v4_variant(
-                self.bwd_stages,
-                hd32,
-                row_ds,
-                self.bwd_key_blocks(),
-                bwd_jitter() != 0,
-            );
+            let (v4, smem) = self.backward_v4_kernel(hd32);
             let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_bwd_v4".to_string(), r, l));
@@ -1035,9 +1043,9 @@ mod tests {
                 (3, true, true),
             ] {
                 for row_ds in [false, true] {
-                    let (v, _) = backward_v4_variant(stages, hd, row_ds, key_blocks, stress);
                     // (the dead steps' skip, FLAMIA_BWD_SKIP_DEAD, with the stress build)
-                    let v = if stress { v.define("BWD_SKIP_DEAD", 1) } else { v };
+                    let skip_dead = stress.then_some(true);
+                    let (v, _) = backward_v4_variant(stages, hd, row_ds, key_blocks, stress, skip_dead);
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
                 }
