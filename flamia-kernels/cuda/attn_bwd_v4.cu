@@ -65,12 +65,12 @@
 // 1x65536 backward, same call): all 8 early, d = 64 70.8 vs 73.4 ms; d = 128 94.4 / 94.6 vs
 // 93.2 / 93.2 ms (ptxas schedules the d = 128 step worse), so 8 at d = 64 and none at d = 128.
 #ifndef BWD_EARLY_COLS
-#define BWD_EARLY_COLS (HEAD_DIM == 64 ? 8 : 0)
+#define BWD_EARLY_COLS 8
 #endif
 // BWD_COLS_FIRST 1: those early loads are issued right after the stage's wait, before S^T's and
 // dP^T's products (0: after them). Not measured yet (session 10: an A/B variant).
 #ifndef BWD_COLS_FIRST
-#define BWD_COLS_FIRST 0
+#define BWD_COLS_FIRST 1
 #endif
 // BWD_DV_EARLY 1: dV's product is issued right after P~'s A fragments and waited for after the
 // dS block maxima and codes (0: issued and waited for after them). Not measured yet (session
