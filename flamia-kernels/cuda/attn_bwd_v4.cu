@@ -76,7 +76,7 @@
 // dS block maxima and codes (0: issued and waited for after them). Not measured yet (session
 // 10: an A/B variant; session 8's m64n64 dV pieces under the maxima at d = 128 were 1-2% slower).
 #ifndef BWD_DV_EARLY
-#define BWD_DV_EARLY 0
+#define BWD_DV_EARLY (HEAD_DIM == 64)
 #endif
 // BWD_SKIP_DEAD 1: a step whose warpgroup keys see none of its queries (causal: the second
 // warpgroup's step at the tile's first query tile, its keys all after those queries; any mask:
