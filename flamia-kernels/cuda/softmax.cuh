@@ -140,6 +140,10 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
     st.l[r] = fmaf(st.l[r], alpha[r], sum);
   }
 #else
+  // The row maxima are taken of y = s 2^eK and scaled by the row's qf once: qf >= 0 and rounding
+  // is monotonic, so max RN(y qf) = RN(qf max y), bit for bit (one FMUL a row, not a score); a
+  // row whose scores are all masked keeps -inf (-inf * 0 would be NaN for a row past the
+  // document, whose qf is 0).
   float tmax[2] = {NEG_INF, NEG_INF};
   if (!MASKED) {  // interior: Ev = evt for both rows, the fold per key from the producer
     Ev[0] = Ev[1] = evt;
@@ -148,8 +152,10 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
       const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
       const float y = s[i] * kf[c];
       s[i] = y;
-      tmax[r] = fmaxf(tmax[r], y * st.qf[r]);
+      tmax[r] = fmaxf(tmax[r], y);
     }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) tmax[r] = tmax[r] == NEG_INF ? NEG_INF : tmax[r] * st.qf[r];
     update_max(st, tmax, alpha, mref);
     float ps[2] = {0.f, 0.f};
 #pragma unroll
@@ -172,9 +178,11 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
     const bool ok = MASKED ? 8 * (i >> 2) + (i & 1) <= lq[r] : true;
     const float y = s[i] * kf[c];
     s[i] = y;
-    tmax[r] = fmaxf(tmax[r], ok ? y * st.qf[r] : NEG_INF);
+    tmax[r] = fmaxf(tmax[r], ok ? y : NEG_INF);
     Ev[r] = max(Ev[r], ok ? ev[c] : -1000);
   }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) tmax[r] = tmax[r] == NEG_INF ? NEG_INF : tmax[r] * st.qf[r];
   Ev[0] = quad_max_i(Ev[0]);
   Ev[1] = quad_max_i(Ev[1]);
   update_max(st, tmax, alpha, mref);
