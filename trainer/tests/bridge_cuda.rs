@@ -192,7 +192,14 @@ fn cuda_flamia_paths_free_q_k_v_after_the_forward_and_backward_the_same() {
         }
         let got = backward(&o, &a[3], [&q, &k, &v]);
         for (name, i) in [("o", 0), ("dq", 1), ("dk", 2), ("dv", 3)] {
-            assert!(got[i].equal(&want[i]), "{path} {name}: differs after the release");
+            if path == AttnPath::Exact && i > 0 {
+                // libtorch's flash backward adds dQ up with float atomics: not bitwise run to
+                // run (measured on the H200), so exact attention gets a rounding-sized bound
+                let err = rel_l2(&got[i], &want[i]);
+                assert!(err < 1e-2, "{path} {name}: relative L2 {err} after the release");
+            } else {
+                assert!(got[i].equal(&want[i]), "{path} {name}: differs after the release");
+            }
         }
     }
 }
