@@ -14,7 +14,7 @@ C=.device-carry/bwd4
 if [ "${1:-}" = "--stage" ]; then
   rm -rf $C && mkdir -p $C
   cp target/release/flamia $C/
-  for t in gpu_quant gpu_attention bridge_cuda; do
+  for t in gpu_quant gpu_attention bridge_cuda model_cuda; do
     f=$(ls -t target/release/deps/$t-* 2>/dev/null | grep -v '\.d$' | head -1)
     [ -n "$f" ] && cp "$f" $C/$t
   done

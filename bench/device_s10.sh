@@ -35,7 +35,7 @@ case "${PHASE:-ab}" in
       else FLAMIA_CUDA_DIR=$V/$v timeout 60 $B bench attention --head-dim 64 2>&1 | res; fi
     done ;;
   check)
-    for t in gpu_attention gpu_quant bridge_cuda; do
+    for t in gpu_attention gpu_quant bridge_cuda model_cuda; do
       echo "=== $t"; timeout 200 $C/$t --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
     done
     echo "=== bench/gpu_mutations.sh (each must be caught)"; OUT=$O/mut bash bench/gpu_mutations.sh ;;

@@ -499,6 +499,39 @@ int32_t flamia_bridge_fill_uninitialized() {
     return at::globalContext().deterministicFillUninitializedMemory() ? 1 : 0;
 }
 
+// Frees the storage of q, k and v (their sizes and autograd metadata stay) where the attention
+// call made from them with path code `path` does not keep them for its backward: on CUDA every
+// FLAMIA path saves its own FP8 codes, so leaf q, k, v that only feed attention (selective
+// activation checkpointing keeps them until the backward as gradient receivers) need not hold
+// their values meanwhile. Exact attention on CUDA (libtorch's flash kernel saves q, k, v) and
+// every CPU path (its saved copies may be q, k, v themselves) free nothing. Each storage is freed
+// once; the allocation returns to the caching allocator in stream order, after the forward's
+// kernels that read it (they run on the current stream). *released gets the bytes freed.
+// 0 on success.
+int32_t flamia_bridge_release_unsaved_inputs(const at::Tensor* q, const at::Tensor* k, const at::Tensor* v,
+                                             int32_t path, int64_t* released, char* err, size_t err_len) {
+    try {
+        *released = 0;
+        FlamiaParams p{};
+        p.path = path;
+        if (!q->is_cuda() || use_libtorch_flash(*q, p)) return 0;
+        std::vector<const c10::StorageImpl*> seen;
+        for (const at::Tensor* t : {q, k, v}) {
+            if (!t->has_storage()) continue;
+            c10::StorageImpl* s = t->storage().unsafeGetStorageImpl();
+            if (std::find(seen.begin(), seen.end(), s) != seen.end()) continue;
+            seen.push_back(s);
+            *released += static_cast<int64_t>(s->nbytes());
+            s->set_data_ptr_noswap(c10::DataPtr(nullptr, t->device()));
+            s->set_nbytes(0);
+        }
+        return 0;
+    } catch (const std::exception& e) {
+        write_err(err, err_len, e.what());
+        return 1;
+    }
+}
+
 // The checksums `FLAMIA_TRACE_CHECKSUMS` writes, of one tensor: 0 on success.
 int32_t flamia_bridge_checksum(const at::Tensor* t, int64_t* out, char* err, size_t err_len) {
     try {

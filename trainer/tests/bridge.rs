@@ -3,7 +3,7 @@
 //! documents of awkward lengths with GQA.
 
 use flamia_kernels::{AttnOptions, AttnPath};
-use flamia_trainer::attention::{attention, Packing};
+use flamia_trainer::attention::{attention, release_unsaved_inputs, Packing};
 use tch::{Device, Kind, Tensor};
 
 const LENS: [usize; 5] = [37, 64, 1, 5, 93];
@@ -216,6 +216,40 @@ fn bridge_cpu_paths_match_the_kernels_reference() {
                     "mxfp8 is quantised but close to exact (relative L2): {err}"
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn cpu_attention_keeps_its_inputs_when_asked_to_release_them() {
+    // Every CPU path saves q, k, v (or float copies that are q, k, v themselves) for its
+    // backward, so the release frees nothing there and the backward is the one without it.
+    let (hq, hkv, d) = (4i64, 2i64, 64i64);
+    let (q, k, v, w) = inputs(hq, hkv, d, 21);
+    let packing = Packing::new(&cu(&LENS), Device::Cpu).unwrap();
+    for path in AttnPath::ALL {
+        let opts = AttnOptions::new(path);
+        let run = |release: bool| {
+            let (q, k, v) = (
+                q.copy().set_requires_grad(true),
+                k.copy().set_requires_grad(true),
+                v.copy().set_requires_grad(true),
+            );
+            let o = attention(&q, &k, &v, &packing, &opts).unwrap();
+            if release {
+                assert_eq!(
+                    release_unsaved_inputs(&q, &k, &v, &opts).unwrap(),
+                    0,
+                    "{path}: the CPU path keeps q, k, v"
+                );
+            }
+            let mut out = vec![o.detach()];
+            out.extend(grads_of(&o, &w, &[&q, &k, &v]));
+            out
+        };
+        let (plain, released) = (run(false), run(true));
+        for (name, (a, b)) in ["o", "dq", "dk", "dv"].iter().zip(plain.iter().zip(&released)) {
+            assert!(a.equal(b), "{path} {name}: differs after the release call");
         }
     }
 }

@@ -2,10 +2,11 @@
 //! libtorch autograd stay close to exact attention; the bridge's per-stream workspace (plan and
 //! dO buffers reused while the packing stays the same, rebuilt when it changes, no stream
 //! synchronisation per call) gives every call the same bits as a fresh one; and each backward
-//! reads its own forward's quantised Q, K, V (kept per call), never q, k, v themselves.
+//! reads its own forward's quantised Q, K, V (kept per call), never q, k, v themselves, so their
+//! memory may go right after the forward (`release_unsaved_inputs`).
 
 use flamia_kernels::{AttnOptions, AttnPath};
-use flamia_trainer::attention::{attention, Packing};
+use flamia_trainer::attention::{attention, release_unsaved_inputs, Packing};
 use tch::{Device, Kind, Tensor};
 
 fn cu(lens: &[usize]) -> Vec<usize> {
@@ -156,6 +157,49 @@ fn cuda_backward_reads_its_own_forwards_codes_not_q_k_v() {
                 got_b[i].equal(&want_b[i]),
                 "{path} {name}: call B differs from a call alone"
             );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn cuda_flamia_paths_free_q_k_v_after_the_forward_and_backward_the_same() {
+    // Selective activation checkpointing frees the BF16 q, k, v of every layer after its
+    // attention forward (the FLAMIA backward reads its own codes): the gradients must be bitwise
+    // those of a call that kept them, the bytes freed those of the three tensors, and exact
+    // attention (libtorch's flash kernel saves q, k, v) must keep them.
+    assert!(
+        tch::Cuda::is_available(),
+        "this test needs a CUDA GPU; it must not pass without one"
+    );
+    let dev = Device::Cuda(0);
+    let lens = [300usize, 1, 65, 700];
+    let a = inputs(&lens, 4, 2, 5);
+    let packing = Packing::new(&cu(&lens), dev).unwrap();
+    let leaf = |t: &Tensor| t.to_device(dev).to_kind(Kind::BFloat16).set_requires_grad(true);
+    for path in AttnPath::ALL {
+        let want = run(&a[0], &a[1], &a[2], &a[3], &lens, path, dev);
+        let opts = AttnOptions::new(path);
+        let (q, k, v) = (leaf(&a[0]), leaf(&a[1]), leaf(&a[2]));
+        let bytes: i64 = [&q, &k, &v].iter().map(|t| t.numel() as i64 * 2).sum();
+        let o = attention(&q, &k, &v, &packing, &opts).unwrap();
+        let freed = release_unsaved_inputs(&q, &k, &v, &opts).unwrap();
+        if path == AttnPath::Exact {
+            assert_eq!(freed, 0, "exact attention saves q, k, v: nothing may be freed");
+        } else {
+            assert_eq!(freed as i64, bytes, "{path}: the bytes of q, k and v");
+            assert_eq!(q.size(), a[0].size(), "{path}: q keeps its sizes");
+        }
+        let got = backward(&o, &a[3], [&q, &k, &v]);
+        for (name, i) in [("o", 0), ("dq", 1), ("dk", 2), ("dv", 3)] {
+            if path == AttnPath::Exact && i > 0 {
+                // libtorch's flash backward adds dQ up with float atomics: not bitwise run to
+                // run (measured on the H200), so exact attention gets a rounding-sized bound
+                let err = rel_l2(&got[i], &want[i]);
+                assert!(err < 1e-2, "{path} {name}: relative L2 {err} after the release");
+            } else {
+                assert!(got[i].equal(&want[i]), "{path} {name}: differs after the release");
+            }
         }
     }
 }

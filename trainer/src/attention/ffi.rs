@@ -80,6 +80,15 @@ extern "C" {
     fn flamia_bridge_deterministic() -> i32;
     fn flamia_bridge_fill_uninitialized() -> i32;
     fn flamia_bridge_checksum(t: *const CTensor, out: *mut i64, err: *mut c_char, err_len: usize) -> i32;
+    fn flamia_bridge_release_unsaved_inputs(
+        q: *const CTensor,
+        k: *const CTensor,
+        v: *const CTensor,
+        path: i32,
+        released: *mut i64,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
 }
 
 fn bridge_error(err: &[c_char]) -> String {
@@ -122,6 +131,35 @@ pub(crate) fn checksum(t: &tch::Tensor) -> Result<[i64; 2], String> {
     let rc = unsafe { flamia_bridge_checksum(t.as_ptr(), out.as_mut_ptr(), err.as_mut_ptr(), err.len()) };
     if rc == 0 {
         Ok(out)
+    } else {
+        Err(bridge_error(&err))
+    }
+}
+
+/// Frees the storage of q, k, v where an attention call on `path` does not keep them for its
+/// backward (see `flamia_bridge_release_unsaved_inputs`); the bytes freed.
+pub(crate) fn release_unsaved_inputs(
+    q: &tch::Tensor,
+    k: &tch::Tensor,
+    v: &tch::Tensor,
+    path: AttnPath,
+) -> Result<u64, String> {
+    let mut released = 0i64;
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: q, k, v are live tensors; released is one i64; err is writable.
+    let rc = unsafe {
+        flamia_bridge_release_unsaved_inputs(
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            path_code(path),
+            &mut released,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    if rc == 0 {
+        Ok(released as u64)
     } else {
         Err(bridge_error(&err))
     }

@@ -52,6 +52,17 @@ pub fn checksum(t: &Tensor) -> Result<[i64; 2]> {
     ffi::checksum(t).map_err(TrainError::Attention)
 }
 
+/// Frees the memory of `q`, `k` and `v` after an [`attention`] call on them where that call does
+/// not keep them for its backward (CUDA and a FLAMIA path: the backward reads the forward's own
+/// FP8 codes); their sizes and autograd metadata stay, so leaves among them still receive their
+/// gradients. For a caller that keeps q, k, v only to read their gradients (selective activation
+/// checkpointing): nothing may read their values afterwards. Exact attention on CUDA and every
+/// CPU path keep them (nothing is freed). Returns the bytes freed (a storage shared by several of
+/// them counts once).
+pub fn release_unsaved_inputs(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttnOptions) -> Result<u64> {
+    ffi::release_unsaved_inputs(q, k, v, opts.path).map_err(TrainError::Attention)
+}
+
 /// Seconds spent so far inside attention forward/backward calls of every path (on CUDA only
 /// meaningful with [`set_profile_cuda`], since kernels run asynchronously).
 pub fn callback_seconds() -> f64 {

@@ -423,6 +423,10 @@ impl Llama {
                     v.f_set_requires_grad(true)?,
                 );
                 let o = attention(&q, &k, &v, &input.packing, attn)?;
+                // q, k, v stay as gradient receivers only: on CUDA the FLAMIA paths' backward
+                // reads the forward's codes, so their BF16 values go now (else every layer's
+                // q, k, v live until its backward: tokens x (dim + 2 kv dim) x 2 B a layer)
+                crate::attention::release_unsaved_inputs(&q, &k, &v, attn)?;
                 let next = tch::no_grad(|| self.after_attention(b, &x, &o, compute))?;
                 kept.push((q, k, v, o));
                 next
