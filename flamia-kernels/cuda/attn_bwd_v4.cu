@@ -65,16 +65,19 @@
 // 1x65536 backward, same call): all 8 early, d = 64 70.8 vs 73.4 ms; d = 128 94.4 / 94.6 vs
 // 93.2 / 93.2 ms (ptxas schedules the d = 128 step worse), so 8 at d = 64 and none at d = 128.
 #ifndef BWD_EARLY_COLS
-#define BWD_EARLY_COLS 8
+#define BWD_EARLY_COLS (HEAD_DIM == 64 ? 8 : 0)
 #endif
 // BWD_COLS_FIRST 1: those early loads are issued right after the stage's wait, before S^T's and
-// dP^T's products (0: after them). Not measured yet (session 10: an A/B variant).
+// dP^T's products (0: after them). Measured (session 11, backward ms, same call, median of 2):
+// d = 64 -1.0% at 1x65536, -1.2% 8x8192 (alone); d = 128 (4 or 8 early) +0.4-0.9%: d = 64 only.
 #ifndef BWD_COLS_FIRST
-#define BWD_COLS_FIRST 1
+#define BWD_COLS_FIRST (HEAD_DIM == 64)
 #endif
 // BWD_DV_EARLY 1: dV's product is issued right after P~'s A fragments and waited for after the
-// dS block maxima and codes (0: issued and waited for after them). Not measured yet (session
-// 10: an A/B variant; session 8's m64n64 dV pieces under the maxima at d = 128 were 1-2% slower).
+// dS block maxima and codes (0: issued and waited for after them). Measured at d = 64 (session
+// 11, same call): alone -2.5% at 1x65536; with BWD_COLS_FIRST -2.7% 1x65536, -1.7% 8x8192, -2.0%
+// 64x1024, -4.4% 256x256, -2.3% lognormal. d = 64 only (session 8's m64n64 dV pieces under the
+// maxima at d = 128 were 1-2% slower).
 #ifndef BWD_DV_EARLY
 #define BWD_DV_EARLY (HEAD_DIM == 64)
 #endif
