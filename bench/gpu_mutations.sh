@@ -57,3 +57,9 @@ mutate bwd4-dq-after-release attn_bwd_v4.cu '/^  bwd_dq_store(P, sm, C, db, n, d
 # the test builds the skip whatever the source's default).
 mutate bwd4-dead-stale-codes attn_bwd_v4.cu 's/ds_store_block(ds + 1024 \* j, 0u, 0u);/(void)j;/' \
   dead_steps_skipped_give_bitwise_the_full_backward
+# 8. v4 backward, tiles walking up (FLAMIA_BWD_UP_TILES, set by the test): their dQ partials
+# admitted in ascending key-tile order although the host lists their key tiles highest first.
+# Any fixed order gives repeatable bits, so only the one-CTA run (FLAMIA_BWD_CTAS=1) sees it: it
+# hangs (caught by the timeout, rc 124).
+mutate bwd4-up-ascending-turn attn_bwd_v4.cu 's|j.target = 2 \* (tl.up ? q0 / BKT - tl.k0 / BKT : tl.k0 / BKT);|j.target = 2 * (tl.k0 / BKT);|' \
+  walking_up_is_accurate_repeatable_and_ordered

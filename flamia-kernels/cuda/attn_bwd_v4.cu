@@ -100,14 +100,28 @@
 #ifndef BWD_STRESS
 #define BWD_STRESS 0
 #endif
+// BWD_WALK_UP 1 (the host sets it when its plan flags any tile: FLAMIA_BWD_UP_TILES,
+// src/gpu/sched.rs): a tile whose BwdTile.up is set (causal, in a document of at most that many
+// key tiles) walks its query tiles from the diagonal up, and each such query tile takes its dQ
+// partials in descending key-tile order (the highest key tile that sees it first). The host lists
+// such a document's key tiles highest first, so they run together, each two steps ahead of the
+// next lower one: they read the same Q/dO stages and dQ rows from L2 one after the other instead
+// of queueing on the semaphores, as the downward walk makes them (all of a document's key tiles
+// start on its last query tile; session 6: grouping documents that way cut DRAM reads 2.71 ->
+// 0.82 GB at 64x1024 but the queueing made the kernel slower). 0: every tile walks down, key
+// tiles ascending. Not measured yet (session 11: an A/B variant).
+#ifndef BWD_WALK_UP
+#define BWD_WALK_UP 0
+#endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
 // A 128-key tile: document start, length, padded start, tile offset in the document, the
 // document's first 64-query tile (global index, for the dQ semaphores), this key tile's global
-// index (dkv semaphores). Mirrors BwdSchedule::tiles in src/gpu/sched.rs.
+// index (dkv semaphores), a spare slot (the consumers' copy keeps the head there) and whether the
+// tile walks up (BWD_WALK_UP). Mirrors BwdSchedule::tiles in src/gpu/sched.rs.
 struct BwdTile {
-  int doc0, len, pad0, k0, qt0, kt, pad_a, pad_b;
+  int doc0, len, pad0, k0, qt0, kt, pad_a, up;
 };
 
 // Mirrors BwdV4Params in src/gpu/attention.rs.
@@ -269,7 +283,11 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     const int qstart = a.causal ? t.k0 : 0, n = code >= 0 ? bwd_steps(t, a.causal) : 0;
     // Step st of this item: Q, dO (both layouts) and the per-query constants into the next stage.
     const auto load_stage = [&](int st) {
+#if BWD_WALK_UP
+      const int q0 = t.up ? qstart + BQT * st : qstart + BQT * (n - 1 - st);
+#else
       const int q0 = qstart + BQT * (n - 1 - st);
+#endif
       mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
       const u32 bar = smem_u32(&sm.s_full[s]);
       if (lane == 0) {
@@ -936,7 +954,13 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
     j.h = h - P.h0;  // dq_acc holds the chunk's heads
     j.row = tl.doc0 + q0;
     j.sem = h * P.nqt + tl.qt0 + q0 / BQT;
+    // the partials of the key tiles before this one in the query tile's order (two each): below it
+    // (walking down), or above it up to the last that sees the query tile (walking up)
+#if BWD_WALK_UP
+    j.target = 2 * (tl.up ? q0 / BKT - tl.k0 / BKT : tl.k0 / BKT);
+#else
     j.target = 2 * (tl.k0 / BKT);
+#endif
     j.end = 0;
   }
   // Every thread's stores are made visible to the reducer's TMA (async proxy) and released by its
@@ -1108,6 +1132,41 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
       if (pend_q0 >= 0) dq(C.nstep - 2, pend_q0);
       pend_q0 = q0;
     };
+#if BWD_WALK_UP
+    // Walking up (tl.up, causal only): the dead steps, the masked ones, then the interior ones
+    // from the diagonal up; walking down the reverse, as below. One interior loop for both (its
+    // direction a register); the masked and dead loops twice (with one loop of each kind, picked
+    // per phase, ptxas spilled 176 B more at d = 128).
+    const int nmask = n - nint;
+    const int ndead = BWD_SKIP_DEAD ? (lim < 0 ? nmask : (a.causal && cw == 1 ? 1 : 0)) : 0;
+    const bool up = tl.up;
+    int q0 = up ? qstart : qstart + BQT * (n - 1);
+    if (up) {
+      for (int left = ndead; left > 0; --left, q0 += BQT) {
+        bwd_step_dead(sm, C);
+        dq_after_step(q0);
+      }
+      for (int left = nmask - ndead; left > 0; --left, q0 += BQT) {
+        bwd_step<true>(P, sm, C, sm.item, dk, dv, q0 - tl.k0 - 64 * cw, lim);  // (causal: up)
+        dq_after_step(q0);
+      }
+    }
+    const int dir = up ? BQT : -BQT;
+    for (int left = nint; left > 0; --left, q0 += dir) {
+      bwd_step<false>(P, sm, C, sm.item, dk, dv, 0, 63);
+      dq_after_step(q0);
+    }
+    if (!up) {
+      for (int left = nmask - ndead; left > 0; --left, q0 -= BQT) {
+        bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim);
+        dq_after_step(q0);
+      }
+      for (int left = ndead; left > 0; --left, q0 -= BQT) {
+        bwd_step_dead(sm, C);
+        dq_after_step(q0);
+      }
+    }
+#else
     // The steps walk the query tiles from the last one down. The loops carry only values that
     // change every step (q0 and a count down to 0): with q0 = qstart + BQT (n - 1 - st) ptxas kept
     // n and qstart in local memory and reloaded both at every step's end, right before their use
@@ -1129,6 +1188,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
       bwd_step_dead(sm, C);
       dq_after_step(q0);
     }
+#endif
     // the item's K and V are read (each warp's own waits): the producer may load the next item's
     __syncwarp();
     if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty));

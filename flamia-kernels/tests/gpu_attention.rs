@@ -268,6 +268,56 @@ fn dead_steps_skipped_give_bitwise_the_full_backward() {
     }
 }
 
+/// Sets an environment variable for the guard's life (process-wide: the device runs these tests
+/// with --test-threads=1).
+struct EnvGuard(&'static str);
+
+impl EnvGuard {
+    fn set(var: &'static str, value: &str) -> Self {
+        std::env::set_var(var, value);
+        EnvGuard(var)
+    }
+}
+
+impl Drop for EnvGuard {
+    fn drop(&mut self) {
+        std::env::remove_var(self.0);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn walking_up_is_accurate_repeatable_and_ordered() {
+    // FLAMIA_BWD_UP_TILES=9: causal documents of at most 9 key tiles (here 1100, 517 and 64
+    // tokens) walk their query tiles up from the diagonal, each query tile taking their dQ
+    // partials highest key tile first; the 2,048-token document walks down in the same launch.
+    // Held to the reference's bounds, bitwise repeatable, bitwise the same whatever order the
+    // reduces arrive in (FLAMIA_BWD_JITTER, as for the downward walk) and on one or three CTAs
+    // (FLAMIA_BWD_CTAS: one CTA takes the items strictly in list order, so a query tile's turn
+    // that waits for a key tile listed later hangs it; the device scripts run this test under a
+    // timeout), GQA, both head dims, and with row dS exponents.
+    let _up = EnvGuard::set("FLAMIA_BWD_UP_TILES", "9");
+    let gpu = gpu();
+    for hd in [128, 64] {
+        let shape = VarlenShape::from_lens(&[1100, 2048, 517, 64], 4, 2, hd).unwrap();
+        check_accuracy(
+            &format!("walk up, d = {hd}"),
+            &shape,
+            AttnOptions::new(AttnPath::Mxfp8),
+        );
+        let mut rows = AttnOptions::new(AttnPath::Mxfp8);
+        rows.precision.row_ds_exponents = true;
+        check_accuracy(&format!("walk up, row dS, d = {hd}"), &shape, rows);
+        with_seeds("walk up, repeat and jitter", |mut rng| {
+            let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+            let (a, b) = (gpu_attn(&gpu, &call), gpu_attn(&gpu, &call));
+            assert_same_bits(&a, &b, "walking up, between runs");
+            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1", "2"]);
+            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_CTAS", &["1", "3"]);
+        });
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn folded_key_factors_give_bitwise_the_per_row_backward() {

@@ -140,6 +140,17 @@ fn bwd_skip_dead() -> Option<bool> {
     }
 }
 
+/// `FLAMIA_BWD_CTAS=n` (a test knob): the v4 backward's persistent grid capped at `n` CTAs (at
+/// least 1) instead of one per SM. With one CTA the items run strictly in list order, so a
+/// semaphore turn that waits for an item listed later hangs the kernel instead of passing by luck
+/// of timing (GPU test `walking_up_is_accurate_repeatable_and_ordered`).
+fn bwd_ctas() -> Option<usize> {
+    std::env::var("FLAMIA_BWD_CTAS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .map(|n| n.max(1))
+}
+
 /// `FLAMIA_BWD_JITTER` (a test knob, default 0): a nonzero seed makes every dQ reduce of the v4
 /// backward wait a pseudo-random few microseconds first, so the reduces reach L2 in another order,
 /// and builds the kernel with `BWD_STRESS`, whose consumer warps also wait a pseudo-random while
@@ -159,8 +170,9 @@ fn bwd_jitter() -> i32 {
 /// factors are uniform per 32-key block (`BWD_KEY_BLOCKS`: token-block and tensor-wide scales,
 /// not per-token ones; each consumer thread then folds them into its column constants once per
 /// step), the consumers' stress delays (`BWD_STRESS`, test builds alone: `bwd_jitter`), the dead
-/// steps' skip where it is set (`BWD_SKIP_DEAD`, else the source's default: `bwd_skip_dead`) and
-/// the smem budget.
+/// steps' skip where it is set (`BWD_SKIP_DEAD`, else the source's default: `bwd_skip_dead`),
+/// whether tiles may walk up (`BWD_WALK_UP`: the plan flags some, `BwdSchedule::walks_up`) and the
+/// smem budget.
 fn backward_v4_variant(
     stages: u32,
     hd: u32,
@@ -168,6 +180,7 @@ fn backward_v4_variant(
     key_blocks: bool,
     stress: bool,
     skip_dead: Option<bool>,
+    walk_up: bool,
 ) -> (Variant, u32) {
     let smem = smem_bwd4(stages, hd) + if row_ds { 7 * 1024 } else { 0 };
     let mut v = Variant::new()
@@ -181,6 +194,9 @@ fn backward_v4_variant(
     }
     if let Some(on) = skip_dead {
         v = v.define("BWD_SKIP_DEAD", on as u32);
+    }
+    if walk_up {
+        v = v.define("BWD_WALK_UP", 1);
     }
     (v, smem)
 }
@@ -479,8 +495,9 @@ impl Attention {
     }
 
     /// The v4 backward's variant and smem budget for this call's options at head dim `hd`, with
-    /// the test knobs of the environment (`FLAMIA_BWD_JITTER`, `FLAMIA_BWD_SKIP_DEAD`).
-    fn backward_v4_kernel(&self, hd: u32) -> (Variant, u32) {
+    /// the test knobs of the environment (`FLAMIA_BWD_JITTER`, `FLAMIA_BWD_SKIP_DEAD`); `walk_up`:
+    /// the plan has tiles that walk up.
+    fn backward_v4_kernel(&self, hd: u32, walk_up: bool) -> (Variant, u32) {
         backward_v4_variant(
             self.bwd_stages,
             hd,
@@ -488,6 +505,7 @@ impl Attention {
             self.bwd_key_blocks(),
             bwd_jitter() != 0,
             bwd_skip_dead(),
+            walk_up,
         )
     }
 
@@ -846,7 +864,7 @@ impl Attention {
         // the fused kernel and the dQ conversion, once per head chunk (BwdSchedule::chunks): the
         // chunk's dQ accumulator and dK/dV partials are the scratch's
         self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
-        let (v4, smem) = self.backward_v4_kernel(hd as u32);
+        let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up());
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
@@ -880,7 +898,8 @@ impl Attention {
                 hkc: hkc as i32,
                 jitter: bwd_jitter(),
             };
-            let grid = (range.len().min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
+            let ctas = bwd_ctas().unwrap_or(self.gpu.sm_count().max(1) as usize);
+            let grid = (range.len().min(ctas) as u32, 1, 1);
             // SAFETY: params mirror BwdV4Params; the maps cover the saved and dO code buffers of
             // `plan`'s shape and the scratch of `ws` (allocated for this plan: one chunk's heads),
             // the items are this chunk's (heads h0..h0 + hc), the gradients are the caller's.
@@ -986,7 +1005,7 @@ impl Attention {
             out.push(("attn_fwd_v4".to_string(), r, l));
         }
         if self.uses_backward_v4() {
-            let (v4, smem) = self.backward_v4_kernel(hd32);
+            let (v4, smem) = self.backward_v4_kernel(hd32, super::sched::bwd_up_tiles() > 0);
             let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_bwd_v4".to_string(), r, l));
@@ -1043,9 +1062,12 @@ mod tests {
                 (3, true, true),
             ] {
                 for row_ds in [false, true] {
-                    // (the dead steps' skip, FLAMIA_BWD_SKIP_DEAD, with the stress build)
+                    // (the dead steps' skip, FLAMIA_BWD_SKIP_DEAD, with the stress build; the
+                    // upward walk, FLAMIA_BWD_UP_TILES, with it and at 2 stages)
                     let skip_dead = stress.then_some(true);
-                    let (v, _) = backward_v4_variant(stages, hd, row_ds, key_blocks, stress, skip_dead);
+                    let walk_up = stress || stages == 2;
+                    let (v, _) =
+                        backward_v4_variant(stages, hd, row_ds, key_blocks, stress, skip_dead, walk_up);
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
                 }

@@ -11,7 +11,7 @@
 use super::buffer::DeviceBuf;
 use super::error::GpuResult;
 use super::runtime::Gpu;
-use super::sched::{bwd_scratch_budget, BwdSchedule, FwdSchedule};
+use super::sched::{bwd_scratch_budget, bwd_up_tiles, BwdSchedule, FwdSchedule};
 use crate::options::VarlenShape;
 
 /// Tokens per quantiser block (the MXFP8 token block).
@@ -66,7 +66,7 @@ impl PlanTables {
             tiles,
             tpad: pad.max(TILE),
             fwd: FwdSchedule::new(shape, &pad_starts, causal),
-            bwd: BwdSchedule::new(shape, &pad_starts, causal, bwd_scratch_budget()),
+            bwd: BwdSchedule::new(shape, &pad_starts, causal, bwd_scratch_budget(), bwd_up_tiles()),
         }
     }
 }

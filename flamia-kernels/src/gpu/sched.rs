@@ -16,6 +16,17 @@
 //! waits for items taken before it, so the ordered reduction cannot deadlock), and the heads of a
 //! GQA group are taken in the order their dK/dV partials are summed.
 //!
+//! A document of at most [`bwd_up_tiles`] key tiles (causal; `FLAMIA_BWD_UP_TILES`, default 0:
+//! none) is listed the other way: after every longer document, documents longest first, each
+//! document's key tiles highest first (the heads of one tile adjacent and ascending). Its tiles
+//! walk their query tiles from the diagonal up and each query tile takes their dQ partials highest
+//! key tile first (kernel `BWD_WALK_UP`), so the key tiles of one document and head run together,
+//! each two steps ahead of the next lower one, and read the same Q/dO tiles and dQ rows from L2,
+//! where the downward walk starts them all on the document's last query tile, one after another
+//! on its semaphore. Again an item only ever waits for items listed before it. Longest-first is
+//! given up inside such a document (its longest tile is listed last), so it suits documents whose
+//! longest tile is short against a CTA's share of the launch.
+//!
 //! The backward's FP32 dQ accumulator ([tokens x query heads x 128]) and, for GQA, its dK/dV
 //! partial sums grow with the packed row; past [`BWD_SCRATCH_BUDGET`] the query heads are split
 //! into chunks of whole KV groups, one launch per chunk (items listed chunk by chunk, each chunk
@@ -93,6 +104,40 @@ fn query_steps(len: usize, k0: usize, causal: bool) -> usize {
     (len - start).div_ceil(BWD_QT)
 }
 
+/// Default of [`bwd_up_tiles`]: no document walks up.
+pub const BWD_UP_TILES: usize = 0;
+
+/// Largest document, in 128-key tiles, whose key tiles walk up (causal only; the module docs):
+/// `FLAMIA_BWD_UP_TILES` when set (an A/B knob), else [`BWD_UP_TILES`].
+pub fn bwd_up_tiles() -> usize {
+    std::env::var("FLAMIA_BWD_UP_TILES")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(BWD_UP_TILES)
+}
+
+/// Document-relative start of the 64-query tile that step `st` of `tile` (a [`BwdSchedule::tiles`]
+/// row) walks: from the document's last query tile down to the diagonal, or from the diagonal up
+/// where the tile walks up; the kernel's `load_stage` and consumer loops.
+pub fn bwd_step_query(tile: &[i32; 8], causal: bool, st: usize) -> usize {
+    let (len, k0) = (tile[1] as usize, tile[3] as usize);
+    let start = if causal { k0 } else { 0 };
+    let n = query_steps(len, k0, causal);
+    if tile[7] != 0 {
+        start + BWD_QT * st
+    } else {
+        start + BWD_QT * (n - 1 - st)
+    }
+}
+
+/// The dQ partials (two per key tile: one per consumer warpgroup) that the query tile at `q0` of
+/// the document must have taken before those of `tile`: every lower key tile's (walking down) or
+/// every higher one's that sees it (walking up, causal); the kernel's `BwdDqJob::target`.
+pub fn bwd_dq_turn(tile: &[i32; 8], q0: usize) -> usize {
+    let kt = tile[3] as usize / BWD_KT;
+    2 * if tile[7] != 0 { q0 / BWD_KT - kt } else { kt }
+}
+
 /// Bytes the v4 backward's per-chunk scratch (FP32 dQ accumulator, GQA dK/dV partials) may take
 /// before the query heads are split into chunks (`FLAMIA_BWD_SCRATCH_MIB` overrides it).
 pub const BWD_SCRATCH_BUDGET: usize = 256 << 20;
@@ -143,10 +188,10 @@ pub fn bwd_head_chunks(
 pub struct BwdSchedule {
     /// Per 128-key tile, in document order: `{doc start, doc length, padded doc start, tile
     /// offset in doc, the document's first 64-query tile (global index), this key tile's global
-    /// index, 0, 0}` (`struct BwdTile`).
+    /// index, 0, 1 if it walks up}` (`struct BwdTile`).
     pub tiles: Vec<[i32; 8]>,
     /// `tile * heads_q + head`: chunk by chunk (heads `c * heads_q / chunks ..`), each longest
-    /// first.
+    /// first, then the documents that walk up (module docs).
     pub items: Vec<i32>,
     /// 64-query tiles over all documents (the dQ semaphores per head).
     pub query_tiles: usize,
@@ -156,13 +201,25 @@ pub struct BwdSchedule {
 
 impl BwdSchedule {
     /// Tiles and items of `shape` (`pad_starts` as for [`FwdSchedule::new`]), the heads split
-    /// into chunks when the scratch would exceed `scratch_budget` bytes.
-    pub fn new(shape: &VarlenShape, pad_starts: &[usize], causal: bool, scratch_budget: usize) -> Self {
+    /// into chunks when the scratch would exceed `scratch_budget` bytes, causal documents of at
+    /// most `up_tiles` key tiles walking up.
+    pub fn new(
+        shape: &VarlenShape,
+        pad_starts: &[usize],
+        causal: bool,
+        scratch_budget: usize,
+        up_tiles: usize,
+    ) -> Self {
         let mut tiles = Vec::new();
         let mut cost = Vec::new();
+        let mut up_docs = Vec::new(); // (length, first tile, end tile)
         let mut qt0 = 0usize;
         for (d, w) in shape.cu_seqlens.windows(2).enumerate() {
             let (s, len) = (w[0], w[1] - w[0]);
+            let up = causal && len.div_ceil(BWD_KT) <= up_tiles;
+            if up {
+                up_docs.push((len, tiles.len(), tiles.len() + len.div_ceil(BWD_KT)));
+            }
             for k0 in (0..len).step_by(BWD_KT) {
                 let kt = tiles.len();
                 tiles.push([
@@ -173,7 +230,7 @@ impl BwdSchedule {
                     qt0 as i32,
                     kt as i32,
                     0,
-                    0,
+                    up as i32,
                 ]);
                 cost.push(query_steps(len, k0, causal));
             }
@@ -182,7 +239,14 @@ impl BwdSchedule {
         let tokens = shape.cu_seqlens.last().copied().unwrap_or(0);
         let (hq, hkv) = (shape.heads_q, shape.heads_kv);
         let chunks = bwd_head_chunks(tokens, tiles.len(), hq, hkv, scratch_budget);
-        let all = longest_first(&cost, hq);
+        let mut order: Vec<usize> = (0..tiles.len()).filter(|&t| tiles[t][7] == 0).collect();
+        order.sort_by_key(|&t| (std::cmp::Reverse(cost[t]), t));
+        up_docs.sort_by_key(|&(len, first, _)| (std::cmp::Reverse(len), first));
+        order.extend(up_docs.iter().flat_map(|&(_, a, b)| (a..b).rev()));
+        let all: Vec<i32> = order
+            .iter()
+            .flat_map(|&t| (0..hq).map(move |h| (t * hq + h) as i32))
+            .collect();
         let hc = hq / chunks;
         let items = (0..chunks)
             .flat_map(|c| all.iter().copied().filter(move |&it| it as usize % hq / hc == c))
@@ -193,6 +257,11 @@ impl BwdSchedule {
             query_tiles: qt0,
             chunks,
         }
+    }
+
+    /// Whether any tile walks up (the kernel is then built with `BWD_WALK_UP`).
+    pub fn walks_up(&self) -> bool {
+        self.tiles.iter().any(|t| t[7] != 0)
     }
 
     /// Query heads per chunk.
@@ -271,7 +340,7 @@ mod tests {
     fn backward_items_take_each_documents_key_tiles_in_ascending_order() {
         let shape = VarlenShape::from_lens(&[100, 1000, 129, 256], 4, 2, 128).unwrap();
         for causal in [true, false] {
-            let s = BwdSchedule::new(&shape, &pads(&shape), causal, BWD_SCRATCH_BUDGET);
+            let s = BwdSchedule::new(&shape, &pads(&shape), causal, BWD_SCRATCH_BUDGET, 0);
             // key tiles: 1 + 8 + 2 + 2; 64-query tiles: 2 + 16 + 3 + 4
             assert_eq!(s.tiles.len(), 13);
             assert_eq!(s.query_tiles, 25);
@@ -296,8 +365,136 @@ mod tests {
             }
         }
         // the 1000-token document's first 64-query tile is global tile 2 (after the 100-token doc)
-        let s = BwdSchedule::new(&shape, &pads(&shape), true, BWD_SCRATCH_BUDGET);
+        let s = BwdSchedule::new(&shape, &pads(&shape), true, BWD_SCRATCH_BUDGET, 0);
         assert_eq!(s.tiles[1], [100, 1000, 128, 0, 2, 1, 0, 0]);
+    }
+
+    /// Runs `s` (chunk `c`) on `ctas` persistent CTAs that take the items in list order as they
+    /// free up, each step of an item waiting until its query tile's semaphore holds the item's
+    /// turn (`bwd_dq_turn`) and then adding 2, as the kernel's reducers do (the whole step at
+    /// once: a CTA holds one item). Returns, per (head, global query tile), the key tiles in the
+    /// order their partials went in; panics on a deadlock (no CTA can move).
+    fn simulate(
+        s: &BwdSchedule,
+        heads_q: usize,
+        causal: bool,
+        ctas: usize,
+    ) -> std::collections::HashMap<(usize, usize), Vec<usize>> {
+        let mut sem: std::collections::HashMap<(usize, usize), usize> = Default::default();
+        let mut order: std::collections::HashMap<(usize, usize), Vec<usize>> = Default::default();
+        let mut next = 0usize;
+        let mut run: Vec<Option<(usize, usize)>> = vec![None; ctas]; // (item, step)
+        loop {
+            let mut moved = false;
+            for slot in run.iter_mut() {
+                if slot.is_none() && next < s.items.len() {
+                    *slot = Some((next, 0));
+                    next += 1;
+                    moved = true;
+                }
+                let Some((i, st)) = *slot else { continue };
+                let (t, h) = (s.items[i] as usize / heads_q, s.items[i] as usize % heads_q);
+                let tile = &s.tiles[t];
+                let q0 = bwd_step_query(tile, causal, st);
+                let key = (h, tile[4] as usize + q0 / BWD_QT);
+                let have = sem.entry(key).or_default();
+                if *have < bwd_dq_turn(tile, q0) {
+                    continue;
+                }
+                assert_eq!(*have, bwd_dq_turn(tile, q0), "a partial went in out of turn");
+                *have += 2;
+                order.entry(key).or_default().push(tile[3] as usize / BWD_KT);
+                moved = true;
+                let n = query_steps(tile[1] as usize, tile[3] as usize, causal);
+                *slot = (st + 1 < n).then_some((i, st + 1));
+            }
+            if run.iter().all(Option::is_none) && next == s.items.len() {
+                return order;
+            }
+            assert!(
+                moved,
+                "deadlock with {ctas} CTAs: items {run:?} wait, {next} taken"
+            );
+        }
+    }
+
+    #[test]
+    fn documents_walking_up_take_their_key_tiles_highest_first_after_the_rest() {
+        // key tiles: 1 + 8 + 2 + 5 + 17; up to 5 tiles walk up (causal only)
+        let lens = [100, 1000, 129, 600, 2100];
+        let shape = VarlenShape::from_lens(&lens, 2, 1, 128).unwrap();
+        let s = BwdSchedule::new(&shape, &pads(&shape), true, BWD_SCRATCH_BUDGET, 5);
+        assert!(s.walks_up());
+        let up: Vec<i32> = s.tiles.iter().map(|t| t[7]).collect();
+        let want: Vec<i32> = [(1, 1), (8, 0), (2, 1), (5, 1), (17, 0)]
+            .iter()
+            .flat_map(|&(n, u)| std::iter::repeat_n(u, n))
+            .collect();
+        assert_eq!(up, want);
+        // the 25 downward tiles first, longest first; then the 600-, 129- and 100-token documents,
+        // each highest tile first, the two heads of a tile adjacent
+        let tiles: Vec<usize> = s.items.iter().step_by(2).map(|&it| it as usize / 2).collect();
+        let down = &tiles[..25];
+        let costs: Vec<usize> = down
+            .iter()
+            .map(|&t| query_steps(lens_of(&s, t), s.tiles[t][3] as usize, true))
+            .collect();
+        assert!(costs.windows(2).all(|w| w[0] >= w[1]), "{costs:?}");
+        assert!(down.iter().all(|&t| s.tiles[t][7] == 0));
+        assert_eq!(&tiles[25..], &[15, 14, 13, 12, 11, 10, 9, 0]);
+        for c in s.items.chunks(2) {
+            assert_eq!((c[0] / 2, c[0] % 2, c[1] % 2), (c[1] / 2, 0, 1));
+        }
+        // never without the causal mask, nor with the knob at 0
+        assert!(!BwdSchedule::new(&shape, &pads(&shape), false, BWD_SCRATCH_BUDGET, 5).walks_up());
+        assert!(!BwdSchedule::new(&shape, &pads(&shape), true, BWD_SCRATCH_BUDGET, 0).walks_up());
+    }
+
+    fn lens_of(s: &BwdSchedule, t: usize) -> usize {
+        s.tiles[t][1] as usize
+    }
+
+    #[test]
+    fn walks_up_and_down_never_deadlock_and_add_each_query_tiles_partials_in_key_order() {
+        // Each query tile's partials go in one fixed order, whatever the number of CTAs: key
+        // tiles ascending where the document walks down, descending where it walks up; an item
+        // only ever waits for items listed before it, so even one CTA finishes.
+        let lens = [100, 1000, 129, 600, 2100, 64, 300];
+        let shape = VarlenShape::from_lens(&lens, 4, 2, 128).unwrap();
+        for (causal, up_tiles) in [(true, 0), (true, 5), (true, 100), (false, 5)] {
+            let s = BwdSchedule::new(&shape, &pads(&shape), causal, BWD_SCRATCH_BUDGET, up_tiles);
+            let first = simulate(&s, 4, causal, 1);
+            for ctas in [2, 3, 7, 64] {
+                assert_eq!(
+                    simulate(&s, 4, causal, ctas),
+                    first,
+                    "{ctas} CTAs, up to {up_tiles} tiles up"
+                );
+            }
+            // per (head, query tile): every key tile that sees it, once, in the walk's order
+            let mut d0 = 0;
+            let mut qt0 = 0;
+            for &len in &lens {
+                let nkt = len.div_ceil(BWD_KT);
+                let up = causal && nkt <= up_tiles;
+                for h in 0..4 {
+                    for q in 0..len.div_ceil(BWD_QT) {
+                        let seen = if causal { q * BWD_QT / BWD_KT + 1 } else { nkt };
+                        let mut want: Vec<usize> = (0..seen).collect();
+                        if up {
+                            want.reverse();
+                        }
+                        assert_eq!(
+                            first[&(h, qt0 + q)],
+                            want,
+                            "document at {d0}, head {h}, query tile {q}"
+                        );
+                    }
+                }
+                d0 += len;
+                qt0 += len.div_ceil(BWD_QT);
+            }
+        }
     }
 
     #[test]
@@ -314,8 +511,8 @@ mod tests {
         // a budget nothing fits: one chunk per KV group
         assert_eq!(bwd_head_chunks(1 << 20, 8192, 16, 4, 1), 4);
         let shape = VarlenShape::from_lens(&[100, 1000, 129, 256], 8, 4, 128).unwrap();
-        let one = BwdSchedule::new(&shape, &pads(&shape), true, usize::MAX);
-        let split = BwdSchedule::new(&shape, &pads(&shape), true, 1);
+        let one = BwdSchedule::new(&shape, &pads(&shape), true, usize::MAX, 0);
+        let split = BwdSchedule::new(&shape, &pads(&shape), true, 1, 0);
         assert_eq!((one.chunks, split.chunks), (1, 4));
         let hc = split.chunk_heads(8);
         assert_eq!(hc, 2);
