@@ -9,7 +9,8 @@
 # up32=@FLAMIA_BWD_UP_TILES=32). Carry .device-carry/bwd4 and
 # .device-carry/var; run from the repo root on the device. "base" is the binary's own sources.
 # Knobs: VARS (the variants, default all staged), WL (bench arguments), REPS (2), TESTS=0 skips
-# the tests, TEST_FILTER (gpu_attention's test-name filter, e.g. head_dim_64).
+# the tests, TEST_VARS (the variants the tests run on, default VARS), TEST_FILTER (gpu_attention's
+# test-name filter, e.g. head_dim_64).
 set -u
 C=.device-carry/bwd4; B=$C/flamia; V=.device-carry/var
 if [ "${1:-}" = "--stage" ]; then
@@ -44,7 +45,7 @@ as_var() {
 }
 {
 if [ "${TESTS:-1}" = 1 ]; then
-  for v in $VARS; do
+  for v in ${TEST_VARS:-$VARS}; do
     echo "=== gpu_attention on $v"
     as_var $v timeout 200 $C/gpu_attention --ignored --test-threads=1 ${TEST_FILTER:-} 2>&1 | grep -E "test result|panicked|FAILED"
   done

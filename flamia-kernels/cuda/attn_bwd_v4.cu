@@ -1231,18 +1231,37 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 // added its part: a fixed order, bitwise repeatable), reduce-adds them into dq_acc with TMA, frees
 // the buffer once read and bumps the semaphore once landed. The consumers never wait on another
 // CTA's progress for dQ, only for their buffer.
+// BWD_PROF_REDUCER (profiling builds, bench/device_s12.sh PHASE=prof): CTAs 0-1 print each
+// reducer's clocks waiting for a partial, for its semaphore turn, for the TMA's read and for the
+// reduce to land.
+#ifdef BWD_PROF_REDUCER
+#define RED_T(v) const long long v = clock64()
+#define RED_ACC(acc, v) acc += clock64() - v
+#else
+#define RED_T(v)
+#define RED_ACC(acc, v)
+#endif
 __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm, int cw) {
-  for (int k = 0;; ++k) {
+#ifdef BWD_PROF_REDUCER
+  const long long t_start = clock64();
+  long long w_full = 0, w_sem = 0, w_read = 0, w_land = 0;
+#endif
+  int k = 0;
+  for (;; ++k) {
     const int db = k % BWD_DQ_BUFS;
+    RED_T(t0);
     mbar_wait(smem_u32(&sm.dq_full[db][cw]), (k / BWD_DQ_BUFS) & 1);
+    RED_ACC(w_full, t0);
     const BwdDqJob j = sm.job[db][cw];
     if (j.end) break;
     int* sem = P.dq_sem + j.sem;
     // tests: the reduces' arrival order changes with the seed, the result must not
     if (P.jitter) stress_sleep((u32)P.jitter, (u32)blockIdx.x, (u32)(2 * k + cw), 8191);
+    RED_T(t1);
 #ifndef BWD_PROF_NOSEM
     spin_until(sem, j.target);
 #endif
+    RED_ACC(w_sem, t1);
     fence_async_global();
 #ifndef BWD_PROF_NORED
 #pragma unroll
@@ -1250,13 +1269,26 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
       tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[db][cw][half]), (HEAD_DIM / 2) * cw + 32 * half, j.h, j.row);
 #endif
     bulk_commit();
+    RED_T(t2);
     bulk_wait_read_all();
+    RED_ACC(w_read, t2);
     mbar_arrive(smem_u32(&sm.dq_empty[db][cw]));
+    RED_T(t3);
     bulk_wait_all();
+    RED_ACC(w_land, t3);
     fence_async_global();
     red_release_add(sem, 1);
   }
+#ifdef BWD_PROF_REDUCER
+  if (blockIdx.x < 2)
+    printf("bwd4 reducer cta %d wg %d: partials %d clocks %lld | waits: partial %lld turn %lld read %lld landed %lld\n",
+           (int)blockIdx.x, cw, k, clock64() - t_start, w_full, w_sem, w_read, w_land);
+#else
+  (void)k;
+#endif
 }
+#undef RED_T
+#undef RED_ACC
 
 extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_constant__ BwdV4Params P) {
   extern __shared__ u8 smem_raw[];
