@@ -6,31 +6,42 @@
 #   cargo build --release -p flamia-trainer -p flamia-dist
 #   cargo test --release --no-run -p flamia-kernels -p flamia-trainer
 #   bash bench/device_bwd4.sh --stage && strip .device-carry/bwd4/*    (38 MB: leaves room for .whl)
-#   bash bench/device_ab.sh --stage up16=@FLAMIA_BWD_UP_TILES=16 up64=@FLAMIA_BWD_UP_TILES=64 \
-#     upall=@FLAMIA_BWD_UP_TILES=100000 fold=bwd-fold64
-#   bash bench/device_s12.sh --stage-prof     (adds var/timers and var/reducer: main's sources
-#                                              with BWD_PROF_TIMERS / BWD_PROF_REDUCER)
+#   bash bench/device_ab.sh --stage late=bwd-lateclaim lateup=bwd-lateclaim lateup64=bwd-lateclaim \
+#     fold=bwd-fold64
+#   bash bench/device_s12.sh --stage-extra    (the walk-up environment of lateup / lateup64, and
+#                                              var/timers, var/reducer, var/timers_late,
+#                                              var/reducer_late: main's sources with
+#                                              BWD_PROF_TIMERS / BWD_PROF_REDUCER, and
+#                                              BWD_LATE_CLAIM for the _late ones)
+# Branch bwd-lateclaim = main with BWD_LATE_CLAIM 1 (the producer claims the next item near the
+# current one's end; bench/sched_model.py: the claim at the start is what makes the upward walk 2x
+# slower, and costs the downward walk ~2% at 1x65536).
 # then carry .device-carry/bwd4 and .device-carry/var and run, one call each:
-#   PHASE=up bash bench/device_s12.sh     the upward walk: gpu_attention with every causal document
-#                                         walking up (upall: all accuracy, leakage, isolation,
-#                                         repeatability tests on it) and its own test; then base /
-#                                         up16 / up64 / upall on the nine workloads, twice (~8 min)
+#   PHASE=up bash bench/device_s12.sh     the late claim and the upward walk: gpu_attention on
+#                                         late and on lateup (every causal document walking up:
+#                                         all accuracy, leakage, isolation, repeatability tests on
+#                                         it); then base / late / lateup / lateup64 on the nine
+#                                         workloads, twice (~8 min)
 #   PHASE=prof bash bench/device_s12.sh   where mid-length documents lose (16x4096: 300 TFLOP/s
 #                                         against 477 at 1x65536, session 11): the consumers'
 #                                         waits (BWD_PROF_TIMERS) and the dQ reducers' (semaphore,
-#                                         TMA read, landed; BWD_PROF_REDUCER) at 1x65536, 16x4096,
-#                                         64x1024, down and up; first the mutation
+#                                         TMA read, landed; BWD_PROF_REDUCER) at 1x65536 and
+#                                         16x4096, down and up, claims early and late; first the mutation
 #                                         bwd4-up-ascending-turn (must be caught: its one-CTA run
 #                                         hangs until the 120 s timeout) (~4 min)
-#   PHASE=d64 bash bench/device_s12.sh    d = 64: the producer-side fold (fold) and upall against
+#   PHASE=d64 bash bench/device_s12.sh    d = 64: the producer-side fold (fold) and late against
 #                                         base, the head_dim_64 tests on fold (~4 min)
 set -u
 C=.device-carry/bwd4; B=$C/flamia; V=.device-carry/var
-if [ "${1:-}" = "--stage-prof" ]; then
-  for p in timers:BWD_PROF_TIMERS reducer:BWD_PROF_REDUCER; do
+if [ "${1:-}" = "--stage-extra" ]; then
+  [ -d $V/lateup ] && [ -d $V/lateup64 ] || { echo "stage late/lateup/lateup64 with device_ab.sh --stage first"; exit 2; }
+  echo FLAMIA_BWD_UP_TILES=100000 > $V/lateup/env
+  echo FLAMIA_BWD_UP_TILES=64 > $V/lateup64/env
+  for p in timers:BWD_PROF_TIMERS reducer:BWD_PROF_REDUCER timers_late:BWD_PROF_TIMERS reducer_late:BWD_PROF_REDUCER; do
     d=$V/${p%%:*}; rm -rf $d; mkdir -p $d
     cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
     sed -i "1i #define ${p#*:} 1" $d/attn_bwd_v4.cu
+    [ "${d%_late}" != "$d" ] && sed -i "1i #define BWD_LATE_CLAIM 1" $d/attn_bwd_v4.cu
   done
   du -sh $V/*; exit 0
 fi
@@ -42,14 +53,14 @@ case "${PHASE:-up}" in
   up)
     echo "=== gpu_attention, its own walking-up test"
     timeout 200 $C/gpu_attention --ignored --test-threads=1 walking_up 2>&1 | grep -E "test result|panicked|FAILED"
-    VARS="up16 up64 upall" TEST_VARS="upall" REPS=2 OUT=$O WL="--head-dim 128" bash bench/device_ab.sh
+    VARS="late lateup lateup64" TEST_VARS="late lateup" REPS=2 OUT=$O WL="--head-dim 128" bash bench/device_ab.sh
     python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
   prof)
     echo "=== bench/gpu_mutations.sh bwd4-up-ascending-turn (must be caught: the one-CTA run hangs)"
     ONLY=bwd4-up-ascending-turn OUT=$O/mut bash bench/gpu_mutations.sh
-    for v in timers reducer; do
+    for v in timers reducer timers_late reducer_late; do
       for up in 0 100000; do
-        for w in 1x65536 16x4096 64x1024; do
+        for w in 1x65536 16x4096; do
           echo "=== $v up=$up $w"
           FLAMIA_BWD_UP_TILES=$up FLAMIA_CUDA_DIR=$V/$v timeout 120 $B bench attention --workload $w > "$O/p.log" 2>&1 || echo "rc=$?"
           grep -E "^bwd4 " "$O/p.log" | tail -4; grep -E "^$w " "$O/p.log"
@@ -57,7 +68,7 @@ case "${PHASE:-up}" in
       done
     done ;;
   d64)
-    VARS="fold upall" TEST_VARS="fold" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" bash bench/device_ab.sh
+    VARS="fold late" TEST_VARS="fold" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" bash bench/device_ab.sh
     python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
   *) echo "PHASE is up, prof or d64"; exit 2 ;;
 esac

@@ -113,6 +113,18 @@
 #ifndef BWD_WALK_UP
 #define BWD_WALK_UP 0
 #endif
+// BWD_LATE_CLAIM 1: the producer claims its CTA's next item from the counter after issuing the
+// current item's last stage (about BWD_STAGES steps before the item ends) instead of at its
+// start. Claimed at the start, an item starts when the claiming CTA's current item ends, so the
+// items start in another order than the list's: a key tile can start before the one whose dQ
+// partials it must follow and wait on the semaphores at every query tile. A model of the schedule
+// (session 11: CTAs, one step per tick, the semaphore turns, one dQ buffer, claims at the start)
+// gives the upward walk 1.6-2.0x the time of the downward one at 8x8192 .. 64x1024, as measured
+// (1.8-2.1x), and claimed late 1.01-1.02x; for the downward walk it predicts 2% off 1x65536 and
+// nothing on shorter documents. Not measured yet (session 11: an A/B variant).
+#ifndef BWD_LATE_CLAIM
+#define BWD_LATE_CLAIM 0
+#endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -352,7 +364,9 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     mbar_arrive(kvbar);
     if (code < 0) return;
     int next = 0;
+#if !BWD_LATE_CLAIM
     if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;
+#endif
     // dim-major K (the dQ products' B operand) once the previous item's last dQ has read it
     // (waiting for that before the factors above delays K/V: measured slower, session 6 call 6)
     mbar_wait(smem_u32(&sm.kd_empty), (ni & 1) ^ 1);
@@ -363,6 +377,9 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       mbar_arrive(kdbar);
     }
     for (int st = 1; st < n; ++st) load_stage(st);
+#if BWD_LATE_CLAIM
+    if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;
+#endif
     idx = __shfl_sync(0xffffffffu, next, 0);
   }
 }
