@@ -125,6 +125,26 @@
 #ifndef BWD_LATE_CLAIM
 #define BWD_LATE_CLAIM 0
 #endif
+// BWD_PRODUCER_FOLD 1 (with BWD_KEY_BLOCKS; BWD_FOLD below): the producer warp writes each
+// stage's column constants already folded with each 32-key block's factors (qf 2^eK, dq 2^(eV+eK),
+// nd 2^eK, pe 2^-c; nl unfolded), one slot per block of the tile plus a slot with factors 0 for
+// the key rows past the document, and each consumer thread reads its block's slot instead of
+// multiplying its 16 column constants by its key factors every step (64 FMUL per thread per
+// step, repeated by all 256 consumer threads; the producer does 40 per lane per stage). The
+// products are the consumers' own (the same operands, one rounding each, vk = vf kf first), so
+// every value of the step is bitwise that of the per-thread fold (see bwd_step). Shared memory:
+// per stage 5 slots x 32 column pairs x 40 bytes (qk and nl, A and B, pc) = 6.25 KB instead of
+// 1.5 KB: +14.3 KB with 3 stages, which fits at d = 64 (host smem_bwd4 budgets it there, with
+// block scales, whether the fold is on or not) but not at d = 128.
+// Census (d = 64, block scales, kernel-regs.py --bwd-per-step): 1,037 -> 973 SASS per interior
+// step and 1,119 -> 1,055 per masked step (FMUL 177 -> 112), 168 registers, the step loops
+// spill-free; the producer's stage loop (24 registers) 171 -> 261 SASS, its spill loads 12 -> 18
+// per stage (kernel total 204 / 276 -> 200 / 308 B spill stores / loads). At d = 128 it would need
+// two stages. Not measured yet (session 11: an A/B variant).
+#ifndef BWD_PRODUCER_FOLD
+#define BWD_PRODUCER_FOLD 0
+#endif
+#define BWD_FOLD (BWD_PRODUCER_FOLD && BWD_KEY_BLOCKS)
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -161,7 +181,7 @@ struct BwdV4Params {
 };
 
 // Per-key factors the steps read (one copy: the next item's are written once this item's last
-// step is done with them) ...
+// step is done with them; unused under BWD_FOLD, whose steps read sm.cols' fold slots) ...
 struct BwdItem {
   float kf[BKT];  // 2^eK per key (0 past the document)
   float vf[BKT];  // 2^eV
@@ -183,9 +203,20 @@ struct alignas(16) BwdColPair {
   float2 dq, nd;  // 2^(edO + eQ); -D * 2^eQ
   float2 pe, pad; // 2^edO
 };
+#if BWD_FOLD
+// BWD_FOLD: per stage the column constants of every column pair folded with the factors of slot
+// b: the tile's 32-key block b (0..3) or, slot 4, factors 0 (what a key past the document has).
+#define BWD_FOLD_SLOTS 5
+struct BwdCols {
+  float4 qn[BWD_FOLD_SLOTS][BQT / 2];  // qf 2^eK (pair), nl (pair)
+  float4 ab[BWD_FOLD_SLOTS][BQT / 2];  // dq 2^(eV+eK) (pair), nd 2^eK (pair)
+  float2 pc[BWD_FOLD_SLOTS][BQT / 2];  // pe 2^-c (pair)
+};
+#else
 struct BwdCols {
   BwdColPair p[BQT / 2];
 };
+#endif
 
 // One step's dQ partial of a consumer warpgroup, handed to its reducer warp: where it goes, the
 // semaphore that admits it and the count to wait for (end != 0: no more partials).
@@ -205,6 +236,9 @@ struct BwdV4Smem {
   u8 ds[BWD_DS_BUFS][BQT * BKT];       // dS codes [64 queries][128 keys], no-swizzle K-major
   BwdCols cols[BWD_STAGES];
   BwdItem item;
+#if BWD_FOLD
+  float4 pfold[BWD_FOLD_SLOTS];        // the producer's: the item's 2^eK, 2^(eV+eK), 2^-c per fold slot
+#endif
   BwdItemTail tail[2];
   float red[2][8][2];                  // [step parity][consumer warp][query slice] block maxima
   int dse[BWD_DS_BUFS][2][4];          // [dS buffer][query block][key block] exponents
@@ -323,20 +357,50 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         c[3][j] = ok ? -a.delta[e] * fq : 0.f;
         c[4][j] = fo;
       }
+#if BWD_FOLD
+      // folded per slot with the consumers' products (qf kf, dq vk, nd kf, pe cf)
+      BwdCols& fc = sm.cols[s];
+#pragma unroll
+      for (int b = 0; b < BWD_FOLD_SLOTS; ++b) {
+        const float4 f = sm.pfold[b];  // kf, vk, cf
+        fc.qn[b][lane] = make_float4(c[0][0] * f.x, c[0][1] * f.x, c[1][0], c[1][1]);
+        fc.ab[b][lane] = make_float4(c[2][0] * f.y, c[2][1] * f.y, c[3][0] * f.x, c[3][1] * f.x);
+        fc.pc[b][lane] = make_float2(c[4][0] * f.z, c[4][1] * f.z);
+      }
+#else
       BwdColPair& cp = sm.cols[s].p[lane];
       *reinterpret_cast<float4*>(&cp.qf) = make_float4(c[0][0], c[0][1], c[1][0], c[1][1]);
       *reinterpret_cast<float4*>(&cp.dq) = make_float4(c[2][0], c[2][1], c[3][0], c[3][1]);
       cp.pe = make_float2(c[4][0], c[4][1]);
+#endif
       mbar_arrive(bar);
       if (++s == BWD_STAGES) { s = 0; ph ^= 1; }
     };
+#if BWD_FOLD
+    // The item's factors per fold slot, for its stages (sm.item is still the previous item's
+    // here): lane b < 4 those of the tile's 32-key block b, the values sm.item holds for each of
+    // its keys inside the document (uniform per block) or 0 if it has none; lane 4 factors 0.
+    // Read only by this warp's stages: the previous item's have all been written.
+    __syncwarp();
+    if (lane < BWD_FOLD_SLOTS) {
+      const int key = t.k0 + 32 * lane;
+      const bool ok = code >= 0 && lane < 4 && key < t.len;
+      const long long e = (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk;
+      const int ek = ok ? a.k_exp[e] : 0, c = ok ? P.cexp[(long long)(t.doc0 + key) * a.hq + h] : 0;
+      const float kf = ok ? exp2i(ek) : 0.f, vf = ok ? exp2i(a.v_exp[e]) : 0.f, cf = ok ? exp2i(-c) : 0.f;
+      sm.pfold[lane] = make_float4(kf, vf * kf, cf, 0.f);
+    }
+    __syncwarp();
+#endif
     // The item's first stage goes out while the previous item's last steps still hold K and V.
     if (n > 0) load_stage(0);
     // K and V (and the step factors in item, the header and end factors in tail[ni & 1], last read
     // by item ni - 2) once the previous item's last steps have read its K and V: lane 0 sets the
     // bytes without arriving, then every lane writes its 4 keys' factors and arrives.
     mbar_wait(smem_u32(&sm.kv_empty), (ni & 1) ^ 1);
+#if !BWD_FOLD
     BwdItem& it = sm.item;
+#endif
     BwdItemTail& tail = sm.tail[ni & 1];
     const u32 kvbar = smem_u32(&sm.kv_full);
     if (lane == 0) {
@@ -355,9 +419,11 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       const bool ok = code >= 0 && key < t.len;
       const long long e = (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk;
       const int ek = ok ? a.k_exp[e] : 0, c = ok ? P.cexp[(long long)(t.doc0 + key) * a.hq + h] : 0;
+#if !BWD_FOLD  // (BWD_FOLD: the steps read the fold slots instead)
       it.kf[4 * lane + j] = ok ? exp2i(ek) : 0.f;
       it.vf[4 * lane + j] = ok ? exp2i(a.v_exp[e]) : 0.f;
       it.cf[4 * lane + j] = ok ? exp2i(-c) : 0.f;
+#endif
       tail.fk[4 * lane + j] = ok ? a.scale * exp2i(-fold_exp(ek)) : 0.f;
       tail.fv[4 * lane + j] = ok ? exp2i(c) : 0.f;
     }
@@ -616,18 +682,49 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #ifdef BWD_PROF_TIMERS
   C.prof[0] += clock64() - _t0;
 #endif
+#if BWD_FOLD
+  // The fold slot of the thread's 32-key block, 2 cw + w / 2: its constants are the products the
+  // per-thread fold below makes with row r0's factors (block scales: the block's keys inside the
+  // document share them; the producer takes key 32 b's, inside whenever any key of the block is).
+  // Keys past the document: their factors are 0 (sm.item), and the per-thread fold multiplies by
+  // row r0's, so a thread whose row r0 is past (both rows, as r0 + 8 > r0; masked steps alone)
+  // folds with 0, while its block's slot, if the block straddles the document's end, holds the
+  // nonzero factors of the block's other keys. Its scores are masked either way (x = -inf, P =
+  // +0, P~ = P pc = +0 with pc >= 0), but dS = P fma(dP, A, B) is a signed zero: with factors 0
+  // fma(dP, +0, nd * 0) is -0 iff dP and nd are both negative (or -0), with the block's the sign of
+  // dP A + B, so the E4M3 codes of those zeros (0x80 / 0x00) could differ. They feed dK of keys
+  // past the document (never stored) and the dQ products (exact zeros; a sum's sign could differ
+  // only if all its terms are zeros, and dq_acc starts at +0, which absorbs a -0), so no output
+  // bit should change; rather than rely on that (and on how the tensor cores sum signed zeros),
+  // such a thread reads slot 4, whose constants are the products with the same zero factors as
+  // sm.item's (qf * 0, dq * (0 * 0), nd * 0, pe * 0), so every value of every step, the dS
+  // codes' sign bits included, is bitwise that of BWD_PRODUCER_FOLD 0. A thread with row r0
+  // inside the document and r0 + 8 past it folds with row r0's factors, its block's: slot
+  // 2 cw + w / 2.
+  const int fb = MASKED && r0 > lim ? BWD_FOLD_SLOTS - 1 : 2 * cw + (w >> 1);
+  const float4* fq = &sm.cols[s].qn[fb][qd];  // the thread's column pair of block j: fq[4 * j]
+  const float4* fab = &sm.cols[s].ab[fb][qd];
+  const float2* fpc = &sm.cols[s].pc[fb][qd];
+#else
   const BwdColPair* cp = sm.cols[s].p + qd;  // the thread's column pair of block j: cp[4 * j]
+#endif
 #if BWD_EARLY_COLS
   // P's first BWD_EARLY_COLS column constants and the keys' factors, loaded while S^T is in the
   // tensor cores (BWD_COLS_FIRST: before its products are issued, so the loads do not queue
   // behind their shared-memory reads; loaded after the wait they queued ~430 clocks, ncu,
   // session 9). j is a constant in the unrolled loops: BWD_COLS picks at compile time.
+#if BWD_FOLD
+#define BWD_COL(j) fq[4 * (j)]
+#else
+#define BWD_COL(j) (*reinterpret_cast<const float4*>(&cp[4 * (j)].qf))
+#endif
 #define BWD_EARLY_LOADS                                                                             \
   float4 cols[BWD_EARLY_COLS];                                                                      \
-  _Pragma("unroll") for (int j = 0; j < BWD_EARLY_COLS; ++j) cols[j] =                              \
-      *reinterpret_cast<const float4*>(&cp[4 * j].qf);                                              \
+  _Pragma("unroll") for (int j = 0; j < BWD_EARLY_COLS; ++j) cols[j] = BWD_COL(j);                  \
   BWD_EARLY_KEY_FACTORS
-#if BWD_KEY_BLOCKS
+#if BWD_FOLD
+#define BWD_EARLY_KEY_FACTORS
+#elif BWD_KEY_BLOCKS
 #define BWD_EARLY_KEY_FACTORS          \
   const int kr = 64 * cw + r0;         \
   const float kf = lds_volatile(&it.kf[kr]);
@@ -636,10 +733,13 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   float kf[2];                \
   _Pragma("unroll") for (int r = 0; r < 2; ++r) kf[r] = lds_volatile(&it.kf[64 * cw + r0 + 8 * r]);
 #endif
-#define BWD_COLS(j) \
-  ((j) < BWD_EARLY_COLS ? cols[(j) < BWD_EARLY_COLS ? (j) : 0] : *reinterpret_cast<const float4*>(&cp[4 * (j)].qf))
+#define BWD_COLS(j) ((j) < BWD_EARLY_COLS ? cols[(j) < BWD_EARLY_COLS ? (j) : 0] : BWD_COL(j))
+#else
+#if BWD_FOLD
+#define BWD_COLS(j) fq[4 * (j)]
 #else
 #define BWD_COLS(j) (*reinterpret_cast<const float4*>(&cp[4 * (j)].qf))
+#endif
 #endif
 #if BWD_EARLY_COLS && BWD_COLS_FIRST
   BWD_EARLY_LOADS
@@ -672,7 +772,8 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   // rounding, so x, dS~ and P~ are bitwise those of the per-row expressions below while the
   // values stay in the normal range; f32 subnormals, e.g. dO near 2^-110, may round otherwise).
   // Keys past the document, whose factors are 0, are masked instead (masked steps' `lim`).
-#if !BWD_EARLY_COLS
+  // BWD_FOLD: the producer made these products (qk, A, B, pc) per fold slot (fb, above).
+#if !BWD_EARLY_COLS && !BWD_FOLD
   const int kr = 64 * cw + r0;
   const float kf = lds_volatile(&it.kf[kr]);
 #endif
@@ -680,7 +781,11 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float4 qn = BWD_COLS(j);
+#if BWD_FOLD
+    const float qk[2] = {qn.x, qn.y}, nl[2] = {qn.z, qn.w};
+#else
     const float qk[2] = {qn.x * kf, qn.y * kf}, nl[2] = {qn.z, qn.w};
+#endif
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * j + e, r = e >> 1, b = e & 1;
@@ -691,13 +796,21 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
   wg_wait<0>();
   fence_regs(dp);
+#if !BWD_FOLD
   const float vk = lds_volatile(&it.vf[kr]) * kf, cf = lds_volatile(&it.cf[kr]);
+#endif
   // dS~ = P (dP 2^(eV + eK + edO + eQ) - D 2^(eK + eQ)) (into dp) and P~ = P 2^(edO - c) (into sc)
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
+#if BWD_FOLD
+    const float4 ab = fab[4 * j];
+    const float2 pf = fpc[4 * j];
+    const float A[2] = {ab.x, ab.y}, B[2] = {ab.z, ab.w}, pc[2] = {pf.x, pf.y};
+#else
     const float4 dn = *reinterpret_cast<const float4*>(&cp[4 * j].dq);
     const float2 pe = cp[4 * j].pe;
     const float A[2] = {dn.x * vk, dn.y * vk}, B[2] = {dn.z * kf, dn.w * kf}, pc[2] = {pe.x * cf, pe.y * cf};
+#endif
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 4 * j + e, b = e & 1;
@@ -837,6 +950,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   ++C.nstep;
 }
 #undef BWD_COLS
+#undef BWD_COL
 #undef BWD_EARLY_LOADS
 #undef BWD_EARLY_KEY_FACTORS
 

@@ -113,12 +113,16 @@ pub fn backward_v4_stages() -> u32 {
 /// Dynamic shared memory of the v4 backward (`cuda/attn_bwd_v4.cu`) at head dim `hd`: the item's
 /// K, V and dim-major K tiles (3 x 128 x hd: 48 KB at 128) with its per-key factors and two item
 /// headers with the end's factors (~3.6 KB), per stage the Q and dO tiles in both layouts
-/// (4 x 64 x hd: 32 KB at 128) and 1.5 KB of per-query constants, the FP32 dQ partials
-/// (64 x hd x 4 bytes: 32 KB at 128), four dS code tiles (32 KB: a step's dQ runs one step late),
-/// and slack for barriers, exchange slots and the 1 KB alignment (the kernel's static_assert
-/// checks the total).
-fn smem_bwd4(stages: u32, hd: u32) -> u32 {
-    ((3 * hd / 8 + 3) + (hd / 4 + 2) * stages + (hd / 4 + 34)) * 1024
+/// (4 x 64 x hd: 32 KB at 128) and 1.5 KB of per-query constants (at head dim 64 with block
+/// factors, `key_blocks`, 5 KB more per stage: room for the producer's fold of the key blocks'
+/// factors, `BWD_PRODUCER_FOLD`, 6.25 KB of folded constants, which the kernel source decides;
+/// budgeted whether it is on or not, so kernel sources with it on run on this host, e.g. an A/B
+/// through FLAMIA_CUDA_DIR), the FP32 dQ partials (64 x hd x 4 bytes: 32 KB at 128), four dS
+/// code tiles (32 KB: a step's dQ runs one step late), and slack for barriers, exchange slots and
+/// the 1 KB alignment (the kernel's static_assert checks the total).
+fn smem_bwd4(stages: u32, hd: u32, key_blocks: bool) -> u32 {
+    let fold = if hd == 64 && key_blocks { 5 * stages } else { 0 };
+    ((3 * hd / 8 + 3) + (hd / 4 + 2) * stages + (hd / 4 + 34) + fold) * 1024
 }
 
 /// `FLAMIA_BWD_KEY_BLOCKS=0` (a test and A/B knob): the v4 backward multiplies each key row's
@@ -169,10 +173,11 @@ fn bwd_jitter() -> i32 {
 /// exponents, `BWD_ROW_DS`: 7 KB more shared memory for its exchange slots), whether the key
 /// factors are uniform per 32-key block (`BWD_KEY_BLOCKS`: token-block and tensor-wide scales,
 /// not per-token ones; each consumer thread then folds them into its column constants once per
-/// step), the consumers' stress delays (`BWD_STRESS`, test builds alone: `bwd_jitter`), the dead
-/// steps' skip where it is set (`BWD_SKIP_DEAD`, else the source's default: `bwd_skip_dead`),
-/// whether tiles may walk up (`BWD_WALK_UP`: the plan flags some, `BwdSchedule::walks_up`) and the
-/// smem budget.
+/// step, or the producer for them, `BWD_PRODUCER_FOLD`, a choice of the kernel source that the
+/// budget leaves room for at head dim 64), the consumers' stress delays (`BWD_STRESS`, test
+/// builds alone: `bwd_jitter`), the dead steps' skip where it is set (`BWD_SKIP_DEAD`, else the
+/// source's default: `bwd_skip_dead`), whether tiles may walk up (`BWD_WALK_UP`: the plan flags
+/// some, `BwdSchedule::walks_up`) and the smem budget.
 fn backward_v4_variant(
     stages: u32,
     hd: u32,
@@ -182,7 +187,7 @@ fn backward_v4_variant(
     skip_dead: Option<bool>,
     walk_up: bool,
 ) -> (Variant, u32) {
-    let smem = smem_bwd4(stages, hd) + if row_ds { 7 * 1024 } else { 0 };
+    let smem = smem_bwd4(stages, hd, key_blocks) + if row_ds { 7 * 1024 } else { 0 };
     let mut v = Variant::new()
         .define("HEAD_DIM", hd)
         .define("BWD_ROW_DS", row_ds as u32)
@@ -1068,8 +1073,20 @@ mod tests {
                     let walk_up = stress || stages == 2;
                     let (v, _) =
                         backward_v4_variant(stages, hd, row_ds, key_blocks, stress, skip_dead, walk_up);
-                    compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
-                        .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
+                    // (at d = 64 with key blocks the producer's fold both ways: the budget has
+                    // room for it whatever the source's default)
+                    let vs = if hd == 64 && key_blocks {
+                        vec![
+                            v.clone().define("BWD_PRODUCER_FOLD", 0),
+                            v.define("BWD_PRODUCER_FOLD", 1),
+                        ]
+                    } else {
+                        vec![v]
+                    };
+                    for v in vs {
+                        compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
+                            .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
+                    }
                 }
             }
             for (per_token, stages) in [
