@@ -10,8 +10,13 @@ waits until the reducer has read the previous partial, r after admitting it); th
 partial once its query tile's semaphore has the earlier key tiles' (the list order per query tile),
 and releases the semaphore L after admitting; an item ends E after its last hand-off. A CTA claims
 its next item either when it starts its current one (the kernel through session 11) or about
-three steps before the current one ends (BWD_LATE_CLAIM). No memory system, no per-step
-variation: what it shows is the schedule's own cost.
+three steps before the current one ends (BWD_LATE_CLAIM). No per-step variation, and the steps'
+time does not depend on memory: what it shows is the schedule's own cost. Beside it, `--l2 MB`
+replays the run's accesses in time order through an LRU cache of that size (d = 128: per step the
+Q and dO tiles in both layouts, 32 KB, and the 32 KB FP32 dQ rows read and written back when
+evicted; per item K, V and dim-major K, 48 KB) and prints the DRAM bytes and the time they take at
+`--bw` TB/s against the steps' time at `--step-us`: where the DRAM time is the larger, the
+kernel is memory-bound in that order.
 
     python3 bench/sched_model.py                      # the table of session 11 (docs/perf.md)
     python3 bench/sched_model.py --workload 16x4096 --L 3
@@ -39,19 +44,21 @@ def steps(n, k0):
 
 
 def order(tiles, heads, up):
-    """BwdSchedule's list: (tile, head) longest first, or every document walking up."""
+    """BwdSchedule's list: (tile, head) longest first, the heads of a tile adjacent; or every
+    document walking up: documents longest first, each head's key tiles highest first."""
     if up:
         docs = {}
         for i, t in enumerate(tiles):
             docs.setdefault(t[0], []).append(i)
-        o = [i for d in sorted(docs, key=lambda d: (-tiles[docs[d][0]][1], d)) for i in reversed(docs[d])]
-    else:
-        o = sorted(range(len(tiles)), key=lambda i: (-steps(tiles[i][1], tiles[i][2]), i))
+        return [(i, h) for d in sorted(docs, key=lambda d: (-tiles[docs[d][0]][1], d))
+                for h in range(heads) for i in reversed(docs[d])]
+    o = sorted(range(len(tiles)), key=lambda i: (-steps(tiles[i][1], tiles[i][2]), i))
     return [(t, h) for t in o for h in range(heads)]
 
 
-def run(lens, heads, ctas, up, claim_at_start, T=1.0, L=1.0, r=0.2, E=0.5):
-    """Makespan in units of T and the CTAs' busy fraction."""
+def run(lens, heads, ctas, up, claim_at_start, T=1.0, L=1.0, r=0.2, E=0.5, trace=None):
+    """Makespan in units of T and the CTAs' busy fraction; `trace` (a list) collects the accesses
+    (time, key, bytes, written)."""
     tiles = tiles_of(lens)
     q = [(0.0, c, 0.0) for c in range(ctas)]  # (claim time, CTA, when its claimed item may start)
     heapq.heapify(q)
@@ -68,8 +75,14 @@ def run(lens, heads, ctas, up, claim_at_start, T=1.0, L=1.0, r=0.2, E=0.5):
             key = (h, qt0 + q0 // BQT)
             admit = max(t, last_admit + r, release.get(key, 0.0))
             buf_free, last_admit, release[key] = admit + r, admit, admit + L
+            if trace is not None:
+                trace.append((admit, ("dq",) + key, 32 << 10, True))
             return t
+        if trace is not None:
+            trace.append((start, ("kv", h, ti), 48 << 10, False))
         for k in range(n):
+            if trace is not None:
+                trace.append((t, ("qdo", h, qt0 + walk[k] // BQT), 32 << 10, False))
             t += T
             busy += T
             if k:
@@ -80,13 +93,52 @@ def run(lens, heads, ctas, up, claim_at_start, T=1.0, L=1.0, r=0.2, E=0.5):
     return end, busy / (end * ctas)
 
 
+def dram_bytes(trace, capacity):
+    """Bytes read from and written back to DRAM by the accesses of `trace` through an LRU cache
+    of `capacity` bytes (write-back: a dirty entry costs its bytes again when evicted or at the
+    end)."""
+    from collections import OrderedDict
+    lru, used, rd, wr = OrderedDict(), 0, 0, 0
+    for _, key, size, written in sorted(trace, key=lambda e: e[0]):
+        if key in lru:
+            lru.move_to_end(key)
+            lru[key] = (size, lru[key][1] or written)
+            continue
+        rd += size
+        lru[key] = (size, written)
+        used += size
+        while used > capacity:
+            _, (sz, dirty) = lru.popitem(last=False)
+            used -= sz
+            wr += sz if dirty else 0
+    wr += sum(sz for sz, dirty in lru.values() if dirty)
+    return rd, wr
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", action="append", help="e.g. 16x4096 (default: 64x1024 16x4096 8x8192 1x65536)")
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--ctas", type=int, default=132)
     ap.add_argument("--L", type=float, default=1.0, help="semaphore release after admission, in steps")
+    ap.add_argument("--l2", type=float, help="replay the accesses through an LRU cache of this many MB")
+    ap.add_argument("--bw", type=float, default=3.5, help="DRAM TB/s for --l2 (H200 copy: about 4.2)")
+    ap.add_argument("--step-us", type=float, default=2.92,
+                    help="one step per SM, us (session 11: 93.1 ms / 31,837 steps per SM at 1x65536)")
     a = ap.parse_args()
+    if a.l2:
+        print("workload   walk  claim   DRAM read GB  written GB   DRAM ms   steps ms")
+        for w in a.workload or ["64x1024", "16x4096", "8x8192", "1x65536"]:
+            heads = a.heads // 2 if w == "1x65536" else a.heads
+            for up, early in ((False, True), (False, False), (True, False)):
+                tr = []
+                end, _ = run(WORKLOADS[w], heads, a.ctas, up, early, L=a.L, trace=tr)
+                rd, wr = dram_bytes(tr, a.l2 * 2**20)
+                launches = 2 if w == "1x65536" else 1
+                print(f"{w:<10} {'up' if up else 'down':<5} {'start' if early else 'late':<6} "
+                      f"{launches * rd / 1e9:12.2f} {launches * wr / 1e9:11.2f} "
+                      f"{launches * (rd + wr) / (a.bw * 1e12) * 1e3:9.2f} {launches * end * a.step_us / 1e3:10.2f}")
+        return
     print("workload   walk  claim at start    claim late        (makespan in steps, CTAs busy)")
     for w in a.workload or ["64x1024", "16x4096", "8x8192", "1x65536"]:
         # (1x65536 runs as two launches of 8 heads: the dQ scratch budget's head chunks)

@@ -17,8 +17,9 @@
 //! GQA group are taken in the order their dK/dV partials are summed.
 //!
 //! A document of at most [`bwd_up_tiles`] key tiles (causal; `FLAMIA_BWD_UP_TILES`, default 0:
-//! none) is listed the other way: after every longer document, documents longest first, each
-//! document's key tiles highest first (the heads of one tile adjacent and ascending). Its tiles
+//! none) is listed the other way: after every longer document, documents longest first, in a
+//! document head by head (ascending: a GQA group's partial-sum order), each head's key tiles
+//! highest first. Its tiles
 //! walk their query tiles from the diagonal up and each query tile takes their dQ partials highest
 //! key tile first (kernel `BWD_WALK_UP`), so the key tiles of one document and head run together,
 //! each two steps ahead of the next lower one, and read the same Q/dO tiles and dQ rows from L2,
@@ -191,7 +192,7 @@ pub struct BwdSchedule {
     /// index, 0, 1 if it walks up}` (`struct BwdTile`).
     pub tiles: Vec<[i32; 8]>,
     /// `tile * heads_q + head`: chunk by chunk (heads `c * heads_q / chunks ..`), each longest
-    /// first, then the documents that walk up (module docs).
+    /// first, then the documents that walk up, head by head (module docs).
     pub items: Vec<i32>,
     /// 64-query tiles over all documents (the dQ semaphores per head).
     pub query_tiles: usize,
@@ -242,11 +243,16 @@ impl BwdSchedule {
         let mut order: Vec<usize> = (0..tiles.len()).filter(|&t| tiles[t][7] == 0).collect();
         order.sort_by_key(|&t| (std::cmp::Reverse(cost[t]), t));
         up_docs.sort_by_key(|&(len, first, _)| (std::cmp::Reverse(len), first));
-        order.extend(up_docs.iter().flat_map(|&(_, a, b)| (a..b).rev()));
-        let all: Vec<i32> = order
+        let mut all: Vec<i32> = order
             .iter()
             .flat_map(|&t| (0..hq).map(move |h| (t * hq + h) as i32))
             .collect();
+        // each head's key tiles of a document together: they share its Q/dO tiles and dQ rows
+        // (bench/sched_model.py --l2: at 16x4096 2.0 GB of DRAM traffic against 21.8 with the
+        // heads of a tile adjacent, whose ~130 items in flight span every head)
+        all.extend(up_docs.iter().flat_map(|&(_, a, b)| {
+            (0..hq).flat_map(move |h| (a..b).rev().map(move |t| (t * hq + h) as i32))
+        }));
         let hc = hq / chunks;
         let items = (0..chunks)
             .flat_map(|c| all.iter().copied().filter(move |&it| it as usize % hq / hc == c))
@@ -431,20 +437,28 @@ mod tests {
             .flat_map(|&(n, u)| std::iter::repeat_n(u, n))
             .collect();
         assert_eq!(up, want);
-        // the 25 downward tiles first, longest first; then the 600-, 129- and 100-token documents,
-        // each highest tile first, the two heads of a tile adjacent
-        let tiles: Vec<usize> = s.items.iter().step_by(2).map(|&it| it as usize / 2).collect();
-        let down = &tiles[..25];
+        // the 25 downward tiles first, longest first, the two heads of a tile adjacent; then the
+        // 600-, 129- and 100-token documents, head 0's tiles highest first, then head 1's
+        let down: Vec<usize> = s.items[..50]
+            .iter()
+            .step_by(2)
+            .map(|&it| it as usize / 2)
+            .collect();
         let costs: Vec<usize> = down
             .iter()
             .map(|&t| query_steps(lens_of(&s, t), s.tiles[t][3] as usize, true))
             .collect();
         assert!(costs.windows(2).all(|w| w[0] >= w[1]), "{costs:?}");
         assert!(down.iter().all(|&t| s.tiles[t][7] == 0));
-        assert_eq!(&tiles[25..], &[15, 14, 13, 12, 11, 10, 9, 0]);
-        for c in s.items.chunks(2) {
+        for c in s.items[..50].chunks(2) {
             assert_eq!((c[0] / 2, c[0] % 2, c[1] % 2), (c[1] / 2, 0, 1));
         }
+        let up: Vec<(i32, i32)> = s.items[50..].iter().map(|&it| (it / 2, it % 2)).collect();
+        let want: Vec<(i32, i32)> = [&[15, 14, 13, 12, 11][..], &[10, 9], &[0]]
+            .iter()
+            .flat_map(|doc| (0..2).flat_map(move |h| doc.iter().map(move |&t| (t, h))))
+            .collect();
+        assert_eq!(up, want);
         // never without the causal mask, nor with the knob at 0
         assert!(!BwdSchedule::new(&shape, &pads(&shape), false, BWD_SCRATCH_BUDGET, 5).walks_up());
         assert!(!BwdSchedule::new(&shape, &pads(&shape), true, BWD_SCRATCH_BUDGET, 0).walks_up());
@@ -463,6 +477,15 @@ mod tests {
         let shape = VarlenShape::from_lens(&lens, 4, 2, 128).unwrap();
         for (causal, up_tiles) in [(true, 0), (true, 5), (true, 100), (false, 5)] {
             let s = BwdSchedule::new(&shape, &pads(&shape), causal, BWD_SCRATCH_BUDGET, up_tiles);
+            // a GQA group's query heads (2 per KV head here) listed in ascending order per key
+            // tile: the order the kernel sums their dK/dV partials in
+            let mut last: std::collections::HashMap<(usize, usize), usize> = Default::default();
+            for &it in &s.items {
+                let (t, h) = (it as usize / 4, it as usize % 4);
+                if let Some(prev) = last.insert((t, h / 2), h) {
+                    assert!(prev < h, "tile {t}: head {h} listed after head {prev}");
+                }
+            }
             let first = simulate(&s, 4, causal, 1);
             for ctas in [2, 3, 7, 64] {
                 assert_eq!(
