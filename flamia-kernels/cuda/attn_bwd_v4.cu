@@ -1267,7 +1267,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     // Walking up (tl.up, causal only): the dead steps, the masked ones, then the interior ones
     // from the diagonal up; walking down the reverse, as below. One interior loop for both (its
     // direction a register); the masked and dead loops twice (with one loop of each kind, picked
-    // per phase, ptxas spilled 176 B more at d = 128).
+    // per phase, ptxas spilled 176 B more at d = 128). The #else below repeats the downward part
+    // so that the production kernel's PTX stays the measured one (folding the two into one body
+    // with `up` constant false reorders its PTX, session 11); one of them goes once the upward
+    // walk is decided (docs/perf.md "Next", item 1).
     const int nmask = n - nint;
     const int ndead = BWD_SKIP_DEAD ? (lim < 0 ? nmask : (a.causal && cw == 1 ? 1 : 0)) : 0;
     const bool up = tl.up;
