@@ -20,8 +20,9 @@
 #   PHASE=up bash bench/device_s12.sh     the late claim and the upward walk: gpu_attention on
 #                                         late and on lateup (every causal document walking up:
 #                                         all accuracy, leakage, isolation, repeatability tests on
-#                                         it); then base / late / lateup / lateup64 on the nine
-#                                         workloads, twice (~8 min)
+#                                         it; the suite has the walk's own test); then base /
+#                                         late / lateup / lateup64 on the nine workloads, twice
+#                                         (~8-9 min: keep the call's limit at 600 s)
 #   PHASE=prof bash bench/device_s12.sh   where mid-length documents lose (16x4096: 300 TFLOP/s
 #                                         against 477 at 1x65536, session 11): the consumers'
 #                                         waits (BWD_PROF_TIMERS) and the dQ reducers' (semaphore,
@@ -51,8 +52,6 @@ O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 case "${PHASE:-up}" in
   up)
-    echo "=== gpu_attention, its own walking-up test"
-    timeout 200 $C/gpu_attention --ignored --test-threads=1 walking_up 2>&1 | grep -E "test result|panicked|FAILED"
     VARS="late lateup lateup64" TEST_VARS="late lateup" REPS=2 OUT=$O WL="--head-dim 128" bash bench/device_ab.sh
     python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
   prof)

@@ -268,20 +268,25 @@ fn dead_steps_skipped_give_bitwise_the_full_backward() {
     }
 }
 
-/// Sets an environment variable for the guard's life (process-wide: the device runs these tests
-/// with --test-threads=1).
-struct EnvGuard(&'static str);
+/// Sets an environment variable for the guard's life and puts back what it was (process-wide:
+/// the device runs these tests with --test-threads=1; a run may set the variable for the whole
+/// suite, e.g. bench/device_s12.sh's variant with every document walking up).
+struct EnvGuard(&'static str, Option<String>);
 
 impl EnvGuard {
     fn set(var: &'static str, value: &str) -> Self {
+        let old = std::env::var(var).ok();
         std::env::set_var(var, value);
-        EnvGuard(var)
+        EnvGuard(var, old)
     }
 }
 
 impl Drop for EnvGuard {
     fn drop(&mut self) {
-        std::env::remove_var(self.0);
+        match &self.1 {
+            Some(v) => std::env::set_var(self.0, v),
+            None => std::env::remove_var(self.0),
+        }
     }
 }
 
