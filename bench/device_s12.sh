@@ -29,7 +29,9 @@
 #                                         TMA read, landed; BWD_PROF_REDUCER) at 1x65536 and
 #                                         16x4096, down and up, claims early and late; first the mutation
 #                                         bwd4-up-ascending-turn (must be caught: its one-CTA run
-#                                         hangs until the 120 s timeout) (~4 min)
+#                                         hangs until the 120 s timeout); last an ncu DRAM/L2
+#                                         count of one backward launch at 16x4096, down (early
+#                                         claim) and up (late claim) (~5 min)
 #   PHASE=d64 bash bench/device_s12.sh    d = 64: the producer-side fold (fold) and late against
 #                                         base, the head_dim_64 tests on fold (~4 min)
 set -u
@@ -65,6 +67,17 @@ case "${PHASE:-up}" in
           grep -E "^bwd4 " "$O/p.log" | tail -4; grep -E "^$w " "$O/p.log"
         done
       done
+    done
+    # DRAM bytes and L2 hit rate of one backward launch at 16x4096 (session 6 counted 64x1024 only):
+    # down with the early claim (today), up with the late claim (the candidate)
+    NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+    for v in "down 0 " "up 100000 late"; do
+      set -- $v
+      echo "=== ncu attn_bwd_v4 16x4096, walk $1"
+      env FLAMIA_BWD_UP_TILES=$2 ${3:+FLAMIA_CUDA_DIR=$V/$3} timeout 120 $NCU --clock-control none \
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum \
+        -k attn_bwd_v4 --launch-skip 3 --launch-count 1 $B bench attention --workload 16x4096 2>&1 \
+        | grep -E "dram__|lts__|gpu__time" || echo "ncu rc=$?"
     done ;;
   d64)
     VARS="fold late" TEST_VARS="fold" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" bash bench/device_ab.sh
