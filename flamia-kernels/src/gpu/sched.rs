@@ -19,14 +19,15 @@
 //! A document of at most [`bwd_up_tiles`] key tiles (causal; `FLAMIA_BWD_UP_TILES`, default 0:
 //! none) is listed the other way: after every longer document, documents longest first, in a
 //! document head by head (ascending: a GQA group's partial-sum order), each head's key tiles
-//! highest first. Its tiles
-//! walk their query tiles from the diagonal up and each query tile takes their dQ partials highest
-//! key tile first (kernel `BWD_WALK_UP`), so the key tiles of one document and head run together,
-//! each two steps ahead of the next lower one, and read the same Q/dO tiles and dQ rows from L2,
-//! where the downward walk starts them all on the document's last query tile, one after another
-//! on its semaphore. Again an item only ever waits for items listed before it. Longest-first is
-//! given up inside such a document (its longest tile is listed last), so it suits documents whose
-//! longest tile is short against a CTA's share of the launch.
+//! highest first. Its tiles walk their query tiles from the diagonal up and each query tile takes
+//! their dQ partials highest key tile first (kernel `BWD_WALK_UP`), so the key tiles of one
+//! document and head run together, each two steps ahead of the next lower one, and read the same
+//! Q/dO tiles and dQ rows from L2, where the downward walk starts them all on the document's last
+//! query tile, one after another on its semaphore. Again an item only ever waits for items listed
+//! before it. Longest-first is given up inside such a document (its longest tile is listed last),
+//! so it suits documents whose longest tile is short against a CTA's share of the launch. It needs
+//! the items to *start* in list order too, which the kernel's claim at an item's start does not
+//! give (measured 1.8-2.1x slower; `BWD_LATE_CLAIM`, docs/perf.md "Session 11").
 //!
 //! The backward's FP32 dQ accumulator ([tokens x query heads x 128]) and, for GQA, its dK/dV
 //! partial sums grow with the packed row; past [`BWD_SCRATCH_BUDGET`] the query heads are split
