@@ -62,9 +62,7 @@ pub fn forward_v4_stages() -> u32 {
 
 /// A ring depth from `var` when it parses and lies in `allowed`, else `default`.
 fn stages_from_env(var: &str, allowed: std::ops::RangeInclusive<u32>, default: u32) -> u32 {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
+    super::env_number(var)
         .filter(|n| allowed.contains(n))
         .unwrap_or(default)
 }
@@ -149,10 +147,7 @@ fn bwd_skip_dead() -> Option<bool> {
 /// semaphore turn that waits for an item listed later hangs the kernel instead of passing by luck
 /// of timing (GPU test `walking_up_is_accurate_repeatable_and_ordered`).
 fn bwd_ctas() -> Option<usize> {
-    std::env::var("FLAMIA_BWD_CTAS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .map(|n| n.max(1))
+    super::env_number::<usize>("FLAMIA_BWD_CTAS").map(|n| n.max(1))
 }
 
 /// `FLAMIA_BWD_JITTER` (a test knob, default 0): a nonzero seed makes every dQ reduce of the v4
@@ -163,10 +158,7 @@ fn bwd_ctas() -> Option<usize> {
 /// arrival the result must stay bitwise the same (GPU test
 /// `dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in`).
 fn bwd_jitter() -> i32 {
-    std::env::var("FLAMIA_BWD_JITTER")
-        .ok()
-        .and_then(|v| v.trim().parse::<i32>().ok())
-        .unwrap_or(0)
+    super::env_number("FLAMIA_BWD_JITTER").unwrap_or(0)
 }
 
 /// Defines of the v4 backward: head dim, ring depth, `row_ds_exponents` (two dS copies with row

@@ -32,3 +32,9 @@ pub use error::{GpuError, GpuResult};
 pub use plan::{Plan, GPU_HEAD_DIMS};
 pub use quant::{Nvfp4Operand, Operand};
 pub use runtime::{Gpu, RawStream, Variant};
+
+/// The number in environment variable `var` (surrounding spaces ignored), if it is set and parses:
+/// the development and test knobs of the kernels (`FLAMIA_*`).
+pub(crate) fn env_number<T: std::str::FromStr>(var: &str) -> Option<T> {
+    std::env::var(var).ok().and_then(|v| v.trim().parse().ok())
+}

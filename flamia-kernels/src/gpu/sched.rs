@@ -48,12 +48,11 @@ fn key_tiles(len: usize, q0: usize, causal: bool) -> usize {
     kend.div_ceil(FWD_KT)
 }
 
-/// Work items `tile * heads + head` ordered by descending `cost[tile]`, ties in tile order, the
-/// heads of one tile adjacent and ascending.
-fn longest_first(cost: &[usize], heads: usize) -> Vec<i32> {
-    let mut order: Vec<usize> = (0..cost.len()).collect();
-    order.sort_by_key(|&t| (std::cmp::Reverse(cost[t]), t));
-    order
+/// Work items `tile * heads + head` of `tiles` ordered by descending `cost[tile]`, ties in tile
+/// order, the heads of one tile adjacent and ascending.
+fn longest_first(mut tiles: Vec<usize>, cost: &[usize], heads: usize) -> Vec<i32> {
+    tiles.sort_by_key(|&t| (std::cmp::Reverse(cost[t]), t));
+    tiles
         .iter()
         .flat_map(|&t| (0..heads).map(move |h| (t * heads + h) as i32))
         .collect()
@@ -82,7 +81,7 @@ impl FwdSchedule {
                 cost.push(key_tiles(len, q0, causal));
             }
         }
-        let items = longest_first(&cost, shape.heads_q);
+        let items = longest_first((0..cost.len()).collect(), &cost, shape.heads_q);
         FwdSchedule { tiles, items }
     }
 
@@ -112,10 +111,7 @@ pub const BWD_UP_TILES: usize = 0;
 /// Largest document, in 128-key tiles, whose key tiles walk up (causal only; the module docs):
 /// `FLAMIA_BWD_UP_TILES` when set (an A/B knob), else [`BWD_UP_TILES`].
 pub fn bwd_up_tiles() -> usize {
-    std::env::var("FLAMIA_BWD_UP_TILES")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(BWD_UP_TILES)
+    super::env_number("FLAMIA_BWD_UP_TILES").unwrap_or(BWD_UP_TILES)
 }
 
 /// Document-relative start of the 64-query tile that step `st` of `tile` (a [`BwdSchedule::tiles`]
@@ -146,10 +142,7 @@ pub const BWD_SCRATCH_BUDGET: usize = 256 << 20;
 
 /// [`BWD_SCRATCH_BUDGET`], or `FLAMIA_BWD_SCRATCH_MIB` MiB when set (a development and test knob).
 pub fn bwd_scratch_budget() -> usize {
-    std::env::var("FLAMIA_BWD_SCRATCH_MIB")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .map_or(BWD_SCRATCH_BUDGET, |m| m << 20)
+    super::env_number::<usize>("FLAMIA_BWD_SCRATCH_MIB").map_or(BWD_SCRATCH_BUDGET, |m| m << 20)
 }
 
 /// Scratch bytes of one chunk of `heads_q / chunks` query heads: the FP32 dQ accumulator and,
@@ -241,13 +234,9 @@ impl BwdSchedule {
         let tokens = shape.cu_seqlens.last().copied().unwrap_or(0);
         let (hq, hkv) = (shape.heads_q, shape.heads_kv);
         let chunks = bwd_head_chunks(tokens, tiles.len(), hq, hkv, scratch_budget);
-        let mut order: Vec<usize> = (0..tiles.len()).filter(|&t| tiles[t][7] == 0).collect();
-        order.sort_by_key(|&t| (std::cmp::Reverse(cost[t]), t));
+        let down = (0..tiles.len()).filter(|&t| tiles[t][7] == 0).collect();
+        let mut all = longest_first(down, &cost, hq);
         up_docs.sort_by_key(|&(len, first, _)| (std::cmp::Reverse(len), first));
-        let mut all: Vec<i32> = order
-            .iter()
-            .flat_map(|&t| (0..hq).map(move |h| (t * hq + h) as i32))
-            .collect();
         // each head's key tiles of a document together: they share its Q/dO tiles and dQ rows
         // (bench/sched_model.py --l2: at 16x4096 2.0 GB of DRAM traffic against 21.8 with the
         // heads of a tile adjacent, whose ~130 items in flight span every head)
@@ -376,7 +365,7 @@ mod tests {
         assert_eq!(s.tiles[1], [100, 1000, 128, 0, 2, 1, 0, 0]);
     }
 
-    /// Runs `s` (chunk `c`) on `ctas` persistent CTAs that take the items in list order as they
+    /// Runs `s` on `ctas` persistent CTAs that take the items in list order as they
     /// free up, each step of an item waiting until its query tile's semaphore holds the item's
     /// turn (`bwd_dq_turn`) and then adding 2, as the kernel's reducers do (the whole step at
     /// once: a CTA holds one item). Returns, per (head, global query tile), the key tiles in the
@@ -447,7 +436,7 @@ mod tests {
             .collect();
         let costs: Vec<usize> = down
             .iter()
-            .map(|&t| query_steps(lens_of(&s, t), s.tiles[t][3] as usize, true))
+            .map(|&t| query_steps(s.tiles[t][1] as usize, s.tiles[t][3] as usize, true))
             .collect();
         assert!(costs.windows(2).all(|w| w[0] >= w[1]), "{costs:?}");
         assert!(down.iter().all(|&t| s.tiles[t][7] == 0));
@@ -463,10 +452,6 @@ mod tests {
         // never without the causal mask, nor with the knob at 0
         assert!(!BwdSchedule::new(&shape, &pads(&shape), false, BWD_SCRATCH_BUDGET, 5).walks_up());
         assert!(!BwdSchedule::new(&shape, &pads(&shape), true, BWD_SCRATCH_BUDGET, 0).walks_up());
-    }
-
-    fn lens_of(s: &BwdSchedule, t: usize) -> usize {
-        s.tiles[t][1] as usize
     }
 
     #[test]
