@@ -46,6 +46,9 @@ mutate bwd31-block-ds attn_bwd.cu 's/quantise_ds(ds, p.row_ds, /quantise_ds(ds, 
 mutate quant-no-per-token quant.cu '1i #undef MODE\n#define MODE 0' \
   causal_leakage_has_the_reference_properties
 # 5. v4 backward: dQ partials added in any order (no semaphore wait): bitwise repeatability.
+# Both tests run each walk (FLAMIA_BWD_UP_TILES 0 and the default); session 12 saw this mutation
+# pass when their 8,192-token document walked up (the default since then), so they force the
+# downward walk too, where its 64 key tiles race for the last query tile.
 mutate bwd4-unordered-dq attn_bwd_v4.cu '1i #define BWD_PROF_NOSEM' \
   repeated_runs_are_bitwise_identical dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in
 # 6. v4 backward: the dQ partial stored after the arrival that releases it to the reducer's TMA

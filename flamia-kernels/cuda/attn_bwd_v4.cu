@@ -109,7 +109,10 @@
 // of queueing on the semaphores, as the downward walk makes them (all of a document's key tiles
 // start on its last query tile; session 6: grouping documents that way cut DRAM reads 2.71 ->
 // 0.82 GB at 64x1024 but the queueing made the kernel slower). 0: every tile walks down, key
-// tiles ascending. Not measured yet (session 11: an A/B variant).
+// tiles ascending. The host sets it where its list has such tiles (sched.rs, BWD_UP_TILES: by
+// default documents of at most 8,192 tokens); with BWD_LATE_CLAIM (session 12) the walk cut the
+// backward 17-22% at 16x4096 .. 64x1024 (ncu at 16x4096: DRAM reads 9.40 -> 0.80 GB, L2 hit rate
+// 38 -> 93%).
 #ifndef BWD_WALK_UP
 #define BWD_WALK_UP 0
 #endif
@@ -121,9 +124,12 @@
 // (session 11: CTAs, one step per tick, the semaphore turns, one dQ buffer, claims at the start)
 // gives the upward walk 1.6-2.0x the time of the downward one at 8x8192 .. 64x1024, as measured
 // (1.8-2.1x), and claimed late 1.01-1.02x; for the downward walk it predicts 2% off 1x65536 and
-// nothing on shorter documents. Not measured yet (session 11: an A/B variant).
+// nothing on shorter documents. Measured (session 12, d = 128, walking down): -0.9% 1x65536,
+// -0.4 .. -2.2% elsewhere, -5.4% 8192+224x256; with the upward walk it is what makes the walk pay
+// (claimed at the start the walk's consumers waited on the dQ buffer 4x longer than they ran).
+// 0: the claim at the item's start (kept for A/B).
 #ifndef BWD_LATE_CLAIM
-#define BWD_LATE_CLAIM 0
+#define BWD_LATE_CLAIM 1
 #endif
 // BWD_PRODUCER_FOLD 1 (with BWD_KEY_BLOCKS; BWD_FOLD below): the producer warp writes each
 // stage's column constants already folded with each 32-key block's factors (qf 2^eK, dq 2^(eV+eK),

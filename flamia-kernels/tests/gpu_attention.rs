@@ -164,11 +164,24 @@ fn nvfp4_is_as_accurate_as_the_reference() {
 fn repeated_runs_are_bitwise_identical() {
     let gpu = gpu();
     // the 8192-token document: 64 key tiles add into every query tile's FP32 dQ at once, so an
-    // unordered reduce shows up here (the small shapes alone did not catch one, issue 14)
-    for lens in [&[300, 1, 65][..], &[1100, 517][..], &[8192][..]] {
-        let shape = VarlenShape::from_lens(lens, 4, 1, 128).unwrap();
-        repeat_bitwise(&gpu, &shape);
+    // unordered reduce shows up here (the small shapes alone did not catch one, issue 14); both
+    // walks (FLAMIA_BWD_UP_TILES: 0 every document walks down, where the 64 key tiles all start
+    // on the last query tile and race for it; the default, where documents this short walk up)
+    for up in walks() {
+        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
+        for lens in [&[300, 1, 65][..], &[1100, 517][..], &[8192][..]] {
+            let shape = VarlenShape::from_lens(lens, 4, 1, 128).unwrap();
+            repeat_bitwise(&gpu, &shape);
+        }
     }
+}
+
+/// `FLAMIA_BWD_UP_TILES` values the ordering tests run under: every document walking down, then
+/// the default threshold (sched.rs `BWD_UP_TILES`, documents up to 8,192 tokens walking up). The
+/// two walks sum a query tile's dQ partials in opposite orders, so their bits differ from each
+/// other; each must be repeatable and independent of arrival order on its own.
+fn walks() -> [String; 2] {
+    ["0".into(), flamia_kernels::gpu::sched::BWD_UP_TILES.to_string()]
 }
 
 fn repeat_bitwise(gpu: &std::sync::Arc<flamia_kernels::gpu::Gpu>, shape: &VarlenShape) {
@@ -219,12 +232,18 @@ fn dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in() {
     // unordered reduce, docs/numerics.md); it also builds the stress kernel (BWD_STRESS), whose
     // consumer warps sleep before storing each dQ partial, so a partial released to the
     // reducer before its stores is read early (bench/gpu_mutations.sh: bwd4-dq-after-release).
+    // Both walks (walks()): session 12 saw the unordered-reduce mutation pass when the 8,192-token
+    // document walked up (its key tiles run two steps apart, so they arrive in order anyway);
+    // walking down, all 64 start on the last query tile and only the semaphores order them.
     let gpu = gpu();
     let shape = VarlenShape::from_lens(&[8192, 300], 4, 1, 128).unwrap();
-    with_seeds("jitter", |mut rng| {
-        let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
-        same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1", "2"]);
-    });
+    for up in walks() {
+        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
+        with_seeds(&format!("jitter, FLAMIA_BWD_UP_TILES={up}"), |mut rng| {
+            let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1", "2"]);
+        });
+    }
 }
 
 #[test]

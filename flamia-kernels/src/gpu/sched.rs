@@ -16,8 +16,8 @@
 //! waits for items taken before it, so the ordered reduction cannot deadlock), and the heads of a
 //! GQA group are taken in the order their dK/dV partials are summed.
 //!
-//! A document of at most [`bwd_up_tiles`] key tiles (causal; `FLAMIA_BWD_UP_TILES`, default 0:
-//! none) is listed the other way: after every longer document, documents longest first, in a
+//! A document of at most [`bwd_up_tiles`] key tiles (causal; `FLAMIA_BWD_UP_TILES`, default
+//! [`BWD_UP_TILES`] = 64 tiles, 8,192 tokens) is listed the other way: after every longer document, documents longest first, in a
 //! document head by head (ascending: a GQA group's partial-sum order), each head's key tiles
 //! highest first. Its tiles walk their query tiles from the diagonal up and each query tile takes
 //! their dQ partials highest key tile first (kernel `BWD_WALK_UP`), so the key tiles of one
@@ -27,7 +27,10 @@
 //! before it. Longest-first is given up inside such a document (its longest tile is listed last),
 //! so it suits documents whose longest tile is short against a CTA's share of the launch. It needs
 //! the items to *start* in list order too, which the kernel's claim at an item's start does not
-//! give (measured 1.8-2.1x slower; `BWD_LATE_CLAIM`, docs/perf.md "Session 11").
+//! give (measured 1.8-2.1x slower); the producer's late claim (`BWD_LATE_CLAIM`, the default)
+//! does: backward -17..-22% at 16x4096 .. 64x1024, -5% 8x8192, -6..-7% 256x256 and mixed
+//! lengths; documents of 16,384 tokens gain ~0.5% more walking up and 65,536 lose 14% (the
+//! longest tile listed last is the launch's tail), hence 64 tiles (docs/perf.md "Session 12").
 //!
 //! The backward's FP32 dQ accumulator ([tokens x query heads x 128]) and, for GQA, its dK/dV
 //! partial sums grow with the packed row; past [`BWD_SCRATCH_BUDGET`] the query heads are split
@@ -105,8 +108,8 @@ fn query_steps(len: usize, k0: usize, causal: bool) -> usize {
     (len - start).div_ceil(BWD_QT)
 }
 
-/// Default of [`bwd_up_tiles`]: no document walks up.
-pub const BWD_UP_TILES: usize = 0;
+/// Default of [`bwd_up_tiles`]: documents of up to 64 key tiles (8,192 tokens) walk up.
+pub const BWD_UP_TILES: usize = 64;
 
 /// Largest document, in 128-key tiles, whose key tiles walk up (causal only; the module docs):
 /// `FLAMIA_BWD_UP_TILES` when set (an A/B knob), else [`BWD_UP_TILES`].
