@@ -150,6 +150,15 @@
 #ifndef BWD_PRODUCER_FOLD
 #define BWD_PRODUCER_FOLD 0
 #endif
+// BWD_CONSTS_FIRST 1: the producer loads a stage's per-query constants (q_exp, do_exp, lse, delta:
+// global loads that miss L2 where the items in flight share no rows) and computes them before it
+// waits for the stage's slot to free, instead of after issuing the slot's TMA, so the slot is
+// ready as soon as its TMA lands rather than when the slower of the TMA and the load chain (plus,
+// with BWD_FOLD, the 40 folds) is done. Costs the producer 10 registers held across the wait.
+// Not measured yet (session 12: an A/B variant).
+#ifndef BWD_CONSTS_FIRST
+#define BWD_CONSTS_FIRST 0
+#endif
 #define BWD_FOLD (BWD_PRODUCER_FOLD && BWD_KEY_BLOCKS)
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
@@ -340,15 +349,22 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #else
       const int q0 = qstart + BQT * (n - 1 - st);
 #endif
-      mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
-      const u32 bar = smem_u32(&sm.s_full[s]);
-      if (lane == 0) {
-        mbar_expect_tx(bar, 4 * BQT * HEAD_DIM);
-        tma_load_3d(smem_u32(sm.q[s]), &P.q_map, bar, 0, h, t.doc0 + q0);
-        tma_load_3d(smem_u32(sm.dO[s]), &P.do_map, bar, 0, h, t.doc0 + q0);
-        tma_load_2d(smem_u32(sm.qd[s]), &P.qd_map, bar, t.pad0 + q0, h * HEAD_DIM);
-        tma_load_2d(smem_u32(sm.dOd[s]), &P.dod_map, bar, t.pad0 + q0, h * HEAD_DIM);
-      }
+      // the stage's slot, once free: Q and dO by TMA into it (its barrier)
+      const auto issue = [&]() {
+        mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
+        const u32 bar = smem_u32(&sm.s_full[s]);
+        if (lane == 0) {
+          mbar_expect_tx(bar, 4 * BQT * HEAD_DIM);
+          tma_load_3d(smem_u32(sm.q[s]), &P.q_map, bar, 0, h, t.doc0 + q0);
+          tma_load_3d(smem_u32(sm.dO[s]), &P.do_map, bar, 0, h, t.doc0 + q0);
+          tma_load_2d(smem_u32(sm.qd[s]), &P.qd_map, bar, t.pad0 + q0, h * HEAD_DIM);
+          tma_load_2d(smem_u32(sm.dOd[s]), &P.dod_map, bar, t.pad0 + q0, h * HEAD_DIM);
+        }
+        return bar;
+      };
+#if !BWD_CONSTS_FIRST
+      const u32 bar = issue();
+#endif
       float c[5][2];  // qf, nl, dq, nd, pe of this lane's pair of queries 2 lane, +1
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -363,6 +379,9 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         c[3][j] = ok ? -a.delta[e] * fq : 0.f;
         c[4][j] = fo;
       }
+#if BWD_CONSTS_FIRST
+      const u32 bar = issue();
+#endif
 #if BWD_FOLD
       // folded per slot with the consumers' products (qf kf, dq vk, nd kf, pe cf)
       BwdCols& fc = sm.cols[s];
