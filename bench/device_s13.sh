@@ -1,0 +1,83 @@
+#!/bin/bash
+# The device calls prepared in session 12 for the next one (docs/perf.md "Next"). Stage once, here,
+# on main (the late claim and the upward walk for documents of up to 8,192 tokens are main's
+# defaults since session 12):
+#   source scripts/env.sh
+#   cargo build --release -p flamia-trainer -p flamia-dist
+#   cargo test --release --no-run -p flamia-kernels -p flamia-trainer
+#   bash bench/device_bwd4.sh --stage && strip .device-carry/bwd4/*     (38 MB)
+#   bash bench/device_ab.sh --stage fold=bwd-fold64b
+#   bash bench/device_s13.sh --stage-extra     (var/cf, var/walk1, var/foldcf, var/phases,
+#                                               var/reducer: main's or bwd-fold64b's sources with
+#                                               one define each; see below)
+# then carry .device-carry/bwd4 and .device-carry/var and run, one call each, chained (the machine
+# goes back 30 s after a call):
+#   PHASE=a bash bench/device_s13.sh   d = 128 (~6 min): first the mutation bwd4-unordered-dq
+#                                      (session 12 saw it pass once the tests' 8,192-token document
+#                                      walked up; the tests now run both walks: must be caught),
+#                                      gpu_attention on cf; then base / cf / walk1 on the nine
+#                                      workloads, twice. cf = BWD_CONSTS_FIRST 1 (the producer's
+#                                      per-query loads before the slot wait); walk1 = the kernel
+#                                      built with BWD_WALK_UP 1 even where no tile walks up (if
+#                                      it equals base at 1x65536 and 4x16384, the #else copy of
+#                                      the downward loops in attn_bwd_v4.cu can go)
+#   PHASE=b bash bench/device_s13.sh   d = 64 (~3 min): base / cf / fold / foldcf (fold =
+#                                      BWD_PRODUCER_FOLD on top of the late claim and the walk,
+#                                      branch bwd-fold64b; session 12 measured it -3.3% at 1x65536
+#                                      and +12..16% at mid lengths walking down), head_dim_64
+#                                      tests on fold and foldcf
+#   PHASE=c bash bench/device_s13.sh   where the per-item time goes (~3 min): BWD_PROF_PHASES at
+#                                      1x65536, 16x4096, 64x1024, 256x256 (session 12's timers
+#                                      imply ~18,000 clocks per item against ~5,700 per step, i.e.
+#                                      9% of 16x4096 and ~30% of 64x1024); the reducer's waits
+#                                      (BWD_PROF_REDUCER, which failed with rc 1 in session 12:
+#                                      its log's tail is kept this time); ncu DRAM/L2 at 64x1024
+set -u
+C=.device-carry/bwd4; B=$C/flamia; V=.device-carry/var
+if [ "${1:-}" = "--stage-extra" ]; then
+  [ -d $V/fold ] || { echo "stage fold with: bash bench/device_ab.sh --stage fold=bwd-fold64b"; exit 2; }
+  for p in cf:main:"#define BWD_CONSTS_FIRST 1" foldcf:fold:"#define BWD_CONSTS_FIRST 1" \
+           phases:main:"#define BWD_PROF_PHASES 1" reducer:main:"#define BWD_PROF_REDUCER 1"; do
+    name=${p%%:*}; rest=${p#*:}; from=${rest%%:*}; def=${rest#*:}
+    d=$V/$name; rm -rf $d; mkdir -p $d
+    if [ "$from" = main ]; then cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/; else cp $V/$from/* $d/; fi
+    sed -i "1i $def" $d/attn_bwd_v4.cu
+  done
+  d=$V/walk1; rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
+  sed -i 's/^#define BWD_WALK_UP 0$/#define BWD_WALK_UP 1/' $d/attn_bwd_v4.cu
+  cmp -s $d/attn_bwd_v4.cu flamia-kernels/cuda/attn_bwd_v4.cu && { echo "walk1: pattern not found"; exit 2; }
+  du -sh $V/*; exit 0
+fi
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
+O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
+{
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
+case "${PHASE:-a}" in
+  a)
+    echo "=== bench/gpu_mutations.sh bwd4-unordered-dq (must be caught by both tests)"
+    ONLY=bwd4-unordered-dq OUT=$O/mut bash bench/gpu_mutations.sh
+    VARS="cf walk1" TEST_VARS="cf" REPS=2 OUT=$O WL="--head-dim 128" bash bench/device_ab.sh
+    python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
+  b)
+    VARS="cf fold foldcf" TEST_VARS="fold foldcf" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" \
+      bash bench/device_ab.sh
+    python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
+  c)
+    for w in 1x65536 16x4096 64x1024 256x256; do
+      echo "=== phases $w"
+      FLAMIA_CUDA_DIR=$V/phases timeout 120 $B bench attention --workload $w > "$O/p.log" 2>&1 || echo "rc=$?"
+      grep -E "^bwd4 phases" "$O/p.log" | tail -4; grep -E "^$w " "$O/p.log"
+    done
+    echo "=== reducer 16x4096"
+    FLAMIA_CUDA_DIR=$V/reducer timeout 120 $B bench attention --workload 16x4096 > "$O/reducer.log" 2>&1 || echo "rc=$?"
+    grep -E "^bwd4 reducer" "$O/reducer.log" | tail -4; grep -E "^16x4096 " "$O/reducer.log" || tail -15 "$O/reducer.log"
+    NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+    echo "=== ncu attn_bwd_v4 64x1024"
+    timeout 120 $NCU --clock-control none \
+      --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum \
+      -k attn_bwd_v4 --launch-skip 3 --launch-count 1 $B bench attention --workload 64x1024 2>&1 \
+      | grep -E "dram__|lts__|gpu__time" || echo "ncu rc=$?" ;;
+  *) echo "PHASE is a, b or c"; exit 2 ;;
+esac
+date
+} 2>&1 | tee "$O/s13_${PHASE:-a}.log"
