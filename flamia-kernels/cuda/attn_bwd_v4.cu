@@ -1294,8 +1294,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     // direction a register); the masked and dead loops twice (with one loop of each kind, picked
     // per phase, ptxas spilled 176 B more at d = 128). The #else below repeats the downward part
     // so that the production kernel's PTX stays the measured one (folding the two into one body
-    // with `up` constant false reorders its PTX, session 11); one of them goes once the upward
-    // walk is decided (docs/perf.md "Next", item 1).
+    // with `up` constant false reorders its PTX, session 11). The walk is kept (session 12);
+    // the #else copy serves launches with no tile walking up (long documents) and goes once the
+    // kernel built with BWD_WALK_UP 1 measures the same there (bench/device_s13.sh, walk1).
     const int nmask = n - nint;
     const int ndead = BWD_SKIP_DEAD ? (lim < 0 ? nmask : (a.causal && cw == 1 ? 1 : 0)) : 0;
     const bool up = tl.up;
