@@ -12,12 +12,16 @@
 #                                               one define each; see below)
 # then carry .device-carry/bwd4 and .device-carry/var and run, one call each, chained (the machine
 # goes back 30 s after a call):
-#   PHASE=a bash bench/device_s13.sh   d = 128 (~6 min): first the mutation bwd4-unordered-dq
+#   PHASE=a bash bench/device_s13.sh   d = 128 (~8 min): first the mutations bwd4-unordered-dq
 #                                      (session 12 saw it pass once the tests' 8,192-token document
-#                                      walked up; the tests now run both walks: must be caught),
-#                                      gpu_attention on cf; then base / cf / walk1 on the nine
-#                                      workloads, twice. cf = BWD_CONSTS_FIRST 1 (the producer's
-#                                      per-query loads before the slot wait); walk1 = the kernel
+#                                      walked up; the tests now run both walks: must be caught) and
+#                                      bwd4-warpfold-factor (new), gpu_attention on cf and wfold;
+#                                      then base / cf / walk1 / wfold on the nine workloads, twice.
+#                                      cf = BWD_CONSTS_FIRST 1 (the producer's per-query loads
+#                                      before the slot wait); wfold = BWD_WARP_FOLD 1 (the key
+#                                      factors folded once per warp in interior steps: 1,278 ->
+#                                      1,247 SASS per step; the walk-up build's interior loop gets
+#                                      2 LDL + 2 STL, the other none); walk1 = the kernel
 #                                      built with BWD_WALK_UP 1 even where no tile walks up (if
 #                                      it equals base at 1x65536 and 4x16384, the #else copy of
 #                                      the downward loops in attn_bwd_v4.cu can go)
@@ -37,6 +41,7 @@ C=.device-carry/bwd4; B=$C/flamia; V=.device-carry/var
 if [ "${1:-}" = "--stage-extra" ]; then
   [ -d $V/fold ] || { echo "stage fold with: bash bench/device_ab.sh --stage fold=bwd-fold64b"; exit 2; }
   for p in cf:main:"#define BWD_CONSTS_FIRST 1" foldcf:fold:"#define BWD_CONSTS_FIRST 1" \
+           wfold:main:"#define BWD_WARP_FOLD 1" \
            phases:main:"#define BWD_PROF_PHASES 1" reducer:main:"#define BWD_PROF_REDUCER 1"; do
     name=${p%%:*}; rest=${p#*:}; from=${rest%%:*}; def=${rest#*:}
     d=$V/$name; rm -rf $d; mkdir -p $d
@@ -54,9 +59,11 @@ O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 case "${PHASE:-a}" in
   a)
-    echo "=== bench/gpu_mutations.sh bwd4-unordered-dq (must be caught by both tests)"
-    ONLY=bwd4-unordered-dq OUT=$O/mut bash bench/gpu_mutations.sh
-    VARS="cf walk1" TEST_VARS="cf" REPS=2 OUT=$O WL="--head-dim 128" bash bench/device_ab.sh
+    for m in bwd4-unordered-dq bwd4-warpfold-factor; do
+      echo "=== bench/gpu_mutations.sh $m (must be caught)"
+      ONLY=$m OUT=$O/mut bash bench/gpu_mutations.sh
+    done
+    VARS="cf walk1 wfold" TEST_VARS="cf wfold" REPS=2 OUT=$O WL="--head-dim 128" bash bench/device_ab.sh
     python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
   b)
     VARS="cf fold foldcf" TEST_VARS="fold foldcf" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" \

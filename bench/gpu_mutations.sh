@@ -66,3 +66,7 @@ mutate bwd4-dead-stale-codes attn_bwd_v4.cu 's/ds_store_block(ds + 1024 \* j, 0u
 # hangs (caught by the timeout, rc 124).
 mutate bwd4-up-ascending-turn attn_bwd_v4.cu 's|j.target = 2 \* (tl.up ? q0 / BKT - tl.k0 / BKT : tl.k0 / BKT);|j.target = 2 * (tl.k0 / BKT);|' \
   walking_up_is_accurate_repeatable_and_ordered
+# 9. v4 backward, the consumer warps' fold (BWD_WARP_FOLD, an A/B variant: turned on here): nd
+# folded with 2^(eV+eK) instead of 2^eK. The folded form must stay bitwise the per-row one.
+mutate bwd4-warpfold-factor attn_bwd_v4.cu $'1i #define BWD_WARP_FOLD 1\ns/dn.x \\* vk, dn.y \\* vk, dn.z \\* kf, dn.w \\* kf);/dn.x * vk, dn.y * vk, dn.z * vk, dn.w * vk);/' \
+  folded_key_factors_give_bitwise_the_per_row_backward

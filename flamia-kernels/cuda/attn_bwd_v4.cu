@@ -160,6 +160,24 @@
 #define BWD_CONSTS_FIRST 0
 #endif
 #define BWD_FOLD (BWD_PRODUCER_FOLD && BWD_KEY_BLOCKS)
+// BWD_WARP_FOLD 1 (with BWD_KEY_BLOCKS; not with BWD_FOLD, BWD_ROW_DS or BWD_EARLY_COLS, i.e. a
+// d = 128 variant): in interior steps the consumers fold the key factors into the column
+// constants once per warp instead of once per thread. A warp's 16 key rows lie in one 32-key
+// block and in an interior step none is past the document, so all its lanes fold with the same
+// 2^eK and 2^(eV+eK), and the 8 lanes of a column quad (same q) made the same products. Now lane
+// (g, q) makes those of column pair 4g + q (qf 2^eK, dq 2^(eV+eK), nd 2^eK, both columns; nl
+// copied) into its warp's slice of sm.wfold, and after a __syncwarp each lane reads its 8 pairs
+// from there with the same 16-byte loads it read the raw constants with: 49 FMUL per thread per
+// step (qk, A, B, vk) become 6 FMUL, 2 loads, 2 stores and 2 __syncwarp (pe 2^-c stays per
+// thread: a third array would not fit). The products are the per-thread ones (same operands, one
+// rounding each), so every value is bitwise that of BWD_WARP_FOLD 0. Masked steps fold per
+// thread as before (a lane whose key row is past the document folds with factors 0). Shared
+// memory: 8 warps x 32 pairs x 32 bytes = 8 KB (the host budgets it at d = 128 with block scales
+// and no row dS). Not measured yet (session 12: an A/B variant).
+#ifndef BWD_WARP_FOLD
+#define BWD_WARP_FOLD 0
+#endif
+#define BWD_WFOLD (BWD_WARP_FOLD && BWD_KEY_BLOCKS && !BWD_FOLD && !BWD_ROW_DS && !BWD_EARLY_COLS)
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -250,6 +268,9 @@ struct BwdV4Smem {
   u8 dqs[BWD_DQ_BUFS][2][HEAD_DIM / 64][BQT * 128];  // [buffer][warpgroup][32 dims] FP32 dQ partial, 128-byte swizzle
   u8 ds[BWD_DS_BUFS][BQT * BKT];       // dS codes [64 queries][128 keys], no-swizzle K-major
   BwdCols cols[BWD_STAGES];
+#if BWD_WFOLD
+  float4 wfold[8][BQT / 2][2];         // [consumer warp][column pair] {qf 2^eK, nl}, {dq 2^(eV+eK), nd 2^eK}
+#endif
   BwdItem item;
 #if BWD_FOLD
   float4 pfold[BWD_FOLD_SLOTS];        // the producer's: the item's 2^eK, 2^(eV+eK), 2^-c per fold slot
@@ -787,6 +808,23 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #if BWD_EARLY_COLS && !BWD_COLS_FIRST
   BWD_EARLY_LOADS
 #endif
+#if BWD_WFOLD
+  // (interior steps) the warp's folded column constants, made while S^T is in the tensor cores:
+  // this lane's pair 4g + q; the reads below take pairs 4j + q
+  const float4* wf = sm.wfold[4 * cw + w][qd];
+  if (!MASKED) {
+    const int kr = 64 * cw + r0;
+    const float kf = lds_volatile(&it.kf[kr]);
+    const float vk = lds_volatile(&it.vf[kr]) * kf;
+    const BwdColPair& m = sm.cols[s].p[4 * C.g() + qd];
+    const float4 qn = *reinterpret_cast<const float4*>(&m.qf), dn = *reinterpret_cast<const float4*>(&m.dq);
+    float4* mine = sm.wfold[4 * cw + w][4 * C.g() + qd];
+    __syncwarp();  // every lane has read the previous step's
+    mine[0] = make_float4(qn.x * kf, qn.y * kf, qn.z, qn.w);
+    mine[1] = make_float4(dn.x * vk, dn.y * vk, dn.z * kf, dn.w * kf);
+    __syncwarp();
+  }
+#endif
   wg_wait<1>();
   fence_regs(sc);
   BWD_PHASE(1);
@@ -800,16 +838,22 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   // BWD_FOLD: the producer made these products (qk, A, B, pc) per fold slot (fb, above).
 #if !BWD_EARLY_COLS && !BWD_FOLD
   const int kr = 64 * cw + r0;
-  const float kf = lds_volatile(&it.kf[kr]);
+  // (BWD_WFOLD interior steps: folded above)
+  const float kf = BWD_WFOLD && !MASKED ? 0.f : lds_volatile(&it.kf[kr]);
 #endif
   // P (into sc) while dP^T is still in the tensor cores: x = s 2^eK qf - LSE log2 e
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
+#if BWD_WFOLD
+    const float4 qn = MASKED ? BWD_COLS(j) : wf[8 * j];
+    const float qk[2] = {MASKED ? qn.x * kf : qn.x, MASKED ? qn.y * kf : qn.y}, nl[2] = {qn.z, qn.w};
+#else
     const float4 qn = BWD_COLS(j);
 #if BWD_FOLD
     const float qk[2] = {qn.x, qn.y}, nl[2] = {qn.z, qn.w};
 #else
     const float qk[2] = {qn.x * kf, qn.y * kf}, nl[2] = {qn.z, qn.w};
+#endif
 #endif
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -822,7 +866,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   wg_wait<0>();
   fence_regs(dp);
 #if !BWD_FOLD
-  const float vk = lds_volatile(&it.vf[kr]) * kf, cf = lds_volatile(&it.cf[kr]);
+  const float vk = BWD_WFOLD && !MASKED ? 0.f : lds_volatile(&it.vf[kr]) * kf, cf = lds_volatile(&it.cf[kr]);
 #endif
   // dS~ = P (dP 2^(eV + eK + edO + eQ) - D 2^(eK + eQ)) (into dp) and P~ = P 2^(edO - c) (into sc)
 #pragma unroll
@@ -831,6 +875,11 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     const float4 ab = fab[4 * j];
     const float2 pf = fpc[4 * j];
     const float A[2] = {ab.x, ab.y}, B[2] = {ab.z, ab.w}, pc[2] = {pf.x, pf.y};
+#elif BWD_WFOLD
+    const float4 dn = MASKED ? *reinterpret_cast<const float4*>(&cp[4 * j].dq) : wf[8 * j + 1];
+    const float2 pe = cp[4 * j].pe;
+    const float A[2] = {MASKED ? dn.x * vk : dn.x, MASKED ? dn.y * vk : dn.y};
+    const float B[2] = {MASKED ? dn.z * kf : dn.z, MASKED ? dn.w * kf : dn.w}, pc[2] = {pe.x * cf, pe.y * cf};
 #else
     const float4 dn = *reinterpret_cast<const float4*>(&cp[4 * j].dq);
     const float2 pe = cp[4 * j].pe;

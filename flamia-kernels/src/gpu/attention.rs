@@ -117,10 +117,16 @@ pub fn backward_v4_stages() -> u32 {
 /// budgeted whether it is on or not, so kernel sources with it on run on this host, e.g. an A/B
 /// through FLAMIA_CUDA_DIR), the FP32 dQ partials (64 x hd x 4 bytes: 32 KB at 128), four dS
 /// code tiles (32 KB: a step's dQ runs one step late), and slack for barriers, exchange slots and
-/// the 1 KB alignment (the kernel's static_assert checks the total).
-fn smem_bwd4(stages: u32, hd: u32, key_blocks: bool) -> u32 {
+/// the 1 KB alignment (the kernel's static_assert checks the total). Row dS exponents
+/// (`row_ds`): 7 KB of exchange slots more. At head dim 128 with block factors and without row
+/// dS, 8 KB more for the consumer warps' folded column constants (`BWD_WARP_FOLD`, again a
+/// choice of the kernel source, budgeted either way): 227 KB at three stages, the most a CTA
+/// may have (one CTA per SM either way, so the L1 carve-out is the same).
+fn smem_bwd4(stages: u32, hd: u32, key_blocks: bool, row_ds: bool) -> u32 {
     let fold = if hd == 64 && key_blocks { 5 * stages } else { 0 };
-    ((3 * hd / 8 + 3) + (hd / 4 + 2) * stages + (hd / 4 + 34) + fold) * 1024
+    let warp_fold = if hd == 128 && key_blocks && !row_ds { 8 } else { 0 };
+    let row = if row_ds { 7 } else { 0 };
+    ((3 * hd / 8 + 3) + (hd / 4 + 2) * stages + (hd / 4 + 34) + fold + warp_fold + row) * 1024
 }
 
 /// `FLAMIA_BWD_KEY_BLOCKS=0` (a test and A/B knob): the v4 backward multiplies each key row's
@@ -179,7 +185,7 @@ fn backward_v4_variant(
     skip_dead: Option<bool>,
     walk_up: bool,
 ) -> (Variant, u32) {
-    let smem = smem_bwd4(stages, hd, key_blocks) + if row_ds { 7 * 1024 } else { 0 };
+    let smem = smem_bwd4(stages, hd, key_blocks, row_ds);
     let mut v = Variant::new()
         .define("HEAD_DIM", hd)
         .define("BWD_ROW_DS", row_ds as u32)
@@ -1065,13 +1071,15 @@ mod tests {
                     let walk_up = stress || stages == 2;
                     let (v, _) =
                         backward_v4_variant(stages, hd, row_ds, key_blocks, stress, skip_dead, walk_up);
-                    // (at d = 64 with key blocks the producer's fold both ways: the budget has
-                    // room for it whatever the source's default)
-                    let vs = if hd == 64 && key_blocks {
-                        vec![
-                            v.clone().define("BWD_PRODUCER_FOLD", 0),
-                            v.define("BWD_PRODUCER_FOLD", 1),
-                        ]
+                    // (at d = 64 with key blocks the producer's fold both ways, at d = 128 the
+                    // consumer warps' fold both ways: the budget has room for each whatever the
+                    // source's default)
+                    let knob = match hd {
+                        64 => "BWD_PRODUCER_FOLD",
+                        _ => "BWD_WARP_FOLD",
+                    };
+                    let vs = if key_blocks {
+                        vec![v.clone().define(knob, 0), v.define(knob, 1)]
                     } else {
                         vec![v]
                     };
