@@ -7,9 +7,9 @@
 #   cargo test --release --no-run -p flamia-kernels -p flamia-trainer
 #   bash bench/device_bwd4.sh --stage && strip .device-carry/bwd4/*     (38 MB)
 #   bash bench/device_ab.sh --stage fold=bwd-fold64b
-#   bash bench/device_s13.sh --stage-extra     (var/cf, var/walk1, var/foldcf, var/phases,
-#                                               var/reducer: main's or bwd-fold64b's sources with
-#                                               one define each; see below)
+#   bash bench/device_s13.sh --stage-extra     (var/cf, var/walk1, var/wfold, var/foldcf,
+#                                               var/phases, var/reducer, var/q_*: main's or
+#                                               bwd-fold64b's sources with one define each)
 # then carry .device-carry/bwd4 and .device-carry/var and run, one call each, chained (the machine
 # goes back 30 s after a call):
 #   PHASE=a bash bench/device_s13.sh   d = 128 (~8 min): first the mutations bwd4-unordered-dq
@@ -35,7 +35,10 @@
 #                                      imply ~18,000 clocks per item against ~5,700 per step, i.e.
 #                                      9% of 16x4096 and ~30% of 64x1024); the reducer's waits
 #                                      (BWD_PROF_REDUCER, which failed with rc 1 in session 12:
-#                                      its log's tail is kept this time); ncu DRAM/L2 at 64x1024
+#                                      its log's tail is kept this time); the Q/K/V quantiser's
+#                                      knock-outs (no dim-major copy, no token-major stores, no
+#                                      rotation, no block barrier: where its 55% of the copy
+#                                      bandwidth goes); ncu DRAM/L2 at 64x1024
 set -u
 C=.device-carry/bwd4; B=$C/flamia; V=.device-carry/var
 if [ "${1:-}" = "--stage-extra" ]; then
@@ -47,6 +50,10 @@ if [ "${1:-}" = "--stage-extra" ]; then
     d=$V/$name; rm -rf $d; mkdir -p $d
     if [ "$from" = main ]; then cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/; else cp $V/$from/* $d/; fi
     sed -i "1i $def" $d/attn_bwd_v4.cu
+  done
+  for k in NODIM NOTOK NOHAD NOBAR; do
+    d=$V/q_$(echo $k | tr A-Z a-z); rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
+    sed -i "1i #define QUANT_PROF_$k 1" $d/quant.cu
   done
   d=$V/walk1; rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
   sed -i 's/^#define BWD_WALK_UP 0$/#define BWD_WALK_UP 1/' $d/attn_bwd_v4.cu
@@ -74,6 +81,13 @@ case "${PHASE:-a}" in
       echo "=== phases $w"
       FLAMIA_CUDA_DIR=$V/phases timeout 120 $B bench attention --workload $w > "$O/p.log" 2>&1 || echo "rc=$?"
       grep -E "^bwd4 phases" "$O/p.log" | tail -4; grep -E "^$w " "$O/p.log"
+    done
+    # the Q/K/V quantiser's knock-outs (quant.cu QUANT_PROF_*: timing only): what the dim-major
+    # copy, the token-major stores, the rotation and the block-amax barrier each cost
+    for v in base q_nodim q_notok q_nohad q_nobar base; do
+      echo "=== quantiser $v"
+      ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v; timeout 120 $B bench attention --workload 1x65536 --workload 64x1024 2>&1 \
+        | grep -E "^1x65536|^64x1024" )
     done
     echo "=== reducer 16x4096"
     FLAMIA_CUDA_DIR=$V/reducer timeout 120 $B bench attention --workload 16x4096 > "$O/reducer.log" 2>&1 || echo "rc=$?"

@@ -54,6 +54,10 @@
 #define QUANT_CTAS_PER_SM 7
 #endif
 #endif
+// Knock-outs (timing only, wrong results; bench/device_s13.sh PHASE=c): QUANT_PROF_NODIM skips the
+// dim-major copy (its shared-memory transpose and stores), QUANT_PROF_NOTOK the token-major code
+// stores, QUANT_PROF_NOHAD the rotation's arithmetic, QUANT_PROF_NOBAR the block-amax barrier
+// (each warp its own maximum): what each costs of the kernel's time.
 #define QUANT_INPUTS 3
 // 32-element chunks of a row per thread (element i = 32 k + 8 q + j, k < NK).
 #define NK (HEAD_DIM / 32)
@@ -287,7 +291,7 @@ __device__ __forceinline__ float delta_dot(const u32 (&codes)[2 * NK], const uin
 
 extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(const QuantParams p) {
   __shared__ __align__(16) u32 tile[2][32 * 32];
-#if MODE == 0
+#if MODE == 0 && !defined(QUANT_PROF_NOBAR)
   __shared__ float wmax[2][4];
   const int w = threadIdx.x >> 5;
 #endif
@@ -352,7 +356,9 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     // h c 2^-e >= 2^-10); such warps multiply by c first, as the contract says. (At d = 64,
     // c = 1/8 makes h c exact except in that same subnormal range, so the case stays.)
     const float cn = t.hadamard ? HADAMARD_NORM : 1.f;
+#ifndef QUANT_PROF_NOHAD
     if (t.hadamard) hadamard_rows<false>(v);
+#endif
     float m = tt < n ? __fmul_rn(absmax_rows(v), cn) : 0.f;
 #if MODE == 1
     const int e = block_exponent(quad_max(m));
@@ -360,9 +366,13 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     const int e = floor_exponent(__uint_as_float(p.amax[it.ti]));
 #else
     m = warp_max(m);
+#ifdef QUANT_PROF_NOBAR
+    const int e = block_exponent(m);
+#else
     if ((tid & 31) == 0) wmax[buf][w] = m;
     __syncthreads();
     const int e = block_exponent(fmaxf(fmaxf(wmax[buf][0], wmax[buf][1]), fmaxf(wmax[buf][2], wmax[buf][3])));
+#endif
 #endif
 #if DELTA
     // O of this item (not prefetched: registers), for D after the codes
@@ -393,6 +403,9 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     if (tt < n) {
       const long long row = (long long)(it.doc0 + it.b0 + tt) * t.heads + it.h;
       uint2* dst = reinterpret_cast<uint2*>(t.tok + row * HEAD_DIM + 8 * q);
+#ifdef QUANT_PROF_NOTOK
+      if (codes[0] == 0x12345678u)  // (keeps the codes alive; practically never true)
+#endif
 #pragma unroll
       for (int k = 0; k < NK; ++k) dst[4 * k] = make_uint2(codes[2 * k], codes[2 * k + 1]);
       if (q == 0) t.exps[row] = (i8)e;
@@ -401,6 +414,11 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       if (q == 0) p.delta[row] = e >= -126 ? dsum * pow2f(e) : (dsum * 0.5f) * pow2f(e + 1);
 #endif
     }
+#ifdef QUANT_PROF_NODIM
+    if (!has_next) break;
+    it = nx;
+    continue;
+#endif
     __syncthreads();
     // dim-major copy: thread (dim quad g, token octet s) transposes 8 tokens x 4 dims and writes
     // 8 bytes per dim row; lanes s = 0..3 fill one 32-byte sector. g < d / 4: at d = 64 warps 2
