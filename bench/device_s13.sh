@@ -24,7 +24,11 @@
 #                                      2 LDL + 2 STL, the other none); walk1 = the kernel
 #                                      built with BWD_WALK_UP 1 even where no tile walks up (if
 #                                      it equals base at 1x65536 and 4x16384, the #else copy of
-#                                      the downward loops in attn_bwd_v4.cu can go)
+#                                      the downward loops in attn_bwd_v4.cu can go); dqstore =
+#                                      FLAMIA_BWD_DQ_STORE=1 (no dQ accumulator memset: padded
+#                                      rows, each query tile's first partial stored; its test
+#                                      first_dq_partials_stored_... runs in the suite, mutation
+#                                      bwd4-dq-store-second)
 #   PHASE=b bash bench/device_s13.sh   d = 64 (~3 min): base / cf / fold / foldcf (fold =
 #                                      BWD_PRODUCER_FOLD on top of the late claim and the walk,
 #                                      branch bwd-fold64b; session 12 measured it -3.3% at 1x65536
@@ -55,6 +59,7 @@ if [ "${1:-}" = "--stage-extra" ]; then
     d=$V/q_$(echo $k | tr A-Z a-z); rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
     sed -i "1i #define QUANT_PROF_$k 1" $d/quant.cu
   done
+  d=$V/dqstore; rm -rf $d; mkdir -p $d; echo FLAMIA_BWD_DQ_STORE=1 > $d/env
   d=$V/walk1; rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
   sed -i 's/^#define BWD_WALK_UP 0$/#define BWD_WALK_UP 1/' $d/attn_bwd_v4.cu
   cmp -s $d/attn_bwd_v4.cu flamia-kernels/cuda/attn_bwd_v4.cu && { echo "walk1: pattern not found"; exit 2; }
@@ -66,11 +71,11 @@ O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 case "${PHASE:-a}" in
   a)
-    for m in bwd4-unordered-dq bwd4-warpfold-factor; do
+    for m in bwd4-unordered-dq bwd4-warpfold-factor bwd4-dq-store-second; do
       echo "=== bench/gpu_mutations.sh $m (must be caught)"
       ONLY=$m OUT=$O/mut bash bench/gpu_mutations.sh
     done
-    VARS="cf walk1 wfold" TEST_VARS="cf wfold" REPS=2 OUT=$O WL="--head-dim 128" bash bench/device_ab.sh
+    VARS="cf walk1 wfold dqstore" TEST_VARS="cf wfold" REPS=2 OUT=$O WL="--head-dim 128" bash bench/device_ab.sh
     python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
   b)
     VARS="cf fold foldcf" TEST_VARS="fold foldcf" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" \

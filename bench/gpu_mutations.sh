@@ -70,3 +70,7 @@ mutate bwd4-up-ascending-turn attn_bwd_v4.cu 's|j.target = 2 \* (tl.up ? q0 / BK
 # folded with 2^(eV+eK) instead of 2^eK. The folded form must stay bitwise the per-row one.
 mutate bwd4-warpfold-factor attn_bwd_v4.cu $'1i #define BWD_WARP_FOLD 1\ns/dn.x \\* vk, dn.y \\* vk, dn.z \\* kf, dn.w \\* kf);/dn.x * vk, dn.y * vk, dn.z * vk, dn.w * vk);/' \
   folded_key_factors_give_bitwise_the_per_row_backward
+# 10. v4 backward, FLAMIA_BWD_DQ_STORE=1 (set by the test): the store given to each query tile's
+# second partial instead of its first, so the first is added to whatever the accumulator held.
+mutate bwd4-dq-store-second attn_bwd_v4.cu 's/if (P.dq_first_store \&\& j.target == 0) {/if (P.dq_first_store \&\& j.target == 2) {/' \
+  first_dq_partials_stored_give_bitwise_the_zeroed_accumulator

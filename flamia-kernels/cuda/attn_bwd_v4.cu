@@ -199,7 +199,7 @@ struct BwdV4Params {
   TmaMap do_map;   // do_tok, same
   TmaMap qd_map;   // q_dim (Tpad, Hq * HEAD_DIM), box (64 tokens, HEAD_DIM dims), 64-byte swizzle
   TmaMap dod_map;  // do_dim, same
-  TmaMap dq_map;   // dq_acc FP32 (HEAD_DIM, chunk heads, T), box (32, 1, 64), 128-byte swizzle
+  TmaMap dq_map;   // dq_acc FP32 (HEAD_DIM, chunk heads, T or Tpad rows: dq_first_store), box (32, 1, 64), 128-byte swizzle
   AttnParams a;
   const int* items;  // key tile * hq + head, longest first
   const int* tiles;  // BwdTile per 128-key tile
@@ -211,6 +211,11 @@ struct BwdV4Params {
   int nitems, nqt, nkt;
   int h0, hk0, hkc;  // this launch's head chunk: query heads h0.., KV heads hk0..hk0 + hkc (scratch)
   int jitter;        // test knob: nonzero delays each dQ reduce by a pseudo-random few microseconds
+  // 1: dq_acc's rows are the padded positions (document start padded to 64, as the dim-major
+  // codes: no 64-row box reaches into the next document) and each (query tile, head) takes its
+  // first partial (turn 0) by a TMA store, the later ones by reduce-add, so the accumulator needs
+  // no zeroing; 0: token rows, zeroed by the host, every partial a reduce-add.
+  int dq_first_store;
 };
 
 // Per-key factors the steps read (one copy: the next item's are written once this item's last
@@ -297,6 +302,11 @@ static_assert(sizeof(BwdV4Smem) + 1024 <= SMEM_BWD4_BUDGET, "attn_bwd_v4: dynami
 // Adds `bytes` to the transaction count of the barrier's current phase without arriving.
 __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
   asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tma_store_3d(const TmaMap* map, u32 src, int x, int y, int z) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"((u64)map),
+               "r"(src), "r"(x), "r"(y), "r"(z)
+               : "memory");
 }
 __device__ __forceinline__ void tma_reduce_add_3d(const TmaMap* map, u32 src, int x, int y, int z) {
   asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
@@ -1157,7 +1167,7 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
     const int h = tl.pad_a;
     BwdDqJob& j = sm.job[db][cw];
     j.h = h - P.h0;  // dq_acc holds the chunk's heads
-    j.row = tl.doc0 + q0;
+    j.row = (P.dq_first_store ? tl.pad0 : tl.doc0) + q0;
     j.sem = h * P.nqt + tl.qt0 + q0 / BQT;
     // the partials of the key tiles before this one in the query tile's order (two each): below it
     // (walking down), or above it up to the last that sees the query tile (walking up)
@@ -1473,9 +1483,16 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
     RED_ACC(w_sem, t1);
     fence_async_global();
 #ifndef BWD_PROF_NORED
+    // the query tile's first partial (turn 0) of these columns is stored, the rest added
+    if (P.dq_first_store && j.target == 0) {
 #pragma unroll
-    for (int half = 0; half < HEAD_DIM / 64; ++half)
-      tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[db][cw][half]), (HEAD_DIM / 2) * cw + 32 * half, j.h, j.row);
+      for (int half = 0; half < HEAD_DIM / 64; ++half)
+        tma_store_3d(&P.dq_map, smem_u32(sm.dqs[db][cw][half]), (HEAD_DIM / 2) * cw + 32 * half, j.h, j.row);
+    } else {
+#pragma unroll
+      for (int half = 0; half < HEAD_DIM / 64; ++half)
+        tma_reduce_add_3d(&P.dq_map, smem_u32(sm.dqs[db][cw][half]), (HEAD_DIM / 2) * cw + 32 * half, j.h, j.row);
+    }
 #endif
     bulk_commit();
     RED_T(t2);
@@ -1582,10 +1599,11 @@ extern "C" __global__ void __launch_bounds__(1024) bwd_dv_fold(const DvFoldParam
 // BF16. HEAD_DIM / 4 lanes per (token, head) row, 4 values each: 128 / HEAD_DIM rows per warp.
 // Mirrors DqConvertParams in src/gpu/attention.rs.
 struct DqConvertParams {
-  const float* acc;  // [T, hc, HEAD_DIM]: the chunk's heads h0..h0 + hc
-  const i8* q_exp;   // [T, Hq]
-  u16* dq;           // [T, Hq, HEAD_DIM]
-  long long rows;    // T * hc
+  const float* acc;    // [T or Tpad, hc, HEAD_DIM]: the chunk's heads h0..h0 + hc
+  const i8* q_exp;     // [T, Hq]
+  u16* dq;             // [T, Hq, HEAD_DIM]
+  const int* pad_tok;  // null: acc's rows are tokens; else [Tpad] the token of each padded row (-1: padding)
+  long long rows;      // T * hc (Tpad * hc with pad_tok)
   float scale;
   int hadamard;
   int hc, hq, h0;
@@ -1598,9 +1616,10 @@ extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvert
   const long long r0 = g / LPR;
   const int lane = (int)(g % LPR);
   if ((r0 & ~(long long)(32 / LPR - 1)) >= rows) return;  // whole warps only (the shuffles)
-  const bool ok = r0 < rows;
-  const long long r = ok ? r0 : rows - 1;
-  const long long o = (r / p.hc) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
+  const long long r = r0 < rows ? r0 : rows - 1;
+  const int tok = p.pad_tok ? p.pad_tok[r / p.hc] : (int)(r / p.hc);
+  const bool ok = r0 < rows && tok >= 0;
+  const long long o = (long long)max(tok, 0) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
   const float4 v = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
   const float f = p.scale * exp2i(-fold_exp(p.q_exp[o]));
   float x[4] = {v.x * f, v.y * f, v.z * f, v.w * f};

@@ -248,6 +248,58 @@ fn dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn first_dq_partials_stored_give_bitwise_the_zeroed_accumulator() {
+    // FLAMIA_BWD_DQ_STORE=1: the FP32 dQ accumulator by padded position and each (query tile,
+    // head)'s first partial stored instead of added to a zeroed accumulator. The 1-, 65-, 300- and
+    // 1,100-token documents end inside a 64-query tile (in the token layout that tile's rows reach
+    // into the next document); causal walking down and up, not causal, GQA, both head dims, head
+    // chunks (FLAMIA_BWD_SCRATCH_MIB=0). The same values bit for bit; only a zero may carry the
+    // other sign (a first partial of -0 stays -0 where +0 + -0 gave +0), which the comparison
+    // allows and counts.
+    let gpu = gpu();
+    for (hd, causal, up, chunks) in [
+        (128, true, "0", false),
+        (128, true, "64", false),
+        (128, false, "0", false),
+        (128, true, "64", true),
+        (64, true, "64", false),
+        (64, false, "0", true),
+    ] {
+        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", up);
+        let _chunks = chunks.then(|| EnvGuard::set("FLAMIA_BWD_SCRATCH_MIB", "0"));
+        let shape = VarlenShape::from_lens(&[300, 1, 65, 1100, 2048], 4, 2, hd).unwrap();
+        let tag = format!("dq store, d = {hd}, causal {causal}, up {up}, chunks {chunks}");
+        with_seeds(&tag, |mut rng| {
+            let mut opts = AttnOptions::new(AttnPath::Mxfp8);
+            opts.causal = causal;
+            let call = gauss_call(&mut rng, &shape, opts);
+            std::env::remove_var("FLAMIA_BWD_DQ_STORE");
+            let base = gpu_attn(&gpu, &call);
+            let stored = {
+                let _store = EnvGuard::set("FLAMIA_BWD_DQ_STORE", "1");
+                gpu_attn(&gpu, &call)
+            };
+            let mut signed_zeros = 0usize;
+            for (name, (x, y)) in NAMES.iter().zip(outputs(&base).into_iter().zip(outputs(&stored))) {
+                for (i, (a, b)) in x.iter().zip(y).enumerate() {
+                    if a.to_bits() != b.to_bits() {
+                        assert!(
+                            *a == 0.0 && *b == 0.0,
+                            "{tag}: {name}[{i}] {a:e} (zeroed accumulator) vs {b:e} (first partial stored)"
+                        );
+                        signed_zeros += 1;
+                    }
+                }
+            }
+            if signed_zeros > 0 {
+                eprintln!("{tag}: {signed_zeros} zeros of the other sign");
+            }
+        });
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn head_chunked_backward_is_bitwise_the_one_launch_backward() {
     // FLAMIA_BWD_SCRATCH_MIB=0: no scratch fits, so the v4 backward runs one launch per KV head
     // (2 query heads each here) with one chunk's dQ accumulator and dK/dV partials; every head's

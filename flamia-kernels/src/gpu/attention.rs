@@ -167,6 +167,17 @@ fn bwd_jitter() -> i32 {
     super::env_number("FLAMIA_BWD_JITTER").unwrap_or(0)
 }
 
+/// `FLAMIA_BWD_DQ_STORE` (an A/B knob, default 0 until measured): `1` lays the v4 backward's FP32
+/// dQ accumulator out by padded position (every document starting at a multiple of 64, so no
+/// 64-row partial reaches into the next document) and stores each (query tile, head)'s first
+/// partial instead of adding it, so the accumulator is not zeroed before each head chunk (a
+/// memset of T x heads x d x 4 bytes: ~0.15 ms per backward at 65,536 tokens and 16 heads, 9% of
+/// 256x256's); the gradients must be bitwise the same (GPU test
+/// `first_dq_partials_stored_give_bitwise_the_zeroed_accumulator`).
+fn bwd_dq_first_store() -> bool {
+    super::env_number::<u32>("FLAMIA_BWD_DQ_STORE").is_some_and(|v| v == 1)
+}
+
 /// Defines of the v4 backward: head dim, ring depth, `row_ds_exponents` (two dS copies with row
 /// exponents, `BWD_ROW_DS`: 7 KB more shared memory for its exchange slots), whether the key
 /// factors are uniform per 32-key block (`BWD_KEY_BLOCKS`: token-block and tensor-wide scales,
@@ -231,6 +242,7 @@ struct BwdV4Params {
     hk0: i32,
     hkc: i32,
     jitter: i32,
+    dq_first_store: i32,
 }
 
 /// Mirrors `struct DvFoldParams` of `cuda/attn_bwd_v4.cu`.
@@ -251,6 +263,7 @@ struct DqConvertParams {
     acc: u64,
     q_exp: u64,
     dq: u64,
+    pad_tok: u64,
     rows: i64,
     scale: f32,
     hadamard: i32,
@@ -585,8 +598,10 @@ impl Attention {
             let dkv = (s.heads_q != s.heads_kv)
                 .then(|| DeviceBuf::zeros(&self.gpu, nkt * (s.heads_kv / chunks) * 2 * BWD_KT * hd))
                 .transpose()?;
+            // (rows: the padded positions, which hold the token rows too: FLAMIA_BWD_DQ_STORE)
+            let rows = t.max(plan.tables.bwd.query_tiles * BWD_QT);
             Some(BwdScratch {
-                dq_acc: DeviceBuf::zeros(&self.gpu, t * (s.heads_q / chunks) * hd)?,
+                dq_acc: DeviceBuf::zeros(&self.gpu, rows * (s.heads_q / chunks) * hd)?,
                 sems: DeviceBuf::zeros(&self.gpu, sems)?,
                 cexp: DeviceBuf::zeros(&self.gpu, t * s.heads_q)?,
                 dkv,
@@ -872,9 +887,15 @@ impl Attention {
         let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
         let hkc = s.heads_kv / bw.chunks;
+        // dQ accumulator rows: padded positions when each query tile's first partial is stored
+        // (no zeroing), else tokens
+        let first_store = bwd_dq_first_store();
+        let acc_rows = if first_store { bw.query_tiles * BWD_QT } else { t };
         for c in 0..bw.chunks {
             let range = bw.chunk_range(c);
-            self.memset32(stream, sc.dq_acc.ptr(), sc.dq_acc.len(), "dQ accumulator")?;
+            if !first_store {
+                self.memset32(stream, sc.dq_acc.ptr(), t * hc * hd, "dQ accumulator")?;
+            }
             self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
             let p = BwdV4Params {
                 k_map: tma::token_major(saved.k.tok, t, s.heads_kv, hd, BWD_KT as u32)?,
@@ -884,7 +905,7 @@ impl Attention {
                 do_map: tma::token_major(a.do_tok, t, s.heads_q, hd, BWD_QT as u32)?,
                 qd_map: tma::dim_major_64(saved.q.dim, s.heads_q, hd, plan.tpad())?,
                 dod_map: tma::dim_major_64(a.do_dim, s.heads_q, hd, plan.tpad())?,
-                dq_map: tma::f32_rows(sc.dq_acc.ptr(), t, hc, hd, BWD_QT as u32)?,
+                dq_map: tma::f32_rows(sc.dq_acc.ptr(), acc_rows, hc, hd, BWD_QT as u32)?,
                 a,
                 items: plan.bwd_items.ptr() + 4 * range.start as u64,
                 tiles: plan.bwd_tiles.ptr(),
@@ -900,6 +921,7 @@ impl Attention {
                 hk0: (c * hkc) as i32,
                 hkc: hkc as i32,
                 jitter: bwd_jitter(),
+                dq_first_store: first_store as i32,
             };
             let ctas = bwd_ctas().unwrap_or(self.gpu.sm_count().max(1) as usize);
             let grid = (range.len().min(ctas) as u32, 1, 1);
@@ -907,11 +929,12 @@ impl Attention {
             // `plan`'s shape and the scratch of `ws` (allocated for this plan: one chunk's heads),
             // the items are this chunk's (heads h0..h0 + hc), the gradients are the caller's.
             unsafe { launch(&fused, grid, 384, smem, stream, &p, "attn_bwd_v4") }?;
-            let rows = t * hc;
+            let rows = acc_rows * hc;
             let conv = DqConvertParams {
                 acc: sc.dq_acc.ptr(),
                 q_exp: saved.q.exps,
                 dq: out.dq,
+                pad_tok: if first_store { plan.pad_tok.ptr() } else { 0 },
                 rows: rows as i64,
                 scale: a.scale,
                 hadamard: a.hadamard,
@@ -919,8 +942,9 @@ impl Attention {
                 hq: s.heads_q as i32,
                 h0: (c * hc) as i32,
             };
-            // SAFETY: params mirror DqConvertParams; acc is [T, hc, hd], dq [T, Hq, hd], q_exp
-            // [T, Hq], heads h0..h0 + hc; hd / 4 threads per row, 256 per CTA.
+            // SAFETY: params mirror DqConvertParams; acc is [acc_rows, hc, hd] (acc_rows = T, or
+            // Tpad with pad_tok [Tpad] mapping its rows to tokens), dq [T, Hq, hd], q_exp [T, Hq],
+            // heads h0..h0 + hc; hd / 4 threads per row, 256 per CTA.
             unsafe {
                 launch(
                     &convert,

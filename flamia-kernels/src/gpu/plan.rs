@@ -25,6 +25,9 @@ pub struct PlanTables {
     pub blocks: Vec<[i32; 4]>,
     pub tiles: Vec<[i32; 4]>,
     pub tpad: usize,
+    /// The token at each padded position (`tpad` entries; -1 for a document's padding): the v4
+    /// backward's dQ conversion from its padded-row accumulator.
+    pub pad_tok: Vec<i32>,
     /// The v4 forward's 128-token query tiles and longest-first work items ([`FwdSchedule`]).
     pub fwd: FwdSchedule,
     /// The v4 backward's 128-key tiles and longest-first work items ([`BwdSchedule`]).
@@ -61,10 +64,21 @@ impl PlanTables {
             }
         };
         tiles.sort_by_key(|x| std::cmp::Reverse(cost(x)));
+        let tpad = pad.max(TILE);
+        let mut pad_tok = vec![-1i32; tpad];
+        for (d, w) in shape.cu_seqlens.windows(2).enumerate() {
+            for (i, slot) in pad_tok[pad_starts[d]..pad_starts[d] + (w[1] - w[0])]
+                .iter_mut()
+                .enumerate()
+            {
+                *slot = (w[0] + i) as i32;
+            }
+        }
         PlanTables {
             blocks,
             tiles,
-            tpad: pad.max(TILE),
+            tpad,
+            pad_tok,
             fwd: FwdSchedule::new(shape, &pad_starts, causal),
             bwd: BwdSchedule::new(shape, &pad_starts, causal, bwd_scratch_budget(), bwd_up_tiles()),
         }
@@ -87,6 +101,8 @@ pub struct Plan {
     pub(crate) bwd_tiles: DeviceBuf<i32>,
     pub(crate) bwd_items: DeviceBuf<i32>,
     pub(crate) cu: DeviceBuf<i32>,
+    /// [`PlanTables::pad_tok`].
+    pub(crate) pad_tok: DeviceBuf<i32>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -140,6 +156,7 @@ impl Plan {
             gpu,
             &shape.cu_seqlens.iter().map(|&x| x as i32).collect::<Vec<i32>>(),
         )?;
+        let pad_tok = DeviceBuf::from_host(gpu, &tables.pad_tok)?;
         Ok(Plan {
             shape: shape.clone(),
             causal,
@@ -152,6 +169,7 @@ impl Plan {
             bwd_tiles,
             bwd_items,
             cu,
+            pad_tok,
         })
     }
 
@@ -185,6 +203,16 @@ mod tests {
             assert_eq!(b[2] % 64, 0);
             assert!(b[3] < b[1]);
         }
+        // every token once at its padded position, the padding -1
+        assert_eq!(t.pad_tok.len(), 384);
+        assert_eq!(t.pad_tok[0], 0);
+        assert!(t.pad_tok[1..64].iter().all(|&x| x == -1));
+        assert_eq!(t.pad_tok[64..97], (1..34).collect::<Vec<i32>>()[..]);
+        assert!(t.pad_tok[97..128].iter().all(|&x| x == -1));
+        assert_eq!(t.pad_tok[192 + 128], 98 + 128);
+        let mut seen: Vec<i32> = t.pad_tok.iter().copied().filter(|&x| x >= 0).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..227).collect::<Vec<i32>>());
     }
 
     #[test]

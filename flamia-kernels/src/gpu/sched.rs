@@ -148,16 +148,17 @@ pub fn bwd_scratch_budget() -> usize {
     super::env_number::<usize>("FLAMIA_BWD_SCRATCH_MIB").map_or(BWD_SCRATCH_BUDGET, |m| m << 20)
 }
 
-/// Scratch bytes of one chunk of `heads_q / chunks` query heads: the FP32 dQ accumulator and,
+/// Scratch bytes of one chunk of `heads_q / chunks` query heads: the FP32 dQ accumulator (`rows`:
+/// the padded positions, every document's 64-query tiles, which also bound the token rows) and,
 /// for GQA, one FP32 dK and dV partial per (128-key tile, KV head).
 pub fn bwd_scratch_bytes(
-    tokens: usize,
+    rows: usize,
     key_tiles: usize,
     heads_q: usize,
     heads_kv: usize,
     chunks: usize,
 ) -> usize {
-    let dq = tokens * (heads_q / chunks) * 128 * 4;
+    let dq = rows * (heads_q / chunks) * 128 * 4;
     let dkv = if heads_q != heads_kv {
         key_tiles * (heads_kv / chunks) * 2 * BWD_KT * 128 * 4
     } else {
@@ -169,7 +170,7 @@ pub fn bwd_scratch_bytes(
 /// The fewest head chunks (a divisor of `heads_kv`, so every chunk holds whole GQA groups) whose
 /// scratch fits `budget`; `heads_kv` chunks when none does.
 pub fn bwd_head_chunks(
-    tokens: usize,
+    rows: usize,
     key_tiles: usize,
     heads_q: usize,
     heads_kv: usize,
@@ -177,7 +178,7 @@ pub fn bwd_head_chunks(
 ) -> usize {
     (1..=heads_kv)
         .filter(|c| heads_kv.is_multiple_of(*c))
-        .find(|&c| bwd_scratch_bytes(tokens, key_tiles, heads_q, heads_kv, c) <= budget)
+        .find(|&c| bwd_scratch_bytes(rows, key_tiles, heads_q, heads_kv, c) <= budget)
         .unwrap_or(heads_kv)
 }
 
@@ -234,9 +235,8 @@ impl BwdSchedule {
             }
             qt0 += len.div_ceil(BWD_QT);
         }
-        let tokens = shape.cu_seqlens.last().copied().unwrap_or(0);
         let (hq, hkv) = (shape.heads_q, shape.heads_kv);
-        let chunks = bwd_head_chunks(tokens, tiles.len(), hq, hkv, scratch_budget);
+        let chunks = bwd_head_chunks(qt0 * BWD_QT, tiles.len(), hq, hkv, scratch_budget);
         let down = (0..tiles.len()).filter(|&t| tiles[t][7] == 0).collect();
         let mut all = longest_first(down, &cost, hq);
         up_docs.sort_by_key(|&(len, first, _)| (std::cmp::Reverse(len), first));
