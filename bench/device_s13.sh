@@ -42,7 +42,10 @@
 #                                      its log's tail is kept this time); the Q/K/V quantiser's
 #                                      knock-outs (no dim-major copy, no token-major stores, no
 #                                      rotation, no block barrier: where its 55% of the copy
-#                                      bandwidth goes); ncu DRAM/L2 at 64x1024
+#                                      bandwidth goes); the forward's waits per item and per key
+#                                      tile (FWD_PROF_TIMERS) at 1x65536, 64x1024, 256x256 (its
+#                                      256x256 forward is even with cuDNN's BF16); ncu DRAM/L2 at
+#                                      64x1024
 set -u
 C=.device-carry/bwd4; B=$C/flamia; V=.device-carry/var
 if [ "${1:-}" = "--stage-extra" ]; then
@@ -59,6 +62,8 @@ if [ "${1:-}" = "--stage-extra" ]; then
     d=$V/q_$(echo $k | tr A-Z a-z); rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
     sed -i "1i #define QUANT_PROF_$k 1" $d/quant.cu
   done
+  d=$V/fwdprof; rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
+  sed -i "1i #define FWD_PROF_TIMERS 1" $d/attn_fwd_v4.cu
   d=$V/dqstore; rm -rf $d; mkdir -p $d; echo FLAMIA_BWD_DQ_STORE=1 > $d/env
   d=$V/walk1; rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
   sed -i 's/^#define BWD_WALK_UP 0$/#define BWD_WALK_UP 1/' $d/attn_bwd_v4.cu
@@ -93,6 +98,11 @@ case "${PHASE:-a}" in
       echo "=== quantiser $v"
       ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v; timeout 120 $B bench attention --workload 1x65536 --workload 64x1024 2>&1 \
         | grep -E "^1x65536|^64x1024" )
+    done
+    for w in 1x65536 64x1024 256x256; do
+      echo "=== forward timers $w"
+      FLAMIA_CUDA_DIR=$V/fwdprof timeout 120 $B bench attention --workload $w > "$O/f.log" 2>&1 || echo "rc=$?"
+      grep -E "^fwd4 prof" "$O/f.log" | tail -4; grep -E "^$w " "$O/f.log"
     done
     echo "=== reducer 16x4096"
     FLAMIA_CUDA_DIR=$V/reducer timeout 120 $B bench attention --workload 16x4096 > "$O/reducer.log" 2>&1 || echo "rc=$?"

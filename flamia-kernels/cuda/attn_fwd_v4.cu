@@ -239,7 +239,30 @@ __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[D
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = fmaf(o[i], alpha_o[(i >> 1) & 1], pv[i]);
 }
 
+// FWD_PROF_TIMERS (timing only, bench/device_s13.sh PHASE=c): thread 0 of each consumer
+// warpgroup of CTAs 0-1 sums its clocks waiting for an item's Q slot, waiting for K/V stages, in
+// the key tiles (fwd_tile) and in the item's end (store_o_lse), and prints them per item and per
+// key tile at the end: the forward's per-item cost on short documents.
+#ifdef FWD_PROF_TIMERS
+#define FWD_T(v) const long long v = clock64()
+#define FWD_ACC(k, v) prof[k] += clock64() - v
+#else
+#define FWD_T(v)
+#define FWD_ACC(k, v)
+#endif
 __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm, int cw) {
+#ifdef FWD_PROF_TIMERS
+  long long prof[4] = {0, 0, 0, 0};  // Q wait, K/V waits, key tiles, item end
+  int nitems = 0, ntiles = 0;
+  const long long t_start = clock64();
+  const auto report = [&]() {
+    if ((threadIdx.x & 127) == 0 && blockIdx.x < 2)
+      printf("fwd4 prof cta %d wg %d: items %d tiles %d clocks %lld | per item: q wait %lld end %lld | per tile: kv wait %lld "
+             "tile %lld\n",
+             (int)blockIdx.x, cw, nitems, ntiles, clock64() - t_start, prof[0] / max(nitems, 1), prof[3] / max(nitems, 1),
+             prof[1] / max(ntiles, 1), prof[2] / max(ntiles, 1));
+  };
+#endif
   const AttnParams& a = P.a;
   const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, q = lane & 3;
   const int R0 = 64 * cw + 16 * w + g;  // row of fragment element 0 in the query tile
@@ -247,10 +270,15 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
   u32 qph = 0, ph = 0;
   if (cw == 1) turn_pass(cw);  // warpgroup 0 issues first
   for (;;) {
+    FWD_T(tq);
     mbar_wait(smem_u32(&sm.q_full[qb]), qph);
+    FWD_ACC(0, tq);
     const ItemSlot& it = sm.item[qb];
     if (it.code < 0) {
       if (cw == 0) turn_take(cw);  // absorb warpgroup 1's last pass: the barriers end balanced
+#ifdef FWD_PROF_TIMERS
+      report();
+#endif
       return;
     }
     const int h = it.h;
@@ -299,18 +327,34 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
     const int nfull = (64 * cw + 64 <= rows) ? min(tile.len / KT, a.causal ? (tile.q0 + 64 * cw + 1) / KT : nkt) : 0;
 #endif
     for (int kt = 0; kt < nfull; ++kt) {
+      FWD_T(tk);
       mbar_wait(smem_u32(&sm.kv_full[s]), ph);
+      FWD_ACC(1, tk);
+      FWD_T(tt);
       fwd_tile<false>(sm, s, qa, st, o, R0, TileMask{KT, rows, tile.q0 - kt * KT, a.causal});
+      FWD_ACC(2, tt);
       if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
     }
     for (int kt = nfull; kt < nkt; ++kt) {
+      FWD_T(tk);
       mbar_wait(smem_u32(&sm.kv_full[s]), ph);
+      FWD_ACC(1, tk);
+      FWD_T(tt);
       fwd_tile<true>(sm, s, qa, st, o, R0, TileMask{min(KT, tile.len - kt * KT), rows, tile.q0 - kt * KT, a.causal});
+      FWD_ACC(2, tt);
       if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
     }
+    FWD_T(te);
     store_o_lse(o, st, a.o, a.lse, (long long)tile.doc0 + tile.q0 + R0, a.hq, h, R0 < rows, R0 + 8 < rows);
+    FWD_ACC(3, te);
+#ifdef FWD_PROF_TIMERS
+    ++nitems;
+    ntiles += nkt;
+#endif
   }
 }
+#undef FWD_T
+#undef FWD_ACC
 
 extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_constant__ FwdV4Params P) {
   extern __shared__ u8 smem_raw[];
