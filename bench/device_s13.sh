@@ -12,28 +12,28 @@
 #                                               bwd-fold64b's sources with one define each)
 # then carry .device-carry/bwd4 and .device-carry/var and run, one call each, chained (the machine
 # goes back 30 s after a call):
-#   PHASE=a bash bench/device_s13.sh   d = 128 (~8 min): first the mutations bwd4-unordered-dq
+#   PHASE=t bash bench/device_s13.sh   tests first (~7 min): the mutations bwd4-unordered-dq
 #                                      (session 12 saw it pass once the tests' 8,192-token document
-#                                      walked up; the tests now run both walks: must be caught) and
-#                                      bwd4-warpfold-factor (new), gpu_attention on cf and wfold;
-#                                      then base / cf / walk1 / wfold on the nine workloads, twice.
-#                                      cf = BWD_CONSTS_FIRST 1 (the producer's per-query loads
-#                                      before the slot wait); wfold = BWD_WARP_FOLD 1 (the key
-#                                      factors folded once per warp in interior steps: 1,278 ->
-#                                      1,247 SASS per step; the walk-up build's interior loop gets
-#                                      2 LDL + 2 STL, the other none); walk1 = the kernel
-#                                      built with BWD_WALK_UP 1 even where no tile walks up (if
-#                                      it equals base at 1x65536 and 4x16384, the #else copy of
-#                                      the downward loops in attn_bwd_v4.cu can go); dqstore =
-#                                      FLAMIA_BWD_DQ_STORE=1 (no dQ accumulator memset: padded
-#                                      rows, each query tile's first partial stored; its test
-#                                      first_dq_partials_stored_... runs in the suite, mutation
-#                                      bwd4-dq-store-second)
-#   PHASE=b bash bench/device_s13.sh   d = 64 (~3 min): base / cf / fold / foldcf (fold =
+#                                      walked up; the tests now run both walks: must be caught),
+#                                      bwd4-warpfold-factor and bwd4-dq-store-second (new); then
+#                                      the whole gpu_attention suite on main's sources (with the
+#                                      new first_dq_partials_stored_... test) and on wfold
+#   PHASE=a bash bench/device_s13.sh   d = 128 A/B (~5 min): base / cf / walk1 / wfold / dqstore
+#                                      on the nine workloads, twice. cf = BWD_CONSTS_FIRST 1 (the
+#                                      producer's per-query loads before the slot wait); wfold =
+#                                      BWD_WARP_FOLD 1 (the key factors folded once per warp in
+#                                      interior steps: 1,278 -> 1,247 SASS per step; the walk-up
+#                                      build's interior loop gets 2 LDL + 2 STL, the other none);
+#                                      walk1 = the kernel built with BWD_WALK_UP 1 even where no
+#                                      tile walks up (if it equals base at 1x65536 and 4x16384,
+#                                      the #else copy of the downward loops in attn_bwd_v4.cu can
+#                                      go); dqstore = FLAMIA_BWD_DQ_STORE=1 (no dQ accumulator
+#                                      memset: padded rows, each query tile's first partial stored)
+#   PHASE=b bash bench/device_s13.sh   d = 64 (~5 min): base / cf / fold / foldcf / dqstore (fold =
 #                                      BWD_PRODUCER_FOLD on top of the late claim and the walk,
 #                                      branch bwd-fold64b; session 12 measured it -3.3% at 1x65536
-#                                      and +12..16% at mid lengths walking down), head_dim_64
-#                                      tests on fold and foldcf
+#                                      and +12..16% at mid lengths walking down); the whole
+#                                      gpu_attention suite on cf, head_dim_64 tests on fold, foldcf
 #   PHASE=c bash bench/device_s13.sh   where the per-item time goes (~3 min): BWD_PROF_PHASES at
 #                                      1x65536, 16x4096, 64x1024, 256x256 (session 12's timers
 #                                      imply ~18,000 clocks per item against ~5,700 per step, i.e.
@@ -74,16 +74,24 @@ fi
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
-case "${PHASE:-a}" in
-  a)
+case "${PHASE:-t}" in
+  t)
     for m in bwd4-unordered-dq bwd4-warpfold-factor bwd4-dq-store-second; do
       echo "=== bench/gpu_mutations.sh $m (must be caught)"
       ONLY=$m OUT=$O/mut bash bench/gpu_mutations.sh
     done
-    VARS="cf walk1 wfold dqstore" TEST_VARS="cf wfold" REPS=2 OUT=$O WL="--head-dim 128" bash bench/device_ab.sh
+    for v in base wfold; do
+      echo "=== gpu_attention on $v"
+      ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v; timeout 280 $C/gpu_attention --ignored --test-threads=1 2>&1 \
+        | grep -E "test result|panicked|FAILED|zeros of the other sign" )
+    done ;;
+  a)
+    VARS="cf walk1 wfold dqstore" TESTS=0 REPS=2 OUT=$O WL="--head-dim 128" bash bench/device_ab.sh
     python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
   b)
-    VARS="cf fold foldcf" TEST_VARS="fold foldcf" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" \
+    echo "=== gpu_attention on cf"
+    FLAMIA_CUDA_DIR=$V/cf timeout 280 $C/gpu_attention --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
+    VARS="cf fold foldcf dqstore" TEST_VARS="fold foldcf" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" \
       bash bench/device_ab.sh
     python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
   c)
@@ -113,7 +121,7 @@ case "${PHASE:-a}" in
       --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum \
       -k attn_bwd_v4 --launch-skip 3 --launch-count 1 $B bench attention --workload 64x1024 2>&1 \
       | grep -E "dram__|lts__|gpu__time" || echo "ncu rc=$?" ;;
-  *) echo "PHASE is a, b or c"; exit 2 ;;
+  *) echo "PHASE is t, a, b or c"; exit 2 ;;
 esac
 date
-} 2>&1 | tee "$O/s13_${PHASE:-a}.log"
+} 2>&1 | tee "$O/s13_${PHASE:-t}.log"
