@@ -17,7 +17,7 @@
 #                                      walked up; the tests now run both walks: must be caught),
 #                                      bwd4-warpfold-factor and bwd4-dq-store-second (new); then
 #                                      the whole gpu_attention suite on main's sources (with the
-#                                      new first_dq_partials_stored_... test) and on wfold
+#                                      new first_dq_partials_stored_... test), on wfold and on cwc
 #   PHASE=a bash bench/device_s13.sh   d = 128 A/B (~5 min): base / cf / walk1 / wfold / dqstore
 #                                      on the nine workloads, twice. cf = BWD_CONSTS_FIRST 1 (the
 #                                      producer's per-query loads before the slot wait); wfold =
@@ -28,7 +28,12 @@
 #                                      tile walks up (if it equals base at 1x65536 and 4x16384,
 #                                      the #else copy of the downward loops in attn_bwd_v4.cu can
 #                                      go); dqstore = FLAMIA_BWD_DQ_STORE=1 (no dQ accumulator
-#                                      memset: padded rows, each query tile's first partial stored)
+#                                      memset: padded rows, each query tile's first partial stored);
+#                                      cwc = BWD_CW_CONST + FWD_CW_CONST (the consumers inlined per
+#                                      warpgroup, descriptors in uniform registers: backward 1,278
+#                                      -> 1,179 SASS per interior step with 6 LDL of invariants,
+#                                      forward 633 -> 606 per key tile; d = 64 backward 1,040 ->
+#                                      941, no spills); cwcwf = cwc + the warp fold (1,155)
 #   PHASE=b bash bench/device_s13.sh   d = 64 (~5 min): base / cf / fold / foldcf / dqstore (fold =
 #                                      BWD_PRODUCER_FOLD on top of the late claim and the walk,
 #                                      branch bwd-fold64b; session 12 measured it -3.3% at 1x65536
@@ -66,6 +71,12 @@ if [ "${1:-}" = "--stage-extra" ]; then
     d=$V/q_$(echo $k | tr A-Z a-z); rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
     sed -i "1i #define QUANT_PROF_$k 1" $d/quant.cu
   done
+  for name in cwc cwcwf; do  # the consumers inlined per warpgroup (BWD_CW_CONST, FWD_CW_CONST), + warp fold
+    d=$V/$name; rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
+    sed -i "1i #define BWD_CW_CONST 1" $d/attn_bwd_v4.cu
+    sed -i "1i #define FWD_CW_CONST 1" $d/attn_fwd_v4.cu
+    [ $name = cwcwf ] && sed -i "1i #define BWD_WARP_FOLD 1" $d/attn_bwd_v4.cu
+  done
   d=$V/fwdprof; rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
   sed -i "1i #define FWD_PROF_TIMERS 1" $d/attn_fwd_v4.cu
   d=$V/dqstore; rm -rf $d; mkdir -p $d; echo FLAMIA_BWD_DQ_STORE=1 > $d/env
@@ -84,19 +95,21 @@ case "${PHASE:-t}" in
       echo "=== bench/gpu_mutations.sh $m (must be caught)"
       ONLY=$m OUT=$O/mut bash bench/gpu_mutations.sh
     done
-    for v in base wfold; do
+    for v in base wfold cwc; do
       echo "=== gpu_attention on $v"
       ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v; timeout 280 $C/gpu_attention --ignored --test-threads=1 2>&1 \
         | grep -E "test result|panicked|FAILED|zeros of the other sign" )
     done ;;
   a)
-    VARS="cf walk1 wfold dqstore" TESTS=0 REPS=2 OUT=$O WL="--head-dim 128" bash bench/device_ab.sh
+    VARS="cf walk1 wfold dqstore cwc cwcwf" TESTS=0 REPS=2 OUT=$O WL="--head-dim 128" bash bench/device_ab.sh
+    python3 bench/ab_table.py $O/device_ab.log --col fwd
     python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
   b)
     echo "=== gpu_attention on cf"
     FLAMIA_CUDA_DIR=$V/cf timeout 280 $C/gpu_attention --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
-    VARS="cf fold foldcf dqstore" TEST_VARS="fold foldcf" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" \
+    VARS="cf fold foldcf dqstore cwc" TEST_VARS="fold foldcf" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" \
       bash bench/device_ab.sh
+    python3 bench/ab_table.py $O/device_ab.log --col fwd
     python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
   c)
     for w in 1x65536 16x4096 64x1024 256x256; do

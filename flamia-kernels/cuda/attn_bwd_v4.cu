@@ -38,6 +38,15 @@
 #include "attn_common.cuh"
 #include "tma.cuh"
 
+// BWD_CW_CONST 1: the consumer body inlined once per warpgroup, the warpgroup index (from a warp-uniform
+// shuffle) a compile-time constant in each copy, so ptxas keeps the wgmma descriptors and the
+// warpgroup's shared-memory offsets in uniform registers instead of building them in vector
+// registers and moving them over (R2UR) every step: 1,278 -> 1,179 SASS per interior step at d = 128 (every R2UR gone), but ptxas then keeps ~6 loop
+// invariants in local memory (LDL per step: 6 in warpgroup 0's interior loop, 3 in 1's).
+// Twice the consumer code (instruction cache). Not measured yet (session 12: an A/B variant).
+#ifndef BWD_CW_CONST
+#define BWD_CW_CONST 0
+#endif
 #ifndef BWD_STAGES
 #define BWD_STAGES 3  // the host's default (src/gpu/attention.rs backward_v4_stages)
 #endif
@@ -1519,7 +1528,11 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
 extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_constant__ BwdV4Params P) {
   extern __shared__ u8 smem_raw[];
   BwdV4Smem& sm = *reinterpret_cast<BwdV4Smem*>(smem_aligned_1024(smem_raw));
+#if BWD_CW_CONST
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);  // warp-uniform to ptxas
+#else
   const int wg = threadIdx.x >> 7;
+#endif
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&sm.kv_full), 32);
     mbar_init(smem_u32(&sm.kv_empty), 8);
@@ -1544,7 +1557,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     else if (threadIdx.x == 32 || threadIdx.x == 64) bwd_reducer(P, sm, (threadIdx.x >> 5) - 1);
   } else {
     regs_alloc<240>();
+#if BWD_CW_CONST
+    if (wg == 1) {  // one inlined copy per warpgroup: its index a constant
+      bwd_consumer(P, sm, 0);
+    } else {
+      bwd_consumer(P, sm, 1);
+    }
+#else
     bwd_consumer(P, sm, wg - 1);
+#endif
   }
 }
 

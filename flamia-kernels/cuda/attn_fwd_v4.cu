@@ -27,6 +27,14 @@
 #include "softmax.cuh"
 #include "epilogue.cuh"
 
+// FWD_CW_CONST 1: the consumer body inlined once per warpgroup, the warpgroup index (from a warp-uniform
+// shuffle) a compile-time constant in each copy, so ptxas keeps the wgmma descriptors and the
+// warpgroup's shared-memory offsets in uniform registers instead of building them in vector
+// registers and moving them over (R2UR) every step: 633 -> 606 SASS per interior key tile at d = 128 (every R2UR gone), no spills.
+// Twice the consumer code (instruction cache). Not measured yet (session 12: an A/B variant).
+#ifndef FWD_CW_CONST
+#define FWD_CW_CONST 0
+#endif
 #ifndef FWD_STAGES
 #define FWD_STAGES 3
 #endif
@@ -359,7 +367,11 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
 extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_constant__ FwdV4Params P) {
   extern __shared__ u8 smem_raw[];
   FwdV4Smem& sm = *reinterpret_cast<FwdV4Smem*>(smem_aligned_1024(smem_raw));
+#if FWD_CW_CONST
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);  // warp-uniform to ptxas
+#else
   const int wg = threadIdx.x >> 7;
+#endif
   if (threadIdx.x == 0) {
     for (int b = 0; b < QSLOTS; ++b) {
       mbar_init(smem_u32(&sm.q_full[b]), 32);
@@ -377,6 +389,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_co
     if (threadIdx.x < 32) fwd_producer(P, sm);
   } else {
     regs_alloc<224>();
+#if FWD_CW_CONST
+    if (wg == 1) {  // one inlined copy per warpgroup: its index a constant
+      fwd_consumer(P, sm, 0);
+    } else {
+      fwd_consumer(P, sm, 1);
+    }
+#else
     fwd_consumer(P, sm, wg - 1);
+#endif
   }
 }
