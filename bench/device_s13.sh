@@ -38,7 +38,9 @@
 #                                      BWD_PRODUCER_FOLD on top of the late claim and the walk,
 #                                      branch bwd-fold64b; session 12 measured it -3.3% at 1x65536
 #                                      and +12..16% at mid lengths walking down); the whole
-#                                      gpu_attention suite on cf, head_dim_64 tests on fold, foldcf
+#                                      gpu_attention suite on cf, head_dim_64 tests on fold, foldcf,
+#                                      foldcwc (fold + BWD_CW_CONST: 1,040 -> 878 SASS per interior
+#                                      step at d = 64, no spills)
 #   PHASE=c bash bench/device_s13.sh   where the per-item time goes (~3 min): BWD_PROF_PHASES at
 #                                      1x65536, 16x4096, 64x1024, 256x256 (session 12's timers
 #                                      imply ~18,000 clocks per item against ~5,700 per step, i.e.
@@ -60,6 +62,7 @@ if [ "${1:-}" = "--stage-extra" ]; then
   n=$(git diff main bwd-fold64b -- flamia-kernels/cuda flamia-kernels/src | grep -cE '^[-+][^-+]')
   [ "$n" = 2 ] || { echo "bwd-fold64b differs from main's kernels in $n lines (2 expected): merge main into it"; exit 2; }
   for p in cf:main:"#define BWD_CONSTS_FIRST 1" foldcf:fold:"#define BWD_CONSTS_FIRST 1" \
+           foldcwc:fold:"#define BWD_CW_CONST 1" \
            wfold:main:"#define BWD_WARP_FOLD 1" \
            phases:main:"#define BWD_PROF_PHASES 1" reducer:main:"#define BWD_PROF_REDUCER 1"; do
     name=${p%%:*}; rest=${p#*:}; from=${rest%%:*}; def=${rest#*:}
@@ -107,7 +110,7 @@ case "${PHASE:-t}" in
   b)
     echo "=== gpu_attention on cf"
     FLAMIA_CUDA_DIR=$V/cf timeout 280 $C/gpu_attention --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
-    VARS="cf fold foldcf dqstore cwc" TEST_VARS="fold foldcf" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" \
+    VARS="cf fold foldcf dqstore cwc foldcwc" TEST_VARS="fold foldcf foldcwc" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" \
       bash bench/device_ab.sh
     python3 bench/ab_table.py $O/device_ab.log --col fwd
     python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
