@@ -11,14 +11,16 @@
 #                                               var/phases, var/reducer, var/q_*: main's or
 #                                               bwd-fold64b's sources with one define each)
 # then carry .device-carry/bwd4 and .device-carry/var and run, one call each, chained (the machine
-# goes back 30 s after a call):
-#   PHASE=t bash bench/device_s13.sh   tests first (~7 min): the mutations bwd4-unordered-dq
+# goes back 30 s after a call; all four ~25 min with the cold start, inside the 30):
+#   PHASE=t bash bench/device_s13.sh   tests first (~6.5 min): the mutations bwd4-unordered-dq
 #                                      (session 12 saw it pass once the tests' 8,192-token document
 #                                      walked up; the tests now run both walks: must be caught),
 #                                      bwd4-warpfold-factor and bwd4-dq-store-second (new); then
 #                                      the whole gpu_attention suite on main's sources (with the
-#                                      new first_dq_partials_stored_... test), on wfold and on cwc
-#   PHASE=a bash bench/device_s13.sh   d = 128 A/B (~5 min): base / cf / walk1 / wfold / dqstore
+#                                      new first_dq_partials_stored_... test) and on cwcwf (the warp
+#                                      fold and the per-warpgroup consumers together: both new code
+#                                      paths in one run)
+#   PHASE=a bash bench/device_s13.sh   d = 128 A/B (~6 min): base / cf / walk1 / wfold / dqstore / cwc / cwcwf
 #                                      on the nine workloads, twice. cf = BWD_CONSTS_FIRST 1 (the
 #                                      producer's per-query loads before the slot wait); wfold =
 #                                      BWD_WARP_FOLD 1 (the key factors folded once per warp in
@@ -34,14 +36,14 @@
 #                                      -> 1,179 SASS per interior step with 6 LDL of invariants,
 #                                      forward 633 -> 606 per key tile; d = 64 backward 1,040 ->
 #                                      941, no spills); cwcwf = cwc + the warp fold (1,155)
-#   PHASE=b bash bench/device_s13.sh   d = 64 (~5 min): base / cf / fold / foldcf / dqstore (fold =
+#   PHASE=b bash bench/device_s13.sh   d = 64 (~7.5 min): base / cf / fold / foldcf / dqstore / cwc / foldcwc (fold =
 #                                      BWD_PRODUCER_FOLD on top of the late claim and the walk,
 #                                      branch bwd-fold64b; session 12 measured it -3.3% at 1x65536
 #                                      and +12..16% at mid lengths walking down); the whole
-#                                      gpu_attention suite on cf, head_dim_64 tests on fold, foldcf,
+#                                      gpu_attention suite on cf, head_dim_64 tests on fold and
 #                                      foldcwc (fold + BWD_CW_CONST: 1,040 -> 878 SASS per interior
 #                                      step at d = 64, no spills)
-#   PHASE=c bash bench/device_s13.sh   where the per-item time goes (~3 min): BWD_PROF_PHASES at
+#   PHASE=c bash bench/device_s13.sh   where the per-item time goes (~5 min): BWD_PROF_PHASES at
 #                                      1x65536, 16x4096, 64x1024, 256x256 (session 12's timers
 #                                      imply ~18,000 clocks per item against ~5,700 per step, i.e.
 #                                      9% of 16x4096 and ~30% of 64x1024); the reducer's waits
@@ -98,7 +100,7 @@ case "${PHASE:-t}" in
       echo "=== bench/gpu_mutations.sh $m (must be caught)"
       ONLY=$m OUT=$O/mut bash bench/gpu_mutations.sh
     done
-    for v in base wfold cwc; do
+    for v in base cwcwf; do
       echo "=== gpu_attention on $v"
       ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v; timeout 280 $C/gpu_attention --ignored --test-threads=1 2>&1 \
         | grep -E "test result|panicked|FAILED|zeros of the other sign" )
@@ -110,7 +112,7 @@ case "${PHASE:-t}" in
   b)
     echo "=== gpu_attention on cf"
     FLAMIA_CUDA_DIR=$V/cf timeout 280 $C/gpu_attention --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
-    VARS="cf fold foldcf dqstore cwc foldcwc" TEST_VARS="fold foldcf foldcwc" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" \
+    VARS="cf fold foldcf dqstore cwc foldcwc" TEST_VARS="fold foldcwc" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" \
       bash bench/device_ab.sh
     python3 bench/ab_table.py $O/device_ab.log --col fwd
     python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
