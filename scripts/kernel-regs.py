@@ -256,32 +256,22 @@ def per_score(a):
                         ("interior", ["FWD_INTERIOR_ONLY=1", "PER_TOKEN_COLS=1"]),
                         ("masked", ["FWD_MASKED_ONLY=1", "PER_TOKEN_COLS=1"])):
         ins = sass_lines(lib, a.dir, "attn_fwd_v4.cu", extra + a.defines, "attn_fwd_v4")
-        mma = [i for i, (_, op, _) in enumerate(ins) if "GMMA" in op]
-        if len(mma) < 8:
-            sys.exit(f"expected 8 GMMA in the consumer loop, found {len(mma)}")
-        # the key-tile loop: the smallest backward branch around every GMMA
-        lo_addr, hi_addr = ins[mma[0]][0], ins[mma[-1]][0]
-        best = None
-        for addr, op, text in ins:
-            if op == "BRA" and addr >= hi_addr:
-                tgt = [w for w in text.replace(",", " ").split() if w.startswith("0x") or w.startswith("`(")]
-                for w in tgt:
-                    try:
-                        t = int(w.strip("`()").replace(".L_x_", ""), 16) if w.startswith("0x") else None
-                    except ValueError:
-                        t = None
-                    if t is not None and t <= lo_addr and (best is None or addr - t < best[1] - best[0]):
-                        best = (t, addr)
-        if best is None:
+        # the key-tile loops: the innermost backward branches around one tile's S and PV wgmma
+        # (HEAD_DIM / 32 + 4); one per consumer copy (FWD_CW_CONST inlines one per warpgroup)
+        hd = next((int(d.split("=", 1)[1]) for d in a.defines if d.startswith("HEAD_DIM=")), 128)
+        loops = loops_with(ins, hd // 32 + 4)
+        if not loops:
             sys.exit("could not find the key-tile loop's back edge in the SASS")
-        body = [op for addr, op, _ in ins if best[0] <= addr <= best[1]]
-        counts, other = class_counts(body)
-        n = len(body)
         tag = "per-token scales" if "PER_TOKEN_COLS=1" in extra else "token-block scales"
-        print(f"attn_fwd_v4 {path} key-tile loop ({tag}): {n} SASS instructions per thread per tile = "
-              f"{n / V4_SCORES_PER_THREAD:.2f} per score (budget ~12)")
-        print("   " + ", ".join(f"{k} {v / V4_SCORES_PER_THREAD:.2f}" for k, v in counts.items())
-              + f", other {other / V4_SCORES_PER_THREAD:.2f}")
+        for c, (lo, hi) in enumerate(sorted(loops)):
+            body = [op for addr, op, _ in ins if lo <= addr <= hi]
+            counts, other = class_counts(body)
+            n = len(body)
+            copy = f", copy {c}" if len(loops) > 1 else ""
+            print(f"attn_fwd_v4 {path} key-tile loop ({tag}{copy}): {n} SASS instructions per thread per tile = "
+                  f"{n / V4_SCORES_PER_THREAD:.2f} per score (budget ~12)")
+            print("   " + ", ".join(f"{k} {v / V4_SCORES_PER_THREAD:.2f}" for k, v in counts.items())
+                  + f", other {other / V4_SCORES_PER_THREAD:.2f}")
 
 
 if __name__ == "__main__":
