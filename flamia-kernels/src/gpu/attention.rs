@@ -1113,6 +1113,15 @@ mod tests {
                     }
                 }
             }
+            // the per-warpgroup consumer copies (A/B knobs), both kernels
+            let (v, _) = backward_v4_variant(3, hd, false, true, false, None, true);
+            let v = v.define("BWD_CW_CONST", 1);
+            compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
+                .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
+            let (v, _) = forward_v4_variant(false, 3, hd);
+            let v = v.define("FWD_CW_CONST", 1);
+            compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
+                .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             for (per_token, stages) in [
                 (false, 2),
                 (false, 4),
