@@ -51,7 +51,9 @@
 #                                      its log's tail is kept this time); the Q/K/V quantiser's
 #                                      knock-outs (no dim-major copy, no token-major stores, no
 #                                      rotation, no block barrier: where its 55% of the copy
-#                                      bandwidth goes); the forward's waits per item and per key
+#                                      bandwidth goes) and the row-per-lane quantiser
+#                                      (FLAMIA_QUANT_ROWS=1, quant_e4m3_rows: one warp per item, no
+#                                      shuffle stages or CTA barrier; gpu_quant first); the forward's waits per item and per key
 #                                      tile (FWD_PROF_TIMERS) at 1x65536, 64x1024, 256x256 (its
 #                                      256x256 forward is even with cuDNN's BF16); ncu DRAM/L2 at
 #                                      64x1024
@@ -124,10 +126,18 @@ case "${PHASE:-t}" in
     done
     # the Q/K/V quantiser's knock-outs (quant.cu QUANT_PROF_*: timing only): what the dim-major
     # copy, the token-major stores, the rotation and the block-amax barrier each cost
-    for v in base q_nodim q_notok q_nohad q_nobar base; do
+    # and the row-per-lane quantiser (FLAMIA_QUANT_ROWS=1: quant_e4m3_rows), its bytes first
+    echo "=== gpu_quant (with the_row_per_lane_quantiser_is_bitwise_the_cpu_reference)"
+    timeout 120 $C/gpu_quant --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
+    for v in base q_nodim q_notok q_nohad q_nobar rows base rows; do
       echo "=== quantiser $v"
-      ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v; timeout 120 $B bench attention --workload 1x65536 --workload 64x1024 2>&1 \
-        | grep -E "^1x65536|^64x1024" )
+      ( case $v in base) ;; rows) export FLAMIA_QUANT_ROWS=1 ;; *) export FLAMIA_CUDA_DIR=$V/$v ;; esac
+        timeout 120 $B bench attention --workload 1x65536 --workload 64x1024 2>&1 | grep -E "^1x65536|^64x1024" )
+    done
+    echo "=== quantiser rows, d = 64"
+    for v in base rows; do
+      ( [ $v = rows ] && export FLAMIA_QUANT_ROWS=1
+        timeout 120 $B bench attention --head-dim 64 --workload 1x65536 2>&1 | grep -E "^1x65536" | sed "s/^/$v /" )
     done
     for w in 1x65536 64x1024 256x256; do
       echo "=== forward timers $w"

@@ -458,6 +458,152 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   }
 }
 
+#if !DELTA
+// quant_e4m3_rows (an A/B variant of quant_e4m3, host knob FLAMIA_QUANT_ROWS=1; not with D): ONE
+// WARP per item, lane = token row of the 32-token block, each lane holding its row's HEAD_DIM
+// elements. The rotation then runs in registers alone (no shuffle stages), the block amax is one
+// warp_max (no CTA barrier), and an item's fixed work (plan entry, pointers, exponent, stores'
+// addresses) is one warp's instead of four's: ~1,100 warp instructions per item at d = 128
+// against ~2,800 (census of quant_e4m3: ~700 per thread x 4 warps). The block's rows come in by
+// coalesced 16-byte loads through a per-warp staging tile (16-byte chunks XOR-swizzled by row:
+// conflict-free row reads), the codes go out through a per-warp code tile (words XOR-swizzled in
+// groups of four): token-major rows by coalesced 16-byte stores, dim-major rows by a 4x4 byte
+// transpose per lane (lane l: dims 4l .. 4l + 3) and 32-byte row stores. Every arithmetic step is
+// the contract's, as in quant_e4m3 (stages h = 1, 2, ..., d / 2 in order, no FMA; the rotation's
+// normalisation folded into the scale where exact): the same bytes (GPU test
+// the_row_per_lane_quantiser_is_bitwise_the_cpu_reference). Not measured yet (session 12).
+#ifndef QUANT_ROWS_WARPS
+#define QUANT_ROWS_WARPS 2
+#endif
+#ifndef QUANT_ROWS_CTAS
+// per SM: at d = 128 four (ptxas then takes 242 registers and spills nothing; asked for 5 or 6 it
+// caps at 168 and spills 240 bytes), at d = 64 six (148 registers, no spills); 24 / 12 KB of
+// tiles per CTA
+#define QUANT_ROWS_CTAS (HEAD_DIM == 128 ? 4 : 6)
+#endif
+extern "C" __global__ void __launch_bounds__(32 * QUANT_ROWS_WARPS, QUANT_ROWS_CTAS) quant_e4m3_rows(const QuantParams p) {
+  constexpr int NCH = HEAD_DIM / 8;  // 16-byte chunks of a BF16 row
+  constexpr int NWD = HEAD_DIM / 4;  // 4-code words of a code row
+  __shared__ __align__(16) uint4 stg[QUANT_ROWS_WARPS][32 * NCH];
+  __shared__ __align__(16) u32 ctile[QUANT_ROWS_WARPS][32 * NWD];
+  const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+  uint4* st = stg[wi];
+  u32* ct = ctile[wi];
+  const int sw = 4 * (lane & (NWD / 4 - 1));  // this lane's row swizzle of the code tile
+  const long long nitems = (long long)p.nblocks * p.slots;
+  for (long long item = (long long)blockIdx.x * QUANT_ROWS_WARPS + wi; item < nitems;
+       item += (long long)gridDim.x * QUANT_ROWS_WARPS) {
+    const int b = (int)(item / p.slots);
+    const Item it = make_item(p, load_block(p, b), (int)(item - (long long)b * p.slots));
+    const QuantTensor t = pick_input(p, it.ti);
+    const int n = min(32, it.L - it.b0);
+    // the block's rows (rows past the document: the block's first row, masked below), coalesced
+    __syncwarp();  // every lane has read the previous item's tiles
+#pragma unroll
+    for (int k = 0; k < NCH; ++k) {
+      const int c = 32 * k + lane, row = c / NCH, ch = c % NCH;
+      const long long tok = it.doc0 + it.b0 + (row < n ? row : 0);
+      st[row * NCH + (ch ^ (row & (NCH - 1)))] =
+          __ldcs(reinterpret_cast<const uint4*>(t.x + (tok * t.heads + it.h) * HEAD_DIM) + ch);
+    }
+    __syncwarp();
+    float v[HEAD_DIM];  // element i of this lane's row
+#pragma unroll
+    for (int ch = 0; ch < NCH; ++ch) {
+      const uint4 r = st[lane * NCH + (ch ^ (lane & (NCH - 1)))];
+      const u32 w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[8 * ch + 2 * j] = __uint_as_float(w[j] << 16);
+        v[8 * ch + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+      }
+    }
+    const float cn = t.hadamard ? HADAMARD_NORM : 1.f;
+    if (t.hadamard) {
+#pragma unroll
+      for (int h = 1; h < HEAD_DIM; h <<= 1)
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM; ++i)
+          if (!(i & h)) {
+            const float a = v[i], c = v[i | h];
+            v[i] = __fadd_rn(a, c);
+            v[i | h] = __fsub_rn(a, c);
+          }
+    }
+    float mc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM; ++i) mc[i & 3] = fmaxf(mc[i & 3], fabsf(v[i]));
+    const float m = lane < n ? __fmul_rn(fmaxf(fmaxf(mc[0], mc[1]), fmaxf(mc[2], mc[3])), cn) : 0.f;
+#if MODE == 1
+    const int e = block_exponent(m);
+#elif MODE == 2
+    const int e = floor_exponent(__uint_as_float(p.amax[it.ti]));
+#else
+    const int e = block_exponent(warp_max(m));
+#endif
+    // (see quant_e4m3: folding c into the scale gives the contract's codes unless e <= -116)
+    float f = pow2f(-e);
+    if (t.hadamard) {
+      if (e > -116) {
+        f = __fmul_rn(HADAMARD_NORM, f);
+      } else {
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM; ++i) v[i] = __fmul_rn(v[i], HADAMARD_NORM);
+      }
+    }
+    // codes -> the code tile (row = this lane's token; rows past the document: zeros)
+#pragma unroll
+    for (int g = 0; g < NWD / 4; ++g) {
+      u32 q[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int c = 4 * g + u;
+        q[u] = lane < n ? e4m3x4(v[4 * c] * f, v[4 * c + 1] * f, v[4 * c + 2] * f, v[4 * c + 3] * f) : 0u;
+      }
+      *reinterpret_cast<uint4*>(&ct[lane * NWD + ((4 * g) ^ sw)]) = make_uint4(q[0], q[1], q[2], q[3]);
+    }
+    if (lane < n) t.exps[(long long)(it.doc0 + it.b0 + lane) * t.heads + it.h] = (i8)e;
+    __syncwarp();
+    // token-major rows: 32 lanes x 16 bytes = 512 contiguous-row bytes per store
+#pragma unroll
+    for (int k = 0; k < NWD / 4; ++k) {
+      const int c = 32 * k + lane, row = c / (NWD / 4), g = c % (NWD / 4);
+      const uint4 q = *reinterpret_cast<const uint4*>(&ct[row * NWD + ((4 * g) ^ (4 * (row & (NWD / 4 - 1))))]);
+      if (row < n)
+        reinterpret_cast<uint4*>(t.tok + ((long long)(it.doc0 + it.b0 + row) * t.heads + it.h) * HEAD_DIM)[g] = q;
+    }
+    // dim-major rows: lane l (< NWD) transposes word l of the 32 tokens into dims 4l .. 4l + 3
+    if (lane < NWD) {
+      u32 dr[4][8];  // [dim 4l + i][4-token group]
+#pragma unroll
+      for (int grp = 0; grp < 8; ++grp) {
+        u32 x[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int row = 4 * grp + u;
+          x[u] = ct[row * NWD + (lane ^ (4 * (row & (NWD / 4 - 1))))];
+        }
+        const u32 a0 = __byte_perm(x[0], x[1], 0x5140), a1 = __byte_perm(x[0], x[1], 0x7362);
+        const u32 b0 = __byte_perm(x[2], x[3], 0x5140), b1 = __byte_perm(x[2], x[3], 0x7362);
+        dr[0][grp] = __byte_perm(a0, b0, 0x5410);
+        dr[1][grp] = __byte_perm(a0, b0, 0x7632);
+        dr[2][grp] = __byte_perm(a1, b1, 0x5410);
+        dr[3][grp] = __byte_perm(a1, b1, 0x7632);
+      }
+      const int padded = (it.L + 63) & ~63;
+      const bool tail = it.b0 + 32 >= it.L && it.b0 + 32 < padded;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint4* dst = reinterpret_cast<uint4*>(t.dim + ((long long)it.h * HEAD_DIM + 4 * lane + i) * p.Tpad + it.pad0 + it.b0);
+        dst[0] = make_uint4(dr[i][0], dr[i][1], dr[i][2], dr[i][3]);
+        dst[1] = make_uint4(dr[i][4], dr[i][5], dr[i][6], dr[i][7]);
+        if (tail) dst[2] = dst[3] = make_uint4(0u, 0u, 0u, 0u);  // zero padding up to the document's 64-token end
+      }
+    }
+  }
+}
+#endif
+
 // Tensor-wide amax (after the rotation) of every input, for MODE 2: grid-stride over the same
 // items; one atomic per warp and input at the end.
 extern "C" __global__ void __launch_bounds__(128) quant_amax(const QuantParams p) {
