@@ -15,7 +15,8 @@
 #   PHASE=t bash bench/device_s13.sh   tests first (~6.5 min): the mutations bwd4-unordered-dq
 #                                      (session 12 saw it pass once the tests' 8,192-token document
 #                                      walked up; the tests now run both walks: must be caught),
-#                                      bwd4-warpfold-factor and bwd4-dq-store-second (new); then
+#                                      bwd4-warpfold-factor, bwd4-dq-store-second, quant-rows-no-tail
+#                                      (new); then
 #                                      the whole gpu_attention suite on main's sources (with the
 #                                      new first_dq_partials_stored_... test) and on cwcwf (the warp
 #                                      fold and the per-warpgroup consumers together: both new code
@@ -98,7 +99,7 @@ O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 case "${PHASE:-t}" in
   t)
-    for m in bwd4-unordered-dq bwd4-warpfold-factor bwd4-dq-store-second; do
+    for m in bwd4-unordered-dq bwd4-warpfold-factor bwd4-dq-store-second quant-rows-no-tail; do
       echo "=== bench/gpu_mutations.sh $m (must be caught)"
       ONLY=$m OUT=$O/mut bash bench/gpu_mutations.sh
     done
