@@ -1558,11 +1558,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
   } else {
     regs_alloc<240>();
 #if BWD_CW_CONST
-    if (wg == 1) {  // one inlined copy per warpgroup: its index a constant
-      bwd_consumer(P, sm, 0);
-    } else {
-      bwd_consumer(P, sm, 1);
-    }
+    consumer_copies(wg, [&](int cw) { bwd_consumer(P, sm, cw); });
 #else
     bwd_consumer(P, sm, wg - 1);
 #endif

@@ -390,11 +390,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_co
   } else {
     regs_alloc<224>();
 #if FWD_CW_CONST
-    if (wg == 1) {  // one inlined copy per warpgroup: its index a constant
-      fwd_consumer(P, sm, 0);
-    } else {
-      fwd_consumer(P, sm, 1);
-    }
+    consumer_copies(wg, [&](int cw) { fwd_consumer(P, sm, cw); });
 #else
     fwd_consumer(P, sm, wg - 1);
 #endif

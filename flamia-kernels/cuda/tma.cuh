@@ -69,6 +69,20 @@ __device__ __forceinline__ void regs_alloc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
 }
 
+// The consumer body inlined once per consumer warpgroup (CTA warpgroup 1 or 2), its index cw a
+// compile-time constant in each copy, so ptxas keeps what depends on it (wgmma descriptors,
+// shared-memory offsets) in uniform registers (BWD_CW_CONST / FWD_CW_CONST). wg must be
+// warp-uniform to ptxas (a __shfl_sync broadcast): on a plain threadIdx-derived value the copies
+// are divergent paths and their wgmma get serialised (ptxas C7520).
+template <typename F>
+__device__ __forceinline__ void consumer_copies(int wg, F&& body) {
+  if (wg == 1) {
+    body(0);
+  } else {
+    body(1);
+  }
+}
+
 // Named barrier over `n` threads (ids 1..15; 0 is __syncthreads).
 __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id, int n) {
