@@ -34,9 +34,9 @@
 #                                      memset: padded rows, each query tile's first partial stored);
 #                                      cwc = BWD_CW_CONST + FWD_CW_CONST (the consumers inlined per
 #                                      warpgroup, descriptors in uniform registers: backward 1,278
-#                                      -> 1,179 SASS per interior step with 6 LDL of invariants,
+#                                      -> 1,184 SASS per interior step with 3 LDL of invariants,
 #                                      forward 633 -> 606 per key tile; d = 64 backward 1,040 ->
-#                                      941, no spills); cwcwf = cwc + the warp fold (1,155)
+#                                      941, no spills); cwcwf = cwc + the warp fold (1,164)
 #   PHASE=b bash bench/device_s13.sh   d = 64 (~7.5 min): base / cf / fold / foldcf / dqstore / cwc / foldcwc (fold =
 #                                      BWD_PRODUCER_FOLD on top of the late claim and the walk,
 #                                      branch bwd-fold64b; session 12 measured it -3.3% at 1x65536

@@ -38,12 +38,13 @@
 #include "attn_common.cuh"
 #include "tma.cuh"
 
-// BWD_CW_CONST 1: the consumer body inlined once per warpgroup, the warpgroup index (from a warp-uniform
-// shuffle) a compile-time constant in each copy, so ptxas keeps the wgmma descriptors and the
-// warpgroup's shared-memory offsets in uniform registers instead of building them in vector
-// registers and moving them over (R2UR) every step: 1,278 -> 1,179 SASS per interior step at d = 128 (every R2UR gone), but ptxas then keeps ~6 loop
-// invariants in local memory (LDL per step: 6 in warpgroup 0's interior loop, 3 in 1's).
-// Twice the consumer code (instruction cache). Not measured yet (session 12: an A/B variant).
+// BWD_CW_CONST 1: the consumer body inlined once per warpgroup (consumer_copies, tma.cuh), the
+// warpgroup index a compile-time constant in each copy, so ptxas keeps the wgmma descriptors and
+// the warpgroup's shared-memory offsets in uniform registers instead of building them in vector
+// registers and moving them over (R2UR) every step: 1,278 -> 1,184 SASS per interior step at
+// d = 128 (every R2UR gone; 3 loop invariants reloaded from local memory per step, 6 before the
+// key factors' index was rebuilt per step), 1,040 -> 941 at d = 64 (no spills). Twice the
+// consumer code (instruction cache). Not measured yet (session 12: an A/B variant).
 #ifndef BWD_CW_CONST
 #define BWD_CW_CONST 0
 #endif
@@ -856,7 +857,13 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   // Keys past the document, whose factors are 0, are masked instead (masked steps' `lim`).
   // BWD_FOLD: the producer made these products (qk, A, B, pc) per fold slot (fb, above).
 #if !BWD_EARLY_COLS && !BWD_FOLD
+#if BWD_CW_CONST
+  // (rebuilt per step: with cw a constant ptxas otherwise hoists the factors' addresses out of the
+  // step loop and spills them: 6 -> 3 local reloads per interior step at d = 128)
+  const int kr = (int)opaque_u32(64 * cw + r0);
+#else
   const int kr = 64 * cw + r0;
+#endif
   // (BWD_WFOLD interior steps: folded above)
   const float kf = BWD_WFOLD && !MASKED ? 0.f : lds_volatile(&it.kf[kr]);
 #endif

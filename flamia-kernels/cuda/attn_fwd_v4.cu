@@ -27,11 +27,12 @@
 #include "softmax.cuh"
 #include "epilogue.cuh"
 
-// FWD_CW_CONST 1: the consumer body inlined once per warpgroup, the warpgroup index (from a warp-uniform
-// shuffle) a compile-time constant in each copy, so ptxas keeps the wgmma descriptors and the
-// warpgroup's shared-memory offsets in uniform registers instead of building them in vector
-// registers and moving them over (R2UR) every step: 633 -> 606 SASS per interior key tile at d = 128 (every R2UR gone), no spills.
-// Twice the consumer code (instruction cache). Not measured yet (session 12: an A/B variant).
+// FWD_CW_CONST 1: the consumer body inlined once per warpgroup (consumer_copies, tma.cuh), the
+// warpgroup index a compile-time constant in each copy, so ptxas keeps the wgmma descriptors and
+// the warpgroup's shared-memory offsets in uniform registers instead of building them in vector
+// registers and moving them over (R2UR) every key tile: 621 -> 604 SASS per interior key tile at
+// d = 128 (kernel-regs.py --per-score; every R2UR gone), no spills. Twice the consumer code
+// (instruction cache). Not measured yet (session 12: an A/B variant).
 #ifndef FWD_CW_CONST
 #define FWD_CW_CONST 0
 #endif
