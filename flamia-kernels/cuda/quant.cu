@@ -289,6 +289,24 @@ __device__ __forceinline__ float delta_dot(const u32 (&codes)[2 * NK], const uin
 }
 #endif
 
+// Byte transpose of a 4 x 4 block: o[i] holds byte i of x[0], x[1], x[2], x[3] (low to high),
+// i.e. four tokens' codes of dim i when x[u] is token u's word of four dims.
+__device__ __forceinline__ void transpose_bytes_4x4(const u32* x, u32* o) {
+  const u32 a0 = __byte_perm(x[0], x[1], 0x5140), a1 = __byte_perm(x[0], x[1], 0x7362);
+  const u32 b0 = __byte_perm(x[2], x[3], 0x5140), b1 = __byte_perm(x[2], x[3], 0x7362);
+  o[0] = __byte_perm(a0, b0, 0x5410);
+  o[1] = __byte_perm(a0, b0, 0x7632);
+  o[2] = __byte_perm(a1, b1, 0x5410);
+  o[3] = __byte_perm(a1, b1, 0x7632);
+}
+
+// Whether the dim-major copy zeroes the 32 codes after this block: it is its document's last
+// block and the document's 64-token padded span goes on past it.
+__device__ __forceinline__ bool dim_tail(const Item& it) {
+  const int padded = (it.L + 63) & ~63;
+  return it.b0 + 32 >= it.L && it.b0 + 32 < padded;
+}
+
 extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(const QuantParams p) {
   __shared__ __align__(16) u32 tile[2][32 * 32];
 #if MODE == 0 && !defined(QUANT_PROF_NOBAR)
@@ -433,18 +451,8 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       for (int r = 0; r < 8; ++r) wd[r] = tl[tile_word(8 * s + r, g)];
       u32 lo[4], hi[4];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const u32* x = wd + 4 * half;
-        const u32 a0 = __byte_perm(x[0], x[1], 0x5140), a1 = __byte_perm(x[0], x[1], 0x7362);
-        const u32 b0 = __byte_perm(x[2], x[3], 0x5140), b1 = __byte_perm(x[2], x[3], 0x7362);
-        u32* out = half ? hi : lo;
-        out[0] = __byte_perm(a0, b0, 0x5410);
-        out[1] = __byte_perm(a0, b0, 0x7632);
-        out[2] = __byte_perm(a1, b1, 0x5410);
-        out[3] = __byte_perm(a1, b1, 0x7632);
-      }
-      const int padded = (it.L + 63) & ~63;
-      const bool tail = it.b0 + 32 >= it.L && it.b0 + 32 < padded;
+      for (int half = 0; half < 2; ++half) transpose_bytes_4x4(wd + 4 * half, half ? hi : lo);
+      const bool tail = dim_tail(it);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         uint2* dst = reinterpret_cast<uint2*>(t.dim + ((long long)it.h * HEAD_DIM + 4 * g + c) * p.Tpad + it.pad0 +
@@ -583,15 +591,12 @@ extern "C" __global__ void __launch_bounds__(32 * QUANT_ROWS_WARPS, QUANT_ROWS_C
           const int row = 4 * grp + u;
           x[u] = ct[row * NWD + (lane ^ (4 * (row & (NWD / 4 - 1))))];
         }
-        const u32 a0 = __byte_perm(x[0], x[1], 0x5140), a1 = __byte_perm(x[0], x[1], 0x7362);
-        const u32 b0 = __byte_perm(x[2], x[3], 0x5140), b1 = __byte_perm(x[2], x[3], 0x7362);
-        dr[0][grp] = __byte_perm(a0, b0, 0x5410);
-        dr[1][grp] = __byte_perm(a0, b0, 0x7632);
-        dr[2][grp] = __byte_perm(a1, b1, 0x5410);
-        dr[3][grp] = __byte_perm(a1, b1, 0x7632);
+        u32 o[4];
+        transpose_bytes_4x4(x, o);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) dr[i][grp] = o[i];
       }
-      const int padded = (it.L + 63) & ~63;
-      const bool tail = it.b0 + 32 >= it.L && it.b0 + 32 < padded;
+      const bool tail = dim_tail(it);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         uint4* dst = reinterpret_cast<uint4*>(t.dim + ((long long)it.h * HEAD_DIM + 4 * lane + i) * p.Tpad + it.pad0 + it.b0);
