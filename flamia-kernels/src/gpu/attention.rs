@@ -598,8 +598,9 @@ impl Attention {
             let dkv = (s.heads_q != s.heads_kv)
                 .then(|| DeviceBuf::zeros(&self.gpu, nkt * (s.heads_kv / chunks) * 2 * BWD_KT * hd))
                 .transpose()?;
-            // (rows: the padded positions, which hold the token rows too: FLAMIA_BWD_DQ_STORE)
-            let rows = t.max(plan.tables.bwd.query_tiles * BWD_QT);
+            // (rows: the padded positions, every document's 64-query tiles, which are at least
+            // the tokens: enough for either layout, FLAMIA_BWD_DQ_STORE)
+            let rows = plan.tables.bwd.query_tiles * BWD_QT;
             Some(BwdScratch {
                 dq_acc: DeviceBuf::zeros(&self.gpu, rows * (s.heads_q / chunks) * hd)?,
                 sems: DeviceBuf::zeros(&self.gpu, sems)?,
