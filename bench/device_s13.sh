@@ -115,7 +115,7 @@ case "${PHASE:-t}" in
   b)
     echo "=== gpu_attention on cf"
     FLAMIA_CUDA_DIR=$V/cf timeout 280 $C/gpu_attention --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
-    VARS="cf fold foldcf dqstore cwc foldcwc" TEST_VARS="fold foldcwc" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" \
+    VARS="cf fold foldcf dqstore fwdcw" TEST_VARS="fold fwdcw" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" \
       bash bench/device_ab.sh
     python3 bench/ab_table.py $O/device_ab.log --col fwd
     python3 bench/ab_table.py $O/device_ab.log; python3 bench/ab_table.py $O/device_ab.log --col train ;;
@@ -154,7 +154,39 @@ case "${PHASE:-t}" in
       --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum \
       -k attn_bwd_v4 --launch-skip 3 --launch-count 1 $B bench attention --workload 64x1024 2>&1 \
       | grep -E "dram__|lts__|gpu__time" || echo "ncu rc=$?" ;;
-  *) echo "PHASE is t, a, b or c"; exit 2 ;;
+  v)
+    # session 13, after landing (dQ first store, producer fold at d = 64, the warp fold, consts-first,
+    # per-warpgroup backward consumers and the row-per-lane quantiser removed): the mutations of
+    # the changed tests, the suites on the new defaults, the per-item phases, the quantiser's
+    # memory behaviour with and without its dim-major copy, and the new defaults' timings
+    for m in bwd4-unordered-dq bwd4-prodfold-factor bwd4-dq-store-second; do
+      echo "=== bench/gpu_mutations.sh $m (must be caught)"
+      ONLY=$m OUT=$O/mut bash bench/gpu_mutations.sh
+    done
+    echo "=== gpu_attention"
+    timeout 280 $C/gpu_attention --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED|zeros of the other sign"
+    echo "=== gpu_quant"
+    timeout 120 $C/gpu_quant --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
+    for hd in 128 64; do
+      echo "=== bench d = $hd"
+      timeout 200 $B bench attention --head-dim $hd 2>&1 | grep -E "^[0-9a-z+]+ +[0-9]+ \|"
+    done
+    for w in 1x65536 16x4096 64x1024 256x256; do
+      echo "=== phases $w"
+      FLAMIA_CUDA_DIR=$V/phases timeout 120 $B bench attention --workload $w > "$O/p.log" 2>&1 || { echo "rc=$?"; tail -5 "$O/p.log"; }
+      grep -E "^bwd4 phases" "$O/p.log" | tail -4; grep -E "^$w " "$O/p.log"
+    done
+    NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+    for v in base q_nodim; do
+      echo "=== ncu quant_e4m3 $v 1x65536"
+      ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v
+        timeout 150 $NCU --clock-control none -k quant_e4m3 --launch-skip 2 --launch-count 2 \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy \
+          --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_read.sum \
+          $B bench attention --workload 1x65536 > "$O/ncu_quant_$v.txt" 2>&1 || echo "ncu rc=$?" )
+      grep -E "quant_e4m3|dram__bytes|lts__t_sectors_op|Duration|DRAM Throughput|Memory Throughput|Stall|Warp Cycles Per Issued" "$O/ncu_quant_$v.txt" | head -40
+    done ;;
+  *) echo "PHASE is t, a, b, c or v"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s13_${PHASE:-t}.log"

@@ -69,15 +69,12 @@ mutate bwd4-dead-stale-codes attn_bwd_v4.cu 's/ds_store_block(ds + 1024 \* j, 0u
 # hangs (caught by the timeout, rc 124).
 mutate bwd4-up-ascending-turn attn_bwd_v4.cu 's|j.target = 2 \* (tl.up ? q0 / BKT - tl.k0 / BKT : tl.k0 / BKT);|j.target = 2 * (tl.k0 / BKT);|' \
   walking_up_is_accurate_repeatable_and_ordered
-# 9. v4 backward, the consumer warps' fold (BWD_WARP_FOLD, an A/B variant: turned on here): nd
-# folded with 2^(eV+eK) instead of 2^eK. The folded form must stay bitwise the per-row one.
-mutate bwd4-warpfold-factor attn_bwd_v4.cu $'1i #define BWD_WARP_FOLD 1\ns/dn.x \\* vk, dn.y \\* vk, dn.z \\* kf, dn.w \\* kf);/dn.x * vk, dn.y * vk, dn.z * vk, dn.w * vk);/' \
+# 9. v4 backward at d = 64, the producer's fold (BWD_PRODUCER_FOLD, the default there since
+# session 13): nd folded with 2^(eV+eK) instead of 2^eK. The folded form must stay bitwise the
+# per-row one.
+mutate bwd4-prodfold-factor attn_bwd_v4.cu 's/c\[3\]\[0\] \* f.x, c\[3\]\[1\] \* f.x);/c[3][0] * f.y, c[3][1] * f.y);/' \
   folded_key_factors_give_bitwise_the_per_row_backward
-# 10. v4 backward, FLAMIA_BWD_DQ_STORE=1 (set by the test): the store given to each query tile's
+# 10. v4 backward, the dQ accumulator's first partials stored (the default): the store given to each query tile's
 # second partial instead of its first, so the first is added to whatever the accumulator held.
 mutate bwd4-dq-store-second attn_bwd_v4.cu 's/if (P.dq_first_store \&\& j.target == 0) {/if (P.dq_first_store \&\& j.target == 2) {/' \
   first_dq_partials_stored_give_bitwise_the_zeroed_accumulator
-# 11. The row-per-lane quantiser (quant_e4m3_rows, FLAMIA_QUANT_ROWS=1 set by the test): the
-# dim-major padding up to a document's 64-token end left as it was (poisoned in the test).
-mutate quant-rows-no-tail quant.cu 's/if (tail) dst\[2\] = dst\[3\] = make_uint4(0u, 0u, 0u, 0u);/(void)tail;/' \
-  gpu_quant:the_row_per_lane_quantiser_is_bitwise_the_cpu_reference

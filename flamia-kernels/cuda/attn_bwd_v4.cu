@@ -38,16 +38,6 @@
 #include "attn_common.cuh"
 #include "tma.cuh"
 
-// BWD_CW_CONST 1: the consumer body inlined once per warpgroup (consumer_copies, tma.cuh), the
-// warpgroup index a compile-time constant in each copy, so ptxas keeps the wgmma descriptors and
-// the warpgroup's shared-memory offsets in uniform registers instead of building them in vector
-// registers and moving them over (R2UR) every step: 1,278 -> 1,184 SASS per interior step at
-// d = 128 (every R2UR gone; 3 loop invariants reloaded from local memory per step, 6 before the
-// key factors' index was rebuilt per step), 1,040 -> 941 at d = 64 (no spills). Twice the
-// consumer code (instruction cache). Not measured yet (session 12: an A/B variant).
-#ifndef BWD_CW_CONST
-#define BWD_CW_CONST 0
-#endif
 #ifndef BWD_STAGES
 #define BWD_STAGES 3  // the host's default (src/gpu/attention.rs backward_v4_stages)
 #endif
@@ -156,38 +146,15 @@
 // step and 1,119 -> 1,055 per masked step (FMUL 177 -> 112), 168 registers, the step loops
 // spill-free; the producer's stage loop (24 registers) 171 -> 261 SASS, its spill loads 12 -> 18
 // per stage (kernel total 204 / 276 -> 200 / 308 B spill stores / loads). At d = 128 it would need
-// two stages. Not measured yet (session 11: an A/B variant).
+// two stages. On by default at d = 64 with block scales since session 13 (measured with the late
+// claim and the upward walk, docs/perf.md "Session 13"): backward -4.0% at 1x65536, -2.6..-4.5% at
+// 4x16384 .. 32x2048, -1.7% at 64x1024, +4.9% at 256x256 (its items are one or two steps long: the
+// producer's 40 folds per stage are not hidden there); session 12, walking down, it lost 12-16% at
+// mid lengths.
 #ifndef BWD_PRODUCER_FOLD
-#define BWD_PRODUCER_FOLD 0
-#endif
-// BWD_CONSTS_FIRST 1: the producer loads a stage's per-query constants (q_exp, do_exp, lse, delta:
-// global loads that miss L2 where the items in flight share no rows) and computes them before it
-// waits for the stage's slot to free, instead of after issuing the slot's TMA, so the slot is
-// ready as soon as its TMA lands rather than when the slower of the TMA and the load chain (plus,
-// with BWD_FOLD, the 40 folds) is done. Costs the producer 10 registers held across the wait.
-// Not measured yet (session 12: an A/B variant).
-#ifndef BWD_CONSTS_FIRST
-#define BWD_CONSTS_FIRST 0
+#define BWD_PRODUCER_FOLD (HEAD_DIM == 64 && BWD_KEY_BLOCKS)
 #endif
 #define BWD_FOLD (BWD_PRODUCER_FOLD && BWD_KEY_BLOCKS)
-// BWD_WARP_FOLD 1 (with BWD_KEY_BLOCKS; not with BWD_FOLD, BWD_ROW_DS or BWD_EARLY_COLS, i.e. a
-// d = 128 variant): in interior steps the consumers fold the key factors into the column
-// constants once per warp instead of once per thread. A warp's 16 key rows lie in one 32-key
-// block and in an interior step none is past the document, so all its lanes fold with the same
-// 2^eK and 2^(eV+eK), and the 8 lanes of a column quad (same q) made the same products. Now lane
-// (g, q) makes those of column pair 4g + q (qf 2^eK, dq 2^(eV+eK), nd 2^eK, both columns; nl
-// copied) into its warp's slice of sm.wfold, and after a __syncwarp each lane reads its 8 pairs
-// from there with the same 16-byte loads it read the raw constants with: 49 FMUL per thread per
-// step (qk, A, B, vk) become 6 FMUL, 2 loads, 2 stores and 2 __syncwarp (pe 2^-c stays per
-// thread: a third array would not fit). The products are the per-thread ones (same operands, one
-// rounding each), so every value is bitwise that of BWD_WARP_FOLD 0. Masked steps fold per
-// thread as before (a lane whose key row is past the document folds with factors 0). Shared
-// memory: 8 warps x 32 pairs x 32 bytes = 8 KB (the host budgets it at d = 128 with block scales
-// and no row dS). Not measured yet (session 12: an A/B variant).
-#ifndef BWD_WARP_FOLD
-#define BWD_WARP_FOLD 0
-#endif
-#define BWD_WFOLD (BWD_WARP_FOLD && BWD_KEY_BLOCKS && !BWD_FOLD && !BWD_ROW_DS && !BWD_EARLY_COLS)
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -283,9 +250,6 @@ struct BwdV4Smem {
   u8 dqs[BWD_DQ_BUFS][2][HEAD_DIM / 64][BQT * 128];  // [buffer][warpgroup][32 dims] FP32 dQ partial, 128-byte swizzle
   u8 ds[BWD_DS_BUFS][BQT * BKT];       // dS codes [64 queries][128 keys], no-swizzle K-major
   BwdCols cols[BWD_STAGES];
-#if BWD_WFOLD
-  float4 wfold[8][BQT / 2][2];         // [consumer warp][column pair] {qf 2^eK, nl}, {dq 2^(eV+eK), nd 2^eK}
-#endif
   BwdItem item;
 #if BWD_FOLD
   float4 pfold[BWD_FOLD_SLOTS];        // the producer's: the item's 2^eK, 2^(eV+eK), 2^-c per fold slot
@@ -403,9 +367,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         }
         return bar;
       };
-#if !BWD_CONSTS_FIRST
       const u32 bar = issue();
-#endif
       float c[5][2];  // qf, nl, dq, nd, pe of this lane's pair of queries 2 lane, +1
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -420,9 +382,6 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         c[3][j] = ok ? -a.delta[e] * fq : 0.f;
         c[4][j] = fo;
       }
-#if BWD_CONSTS_FIRST
-      const u32 bar = issue();
-#endif
 #if BWD_FOLD
       // folded per slot with the consumers' products (qf kf, dq vk, nd kf, pe cf)
       BwdCols& fc = sm.cols[s];
@@ -828,23 +787,6 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #if BWD_EARLY_COLS && !BWD_COLS_FIRST
   BWD_EARLY_LOADS
 #endif
-#if BWD_WFOLD
-  // (interior steps) the warp's folded column constants, made while S^T is in the tensor cores:
-  // this lane's pair 4g + q; the reads below take pairs 4j + q
-  const float4* wf = sm.wfold[4 * cw + w][qd];
-  if (!MASKED) {
-    const int kr = 64 * cw + r0;
-    const float kf = lds_volatile(&it.kf[kr]);
-    const float vk = lds_volatile(&it.vf[kr]) * kf;
-    const BwdColPair& m = sm.cols[s].p[4 * C.g() + qd];
-    const float4 qn = *reinterpret_cast<const float4*>(&m.qf), dn = *reinterpret_cast<const float4*>(&m.dq);
-    float4* mine = sm.wfold[4 * cw + w][4 * C.g() + qd];
-    __syncwarp();  // every lane has read the previous step's
-    mine[0] = make_float4(qn.x * kf, qn.y * kf, qn.z, qn.w);
-    mine[1] = make_float4(dn.x * vk, dn.y * vk, dn.z * kf, dn.w * kf);
-    __syncwarp();
-  }
-#endif
   wg_wait<1>();
   fence_regs(sc);
   BWD_PHASE(1);
@@ -857,29 +799,17 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   // Keys past the document, whose factors are 0, are masked instead (masked steps' `lim`).
   // BWD_FOLD: the producer made these products (qk, A, B, pc) per fold slot (fb, above).
 #if !BWD_EARLY_COLS && !BWD_FOLD
-#if BWD_CW_CONST
-  // (rebuilt per step: with cw a constant ptxas otherwise hoists the factors' addresses out of the
-  // step loop and spills them: 6 -> 3 local reloads per interior step at d = 128)
-  const int kr = (int)opaque_u32(64 * cw + r0);
-#else
   const int kr = 64 * cw + r0;
-#endif
-  // (BWD_WFOLD interior steps: folded above)
-  const float kf = BWD_WFOLD && !MASKED ? 0.f : lds_volatile(&it.kf[kr]);
+  const float kf = lds_volatile(&it.kf[kr]);
 #endif
   // P (into sc) while dP^T is still in the tensor cores: x = s 2^eK qf - LSE log2 e
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-#if BWD_WFOLD
-    const float4 qn = MASKED ? BWD_COLS(j) : wf[8 * j];
-    const float qk[2] = {MASKED ? qn.x * kf : qn.x, MASKED ? qn.y * kf : qn.y}, nl[2] = {qn.z, qn.w};
-#else
     const float4 qn = BWD_COLS(j);
 #if BWD_FOLD
     const float qk[2] = {qn.x, qn.y}, nl[2] = {qn.z, qn.w};
 #else
     const float qk[2] = {qn.x * kf, qn.y * kf}, nl[2] = {qn.z, qn.w};
-#endif
 #endif
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -892,7 +822,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   wg_wait<0>();
   fence_regs(dp);
 #if !BWD_FOLD
-  const float vk = BWD_WFOLD && !MASKED ? 0.f : lds_volatile(&it.vf[kr]) * kf, cf = lds_volatile(&it.cf[kr]);
+  const float vk = lds_volatile(&it.vf[kr]) * kf, cf = lds_volatile(&it.cf[kr]);
 #endif
   // dS~ = P (dP 2^(eV + eK + edO + eQ) - D 2^(eK + eQ)) (into dp) and P~ = P 2^(edO - c) (into sc)
 #pragma unroll
@@ -901,11 +831,6 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     const float4 ab = fab[4 * j];
     const float2 pf = fpc[4 * j];
     const float A[2] = {ab.x, ab.y}, B[2] = {ab.z, ab.w}, pc[2] = {pf.x, pf.y};
-#elif BWD_WFOLD
-    const float4 dn = MASKED ? *reinterpret_cast<const float4*>(&cp[4 * j].dq) : wf[8 * j + 1];
-    const float2 pe = cp[4 * j].pe;
-    const float A[2] = {MASKED ? dn.x * vk : dn.x, MASKED ? dn.y * vk : dn.y};
-    const float B[2] = {MASKED ? dn.z * kf : dn.z, MASKED ? dn.w * kf : dn.w}, pc[2] = {pe.x * cf, pe.y * cf};
 #else
     const float4 dn = *reinterpret_cast<const float4*>(&cp[4 * j].dq);
     const float2 pe = cp[4 * j].pe;
@@ -1535,11 +1460,7 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
 extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_constant__ BwdV4Params P) {
   extern __shared__ u8 smem_raw[];
   BwdV4Smem& sm = *reinterpret_cast<BwdV4Smem*>(smem_aligned_1024(smem_raw));
-#if BWD_CW_CONST
-  const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);  // warp-uniform to ptxas
-#else
   const int wg = threadIdx.x >> 7;
-#endif
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&sm.kv_full), 32);
     mbar_init(smem_u32(&sm.kv_empty), 8);
@@ -1564,11 +1485,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     else if (threadIdx.x == 32 || threadIdx.x == 64) bwd_reducer(P, sm, (threadIdx.x >> 5) - 1);
   } else {
     regs_alloc<240>();
-#if BWD_CW_CONST
-    consumer_copies(wg, [&](int cw) { bwd_consumer(P, sm, cw); });
-#else
     bwd_consumer(P, sm, wg - 1);
-#endif
   }
 }
 

@@ -187,7 +187,7 @@ fn walks() -> [String; 2] {
 fn repeat_bitwise(gpu: &std::sync::Arc<flamia_kernels::gpu::Gpu>, shape: &VarlenShape) {
     let gpu = gpu.clone();
     with_seeds("repeat", |mut rng| {
-        let call = gauss_call(&mut rng, shape, AttnOptions::new(AttnPath::Mxfp8));
+        let call = spread_key_tiles(gauss_call(&mut rng, shape, AttnOptions::new(AttnPath::Mxfp8)));
         for path in [AttnPath::Mxfp8, AttnPath::Nvfp4] {
             let one = call.with_path(path);
             let (a, b) = (gpu_attn(&gpu, &one), gpu_attn(&gpu, &one));
@@ -240,7 +240,8 @@ fn dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in() {
     for up in walks() {
         let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
         with_seeds(&format!("jitter, FLAMIA_BWD_UP_TILES={up}"), |mut rng| {
-            let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+            // (keys spread over the tiles' magnitudes: the partials' sum rounds, spread_key_tiles)
+            let call = spread_key_tiles(gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8)));
             same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1", "2"]);
         });
     }
@@ -249,8 +250,9 @@ fn dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn first_dq_partials_stored_give_bitwise_the_zeroed_accumulator() {
-    // FLAMIA_BWD_DQ_STORE=1: the FP32 dQ accumulator by padded position and each (query tile,
-    // head)'s first partial stored instead of added to a zeroed accumulator. The 1-, 65-, 300- and
+    // The default (session 13): the FP32 dQ accumulator by padded position and each (query tile,
+    // head)'s first partial stored, against FLAMIA_BWD_DQ_STORE=0's zeroed token-major
+    // accumulator that every partial adds to. The 1-, 65-, 300- and
     // 1,100-token documents end inside a 64-query tile (in the token layout that tile's rows reach
     // into the next document); causal walking down and up, not causal, GQA, both head dims, head
     // chunks (FLAMIA_BWD_SCRATCH_MIB=0). The same values bit for bit; only a zero may carry the
@@ -273,12 +275,12 @@ fn first_dq_partials_stored_give_bitwise_the_zeroed_accumulator() {
             let mut opts = AttnOptions::new(AttnPath::Mxfp8);
             opts.causal = causal;
             let call = gauss_call(&mut rng, &shape, opts);
-            std::env::remove_var("FLAMIA_BWD_DQ_STORE");
-            let base = gpu_attn(&gpu, &call);
-            let stored = {
-                let _store = EnvGuard::set("FLAMIA_BWD_DQ_STORE", "1");
+            let base = {
+                let _zeroed = EnvGuard::set("FLAMIA_BWD_DQ_STORE", "0");
                 gpu_attn(&gpu, &call)
             };
+            std::env::remove_var("FLAMIA_BWD_DQ_STORE");
+            let stored = gpu_attn(&gpu, &call);
             let mut signed_zeros = 0usize;
             for (name, (x, y)) in NAMES.iter().zip(outputs(&base).into_iter().zip(outputs(&stored))) {
                 for (i, (a, b)) in x.iter().zip(y).enumerate() {

@@ -239,29 +239,6 @@ fn fused_qkv_launch_is_bitwise_the_cpu_reference_for_every_input() {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn the_row_per_lane_quantiser_is_bitwise_the_cpu_reference() {
-    // FLAMIA_QUANT_ROWS=1: the launches without D run quant_e4m3_rows (one warp per item, a lane
-    // per token row) instead of quant_e4m3; the fused Q/K/V checks again (three modes, head slots
-    // crossing inputs inside a block, wide and awkward values, poisoned outputs, documents of
-    // 1 .. 4,095 tokens: every byte against the CPU contract), at both head dims.
-    struct Rows;
-    impl Drop for Rows {
-        fn drop(&mut self) {
-            std::env::remove_var("FLAMIA_QUANT_ROWS");
-        }
-    }
-    std::env::set_var("FLAMIA_QUANT_ROWS", "1");
-    let _rows = Rows;
-    let gpu = gpu();
-    let mut rng = rng("row_per_lane");
-    let amax = AmaxScratch::new(&gpu).unwrap();
-    for d in HEAD_DIMS {
-        fused_qkv_case(&gpu, &mut rng, &amax, d);
-    }
-}
-
 /// [`fused_qkv_launch_is_bitwise_the_cpu_reference_for_every_input`] at head dim `d`.
 fn fused_qkv_case(gpu: &Gpu, rng: &mut ChaCha8Rng, amax: &AmaxScratch, d: usize) {
     // GQA head counts, so the kernel's head slots cross from Q to K to V inside a block

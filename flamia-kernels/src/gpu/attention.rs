@@ -118,15 +118,11 @@ pub fn backward_v4_stages() -> u32 {
 /// through FLAMIA_CUDA_DIR), the FP32 dQ partials (64 x hd x 4 bytes: 32 KB at 128), four dS
 /// code tiles (32 KB: a step's dQ runs one step late), and slack for barriers, exchange slots and
 /// the 1 KB alignment (the kernel's static_assert checks the total). Row dS exponents
-/// (`row_ds`): 7 KB of exchange slots more. At head dim 128 with block factors and without row
-/// dS, 8 KB more for the consumer warps' folded column constants (`BWD_WARP_FOLD`, again a
-/// choice of the kernel source, budgeted either way): 227 KB at three stages, the most a CTA
-/// may have (one CTA per SM either way, so the L1 carve-out is the same).
+/// (`row_ds`): 7 KB of exchange slots more.
 fn smem_bwd4(stages: u32, hd: u32, key_blocks: bool, row_ds: bool) -> u32 {
     let fold = if hd == 64 && key_blocks { 5 * stages } else { 0 };
-    let warp_fold = if hd == 128 && key_blocks && !row_ds { 8 } else { 0 };
     let row = if row_ds { 7 } else { 0 };
-    ((3 * hd / 8 + 3) + (hd / 4 + 2) * stages + (hd / 4 + 34) + fold + warp_fold + row) * 1024
+    ((3 * hd / 8 + 3) + (hd / 4 + 2) * stages + (hd / 4 + 34) + fold + row) * 1024
 }
 
 /// `FLAMIA_BWD_KEY_BLOCKS=0` (a test and A/B knob): the v4 backward multiplies each key row's
@@ -167,15 +163,16 @@ fn bwd_jitter() -> i32 {
     super::env_number("FLAMIA_BWD_JITTER").unwrap_or(0)
 }
 
-/// `FLAMIA_BWD_DQ_STORE` (an A/B knob, default 0 until measured): `1` lays the v4 backward's FP32
-/// dQ accumulator out by padded position (every document starting at a multiple of 64, so no
-/// 64-row partial reaches into the next document) and stores each (query tile, head)'s first
-/// partial instead of adding it, so the accumulator is not zeroed before each head chunk (a
-/// memset of T x heads x d x 4 bytes: ~0.15 ms per backward at 65,536 tokens and 16 heads, 9% of
-/// 256x256's); the gradients must be bitwise the same (GPU test
-/// `first_dq_partials_stored_give_bitwise_the_zeroed_accumulator`).
+/// Whether the v4 backward's FP32 dQ accumulator is laid out by padded position (every document
+/// starting at a multiple of 64, so no 64-row partial reaches into the next document) with each
+/// (query tile, head)'s first partial stored instead of added, so the accumulator is not zeroed
+/// before each head chunk (a memset of T x heads x d x 4 bytes: ~0.15 ms per backward at 65,536
+/// tokens and 16 heads). The default since session 13 (backward -0.2..-7.9% at d = 128, most on
+/// short documents; docs/perf.md). `FLAMIA_BWD_DQ_STORE=0` (a test and A/B knob) zeroes a
+/// token-major accumulator and adds every partial instead; the gradients must be bitwise the same
+/// but for the sign of zeros (GPU test `first_dq_partials_stored_give_bitwise_the_zeroed_accumulator`).
 fn bwd_dq_first_store() -> bool {
-    super::env_number::<u32>("FLAMIA_BWD_DQ_STORE").is_some_and(|v| v == 1)
+    super::env_number::<u32>("FLAMIA_BWD_DQ_STORE") != Some(0)
 }
 
 /// Defines of the v4 backward: head dim, ring depth, `row_ds_exponents` (two dS copies with row
@@ -1096,15 +1093,13 @@ mod tests {
                     let walk_up = stress || stages == 2;
                     let (v, _) =
                         backward_v4_variant(stages, hd, row_ds, key_blocks, stress, skip_dead, walk_up);
-                    // (at d = 64 with key blocks the producer's fold both ways, at d = 128 the
-                    // consumer warps' fold both ways: the budget has room for each whatever the
-                    // source's default)
-                    let knob = match hd {
-                        64 => "BWD_PRODUCER_FOLD",
-                        _ => "BWD_WARP_FOLD",
-                    };
-                    let vs = if key_blocks {
-                        vec![v.clone().define(knob, 0), v.define(knob, 1)]
+                    // (at d = 64 with key blocks the producer's fold both ways: the budget has
+                    // room for it whatever the source's default)
+                    let vs = if key_blocks && hd == 64 {
+                        vec![
+                            v.clone().define("BWD_PRODUCER_FOLD", 0),
+                            v.define("BWD_PRODUCER_FOLD", 1),
+                        ]
                     } else {
                         vec![v]
                     };
@@ -1114,11 +1109,7 @@ mod tests {
                     }
                 }
             }
-            // the per-warpgroup consumer copies (A/B knobs), both kernels
-            let (v, _) = backward_v4_variant(3, hd, false, true, false, None, true);
-            let v = v.define("BWD_CW_CONST", 1);
-            compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
-                .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
+            // the forward's per-warpgroup consumer copies (an A/B knob)
             let (v, _) = forward_v4_variant(false, 3, hd);
             let v = v.define("FWD_CW_CONST", 1);
             compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")

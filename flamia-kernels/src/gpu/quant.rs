@@ -299,17 +299,6 @@ pub fn quant_async() -> bool {
     std::env::var("FLAMIA_QUANT_ASYNC").is_ok_and(|v| v.trim() == "1")
 }
 
-/// `FLAMIA_QUANT_ROWS=1`: the E4M3 launches without D run `quant_e4m3_rows` (one warp per item,
-/// a lane per token row: no shuffle stages in the rotation, no CTA barrier; an A/B variant of
-/// `quant_e4m3` in `cuda/quant.cu`, same bytes: GPU test
-/// `the_row_per_lane_quantiser_is_bitwise_the_cpu_reference`).
-pub fn quant_rows() -> bool {
-    std::env::var("FLAMIA_QUANT_ROWS").is_ok_and(|v| v.trim() == "1")
-}
-
-/// Warps per CTA of `quant_e4m3_rows` (its `QUANT_ROWS_WARPS`): one item per warp.
-const QUANT_ROWS_WARPS: usize = 2;
-
 /// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D and [`quant_async`].
 fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
     Variant::new()
@@ -323,17 +312,7 @@ fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
 /// every SM (the kernel's `__launch_bounds__` ask for 7, 8 with cp.async staging, 5 with D),
 /// at most one per item.
 fn persistent_grid(gpu: &Gpu, f: &cudarc::driver::CudaFunction, items: usize) -> GpuResult<(u32, u32, u32)> {
-    persistent_grid_of(gpu, f, 128, items)
-}
-
-/// [`persistent_grid`] for CTAs of `threads` threads that take `items` (already divided by the
-/// items a CTA runs at once).
-fn persistent_grid_of(
-    gpu: &Gpu,
-    f: &cudarc::driver::CudaFunction,
-    threads: u32,
-    items: usize,
-) -> GpuResult<(u32, u32, u32)> {
+    let threads = 128;
     let per_sm = f
         .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
         .ctx("cuOccupancyMaxActiveBlocksPerMultiprocessor")?
@@ -417,13 +396,6 @@ pub fn quantize_e4m3_fused(
         // SAFETY: params mirror QuantParams; each x holds tokens*heads*head_dim BF16 (caller),
         // amax MAX_INPUTS u32.
         unsafe { launch(&f, grid, 128, 0, stream, &p, "quant_amax") }?;
-    }
-    if delta.is_none() && quant_rows() {
-        let f = gpu.function("quant.cu", &variant, "quant_e4m3_rows", 0)?;
-        let threads = 32 * QUANT_ROWS_WARPS as u32;
-        let grid = persistent_grid_of(gpu, &f, threads, items.div_ceil(QUANT_ROWS_WARPS))?;
-        // SAFETY: as quant_e4m3's below (the same parameters; one warp per item).
-        return unsafe { launch(&f, grid, threads, 0, stream, &p, "quant_e4m3_rows") };
     }
     let f = gpu.function("quant.cu", &variant, "quant_e4m3", 0)?;
     let grid = persistent_grid(gpu, &f, items)?;

@@ -189,6 +189,20 @@ pub fn gauss_call(rng: &mut ChaCha8Rng, shape: &VarlenShape, opts: AttnOptions) 
     AttnCall::new(q, k, v, dout, shape.clone(), opts).unwrap()
 }
 
+/// `call` with its keys' magnitudes spread over the 128-key tiles: token t's K rows scaled by
+/// 2^(-5 ((t / 128) mod 4)), so the dQ partials of neighbouring key tiles differ by up to 2^15
+/// and their FP32 sum rounds. With Gaussian keys alone every partial of a query tile is a
+/// multiple of one power of two small enough that the sum is exact in any order, so a test of
+/// the reduces' order needs this (session 13: the unordered-reduce mutation passed without it).
+pub fn spread_key_tiles(mut call: AttnCall) -> AttnCall {
+    let row = call.shape.heads_kv * call.shape.head_dim;
+    for (t, k) in call.k.chunks_mut(row).enumerate() {
+        let f = (-5.0 * ((t / 128) % 4) as f32).exp2();
+        k.iter_mut().for_each(|x| *x *= f);
+    }
+    call
+}
+
 /// The GPU forward + backward of a call (outputs poisoned first), as the reference's types.
 pub fn gpu_attn(gpu: &Arc<Gpu>, call: &AttnCall) -> (Forward, Grads) {
     flamia_kernels::gpu::host::forward_backward(gpu, call).unwrap_or_else(|e| panic!("{e}"))
