@@ -186,7 +186,15 @@ case "${PHASE:-t}" in
           $B bench attention --workload 1x65536 > "$O/ncu_quant_$v.txt" 2>&1 || echo "ncu rc=$?" )
       grep -E "quant_e4m3|dram__bytes|lts__t_sectors_op|Duration|DRAM Throughput|Memory Throughput|Stall|Warp Cycles Per Issued" "$O/ncu_quant_$v.txt" | head -40
     done ;;
-  *) echo "PHASE is t, a, b, c or v"; exit 2 ;;
+  w)
+    # the forward's consumer copies chosen by the plan (fwd_cw_const: d = 128, 16+ key tiles per
+    # query tile on average): its bitwise test, the whole suite (the long test documents now run
+    # them), and the A/B against FLAMIA_FWD_CW=0 (var/fwdcw0/env) on the nine workloads
+    echo "=== gpu_attention"
+    timeout 280 $C/gpu_attention --ignored --test-threads=1 2>&1 | grep -E "^test .*forward_consumer|test result|panicked|FAILED"
+    VARS="fwdcw0" TESTS=0 REPS=2 OUT=$O WL="--head-dim 128" bash bench/device_ab.sh > /dev/null 2>&1
+    python3 bench/ab_table.py $O/device_ab.log --col fwd; python3 bench/ab_table.py $O/device_ab.log --col train ;;
+  *) echo "PHASE is t, a, b, c, v or w"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s13_${PHASE:-t}.log"

@@ -32,7 +32,9 @@
 // the warpgroup's shared-memory offsets in uniform registers instead of building them in vector
 // registers and moving them over (R2UR) every key tile: 621 -> 604 SASS per interior key tile at
 // d = 128 (kernel-regs.py --per-score; every R2UR gone), no spills. Twice the consumer code
-// (instruction cache). Not measured yet (session 12: an A/B variant).
+// (instruction cache). Session 13: -4..-5% at 1x65536, 4x16384 and lognormal, +2..4% where the
+// items are one or two key tiles long, worse at d = 64; the host sets it at d = 128 when the
+// plan's query tiles visit 16 key tiles or more on average (attention.rs fwd_cw_const).
 #ifndef FWD_CW_CONST
 #define FWD_CW_CONST 0
 #endif

@@ -71,9 +71,12 @@ __device__ __forceinline__ void regs_alloc() {
 
 // The consumer body inlined once per consumer warpgroup (CTA warpgroup 1 or 2), its index cw a
 // compile-time constant in each copy, so ptxas keeps what depends on it (wgmma descriptors,
-// shared-memory offsets) in uniform registers (BWD_CW_CONST / FWD_CW_CONST). wg must be
-// warp-uniform to ptxas (a __shfl_sync broadcast): on a plain threadIdx-derived value the copies
-// are divergent paths and their wgmma get serialised (ptxas C7520).
+// shared-memory offsets) in uniform registers (FWD_CW_CONST). wg must be warp-uniform to ptxas
+// (a __shfl_sync broadcast): on a plain threadIdx-derived value the copies are divergent paths
+// and their wgmma get serialised (ptxas C7520). (The backward's copies, session 12's
+// BWD_CW_CONST, ran 23-56% slower in session 13 despite 7% fewer instructions per step; the
+// likely cause, not measured, is the instruction cache: its consumer code is several times the
+// forward's and the two warpgroups ran different copies of it. Removed.)
 template <typename F>
 __device__ __forceinline__ void consumer_copies(int wg, F&& body) {
   if (wg == 1) {

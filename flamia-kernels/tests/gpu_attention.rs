@@ -249,6 +249,33 @@ fn dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn forward_consumer_copies_give_bitwise_the_same() {
+    // FLAMIA_FWD_CW=1 builds the v4 forward with its consumer body inlined once per warpgroup
+    // (FWD_CW_CONST, the default where the items are long: fwd_cw_const), =0 with one body for
+    // both; every output bitwise the same, at both head dims, causal and not, block and per-token
+    // scales (LeakyFp8).
+    let gpu = gpu();
+    for (hd, causal, path) in [
+        (128, true, AttnPath::Mxfp8),
+        (128, false, AttnPath::Mxfp8),
+        (128, true, AttnPath::LeakyFp8),
+        (64, true, AttnPath::Mxfp8),
+    ] {
+        let shape = VarlenShape::from_lens(&[4096, 300, 1, 65], 4, 2, hd).unwrap();
+        with_seeds(
+            &format!("fwd copies, d = {hd}, causal {causal}, {path}"),
+            |mut rng| {
+                let mut opts = AttnOptions::new(path);
+                opts.causal = causal;
+                let call = gauss_call(&mut rng, &shape, opts);
+                same_bits_whatever(&gpu, &call, "FLAMIA_FWD_CW", &["0", "1"]);
+            },
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn first_dq_partials_stored_give_bitwise_the_zeroed_accumulator() {
     // The default (session 13): the FP32 dQ accumulator by padded position and each (query tile,
     // head)'s first partial stored, against FLAMIA_BWD_DQ_STORE=0's zeroed token-major

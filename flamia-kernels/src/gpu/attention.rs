@@ -86,14 +86,36 @@ pub fn forward_v3_forced() -> bool {
 
 /// Defines of the v4 forward: per-key scale columns (per-token scales) or per-32-key-group
 /// folds (token-block and tensor-wide scales), the ring depth and the smem budget (returned too).
-fn forward_v4_variant(per_token: bool, stages: u32, hd: u32) -> (Variant, u32) {
+fn forward_v4_variant(per_token: bool, stages: u32, hd: u32, cw_const: bool) -> (Variant, u32) {
     let smem = smem_fwd4(stages, hd, per_token);
-    let v = Variant::new()
+    let mut v = Variant::new()
         .define("HEAD_DIM", hd)
         .define("PER_TOKEN_COLS", per_token as u32)
         .define("FWD_STAGES", stages)
         .define("SMEM_FWD4_BUDGET", smem);
+    if cw_const {
+        v = v.define("FWD_CW_CONST", 1);
+    }
     (v, smem)
+}
+
+/// Mean key tiles per query tile from which the v4 forward at head dim 128 runs its consumers
+/// inlined once per warpgroup (`FWD_CW_CONST`: descriptors in uniform registers, 621 -> 604 SASS
+/// per key tile, twice the consumer code). Session 13 measured it -5.3% at 1x65536 (mean 256.5),
+/// -4.2% at 4x16384 (64.5), -5.1% lognormal, -0.6% at 16x4096 (16.5), but +4.3% at 256x256 (1) and
+/// +2.0% at 8192+224x256 (8): the longer consumer code costs per item, so short items lose. At
+/// head dim 64 it lost on 8 of 9 workloads (+2..+11%).
+const FWD_CW_MIN_TILES: f64 = 16.0;
+
+/// Whether the v4 forward of a plan with `mean_tiles` key tiles per query tile at head dim `hd`
+/// builds `FWD_CW_CONST`; `FLAMIA_FWD_CW=0|1` (a test and A/B knob) decides instead (the outputs
+/// are bitwise the same either way: GPU test `forward_consumer_copies_give_bitwise_the_same`).
+fn fwd_cw_const(hd: usize, mean_tiles: f64) -> bool {
+    match std::env::var("FLAMIA_FWD_CW").as_deref().map(str::trim) {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => hd == 128 && mean_tiles >= FWD_CW_MIN_TILES,
+    }
 }
 
 /// Which backward runs: the v4 fused kernel (default where it applies: E4M3 operands, no FP32
@@ -732,7 +754,8 @@ impl Attention {
             nitems: nitems as i32,
         };
         let per_token = self.scale_mode() == ScaleMode::PerToken;
-        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32);
+        let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
+        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw);
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
         let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
@@ -1024,7 +1047,8 @@ impl Attention {
         let mut out = Vec::new();
         if self.uses_forward_v4() {
             let per_token = self.scale_mode() == ScaleMode::PerToken;
-            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32);
+            // (the short items' build: FWD_CW_CONST off, fwd_cw_const)
+            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false);
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
@@ -1058,7 +1082,10 @@ impl Attention {
 
 #[cfg(test)]
 mod tests {
-    use super::{attention_variant, backward_v4_variant, forward_v4_variant, parse_promote};
+    use super::{
+        attention_variant, backward_v4_variant, forward_v4_variant, fwd_cw_const, parse_promote,
+        FWD_CW_MIN_TILES,
+    };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
 
@@ -1109,9 +1136,8 @@ mod tests {
                     }
                 }
             }
-            // the forward's per-warpgroup consumer copies (an A/B knob)
-            let (v, _) = forward_v4_variant(false, 3, hd);
-            let v = v.define("FWD_CW_CONST", 1);
+            // the forward's per-warpgroup consumer copies (long items, fwd_cw_const)
+            let (v, _) = forward_v4_variant(false, 3, hd, true);
             compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                 .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             for (per_token, stages) in [
@@ -1122,7 +1148,7 @@ mod tests {
                 (false, 5),
                 (true, 5),
             ] {
-                let (v, _) = forward_v4_variant(per_token, stages, hd);
+                let (v, _) = forward_v4_variant(per_token, stages, hd, false);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
@@ -1130,6 +1156,16 @@ mod tests {
         // the v3.1 kernels refuse another head dim at compile time
         let v = attention_variant(false, 0).define("HEAD_DIM", 64);
         assert!(compile_ptx("attn_fwd.cu", &v, "sm_90a").is_err());
+    }
+
+    #[test]
+    fn forward_consumer_copies_only_for_long_items_at_head_dim_128() {
+        // (FLAMIA_FWD_CW unset here: no other test of this binary sets it)
+        assert!(fwd_cw_const(128, 256.5));
+        assert!(fwd_cw_const(128, FWD_CW_MIN_TILES));
+        assert!(!fwd_cw_const(128, 8.0));
+        assert!(!fwd_cw_const(128, 1.5));
+        assert!(!fwd_cw_const(64, 256.5));
     }
 
     #[test]

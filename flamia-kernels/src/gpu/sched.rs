@@ -69,6 +69,8 @@ pub struct FwdSchedule {
     pub tiles: Vec<[i32; 4]>,
     /// `tile * heads_q + head`, longest first.
     pub items: Vec<i32>,
+    /// Key tiles the query tiles visit, summed over the tiles (one head).
+    pub key_tiles: usize,
 }
 
 impl FwdSchedule {
@@ -85,7 +87,17 @@ impl FwdSchedule {
             }
         }
         let items = longest_first((0..cost.len()).collect(), &cost, shape.heads_q);
-        FwdSchedule { tiles, items }
+        let key_tiles = cost.iter().sum();
+        FwdSchedule {
+            tiles,
+            items,
+            key_tiles,
+        }
+    }
+
+    /// Mean key tiles per query tile: how long the forward's items run on average.
+    pub fn mean_key_tiles(&self) -> f64 {
+        self.key_tiles as f64 / self.tiles.len().max(1) as f64
     }
 
     /// Key tiles visited by item `i` (the cost it was sorted by).
@@ -316,6 +328,24 @@ mod tests {
                 assert_eq!(c.iter().map(|x| x % 4).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
             }
         }
+    }
+
+    #[test]
+    fn mean_key_tiles_follow_the_documents() {
+        // causal: query tile i of a document visits i + 1 key tiles; not causal, all of them
+        let mean = |lens: &[usize], causal| {
+            let shape = VarlenShape::from_lens(lens, 2, 2, 128).unwrap();
+            FwdSchedule::new(&shape, &pads(&shape), causal).mean_key_tiles()
+        };
+        assert_eq!(mean(&[65536], true), 256.5);
+        assert_eq!(mean(&[4096; 4], true), 16.5);
+        assert_eq!(mean(&[256; 8], true), 1.5);
+        assert_eq!(mean(&[1000], false), 8.0);
+        // 8192 + 224 x 256: (64 tiles x 32.5 + 448 tiles x 1.5) / 512
+        let mixed: Vec<usize> = std::iter::once(8192)
+            .chain(std::iter::repeat_n(256, 224))
+            .collect();
+        assert_eq!(mean(&mixed, true), (64.0 * 32.5 + 448.0 * 1.5) / 512.0);
     }
 
     #[test]
