@@ -57,7 +57,9 @@
 // Knock-outs (timing only, wrong results; bench/device_s13.sh PHASE=c): QUANT_PROF_NODIM skips the
 // dim-major copy (its shared-memory transpose and stores), QUANT_PROF_NOTOK the token-major code
 // stores, QUANT_PROF_NOHAD the rotation's arithmetic, QUANT_PROF_NOBAR the block-amax barrier
-// (each warp its own maximum): what each costs of the kernel's time.
+// (each warp its own maximum): what each costs of the kernel's time. QUANT_PROF_TILED writes the
+// dim-major codes where a 128-token tiled layout would put them (is the copy slow for its DRAM
+// page locality, 128 rows Tpad bytes apart per block?).
 #define QUANT_INPUTS 3
 // 32-element chunks of a row per thread (element i = 32 k + 8 q + j, k < NK).
 #define NK (HEAD_DIM / 32)
@@ -455,8 +457,19 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       const bool tail = dim_tail(it);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
+#ifdef QUANT_PROF_TILED
+        // (timing only: the codes at the address a 128-token tiled layout [Tpad / 128][heads d][128]
+        // would give them, where a 32-token block's 128 dim rows lie in one 16 KB slab instead of
+        // 128 rows Tpad bytes apart; tails and a last partial tile at the plain address)
+        const long long tok = it.pad0 + it.b0, rows = (long long)t.heads * HEAD_DIM;
+        const long long r = (long long)it.h * HEAD_DIM + 4 * g + c;
+        const bool tiled = !tail && (tok | 127) < p.Tpad;
+        uint2* dst = reinterpret_cast<uint2*>(
+            t.dim + (tiled ? ((tok >> 7) * rows + r) * 128 + (tok & 127) : r * p.Tpad + tok) + 8 * s);
+#else
         uint2* dst = reinterpret_cast<uint2*>(t.dim + ((long long)it.h * HEAD_DIM + 4 * g + c) * p.Tpad + it.pad0 +
                                               it.b0 + 8 * s);
+#endif
         dst[0] = make_uint2(lo[c], hi[c]);
         if (tail) dst[4] = make_uint2(0u, 0u);  // zero padding up to the document's 64-token end
       }

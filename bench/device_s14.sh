@@ -1,0 +1,76 @@
+#!/bin/bash
+# The device calls prepared in session 13 for the next one (docs/perf.md "Next"). Stage once, here:
+#   source scripts/env.sh
+#   cargo build --release -p flamia-trainer -p flamia-dist
+#   cargo test --release --no-run -p flamia-kernels -p flamia-trainer
+#   bash bench/device_bwd4.sh --stage && strip .device-carry/bwd4/*     (38 MB)
+#   bash bench/device_s14.sh --stage-extra   (var/q_tiled, var/q_nodim, var/timers: main's
+#                                             sources with one define each)
+# then carry .device-carry/bwd4 and .device-carry/var (and .whl for PHASE=x) and run, chained
+# (the machine goes back 30 s after a call):
+#   PHASE=q bash bench/device_s14.sh   (~3 min) the Q/K/V quantiser: base, QUANT_PROF_TILED (the
+#                                      dim-major bytes written where a 128-token tiled layout would
+#                                      put them: does the copy's cost go with DRAM page locality?),
+#                                      QUANT_PROF_NODIM (no dim-major copy), twice each at 1x65536
+#                                      and 256x256, d = 128 and 64; ncu of the tiled build
+#   PHASE=p bash bench/device_s14.sh   (~3 min) the backward's waits (BWD_PROF_TIMERS: the dQ
+#                                      buffer wait apart from the dQ store) at 1x65536, 16x4096,
+#                                      64x1024, 256x256; ncu warp state of the default backward at
+#                                      16x4096 (no-instruction stalls: the instruction cache
+#                                      question session 13's BWD_CW_CONST loss raised)
+#   PHASE=x bash bench/device_s14.sh   (~6 min) bench/vs-anchors.sh at d = 128 with the cuDNN
+#                                      frontend wheel: the landed tree against BF16 and cuDNN FP8
+#                                      in one call (session 13 could only compare across calls)
+set -u
+C=.device-carry/bwd4; B=$C/flamia; V=.device-carry/var
+if [ "${1:-}" = "--stage-extra" ]; then
+  for p in q_tiled:quant.cu:"#define QUANT_PROF_TILED 1" q_nodim:quant.cu:"#define QUANT_PROF_NODIM 1" \
+           timers:attn_bwd_v4.cu:"#define BWD_PROF_TIMERS 1"; do
+    name=${p%%:*}; rest=${p#*:}; file=${rest%%:*}; def=${rest#*:}
+    d=$V/$name; rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
+    sed -i "1i $def" $d/$file
+  done
+  du -sh $V/*; exit 0
+fi
+. "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
+O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+{
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
+case "${PHASE:-q}" in
+  q)
+    for hd in 128 64; do
+      for v in base q_tiled q_nodim base q_tiled q_nodim; do
+        echo "=== quantiser $v d = $hd"
+        ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v
+          timeout 120 $B bench attention --head-dim $hd --workload 1x65536 --workload 256x256 2>&1 \
+            | grep -E "^1x65536|^256x256" )
+      done
+    done
+    echo "=== ncu quant_e4m3 q_tiled 1x65536"
+    FLAMIA_CUDA_DIR=$V/q_tiled timeout 150 $NCU --clock-control none -k quant_e4m3 --launch-skip 2 --launch-count 2 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --metrics dram__bytes_read.sum,dram__bytes_write.sum \
+      $B bench attention --workload 1x65536 > "$O/ncu_quant_tiled.txt" 2>&1 || echo "ncu rc=$?"
+    grep -E "quant_e4m3 \(|dram__bytes|Duration|DRAM Throughput|Warp Cycles Per Issued" "$O/ncu_quant_tiled.txt" ;;
+  p)
+    for w in 1x65536 16x4096 64x1024 256x256; do
+      echo "=== timers $w"
+      FLAMIA_CUDA_DIR=$V/timers timeout 120 $B bench attention --workload $w > "$O/t.log" 2>&1 || { echo "rc=$?"; tail -5 "$O/t.log"; }
+      grep -E "^bwd4 prof" "$O/t.log" | tail -4; grep -E "^$w " "$O/t.log"
+    done
+    echo "=== ncu attn_bwd_v4 16x4096 warp state"
+    # (the stall reasons per issued instruction; if a metric name is refused, the sections alone)
+    M=no_instruction,long_scoreboard,short_scoreboard,barrier,wait,math_pipe_throttle,mio_throttle,branch_resolving
+    M=$(echo $M | tr ',' '\n' | sed 's/.*/smsp__average_warps_issue_stalled_&_per_issue_active.ratio/' | paste -sd,)
+    ncu_bwd() { timeout 150 $NCU --clock-control none -k attn_bwd_v4 --launch-skip 3 --launch-count 1 \
+      --section WarpStateStats --section SchedulerStats "$@" $B bench attention --workload 16x4096; }
+    ncu_bwd --metrics $M > "$O/ncu_bwd_warps.txt" 2>&1 || { echo "ncu rc=$? (metrics refused?): sections alone";
+      ncu_bwd > "$O/ncu_bwd_warps.txt" 2>&1 || echo "ncu rc=$?"; }
+    grep -E "issue_stalled|Warp Cycles Per Issued|Issued Warp|No Eligible|Active Warps Per|Eligible Warps" "$O/ncu_bwd_warps.txt" ;;
+  x)
+    B=$B O=$O bash bench/vs-anchors.sh ;;
+  *) echo "PHASE is q, p or x"; exit 2 ;;
+esac
+date
+} 2>&1 | tee "$O/s14_${PHASE:-q}.log"
