@@ -18,11 +18,34 @@
 #                                      64x1024, 256x256; ncu warp state of the default backward at
 #                                      16x4096 (no-instruction stalls: the instruction cache
 #                                      question session 13's BWD_CW_CONST loss raised)
+#   PHASE=t2 bash bench/device_s14.sh  (~4 min) branch dim-tiled (the dim-major copies tiled by 128
+#                                      tokens, documents padded to 128 there; staged with
+#                                      `bash bench/device_s14.sh --stage-tiled`, gzipped into
+#                                      .device-carry/tiled: carry it beside bwd4): the new mutation
+#                                      quant-dim-tail-short, gpu_quant and gpu_attention on the
+#                                      branch's binaries
+#   PHASE=ab2 bash bench/device_s14.sh (~6 min) the same call's A/B of main's binary (base) and the
+#                                      branch's (tiled), two rounds, d = 128 and 64, nine workloads
+#                                      (bench/ab_table.py on $OUT/ab2_<hd>.log, --col quant / train)
 #   PHASE=x bash bench/device_s14.sh   (~6 min) bench/vs-anchors.sh at d = 128 with the cuDNN
 #                                      frontend wheel: the landed tree against BF16 and cuDNN FP8
 #                                      in one call (session 13 could only compare across calls)
 set -u
-C=.device-carry/bwd4; B=$C/flamia; V=.device-carry/var
+C=.device-carry/bwd4; B=$C/flamia; V=.device-carry/var; X=.device-carry/tiled
+if [ "${1:-}" = "--stage-tiled" ]; then
+  # the branch's release binary and GPU tests, built in its worktree, gzipped (the carry cap), and
+  # its kernel sources and mutation script (run from here on the device)
+  W=${TILED_WT:-/work/wt-fold}
+  [ "$(git -C "$W" rev-parse --abbrev-ref HEAD)" = dim-tiled ] || { echo "$W is not on branch dim-tiled"; exit 2; }
+  ( cd "$W" && cargo build --release -p flamia-trainer && cargo test --release --no-run -p flamia-kernels ) || exit 2
+  rm -rf $X; mkdir -p $X/cuda $X/bench
+  cp "$W/target/release/flamia" $X/
+  for t in gpu_quant gpu_attention; do cp "$(ls -t "$W"/target/release/deps/$t-* | grep -v '\.d$' | head -1)" $X/$t; done
+  strip $X/flamia $X/gpu_quant $X/gpu_attention && gzip -9 $X/flamia $X/gpu_quant $X/gpu_attention
+  cp "$W"/flamia-kernels/cuda/*.cu "$W"/flamia-kernels/cuda/*.cuh $X/cuda/
+  cp "$W"/bench/gpu_mutations.sh "$W"/bench/device-env.sh $X/bench/
+  du -sh $X; exit 0
+fi
 if [ "${1:-}" = "--stage-extra" ]; then
   for p in q_tiled:quant.cu:"#define QUANT_PROF_TILED 1" q_nodim:quant.cu:"#define QUANT_PROF_NODIM 1" \
            timers:attn_bwd_v4.cu:"#define BWD_PROF_TIMERS 1"; do
@@ -68,9 +91,33 @@ case "${PHASE:-q}" in
     ncu_bwd --metrics $M > "$O/ncu_bwd_warps.txt" 2>&1 || { echo "ncu rc=$? (metrics refused?): sections alone";
       ncu_bwd > "$O/ncu_bwd_warps.txt" 2>&1 || echo "ncu rc=$?"; }
     grep -E "issue_stalled|Warp Cycles Per Issued|Issued Warp|No Eligible|Active Warps Per|Eligible Warps" "$O/ncu_bwd_warps.txt" ;;
+  t2|ab2)
+    # the branch's binaries, unpacked beside the staged ones (gpu_mutations.sh finds gpu_quant
+    # next to $T)
+    U=/tmp/tiled; mkdir -p $U
+    for f in flamia gpu_quant gpu_attention; do gzip -dc $X/$f.gz > $U/$f; chmod +x $U/$f; done
+    if [ "$PHASE" = t2 ]; then
+      echo "=== mutation quant-dim-tail-short (must be caught)"
+      SRC=$X/cuda T=$U/gpu_attention ONLY=quant-dim-tail-short OUT=$O/mut bash $X/bench/gpu_mutations.sh
+      echo "=== gpu_quant (tiled)"
+      timeout 120 $U/gpu_quant --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
+      echo "=== gpu_attention (tiled)"
+      timeout 300 $U/gpu_attention --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
+    else
+      for hd in 128 64; do
+        for r in 1 2; do
+          for v in base tiled; do
+            echo "=== $v ($r)"
+            bin=$B; [ $v = tiled ] && bin=$U/flamia
+            timeout 150 $bin bench attention --head-dim $hd 2>&1 | grep -E "^[0-9a-z+]+ +[0-9]+ \|"
+          done
+        done > "$O/ab2_$hd.log"
+        for col in quant fwd bwd train; do python3 bench/ab_table.py "$O/ab2_$hd.log" --col $col; done
+      done
+    fi ;;
   x)
     B=$B O=$O bash bench/vs-anchors.sh ;;
-  *) echo "PHASE is q, p or x"; exit 2 ;;
+  *) echo "PHASE is q, p, t2, ab2 or x"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s14_${PHASE:-q}.log"

@@ -12,7 +12,7 @@
 # tree's flamia-kernels/cuda), e.g. the committed sources while the tree holds a kernel variant.
 set -u
 SRC=${SRC:-flamia-kernels/cuda}
-T=.device-carry/bwd4/gpu_attention
+T=${T:-.device-carry/bwd4/gpu_attention}
 O=${OUT:-/tmp/flamia-mut}; mkdir -p "$O"
 . "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 check=0; [ "${1:-}" = "--check" ] && check=1
