@@ -18,6 +18,12 @@
 #                                      64x1024, 256x256; ncu warp state of the default backward at
 #                                      16x4096 (no-instruction stalls: the instruction cache
 #                                      question session 13's BWD_CW_CONST loss raised)
+#   PHASE=d bash bench/device_s14.sh   (~3.5 min) two dQ buffers per warpgroup at d = 64
+#                                      (FLAMIA_BWD_DQ_BUFS=2: the dQ store need not wait for the
+#                                      reducer's read of the previous partial; +16 KB), A/B on the
+#                                      nine workloads twice, head_dim_64 tests with it. (At d = 128
+#                                      it needs two stages: FLAMIA_BWD_STAGES=2, another A/B if the
+#                                      timers of PHASE=p show the wait is large there.)
 #   PHASE=t2 bash bench/device_s14.sh  (~4 min) branch dim-tiled (the dim-major copies tiled by 128
 #                                      tokens, documents padded to 128 there; staged with
 #                                      `bash bench/device_s14.sh --stage-tiled`, gzipped into
@@ -53,6 +59,7 @@ if [ "${1:-}" = "--stage-extra" ]; then
     d=$V/$name; rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
     sed -i "1i $def" $d/$file
   done
+  mkdir -p $V/dqb2 && echo FLAMIA_BWD_DQ_BUFS=2 > $V/dqb2/env
   du -sh $V/*; exit 0
 fi
 . "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
@@ -91,6 +98,10 @@ case "${PHASE:-q}" in
     ncu_bwd --metrics $M > "$O/ncu_bwd_warps.txt" 2>&1 || { echo "ncu rc=$? (metrics refused?): sections alone";
       ncu_bwd > "$O/ncu_bwd_warps.txt" 2>&1 || echo "ncu rc=$?"; }
     grep -E "issue_stalled|Warp Cycles Per Issued|Issued Warp|No Eligible|Active Warps Per|Eligible Warps" "$O/ncu_bwd_warps.txt" ;;
+  d)
+    VARS="dqb2" TEST_VARS="dqb2" TEST_FILTER=head_dim_64 REPS=2 OUT=$O WL="--head-dim 64" bash bench/device_ab.sh > /dev/null 2>&1
+    grep -E "test result|panicked" $O/device_ab.log
+    for col in bwd train; do python3 bench/ab_table.py $O/device_ab.log --col $col; done ;;
   t2|ab2)
     # the branch's binaries, unpacked beside the staged ones (gpu_mutations.sh finds gpu_quant
     # next to $T)
@@ -117,7 +128,7 @@ case "${PHASE:-q}" in
     fi ;;
   x)
     B=$B O=$O bash bench/vs-anchors.sh ;;
-  *) echo "PHASE is q, p, t2, ab2 or x"; exit 2 ;;
+  *) echo "PHASE is q, p, d, t2, ab2 or x"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s14_${PHASE:-q}.log"

@@ -197,6 +197,40 @@ fn bwd_dq_first_store() -> bool {
     super::env_number::<u32>("FLAMIA_BWD_DQ_STORE") != Some(0)
 }
 
+/// `FLAMIA_BWD_DQ_BUFS=2` (an A/B knob, default 1): two FP32 dQ partial buffers per consumer
+/// warpgroup in the v4 backward (`BWD_DQ_BUFS`), so a step's partial need not wait for the
+/// reducer's TMA to have read the previous one; 64 x hd x 4 bytes more per warpgroup (16 KB at
+/// d = 64; 32 KB at 128, where only two stages leave room: [`with_dq_bufs`]). Session 13's phases
+/// put the dQ store, that wait included, at ~650 clocks of a ~6,200-clock step (830-990 at
+/// 256x256); session 5 measured two buffers at d = 128 with two stages 1.6% slower, before the
+/// reducer's ordering and the upward walk changed what the wait is.
+fn bwd_dq_bufs() -> u32 {
+    stages_from_env("FLAMIA_BWD_DQ_BUFS", 1..=2, 1)
+}
+
+/// The most dynamic shared memory a CTA may have on sm_90 (227 KB).
+const SMEM_MAX: u32 = 227 * 1024;
+
+/// A [`backward_v4_variant`] with `dq_bufs` dQ partial buffers per warpgroup: the budget grows by
+/// hd / 4 KB per buffer past the first; an error past [`SMEM_MAX`].
+fn with_dq_bufs((v, smem): (Variant, u32), hd: u32, dq_bufs: u32) -> GpuResult<(Variant, u32)> {
+    if dq_bufs <= 1 {
+        return Ok((v, smem));
+    }
+    let smem = smem + (dq_bufs - 1) * hd / 4 * 1024;
+    if smem > SMEM_MAX {
+        return Err(GpuError::NotSupported(format!(
+            "FLAMIA_BWD_DQ_BUFS={dq_bufs} at head dim {hd} needs {} KB of shared memory per CTA, more \
+             than the 227 KB allowed: use it with FLAMIA_BWD_STAGES=2 there",
+            smem / 1024
+        )));
+    }
+    Ok((
+        v.define("BWD_DQ_BUFS", dq_bufs).define("SMEM_BWD4_BUDGET", smem),
+        smem,
+    ))
+}
+
 /// Defines of the v4 backward: head dim, ring depth, `row_ds_exponents` (two dS copies with row
 /// exponents, `BWD_ROW_DS`: 7 KB more shared memory for its exchange slots), whether the key
 /// factors are uniform per 32-key block (`BWD_KEY_BLOCKS`: token-block and tensor-wide scales,
@@ -532,8 +566,8 @@ impl Attention {
     /// The v4 backward's variant and smem budget for this call's options at head dim `hd`, with
     /// the test knobs of the environment (`FLAMIA_BWD_JITTER`, `FLAMIA_BWD_SKIP_DEAD`); `walk_up`:
     /// the plan has tiles that walk up.
-    fn backward_v4_kernel(&self, hd: u32, walk_up: bool) -> (Variant, u32) {
-        backward_v4_variant(
+    fn backward_v4_kernel(&self, hd: u32, walk_up: bool) -> GpuResult<(Variant, u32)> {
+        let v = backward_v4_variant(
             self.bwd_stages,
             hd,
             self.opts.precision.row_ds_exponents,
@@ -541,7 +575,8 @@ impl Attention {
             bwd_jitter() != 0,
             bwd_skip_dead(),
             walk_up,
-        )
+        );
+        with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
     fn check_plan(&self, plan: &Plan) -> GpuResult<()> {
@@ -903,7 +938,7 @@ impl Attention {
         // the fused kernel and the dQ conversion, once per head chunk (BwdSchedule::chunks): the
         // chunk's dQ accumulator and dK/dV partials are the scratch's
         self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
-        let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up());
+        let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up())?;
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
@@ -1054,7 +1089,7 @@ impl Attention {
             out.push(("attn_fwd_v4".to_string(), r, l));
         }
         if self.uses_backward_v4() {
-            let (v4, smem) = self.backward_v4_kernel(hd32, super::sched::bwd_up_tiles() > 0);
+            let (v4, smem) = self.backward_v4_kernel(hd32, super::sched::bwd_up_tiles() > 0)?;
             let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_bwd_v4".to_string(), r, l));
@@ -1084,7 +1119,7 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, forward_v4_variant, fwd_cw_const, parse_promote,
-        FWD_CW_MIN_TILES,
+        with_dq_bufs, FWD_CW_MIN_TILES,
     };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
@@ -1136,6 +1171,12 @@ mod tests {
                     }
                 }
             }
+            // two dQ buffers per warpgroup (FLAMIA_BWD_DQ_BUFS=2): three stages at d = 64, two at 128
+            let stages = if hd == 64 { 3 } else { 2 };
+            let v = backward_v4_variant(stages, hd, false, true, false, None, true);
+            let (v, _) = with_dq_bufs(v, hd, 2).unwrap();
+            compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
+                .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
             // the forward's per-warpgroup consumer copies (long items, fwd_cw_const)
             let (v, _) = forward_v4_variant(false, 3, hd, true);
             compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
@@ -1156,6 +1197,19 @@ mod tests {
         // the v3.1 kernels refuse another head dim at compile time
         let v = attention_variant(false, 0).define("HEAD_DIM", 64);
         assert!(compile_ptx("attn_fwd.cu", &v, "sm_90a").is_err());
+    }
+
+    #[test]
+    fn two_dq_buffers_fit_at_head_dim_64_and_need_two_stages_at_128() {
+        let bwd = |stages, hd| backward_v4_variant(stages, hd, false, true, false, None, true);
+        let (v, smem) = with_dq_bufs(bwd(3, 64), 64, 2).unwrap();
+        assert_eq!(smem, bwd(3, 64).1 + 16 * 1024);
+        assert!(v.key().contains("BWD_DQ_BUFS=2"), "{}", v.key());
+        assert!(with_dq_bufs(bwd(2, 128), 128, 2).is_ok());
+        let e = with_dq_bufs(bwd(3, 128), 128, 2).unwrap_err().to_string();
+        assert!(e.contains("FLAMIA_BWD_STAGES=2"), "{e}");
+        // one buffer: the variant as it was
+        assert_eq!(with_dq_bufs(bwd(3, 128), 128, 1).unwrap().1, bwd(3, 128).1);
     }
 
     #[test]
