@@ -191,9 +191,9 @@ pub fn gauss_call(rng: &mut ChaCha8Rng, shape: &VarlenShape, opts: AttnOptions) 
 
 /// `call` with its keys' magnitudes spread over the 128-key tiles: token t's K rows scaled by
 /// 2^(-5 ((t / 128) mod 4)), so the dQ partials of neighbouring key tiles differ by up to 2^15
-/// and their FP32 sum rounds. With Gaussian keys alone every partial of a query tile is a
-/// multiple of one power of two small enough that the sum is exact in any order, so a test of
-/// the reduces' order needs this (session 13: the unordered-reduce mutation passed without it).
+/// and their FP32 sum rounds. With Gaussian keys alone the unordered-reduce mutation passed both
+/// ordering tests (session 13), most likely because every partial of a query tile was a multiple
+/// of one power of two coarse enough that the sum was exact in any order; with this it fails them.
 pub fn spread_key_tiles(mut call: AttnCall) -> AttnCall {
     let row = call.shape.heads_kv * call.shape.head_dim;
     for (t, k) in call.k.chunks_mut(row).enumerate() {
