@@ -13,9 +13,10 @@
 #                                      put them: does the copy's cost go with DRAM page locality?),
 #                                      QUANT_PROF_NODIM (no dim-major copy), twice each at 1x65536
 #                                      and 256x256, d = 128 and 64; ncu of the tiled build
-#   PHASE=p bash bench/device_s14.sh   (~3 min) the backward's waits (BWD_PROF_TIMERS: the dQ
+#   PHASE=p bash bench/device_s14.sh   (~3.5 min) the backward's waits (BWD_PROF_TIMERS: the dQ
 #                                      buffer wait apart from the dQ store) at 1x65536, 16x4096,
-#                                      64x1024, 256x256; ncu warp state of the default backward at
+#                                      64x1024, 256x256; the reducer's (BWD_PROF_REDUCER, now
+#                                      printed by a consumer thread at the end) at 16x4096, 256x256; ncu warp state of the default backward at
 #                                      16x4096 (no-instruction stalls: the instruction cache
 #                                      question session 13's BWD_CW_CONST loss raised)
 #   PHASE=d bash bench/device_s14.sh   (~3.5 min) two dQ buffers per warpgroup at d = 64
@@ -54,7 +55,7 @@ if [ "${1:-}" = "--stage-tiled" ]; then
 fi
 if [ "${1:-}" = "--stage-extra" ]; then
   for p in q_tiled:quant.cu:"#define QUANT_PROF_TILED 1" q_nodim:quant.cu:"#define QUANT_PROF_NODIM 1" \
-           timers:attn_bwd_v4.cu:"#define BWD_PROF_TIMERS 1"; do
+           timers:attn_bwd_v4.cu:"#define BWD_PROF_TIMERS 1" reducer:attn_bwd_v4.cu:"#define BWD_PROF_REDUCER 1"; do
     name=${p%%:*}; rest=${p#*:}; file=${rest%%:*}; def=${rest#*:}
     d=$V/$name; rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
     sed -i "1i $def" $d/$file
@@ -88,6 +89,11 @@ case "${PHASE:-q}" in
       echo "=== timers $w"
       FLAMIA_CUDA_DIR=$V/timers timeout 120 $B bench attention --workload $w > "$O/t.log" 2>&1 || { echo "rc=$?"; tail -5 "$O/t.log"; }
       grep -E "^bwd4 prof" "$O/t.log" | tail -4; grep -E "^$w " "$O/t.log"
+    done
+    for w in 16x4096 256x256; do
+      echo "=== reducer $w (BWD_PROF_REDUCER: its waits for a partial, its turn, the TMA read, the landing)"
+      FLAMIA_CUDA_DIR=$V/reducer timeout 120 $B bench attention --workload $w > "$O/r.log" 2>&1 || { echo "rc=$?"; tail -5 "$O/r.log"; }
+      grep -E "^bwd4 reducer" "$O/r.log" | tail -4; grep -E "^$w " "$O/r.log"
     done
     echo "=== ncu attn_bwd_v4 16x4096 warp state"
     # (the stall reasons per issued instruction; if a metric name is refused, the sections alone)

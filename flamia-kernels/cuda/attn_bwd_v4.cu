@@ -256,6 +256,9 @@ struct BwdV4Smem {
 #endif
   BwdItemTail tail[2];
   float red[2][8][2];                  // [step parity][consumer warp][query slice] block maxima
+#ifdef BWD_PROF_REDUCER
+  long long redprof[2][6];             // [reducer] partials, clocks, waits: partial, turn, read, landed
+#endif
   int dse[BWD_DS_BUFS][2][4];          // [dS buffer][query block][key block] exponents
 #if BWD_ROW_DS
   float2 redc[2][8][32];               // [step parity][consumer warp][lane] column maxima (row dS)
@@ -1447,9 +1450,10 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
     red_release_add(sem, 1);
   }
 #ifdef BWD_PROF_REDUCER
-  if (blockIdx.x < 2)
-    printf("bwd4 reducer cta %d wg %d: partials %d clocks %lld | waits: partial %lld turn %lld read %lld landed %lld\n",
-           (int)blockIdx.x, cw, k, clock64() - t_start, w_full, w_sem, w_read, w_land);
+  // (printed by a consumer thread at the kernel's end: a printf here, in the producer warpgroup's
+  // 24 registers, died with an illegal instruction in sessions 12 and 13)
+  long long* r = sm.redprof[cw];
+  r[0] = k, r[1] = clock64() - t_start, r[2] = w_full, r[3] = w_sem, r[4] = w_read, r[5] = w_land;
 #else
   (void)k;
 #endif
@@ -1487,6 +1491,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     regs_alloc<240>();
     bwd_consumer(P, sm, wg - 1);
   }
+#ifdef BWD_PROF_REDUCER
+  __syncthreads();  // (every thread of the CTA gets here: the reducers' counters are written)
+  if (threadIdx.x == 128 && blockIdx.x < 2)
+    for (int c = 0; c < 2; ++c) {
+      const long long* r = sm.redprof[c];
+      printf("bwd4 reducer cta %d wg %d: partials %lld clocks %lld | waits: partial %lld turn %lld read %lld landed %lld\n",
+             (int)blockIdx.x, c, r[0], r[1], r[2], r[3], r[4], r[5]);
+    }
+#endif
 }
 
 // c_j = max(edO_i over the rows i that see key j) - 8 per (token, query head): the suffix maximum
