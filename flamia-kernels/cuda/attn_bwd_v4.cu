@@ -1450,8 +1450,9 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
     red_release_add(sem, 1);
   }
 #ifdef BWD_PROF_REDUCER
-  // (printed by a consumer thread at the kernel's end: a printf here, in the producer warpgroup's
-  // 24 registers, died with an illegal instruction in sessions 12 and 13)
+  // (printed by a consumer thread at the kernel's end: the build with a printf here, in the
+  // producer warpgroup's 24 registers, failed in sessions 12 and 13, in 13 with an illegal
+  // instruction; the register cap is the suspect, not confirmed)
   long long* r = sm.redprof[cw];
   r[0] = k, r[1] = clock64() - t_start, r[2] = w_full, r[3] = w_sem, r[4] = w_read, r[5] = w_land;
 #else
