@@ -254,24 +254,17 @@ fn forward_consumer_copies_give_bitwise_the_same() {
     // (FWD_CW_CONST, the default where the items are long: fwd_cw_const), =0 with one body for
     // both; every output bitwise the same, at both head dims, causal and not, block and per-token
     // scales (LeakyFp8).
-    let gpu = gpu();
-    for (hd, causal, path) in [
-        (128, true, AttnPath::Mxfp8),
-        (128, false, AttnPath::Mxfp8),
-        (128, true, AttnPath::LeakyFp8),
-        (64, true, AttnPath::Mxfp8),
-    ] {
-        let shape = VarlenShape::from_lens(&[4096, 300, 1, 65], 4, 2, hd).unwrap();
-        with_seeds(
-            &format!("fwd copies, d = {hd}, causal {causal}, {path}"),
-            |mut rng| {
-                let mut opts = AttnOptions::new(path);
-                opts.causal = causal;
-                let call = gauss_call(&mut rng, &shape, opts);
-                same_bits_whatever(&gpu, &call, "FLAMIA_FWD_CW", &["0", "1"]);
-            },
-        );
-    }
+    let lens = &[4096, 300, 1, 65][..];
+    knob_keeps_every_bit(
+        "FLAMIA_FWD_CW",
+        &["0", "1"],
+        &[
+            (128, lens, true, AttnPath::Mxfp8),
+            (128, lens, false, AttnPath::Mxfp8),
+            (128, lens, true, AttnPath::LeakyFp8),
+            (64, lens, true, AttnPath::Mxfp8),
+        ],
+    );
 }
 
 #[test]
@@ -431,20 +424,30 @@ fn folded_key_factors_give_bitwise_the_per_row_backward() {
     // multiplies them per score instead. Powers of two: the two must agree bit for bit, keys
     // past a document's end included (masked in the folded form; their factors are 0 in the
     // other), causal and not, GQA, both head dims.
+    knob_keeps_every_bit(
+        "FLAMIA_BWD_KEY_BLOCKS",
+        &["0"],
+        &[
+            (128, &[300, 1, 65, 1100][..], true, AttnPath::Mxfp8),
+            (128, &[300, 1, 65, 1100][..], false, AttnPath::Mxfp8),
+            (128, &[517, 2048][..], true, AttnPath::LeakyFp8),
+            (64, &[300, 1, 65, 1100][..], true, AttnPath::Mxfp8),
+            (64, &[517, 2048][..], false, AttnPath::Mxfp8),
+        ],
+    );
+}
+
+/// [`same_bits_whatever`] for `var` and `values` on Gaussian calls of each case (head dim,
+/// document lengths, causal, path; 4 query heads over 2 KV heads), every seed.
+fn knob_keeps_every_bit(var: &str, values: &[&str], cases: &[(usize, &[usize], bool, AttnPath)]) {
     let gpu = gpu();
-    for (hd, lens, causal, path) in [
-        (128, &[300, 1, 65, 1100][..], true, AttnPath::Mxfp8),
-        (128, &[300, 1, 65, 1100][..], false, AttnPath::Mxfp8),
-        (128, &[517, 2048][..], true, AttnPath::LeakyFp8),
-        (64, &[300, 1, 65, 1100][..], true, AttnPath::Mxfp8),
-        (64, &[517, 2048][..], false, AttnPath::Mxfp8),
-    ] {
+    for &(hd, lens, causal, path) in cases {
         let shape = VarlenShape::from_lens(lens, 4, 2, hd).unwrap();
-        with_seeds("key blocks", |mut rng| {
+        with_seeds(&format!("{var}, d = {hd}, causal {causal}, {path}"), |mut rng| {
             let mut opts = AttnOptions::new(path);
             opts.causal = causal;
             let call = gauss_call(&mut rng, &shape, opts);
-            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_KEY_BLOCKS", &["0"]);
+            same_bits_whatever(&gpu, &call, var, values);
         });
     }
 }

@@ -652,9 +652,9 @@ impl Attention {
             let dkv = (s.heads_q != s.heads_kv)
                 .then(|| DeviceBuf::zeros(&self.gpu, nkt * (s.heads_kv / chunks) * 2 * BWD_KT * hd))
                 .transpose()?;
-            // (rows: the padded positions, every document's 64-query tiles, which are at least
-            // the tokens: enough for either layout, FLAMIA_BWD_DQ_STORE)
-            let rows = plan.tables.bwd.query_tiles * BWD_QT;
+            // (rows: the padded positions, at least the tokens: enough for either layout,
+            // FLAMIA_BWD_DQ_STORE)
+            let rows = plan.tpad();
             Some(BwdScratch {
                 dq_acc: DeviceBuf::zeros(&self.gpu, rows * (s.heads_q / chunks) * hd)?,
                 sems: DeviceBuf::zeros(&self.gpu, sems)?,
@@ -946,7 +946,7 @@ impl Attention {
         // dQ accumulator rows: padded positions when each query tile's first partial is stored
         // (no zeroing), else tokens
         let first_store = bwd_dq_first_store();
-        let acc_rows = if first_store { bw.query_tiles * BWD_QT } else { t };
+        let acc_rows = if first_store { plan.tpad() } else { t };
         for c in 0..bw.chunks {
             let range = bw.chunk_range(c);
             if !first_store {
