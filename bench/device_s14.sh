@@ -55,6 +55,8 @@ if [ "${1:-}" = "--stage-tiled" ]; then
 fi
 if [ "${1:-}" = "--stage-extra" ]; then
   for p in q_tiled:quant.cu:"#define QUANT_PROF_TILED 1" q_nodim:quant.cu:"#define QUANT_PROF_NODIM 1" \
+           q_nodimst:quant.cu:"#define QUANT_PROF_NODIMST 1" q_nodimbar:quant.cu:"#define QUANT_PROF_NODIMBAR 1" \
+           q_contig:quant.cu:"#define QUANT_PROF_CONTIG 1" q_dim16:quant.cu:"#define QUANT_PROF_DIM16 1" \
            timers:attn_bwd_v4.cu:"#define BWD_PROF_TIMERS 1" reducer:attn_bwd_v4.cu:"#define BWD_PROF_REDUCER 1"; do
     name=${p%%:*}; rest=${p#*:}; file=${rest%%:*}; def=${rest#*:}
     d=$V/$name; rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
@@ -84,6 +86,32 @@ case "${PHASE:-q}" in
       --metrics dram__bytes_read.sum,dram__bytes_write.sum \
       $B bench attention --workload 1x65536 > "$O/ncu_quant_tiled.txt" 2>&1 || echo "ncu rc=$?"
     grep -E "quant_e4m3 \(|dram__bytes|Duration|DRAM Throughput|Warp Cycles Per Issued" "$O/ncu_quant_tiled.txt" ;;
+  q2)
+    # session 14: q_tiled gained only 6% (0.667 -> 0.627 ms), so the copy's cost is not its DRAM
+    # page locality; split it: the barrier before it, its stores
+    for v in base q_nodimst q_nodimbar q_nodim base q_nodimst q_nodimbar q_nodim; do
+      echo "=== quantiser $v d = 128"
+      ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v
+        timeout 120 $B bench attention --workload 1x65536 --workload 64x1024 2>&1 | grep -E "^1x65536|^64x1024" )
+    done ;;
+  q3)
+    # q2: the dim copy's global stores are its cost (no stores 0.39 ms, no barrier = base): are
+    # they slow for where they land (contig: each item's 4 KB contiguous) or for their count (dim16)?
+    for v in base q_contig q_dim16 base q_contig q_dim16; do
+      echo "=== quantiser $v d = 128"
+      ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v
+        timeout 120 $B bench attention --workload 1x65536 --workload 64x1024 2>&1 | grep -E "^1x65536|^64x1024" )
+    done
+    M=long_scoreboard,barrier,lg_throttle,drain,mio_throttle,short_scoreboard,wait,membar,math_pipe_throttle,not_selected,selected
+    M=$(echo $M | tr ',' '\n' | sed 's/.*/smsp__average_warps_issue_stalled_&_per_issue_active.ratio/' | paste -sd,)
+    for v in base q_nodimst q_contig; do
+      echo "=== ncu quant_e4m3 $v 1x65536"
+      ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v
+        timeout 150 $NCU --clock-control none -k quant_e4m3 --launch-skip 2 --launch-count 1 --section WarpStateStats \
+          --metrics $M,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_write.sum,lts__t_requests_op_write.sum,gpu__time_duration.sum \
+          $B bench attention --workload 1x65536 > "$O/ncu_q_$v.txt" 2>&1 || echo "ncu rc=$?" )
+      grep -E "issue_stalled|dram__bytes|lts__t|gpu__time|Warp Cycles Per Issued" "$O/ncu_q_$v.txt"
+    done ;;
   p)
     for w in 1x65536 16x4096 64x1024 256x256; do
       echo "=== timers $w"

@@ -59,7 +59,11 @@
 // stores, QUANT_PROF_NOHAD the rotation's arithmetic, QUANT_PROF_NOBAR the block-amax barrier
 // (each warp its own maximum): what each costs of the kernel's time. QUANT_PROF_TILED writes the
 // dim-major codes where a 128-token tiled layout would put them (is the copy slow for its DRAM
-// page locality, 128 rows Tpad bytes apart per block?).
+// page locality, 128 rows Tpad bytes apart per block?). QUANT_PROF_NODIMST keeps the copy's
+// barrier, shared-memory reads and transposes but not its global stores; QUANT_PROF_NODIMBAR drops
+// only the barrier before the copy (session 14: which part of the copy's 0.31 ms is it?);
+// QUANT_PROF_CONTIG writes each item's dim-major codes as one contiguous 4 KB, QUANT_PROF_DIM16
+// with half as many (16-byte) store instructions.
 #define QUANT_INPUTS 3
 // 32-element chunks of a row per thread (element i = 32 k + 8 q + j, k < NK).
 #define NK (HEAD_DIM / 32)
@@ -439,7 +443,9 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     it = nx;
     continue;
 #endif
+#ifndef QUANT_PROF_NODIMBAR
     __syncthreads();
+#endif
     // dim-major copy: thread (dim quad g, token octet s) transposes 8 tokens x 4 dims and writes
     // 8 bytes per dim row; lanes s = 0..3 fill one 32-byte sector. g < d / 4: at d = 64 warps 2
     // and 3 skip it (a warp-uniform branch).
@@ -457,7 +463,26 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       const bool tail = dim_tail(it);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-#ifdef QUANT_PROF_TILED
+#if defined(QUANT_PROF_DIM16)
+        // (timing only, the same bytes and addresses: lanes s and s ^ 1 trade two rows so each
+        // writes 16 tokens of two rows with 16-byte stores: half the store instructions)
+        if (c >= 2) break;
+        const bool odd = s & 1;
+        const u32 sl = __shfl_xor_sync(0xffffffffu, odd ? lo[c] : lo[2 + c], 1);
+        const u32 sh = __shfl_xor_sync(0xffffffffu, odd ? hi[c] : hi[2 + c], 1);
+        const u32 ml = odd ? lo[2 + c] : lo[c], mh = odd ? hi[2 + c] : hi[c];
+        uint4* dst4 = reinterpret_cast<uint4*>(t.dim + ((long long)it.h * HEAD_DIM + 4 * g + (odd ? 2 + c : c)) * p.Tpad +
+                                               it.pad0 + it.b0 + 16 * (s >> 1));
+        dst4[0] = odd ? make_uint4(sl, sh, ml, mh) : make_uint4(ml, mh, sl, sh);
+        if (tail) dst4[2] = make_uint4(0u, 0u, 0u, 0u);
+        continue;
+        uint2* dst = nullptr;
+#elif defined(QUANT_PROF_CONTIG)
+        // (timing only: a 32-token tiled layout [Tpad / 32][heads d][32], each item's codes one
+        // contiguous 4 KB: are the copy's stores slow for where they land?)
+        uint2* dst = reinterpret_cast<uint2*>(
+            t.dim + (((long long)(it.pad0 + it.b0) >> 5) * t.heads * HEAD_DIM + (long long)it.h * HEAD_DIM + 4 * g + c) * 32 + 8 * s);
+#elif defined(QUANT_PROF_TILED)
         // (timing only: the codes at the address a 128-token tiled layout [Tpad / 128][heads d][128]
         // would give them, where a 32-token block's 128 dim rows lie in one 16 KB slab instead of
         // 128 rows Tpad bytes apart; tails and a last partial tile at the plain address)
@@ -469,6 +494,9 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #else
         uint2* dst = reinterpret_cast<uint2*>(t.dim + ((long long)it.h * HEAD_DIM + 4 * g + c) * p.Tpad + it.pad0 +
                                               it.b0 + 8 * s);
+#endif
+#ifdef QUANT_PROF_NODIMST
+        if ((lo[c] ^ hi[c]) == 0x12345678u)  // (keeps the transpose alive; practically never true)
 #endif
         dst[0] = make_uint2(lo[c], hi[c]);
         if (tail) dst[4] = make_uint2(0u, 0u);  // zero padding up to the document's 64-token end
