@@ -78,3 +78,11 @@ mutate bwd4-prodfold-factor attn_bwd_v4.cu 's/c\[3\]\[0\] \* f.x, c\[3\]\[1\] \*
 # second partial instead of its first, so the first is added to whatever the accumulator held.
 mutate bwd4-dq-store-second attn_bwd_v4.cu 's/if (P.dq_first_store \&\& j.target == 0) {/if (P.dq_first_store \&\& j.target == 2) {/' \
   first_dq_partials_stored_give_bitwise_the_zeroed_accumulator
+# 11. Quantiser chunks (FLAMIA_QUANT_CHUNKS=1, the test sets it): the flush no longer zeroes the
+# slots without a block (a document's 32-token tail, the layout's last 64 positions), so the
+# poisoned bytes stay there.
+mutate quant-chunk-nozero quant.cu 's/if (chunk_block(cb, k >> 1) < 0) v = make_uint4(0u, 0u, 0u, 0u);//' \
+  gpu_quant:chunked_quantiser_is_bitwise_the_cpu_reference
+# 12. Quantiser chunks: every block's codes gathered into slot 0 of the staging buffer.
+mutate quant-chunk-slot quant.cu 's/dimbuf_off(4 \* g + c, 2 \* cj + (s >> 1))/dimbuf_off(4 * g + c, (s >> 1))/' \
+  gpu_quant:chunked_quantiser_is_bitwise_the_cpu_reference

@@ -64,6 +64,18 @@
 // only the barrier before the copy (session 14: which part of the copy's 0.31 ms is it?);
 // QUANT_PROF_CONTIG writes each item's dim-major codes as one contiguous 4 KB, QUANT_PROF_DIM16
 // with half as many (16-byte) store instructions.
+// QUANT_CHUNKS 1 (FLAMIA_QUANT_CHUNKS=1; not the default until measured on a GPU): items are
+// (128-position chunk of the padded dim-major layout, head slot), Tpad a multiple of 128. A CTA
+// runs the chunk's up to four 32-token blocks in turn exactly as before, but gathers their
+// dim-major codes in shared memory ([d rows][128 positions], 16-byte pieces XOR-swizzled by the
+// row's dim quad: conflict-free both ways) and writes each row's 128 bytes as one full line
+// (16-byte stores, 8 lanes a line), zeros where no block lies (a document's 32-token tail, the
+// layout's last 64 positions). Why: the per-block copy writes one 32-byte sector per L2 write
+// request (session 14 ncu: 27.2 M requests for 40.3 M sectors, 19 M of them the copy's), and
+// QUANT_PROF_CONTIG (whole lines per item) ran the quantiser in 0.49 ms against 0.68.
+#ifndef QUANT_CHUNKS
+#define QUANT_CHUNKS 0
+#endif
 #define QUANT_INPUTS 3
 // 32-element chunks of a row per thread (element i = 32 k + 8 q + j, k < NK).
 #define NK (HEAD_DIM / 32)
@@ -81,6 +93,7 @@ struct QuantTensor {
 struct QuantParams {
   QuantTensor in[QUANT_INPUTS];  // inputs 0 .. ninputs-1
   const int* blocks;             // int4 per 32-token block: doc start, doc length, padded doc start, block offset in doc
+  const int* chunks;             // QUANT_CHUNKS: int4 per 128-position chunk: the blocks at its 4 slots (-1: none)
   const u16* o;                  // DELTA: forward output O, BF16 [T, H, d] (input 0's shape)
   float* delta;                  // DELTA: [T, H]
   u32* amax;                     // MODE 2 / quant_amax: one float (as bits) per input, maxed atomically
@@ -91,6 +104,7 @@ struct QuantParams {
   int nblocks;                   // blocks of the plan
   int ninputs;                   // 1 .. QUANT_INPUTS
   int slots;                     // heads of all inputs together
+  int nchunks;                   // QUANT_CHUNKS: Tpad / 128
 };
 
 // Field-wise select (a dynamic index into the parameter struct would copy it to local memory).
@@ -313,6 +327,44 @@ __device__ __forceinline__ bool dim_tail(const Item& it) {
   return it.b0 + 32 >= it.L && it.b0 + 32 < padded;
 }
 
+#if QUANT_CHUNKS
+// Where the next block lies in the chunk items: chunk c, head slot s, slot j of the chunk, and
+// the chunk's four block indices cb (plan entries; -1: no block at that slot).
+struct Cursor {
+  int c, s, j;
+  int4 cb;
+};
+
+__device__ __forceinline__ int chunk_block(const int4& cb, int j) {
+  return j == 0 ? cb.x : j == 1 ? cb.y : j == 2 ? cb.z : cb.w;
+}
+
+__device__ __forceinline__ int4 load_chunk(const QuantParams& p, int c) {
+  return __ldg(reinterpret_cast<const int4*>(p.chunks) + c);
+}
+
+// Steps to the next block: the chunk's next slot holding one, else slot 0 of the next item
+// (every chunk's slot 0 holds a block: a chunk starts a 64-position segment of a document;
+// the host checks it).
+__device__ __forceinline__ void cursor_next(const QuantParams& p, Cursor& u, int gb, int gs) {
+  int j = u.j + 1;
+  while (j < 4 && chunk_block(u.cb, j) < 0) ++j;
+  if (j < 4) {
+    u.j = j;
+    return;
+  }
+  advance(u.c, u.s, gb, gs, p.slots);
+  u.j = 0;
+  if (u.c < p.nchunks) u.cb = load_chunk(p, u.c);
+}
+
+// Byte offset in the chunk's dim-major staging buffer ([HEAD_DIM rows][128 positions]) of the
+// 16-byte piece k (positions 16k .. 16k+15) of row r: pieces XOR-swizzled by the row's dim quad.
+__device__ __forceinline__ int dimbuf_off(int r, int k) {
+  return r * 128 + 16 * (k ^ ((r >> 2) & 7));
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(const QuantParams p) {
   __shared__ __align__(16) u32 tile[2][32 * 32];
 #if MODE == 0 && !defined(QUANT_PROF_NOBAR)
@@ -323,9 +375,19 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   // items (block b, head slot s) = b * slots + s, taken grid-stride: (b, s) advances by the
   // grid size without a division per item
   const int slots = p.slots, gb = gridDim.x / slots, gs = gridDim.x - gb * slots;
+#if QUANT_CHUNKS
+  // items (chunk c, head slot s) = c * slots + s, grid-stride; nu: the next block, cu: this one
+  __shared__ __align__(16) u8 dimbuf[HEAD_DIM * 128];
+  Cursor nu{(int)blockIdx.x / slots, (int)blockIdx.x % slots, 0, make_int4(0, 0, 0, 0)};
+  if (nu.c >= p.nchunks) return;
+  nu.cb = load_chunk(p, nu.c);
+  int cc = nu.c, cj = 0;  // this block's chunk and slot
+  Item it = make_item(p, load_block(p, nu.cb.x), nu.s);
+#else
   int nb = blockIdx.x / p.slots, ns = blockIdx.x - nb * p.slots;
   if (nb >= p.nblocks) return;
   Item it = make_item(p, load_block(p, nb), ns);
+#endif
 #if QUANT_ASYNC
   __shared__ __align__(16) uint4 stage[2][NK][128];
   {
@@ -339,7 +401,11 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     load_rows(t0.x, it, t0.heads, raw);
   }
 #endif
+#if QUANT_CHUNKS
+  cursor_next(p, nu, gb, gs);
+#else
   advance(nb, ns, gb, gs, slots);  // (nb, ns): the next item
+#endif
   for (int buf = 0;; buf ^= 1) {
     const QuantTensor t = pick_input(p, it.ti);
     const int n = min(32, it.L - it.b0);
@@ -348,17 +414,30 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     unpack_bf16(raw, v);
 #endif
     // the next item's rows are in flight while this one is computed
+#if QUANT_CHUNKS
+    const bool has_next = nu.c < p.nchunks;
+    const bool flush = !has_next || nu.j == 0;  // this block is its chunk item's last
+    const int ncc = nu.c, ncj = nu.j;
+    Item nx = it;
+    if (has_next) {
+      nx = make_item(p, load_block(p, chunk_block(nu.cb, nu.j)), nu.s);
+#else
     const bool has_next = nb < p.nblocks;
     Item nx = it;
     if (has_next) {
       nx = make_item(p, load_block(p, nb), ns);
+#endif
       const QuantTensor tn = pick_input(p, nx.ti);
 #if QUANT_ASYNC
       stage_rows(tn.x, nx, tn.heads, stage[buf ^ 1]);
 #else
       load_rows(tn.x, nx, tn.heads, raw);
 #endif
+#if QUANT_CHUNKS
+      cursor_next(p, nu, gb, gs);
+#else
       advance(nb, ns, gb, gs, slots);
+#endif
     }
 #if QUANT_ASYNC
     // this item's copies (this thread's own slots) have landed; the next item's may still fly
@@ -460,6 +539,12 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       u32 lo[4], hi[4];
 #pragma unroll
       for (int half = 0; half < 2; ++half) transpose_bytes_4x4(wd + 4 * half, half ? hi : lo);
+#if QUANT_CHUNKS
+      // into the chunk's staging buffer: row 4g + c, positions 32j + 8s .. +7
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        *reinterpret_cast<uint2*>(dimbuf + dimbuf_off(4 * g + c, 2 * cj + (s >> 1)) + 8 * (s & 1)) = make_uint2(lo[c], hi[c]);
+#else
       const bool tail = dim_tail(it);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
@@ -501,7 +586,25 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
         dst[0] = make_uint2(lo[c], hi[c]);
         if (tail) dst[4] = make_uint2(0u, 0u);  // zero padding up to the document's 64-token end
       }
+#endif
     }
+#if QUANT_CHUNKS
+    if (flush) {
+      // every block of the chunk item is in the buffer: each row's 128 positions as one line
+      // (lanes 8i .. 8i+7 of a warp: one row), zeros at the slots without a block
+      const int4 cb = load_chunk(p, cc);
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < HEAD_DIM * 8 / 128; ++i) {
+        const int idx = 128 * i + tid, r = idx >> 3, k = idx & 7;
+        uint4 v = *reinterpret_cast<const uint4*>(dimbuf + dimbuf_off(r, k));
+        if (chunk_block(cb, k >> 1) < 0) v = make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(t.dim + ((long long)it.h * HEAD_DIM + r) * p.Tpad + 128LL * cc + 16 * k) = v;
+      }
+    }
+    cc = ncc;
+    cj = ncj;
+#endif
     if (!has_next) break;
     it = nx;
   }

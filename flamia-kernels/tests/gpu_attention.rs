@@ -384,28 +384,6 @@ fn dead_steps_skipped_give_bitwise_the_full_backward() {
     }
 }
 
-/// Sets an environment variable for the guard's life and puts back what it was (process-wide:
-/// the device runs these tests with --test-threads=1; a run may set the variable for the whole
-/// suite, e.g. bench/device_s12.sh's variant with every document walking up).
-struct EnvGuard(&'static str, Option<String>);
-
-impl EnvGuard {
-    fn set(var: &'static str, value: &str) -> Self {
-        let old = std::env::var(var).ok();
-        std::env::set_var(var, value);
-        EnvGuard(var, old)
-    }
-}
-
-impl Drop for EnvGuard {
-    fn drop(&mut self) {
-        match &self.1 {
-            Some(v) => std::env::set_var(self.0, v),
-            None => std::env::remove_var(self.0),
-        }
-    }
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn walking_up_is_accurate_repeatable_and_ordered() {

@@ -131,6 +131,14 @@ fn check_operand_bytes(
         }
         pad += len.div_ceil(64) * 64;
     }
+    // the layout's end past the last document (FLAMIA_QUANT_CHUNKS=1 rounds Tpad up to 128):
+    // zeros too (a 128-key TMA box of the last document reads them)
+    for row in 0..heads * d {
+        bad_dim += dim[row * tpad + pad..(row + 1) * tpad]
+            .iter()
+            .filter(|&&b| b != 0)
+            .count();
+    }
     assert_eq!(
         bad_dim, 0,
         "{tag}: {bad_dim} dim-major codes (or padding bytes) wrong"
@@ -140,6 +148,12 @@ fn check_operand_bytes(
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn e4m3_quantiser_is_bitwise_the_cpu_reference() {
+    e4m3_reference_cases();
+}
+
+/// [`e4m3_quantiser_is_bitwise_the_cpu_reference`]: both head dims, every mode, with and
+/// without the rotation.
+fn e4m3_reference_cases() {
     let gpu = gpu();
     let mut rng = rng("e4m3_quantiser");
     let heads = 3;
@@ -176,6 +190,11 @@ fn e4m3_quantiser_is_bitwise_the_cpu_reference() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn quantiser_overwrites_poisoned_buffers_and_repeats_bitwise() {
+    poisoned_cases();
+}
+
+/// [`quantiser_overwrites_poisoned_buffers_and_repeats_bitwise`] at both head dims.
+fn poisoned_cases() {
     let gpu = gpu();
     let mut rng = rng("quantiser_poison");
     let heads = 2;
@@ -225,6 +244,31 @@ fn quantiser_overwrites_poisoned_buffers_and_repeats_bitwise() {
         .unwrap();
         check_operand(&format!("d={d} poisoned"), &shape, heads, &op, &cpu);
         assert_eq!(first, run(), "d={d}: repeated quantisation differs");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn chunked_quantiser_is_bitwise_the_cpu_reference() {
+    // FLAMIA_QUANT_CHUNKS=1: chunk items, the dim-major rows written a 128-byte line at a time
+    // from shared memory, Tpad a multiple of 128. The same bytes as the CPU reference in every
+    // case the per-block kernel is checked in (poisoned buffers: every padding byte, the
+    // layout's last 64 positions included, is written), the fused Q/K/V launch and dO with D.
+    let _chunks = EnvGuard::set("FLAMIA_QUANT_CHUNKS", "1");
+    let shape = VarlenShape::from_lens(&LENS, 1, 1, 128).unwrap();
+    assert_eq!(
+        PlanTables::new(&shape, true).tpad % 128,
+        0,
+        "the knob reaches the plan"
+    );
+    e4m3_reference_cases();
+    poisoned_cases();
+    let gpu = gpu();
+    let mut rng = rng("chunked_quantiser");
+    let amax = AmaxScratch::new(&gpu).unwrap();
+    for d in HEAD_DIMS {
+        fused_qkv_case(&gpu, &mut rng, &amax, d);
+        delta_case(&gpu, &mut rng, d);
     }
 }
 

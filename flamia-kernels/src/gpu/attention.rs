@@ -86,7 +86,13 @@ pub fn forward_v3_forced() -> bool {
 
 /// Defines of the v4 forward: per-key scale columns (per-token scales) or per-32-key-group
 /// folds (token-block and tensor-wide scales), the ring depth and the smem budget (returned too).
-fn forward_v4_variant(per_token: bool, stages: u32, hd: u32, cw_const: bool, overlap: bool) -> (Variant, u32) {
+fn forward_v4_variant(
+    per_token: bool,
+    stages: u32,
+    hd: u32,
+    cw_const: bool,
+    overlap: bool,
+) -> (Variant, u32) {
     let smem = smem_fwd4(stages, hd, per_token);
     let mut v = Variant::new()
         .define("HEAD_DIM", hd)
@@ -1096,7 +1102,8 @@ impl Attention {
         if self.uses_forward_v4() {
             let per_token = self.scale_mode() == ScaleMode::PerToken;
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const)
-            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false, fwd_overlap(per_token));
+            let (v4, smem) =
+                forward_v4_variant(per_token, self.fwd_stages, hd32, false, fwd_overlap(per_token));
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));

@@ -7,6 +7,9 @@
 //! - Padded token count `Tpad`: every document starts at a multiple of 64 in the dim-major code
 //!   copies (`[heads, head_dim, Tpad]`), so every 64-token tile there is 16-byte aligned and
 //!   ends inside its document's zero-padded span.
+//! - With `FLAMIA_QUANT_CHUNKS=1` (the quantiser's full-line dim-major writes, `QUANT_CHUNKS` in
+//!   `cuda/quant.cu`; an A/B knob until measured): `Tpad` rounded up to 128 and one `int4` per
+//!   128-position chunk, the quantiser blocks at its four 32-position slots (-1: none).
 
 use super::buffer::DeviceBuf;
 use super::error::GpuResult;
@@ -18,6 +21,16 @@ use crate::options::VarlenShape;
 pub const QBLOCK: usize = 32;
 /// Tokens per attention tile.
 pub const TILE: usize = 64;
+/// Padded positions per quantiser chunk (`FLAMIA_QUANT_CHUNKS=1`): one 128-byte line of a
+/// dim-major row.
+pub const QCHUNK: usize = 128;
+
+/// `FLAMIA_QUANT_CHUNKS=1`: the quantiser writes the dim-major codes a full 128-byte line at a
+/// time (chunk items, `Tpad` a multiple of 128); off by default until measured on a GPU
+/// (docs/perf.md "Session 14").
+pub fn quant_chunks() -> bool {
+    std::env::var("FLAMIA_QUANT_CHUNKS").is_ok_and(|v| v.trim() == "1")
+}
 
 /// Host-side tables of a packing (no GPU needed; unit-tested on the CPU).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +38,10 @@ pub struct PlanTables {
     pub blocks: Vec<[i32; 4]>,
     pub tiles: Vec<[i32; 4]>,
     pub tpad: usize,
+    /// Quantiser chunks (`FLAMIA_QUANT_CHUNKS=1`; empty otherwise): per 128 padded positions,
+    /// the index into `blocks` of the block at each 32-position slot, -1 where none lies (a
+    /// document's 32-token tail, the layout's last 64 positions). Slot 0 always holds one.
+    pub chunks: Vec<[i32; 4]>,
     /// The token at each padded position (`tpad` entries; -1 for a document's padding): the v4
     /// backward's dQ conversion from its padded-row accumulator.
     pub pad_tok: Vec<i32>,
@@ -35,8 +52,14 @@ pub struct PlanTables {
 }
 
 impl PlanTables {
-    /// Builds the tables; `causal` orders tiles by the key (or query) tiles they visit.
+    /// Builds the tables; `causal` orders tiles by the key (or query) tiles they visit; quantiser
+    /// chunks as [`quant_chunks`] says.
     pub fn new(shape: &VarlenShape, causal: bool) -> Self {
+        Self::with_chunks(shape, causal, quant_chunks())
+    }
+
+    /// [`PlanTables::new`] with the quantiser chunks (and `Tpad` a multiple of 128) or without.
+    pub fn with_chunks(shape: &VarlenShape, causal: bool, chunks: bool) -> Self {
         let mut blocks = Vec::new();
         let mut tiles = Vec::new();
         let mut pad = 0usize;
@@ -64,7 +87,22 @@ impl PlanTables {
             }
         };
         tiles.sort_by_key(|x| std::cmp::Reverse(cost(x)));
-        let tpad = pad.max(TILE);
+        let tpad = if chunks {
+            pad.next_multiple_of(QCHUNK).max(QCHUNK)
+        } else {
+            pad.max(TILE)
+        };
+        let mut chunk_tab = Vec::new();
+        if chunks {
+            chunk_tab = vec![[-1i32; 4]; tpad / QCHUNK];
+            for (i, b) in blocks.iter().enumerate() {
+                let pos = (b[2] + b[3]) as usize;
+                chunk_tab[pos / QCHUNK][pos % QCHUNK / QBLOCK] = i as i32;
+            }
+            // the kernel starts every chunk item at slot 0 (documents start on 64-position
+            // segments whose first 32 positions are a block; a chunk starts a segment)
+            debug_assert!(chunk_tab.iter().all(|c| c[0] >= 0));
+        }
         let mut pad_tok = vec![-1i32; tpad];
         for (d, w) in shape.cu_seqlens.windows(2).enumerate() {
             for (i, slot) in pad_tok[pad_starts[d]..pad_starts[d] + (w[1] - w[0])]
@@ -78,6 +116,7 @@ impl PlanTables {
             blocks,
             tiles,
             tpad,
+            chunks: chunk_tab,
             pad_tok,
             fwd: FwdSchedule::new(shape, &pad_starts, causal),
             bwd: BwdSchedule::new(shape, &pad_starts, causal, bwd_scratch_budget(), bwd_up_tiles()),
@@ -91,6 +130,8 @@ pub struct Plan {
     pub(crate) causal: bool,
     pub(crate) tables: PlanTables,
     pub(crate) blocks: DeviceBuf<i32>,
+    /// [`PlanTables::chunks`] (one unused entry when there are none).
+    pub(crate) chunks: DeviceBuf<i32>,
     pub(crate) tiles: DeviceBuf<i32>,
     /// v4 forward: 128-token query tiles, work items, and the work counter the kernel's CTAs
     /// take items from (zeroed on the stream before each launch).
@@ -143,6 +184,11 @@ impl Plan {
         let tables = PlanTables::new(shape, causal);
         let flat = |v: &[[i32; 4]]| v.iter().flatten().copied().collect::<Vec<i32>>();
         let blocks = DeviceBuf::from_host(gpu, &flat(&tables.blocks))?;
+        let chunks = if tables.chunks.is_empty() {
+            DeviceBuf::from_host(gpu, &[-1i32; 4])?
+        } else {
+            DeviceBuf::from_host(gpu, &flat(&tables.chunks))?
+        };
         let tiles = DeviceBuf::from_host(gpu, &flat(&tables.tiles))?;
         let fwd_tiles = DeviceBuf::from_host(gpu, &flat(&tables.fwd.tiles))?;
         let fwd_items = DeviceBuf::from_host(gpu, &tables.fwd.items)?;
@@ -162,6 +208,7 @@ impl Plan {
             causal,
             tables,
             blocks,
+            chunks,
             tiles,
             fwd_tiles,
             fwd_items,
@@ -187,6 +234,50 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantiser_chunks_hold_every_block_once_at_its_position() {
+        for lens in [
+            &[1usize][..],
+            &[1, 33, 64, 129],
+            &[31, 32, 33, 127, 129, 4095],
+            &[64, 64, 65],
+        ] {
+            let shape = VarlenShape::from_lens(lens, 2, 1, 128).unwrap();
+            let off = PlanTables::with_chunks(&shape, true, false);
+            let on = PlanTables::with_chunks(&shape, true, true);
+            assert!(off.chunks.is_empty(), "{lens:?}: chunks only with the knob");
+            let pad: usize = lens.iter().map(|l| l.div_ceil(TILE) * TILE).sum();
+            assert_eq!(off.tpad, pad, "{lens:?}");
+            assert_eq!(on.tpad, pad.next_multiple_of(QCHUNK), "{lens:?}");
+            assert_eq!(on.chunks.len() * QCHUNK, on.tpad, "{lens:?}");
+            // the same blocks; each at the slot of its padded position, once; -1 elsewhere
+            assert_eq!(on.blocks, off.blocks);
+            let mut seen = vec![0; on.blocks.len()];
+            for (c, ch) in on.chunks.iter().enumerate() {
+                assert!(ch[0] >= 0, "{lens:?}: chunk {c} has no block at slot 0");
+                for (j, &b) in ch.iter().enumerate() {
+                    if b >= 0 {
+                        let e = on.blocks[b as usize];
+                        assert_eq!(
+                            (e[2] + e[3]) as usize,
+                            c * QCHUNK + j * QBLOCK,
+                            "{lens:?}: block {b}"
+                        );
+                        seen[b as usize] += 1;
+                    }
+                }
+            }
+            assert!(
+                seen.iter().all(|&n| n == 1),
+                "{lens:?}: every block once: {seen:?}"
+            );
+            // a slot without a block is a document's 32-token tail or past the last document
+            let empty = on.chunks.iter().flatten().filter(|&&b| b < 0).count();
+            let tails = lens.iter().filter(|&&l| l.div_ceil(QBLOCK) % 2 == 1).count();
+            assert_eq!(empty, tails + (on.tpad - pad) / QBLOCK, "{lens:?}");
+        }
+    }
 
     #[test]
     fn blocks_and_tiles_restart_at_every_document() {

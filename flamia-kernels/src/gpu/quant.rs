@@ -235,6 +235,7 @@ struct QuantTensor {
 struct QuantParams {
     inputs: [QuantTensor; MAX_INPUTS],
     blocks: u64,
+    chunks: u64,
     o: u64,
     delta: u64,
     amax: u64,
@@ -246,6 +247,7 @@ struct QuantParams {
     nblocks: i32,
     ninputs: i32,
     slots: i32,
+    nchunks: i32,
 }
 
 /// One input of a fused launch: the BF16 tensor at `x` (`(tokens, out.heads, d)`, `d` the plan's
@@ -299,13 +301,19 @@ pub fn quant_async() -> bool {
     std::env::var("FLAMIA_QUANT_ASYNC").is_ok_and(|v| v.trim() == "1")
 }
 
-/// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D and [`quant_async`].
-fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
-    Variant::new()
+/// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`]
+/// and whether the plan has quantiser chunks (`QUANT_CHUNKS`, [`super::plan::quant_chunks`]).
+fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool, chunks: bool) -> Variant {
+    let v = Variant::new()
         .define("HEAD_DIM", head_dim)
         .define("MODE", mode_id(mode))
         .define("DELTA", delta as i32)
-        .define("QUANT_ASYNC", quant_async() as i32)
+        .define("QUANT_ASYNC", quant_async() as i32);
+    if chunks {
+        v.define("QUANT_CHUNKS", 1)
+    } else {
+        v
+    }
 }
 
 /// The persistent grid of `f` (128 threads per CTA): as many CTAs as the driver says fit on
@@ -357,9 +365,12 @@ pub fn quantize_e4m3_fused(
     }
     gpu.bind()?;
     let t = plan.shape().tokens();
-    let variant = quant_variant(plan.shape().head_dim, mode, delta.is_some());
+    let chunks = !plan.tables.chunks.is_empty();
+    let variant = quant_variant(plan.shape().head_dim, mode, delta.is_some(), chunks);
     let mut p = QuantParams {
         blocks: plan.blocks.ptr(),
+        chunks: plan.chunks.ptr(),
+        nchunks: plan.tables.chunks.len() as i32,
         t: t as i32,
         tpad: plan.tpad() as i32,
         nblocks: plan.tables.blocks.len() as i32,
@@ -381,7 +392,9 @@ pub fn quantize_e4m3_fused(
         p.o = d.o;
         p.delta = d.delta;
     }
+    // (quant_amax takes block items; quant_e4m3 chunk items where the plan has chunks)
     let items = plan.tables.blocks.len() * p.slots as usize;
+    let chunk_items = plan.tables.chunks.len() * p.slots as usize;
     if mode == ScaleMode::TensorFloor {
         let scratch = amax.ok_or_else(|| {
             GpuError::NotSupported("the tensor-wide (leaky) mode needs an AmaxScratch".into())
@@ -398,7 +411,7 @@ pub fn quantize_e4m3_fused(
         unsafe { launch(&f, grid, 128, 0, stream, &p, "quant_amax") }?;
     }
     let f = gpu.function("quant.cu", &variant, "quant_e4m3", 0)?;
-    let grid = persistent_grid(gpu, &f, items)?;
+    let grid = persistent_grid(gpu, &f, if chunks { chunk_items } else { items })?;
     // SAFETY: params mirror QuantParams; every operand is sized by `plan` and its heads
     // (OperandRef::sizes), each x holds tokens*heads*head_dim BF16 (caller); the module's
     // HEAD_DIM is the plan's head dim.
@@ -463,7 +476,7 @@ pub fn quantize_nvfp4(
     // the module of the default E4M3 launch at head dim 128 (quant_nvfp4 reads no other define)
     let f = gpu.function(
         "quant.cu",
-        &quant_variant(NVFP4_HEAD_DIM, ScaleMode::TokenBlock, false),
+        &quant_variant(NVFP4_HEAD_DIM, ScaleMode::TokenBlock, false, false),
         "quant_nvfp4",
         0,
     )?;
@@ -486,8 +499,9 @@ mod tests {
         for head_dim in crate::gpu::GPU_HEAD_DIMS {
             for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
                 for delta in [false, true] {
-                    for asynchronous in [0, 1] {
-                        let v = quant_variant(head_dim, mode, delta).define("QUANT_ASYNC", asynchronous);
+                    for (asynchronous, chunks) in [(0, false), (1, false), (0, true), (1, true)] {
+                        let v =
+                            quant_variant(head_dim, mode, delta, chunks).define("QUANT_ASYNC", asynchronous);
                         let ptx = compile_ptx("quant.cu", &v, "sm_90a")
                             .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
                         // quant_nvfp4 is built at head dim 128 only (quantize_nvfp4 refuses 64)

@@ -207,3 +207,25 @@ pub fn spread_key_tiles(mut call: AttnCall) -> AttnCall {
 pub fn gpu_attn(gpu: &Arc<Gpu>, call: &AttnCall) -> (Forward, Grads) {
     flamia_kernels::gpu::host::forward_backward(gpu, call).unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// Sets an environment variable for the guard's life and puts back what it was (process-wide:
+/// the device runs these tests with --test-threads=1; a run may set the variable for the whole
+/// suite, e.g. bench/device_s12.sh's variant with every document walking up).
+pub struct EnvGuard(&'static str, Option<String>);
+
+impl EnvGuard {
+    pub fn set(var: &'static str, value: &str) -> Self {
+        let old = std::env::var(var).ok();
+        std::env::set_var(var, value);
+        EnvGuard(var, old)
+    }
+}
+
+impl Drop for EnvGuard {
+    fn drop(&mut self) {
+        match &self.1 {
+            Some(v) => std::env::set_var(self.0, v),
+            None => std::env::remove_var(self.0),
+        }
+    }
+}
