@@ -254,18 +254,17 @@ fn forward_consumer_copies_give_bitwise_the_same() {
     // (FWD_CW_CONST, the default where the items are long: fwd_cw_const), =0 with one body for
     // both; every output bitwise the same, at both head dims, causal and not, block and per-token
     // scales (LeakyFp8).
-    let lens = &[4096, 300, 1, 65][..];
-    knob_keeps_every_bit(
-        "FLAMIA_FWD_CW",
-        &["0", "1"],
-        &[
-            (128, lens, true, AttnPath::Mxfp8),
-            (128, lens, false, AttnPath::Mxfp8),
-            (128, lens, true, AttnPath::LeakyFp8),
-            (64, lens, true, AttnPath::Mxfp8),
-        ],
-    );
+    knob_keeps_every_bit("FLAMIA_FWD_CW", &["0", "1"], &FORWARD_KNOB_CASES);
 }
+
+/// The cases of the forward's build knobs: a 4,096-token document (many interior key tiles)
+/// beside short and one-token ones, both head dims, causal and not, block and tensor-wide scales.
+const FORWARD_KNOB_CASES: [(usize, &[usize], bool, AttnPath); 4] = [
+    (128, &[4096, 300, 1, 65], true, AttnPath::Mxfp8),
+    (128, &[4096, 300, 1, 65], false, AttnPath::Mxfp8),
+    (128, &[4096, 300, 1, 65], true, AttnPath::LeakyFp8),
+    (64, &[4096, 300, 1, 65], true, AttnPath::Mxfp8),
+];
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
@@ -274,19 +273,9 @@ fn forward_overlap_gives_bitwise_the_same() {
     // PV of this one in flight together, Q from shared memory): the same arithmetic in the same
     // order, so every output bitwise the same, at both head dims, causal and not, block and
     // tensor-wide scales, with and without the per-warpgroup consumer copies.
-    let lens = &[4096, 300, 1, 65][..];
     for cw in ["0", "1"] {
         let _g = EnvGuard::set("FLAMIA_FWD_CW", cw);
-        knob_keeps_every_bit(
-            "FLAMIA_FWD_OVERLAP",
-            &["0", "1"],
-            &[
-                (128, lens, true, AttnPath::Mxfp8),
-                (128, lens, false, AttnPath::Mxfp8),
-                (128, lens, true, AttnPath::LeakyFp8),
-                (64, lens, true, AttnPath::Mxfp8),
-            ],
-        );
+        knob_keeps_every_bit("FLAMIA_FWD_OVERLAP", &["0", "1"], &FORWARD_KNOB_CASES);
     }
 }
 
