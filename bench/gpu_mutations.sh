@@ -86,3 +86,7 @@ mutate quant-chunk-nozero quant.cu 's/if (chunk_block(cb, k >> 1) < 0) v = make_
 # 12. Quantiser chunks: every block's codes gathered into slot 0 of the staging buffer.
 mutate quant-chunk-slot quant.cu 's/dimbuf_off(4 \* g + c, 2 \* cj + (s >> 1))/dimbuf_off(4 * g + c, (s >> 1))/' \
   gpu_quant:chunked_quantiser_is_bitwise_the_cpu_reference
+# 13. Token-major rows from the shared tile (QUANT_TOK_LINES, defined by the mutation): odd rows'
+# word pairs not swapped back (tile_word's bit-0 XOR ignored).
+mutate quant-toklines-noswap quant.cu 's/if (r \& 1) x = make_uint4(x.y, x.x, x.w, x.z);//;1i #define QUANT_TOK_LINES 1' \
+  gpu_quant:e4m3_quantiser_is_bitwise_the_cpu_reference

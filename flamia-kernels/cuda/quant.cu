@@ -76,6 +76,13 @@
 #ifndef QUANT_CHUNKS
 #define QUANT_CHUNKS 0
 #endif
+// QUANT_TOK_LINES 1 (a source define for the A/B; not yet run on a GPU): the token-major codes
+// are written after the block barrier from the shared code tile, each 16-byte piece by one lane
+// (8 lanes a 128-byte row at d = 128: full lines), instead of by their threads' 8-byte stores
+// (one 32-byte sector per row per store instruction).
+#ifndef QUANT_TOK_LINES
+#define QUANT_TOK_LINES 0
+#endif
 #define QUANT_INPUTS 3
 // 32-element chunks of a row per thread (element i = 32 k + 8 q + j, k < NK).
 #define NK (HEAD_DIM / 32)
@@ -505,12 +512,14 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #endif
     if (tt < n) {
       const long long row = (long long)(it.doc0 + it.b0 + tt) * t.heads + it.h;
+#if !QUANT_TOK_LINES
       uint2* dst = reinterpret_cast<uint2*>(t.tok + row * HEAD_DIM + 8 * q);
 #ifdef QUANT_PROF_NOTOK
       if (codes[0] == 0x12345678u)  // (keeps the codes alive; practically never true)
 #endif
 #pragma unroll
       for (int k = 0; k < NK; ++k) dst[4 * k] = make_uint2(codes[2 * k], codes[2 * k + 1]);
+#endif
       if (q == 0) t.exps[row] = (i8)e;
 #if DELTA
       // value = decode * 2^e: apply the exponent once to the sum (exact power of two)
@@ -524,6 +533,22 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #endif
 #ifndef QUANT_PROF_NODIMBAR
     __syncthreads();
+#endif
+#if QUANT_TOK_LINES
+    // token rows from the tile: logical word w of row r is physical word w ^ sw(r), sw =
+    // tile_word's XOR (bit 0: r & 1, bits 3-4): a 16-byte piece m lies whole at piece m ^ (sw >> 2),
+    // its word pairs swapped when r is odd
+#pragma unroll
+    for (int i = 0; i < 32 * (HEAD_DIM / 16) / 128; ++i) {
+      const int idx = 128 * i + tid, r = idx / (HEAD_DIM / 16), m = idx % (HEAD_DIM / 16);
+      if (r < n) {
+        const int sw = tile_word(r, 0) - 32 * r;
+        uint4 x = reinterpret_cast<const uint4*>(tl + 32 * r)[m ^ (sw >> 2)];
+        if (r & 1) x = make_uint4(x.y, x.x, x.w, x.z);
+        const long long row = (long long)(it.doc0 + it.b0 + r) * t.heads + it.h;
+        *reinterpret_cast<uint4*>(t.tok + row * HEAD_DIM + 16 * m) = x;
+      }
+    }
 #endif
     // dim-major copy: thread (dim quad g, token octet s) transposes 8 tokens x 4 dims and writes
     // 8 bytes per dim row; lanes s = 0..3 fill one 32-byte sector. g < d / 4: at d = 64 warps 2

@@ -514,6 +514,13 @@ mod tests {
                     }
                 }
             }
+            // the token-major rows written as full lines (QUANT_TOK_LINES, a source define for A/B)
+            for (delta, chunks) in [(false, false), (false, true), (true, true)] {
+                let v = quant_variant(head_dim, ScaleMode::TokenBlock, delta, chunks)
+                    .define("QUANT_TOK_LINES", 1);
+                compile_ptx("quant.cu", &v, "sm_90a")
+                    .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
+            }
         }
     }
 
