@@ -50,6 +50,14 @@
 #ifndef FWD_OVERLAP
 #define FWD_OVERLAP 0
 #endif
+// FWD_VPERM 1 (FLAMIA_FWD_VPERM=1; off until measured): P' is packed into PV's A fragments
+// without shuffles (p_to_afrag: lane q's E4M3 pairs of columns 8jj + 2q, +1 put at A index
+// 4q .. 4q+3 and 16 + 4q .. +3 of each 32-key slice), and the host has the quantiser write V's
+// dim-major copy with the matching key order in each 32-key block (quant.cu dim_token), so each
+// k32 step of PV multiplies the same pairs (bitwise the same O).
+#ifndef FWD_VPERM
+#define FWD_VPERM 0
+#endif
 // Registers per thread after setmaxnreg. A split over the CTA's launch allocation makes
 // setmaxnreg.inc spin for ever (session 14: 240 / 32 hung).
 #ifndef FWD_CONS_REGS
@@ -228,6 +236,32 @@ __device__ __forceinline__ void turn_pass(int cw) {
   if (FWD_PINGPONG) named_arrive(2 - cw, 256);
 }
 
+// P' (the 64 x 128 score fragment, E4M3-ready) -> PV's four A fragments (32 keys each).
+// FWD_VPERM: lane q's code pairs of columns 8jj + 2q, +1 packed in place (two PRMT per register,
+// no shuffles); V's dim-major keys are permuted to match (quant.cu dim_token). Otherwise the
+// exact column order (acc_to_afrag: shuffles within each quad).
+__device__ __forceinline__ void p_to_afrag(const float (&sc)[64], u32 (&pa)[4][4]) {
+#if FWD_VPERM
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    u32 R0[4], R8[4];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int i = 16 * kk + 4 * jj;
+      R0[jj] = cvt_e4m3x2(sc[i + 0], sc[i + 1]);
+      R8[jj] = cvt_e4m3x2(sc[i + 2], sc[i + 3]);
+    }
+    pa[kk][0] = __byte_perm(R0[0], R0[1], 0x5410);
+    pa[kk][1] = __byte_perm(R8[0], R8[1], 0x5410);
+    pa[kk][2] = __byte_perm(R0[2], R0[3], 0x5410);
+    pa[kk][3] = __byte_perm(R8[2], R8[3], 0x5410);
+  }
+#else
+  acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[0]), *reinterpret_cast<u32(*)[2][4]>(&pa[0][0]));
+  acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[32]), *reinterpret_cast<u32(*)[2][4]>(&pa[2][0]));
+#endif
+}
+
 // acc[64 x N] = A (E4M3 fragments, 4 K slices of 32) * B^T, B a 128-byte-swizzled [N x 128 bytes]
 // tile (N = 2R: the dim-major V tile's HEAD_DIM rows).
 template <int R>
@@ -263,8 +297,7 @@ __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[D
   softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], nullptr, 0, R0, mk, alpha_o);
 #endif
   u32 pa[4][4];
-  acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[0]), *reinterpret_cast<u32(*)[2][4]>(&pa[0][0]));
-  acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[32]), *reinterpret_cast<u32(*)[2][4]>(&pa[2][0]));
+  p_to_afrag(sc, pa);
   float pv[HEAD_DIM / 2];
   mma_rs_k128(pv, pa, smem_u32(sm.v[s]));
   if ((threadIdx.x & 31) == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
@@ -290,11 +323,6 @@ __device__ __forceinline__ void fwd_softmax(FwdV4Smem& sm, int s, float (&sc)[64
 #else
   softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], nullptr, 0, R0, mk, alpha_o);
 #endif
-}
-
-__device__ __forceinline__ void p_to_afrag(const float (&sc)[64], u32 (&pa)[4][4]) {
-  acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[0]), *reinterpret_cast<u32(*)[2][4]>(&pa[0][0]));
-  acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[32]), *reinterpret_cast<u32(*)[2][4]>(&pa[2][0]));
 }
 
 // One pipelined step: on entry pa holds tile kt's P' (stage s) and alpha_o its O factor; tile

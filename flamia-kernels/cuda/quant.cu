@@ -95,6 +95,7 @@ struct QuantTensor {
   i8* exps;      // [T, heads]
   int heads;
   int hadamard;
+  int dim_perm;  // 1: the dim-major copy's tokens permuted within each 32-token block (dim_token)
 };
 
 struct QuantParams {
@@ -123,6 +124,7 @@ __device__ __forceinline__ QuantTensor pick_input(const QuantParams& p, int ti) 
   t.exps = ti == 0 ? p.in[0].exps : ti == 1 ? p.in[1].exps : p.in[2].exps;
   t.heads = ti == 0 ? p.in[0].heads : ti == 1 ? p.in[1].heads : p.in[2].heads;
   t.hadamard = ti == 0 ? p.in[0].hadamard : ti == 1 ? p.in[1].hadamard : p.in[2].hadamard;
+  t.dim_perm = ti == 0 ? p.in[0].dim_perm : ti == 1 ? p.in[1].dim_perm : p.in[2].dim_perm;
   return t;
 }
 
@@ -315,6 +317,15 @@ __device__ __forceinline__ float delta_dot(const u32 (&codes)[2 * NK], const uin
   return __fadd_rn(d[0], d[1]);
 }
 #endif
+
+// The token of a 32-token block at position k of a permuted dim-major copy (QuantTensor::dim_perm,
+// the v4 forward's V with FWD_VPERM): sigma(k) = 16 (k >> 4) + 8 ((k & 3) >> 1) + 2 ((k >> 2) & 3)
+// + (k & 1), the score column that lane q's E4M3 pairs of an m64nN accumulator put at A-fragment
+// index k when they are packed without shuffles (attn_fwd_v4.cu p_to_afrag_perm). For k = 8s + r
+// (thread octet s, unrolled r).
+__device__ __forceinline__ int dim_token(int s, int r) {
+  return 16 * (s >> 1) + 8 * ((r & 3) >> 1) + 4 * (s & 1) + 2 * (r >> 2) + (r & 1);
+}
 
 // Byte transpose of a 4 x 4 block: o[i] holds byte i of x[0], x[1], x[2], x[3] (low to high),
 // i.e. four tokens' codes of dim i when x[u] is token u's word of four dims.
@@ -560,7 +571,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       const int s = tid & 3, g = tid >> 2;
       u32 wd[8];
 #pragma unroll
-      for (int r = 0; r < 8; ++r) wd[r] = tl[tile_word(8 * s + r, g)];
+      for (int r = 0; r < 8; ++r) wd[r] = tl[tile_word(t.dim_perm ? dim_token(s, r) : 8 * s + r, g)];
       u32 lo[4], hi[4];
 #pragma unroll
       for (int half = 0; half < 2; ++half) transpose_bytes_4x4(wd + 4 * half, half ? hi : lo);

@@ -268,6 +268,18 @@ const FORWARD_KNOB_CASES: [(usize, &[usize], bool, AttnPath); 4] = [
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn forward_vperm_gives_bitwise_the_same() {
+    // FLAMIA_FWD_VPERM=1 packs P's A fragments without shuffles and has the quantiser write V's
+    // dim-major copy with the matching key order in each 32-key block: PV's k32 steps multiply
+    // the same pairs, so every output is bitwise the same (the backward reads V token-major).
+    for cw in ["0", "1"] {
+        let _g = EnvGuard::set("FLAMIA_FWD_CW", cw);
+        knob_keeps_every_bit("FLAMIA_FWD_VPERM", &["0", "1"], &FORWARD_KNOB_CASES);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn forward_overlap_gives_bitwise_the_same() {
     // FLAMIA_FWD_OVERLAP=1 software-pipelines the v4 forward's key tiles (S of the next tile and
     // PV of this one in flight together, Q from shared memory): the same arithmetic in the same

@@ -272,6 +272,63 @@ fn chunked_quantiser_is_bitwise_the_cpu_reference() {
     }
 }
 
+/// The token of a 32-token block at position `k` of a permuted dim-major copy (`dim_token` in
+/// `cuda/quant.cu`; the v4 forward's V with `FLAMIA_FWD_VPERM=1`).
+fn dim_token(k: usize) -> usize {
+    16 * (k >> 4) + 8 * ((k & 3) >> 1) + 2 * ((k >> 2) & 3) + (k & 1)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn permuted_dim_copy_is_the_plain_one_reordered_in_every_block() {
+    // QuantInput::dim_perm: the same token-major codes and exponents, and at every position k
+    // of every 32-token block of the dim-major copy (padding included) the plain copy's token
+    // dim_token(k) of that block; with the plain kernel and the chunked one.
+    let perm: Vec<usize> = (0..32).map(dim_token).collect();
+    let mut sorted = perm.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..32).collect::<Vec<_>>(), "dim_token is a permutation");
+    let gpu = gpu();
+    let mut rng = rng("dim_perm");
+    let heads = 2;
+    for chunks in ["0", "1"] {
+        let _g = EnvGuard::set("FLAMIA_QUANT_CHUNKS", chunks);
+        for d in HEAD_DIMS {
+            let shape = VarlenShape::from_lens(&LENS, heads, heads, d).unwrap();
+            let plan = Plan::new(&gpu, &shape, true).unwrap();
+            let x = awkward_tensor_d(&mut rng, shape.tokens(), heads, d, 12);
+            let dx = upload_bf16(&gpu, &x);
+            let run = |on: bool| {
+                let op = poisoned_operand(&gpu, &plan, heads);
+                let input = QuantInput::new(dx.ptr(), false, op.view()).with_dim_perm(on);
+                quantize_e4m3_fused(&gpu, stream(), &plan, &[input], ScaleMode::TokenBlock, None, None)
+                    .unwrap();
+                (
+                    op.tok.to_host().unwrap(),
+                    op.dim.to_host().unwrap(),
+                    op.exps.to_host().unwrap(),
+                )
+            };
+            let (plain, permuted) = (run(false), run(true));
+            let tag = format!("d={d} chunks={chunks}");
+            assert_eq!(plain.0, permuted.0, "{tag}: token-major codes");
+            assert_eq!(plain.2, permuted.2, "{tag}: exponents");
+            let tpad = plan.tpad();
+            let mut bad = 0;
+            for row in 0..heads * d {
+                for x in 0..tpad {
+                    let want = plain.1[row * tpad + x / 32 * 32 + perm[x % 32]];
+                    bad += (permuted.1[row * tpad + x] != want) as usize;
+                }
+            }
+            assert_eq!(
+                bad, 0,
+                "{tag}: {bad} bytes of the permuted dim-major copy misplaced"
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn fused_qkv_launch_is_bitwise_the_cpu_reference_for_every_input() {
@@ -314,11 +371,7 @@ fn fused_qkv_case(gpu: &Gpu, rng: &mut ChaCha8Rng, amax: &AmaxScratch, d: usize)
                 .iter()
                 .zip(&dev)
                 .zip(&ops)
-                .map(|(((_, _, had), x), op)| QuantInput {
-                    x: x.ptr(),
-                    hadamard: *had,
-                    out: op.view(),
-                })
+                .map(|(((_, _, had), x), op)| QuantInput::new(x.ptr(), *had, op.view()))
                 .collect();
             quantize_e4m3_fused(gpu, stream(), &plan, &launch, mode, None, Some(amax)).unwrap();
             for (i, ((x, heads, had), op)) in inputs.iter().zip(&ops).enumerate() {

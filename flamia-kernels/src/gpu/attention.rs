@@ -92,6 +92,7 @@ fn forward_v4_variant(
     hd: u32,
     cw_const: bool,
     overlap: bool,
+    vperm: bool,
 ) -> (Variant, u32) {
     let smem = smem_fwd4(stages, hd, per_token);
     let mut v = Variant::new()
@@ -105,7 +106,18 @@ fn forward_v4_variant(
     if overlap {
         v = v.define("FWD_OVERLAP", 1);
     }
+    if vperm {
+        v = v.define("FWD_VPERM", 1);
+    }
     (v, smem)
+}
+
+/// `FLAMIA_FWD_VPERM=1`: the v4 forward packs its P fragments without shuffles (`FWD_VPERM`),
+/// its V dim-major copy written with the matching token order within each 32-token block
+/// (`QuantInput::dim_perm`); the same products over the same k32 slices, so bitwise the same
+/// outputs (GPU test `forward_vperm_gives_bitwise_the_same`). Off by default until measured.
+fn fwd_vperm_env() -> bool {
+    std::env::var("FLAMIA_FWD_VPERM").is_ok_and(|v| v.trim() == "1")
 }
 
 /// Whether the v4 forward software-pipelines its key tiles (`FWD_OVERLAP`: tile kt+1's S issued
@@ -707,7 +719,7 @@ impl Attention {
         let g = &self.gpu;
         let qi = QuantInput::new(q, had, saved.q);
         let ki = QuantInput::new(k, had, saved.k);
-        let vi = QuantInput::new(v, false, saved.v);
+        let vi = QuantInput::new(v, false, saved.v).with_dim_perm(self.fwd_vperm());
         quantize_e4m3_fused(g, stream, plan, &[qi, ki, vi], m, None, Some(&self.amax))?;
         if let (Some(q4), Some(k4)) = (saved.q4, saved.k4) {
             quantize_nvfp4(g, stream, plan, q, had, q4)?;
@@ -761,6 +773,12 @@ impl Attention {
         self.opts.path != AttnPath::Nvfp4 && self.promote & 2 == 0 && !self.fwd_v3
     }
 
+    /// Whether V's dim-major copy is written permuted for the v4 forward ([`fwd_vperm_env`]):
+    /// only the forward reads it, and only the v4 forward knows the order.
+    fn fwd_vperm(&self) -> bool {
+        self.uses_forward_v4() && fwd_vperm_env()
+    }
+
     /// True when the backward runs the v4 fused kernel (E4M3 operands, no FP32 promotion of dP or
     /// S, not forced back to v3.1 by `FLAMIA_ATTN_BWD=v3`).
     pub fn uses_backward_v4(&self) -> bool {
@@ -809,7 +827,14 @@ impl Attention {
         };
         let per_token = self.scale_mode() == ScaleMode::PerToken;
         let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
-        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, fwd_overlap(per_token));
+        let (v, smem) = forward_v4_variant(
+            per_token,
+            self.fwd_stages,
+            hd as u32,
+            cw,
+            fwd_overlap(per_token),
+            self.fwd_vperm(),
+        );
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
         let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
@@ -1102,8 +1127,14 @@ impl Attention {
         if self.uses_forward_v4() {
             let per_token = self.scale_mode() == ScaleMode::PerToken;
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const)
-            let (v4, smem) =
-                forward_v4_variant(per_token, self.fwd_stages, hd32, false, fwd_overlap(per_token));
+            let (v4, smem) = forward_v4_variant(
+                per_token,
+                self.fwd_stages,
+                hd32,
+                false,
+                fwd_overlap(per_token),
+                self.fwd_vperm(),
+            );
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
@@ -1199,8 +1230,14 @@ mod tests {
                 .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
             // the forward's per-warpgroup consumer copies (long items, fwd_cw_const) and its
             // software pipeline (FLAMIA_FWD_OVERLAP), alone and together
-            for (cw, overlap) in [(true, false), (false, true), (true, true)] {
-                let (v, _) = forward_v4_variant(false, 3, hd, cw, overlap);
+            for (cw, overlap, vperm) in [
+                (true, false, false),
+                (false, true, false),
+                (true, true, false),
+                (false, false, true),
+                (true, true, true),
+            ] {
+                let (v, _) = forward_v4_variant(false, 3, hd, cw, overlap, vperm);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
@@ -1212,7 +1249,7 @@ mod tests {
                 (false, 5),
                 (true, 5),
             ] {
-                let (v, _) = forward_v4_variant(per_token, stages, hd, false, false);
+                let (v, _) = forward_v4_variant(per_token, stages, hd, false, false, per_token);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }

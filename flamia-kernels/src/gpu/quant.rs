@@ -227,6 +227,7 @@ struct QuantTensor {
     exps: u64,
     heads: i32,
     hadamard: i32,
+    dim_perm: i32,
 }
 
 /// Mirrors `struct QuantParams` of `cuda/quant.cu`.
@@ -257,6 +258,10 @@ pub struct QuantInput {
     pub x: u64,
     pub hadamard: bool,
     pub out: OperandRef,
+    /// The dim-major copy's tokens permuted within each 32-token block (`dim_token` in
+    /// `cuda/quant.cu`): V for the v4 forward with `FWD_VPERM`, whose P fragments are then
+    /// packed without shuffles. Off: the plain layout every other reader expects.
+    pub dim_perm: bool,
 }
 
 impl QuantInput {
@@ -266,7 +271,14 @@ impl QuantInput {
             x,
             hadamard,
             out: out.into(),
+            dim_perm: false,
         }
+    }
+
+    /// This input with its dim-major copy permuted ([`QuantInput::dim_perm`]) or not.
+    pub fn with_dim_perm(mut self, on: bool) -> QuantInput {
+        self.dim_perm = on;
+        self
     }
 }
 
@@ -386,6 +398,7 @@ pub fn quantize_e4m3_fused(
             exps: i.out.exps,
             heads: i.out.heads as i32,
             hadamard: i.hadamard as i32,
+            dim_perm: i.dim_perm as i32,
         };
     }
     if let Some(d) = delta {
