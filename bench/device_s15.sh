@@ -8,14 +8,16 @@
 #                                         sources with QUANT_TOK_LINES 1, qctl = both)
 # then carry .device-carry/bwd4 and .device-carry/var (and .whl for PHASE=x: check du, the cap
 # is 64 MiB with the tree) and run, chained (the machine goes back 30 s after a call):
-#   PHASE=t, c, c64                    (~5 + ~8 + ~3 min) the quantiser chunks (FLAMIA_QUANT_CHUNKS=1: each
+#   PHASE=t, c, c2, c64                (~5 + ~6 + ~3 + ~3 min) the quantiser chunks (FLAMIA_QUANT_CHUNKS=1: each
 #                                      dim-major row written a full 128-byte line at a time):
 #                                      gpu_quant (its chunked test included), the two chunk
 #                                      mutations, attention tests with the knob on, gpu_quant on
 #                                      the tl sources (QUANT_TOK_LINES: token-major rows as full
 #                                      lines from the shared tile), the FLAMIA_FWD_VPERM bitwise
-#                                      test and its mutation (t); then the A/B (c: base / qc / tl /
-#                                      qctl / vp, twice, nine workloads at d = 128; c64: four at 64)
+#                                      and FLAMIA_BWD_QPERM bitwise tests and their mutations (t);
+#                                      then the A/B (c: base / qc / tl / qctl, twice, nine
+#                                      workloads at d = 128; c2: base / vp / qp on five; c64: four
+#                                      at d = 64). If all win, a last A/B of everything together.
 #   PHASE=x bash bench/device_s15.sh   (~6 min) bench/vs-anchors.sh at d = 128 (BF16 anchors and,
 #                                      with the wheel, cuDNN FP8, in the same call); add
 #                                      FLAMIA_QUANT_CHUNKS=1 to it if PHASE=c made it the default
@@ -25,7 +27,7 @@ if [ "${1:-}" = "--stage" ]; then
   rm -rf $V; mkdir -p $V/qc $V/tl $V/qctl && echo FLAMIA_QUANT_CHUNKS=1 > $V/qc/env
   for d in tl qctl; do cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $V/$d/; sed -i '1i #define QUANT_TOK_LINES 1' $V/$d/quant.cu; done
   echo FLAMIA_QUANT_CHUNKS=1 > $V/qctl/env
-  mkdir -p $V/vp && echo FLAMIA_FWD_VPERM=1 > $V/vp/env
+  mkdir -p $V/vp $V/qp && echo FLAMIA_FWD_VPERM=1 > $V/vp/env && echo FLAMIA_BWD_QPERM=1 > $V/qp/env
   du -sh $V/*; exit 0
 fi
 . "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
@@ -36,25 +38,28 @@ case "${PHASE:-t}" in
   t)
     echo "=== gpu_quant (default, and the chunked test)"
     timeout 150 $C/gpu_quant --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
-    echo "=== forward_vperm (bitwise with FLAMIA_FWD_VPERM=1)"
-    timeout 120 $C/gpu_attention --ignored --test-threads=1 forward_vperm 2>&1 | grep -E "test result|panicked|FAILED"
+    echo "=== forward_vperm, backward_qperm (bitwise with FLAMIA_FWD_VPERM=1 / FLAMIA_BWD_QPERM=1)"
+    timeout 150 $C/gpu_attention --ignored --test-threads=1 forward_vperm backward_qperm 2>&1 | grep -E "test result|panicked|FAILED"
     echo "=== mutations (must be caught)"
-    for m in quant-chunk-nozero quant-chunk-slot quant-toklines-noswap fwd-vperm-plain-v; do ONLY=$m OUT=$O/mut bash bench/gpu_mutations.sh; done
+    for m in quant-chunk-nozero quant-chunk-slot quant-toklines-noswap fwd-vperm-plain-v bwd-qperm-plain-q; do ONLY=$m OUT=$O/mut bash bench/gpu_mutations.sh; done
     echo "=== attention tests with FLAMIA_QUANT_CHUNKS=1"
     FLAMIA_QUANT_CHUNKS=1 timeout 150 $C/gpu_attention --ignored --test-threads=1 mxfp8_causal long_documents \
       documents_are_isolated head_dim_64_is_as_accurate repeated_runs 2>&1 | grep -E "test result|panicked|FAILED"
     echo "=== gpu_quant on the QUANT_TOK_LINES sources (the chunked test runs both together)"
     FLAMIA_CUDA_DIR=$V/tl timeout 150 $C/gpu_quant --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED" ;;
   c)
-    VARS="qc tl qctl vp" TESTS=0 REPS=2 OUT=$O/a WL=" " timeout 520 bash bench/device_ab.sh > /dev/null 2>&1
+    VARS="qc tl qctl" TESTS=0 REPS=2 OUT=$O/a WL=" " timeout 500 bash bench/device_ab.sh > /dev/null 2>&1
     for col in quant fwd train; do python3 bench/ab_table.py $O/a/device_ab.log --col $col; done ;;
+  c2)
+    VARS="vp qp" TESTS=0 REPS=2 OUT=$O/a2 timeout 300 bash bench/device_ab.sh > /dev/null 2>&1
+    for col in fwd bwd train; do python3 bench/ab_table.py $O/a2/device_ab.log --col $col; done ;;
   c64)
-    VARS="qc qctl vp" TESTS=0 REPS=2 OUT=$O/b WL="--head-dim 64 --workload 1x65536 --workload 16x4096 --workload 64x1024 --workload 256x256" \
+    VARS="qc qctl vp qp" TESTS=0 REPS=2 OUT=$O/b WL="--head-dim 64 --workload 1x65536 --workload 16x4096 --workload 64x1024 --workload 256x256" \
       timeout 200 bash bench/device_ab.sh > /dev/null 2>&1
     for col in quant fwd train; do python3 bench/ab_table.py $O/b/device_ab.log --col $col; done ;;
   x)
     B=$B O=$O bash bench/vs-anchors.sh ;;
-  *) echo "PHASE is t, c, c64 or x"; exit 2 ;;
+  *) echo "PHASE is t, c, c2, c64 or x"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s15_${PHASE:-t}.log"

@@ -537,6 +537,21 @@ __device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
   d[24] = (u8)(R8 >> 8);
 }
 
+// BWD_QPERM 1 (FLAMIA_BWD_QPERM=1; off until measured): P~^T and dS~^T are packed into the dV and
+// dK products' A fragments without shuffles (codes_to_afrag_perm), and the host has the
+// quantisers write Q's and dO's dim-major copies (those products' B operands, read by nothing
+// else of the v4 backward) with the matching query order in each 32-query block.
+#ifndef BWD_QPERM
+#define BWD_QPERM 0
+#endif
+__device__ __forceinline__ void dkv_afrag(const float (&v)[32], u32 (&a)[2][4]) {
+#if BWD_QPERM
+  acc_to_afrag_perm(v, a);
+#else
+  acc_to_afrag(v, a);
+#endif
+}
+
 __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u8* ds) {
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
@@ -548,7 +563,11 @@ __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u
       R8[jj] = cvt_e4m3x2(v[i + 2], v[i + 3]);
       ds_store_block(ds + 1024 * (4 * kk + jj), R0[jj], R8[jj]);  // query rows 8J.. (row group J)
     }
+#if BWD_QPERM
+    codes_to_afrag_perm(R0, R8, a[kk]);
+#else
     codes_to_afrag(R0, R8, a[kk]);
+#endif
   }
 }
 
@@ -896,7 +915,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   const int par = C.nstep & 1, buf = C.nstep % BWD_DS_BUFS;
   u32 ads[2][4], ap[2][4];
   float fk[2][2];           // dK's scale-in 2^e per [query slice][key row r0, r0 + 8]
-  acc_to_afrag(sc, ap);     // P~ first: its registers are free for dS, and dV may start
+  dkv_afrag(sc, ap);        // P~ first: its registers are free for dS, and dV may start
 #if BWD_DV_EARLY
   // dV's product runs under the dS block maxima and codes (its A fragments ap and accumulator
   // stay untouched until the wait below)
@@ -907,7 +926,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   float fkr[2][2];  // dK's copy: 2^e per (key row r, query slice sl)
   row_ds_copies(sm, C, dp, par, buf, fkr);
   BWD_PHASE(3);
-  acc_to_afrag(dp, ads);  // dK's copy: A fragments only
+  dkv_afrag(dp, ads);  // dK's copy: A fragments only
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl) fk[sl][0] = fkr[0][sl], fk[sl][1] = fkr[1][sl];
 #else

@@ -140,6 +140,34 @@ __device__ __forceinline__ void acc_to_afrag(const float (&p)[32], u32 (&a)[2][4
   }
 }
 
+// The key-permuted packing (FWD_VPERM, BWD_QPERM): lane q's code pairs of columns 8jj + 2q, +1
+// of a 32-column K slice put in place at A index 4q .. 4q+3 (jj = 0, 1) and 16 + 4q .. +3
+// (jj = 2, 3): two PRMT per register, no shuffles. The B operand's K order must match: position k
+// of each 32-token block holds token 16 (k >> 4) + 8 ((k & 3) >> 1) + 2 ((k >> 2) & 3) + (k & 1)
+// (quant.cu dim_token, QuantInput::dim_perm). Each k32 step multiplies the same pairs as the
+// exact layout does.
+__device__ __forceinline__ void codes_to_afrag_perm(const u32 (&R0)[4], const u32 (&R8)[4], u32 (&a)[4]) {
+  a[0] = __byte_perm(R0[0], R0[1], 0x5410);
+  a[1] = __byte_perm(R8[0], R8[1], 0x5410);
+  a[2] = __byte_perm(R0[2], R0[3], 0x5410);
+  a[3] = __byte_perm(R8[2], R8[3], 0x5410);
+}
+
+// acc_to_afrag with the key-permuted packing.
+__device__ __forceinline__ void acc_to_afrag_perm(const float (&p)[32], u32 (&a)[2][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    u32 R0[4], R8[4];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int i = 16 * kk + 4 * jj;
+      R0[jj] = cvt_e4m3x2(p[i + 0], p[i + 1]);
+      R8[jj] = cvt_e4m3x2(p[i + 2], p[i + 3]);
+    }
+    codes_to_afrag_perm(R0, R8, a[kk]);
+  }
+}
+
 // The issue_* helpers only issue wgmma instructions: the caller brackets them with wg_fence()
 // before and wg_commit() / wg_wait<N>() / fence_regs() after, so several products can be in
 // flight at once (the mma_* helpers below are the issue-and-wait forms).

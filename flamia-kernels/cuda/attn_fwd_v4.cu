@@ -241,24 +241,16 @@ __device__ __forceinline__ void turn_pass(int cw) {
 // no shuffles); V's dim-major keys are permuted to match (quant.cu dim_token). Otherwise the
 // exact column order (acc_to_afrag: shuffles within each quad).
 __device__ __forceinline__ void p_to_afrag(const float (&sc)[64], u32 (&pa)[4][4]) {
+  auto& lo = *reinterpret_cast<const float(*)[32]>(&sc[0]);
+  auto& hi = *reinterpret_cast<const float(*)[32]>(&sc[32]);
+  auto& alo = *reinterpret_cast<u32(*)[2][4]>(&pa[0][0]);
+  auto& ahi = *reinterpret_cast<u32(*)[2][4]>(&pa[2][0]);
 #if FWD_VPERM
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    u32 R0[4], R8[4];
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      const int i = 16 * kk + 4 * jj;
-      R0[jj] = cvt_e4m3x2(sc[i + 0], sc[i + 1]);
-      R8[jj] = cvt_e4m3x2(sc[i + 2], sc[i + 3]);
-    }
-    pa[kk][0] = __byte_perm(R0[0], R0[1], 0x5410);
-    pa[kk][1] = __byte_perm(R8[0], R8[1], 0x5410);
-    pa[kk][2] = __byte_perm(R0[2], R0[3], 0x5410);
-    pa[kk][3] = __byte_perm(R8[2], R8[3], 0x5410);
-  }
+  acc_to_afrag_perm(lo, alo);
+  acc_to_afrag_perm(hi, ahi);
 #else
-  acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[0]), *reinterpret_cast<u32(*)[2][4]>(&pa[0][0]));
-  acc_to_afrag(*reinterpret_cast<const float(*)[32]>(&sc[32]), *reinterpret_cast<u32(*)[2][4]>(&pa[2][0]));
+  acc_to_afrag(lo, alo);
+  acc_to_afrag(hi, ahi);
 #endif
 }
 

@@ -280,6 +280,35 @@ fn forward_vperm_gives_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn backward_qperm_gives_bitwise_the_same() {
+    // FLAMIA_BWD_QPERM=1 packs P~^T and dS~^T into the dV and dK products' A fragments without
+    // shuffles and has the quantisers write Q's and dO's dim-major copies with the matching query
+    // order: the same pairs in every k32 step, so bitwise the same outputs; block and row dS
+    // exponents, both head dims, causal and not.
+    let lens = &[300, 1, 65, 1100][..];
+    let gpu = gpu();
+    for (hd, causal, row_ds) in [
+        (128, true, false),
+        (128, false, false),
+        (128, true, true),
+        (64, true, false),
+    ] {
+        let shape = VarlenShape::from_lens(lens, 4, 2, hd).unwrap();
+        with_seeds(
+            &format!("qperm d = {hd} causal {causal} row dS {row_ds}"),
+            |mut rng| {
+                let mut opts = AttnOptions::new(AttnPath::Mxfp8);
+                opts.causal = causal;
+                opts.precision.row_ds_exponents = row_ds;
+                let call = gauss_call(&mut rng, &shape, opts);
+                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_QPERM", &["0", "1"]);
+            },
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn forward_overlap_gives_bitwise_the_same() {
     // FLAMIA_FWD_OVERLAP=1 software-pipelines the v4 forward's key tiles (S of the next tile and
     // PV of this one in flight together, Q from shared memory): the same arithmetic in the same

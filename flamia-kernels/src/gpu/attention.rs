@@ -598,7 +598,7 @@ impl Attention {
     /// the test knobs of the environment (`FLAMIA_BWD_JITTER`, `FLAMIA_BWD_SKIP_DEAD`); `walk_up`:
     /// the plan has tiles that walk up.
     fn backward_v4_kernel(&self, hd: u32, walk_up: bool) -> GpuResult<(Variant, u32)> {
-        let v = backward_v4_variant(
+        let mut v = backward_v4_variant(
             self.bwd_stages,
             hd,
             self.opts.precision.row_ds_exponents,
@@ -607,6 +607,9 @@ impl Attention {
             bwd_skip_dead(),
             walk_up,
         );
+        if self.bwd_qperm() {
+            v = v.define("BWD_QPERM", 1);
+        }
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
@@ -717,7 +720,7 @@ impl Attention {
         let had = self.opts.precision.hadamard;
         let m = self.scale_mode();
         let g = &self.gpu;
-        let qi = QuantInput::new(q, had, saved.q);
+        let qi = QuantInput::new(q, had, saved.q).with_dim_perm(self.bwd_qperm());
         let ki = QuantInput::new(k, had, saved.k);
         let vi = QuantInput::new(v, false, saved.v).with_dim_perm(self.fwd_vperm());
         quantize_e4m3_fused(g, stream, plan, &[qi, ki, vi], m, None, Some(&self.amax))?;
@@ -771,6 +774,14 @@ impl Attention {
     /// forced back to v3.1 by `FLAMIA_ATTN_FWD=v3`).
     pub fn uses_forward_v4(&self) -> bool {
         self.opts.path != AttnPath::Nvfp4 && self.promote & 2 == 0 && !self.fwd_v3
+    }
+
+    /// Whether Q's and dO's dim-major copies are written permuted for the v4 backward
+    /// (`FLAMIA_BWD_QPERM=1`, `BWD_QPERM`: its dK and dV products, their only readers, pack P~^T
+    /// and dS~^T without shuffles; bitwise the same gradients, GPU test
+    /// `backward_qperm_gives_bitwise_the_same`). Off by default until measured.
+    fn bwd_qperm(&self) -> bool {
+        self.uses_backward_v4() && std::env::var("FLAMIA_BWD_QPERM").is_ok_and(|v| v.trim() == "1")
     }
 
     /// Whether V's dim-major copy is written permuted for the v4 forward ([`fwd_vperm_env`]):
@@ -875,14 +886,13 @@ impl Attention {
             o,
             delta: ws.delta.ptr(),
         };
-        quantize_e4m3(
+        let input = QuantInput::new(d_o, false, &ws.d_o).with_dim_perm(self.bwd_qperm());
+        quantize_e4m3_fused(
             &self.gpu,
             stream,
             plan,
-            d_o,
-            false,
+            &[input],
             self.scale_mode(),
-            &ws.d_o,
             Some(delta),
             Some(&self.amax),
         )
@@ -1221,6 +1231,15 @@ mod tests {
                             .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
                     }
                 }
+            }
+            // the key-permuted packing of dV's and dK's A fragments (FLAMIA_BWD_QPERM=1), block and
+            // row dS exponents
+            for row_ds in [false, true] {
+                let v = backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true)
+                    .0
+                    .define("BWD_QPERM", 1);
+                compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
+                    .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
             }
             // two dQ buffers per warpgroup (FLAMIA_BWD_DQ_BUFS=2): three stages at d = 64, two at 128
             let stages = if hd == 64 { 3 } else { 2 };
