@@ -36,8 +36,8 @@ use super::buffer::DeviceBuf;
 use super::error::{GpuError, GpuResult};
 use super::plan::Plan;
 use super::quant::{
-    quantize_e4m3, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, Carver, DeltaOut, Nvfp4Ref, Operand,
-    OperandRef, QuantInput, PART_ALIGN,
+    quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, Carver, DeltaOut, Nvfp4Ref, Operand, OperandRef,
+    QuantInput, PART_ALIGN,
 };
 use super::runtime::{launch, Gpu, RawStream, Variant};
 use super::sched::{BWD_KT, BWD_QT, FWD_QT};
@@ -608,7 +608,7 @@ impl Attention {
             walk_up,
         );
         if self.bwd_qperm() {
-            v = v.define("BWD_QPERM", 1);
+            v.0 = v.0.define("BWD_QPERM", 1);
         }
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
