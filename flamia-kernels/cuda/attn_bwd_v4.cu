@@ -545,24 +545,16 @@ __device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
 #define BWD_QPERM 0
 #endif
 __device__ __forceinline__ void dkv_afrag(const float (&v)[32], u32 (&a)[2][4]) {
-#if BWD_QPERM
-  acc_to_afrag_perm(v, a);
-#else
-  acc_to_afrag(v, a);
-#endif
+  acc_to_afrag<BWD_QPERM>(v, a);
 }
 
 __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u8* ds) {
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
     u32 R0[4], R8[4];
+    slice_codes(v, kk, R0, R8);
 #pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      const int i = 16 * kk + 4 * jj;
-      R0[jj] = cvt_e4m3x2(v[i + 0], v[i + 1]);
-      R8[jj] = cvt_e4m3x2(v[i + 2], v[i + 3]);
-      ds_store_block(ds + 1024 * (4 * kk + jj), R0[jj], R8[jj]);  // query rows 8J.. (row group J)
-    }
+    for (int jj = 0; jj < 4; ++jj) ds_store_block(ds + 1024 * (4 * kk + jj), R0[jj], R8[jj]);  // query rows 8J..
 #if BWD_QPERM
     codes_to_afrag_perm(R0, R8, a[kk]);
 #else

@@ -124,21 +124,17 @@ __device__ __forceinline__ void codes_to_afrag(const u32 (&R0)[4], const u32 (&R
   a[3] = __byte_perm(gB1, gB2, sel_hi);
 }
 
-// FP32 accumulator of an m64n64 product (32 regs; values already scaled for E4M3) -> the FP8 A
-// fragments of its two 32-column K slices.
-__device__ __forceinline__ void acc_to_afrag(const float (&p)[32], u32 (&a)[2][4]) {
+// E4M3 code pairs of 32-column K slice kk of an m64n64 accumulator fragment (values already
+// scaled): R0[jj] / R8[jj] = columns 8jj + 2q, +1 of the slice in rows r0 / r0 + 8.
+__device__ __forceinline__ void slice_codes(const float (&p)[32], int kk, u32 (&R0)[4], u32 (&R8)[4]) {
 #pragma unroll
-  for (int kk = 0; kk < 2; ++kk) {
-    u32 R0[4], R8[4];
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      const int i = 16 * kk + 4 * jj;
-      R0[jj] = cvt_e4m3x2(p[i + 0], p[i + 1]);
-      R8[jj] = cvt_e4m3x2(p[i + 2], p[i + 3]);
-    }
-    codes_to_afrag(R0, R8, a[kk]);
+  for (int jj = 0; jj < 4; ++jj) {
+    const int i = 16 * kk + 4 * jj;
+    R0[jj] = cvt_e4m3x2(p[i + 0], p[i + 1]);
+    R8[jj] = cvt_e4m3x2(p[i + 2], p[i + 3]);
   }
 }
+
 
 // The key-permuted packing (FWD_VPERM, BWD_QPERM): lane q's code pairs of columns 8jj + 2q, +1
 // of a 32-column K slice put in place at A index 4q .. 4q+3 (jj = 0, 1) and 16 + 4q .. +3
@@ -153,18 +149,20 @@ __device__ __forceinline__ void codes_to_afrag_perm(const u32 (&R0)[4], const u3
   a[3] = __byte_perm(R8[2], R8[3], 0x5410);
 }
 
-// acc_to_afrag with the key-permuted packing.
-__device__ __forceinline__ void acc_to_afrag_perm(const float (&p)[32], u32 (&a)[2][4]) {
+// FP32 accumulator of an m64n64 product (32 regs; values already scaled for E4M3) -> the FP8 A
+// fragments of its two 32-column K slices: the exact column order, or with PERM the
+// key-permuted packing above.
+template <bool PERM = false>
+__device__ __forceinline__ void acc_to_afrag(const float (&p)[32], u32 (&a)[2][4]) {
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
     u32 R0[4], R8[4];
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      const int i = 16 * kk + 4 * jj;
-      R0[jj] = cvt_e4m3x2(p[i + 0], p[i + 1]);
-      R8[jj] = cvt_e4m3x2(p[i + 2], p[i + 3]);
+    slice_codes(p, kk, R0, R8);
+    if (PERM) {
+      codes_to_afrag_perm(R0, R8, a[kk]);
+    } else {
+      codes_to_afrag(R0, R8, a[kk]);
     }
-    codes_to_afrag_perm(R0, R8, a[kk]);
   }
 }
 

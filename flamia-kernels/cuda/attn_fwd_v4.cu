@@ -245,13 +245,8 @@ __device__ __forceinline__ void p_to_afrag(const float (&sc)[64], u32 (&pa)[4][4
   auto& hi = *reinterpret_cast<const float(*)[32]>(&sc[32]);
   auto& alo = *reinterpret_cast<u32(*)[2][4]>(&pa[0][0]);
   auto& ahi = *reinterpret_cast<u32(*)[2][4]>(&pa[2][0]);
-#if FWD_VPERM
-  acc_to_afrag_perm(lo, alo);
-  acc_to_afrag_perm(hi, ahi);
-#else
-  acc_to_afrag(lo, alo);
-  acc_to_afrag(hi, ahi);
-#endif
+  acc_to_afrag<FWD_VPERM>(lo, alo);
+  acc_to_afrag<FWD_VPERM>(hi, ahi);
 }
 
 // acc[64 x N] = A (E4M3 fragments, 4 K slices of 32) * B^T, B a 128-byte-swizzled [N x 128 bytes]

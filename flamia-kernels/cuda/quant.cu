@@ -321,7 +321,7 @@ __device__ __forceinline__ float delta_dot(const u32 (&codes)[2 * NK], const uin
 // The token of a 32-token block at position k of a permuted dim-major copy (QuantTensor::dim_perm,
 // the v4 forward's V with FWD_VPERM): sigma(k) = 16 (k >> 4) + 8 ((k & 3) >> 1) + 2 ((k >> 2) & 3)
 // + (k & 1), the score column that lane q's E4M3 pairs of an m64nN accumulator put at A-fragment
-// index k when they are packed without shuffles (attn_fwd_v4.cu p_to_afrag_perm). For k = 8s + r
+// index k when they are packed without shuffles (attn_common.cuh codes_to_afrag_perm). For k = 8s + r
 // (thread octet s, unrolled r).
 __device__ __forceinline__ int dim_token(int s, int r) {
   return 16 * (s >> 1) + 8 * ((r & 3) >> 1) + 4 * (s & 1) + 2 * (r >> 2) + (r & 1);

@@ -272,9 +272,15 @@ fn forward_vperm_gives_bitwise_the_same() {
     // FLAMIA_FWD_VPERM=1 packs P's A fragments without shuffles and has the quantiser write V's
     // dim-major copy with the matching key order in each 32-key block: PV's k32 steps multiply
     // the same pairs, so every output is bitwise the same (the backward reads V token-major).
+    forward_knob_keeps_every_bit("FLAMIA_FWD_VPERM");
+}
+
+/// [`knob_keeps_every_bit`] for a forward build knob `var` (0 / 1) on [`FORWARD_KNOB_CASES`],
+/// with and without the per-warpgroup consumer copies (`FLAMIA_FWD_CW`).
+fn forward_knob_keeps_every_bit(var: &str) {
     for cw in ["0", "1"] {
         let _g = EnvGuard::set("FLAMIA_FWD_CW", cw);
-        knob_keeps_every_bit("FLAMIA_FWD_VPERM", &["0", "1"], &FORWARD_KNOB_CASES);
+        knob_keeps_every_bit(var, &["0", "1"], &FORWARD_KNOB_CASES);
     }
 }
 
@@ -285,26 +291,16 @@ fn backward_qperm_gives_bitwise_the_same() {
     // shuffles and has the quantisers write Q's and dO's dim-major copies with the matching query
     // order: the same pairs in every k32 step, so bitwise the same outputs; block and row dS
     // exponents, both head dims, causal and not.
-    let lens = &[300, 1, 65, 1100][..];
-    let gpu = gpu();
-    for (hd, causal, row_ds) in [
-        (128, true, false),
-        (128, false, false),
-        (128, true, true),
-        (64, true, false),
-    ] {
-        let shape = VarlenShape::from_lens(lens, 4, 2, hd).unwrap();
-        with_seeds(
-            &format!("qperm d = {hd} causal {causal} row dS {row_ds}"),
-            |mut rng| {
-                let mut opts = AttnOptions::new(AttnPath::Mxfp8);
-                opts.causal = causal;
-                opts.precision.row_ds_exponents = row_ds;
-                let call = gauss_call(&mut rng, &shape, opts);
-                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_QPERM", &["0", "1"]);
-            },
-        );
-    }
+    let lens: &[usize] = &[300, 1, 65, 1100];
+    backward_knob_keeps_every_bit(
+        "FLAMIA_BWD_QPERM",
+        &[
+            (128, lens, true, false),
+            (128, lens, false, false),
+            (128, lens, true, true),
+            (64, lens, true, false),
+        ],
+    );
 }
 
 #[test]
@@ -314,10 +310,7 @@ fn forward_overlap_gives_bitwise_the_same() {
     // PV of this one in flight together, Q from shared memory): the same arithmetic in the same
     // order, so every output bitwise the same, at both head dims, causal and not, block and
     // tensor-wide scales, with and without the per-warpgroup consumer copies.
-    for cw in ["0", "1"] {
-        let _g = EnvGuard::set("FLAMIA_FWD_CW", cw);
-        knob_keeps_every_bit("FLAMIA_FWD_OVERLAP", &["0", "1"], &FORWARD_KNOB_CASES);
-    }
+    forward_knob_keeps_every_bit("FLAMIA_FWD_OVERLAP");
 }
 
 #[test]
@@ -395,22 +388,34 @@ fn dead_steps_skipped_give_bitwise_the_full_backward() {
     // 1-token and 65-token documents) adds nothing to dK and dV and has zero dS codes:
     // FLAMIA_BWD_SKIP_DEAD=1 skips its products, =0 runs it as a masked step. Bit for bit the
     // same, causal and not, row dS exponents, GQA, both head dims.
+    backward_knob_keeps_every_bit(
+        "FLAMIA_BWD_SKIP_DEAD",
+        &[
+            (128, &[300, 1, 65, 1100], true, false),
+            (128, &[300, 1, 65, 1100], false, false),
+            (128, &[517, 64, 129, 2048], true, true),
+            (64, &[300, 1, 65, 1100], true, false),
+            (64, &[517, 64, 129, 2048], false, true),
+        ],
+    );
+}
+
+/// [`same_bits_whatever`] for a backward knob `var` (0 / 1) on Gaussian mxfp8 calls of each case
+/// (head dim, document lengths, causal, row dS exponents; 4 query heads over 2 KV heads), every seed.
+fn backward_knob_keeps_every_bit(var: &str, cases: &[(usize, &[usize], bool, bool)]) {
     let gpu = gpu();
-    for (hd, lens, causal, row_ds) in [
-        (128, &[300, 1, 65, 1100][..], true, false),
-        (128, &[300, 1, 65, 1100][..], false, false),
-        (128, &[517, 64, 129, 2048][..], true, true),
-        (64, &[300, 1, 65, 1100][..], true, false),
-        (64, &[517, 64, 129, 2048][..], false, true),
-    ] {
+    for &(hd, lens, causal, row_ds) in cases {
         let shape = VarlenShape::from_lens(lens, 4, 2, hd).unwrap();
-        with_seeds("dead steps", |mut rng| {
-            let mut opts = AttnOptions::new(AttnPath::Mxfp8);
-            opts.causal = causal;
-            opts.precision.row_ds_exponents = row_ds;
-            let call = gauss_call(&mut rng, &shape, opts);
-            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SKIP_DEAD", &["0", "1"]);
-        });
+        with_seeds(
+            &format!("{var}, d = {hd}, causal {causal}, row dS {row_ds}"),
+            |mut rng| {
+                let mut opts = AttnOptions::new(AttnPath::Mxfp8);
+                opts.causal = causal;
+                opts.precision.row_ds_exponents = row_ds;
+                let call = gauss_call(&mut rng, &shape, opts);
+                same_bits_whatever(&gpu, &call, var, &["0", "1"]);
+            },
+        );
     }
 }
 
