@@ -83,6 +83,12 @@
 #ifndef QUANT_TOK_LINES
 #define QUANT_TOK_LINES 0
 #endif
+// QUANT_PERM_MASK: bit i set = input i's dim-major copy has its tokens permuted within each
+// 32-token block (dim_token; QuantInput::dim_perm: V for FLAMIA_FWD_VPERM, Q and dO for
+// FLAMIA_BWD_QPERM). A define, so the default build (0) is the plain transposes' code.
+#ifndef QUANT_PERM_MASK
+#define QUANT_PERM_MASK 0
+#endif
 #define QUANT_INPUTS 3
 // 32-element chunks of a row per thread (element i = 32 k + 8 q + j, k < NK).
 #define NK (HEAD_DIM / 32)
@@ -95,7 +101,7 @@ struct QuantTensor {
   i8* exps;      // [T, heads]
   int heads;
   int hadamard;
-  int dim_perm;  // 1: the dim-major copy's tokens permuted within each 32-token block (dim_token)
+  int dim_perm;  // (set by pick_input from QUANT_PERM_MASK, not passed by the host)
 };
 
 struct QuantParams {
@@ -124,7 +130,7 @@ __device__ __forceinline__ QuantTensor pick_input(const QuantParams& p, int ti) 
   t.exps = ti == 0 ? p.in[0].exps : ti == 1 ? p.in[1].exps : p.in[2].exps;
   t.heads = ti == 0 ? p.in[0].heads : ti == 1 ? p.in[1].heads : p.in[2].heads;
   t.hadamard = ti == 0 ? p.in[0].hadamard : ti == 1 ? p.in[1].hadamard : p.in[2].hadamard;
-  t.dim_perm = ti == 0 ? p.in[0].dim_perm : ti == 1 ? p.in[1].dim_perm : p.in[2].dim_perm;
+  t.dim_perm = (QUANT_PERM_MASK >> ti) & 1;
   return t;
 }
 

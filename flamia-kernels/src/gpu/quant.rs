@@ -227,6 +227,7 @@ struct QuantTensor {
     exps: u64,
     heads: i32,
     hadamard: i32,
+    /// (`QUANT_PERM_MASK` decides in the kernel; the field keeps the struct's layout)
     dim_perm: i32,
 }
 
@@ -378,7 +379,15 @@ pub fn quantize_e4m3_fused(
     gpu.bind()?;
     let t = plan.shape().tokens();
     let chunks = !plan.tables.chunks.is_empty();
-    let variant = quant_variant(plan.shape().head_dim, mode, delta.is_some(), chunks);
+    let mut variant = quant_variant(plan.shape().head_dim, mode, delta.is_some(), chunks);
+    let perm_mask: u32 = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, x)| (x.dim_perm as u32) << i)
+        .sum();
+    if perm_mask != 0 {
+        variant = variant.define("QUANT_PERM_MASK", perm_mask);
+    }
     let mut p = QuantParams {
         blocks: plan.blocks.ptr(),
         chunks: plan.chunks.ptr(),
@@ -528,11 +537,16 @@ mod tests {
                 }
             }
             // the token-major rows written as full lines (QUANT_TOK_LINES, a source define for A/B)
+            // and permuted dim-major copies (QUANT_PERM_MASK: V of a fused launch, dO with D)
             for (delta, chunks) in [(false, false), (false, true), (true, true)] {
-                let v = quant_variant(head_dim, ScaleMode::TokenBlock, delta, chunks)
-                    .define("QUANT_TOK_LINES", 1);
-                compile_ptx("quant.cu", &v, "sm_90a")
-                    .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
+                let base = quant_variant(head_dim, ScaleMode::TokenBlock, delta, chunks);
+                for v in [
+                    base.clone().define("QUANT_TOK_LINES", 1),
+                    base.define("QUANT_PERM_MASK", if delta { 1 } else { 4 }),
+                ] {
+                    compile_ptx("quant.cu", &v, "sm_90a")
+                        .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
+                }
             }
         }
     }
