@@ -305,16 +305,6 @@ fn backward_qperm_gives_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn forward_overlap_gives_bitwise_the_same() {
-    // FLAMIA_FWD_OVERLAP=1 software-pipelines the v4 forward's key tiles (S of the next tile and
-    // PV of this one in flight together, Q from shared memory): the same arithmetic in the same
-    // order, so every output bitwise the same, at both head dims, causal and not, block and
-    // tensor-wide scales, with and without the per-warpgroup consumer copies.
-    forward_knob_keeps_every_bit("FLAMIA_FWD_OVERLAP");
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn first_dq_partials_stored_give_bitwise_the_zeroed_accumulator() {
     // The default (session 13): the FP32 dQ accumulator by padded position and each (query tile,
     // head)'s first partial stored, against FLAMIA_BWD_DQ_STORE=0's zeroed token-major

@@ -86,14 +86,7 @@ pub fn forward_v3_forced() -> bool {
 
 /// Defines of the v4 forward: per-key scale columns (per-token scales) or per-32-key-group
 /// folds (token-block and tensor-wide scales), the ring depth and the smem budget (returned too).
-fn forward_v4_variant(
-    per_token: bool,
-    stages: u32,
-    hd: u32,
-    cw_const: bool,
-    overlap: bool,
-    vperm: bool,
-) -> (Variant, u32) {
+fn forward_v4_variant(per_token: bool, stages: u32, hd: u32, cw_const: bool, vperm: bool) -> (Variant, u32) {
     let smem = smem_fwd4(stages, hd, per_token);
     let mut v = Variant::new()
         .define("HEAD_DIM", hd)
@@ -102,9 +95,6 @@ fn forward_v4_variant(
         .define("SMEM_FWD4_BUDGET", smem);
     if cw_const {
         v = v.define("FWD_CW_CONST", 1);
-    }
-    if overlap {
-        v = v.define("FWD_OVERLAP", 1);
     }
     if vperm {
         v = v.define("FWD_VPERM", 1);
@@ -118,16 +108,6 @@ fn forward_v4_variant(
 /// outputs (GPU test `forward_vperm_gives_bitwise_the_same`). Off by default until measured.
 fn fwd_vperm_env() -> bool {
     std::env::var("FLAMIA_FWD_VPERM").is_ok_and(|v| v.trim() == "1")
-}
-
-/// Whether the v4 forward software-pipelines its key tiles (`FWD_OVERLAP`: tile kt+1's S issued
-/// before tile kt's PV, its softmax run while PV is in the tensor cores; Q read from shared
-/// memory; 240 consumer registers). `FLAMIA_FWD_OVERLAP=0|1` decides (an A/B and test knob; the
-/// outputs are bitwise the same either way: GPU test `forward_overlap_gives_bitwise_the_same`);
-/// off by default until measured faster. Never with per-token scales (PER_TOKEN_COLS: 804 B of
-/// spills).
-fn fwd_overlap(per_token: bool) -> bool {
-    !per_token && std::env::var("FLAMIA_FWD_OVERLAP").is_ok_and(|v| v.trim() == "1")
 }
 
 /// Mean key tiles per query tile from which the v4 forward at head dim 128 runs its consumers
@@ -838,14 +818,7 @@ impl Attention {
         };
         let per_token = self.scale_mode() == ScaleMode::PerToken;
         let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
-        let (v, smem) = forward_v4_variant(
-            per_token,
-            self.fwd_stages,
-            hd as u32,
-            cw,
-            fwd_overlap(per_token),
-            self.fwd_vperm(),
-        );
+        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, self.fwd_vperm());
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
         let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
@@ -1137,14 +1110,7 @@ impl Attention {
         if self.uses_forward_v4() {
             let per_token = self.scale_mode() == ScaleMode::PerToken;
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const)
-            let (v4, smem) = forward_v4_variant(
-                per_token,
-                self.fwd_stages,
-                hd32,
-                false,
-                fwd_overlap(per_token),
-                self.fwd_vperm(),
-            );
+            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false, self.fwd_vperm());
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
@@ -1248,15 +1214,9 @@ mod tests {
             compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                 .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
             // the forward's per-warpgroup consumer copies (long items, fwd_cw_const) and its
-            // software pipeline (FLAMIA_FWD_OVERLAP), alone and together
-            for (cw, overlap, vperm) in [
-                (true, false, false),
-                (false, true, false),
-                (true, true, false),
-                (false, false, true),
-                (true, true, true),
-            ] {
-                let (v, _) = forward_v4_variant(false, 3, hd, cw, overlap, vperm);
+            // shuffle-free P packing (FLAMIA_FWD_VPERM), alone and together
+            for (cw, vperm) in [(true, false), (false, true), (true, true)] {
+                let (v, _) = forward_v4_variant(false, 3, hd, cw, vperm);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
@@ -1268,7 +1228,7 @@ mod tests {
                 (false, 5),
                 (true, 5),
             ] {
-                let (v, _) = forward_v4_variant(per_token, stages, hd, false, false, per_token);
+                let (v, _) = forward_v4_variant(per_token, stages, hd, false, per_token);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
