@@ -4,15 +4,12 @@
 #   cargo build --release -p flamia-trainer -p flamia-dist
 #   cargo test --release --no-run -p flamia-kernels -p flamia-trainer
 #   bash bench/device_bwd4.sh --stage && strip .device-carry/bwd4/*     (38 MB)
-#   bash bench/device_s14.sh --stage-extra   (var/q_tiled, var/q_nodim, var/timers: main's
-#                                             sources with one define each)
+#   bash bench/device_s14.sh --stage-extra   (var/timers, var/reducer: main's sources with one
+#                                             define each; var/dqb2)
 # then carry .device-carry/bwd4 and .device-carry/var (and .whl for PHASE=x) and run, chained
 # (the machine goes back 30 s after a call):
-#   PHASE=q bash bench/device_s14.sh   (~3 min) the Q/K/V quantiser: base, QUANT_PROF_TILED (the
-#                                      dim-major bytes written where a 128-token tiled layout would
-#                                      put them: does the copy's cost go with DRAM page locality?),
-#                                      QUANT_PROF_NODIM (no dim-major copy), twice each at 1x65536
-#                                      and 256x256, d = 128 and 64; ncu of the tiled build
+#   (PHASE=q, q2, q3, the quantiser knock-outs run in session 14, went with those knock-outs:
+#   docs/perf.md "Session 14" has the results, commit 5fe13cf the script and the defines)
 #   PHASE=p bash bench/device_s14.sh   (~3.5 min) the backward's waits (BWD_PROF_TIMERS: the dQ
 #                                      buffer wait apart from the dQ store) at 1x65536, 16x4096,
 #                                      64x1024, 256x256; the reducer's (BWD_PROF_REDUCER, now
@@ -54,10 +51,7 @@ if [ "${1:-}" = "--stage-tiled" ]; then
   du -sh $X; exit 0
 fi
 if [ "${1:-}" = "--stage-extra" ]; then
-  for p in q_tiled:quant.cu:"#define QUANT_PROF_TILED 1" q_nodim:quant.cu:"#define QUANT_PROF_NODIM 1" \
-           q_nodimst:quant.cu:"#define QUANT_PROF_NODIMST 1" q_nodimbar:quant.cu:"#define QUANT_PROF_NODIMBAR 1" \
-           q_contig:quant.cu:"#define QUANT_PROF_CONTIG 1" q_dim16:quant.cu:"#define QUANT_PROF_DIM16 1" \
-           timers:attn_bwd_v4.cu:"#define BWD_PROF_TIMERS 1" reducer:attn_bwd_v4.cu:"#define BWD_PROF_REDUCER 1"; do
+  for p in timers:attn_bwd_v4.cu:"#define BWD_PROF_TIMERS 1" reducer:attn_bwd_v4.cu:"#define BWD_PROF_REDUCER 1"; do
     name=${p%%:*}; rest=${p#*:}; file=${rest%%:*}; def=${rest#*:}
     d=$V/$name; rm -rf $d; mkdir -p $d; cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $d/
     sed -i "1i $def" $d/$file
@@ -70,48 +64,7 @@ O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
-case "${PHASE:-q}" in
-  q)
-    for hd in 128 64; do
-      for v in base q_tiled q_nodim base q_tiled q_nodim; do
-        echo "=== quantiser $v d = $hd"
-        ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v
-          timeout 120 $B bench attention --head-dim $hd --workload 1x65536 --workload 256x256 2>&1 \
-            | grep -E "^1x65536|^256x256" )
-      done
-    done
-    echo "=== ncu quant_e4m3 q_tiled 1x65536"
-    FLAMIA_CUDA_DIR=$V/q_tiled timeout 150 $NCU --clock-control none -k quant_e4m3 --launch-skip 2 --launch-count 2 \
-      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-      --metrics dram__bytes_read.sum,dram__bytes_write.sum \
-      $B bench attention --workload 1x65536 > "$O/ncu_quant_tiled.txt" 2>&1 || echo "ncu rc=$?"
-    grep -E "quant_e4m3 \(|dram__bytes|Duration|DRAM Throughput|Warp Cycles Per Issued" "$O/ncu_quant_tiled.txt" ;;
-  q2)
-    # session 14: q_tiled gained only 6% (0.667 -> 0.627 ms), so the copy's cost is not its DRAM
-    # page locality; split it: the barrier before it, its stores
-    for v in base q_nodimst q_nodimbar q_nodim base q_nodimst q_nodimbar q_nodim; do
-      echo "=== quantiser $v d = 128"
-      ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v
-        timeout 120 $B bench attention --workload 1x65536 --workload 64x1024 2>&1 | grep -E "^1x65536|^64x1024" )
-    done ;;
-  q3)
-    # q2: the dim copy's global stores are its cost (no stores 0.39 ms, no barrier = base): are
-    # they slow for where they land (contig: each item's 4 KB contiguous) or for their count (dim16)?
-    for v in base q_contig q_dim16 base q_contig q_dim16; do
-      echo "=== quantiser $v d = 128"
-      ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v
-        timeout 120 $B bench attention --workload 1x65536 --workload 64x1024 2>&1 | grep -E "^1x65536|^64x1024" )
-    done
-    M=long_scoreboard,barrier,lg_throttle,drain,mio_throttle,short_scoreboard,wait,membar,math_pipe_throttle,not_selected,selected
-    M=$(echo $M | tr ',' '\n' | sed 's/.*/smsp__average_warps_issue_stalled_&_per_issue_active.ratio/' | paste -sd,)
-    for v in base q_nodimst q_contig; do
-      echo "=== ncu quant_e4m3 $v 1x65536"
-      ( [ $v = base ] || export FLAMIA_CUDA_DIR=$V/$v
-        timeout 150 $NCU --clock-control none -k quant_e4m3 --launch-skip 2 --launch-count 1 --section WarpStateStats \
-          --metrics $M,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_write.sum,lts__t_requests_op_write.sum,gpu__time_duration.sum \
-          $B bench attention --workload 1x65536 > "$O/ncu_q_$v.txt" 2>&1 || echo "ncu rc=$?" )
-      grep -E "issue_stalled|dram__bytes|lts__t|gpu__time|Warp Cycles Per Issued" "$O/ncu_q_$v.txt"
-    done ;;
+case "${PHASE:-p}" in
   p)
     for w in 1x65536 16x4096 64x1024 256x256; do
       echo "=== timers $w"
@@ -162,7 +115,7 @@ case "${PHASE:-q}" in
     fi ;;
   x)
     B=$B O=$O bash bench/vs-anchors.sh ;;
-  *) echo "PHASE is q, p, d, t2, ab2 or x"; exit 2 ;;
+  *) echo "PHASE is p, d, t2, ab2 or x"; exit 2 ;;
 esac
 date
-} 2>&1 | tee "$O/s14_${PHASE:-q}.log"
+} 2>&1 | tee "$O/s14_${PHASE:-p}.log"

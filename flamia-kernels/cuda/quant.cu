@@ -57,13 +57,9 @@
 // Knock-outs (timing only, wrong results; bench/device_s13.sh PHASE=c): QUANT_PROF_NODIM skips the
 // dim-major copy (its shared-memory transpose and stores), QUANT_PROF_NOTOK the token-major code
 // stores, QUANT_PROF_NOHAD the rotation's arithmetic, QUANT_PROF_NOBAR the block-amax barrier
-// (each warp its own maximum): what each costs of the kernel's time. QUANT_PROF_TILED writes the
-// dim-major codes where a 128-token tiled layout would put them (is the copy slow for its DRAM
-// page locality, 128 rows Tpad bytes apart per block?). QUANT_PROF_NODIMST keeps the copy's
-// barrier, shared-memory reads and transposes but not its global stores; QUANT_PROF_NODIMBAR drops
-// only the barrier before the copy (session 14: which part of the copy's 0.31 ms is it?);
-// QUANT_PROF_CONTIG writes each item's dim-major codes as one contiguous 4 KB, QUANT_PROF_DIM16
-// with half as many (16-byte) store instructions.
+// (each warp its own maximum): what each costs of the kernel's time. (Session 14's knock-outs of
+// the copy's parts and layouts, TILED, NODIMST, NODIMBAR, CONTIG, DIM16, were removed after
+// their measurement: docs/perf.md "Session 14"; commit 5fe13cf has them.)
 // QUANT_CHUNKS 1 (FLAMIA_QUANT_CHUNKS=1; not the default until measured on a GPU): items are
 // (128-position chunk of the padded dim-major layout, head slot), Tpad a multiple of 128. A CTA
 // runs the chunk's up to four 32-token blocks in turn exactly as before, but gathers their
@@ -72,7 +68,8 @@
 // (16-byte stores, 8 lanes a line), zeros where no block lies (a document's 32-token tail, the
 // layout's last 64 positions). Why: the per-block copy writes one 32-byte sector per L2 write
 // request (session 14 ncu: 27.2 M requests for 40.3 M sectors, 19 M of them the copy's), and
-// QUANT_PROF_CONTIG (whole lines per item) ran the quantiser in 0.49 ms against 0.68.
+// a knock-out writing whole lines per item (QUANT_PROF_CONTIG) ran the quantiser in 0.49 ms
+// against 0.68.
 #ifndef QUANT_CHUNKS
 #define QUANT_CHUNKS 0
 #endif
@@ -101,7 +98,6 @@ struct QuantTensor {
   i8* exps;      // [T, heads]
   int heads;
   int hadamard;
-  int dim_perm;  // (set by pick_input from QUANT_PERM_MASK, not passed by the host)
 };
 
 struct QuantParams {
@@ -130,7 +126,6 @@ __device__ __forceinline__ QuantTensor pick_input(const QuantParams& p, int ti) 
   t.exps = ti == 0 ? p.in[0].exps : ti == 1 ? p.in[1].exps : p.in[2].exps;
   t.heads = ti == 0 ? p.in[0].heads : ti == 1 ? p.in[1].heads : p.in[2].heads;
   t.hadamard = ti == 0 ? p.in[0].hadamard : ti == 1 ? p.in[1].hadamard : p.in[2].hadamard;
-  t.dim_perm = (QUANT_PERM_MASK >> ti) & 1;
   return t;
 }
 
@@ -324,7 +319,7 @@ __device__ __forceinline__ float delta_dot(const u32 (&codes)[2 * NK], const uin
 }
 #endif
 
-// The token of a 32-token block at position k of a permuted dim-major copy (QuantTensor::dim_perm,
+// The token of a 32-token block at position k of a permuted dim-major copy (QUANT_PERM_MASK, e.g.
 // the v4 forward's V with FWD_VPERM): sigma(k) = 16 (k >> 4) + 8 ((k & 3) >> 1) + 2 ((k >> 2) & 3)
 // + (k & 1), the score column that lane q's E4M3 pairs of an m64nN accumulator put at A-fragment
 // index k when they are packed without shuffles (attn_common.cuh codes_to_afrag_perm). For k = 8s + r
@@ -548,9 +543,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     it = nx;
     continue;
 #endif
-#ifndef QUANT_PROF_NODIMBAR
     __syncthreads();
-#endif
 #if QUANT_TOK_LINES
     // token rows from the tile: logical word w of row r is physical word w ^ sw(r), sw =
     // tile_word's XOR (bit 0: r & 1, bits 3-4): a 16-byte piece m lies whole at piece m ^ (sw >> 2),
@@ -577,7 +570,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       const int s = tid & 3, g = tid >> 2;
       u32 wd[8];
 #pragma unroll
-      for (int r = 0; r < 8; ++r) wd[r] = tl[tile_word(t.dim_perm ? dim_token(s, r) : 8 * s + r, g)];
+      for (int r = 0; r < 8; ++r) wd[r] = tl[tile_word((QUANT_PERM_MASK >> it.ti) & 1 ? dim_token(s, r) : 8 * s + r, g)];
       u32 lo[4], hi[4];
 #pragma unroll
       for (int half = 0; half < 2; ++half) transpose_bytes_4x4(wd + 4 * half, half ? hi : lo);
@@ -590,41 +583,8 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       const bool tail = dim_tail(it);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-#if defined(QUANT_PROF_DIM16)
-        // (timing only, the same bytes and addresses: lanes s and s ^ 1 trade two rows so each
-        // writes 16 tokens of two rows with 16-byte stores: half the store instructions)
-        if (c >= 2) break;
-        const bool odd = s & 1;
-        const u32 sl = __shfl_xor_sync(0xffffffffu, odd ? lo[c] : lo[2 + c], 1);
-        const u32 sh = __shfl_xor_sync(0xffffffffu, odd ? hi[c] : hi[2 + c], 1);
-        const u32 ml = odd ? lo[2 + c] : lo[c], mh = odd ? hi[2 + c] : hi[c];
-        uint4* dst4 = reinterpret_cast<uint4*>(t.dim + ((long long)it.h * HEAD_DIM + 4 * g + (odd ? 2 + c : c)) * p.Tpad +
-                                               it.pad0 + it.b0 + 16 * (s >> 1));
-        dst4[0] = odd ? make_uint4(sl, sh, ml, mh) : make_uint4(ml, mh, sl, sh);
-        if (tail) dst4[2] = make_uint4(0u, 0u, 0u, 0u);
-        continue;
-        uint2* dst = nullptr;
-#elif defined(QUANT_PROF_CONTIG)
-        // (timing only: a 32-token tiled layout [Tpad / 32][heads d][32], each item's codes one
-        // contiguous 4 KB: are the copy's stores slow for where they land?)
-        uint2* dst = reinterpret_cast<uint2*>(
-            t.dim + (((long long)(it.pad0 + it.b0) >> 5) * t.heads * HEAD_DIM + (long long)it.h * HEAD_DIM + 4 * g + c) * 32 + 8 * s);
-#elif defined(QUANT_PROF_TILED)
-        // (timing only: the codes at the address a 128-token tiled layout [Tpad / 128][heads d][128]
-        // would give them, where a 32-token block's 128 dim rows lie in one 16 KB slab instead of
-        // 128 rows Tpad bytes apart; tails and a last partial tile at the plain address)
-        const long long tok = it.pad0 + it.b0, rows = (long long)t.heads * HEAD_DIM;
-        const long long r = (long long)it.h * HEAD_DIM + 4 * g + c;
-        const bool tiled = !tail && (tok | 127) < p.Tpad;
-        uint2* dst = reinterpret_cast<uint2*>(
-            t.dim + (tiled ? ((tok >> 7) * rows + r) * 128 + (tok & 127) : r * p.Tpad + tok) + 8 * s);
-#else
         uint2* dst = reinterpret_cast<uint2*>(t.dim + ((long long)it.h * HEAD_DIM + 4 * g + c) * p.Tpad + it.pad0 +
                                               it.b0 + 8 * s);
-#endif
-#ifdef QUANT_PROF_NODIMST
-        if ((lo[c] ^ hi[c]) == 0x12345678u)  // (keeps the transpose alive; practically never true)
-#endif
         dst[0] = make_uint2(lo[c], hi[c]);
         if (tail) dst[4] = make_uint2(0u, 0u);  // zero padding up to the document's 64-token end
       }

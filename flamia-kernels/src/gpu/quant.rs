@@ -227,8 +227,6 @@ struct QuantTensor {
     exps: u64,
     heads: i32,
     hadamard: i32,
-    /// (`QUANT_PERM_MASK` decides in the kernel; the field keeps the struct's layout)
-    dim_perm: i32,
 }
 
 /// Mirrors `struct QuantParams` of `cuda/quant.cu`.
@@ -407,7 +405,6 @@ pub fn quantize_e4m3_fused(
             exps: i.out.exps,
             heads: i.out.heads as i32,
             hadamard: i.hadamard as i32,
-            dim_perm: i.dim_perm as i32,
         };
     }
     if let Some(d) = delta {
