@@ -102,14 +102,6 @@ fn forward_v4_variant(per_token: bool, stages: u32, hd: u32, cw_const: bool, vpe
     (v, smem)
 }
 
-/// `FLAMIA_FWD_VPERM=1`: the v4 forward packs its P fragments without shuffles (`FWD_VPERM`),
-/// its V dim-major copy written with the matching token order within each 32-token block
-/// (`QuantInput::dim_perm`); the same products over the same k32 slices, so bitwise the same
-/// outputs (GPU test `forward_vperm_gives_bitwise_the_same`). Off by default until measured.
-fn fwd_vperm_env() -> bool {
-    std::env::var("FLAMIA_FWD_VPERM").is_ok_and(|v| v.trim() == "1")
-}
-
 /// Mean key tiles per query tile from which the v4 forward at head dim 128 runs its consumers
 /// inlined once per warpgroup (`FWD_CW_CONST`: descriptors in uniform registers, 621 -> 604 SASS
 /// per key tile, twice the consumer code). Session 13 measured it -5.3% at 1x65536 (mean 256.5),
@@ -761,13 +753,17 @@ impl Attention {
     /// and dS~^T without shuffles; bitwise the same gradients, GPU test
     /// `backward_qperm_gives_bitwise_the_same`). Off by default until measured.
     fn bwd_qperm(&self) -> bool {
-        self.uses_backward_v4() && std::env::var("FLAMIA_BWD_QPERM").is_ok_and(|v| v.trim() == "1")
+        self.uses_backward_v4() && super::env_on("FLAMIA_BWD_QPERM")
     }
 
-    /// Whether V's dim-major copy is written permuted for the v4 forward ([`fwd_vperm_env`]):
-    /// only the forward reads it, and only the v4 forward knows the order.
+    /// Whether V's dim-major copy is written permuted for the v4 forward: `FLAMIA_FWD_VPERM=1`
+    /// packs its P fragments without shuffles (`FWD_VPERM`) and V's dim-major copy has the
+    /// matching token order within each 32-token block (`QuantInput::dim_perm`); only the
+    /// forward reads that copy, and only the v4 forward knows the order. The same products over
+    /// the same k32 slices, so bitwise the same outputs (GPU test
+    /// `forward_vperm_gives_bitwise_the_same`). Off by default until measured.
     fn fwd_vperm(&self) -> bool {
-        self.uses_forward_v4() && fwd_vperm_env()
+        self.uses_forward_v4() && super::env_on("FLAMIA_FWD_VPERM")
     }
 
     /// True when the backward runs the v4 fused kernel (E4M3 operands, no FP32 promotion of dP or

@@ -38,3 +38,9 @@ pub use runtime::{Gpu, RawStream, Variant};
 pub(crate) fn env_number<T: std::str::FromStr>(var: &str) -> Option<T> {
     std::env::var(var).ok().and_then(|v| v.trim().parse().ok())
 }
+
+/// Whether the on/off knob in environment variable `var` is on: exactly `1` (surrounding spaces
+/// ignored); unset or anything else is off.
+pub(crate) fn env_on(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v.trim() == "1")
+}

@@ -29,7 +29,7 @@ pub const QCHUNK: usize = 128;
 /// time (chunk items, `Tpad` a multiple of 128); off by default until measured on a GPU
 /// (docs/perf.md "Session 14").
 pub fn quant_chunks() -> bool {
-    std::env::var("FLAMIA_QUANT_CHUNKS").is_ok_and(|v| v.trim() == "1")
+    super::env_on("FLAMIA_QUANT_CHUNKS")
 }
 
 /// Host-side tables of a packing (no GPU needed; unit-tested on the CPU).

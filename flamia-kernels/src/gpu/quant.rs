@@ -309,7 +309,7 @@ fn mode_id(mode: ScaleMode) -> i32 {
 /// `FLAMIA_QUANT_ASYNC=1`: the quantiser's A/B variant that stages the next item's rows in
 /// shared memory by cp.async instead of registers (`QUANT_ASYNC` in `cuda/quant.cu`; same bits).
 pub fn quant_async() -> bool {
-    std::env::var("FLAMIA_QUANT_ASYNC").is_ok_and(|v| v.trim() == "1")
+    super::env_on("FLAMIA_QUANT_ASYNC")
 }
 
 /// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`]
