@@ -78,23 +78,19 @@ mutate bwd4-prodfold-factor attn_bwd_v4.cu 's/c\[3\]\[0\] \* f.x, c\[3\]\[1\] \*
 # second partial instead of its first, so the first is added to whatever the accumulator held.
 mutate bwd4-dq-store-second attn_bwd_v4.cu 's/if (P.dq_first_store \&\& j.target == 0) {/if (P.dq_first_store \&\& j.target == 2) {/' \
   first_dq_partials_stored_give_bitwise_the_zeroed_accumulator
-# 11. Quantiser chunks (FLAMIA_QUANT_CHUNKS=1, the test sets it): the flush no longer zeroes the
-# slots without a block (a document's 32-token tail, the layout's last 64 positions), so the
-# poisoned bytes stay there.
+# 11. Quantiser chunks: the flush no longer zeroes the slots without a block (a document's
+# 32-token tail, the layout's last 64 positions), so the poisoned bytes stay there.
 mutate quant-chunk-nozero quant.cu 's/if (chunk_block(cb, k >> 1) < 0) v = make_uint4(0u, 0u, 0u, 0u);//' \
-  gpu_quant:chunked_quantiser_is_bitwise_the_cpu_reference
+  gpu_quant:quantiser_overwrites_poisoned_buffers_and_repeats_bitwise
 # 12. Quantiser chunks: every block's codes gathered into slot 0 of the staging buffer.
 mutate quant-chunk-slot quant.cu 's/dimbuf_off(4 \* g + c, 2 \* cj + (s >> 1))/dimbuf_off(4 * g + c, (s >> 1))/' \
-  gpu_quant:chunked_quantiser_is_bitwise_the_cpu_reference
-# 13. Token-major rows from the shared tile (QUANT_TOK_LINES, defined by the mutation): odd rows'
-# word pairs not swapped back (tile_word's bit-0 XOR ignored).
-mutate quant-toklines-noswap quant.cu 's/if (r \& 1) x = make_uint4(x.y, x.x, x.w, x.z);//;1i #define QUANT_TOK_LINES 1' \
   gpu_quant:e4m3_quantiser_is_bitwise_the_cpu_reference
 # 14. FLAMIA_FWD_VPERM's packing without the matching V order (the quantiser's permutation
 # dropped): PV pairs P and V of different keys, so the outputs change with the knob.
 mutate fwd-vperm-plain-v quant.cu 's/tile_word((QUANT_PERM_MASK >> it.ti) \& 1 ? dim_token(s, r) : 8 \* s + r, g)/tile_word(8 * s + r, g)/' \
   forward_vperm_gives_bitwise_the_same gpu_quant:permuted_dim_copy_is_the_plain_one_reordered_in_every_block
-# 15. FLAMIA_BWD_QPERM's packing without the matching Q / dO order (the quantiser's permutation
-# dropped): dK and dV pair dS~ / P~ with the wrong queries, so the gradients change with the knob.
+# 15. BWD_QPERM's packing (the default; FLAMIA_BWD_QPERM=0 turns it off) without the matching
+# Q / dO order (the quantiser's permutation dropped): dK and dV pair dS~ / P~ with the wrong
+# queries, so the gradients change with the knob.
 mutate bwd-qperm-plain-q quant.cu 's/tile_word((QUANT_PERM_MASK >> it.ti) \& 1 ? dim_token(s, r) : 8 \* s + r, g)/tile_word(8 * s + r, g)/' \
   backward_qperm_gives_bitwise_the_same

@@ -537,7 +537,8 @@ __device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
   d[24] = (u8)(R8 >> 8);
 }
 
-// BWD_QPERM 1 (FLAMIA_BWD_QPERM=1; off until measured): P~^T and dS~^T are packed into the dV and
+// BWD_QPERM 1 (the host's default since session 15, -0.4..-3.4% backward; FLAMIA_BWD_QPERM=0
+// builds 0): P~^T and dS~^T are packed into the dV and
 // dK products' A fragments without shuffles (codes_to_afrag_perm), and the host has the
 // quantisers write Q's and dO's dim-major copies (those products' B operands, read by nothing
 // else of the v4 backward) with the matching query order in each 32-query block.

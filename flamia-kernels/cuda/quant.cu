@@ -16,10 +16,16 @@
 //   run in registers, h = 8, 16 (bits of q) through two shuffle stages: 2 shuffles per element
 //   instead of 5.
 // - Token-major codes: 8-byte stores, 4 lanes = one 32-byte sector of a row.
-// - Dim-major codes: the block's 32 x d code tile goes through shared memory (rows of 32 words,
-//   words w < d / 4 used; XOR-swizzled, conflict-free for the row writes and the column reads),
-//   thread (dim quad g, token octet s) transposes two 4x4 byte squares with PRMT and 4 lanes
-//   write one full 32-byte sector (32 tokens) of a dim row; d = 64: warps 0-1 only (g < 16).
+// - Dim-major codes, by chunk: items are (128-position chunk of the padded dim-major layout,
+//   head slot), Tpad a multiple of 128 (PlanTables::chunks). A CTA runs the chunk's up to four
+//   32-token blocks in turn; each block's 32 x d code tile goes through shared memory (rows of 32
+//   words, words w < d / 4 used; XOR-swizzled, conflict-free for the row writes and the column
+//   reads), thread (dim quad g, token octet s) transposes two 4x4 byte squares with PRMT into the
+//   chunk's staging buffer ([d rows][128 positions], 16-byte pieces XOR-swizzled by the row's dim
+//   quad); after the chunk's last block each dim row's 128 bytes go out as one full line (16-byte
+//   stores, 8 lanes a line), zeros where no block lies (a document's 32-token tail, the layout's
+//   last 64 positions); d = 64: warps 0-1 transpose (g < 16). Session 15: 0.67 -> 0.50 ms for
+//   Q/K/V at d = 128 (the per-block copy wrote one 32-byte sector per L2 write request).
 // Arithmetic per element is exactly the contract (src/quant.rs, src/hadamard.rs); D keeps the
 // summation order of the previous kernel (per-lane FMA chains over 4 elements, then a
 // pairwise tree over the d / 4 four-element groups, high index bits first: delta_dot).
@@ -60,29 +66,9 @@
 // (each warp its own maximum): what each costs of the kernel's time. (Session 14's knock-outs of
 // the copy's parts and layouts, TILED, NODIMST, NODIMBAR, CONTIG, DIM16, were removed after
 // their measurement: docs/perf.md "Session 14"; commit 5fe13cf has them.)
-// QUANT_CHUNKS 1 (FLAMIA_QUANT_CHUNKS=1; not the default until measured on a GPU): items are
-// (128-position chunk of the padded dim-major layout, head slot), Tpad a multiple of 128. A CTA
-// runs the chunk's up to four 32-token blocks in turn exactly as before, but gathers their
-// dim-major codes in shared memory ([d rows][128 positions], 16-byte pieces XOR-swizzled by the
-// row's dim quad: conflict-free both ways) and writes each row's 128 bytes as one full line
-// (16-byte stores, 8 lanes a line), zeros where no block lies (a document's 32-token tail, the
-// layout's last 64 positions). Why: the per-block copy writes one 32-byte sector per L2 write
-// request (session 14 ncu: 27.2 M requests for 40.3 M sectors, 19 M of them the copy's), and
-// a knock-out writing whole lines per item (QUANT_PROF_CONTIG) ran the quantiser in 0.49 ms
-// against 0.68.
-#ifndef QUANT_CHUNKS
-#define QUANT_CHUNKS 0
-#endif
-// QUANT_TOK_LINES 1 (a source define for the A/B; not yet run on a GPU): the token-major codes
-// are written after the block barrier from the shared code tile, each 16-byte piece by one lane
-// (8 lanes a 128-byte row at d = 128: full lines), instead of by their threads' 8-byte stores
-// (one 32-byte sector per row per store instruction).
-#ifndef QUANT_TOK_LINES
-#define QUANT_TOK_LINES 0
-#endif
 // QUANT_PERM_MASK: bit i set = input i's dim-major copy has its tokens permuted within each
-// 32-token block (dim_token; QuantInput::dim_perm: V for FLAMIA_FWD_VPERM, Q and dO for
-// FLAMIA_BWD_QPERM). A define, so the default build (0) is the plain transposes' code.
+// 32-token block (dim_token; QuantInput::dim_perm: Q and dO for the v4 backward, BWD_QPERM).
+// A define, so a build without permuted inputs (K and V; MODE 1/2 paths) is the plain transposes' code.
 #ifndef QUANT_PERM_MASK
 #define QUANT_PERM_MASK 0
 #endif
@@ -103,7 +89,7 @@ struct QuantTensor {
 struct QuantParams {
   QuantTensor in[QUANT_INPUTS];  // inputs 0 .. ninputs-1
   const int* blocks;             // int4 per 32-token block: doc start, doc length, padded doc start, block offset in doc
-  const int* chunks;             // QUANT_CHUNKS: int4 per 128-position chunk: the blocks at its 4 slots (-1: none)
+  const int* chunks;             // int4 per 128-position chunk: the blocks at its 4 slots (-1: none)
   const u16* o;                  // DELTA: forward output O, BF16 [T, H, d] (input 0's shape)
   float* delta;                  // DELTA: [T, H]
   u32* amax;                     // MODE 2 / quant_amax: one float (as bits) per input, maxed atomically
@@ -114,7 +100,7 @@ struct QuantParams {
   int nblocks;                   // blocks of the plan
   int ninputs;                   // 1 .. QUANT_INPUTS
   int slots;                     // heads of all inputs together
-  int nchunks;                   // QUANT_CHUNKS: Tpad / 128
+  int nchunks;                   // Tpad / 128
 };
 
 // Field-wise select (a dynamic index into the parameter struct would copy it to local memory).
@@ -320,7 +306,7 @@ __device__ __forceinline__ float delta_dot(const u32 (&codes)[2 * NK], const uin
 #endif
 
 // The token of a 32-token block at position k of a permuted dim-major copy (QUANT_PERM_MASK, e.g.
-// the v4 forward's V with FWD_VPERM): sigma(k) = 16 (k >> 4) + 8 ((k & 3) >> 1) + 2 ((k >> 2) & 3)
+// the v4 backward's Q and dO with BWD_QPERM): sigma(k) = 16 (k >> 4) + 8 ((k & 3) >> 1) + 2 ((k >> 2) & 3)
 // + (k & 1), the score column that lane q's E4M3 pairs of an m64nN accumulator put at A-fragment
 // index k when they are packed without shuffles (attn_common.cuh codes_to_afrag_perm). For k = 8s + r
 // (thread octet s, unrolled r).
@@ -339,14 +325,6 @@ __device__ __forceinline__ void transpose_bytes_4x4(const u32* x, u32* o) {
   o[3] = __byte_perm(a1, b1, 0x7632);
 }
 
-// Whether the dim-major copy zeroes the 32 codes after this block: it is its document's last
-// block and the document's 64-token padded span goes on past it.
-__device__ __forceinline__ bool dim_tail(const Item& it) {
-  const int padded = (it.L + 63) & ~63;
-  return it.b0 + 32 >= it.L && it.b0 + 32 < padded;
-}
-
-#if QUANT_CHUNKS
 // Where the next block lies in the chunk items: chunk c, head slot s, slot j of the chunk, and
 // the chunk's four block indices cb (plan entries; -1: no block at that slot).
 struct Cursor {
@@ -382,7 +360,6 @@ __device__ __forceinline__ void cursor_next(const QuantParams& p, Cursor& u, int
 __device__ __forceinline__ int dimbuf_off(int r, int k) {
   return r * 128 + 16 * (k ^ ((r >> 2) & 7));
 }
-#endif
 
 extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(const QuantParams p) {
   __shared__ __align__(16) u32 tile[2][32 * 32];
@@ -394,7 +371,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   // items (block b, head slot s) = b * slots + s, taken grid-stride: (b, s) advances by the
   // grid size without a division per item
   const int slots = p.slots, gb = gridDim.x / slots, gs = gridDim.x - gb * slots;
-#if QUANT_CHUNKS
   // items (chunk c, head slot s) = c * slots + s, grid-stride; nu: the next block, cu: this one
   __shared__ __align__(16) u8 dimbuf[HEAD_DIM * 128];
   Cursor nu{(int)blockIdx.x / slots, (int)blockIdx.x % slots, 0, make_int4(0, 0, 0, 0)};
@@ -402,11 +378,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   nu.cb = load_chunk(p, nu.c);
   int cc = nu.c, cj = 0;  // this block's chunk and slot
   Item it = make_item(p, load_block(p, nu.cb.x), nu.s);
-#else
-  int nb = blockIdx.x / p.slots, ns = blockIdx.x - nb * p.slots;
-  if (nb >= p.nblocks) return;
-  Item it = make_item(p, load_block(p, nb), ns);
-#endif
 #if QUANT_ASYNC
   __shared__ __align__(16) uint4 stage[2][NK][128];
   {
@@ -420,11 +391,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     load_rows(t0.x, it, t0.heads, raw);
   }
 #endif
-#if QUANT_CHUNKS
   cursor_next(p, nu, gb, gs);
-#else
-  advance(nb, ns, gb, gs, slots);  // (nb, ns): the next item
-#endif
   for (int buf = 0;; buf ^= 1) {
     const QuantTensor t = pick_input(p, it.ti);
     const int n = min(32, it.L - it.b0);
@@ -433,30 +400,19 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     unpack_bf16(raw, v);
 #endif
     // the next item's rows are in flight while this one is computed
-#if QUANT_CHUNKS
     const bool has_next = nu.c < p.nchunks;
     const bool flush = !has_next || nu.j == 0;  // this block is its chunk item's last
     const int ncc = nu.c, ncj = nu.j;
     Item nx = it;
     if (has_next) {
       nx = make_item(p, load_block(p, chunk_block(nu.cb, nu.j)), nu.s);
-#else
-    const bool has_next = nb < p.nblocks;
-    Item nx = it;
-    if (has_next) {
-      nx = make_item(p, load_block(p, nb), ns);
-#endif
       const QuantTensor tn = pick_input(p, nx.ti);
 #if QUANT_ASYNC
       stage_rows(tn.x, nx, tn.heads, stage[buf ^ 1]);
 #else
       load_rows(tn.x, nx, tn.heads, raw);
 #endif
-#if QUANT_CHUNKS
       cursor_next(p, nu, gb, gs);
-#else
-      advance(nb, ns, gb, gs, slots);
-#endif
     }
 #if QUANT_ASYNC
     // this item's copies (this thread's own slots) have landed; the next item's may still fly
@@ -524,14 +480,12 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #endif
     if (tt < n) {
       const long long row = (long long)(it.doc0 + it.b0 + tt) * t.heads + it.h;
-#if !QUANT_TOK_LINES
       uint2* dst = reinterpret_cast<uint2*>(t.tok + row * HEAD_DIM + 8 * q);
 #ifdef QUANT_PROF_NOTOK
       if (codes[0] == 0x12345678u)  // (keeps the codes alive; practically never true)
 #endif
 #pragma unroll
       for (int k = 0; k < NK; ++k) dst[4 * k] = make_uint2(codes[2 * k], codes[2 * k + 1]);
-#endif
       if (q == 0) t.exps[row] = (i8)e;
 #if DELTA
       // value = decode * 2^e: apply the exponent once to the sum (exact power of two)
@@ -544,22 +498,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     continue;
 #endif
     __syncthreads();
-#if QUANT_TOK_LINES
-    // token rows from the tile: logical word w of row r is physical word w ^ sw(r), sw =
-    // tile_word's XOR (bit 0: r & 1, bits 3-4): a 16-byte piece m lies whole at piece m ^ (sw >> 2),
-    // its word pairs swapped when r is odd
-#pragma unroll
-    for (int i = 0; i < 32 * (HEAD_DIM / 16) / 128; ++i) {
-      const int idx = 128 * i + tid, r = idx / (HEAD_DIM / 16), m = idx % (HEAD_DIM / 16);
-      if (r < n) {
-        const int sw = tile_word(r, 0) - 32 * r;
-        uint4 x = reinterpret_cast<const uint4*>(tl + 32 * r)[m ^ (sw >> 2)];
-        if (r & 1) x = make_uint4(x.y, x.x, x.w, x.z);
-        const long long row = (long long)(it.doc0 + it.b0 + r) * t.heads + it.h;
-        *reinterpret_cast<uint4*>(t.tok + row * HEAD_DIM + 16 * m) = x;
-      }
-    }
-#endif
     // dim-major copy: thread (dim quad g, token octet s) transposes 8 tokens x 4 dims and writes
     // 8 bytes per dim row; lanes s = 0..3 fill one 32-byte sector. g < d / 4: at d = 64 warps 2
     // and 3 skip it (a warp-uniform branch).
@@ -574,23 +512,11 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       u32 lo[4], hi[4];
 #pragma unroll
       for (int half = 0; half < 2; ++half) transpose_bytes_4x4(wd + 4 * half, half ? hi : lo);
-#if QUANT_CHUNKS
       // into the chunk's staging buffer: row 4g + c, positions 32j + 8s .. +7
 #pragma unroll
       for (int c = 0; c < 4; ++c)
         *reinterpret_cast<uint2*>(dimbuf + dimbuf_off(4 * g + c, 2 * cj + (s >> 1)) + 8 * (s & 1)) = make_uint2(lo[c], hi[c]);
-#else
-      const bool tail = dim_tail(it);
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        uint2* dst = reinterpret_cast<uint2*>(t.dim + ((long long)it.h * HEAD_DIM + 4 * g + c) * p.Tpad + it.pad0 +
-                                              it.b0 + 8 * s);
-        dst[0] = make_uint2(lo[c], hi[c]);
-        if (tail) dst[4] = make_uint2(0u, 0u);  // zero padding up to the document's 64-token end
-      }
-#endif
     }
-#if QUANT_CHUNKS
     if (flush) {
       // every block of the chunk item is in the buffer: each row's 128 positions as one line
       // (lanes 8i .. 8i+7 of a warp: one row), zeros at the slots without a block
@@ -606,7 +532,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     }
     cc = ncc;
     cj = ncj;
-#endif
     if (!has_next) break;
     it = nx;
   }

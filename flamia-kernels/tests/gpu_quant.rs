@@ -131,8 +131,8 @@ fn check_operand_bytes(
         }
         pad += len.div_ceil(64) * 64;
     }
-    // the layout's end past the last document (FLAMIA_QUANT_CHUNKS=1 rounds Tpad up to 128):
-    // zeros too (a 128-key TMA box of the last document reads them)
+    // the layout's end past the last document (Tpad is a multiple of 128, the quantiser's
+    // chunks): zeros too (a 128-key TMA box of the last document reads them)
     for row in 0..heads * d {
         bad_dim += dim[row * tpad + pad..(row + 1) * tpad]
             .iter()
@@ -247,33 +247,8 @@ fn poisoned_cases() {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn chunked_quantiser_is_bitwise_the_cpu_reference() {
-    // FLAMIA_QUANT_CHUNKS=1: chunk items, the dim-major rows written a 128-byte line at a time
-    // from shared memory, Tpad a multiple of 128. The same bytes as the CPU reference in every
-    // case the per-block kernel is checked in (poisoned buffers: every padding byte, the
-    // layout's last 64 positions included, is written), the fused Q/K/V launch and dO with D.
-    let _chunks = EnvGuard::set("FLAMIA_QUANT_CHUNKS", "1");
-    let shape = VarlenShape::from_lens(&LENS, 1, 1, 128).unwrap();
-    assert_eq!(
-        PlanTables::new(&shape, true).tpad % 128,
-        0,
-        "the knob reaches the plan"
-    );
-    e4m3_reference_cases();
-    poisoned_cases();
-    let gpu = gpu();
-    let mut rng = rng("chunked_quantiser");
-    let amax = AmaxScratch::new(&gpu).unwrap();
-    for d in HEAD_DIMS {
-        fused_qkv_case(&gpu, &mut rng, &amax, d);
-        delta_case(&gpu, &mut rng, d);
-    }
-}
-
 /// The token of a 32-token block at position `k` of a permuted dim-major copy (`dim_token` in
-/// `cuda/quant.cu`; the v4 forward's V with `FLAMIA_FWD_VPERM=1`).
+/// `cuda/quant.cu`; the v4 backward's Q and dO, `BWD_QPERM`).
 fn dim_token(k: usize) -> usize {
     16 * (k >> 4) + 8 * ((k & 3) >> 1) + 2 * ((k >> 2) & 3) + (k & 1)
 }
@@ -283,7 +258,7 @@ fn dim_token(k: usize) -> usize {
 fn permuted_dim_copy_is_the_plain_one_reordered_in_every_block() {
     // QuantInput::dim_perm: the same token-major codes and exponents, and at every position k
     // of every 32-token block of the dim-major copy (padding included) the plain copy's token
-    // dim_token(k) of that block; with the plain kernel and the chunked one.
+    // dim_token(k) of that block.
     let perm: Vec<usize> = (0..32).map(dim_token).collect();
     let mut sorted = perm.clone();
     sorted.sort_unstable();
@@ -291,41 +266,37 @@ fn permuted_dim_copy_is_the_plain_one_reordered_in_every_block() {
     let gpu = gpu();
     let mut rng = rng("dim_perm");
     let heads = 2;
-    for chunks in ["0", "1"] {
-        let _g = EnvGuard::set("FLAMIA_QUANT_CHUNKS", chunks);
-        for d in HEAD_DIMS {
-            let shape = VarlenShape::from_lens(&LENS, heads, heads, d).unwrap();
-            let plan = Plan::new(&gpu, &shape, true).unwrap();
-            let x = awkward_tensor_d(&mut rng, shape.tokens(), heads, d, 12);
-            let dx = upload_bf16(&gpu, &x);
-            let run = |on: bool| {
-                let op = poisoned_operand(&gpu, &plan, heads);
-                let input = QuantInput::new(dx.ptr(), false, op.view()).with_dim_perm(on);
-                quantize_e4m3_fused(&gpu, stream(), &plan, &[input], ScaleMode::TokenBlock, None, None)
-                    .unwrap();
-                (
-                    op.tok.to_host().unwrap(),
-                    op.dim.to_host().unwrap(),
-                    op.exps.to_host().unwrap(),
-                )
-            };
-            let (plain, permuted) = (run(false), run(true));
-            let tag = format!("d={d} chunks={chunks}");
-            assert_eq!(plain.0, permuted.0, "{tag}: token-major codes");
-            assert_eq!(plain.2, permuted.2, "{tag}: exponents");
-            let tpad = plan.tpad();
-            let mut bad = 0;
-            for row in 0..heads * d {
-                for x in 0..tpad {
-                    let want = plain.1[row * tpad + x / 32 * 32 + perm[x % 32]];
-                    bad += (permuted.1[row * tpad + x] != want) as usize;
-                }
+    for d in HEAD_DIMS {
+        let shape = VarlenShape::from_lens(&LENS, heads, heads, d).unwrap();
+        let plan = Plan::new(&gpu, &shape, true).unwrap();
+        let x = awkward_tensor_d(&mut rng, shape.tokens(), heads, d, 12);
+        let dx = upload_bf16(&gpu, &x);
+        let run = |on: bool| {
+            let op = poisoned_operand(&gpu, &plan, heads);
+            let input = QuantInput::new(dx.ptr(), false, op.view()).with_dim_perm(on);
+            quantize_e4m3_fused(&gpu, stream(), &plan, &[input], ScaleMode::TokenBlock, None, None).unwrap();
+            (
+                op.tok.to_host().unwrap(),
+                op.dim.to_host().unwrap(),
+                op.exps.to_host().unwrap(),
+            )
+        };
+        let (plain, permuted) = (run(false), run(true));
+        let tag = format!("d={d}");
+        assert_eq!(plain.0, permuted.0, "{tag}: token-major codes");
+        assert_eq!(plain.2, permuted.2, "{tag}: exponents");
+        let tpad = plan.tpad();
+        let mut bad = 0;
+        for row in 0..heads * d {
+            for x in 0..tpad {
+                let want = plain.1[row * tpad + x / 32 * 32 + perm[x % 32]];
+                bad += (permuted.1[row * tpad + x] != want) as usize;
             }
-            assert_eq!(
-                bad, 0,
-                "{tag}: {bad} bytes of the permuted dim-major copy misplaced"
-            );
         }
+        assert_eq!(
+            bad, 0,
+            "{tag}: {bad} bytes of the permuted dim-major copy misplaced"
+        );
     }
 }
 

@@ -749,11 +749,12 @@ impl Attention {
     }
 
     /// Whether Q's and dO's dim-major copies are written permuted for the v4 backward
-    /// (`FLAMIA_BWD_QPERM=1`, `BWD_QPERM`: its dK and dV products, their only readers, pack P~^T
-    /// and dS~^T without shuffles; bitwise the same gradients, GPU test
-    /// `backward_qperm_gives_bitwise_the_same`). Off by default until measured.
+    /// (`BWD_QPERM`: its dK and dV products, their only readers, pack P~^T and dS~^T without
+    /// shuffles; bitwise the same gradients, GPU test `backward_qperm_gives_bitwise_the_same`).
+    /// On by default (session 15: backward -0.4..-3.4%, docs/perf.md); `FLAMIA_BWD_QPERM=0` is
+    /// the plain order (A/B and that test).
     fn bwd_qperm(&self) -> bool {
-        self.uses_backward_v4() && super::env_on("FLAMIA_BWD_QPERM")
+        self.uses_backward_v4() && !super::env_off("FLAMIA_BWD_QPERM")
     }
 
     /// Whether V's dim-major copy is written permuted for the v4 forward: `FLAMIA_FWD_VPERM=1`

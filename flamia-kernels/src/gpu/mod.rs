@@ -44,3 +44,9 @@ pub(crate) fn env_number<T: std::str::FromStr>(var: &str) -> Option<T> {
 pub(crate) fn env_on(var: &str) -> bool {
     std::env::var(var).is_ok_and(|v| v.trim() == "1")
 }
+
+/// Whether the default-on knob in environment variable `var` is switched off: exactly `0`
+/// (surrounding spaces ignored); unset or anything else leaves it on.
+pub(crate) fn env_off(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v.trim() == "0")
+}

@@ -6,10 +6,10 @@
 //!   kernel): the same `int4`, ordered by decreasing causal cost so the long tiles start first.
 //! - Padded token count `Tpad`: every document starts at a multiple of 64 in the dim-major code
 //!   copies (`[heads, head_dim, Tpad]`), so every 64-token tile there is 16-byte aligned and
-//!   ends inside its document's zero-padded span.
-//! - With `FLAMIA_QUANT_CHUNKS=1` (the quantiser's full-line dim-major writes, `QUANT_CHUNKS` in
-//!   `cuda/quant.cu`; an A/B knob until measured): `Tpad` rounded up to 128 and one `int4` per
-//!   128-position chunk, the quantiser blocks at its four 32-position slots (-1: none).
+//!   ends inside its document's zero-padded span; `Tpad` is a multiple of 128.
+//! - Quantiser chunks (the quantiser's items, `cuda/quant.cu`): one `int4` per 128-position
+//!   chunk of the padded layout, the quantiser blocks at its four 32-position slots (-1: none),
+//!   so the quantiser writes each dim-major row a full 128-byte line at a time.
 
 use super::buffer::DeviceBuf;
 use super::error::GpuResult;
@@ -21,16 +21,10 @@ use crate::options::VarlenShape;
 pub const QBLOCK: usize = 32;
 /// Tokens per attention tile.
 pub const TILE: usize = 64;
-/// Padded positions per quantiser chunk (`FLAMIA_QUANT_CHUNKS=1`): one 128-byte line of a
-/// dim-major row.
+/// Padded positions per quantiser chunk: one 128-byte line of a dim-major row (session 15:
+/// Q/K/V quantiser 0.67 -> 0.50 ms at d = 128 against one 32-byte sector per block and row,
+/// docs/perf.md).
 pub const QCHUNK: usize = 128;
-
-/// `FLAMIA_QUANT_CHUNKS=1`: the quantiser writes the dim-major codes a full 128-byte line at a
-/// time (chunk items, `Tpad` a multiple of 128); off by default until measured on a GPU
-/// (docs/perf.md "Session 14").
-pub fn quant_chunks() -> bool {
-    super::env_on("FLAMIA_QUANT_CHUNKS")
-}
 
 /// Host-side tables of a packing (no GPU needed; unit-tested on the CPU).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +32,7 @@ pub struct PlanTables {
     pub blocks: Vec<[i32; 4]>,
     pub tiles: Vec<[i32; 4]>,
     pub tpad: usize,
-    /// Quantiser chunks (`FLAMIA_QUANT_CHUNKS=1`; empty otherwise): per 128 padded positions,
+    /// Quantiser chunks: per 128 padded positions,
     /// the index into `blocks` of the block at each 32-position slot, -1 where none lies (a
     /// document's 32-token tail, the layout's last 64 positions). Slot 0 always holds one.
     pub chunks: Vec<[i32; 4]>,
@@ -52,14 +46,8 @@ pub struct PlanTables {
 }
 
 impl PlanTables {
-    /// Builds the tables; `causal` orders tiles by the key (or query) tiles they visit; quantiser
-    /// chunks as [`quant_chunks`] says.
+    /// Builds the tables; `causal` orders tiles by the key (or query) tiles they visit.
     pub fn new(shape: &VarlenShape, causal: bool) -> Self {
-        Self::with_chunks(shape, causal, quant_chunks())
-    }
-
-    /// [`PlanTables::new`] with the quantiser chunks (and `Tpad` a multiple of 128) or without.
-    pub fn with_chunks(shape: &VarlenShape, causal: bool, chunks: bool) -> Self {
         let mut blocks = Vec::new();
         let mut tiles = Vec::new();
         let mut pad = 0usize;
@@ -87,22 +75,16 @@ impl PlanTables {
             }
         };
         tiles.sort_by_key(|x| std::cmp::Reverse(cost(x)));
-        let tpad = if chunks {
-            pad.next_multiple_of(QCHUNK).max(QCHUNK)
-        } else {
-            pad.max(TILE)
-        };
-        let mut chunk_tab = Vec::new();
-        if chunks {
-            chunk_tab = vec![[-1i32; 4]; tpad / QCHUNK];
-            for (i, b) in blocks.iter().enumerate() {
-                let pos = (b[2] + b[3]) as usize;
-                chunk_tab[pos / QCHUNK][pos % QCHUNK / QBLOCK] = i as i32;
-            }
-            // the kernel starts every chunk item at slot 0 (documents start on 64-position
-            // segments whose first 32 positions are a block; a chunk starts a segment)
-            debug_assert!(chunk_tab.iter().all(|c| c[0] >= 0));
+        let tpad = pad.next_multiple_of(QCHUNK).max(QCHUNK);
+        let mut chunk_tab = vec![[-1i32; 4]; tpad / QCHUNK];
+        for (i, b) in blocks.iter().enumerate() {
+            let pos = (b[2] + b[3]) as usize;
+            chunk_tab[pos / QCHUNK][pos % QCHUNK / QBLOCK] = i as i32;
         }
+        // the kernel starts every chunk item at slot 0 (documents start on 64-position segments
+        // whose first 32 positions are a block; a chunk starts a segment, and `Tpad` adds at most
+        // one 64-position segment past the last document, at a chunk's slots 2 and 3)
+        debug_assert!(chunk_tab.iter().all(|c| c[0] >= 0));
         let mut pad_tok = vec![-1i32; tpad];
         for (d, w) in shape.cu_seqlens.windows(2).enumerate() {
             for (i, slot) in pad_tok[pad_starts[d]..pad_starts[d] + (w[1] - w[0])]
@@ -184,11 +166,7 @@ impl Plan {
         let tables = PlanTables::new(shape, causal);
         let flat = |v: &[[i32; 4]]| v.iter().flatten().copied().collect::<Vec<i32>>();
         let blocks = DeviceBuf::from_host(gpu, &flat(&tables.blocks))?;
-        let chunks = if tables.chunks.is_empty() {
-            DeviceBuf::from_host(gpu, &[-1i32; 4])?
-        } else {
-            DeviceBuf::from_host(gpu, &flat(&tables.chunks))?
-        };
+        let chunks = DeviceBuf::from_host(gpu, &flat(&tables.chunks))?;
         let tiles = DeviceBuf::from_host(gpu, &flat(&tables.tiles))?;
         let fwd_tiles = DeviceBuf::from_host(gpu, &flat(&tables.fwd.tiles))?;
         let fwd_items = DeviceBuf::from_host(gpu, &tables.fwd.items)?;
@@ -244,15 +222,11 @@ mod tests {
             &[64, 64, 65],
         ] {
             let shape = VarlenShape::from_lens(lens, 2, 1, 128).unwrap();
-            let off = PlanTables::with_chunks(&shape, true, false);
-            let on = PlanTables::with_chunks(&shape, true, true);
-            assert!(off.chunks.is_empty(), "{lens:?}: chunks only with the knob");
+            let on = PlanTables::new(&shape, true);
             let pad: usize = lens.iter().map(|l| l.div_ceil(TILE) * TILE).sum();
-            assert_eq!(off.tpad, pad, "{lens:?}");
             assert_eq!(on.tpad, pad.next_multiple_of(QCHUNK), "{lens:?}");
             assert_eq!(on.chunks.len() * QCHUNK, on.tpad, "{lens:?}");
-            // the same blocks; each at the slot of its padded position, once; -1 elsewhere
-            assert_eq!(on.blocks, off.blocks);
+            // each block at the slot of its padded position, once; -1 elsewhere
             let mut seen = vec![0; on.blocks.len()];
             for (c, ch) in on.chunks.iter().enumerate() {
                 assert!(ch[0] >= 0, "{lens:?}: chunk {c} has no block at slot 0");

@@ -312,19 +312,13 @@ pub fn quant_async() -> bool {
     super::env_on("FLAMIA_QUANT_ASYNC")
 }
 
-/// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`]
-/// and whether the plan has quantiser chunks (`QUANT_CHUNKS`, [`super::plan::quant_chunks`]).
-fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool, chunks: bool) -> Variant {
-    let v = Variant::new()
+/// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D and [`quant_async`].
+fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
+    Variant::new()
         .define("HEAD_DIM", head_dim)
         .define("MODE", mode_id(mode))
         .define("DELTA", delta as i32)
-        .define("QUANT_ASYNC", quant_async() as i32);
-    if chunks {
-        v.define("QUANT_CHUNKS", 1)
-    } else {
-        v
-    }
+        .define("QUANT_ASYNC", quant_async() as i32)
 }
 
 /// The persistent grid of `f` (128 threads per CTA): as many CTAs as the driver says fit on
@@ -376,8 +370,7 @@ pub fn quantize_e4m3_fused(
     }
     gpu.bind()?;
     let t = plan.shape().tokens();
-    let chunks = !plan.tables.chunks.is_empty();
-    let mut variant = quant_variant(plan.shape().head_dim, mode, delta.is_some(), chunks);
+    let mut variant = quant_variant(plan.shape().head_dim, mode, delta.is_some());
     let perm_mask: u32 = inputs
         .iter()
         .enumerate()
@@ -411,7 +404,7 @@ pub fn quantize_e4m3_fused(
         p.o = d.o;
         p.delta = d.delta;
     }
-    // (quant_amax takes block items; quant_e4m3 chunk items where the plan has chunks)
+    // (quant_amax takes block items, quant_e4m3 chunk items)
     let items = plan.tables.blocks.len() * p.slots as usize;
     let chunk_items = plan.tables.chunks.len() * p.slots as usize;
     if mode == ScaleMode::TensorFloor {
@@ -430,7 +423,7 @@ pub fn quantize_e4m3_fused(
         unsafe { launch(&f, grid, 128, 0, stream, &p, "quant_amax") }?;
     }
     let f = gpu.function("quant.cu", &variant, "quant_e4m3", 0)?;
-    let grid = persistent_grid(gpu, &f, if chunks { chunk_items } else { items })?;
+    let grid = persistent_grid(gpu, &f, chunk_items)?;
     // SAFETY: params mirror QuantParams; every operand is sized by `plan` and its heads
     // (OperandRef::sizes), each x holds tokens*heads*head_dim BF16 (caller); the module's
     // HEAD_DIM is the plan's head dim.
@@ -495,7 +488,7 @@ pub fn quantize_nvfp4(
     // the module of the default E4M3 launch at head dim 128 (quant_nvfp4 reads no other define)
     let f = gpu.function(
         "quant.cu",
-        &quant_variant(NVFP4_HEAD_DIM, ScaleMode::TokenBlock, false, false),
+        &quant_variant(NVFP4_HEAD_DIM, ScaleMode::TokenBlock, false),
         "quant_nvfp4",
         0,
     )?;
@@ -518,9 +511,8 @@ mod tests {
         for head_dim in crate::gpu::GPU_HEAD_DIMS {
             for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
                 for delta in [false, true] {
-                    for (asynchronous, chunks) in [(0, false), (1, false), (0, true), (1, true)] {
-                        let v =
-                            quant_variant(head_dim, mode, delta, chunks).define("QUANT_ASYNC", asynchronous);
+                    for asynchronous in [0, 1] {
+                        let v = quant_variant(head_dim, mode, delta).define("QUANT_ASYNC", asynchronous);
                         let ptx = compile_ptx("quant.cu", &v, "sm_90a")
                             .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
                         // quant_nvfp4 is built at head dim 128 only (quantize_nvfp4 refuses 64)
@@ -533,17 +525,11 @@ mod tests {
                     }
                 }
             }
-            // the token-major rows written as full lines (QUANT_TOK_LINES, a source define for A/B)
-            // and permuted dim-major copies (QUANT_PERM_MASK: V of a fused launch, dO with D)
-            for (delta, chunks) in [(false, false), (false, true), (true, true)] {
-                let base = quant_variant(head_dim, ScaleMode::TokenBlock, delta, chunks);
-                for v in [
-                    base.clone().define("QUANT_TOK_LINES", 1),
-                    base.define("QUANT_PERM_MASK", if delta { 1 } else { 4 }),
-                ] {
-                    compile_ptx("quant.cu", &v, "sm_90a")
-                        .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
-                }
+            // permuted dim-major copies (QUANT_PERM_MASK: Q of the fused launch, dO with D)
+            for delta in [false, true] {
+                let v = quant_variant(head_dim, ScaleMode::TokenBlock, delta).define("QUANT_PERM_MASK", 1);
+                compile_ptx("quant.cu", &v, "sm_90a")
+                    .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
             }
         }
     }
