@@ -1,4 +1,7 @@
 #!/bin/bash
+# RUN in session 15 (docs/perf.md "Session 15"): FLAMIA_QUANT_CHUNKS and QUANT_TOK_LINES are gone
+# since (chunks are the default), FLAMIA_BWD_QPERM is on by default and FLAMIA_FWD_VPERM removed,
+# so the variants below no longer mean what they did; kept as the record of the calls.
 # The device calls prepared in session 14 for the next one (docs/perf.md "Next"). Stage once, here:
 #   source scripts/env.sh
 #   cargo build --release -p flamia-trainer -p flamia-dist
@@ -46,7 +49,18 @@ case "${PHASE:-t}" in
     FLAMIA_QUANT_CHUNKS=1 timeout 150 $C/gpu_attention --ignored --test-threads=1 mxfp8_causal long_documents \
       documents_are_isolated head_dim_64_is_as_accurate repeated_runs 2>&1 | grep -E "test result|panicked|FAILED"
     echo "=== gpu_quant on the QUANT_TOK_LINES sources (the chunked test runs both together)"
-    FLAMIA_CUDA_DIR=$V/tl timeout 150 $C/gpu_quant --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED" ;;
+    FLAMIA_CUDA_DIR=$V/tl timeout 150 $C/gpu_quant --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
+    echo "=== ncu of the forward (per-SASS stalls: the forward has none on record)"
+    B=$B KERNELS=attn_fwd_v4 OUT=$O/ncu timeout 150 bash bench/ncu-kernels.sh 2>&1 | tail -4
+    echo "=== ncu pipe utilisation of the forward (is it MUFU / conversion bound?)"
+    NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu)
+    timeout 120 $NCU --clock-control none -k attn_fwd_v4 --launch-skip 3 --launch-count 1 \
+      --metrics 'regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active$,regex:sm__pipe_.*_cycles_active\.avg\.pct_of_peak_sustained_active$,sm__cycles_elapsed.avg,sm__inst_executed.avg.per_cycle_active' \
+      $B bench attention --workload 1x65536 > $O/ncu/fwd_pipes.txt 2>&1; echo "rc=$?"
+    grep -E "pipe|inst_executed|cycles" $O/ncu/fwd_pipes.txt | grep -v "  0$" | head -60 ;;
+  ab)  # c and c2 in one call (session 15: the budget holds three calls plus one)
+    VARS="qc qctl vp qp" TESTS=0 REPS=2 OUT=$O/a WL=" " timeout 560 bash bench/device_ab.sh > /dev/null 2>&1
+    for col in quant fwd bwd train; do python3 bench/ab_table.py $O/a/device_ab.log --col $col; done ;;
   c)
     VARS="qc tl qctl" TESTS=0 REPS=2 OUT=$O/a WL=" " timeout 500 bash bench/device_ab.sh > /dev/null 2>&1
     for col in quant fwd train; do python3 bench/ab_table.py $O/a/device_ab.log --col $col; done ;;
@@ -59,7 +73,7 @@ case "${PHASE:-t}" in
     for col in quant fwd train; do python3 bench/ab_table.py $O/b/device_ab.log --col $col; done ;;
   x)
     B=$B O=$O bash bench/vs-anchors.sh ;;
-  *) echo "PHASE is t, c, c2, c64 or x"; exit 2 ;;
+  *) echo "PHASE is t, ab, c, c2, c64 or x"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s15_${PHASE:-t}.log"
