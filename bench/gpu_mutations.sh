@@ -90,11 +90,7 @@ mutate quant-chunk-slot quant.cu 's/dimbuf_off(4 \* g + c, 2 \* cj + (s >> 1))/d
 # word pairs not swapped back (tile_word's bit-0 XOR ignored).
 mutate quant-toklines-noswap quant.cu 's/if (r \& 1) x = make_uint4(x.y, x.x, x.w, x.z);//;1i #define QUANT_TOK_LINES 1' \
   gpu_quant:e4m3_quantiser_is_bitwise_the_cpu_reference
-# 14. FLAMIA_FWD_VPERM's packing without the matching V order (the quantiser's permutation
-# dropped): PV pairs P and V of different keys, so the outputs change with the knob.
-mutate fwd-vperm-plain-v quant.cu 's/tile_word((QUANT_PERM_MASK >> it.ti) \& 1 ? dim_token(s, r) : 8 \* s + r, g)/tile_word(8 * s + r, g)/' \
-  forward_vperm_gives_bitwise_the_same gpu_quant:permuted_dim_copy_is_the_plain_one_reordered_in_every_block
-# 15. FLAMIA_BWD_QPERM's packing without the matching Q / dO order (the quantiser's permutation
+# 14. FLAMIA_BWD_QPERM's packing without the matching Q / dO order (the quantiser's permutation
 # dropped): dK and dV pair dS~ / P~ with the wrong queries, so the gradients change with the knob.
 mutate bwd-qperm-plain-q quant.cu 's/tile_word((QUANT_PERM_MASK >> it.ti) \& 1 ? dim_token(s, r) : 8 \* s + r, g)/tile_word(8 * s + r, g)/' \
-  backward_qperm_gives_bitwise_the_same
+  backward_qperm_gives_bitwise_the_same gpu_quant:permuted_dim_copy_is_the_plain_one_reordered_in_every_block

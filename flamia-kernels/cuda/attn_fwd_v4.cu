@@ -41,14 +41,6 @@
 #ifndef FWD_STAGES
 #define FWD_STAGES 3
 #endif
-// FWD_VPERM 1 (FLAMIA_FWD_VPERM=1; off until measured): P' is packed into PV's A fragments
-// without shuffles (p_to_afrag: lane q's E4M3 pairs of columns 8jj + 2q, +1 put at A index
-// 4q .. 4q+3 and 16 + 4q .. +3 of each 32-key slice), and the host has the quantiser write V's
-// dim-major copy with the matching key order in each 32-key block (quant.cu dim_token), so each
-// k32 step of PV multiplies the same pairs (bitwise the same O).
-#ifndef FWD_VPERM
-#define FWD_VPERM 0
-#endif
 // Registers per thread after setmaxnreg. A split over the CTA's launch allocation makes
 // setmaxnreg.inc spin for ever (session 14: 240 / 32 hung).
 #ifndef FWD_CONS_REGS
@@ -224,17 +216,16 @@ __device__ __forceinline__ void turn_pass(int cw) {
   if (FWD_PINGPONG) named_arrive(2 - cw, 256);
 }
 
-// P' (the 64 x 128 score fragment, E4M3-ready) -> PV's four A fragments (32 keys each).
-// FWD_VPERM: lane q's code pairs of columns 8jj + 2q, +1 packed in place (two PRMT per register,
-// no shuffles); V's dim-major keys are permuted to match (quant.cu dim_token). Otherwise the
-// exact column order (acc_to_afrag: shuffles within each quad).
+// P' (the 64 x 128 score fragment, E4M3-ready) -> PV's four A fragments (32 keys each), the
+// exact column order (acc_to_afrag: shuffles within each quad). (The shuffle-free packing with V's
+// dim-major keys permuted to match, FWD_VPERM, measured +1.0% at 1x65536, no gain: removed.)
 __device__ __forceinline__ void p_to_afrag(const float (&sc)[64], u32 (&pa)[4][4]) {
   auto& lo = *reinterpret_cast<const float(*)[32]>(&sc[0]);
   auto& hi = *reinterpret_cast<const float(*)[32]>(&sc[32]);
   auto& alo = *reinterpret_cast<u32(*)[2][4]>(&pa[0][0]);
   auto& ahi = *reinterpret_cast<u32(*)[2][4]>(&pa[2][0]);
-  acc_to_afrag<FWD_VPERM>(lo, alo);
-  acc_to_afrag<FWD_VPERM>(hi, ahi);
+  acc_to_afrag<false>(lo, alo);
+  acc_to_afrag<false>(hi, ahi);
 }
 
 // acc[64 x N] = A (E4M3 fragments, 4 K slices of 32) * B^T, B a 128-byte-swizzled [N x 128 bytes]

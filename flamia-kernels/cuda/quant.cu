@@ -81,7 +81,7 @@
 #define QUANT_TOK_LINES 0
 #endif
 // QUANT_PERM_MASK: bit i set = input i's dim-major copy has its tokens permuted within each
-// 32-token block (dim_token; QuantInput::dim_perm: V for FLAMIA_FWD_VPERM, Q and dO for
+// 32-token block (dim_token; QuantInput::dim_perm: Q and dO for
 // FLAMIA_BWD_QPERM). A define, so the default build (0) is the plain transposes' code.
 #ifndef QUANT_PERM_MASK
 #define QUANT_PERM_MASK 0
@@ -319,8 +319,8 @@ __device__ __forceinline__ float delta_dot(const u32 (&codes)[2 * NK], const uin
 }
 #endif
 
-// The token of a 32-token block at position k of a permuted dim-major copy (QUANT_PERM_MASK, e.g.
-// the v4 forward's V with FWD_VPERM): sigma(k) = 16 (k >> 4) + 8 ((k & 3) >> 1) + 2 ((k >> 2) & 3)
+// The token of a 32-token block at position k of a permuted dim-major copy (QUANT_PERM_MASK: Q
+// and dO for the v4 backward's BWD_QPERM): sigma(k) = 16 (k >> 4) + 8 ((k & 3) >> 1) + 2 ((k >> 2) & 3)
 // + (k & 1), the score column that lane q's E4M3 pairs of an m64nN accumulator put at A-fragment
 // index k when they are packed without shuffles (attn_common.cuh codes_to_afrag_perm). For k = 8s + r
 // (thread octet s, unrolled r).

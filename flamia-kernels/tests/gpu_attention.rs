@@ -268,24 +268,6 @@ const FORWARD_KNOB_CASES: [(usize, &[usize], bool, AttnPath); 4] = [
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn forward_vperm_gives_bitwise_the_same() {
-    // FLAMIA_FWD_VPERM=1 packs P's A fragments without shuffles and has the quantiser write V's
-    // dim-major copy with the matching key order in each 32-key block: PV's k32 steps multiply
-    // the same pairs, so every output is bitwise the same (the backward reads V token-major).
-    forward_knob_keeps_every_bit("FLAMIA_FWD_VPERM");
-}
-
-/// [`knob_keeps_every_bit`] for a forward build knob `var` (0 / 1) on [`FORWARD_KNOB_CASES`],
-/// with and without the per-warpgroup consumer copies (`FLAMIA_FWD_CW`).
-fn forward_knob_keeps_every_bit(var: &str) {
-    for cw in ["0", "1"] {
-        let _g = EnvGuard::set("FLAMIA_FWD_CW", cw);
-        knob_keeps_every_bit(var, &["0", "1"], &FORWARD_KNOB_CASES);
-    }
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn backward_qperm_gives_bitwise_the_same() {
     // FLAMIA_BWD_QPERM=1 packs P~^T and dS~^T into the dV and dK products' A fragments without
     // shuffles and has the quantisers write Q's and dO's dim-major copies with the matching query

@@ -273,7 +273,7 @@ fn chunked_quantiser_is_bitwise_the_cpu_reference() {
 }
 
 /// The token of a 32-token block at position `k` of a permuted dim-major copy (`dim_token` in
-/// `cuda/quant.cu`; the v4 forward's V with `FLAMIA_FWD_VPERM=1`).
+/// `cuda/quant.cu`; Q and dO for the v4 backward with `FLAMIA_BWD_QPERM=1`).
 fn dim_token(k: usize) -> usize {
     16 * (k >> 4) + 8 * ((k & 3) >> 1) + 2 * ((k >> 2) & 3) + (k & 1)
 }

@@ -86,7 +86,7 @@ pub fn forward_v3_forced() -> bool {
 
 /// Defines of the v4 forward: per-key scale columns (per-token scales) or per-32-key-group
 /// folds (token-block and tensor-wide scales), the ring depth and the smem budget (returned too).
-fn forward_v4_variant(per_token: bool, stages: u32, hd: u32, cw_const: bool, vperm: bool) -> (Variant, u32) {
+fn forward_v4_variant(per_token: bool, stages: u32, hd: u32, cw_const: bool) -> (Variant, u32) {
     let smem = smem_fwd4(stages, hd, per_token);
     let mut v = Variant::new()
         .define("HEAD_DIM", hd)
@@ -95,9 +95,6 @@ fn forward_v4_variant(per_token: bool, stages: u32, hd: u32, cw_const: bool, vpe
         .define("SMEM_FWD4_BUDGET", smem);
     if cw_const {
         v = v.define("FWD_CW_CONST", 1);
-    }
-    if vperm {
-        v = v.define("FWD_VPERM", 1);
     }
     (v, smem)
 }
@@ -694,7 +691,7 @@ impl Attention {
         let g = &self.gpu;
         let qi = QuantInput::new(q, had, saved.q).with_dim_perm(self.bwd_qperm());
         let ki = QuantInput::new(k, had, saved.k);
-        let vi = QuantInput::new(v, false, saved.v).with_dim_perm(self.fwd_vperm());
+        let vi = QuantInput::new(v, false, saved.v);
         quantize_e4m3_fused(g, stream, plan, &[qi, ki, vi], m, None, Some(&self.amax))?;
         if let (Some(q4), Some(k4)) = (saved.q4, saved.k4) {
             quantize_nvfp4(g, stream, plan, q, had, q4)?;
@@ -756,16 +753,6 @@ impl Attention {
         self.uses_backward_v4() && super::env_on("FLAMIA_BWD_QPERM")
     }
 
-    /// Whether V's dim-major copy is written permuted for the v4 forward: `FLAMIA_FWD_VPERM=1`
-    /// packs its P fragments without shuffles (`FWD_VPERM`) and V's dim-major copy has the
-    /// matching token order within each 32-token block (`QuantInput::dim_perm`); only the
-    /// forward reads that copy, and only the v4 forward knows the order. The same products over
-    /// the same k32 slices, so bitwise the same outputs (GPU test
-    /// `forward_vperm_gives_bitwise_the_same`). Off by default until measured.
-    fn fwd_vperm(&self) -> bool {
-        self.uses_forward_v4() && super::env_on("FLAMIA_FWD_VPERM")
-    }
-
     /// True when the backward runs the v4 fused kernel (E4M3 operands, no FP32 promotion of dP or
     /// S, not forced back to v3.1 by `FLAMIA_ATTN_BWD=v3`).
     pub fn uses_backward_v4(&self) -> bool {
@@ -814,7 +801,7 @@ impl Attention {
         };
         let per_token = self.scale_mode() == ScaleMode::PerToken;
         let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
-        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, self.fwd_vperm());
+        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw);
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
         let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
@@ -1106,7 +1093,7 @@ impl Attention {
         if self.uses_forward_v4() {
             let per_token = self.scale_mode() == ScaleMode::PerToken;
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const)
-            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false, self.fwd_vperm());
+            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false);
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
@@ -1209,13 +1196,10 @@ mod tests {
             let (v, _) = with_dq_bufs(v, hd, 2).unwrap();
             compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                 .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
-            // the forward's per-warpgroup consumer copies (long items, fwd_cw_const) and its
-            // shuffle-free P packing (FLAMIA_FWD_VPERM), alone and together
-            for (cw, vperm) in [(true, false), (false, true), (true, true)] {
-                let (v, _) = forward_v4_variant(false, 3, hd, cw, vperm);
-                compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
-                    .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
-            }
+            // the forward's per-warpgroup consumer copies (long items, fwd_cw_const)
+            let (v, _) = forward_v4_variant(false, 3, hd, true);
+            compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
+                .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             for (per_token, stages) in [
                 (false, 2),
                 (false, 4),
@@ -1224,7 +1208,7 @@ mod tests {
                 (false, 5),
                 (true, 5),
             ] {
-                let (v, _) = forward_v4_variant(per_token, stages, hd, false, per_token);
+                let (v, _) = forward_v4_variant(per_token, stages, hd, false);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
