@@ -136,12 +136,12 @@ __device__ __forceinline__ void slice_codes(const float (&p)[32], int kk, u32 (&
 }
 
 
-// The key-permuted packing (FWD_VPERM, BWD_QPERM): lane q's code pairs of columns 8jj + 2q, +1
-// of a 32-column K slice put in place at A index 4q .. 4q+3 (jj = 0, 1) and 16 + 4q .. +3
-// (jj = 2, 3): two PRMT per register, no shuffles. The B operand's K order must match: position k
-// of each 32-token block holds token 16 (k >> 4) + 8 ((k & 3) >> 1) + 2 ((k >> 2) & 3) + (k & 1)
-// (quant.cu dim_token, QuantInput::dim_perm). Each k32 step multiplies the same pairs as the
-// exact layout does.
+// The key-permuted packing (BWD_QPERM; the forward's FWD_VPERM used it until removed): lane q's
+// code pairs of columns 8jj + 2q, +1 of a 32-column K slice put in place at A index 4q .. 4q+3
+// (jj = 0, 1) and 16 + 4q .. +3 (jj = 2, 3): two PRMT per register, no shuffles. The B operand's
+// K order must match: position k of each 32-token block holds token
+// 16 (k >> 4) + 8 ((k & 3) >> 1) + 2 ((k >> 2) & 3) + (k & 1) (quant.cu dim_token,
+// QuantInput::dim_perm). Each k32 step multiplies the same pairs as the exact layout does.
 __device__ __forceinline__ void codes_to_afrag_perm(const u32 (&R0)[4], const u32 (&R8)[4], u32 (&a)[4]) {
   a[0] = __byte_perm(R0[0], R0[1], 0x5410);
   a[1] = __byte_perm(R8[0], R8[1], 0x5410);

@@ -268,11 +268,26 @@ const FORWARD_KNOB_CASES: [(usize, &[usize], bool, AttnPath); 4] = [
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn forward_vperm_gives_bitwise_the_same() {
-    // FLAMIA_FWD_VPERM=1 packs P's A fragments without shuffles and has the quantiser write V's
-    // dim-major copy with the matching key order in each 32-key block: PV's k32 steps multiply
-    // the same pairs, so every output is bitwise the same (the backward reads V token-major).
-    forward_knob_keeps_every_bit("FLAMIA_FWD_VPERM");
+fn forward_splitpv_gives_bitwise_the_same() {
+    // FLAMIA_FWD_SPLITPV=1 issues PV as two halves over the head dim with the next key tile's S
+    // between them (FWD_SPLITPV): the same products and the same FFMA per O element, so every
+    // output is bitwise the same, with and without the per-warpgroup consumer copies, at both
+    // head dims, and with per-token scales (the causally safe options: their own softmax copy).
+    forward_knob_keeps_every_bit("FLAMIA_FWD_SPLITPV");
+    let gpu = gpu();
+    for cw in ["0", "1"] {
+        let _g = EnvGuard::set("FLAMIA_FWD_CW", cw);
+        for hd in [128, 64] {
+            let shape = VarlenShape::from_lens(&[4096, 300, 1, 65], 4, 2, hd).unwrap();
+            with_seeds(
+                &format!("FLAMIA_FWD_SPLITPV, per-token scales, d = {hd}, FLAMIA_FWD_CW={cw}"),
+                |mut rng| {
+                    let call = gauss_call(&mut rng, &shape, safe_with(AttnPath::Mxfp8, |_| {}));
+                    same_bits_whatever(&gpu, &call, "FLAMIA_FWD_SPLITPV", &["0", "1"]);
+                },
+            );
+        }
+    }
 }
 
 /// [`knob_keeps_every_bit`] for a forward build knob `var` (0 / 1) on [`FORWARD_KNOB_CASES`],

@@ -86,7 +86,13 @@ pub fn forward_v3_forced() -> bool {
 
 /// Defines of the v4 forward: per-key scale columns (per-token scales) or per-32-key-group
 /// folds (token-block and tensor-wide scales), the ring depth and the smem budget (returned too).
-fn forward_v4_variant(per_token: bool, stages: u32, hd: u32, cw_const: bool, vperm: bool) -> (Variant, u32) {
+fn forward_v4_variant(
+    per_token: bool,
+    stages: u32,
+    hd: u32,
+    cw_const: bool,
+    split_pv: bool,
+) -> (Variant, u32) {
     let smem = smem_fwd4(stages, hd, per_token);
     let mut v = Variant::new()
         .define("HEAD_DIM", hd)
@@ -96,8 +102,8 @@ fn forward_v4_variant(per_token: bool, stages: u32, hd: u32, cw_const: bool, vpe
     if cw_const {
         v = v.define("FWD_CW_CONST", 1);
     }
-    if vperm {
-        v = v.define("FWD_VPERM", 1);
+    if split_pv {
+        v = v.define("FWD_SPLITPV", 1);
     }
     (v, smem)
 }
@@ -694,7 +700,7 @@ impl Attention {
         let g = &self.gpu;
         let qi = QuantInput::new(q, had, saved.q).with_dim_perm(self.bwd_qperm());
         let ki = QuantInput::new(k, had, saved.k);
-        let vi = QuantInput::new(v, false, saved.v).with_dim_perm(self.fwd_vperm());
+        let vi = QuantInput::new(v, false, saved.v);
         quantize_e4m3_fused(g, stream, plan, &[qi, ki, vi], m, None, Some(&self.amax))?;
         if let (Some(q4), Some(k4)) = (saved.q4, saved.k4) {
             quantize_nvfp4(g, stream, plan, q, had, q4)?;
@@ -757,14 +763,13 @@ impl Attention {
         self.uses_backward_v4() && !super::env_off("FLAMIA_BWD_QPERM")
     }
 
-    /// Whether V's dim-major copy is written permuted for the v4 forward: `FLAMIA_FWD_VPERM=1`
-    /// packs its P fragments without shuffles (`FWD_VPERM`) and V's dim-major copy has the
-    /// matching token order within each 32-token block (`QuantInput::dim_perm`); only the
-    /// forward reads that copy, and only the v4 forward knows the order. The same products over
-    /// the same k32 slices, so bitwise the same outputs (GPU test
-    /// `forward_vperm_gives_bitwise_the_same`). Off by default until measured.
-    fn fwd_vperm(&self) -> bool {
-        self.uses_forward_v4() && super::env_on("FLAMIA_FWD_VPERM")
+    /// Whether the v4 forward splits PV into two halves of the head dim and issues the next key
+    /// tile's S product between them (`FLAMIA_FWD_SPLITPV=1`, `FWD_SPLITPV`: within a warpgroup
+    /// S(kt+1) runs beside PV_lo(kt) and the softmax of kt+1 beside PV_hi(kt)). The same products
+    /// and the same FFMA per O element, so bitwise the same outputs (GPU test
+    /// `forward_splitpv_gives_bitwise_the_same`). Off by default until measured.
+    fn fwd_split_pv(&self) -> bool {
+        super::env_on("FLAMIA_FWD_SPLITPV")
     }
 
     /// True when the backward runs the v4 fused kernel (E4M3 operands, no FP32 promotion of dP or
@@ -815,7 +820,7 @@ impl Attention {
         };
         let per_token = self.scale_mode() == ScaleMode::PerToken;
         let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
-        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, self.fwd_vperm());
+        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, self.fwd_split_pv());
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
         let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
@@ -1107,7 +1112,7 @@ impl Attention {
         if self.uses_forward_v4() {
             let per_token = self.scale_mode() == ScaleMode::PerToken;
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const)
-            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false, self.fwd_vperm());
+            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false, self.fwd_split_pv());
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
@@ -1210,10 +1215,17 @@ mod tests {
             let (v, _) = with_dq_bufs(v, hd, 2).unwrap();
             compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                 .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
-            // the forward's per-warpgroup consumer copies (long items, fwd_cw_const) and its
-            // shuffle-free P packing (FLAMIA_FWD_VPERM), alone and together
-            for (cw, vperm) in [(true, false), (false, true), (true, true)] {
-                let (v, _) = forward_v4_variant(false, 3, hd, cw, vperm);
+            // the forward's per-warpgroup consumer copies (long items, fwd_cw_const), and its
+            // split PV with the next S between the halves (FLAMIA_FWD_SPLITPV) with and without
+            // them, block and per-token scales
+            for (cw, split_pv, per_token) in [
+                (true, false, false),
+                (false, true, false),
+                (true, true, false),
+                (false, true, true),
+                (true, true, true),
+            ] {
+                let (v, _) = forward_v4_variant(per_token, 3, hd, cw, split_pv);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
@@ -1225,7 +1237,7 @@ mod tests {
                 (false, 5),
                 (true, 5),
             ] {
-                let (v, _) = forward_v4_variant(per_token, stages, hd, false, per_token);
+                let (v, _) = forward_v4_variant(per_token, stages, hd, false, false);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }

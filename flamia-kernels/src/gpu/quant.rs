@@ -258,8 +258,9 @@ pub struct QuantInput {
     pub hadamard: bool,
     pub out: OperandRef,
     /// The dim-major copy's tokens permuted within each 32-token block (`dim_token` in
-    /// `cuda/quant.cu`): V for the v4 forward with `FWD_VPERM`, whose P fragments are then
-    /// packed without shuffles. Off: the plain layout every other reader expects.
+    /// `cuda/quant.cu`): Q and dO for the v4 backward with `BWD_QPERM`, whose dK and dV products
+    /// then pack their A fragments without shuffles. Off: the plain layout every other reader
+    /// expects.
     pub dim_perm: bool,
 }
 
