@@ -90,8 +90,3 @@ mutate quant-chunk-slot quant.cu 's/dimbuf_off(4 \* g + c, 2 \* cj + (s >> 1))/d
 # queries, so the gradients change with the knob.
 mutate bwd-qperm-plain-q quant.cu 's/tile_word((QUANT_PERM_MASK >> it.ti) \& 1 ? dim_token(s, r) : 8 \* s + r, g)/tile_word(8 * s + r, g)/' \
   backward_qperm_gives_bitwise_the_same gpu_quant:permuted_dim_copy_is_the_plain_one_reordered_in_every_block
-# 14. FLAMIA_FWD_SPLITPV (the test sets it): in the pipelined step the second PV half is added
-# to O's first half (o_update_half<0>) instead of its own, so O's columns HEAD_DIM/2.. miss every
-# tile but the last and the first half gets them: the outputs change with the knob.
-mutate fwd-splitpv-hi-into-lo attn_fwd_v4.cu 's/o_update_half<1>(o, pv, alpha_o);/o_update_half<0>(o, pv, alpha_o);/' \
-  forward_splitpv_gives_bitwise_the_same

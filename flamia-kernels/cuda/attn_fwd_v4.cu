@@ -41,17 +41,6 @@
 #ifndef FWD_STAGES
 #define FWD_STAGES 3
 #endif
-// FWD_SPLITPV 1 (FLAMIA_FWD_SPLITPV=1; off until measured): PV is issued as two halves over V's
-// dim rows (O columns 0 .. HEAD_DIM/2 - 1 and the rest, RS wgmma m64n{HEAD_DIM/2}k32 x 4 each,
-// HEAD_DIM/4 accumulator registers), and the next key tile's S product is issued between them, so
-// that per warpgroup S(kt+1) runs beside PV_lo(kt) and the softmax of kt+1 beside PV_hi(kt)
-// (fwd_split_step; FA3's intra-warpgroup overlap without a full PV accumulator beside S, O and P:
-// session 14's FWD_OVERLAP, commit 386b083, needed 232-240 registers and spilled). Every O
-// element gets the same FFMA with the same operands (half h element i is full element
-// (HEAD_DIM/4) h + i): bitwise the same outputs.
-#ifndef FWD_SPLITPV
-#define FWD_SPLITPV 0
-#endif
 // Registers per thread after setmaxnreg. A split over the CTA's launch allocation makes
 // setmaxnreg.inc spin for ever (session 14: 240 / 32 hung).
 #ifndef FWD_CONS_REGS
@@ -97,9 +86,6 @@ struct FwdV4Smem {
 #endif
   ItemSlot item[QSLOTS];
   u64 q_full[QSLOTS], q_empty[QSLOTS], kv_full[FWD_STAGES], kv_empty[FWD_STAGES];
-#if FWD_SPLITPV
-  float2 sink[2];  // written, never read: pins the PV_hi wait after the max phase (fwd_split_step)
-#endif
 };
 #ifdef SMEM_FWD4_BUDGET
 static_assert(sizeof(FwdV4Smem) + 1024 <= SMEM_FWD4_BUDGET, "attn_fwd_v4: dynamic shared memory budget too small");
@@ -254,18 +240,6 @@ __device__ __forceinline__ void mma_rs_k128(float (&acc)[R], const u32 (&a)[4][4
   fence_regs(acc);
 }
 
-// The softmax of the score tile of stage s (softmax.cuh) with that stage's key factors.
-// mid: run between its max phase and its exponentials (softmax_tile).
-template <bool MASKED, typename Mid = SoftmaxNoMid>
-__device__ __forceinline__ void fwd_softmax(FwdV4Smem& sm, int s, float (&sc)[64], RowState& st, int R0, const TileMask& mk,
-                                            float (&alpha_o)[2], const Mid& mid = Mid()) {
-#if PER_TOKEN_COLS
-  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], sm.vf[s], sm.evt[s], R0, mk, alpha_o, mid);
-#else
-  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], nullptr, 0, R0, mk, alpha_o, mid);
-#endif
-}
-
 // One key tile of a consumer warpgroup: S, the softmax (masked or interior copy), PV, the stage
 // released, O updated. The interior and masked tiles run in two separate loops (the interior ones
 // first: they are a prefix of every item's key tiles), so neither loop body branches around the
@@ -283,7 +257,11 @@ __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[D
   wg_wait<0>();
   fence_regs(sc);
   float alpha_o[2];
-  fwd_softmax<MASKED>(sm, s, sc, st, R0, mk, alpha_o);
+#if PER_TOKEN_COLS
+  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], sm.vf[s], sm.evt[s], R0, mk, alpha_o);
+#else
+  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], nullptr, 0, R0, mk, alpha_o);
+#endif
   u32 pa[4][4];
   p_to_afrag(sc, pa);
   float pv[HEAD_DIM / 2];
@@ -291,145 +269,6 @@ __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[D
   if ((threadIdx.x & 31) == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
 #pragma unroll
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = fmaf(o[i], alpha_o[(i >> 1) & 1], pv[i]);
-}
-
-// FWD_SPLITPV: an item's key tiles software-pipelined within the warpgroup. fwd_split_first (the
-// item's first tile: S, softmax, P packed), then per further tile kt + 1 one fwd_split_step (PV of
-// kt in two halves around S of kt + 1, the softmax of kt + 1 while PV_hi of kt runs), then
-// fwd_split_last (the last tile's PV). Between these calls no wgmma is in flight; what crosses
-// them is P of the current tile (pa, A fragments), its alpha_o and the stage ring position.
-
-// Issue only (the caller fences, commits and waits): S = Q K^T, SS wgmma m64n128k32 with Q's 64
-// rows of this warpgroup from the item's slot (qs) and the K tile at k, both token rows with the
-// swizzle of their width. (Q from shared memory, not resident A fragments: 16 registers at d = 128
-// that the overlap needs; the same products, so the same bits as fwd_tile's RS form.)
-__device__ __forceinline__ void issue_s(float (&sc)[64], u32 qs, u32 k) {
-#pragma unroll
-  for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_ss_m64n128k32_e4m3(sc, desc_tok(qs + 32 * kk), desc_tok(k + 32 * kk), kk > 0);
-}
-
-// Issue only: half H of PV (V's dim rows and O's columns H * HEAD_DIM/2 .. + HEAD_DIM/2 - 1) into
-// a fresh accumulator. Its B tile starts (HEAD_DIM/2) * 128 bytes into the V tile, a whole number
-// of 1024-byte swizzle atoms, so the descriptor is the V tile's with that base. Accumulator element
-// i (column 8 (i >> 2) + 2q + (i & 1) of the half) is element (HEAD_DIM/4) H + i of the full PV
-// fragment (column H * HEAD_DIM/2 + the same): the same row, (i >> 1) & 1.
-template <int H>
-__device__ __forceinline__ void issue_pv_half(float (&acc)[HEAD_DIM / 4], const u32 (&pa)[4][4], u32 v) {
-  const u32 b = v + H * (HEAD_DIM / 2) * 128;
-  static_assert((HEAD_DIM / 2) * 128 % 1024 == 0, "PV half: B base off the swizzle atom");
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_rs_k32_e4m3(acc, pa[kk], desc_sw128(b + 32 * kk), kk > 0);
-}
-
-// O = O * alpha_o + PV on half H: per element the FFMA (and operands) of fwd_tile.
-template <int H>
-__device__ __forceinline__ void o_update_half(float (&o)[HEAD_DIM / 2], const float (&pv)[HEAD_DIM / 4], const float (&alpha_o)[2]) {
-#pragma unroll
-  for (int i = 0; i < HEAD_DIM / 4; ++i) o[H * (HEAD_DIM / 4) + i] = fmaf(o[H * (HEAD_DIM / 4) + i], alpha_o[(i >> 1) & 1], pv[i]);
-}
-
-// The item's first key tile (stage s, already full): S, the softmax, P into pa. Always the masked
-// softmax: on an interior tile every mask is all-visible and its arithmetic is the interior
-// copy's (the same Ev, folds, maxima and sums), so the bits are the same and no branch on the
-// tile's kind sits between wgmma instructions.
-__device__ __forceinline__ void fwd_split_first(FwdV4Smem& sm, int s, u32 qs, RowState& st,
-                                                u32 (&pa)[4][4], float (&alpha_o)[2], int R0, const TileMask& mk) {
-  float sc[64];
-  turn_take(R0 >> 6);
-  wg_fence();
-  issue_s(sc, qs, smem_u32(sm.k[s]));
-  wg_commit();
-  turn_pass(R0 >> 6);
-  wg_wait<0>();
-  fence_regs(sc);
-  fwd_softmax<true>(sm, s, sc, st, R0, mk, alpha_o);
-  p_to_afrag(sc, pa);
-}
-
-// Tile kt (stage s: its P in pa, its alpha_o) finished while tile kt + 1 (stage sn, phase phn;
-// MASKED: its softmax copy, mk its mask) is started:
-//   PV_lo(kt) issued | wait for stage sn | S(kt+1) issued | wait<1>: PV_lo done, O_lo updated |
-//   PV_hi(kt) issued | wait<1>: S(kt+1) done | softmax(kt+1) (PV_hi in the tensor cores) |
-//   wait<0>: PV_hi done, O_hi updated, stage s released, then P(kt+1) overwrites pa.
-// Registers: an RS wgmma reads its A fragments (pa) and writes its accumulator asynchronously
-// until the wait that covers it, so pa is written only after the wait<0> (fence_regs_u keeps the
-// old pa alive until there in the compiler's view), and each accumulator is read only after its
-// wait (fence_regs). wg_fence orders this thread's earlier register accesses (pa written, the
-// half's accumulator read by O_lo's update) before the wgmma that follow it. One PV half's 32
-// registers (16 at d = 64) are live beside S, O and P (Q is read from shared memory): both halves
-// use the same array.
-// kvw: clocks waiting for stage sn (FWD_PROF_TIMERS).
-template <bool MASKED>
-__device__ __forceinline__ void fwd_split_step(FwdV4Smem& sm, int s, int sn, u32 phn, u32 qs, RowState& st,
-                                               float (&o)[HEAD_DIM / 2], u32 (&pa)[4][4], float (&alpha_o)[2], int R0,
-                                               const TileMask& mk, long long& kvw) {
-  const u32 v = smem_u32(sm.v[s]);
-  float pv[HEAD_DIM / 4];
-  wg_fence();
-  issue_pv_half<0>(pv, pa, v);
-  wg_commit();
-#ifdef FWD_PROF_TIMERS
-  const long long tw = clock64();
-#endif
-  mbar_wait(smem_u32(&sm.kv_full[sn]), phn);
-#ifdef FWD_PROF_TIMERS
-  kvw += clock64() - tw;
-#else
-  (void)kvw;
-#endif
-  float sc[64];
-  turn_take(R0 >> 6);
-  wg_fence();
-  issue_s(sc, qs, smem_u32(sm.k[sn]));
-  wg_commit();
-  turn_pass(R0 >> 6);
-  wg_wait<1>();  // PV_lo(kt) done; S(kt+1) may still run
-  fence_regs(pv);
-  o_update_half<0>(o, pv, alpha_o);
-  wg_fence();  // the reads of pv above before PV_hi rewrites it
-  issue_pv_half<1>(pv, pa, v);
-  wg_commit();
-  wg_wait<1>();  // S(kt+1) done; PV_hi(kt) may still run
-  fence_regs(sc);
-  // softmax(kt+1) while PV_hi(kt) runs; between its max phase and its exponentials (where its
-  // temporaries, and so the register pressure, peak) PV_hi(kt) is waited for and O_hi updated.
-  // ptxas schedules wgmma.wait_group like an ALU instruction: it hoisted the wait<0> to just after
-  // the wait<1> (the softmax then ran after PV_hi's completion) until a shared-memory store that
-  // depends on the max phase sat before it (stores and loads stay on their side of the wait; the
-  // maxima are stored by every thread of the warpgroup to one 8-byte sink, never read).
-  float alpha_n[2];
-  fwd_softmax<MASKED>(sm, sn, sc, st, R0, mk, alpha_n, [&](const RowState& st1) {
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_u32(&sm.sink[R0 >> 6])), "f"(st1.m[0]), "f"(st1.m[1]) : "memory");
-    wg_wait<0>();  // PV_hi(kt) done: pa free, stage s no longer read
-    fence_regs(pv);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) fence_regs_u(pa[kk]);
-    o_update_half<1>(o, pv, alpha_o);
-    if ((threadIdx.x & 31) == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
-  });
-  p_to_afrag(sc, pa);
-  alpha_o[0] = alpha_n[0];
-  alpha_o[1] = alpha_n[1];
-}
-
-// The item's last key tile (stage s, P in pa): both PV halves issued, O_lo updated while PV_hi
-// runs, the stage released once both are done.
-__device__ __forceinline__ void fwd_split_last(FwdV4Smem& sm, int s, float (&o)[HEAD_DIM / 2], const u32 (&pa)[4][4],
-                                               const float (&alpha_o)[2]) {
-  const u32 v = smem_u32(sm.v[s]);
-  float lo[HEAD_DIM / 4], hi[HEAD_DIM / 4];
-  wg_fence();
-  issue_pv_half<0>(lo, pa, v);
-  wg_commit();
-  issue_pv_half<1>(hi, pa, v);
-  wg_commit();
-  wg_wait<1>();
-  fence_regs(lo);
-  o_update_half<0>(o, lo, alpha_o);
-  wg_wait<0>();
-  fence_regs(hi);
-  if ((threadIdx.x & 31) == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
-  o_update_half<1>(o, hi, alpha_o);
 }
 
 // FWD_PROF_TIMERS (timing only, bench/device_s13.sh PHASE=c): thread 0 of each consumer
@@ -477,14 +316,6 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
     const int h = it.h;
     const WorkTile tile = it.tile;
     const int rows = min(QT, tile.len - tile.q0);
-#if FWD_SPLITPV
-    // S reads Q from the slot (SS products): the slot is released after the item's last S
-    const int qslot = qb;
-    const u32 qs = smem_u32(sm.q[qb]) + 64 * cw * HEAD_DIM;
-    (void)w;
-    (void)q;
-    (void)h;  // read again at the item's end (h_o)
-#else
     // Q's A fragments (a[kk][r] byte j = Q[row 16w + g + 8(r&1)][32kk + 16(r>>1) + 4q + j])
     u32 qa[DK_SLICES][4];
     const u8* qs = sm.q[qb] + 64 * cw * HEAD_DIM;
@@ -493,7 +324,6 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
 #pragma unroll
       for (int r = 0; r < 4; ++r)
         qa[kk][r] = *reinterpret_cast<const u32*>(qs + tok_off(16 * w + g + 8 * (r & 1), 32 * kk + 16 * (r >> 1) + 4 * q));
-#endif
     RowState st;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -503,16 +333,11 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       st.l[r] = 0.f;
       st.evo[r] = 0;
     }
-#if !FWD_SPLITPV
     mbar_arrive(smem_u32(&sm.q_empty[qb]));
-#endif
     if (++qb == QSLOTS) { qb = 0; qph ^= 1; }
 
     const int nkt = fwd_key_tiles(tile, a.causal);
     if (64 * cw >= rows) {  // no row of this warpgroup in the document: only pass the stages on
-#if FWD_SPLITPV
-      mbar_arrive(smem_u32(&sm.q_empty[qslot]));
-#endif
       for (int kt = 0; kt < nkt; ++kt) {
         mbar_wait(smem_u32(&sm.kv_full[s]), ph);
         turn_take(cw);
@@ -533,71 +358,6 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
 #else
     const int nfull = (64 * cw + 64 <= rows) ? min(tile.len / KT, a.causal ? (tile.q0 + 64 * cw + 1) / KT : nkt) : 0;
 #endif
-#if FWD_SPLITPV
-    // The softmax copy of a step is the one of the tile it starts (kt + 1): the first loop's steps
-    // start interior tiles, the second's masked ones; the first tile's softmax is the masked copy
-    // (fwd_split_first). Both loops and the last tile's PV need no branch around a wgmma.
-#ifdef FWD_PROF_TIMERS
-    long long& kvw = prof[1];
-#else
-    long long kvw = 0;
-#endif
-    u32 pa[4][4];
-    float alpha_o[2];
-    {
-      FWD_T(tk);
-      mbar_wait(smem_u32(&sm.kv_full[s]), ph);
-      FWD_ACC(1, tk);
-      FWD_T(tt);
-      fwd_split_first(sm, s, qs, st, pa, alpha_o, R0, TileMask{min(KT, tile.len), rows, tile.q0, a.causal});
-      FWD_ACC(2, tt);
-    }
-    const int nstep_full = max(nfull - 1, 0);  // steps whose next tile is interior
-    for (int kt = 0; kt < nstep_full; ++kt) {
-      int sn = s + 1;
-      u32 phn = ph;
-      if (sn == FWD_STAGES) { sn = 0; phn ^= 1; }
-#ifdef FWD_PROF_TIMERS
-      const long long k0 = prof[1];
-#endif
-      FWD_T(tt);
-      fwd_split_step<false>(sm, s, sn, phn, qs, st, o, pa, alpha_o, R0, TileMask{KT, rows, tile.q0 - (kt + 1) * KT, a.causal}, kvw);
-      FWD_ACC(2, tt);
-#ifdef FWD_PROF_TIMERS
-      prof[2] -= prof[1] - k0;  // the stage wait inside the step counts as a K/V wait
-#endif
-      s = sn;
-      ph = phn;
-    }
-    for (int kt = nstep_full; kt < nkt - 1; ++kt) {
-      int sn = s + 1;
-      u32 phn = ph;
-      if (sn == FWD_STAGES) { sn = 0; phn ^= 1; }
-#ifdef FWD_PROF_TIMERS
-      const long long k0 = prof[1];
-#endif
-      FWD_T(tt);
-      fwd_split_step<true>(sm, s, sn, phn, qs, st, o, pa, alpha_o, R0,
-                           TileMask{min(KT, tile.len - (kt + 1) * KT), rows, tile.q0 - (kt + 1) * KT, a.causal}, kvw);
-      FWD_ACC(2, tt);
-#ifdef FWD_PROF_TIMERS
-      prof[2] -= prof[1] - k0;
-#endif
-      s = sn;
-      ph = phn;
-    }
-    {
-      FWD_T(tt);
-      fwd_split_last(sm, s, o, pa, alpha_o);
-      FWD_ACC(2, tt);
-      if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
-    }
-    // The item's tile and head read again from its slot (held until here): not kept in registers
-    // across the key-tile loops (they spilled at d = 128), then the slot released (every S done).
-    const WorkTile tile_o = sm.item[qslot].tile;
-    const int h_o = sm.item[qslot].h;
-    mbar_arrive(smem_u32(&sm.q_empty[qslot]));
-#else
     for (int kt = 0; kt < nfull; ++kt) {
       FWD_T(tk);
       mbar_wait(smem_u32(&sm.kv_full[s]), ph);
@@ -616,14 +376,8 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       FWD_ACC(2, tt);
       if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
     }
-#endif
     FWD_T(te);
-#if !FWD_SPLITPV
-    const WorkTile& tile_o = tile;
-    const int h_o = h;
-#endif
-    const int rows_o = min(QT, tile_o.len - tile_o.q0);
-    store_o_lse(o, st, a.o, a.lse, (long long)tile_o.doc0 + tile_o.q0 + R0, a.hq, h_o, R0 < rows_o, R0 + 8 < rows_o);
+    store_o_lse(o, st, a.o, a.lse, (long long)tile.doc0 + tile.q0 + R0, a.hq, h, R0 < rows, R0 + 8 < rows);
     FWD_ACC(3, te);
 #ifdef FWD_PROF_TIMERS
     ++nitems;

@@ -39,13 +39,11 @@ print("// Inline-PTX wrappers for the Hopper wgmma shapes of the attention kerne
 print("// scale_d == 0: D = A*B (old D ignored); scale_d != 0: D += A*B.")
 print("#pragma once")
 print('#include "common.cuh"')
-print(ss(128, "e4m3", 32))
 print(ss(64, "e4m3", 32))
 print(ss(32, "e4m3", 32))
 print(ss(64, "bf16", 16))
 print(rs(128))
 print(rs(64))
-print(rs(32))
 print("""// Overloads by accumulator size (N = 2 x registers), so head-dim-generic code (HEAD_DIM 64 or 128)
 // picks the shape from its accumulator's type.
 __device__ __forceinline__ void wgmma_rs_k32_e4m3(float (&d)[64], const u32 (&a)[4], u64 desc_b, int scale_d) {
@@ -53,9 +51,6 @@ __device__ __forceinline__ void wgmma_rs_k32_e4m3(float (&d)[64], const u32 (&a)
 }
 __device__ __forceinline__ void wgmma_rs_k32_e4m3(float (&d)[32], const u32 (&a)[4], u64 desc_b, int scale_d) {
   wgmma_rs_m64n64k32_e4m3(d, a, desc_b, scale_d);
-}
-__device__ __forceinline__ void wgmma_rs_k32_e4m3(float (&d)[16], const u32 (&a)[4], u64 desc_b, int scale_d) {
-  wgmma_rs_m64n32k32_e4m3(d, a, desc_b, scale_d);
 }
 __device__ __forceinline__ void wgmma_ss_k32_e4m3(float (&d)[32], u64 desc_a, u64 desc_b, int scale_d) {
   wgmma_ss_m64n64k32_e4m3(d, desc_a, desc_b, scale_d);

@@ -60,21 +60,14 @@ __device__ __forceinline__ void update_max(RowState& st, const float (&tmax)[2],
   }
 }
 
-// The default `mid` of softmax_tile: nothing.
-struct SoftmaxNoMid {
-  __device__ __forceinline__ void operator()(const RowState&) const {}
-};
-
 // One score tile -> P' (in place, ready for the E4M3 conversion), the row state updated and the
 // factor alpha_o each O row is multiplied by before this tile's PV is added. kf / ev: 2^eK and eV
 // per key of the tile (shared memory); R0 = row of s[0] in the 128-row query tile.
 // vf / evt (per-token scales only): the producer's per-key fold 2^(eV_c - evt + 8) and the tile's
 // max eV, which on an interior tile (every row sees every key) are exactly each row's Ev and fold.
-// mid(st) runs between the max phase (st.m updated) and the exponentials (attn_fwd_v4.cu
-// FWD_SPLITPV: the previous tile's PV_hi waited for there).
-template <bool MASKED, typename Mid = SoftmaxNoMid>
+template <bool MASKED>
 __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const float* kf, const int* ev, const float* vf,
-                                             int evt, int R0, const TileMask& mk, float (&alpha_o)[2], const Mid& mid = Mid()) {
+                                             int evt, int R0, const TileMask& mk, float (&alpha_o)[2]) {
   const int q = threadIdx.x & 3;
   float alpha[2], mref[2];
   int Ev[2];
@@ -123,7 +116,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
     }
   }
   update_max(st, tmax, alpha, mref);
-  mid(st);
   float fe[2][4], bias[2][4], ps[2][4];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
@@ -165,7 +157,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
 #pragma unroll
     for (int r = 0; r < 2; ++r) tmax[r] = tmax[r] == NEG_INF ? NEG_INF : tmax[r] * st.qf[r];
     update_max(st, tmax, alpha, mref);
-    mid(st);
     float ps[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
@@ -195,7 +186,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
   Ev[0] = quad_max_i(Ev[0]);
   Ev[1] = quad_max_i(Ev[1]);
   update_max(st, tmax, alpha, mref);
-  mid(st);
   float ps[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < 64; ++i) {

@@ -3,16 +3,6 @@
 // scale_d == 0: D = A*B (old D ignored); scale_d != 0: D += A*B.
 #pragma once
 #include "common.cuh"
-// D[64 x 128] (+)= A[64 x 32] * B[128 x 32]^T, A and B from shared memory, both K-major e4m3.
-__device__ __forceinline__ void wgmma_ss_m64n128k32_e4m3(float (&d)[64], u64 desc_a, u64 desc_b, int scale_d) {
-  asm volatile(
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-    "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
-    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-    : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
 // D[64 x 64] (+)= A[64 x 32] * B[64 x 32]^T, A and B from shared memory, both K-major e4m3.
 __device__ __forceinline__ void wgmma_ss_m64n64k32_e4m3(float (&d)[32], u64 desc_a, u64 desc_b, int scale_d) {
   asm volatile(
@@ -65,17 +55,6 @@ __device__ __forceinline__ void wgmma_rs_m64n64k32_e4m3(float (&d)[32], const u3
     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 
-// D[64 x 32] (+)= A[64 x 32] * B[32 x 32]^T, A from registers (FP8 A fragment, 4 x b32), B from
-// shared memory, K-major e4m3.
-__device__ __forceinline__ void wgmma_rs_m64n32k32_e4m3(float (&d)[16], const u32 (&a)[4], u64 desc_b, int scale_d) {
-  asm volatile(
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-    "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
-    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-
 // Overloads by accumulator size (N = 2 x registers), so head-dim-generic code (HEAD_DIM 64 or 128)
 // picks the shape from its accumulator's type.
 __device__ __forceinline__ void wgmma_rs_k32_e4m3(float (&d)[64], const u32 (&a)[4], u64 desc_b, int scale_d) {
@@ -83,9 +62,6 @@ __device__ __forceinline__ void wgmma_rs_k32_e4m3(float (&d)[64], const u32 (&a)
 }
 __device__ __forceinline__ void wgmma_rs_k32_e4m3(float (&d)[32], const u32 (&a)[4], u64 desc_b, int scale_d) {
   wgmma_rs_m64n64k32_e4m3(d, a, desc_b, scale_d);
-}
-__device__ __forceinline__ void wgmma_rs_k32_e4m3(float (&d)[16], const u32 (&a)[4], u64 desc_b, int scale_d) {
-  wgmma_rs_m64n32k32_e4m3(d, a, desc_b, scale_d);
 }
 __device__ __forceinline__ void wgmma_ss_k32_e4m3(float (&d)[32], u64 desc_a, u64 desc_b, int scale_d) {
   wgmma_ss_m64n64k32_e4m3(d, desc_a, desc_b, scale_d);

@@ -268,39 +268,6 @@ const FORWARD_KNOB_CASES: [(usize, &[usize], bool, AttnPath); 4] = [
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn forward_splitpv_gives_bitwise_the_same() {
-    // FLAMIA_FWD_SPLITPV=1 issues PV as two halves over the head dim with the next key tile's S
-    // between them (FWD_SPLITPV): the same products and the same FFMA per O element, so every
-    // output is bitwise the same, with and without the per-warpgroup consumer copies, at both
-    // head dims, and with per-token scales (the causally safe options: their own softmax copy).
-    forward_knob_keeps_every_bit("FLAMIA_FWD_SPLITPV");
-    let gpu = gpu();
-    for cw in ["0", "1"] {
-        let _g = EnvGuard::set("FLAMIA_FWD_CW", cw);
-        for hd in [128, 64] {
-            let shape = VarlenShape::from_lens(&[4096, 300, 1, 65], 4, 2, hd).unwrap();
-            with_seeds(
-                &format!("FLAMIA_FWD_SPLITPV, per-token scales, d = {hd}, FLAMIA_FWD_CW={cw}"),
-                |mut rng| {
-                    let call = gauss_call(&mut rng, &shape, safe_with(AttnPath::Mxfp8, |_| {}));
-                    same_bits_whatever(&gpu, &call, "FLAMIA_FWD_SPLITPV", &["0", "1"]);
-                },
-            );
-        }
-    }
-}
-
-/// [`knob_keeps_every_bit`] for a forward build knob `var` (0 / 1) on [`FORWARD_KNOB_CASES`],
-/// with and without the per-warpgroup consumer copies (`FLAMIA_FWD_CW`).
-fn forward_knob_keeps_every_bit(var: &str) {
-    for cw in ["0", "1"] {
-        let _g = EnvGuard::set("FLAMIA_FWD_CW", cw);
-        knob_keeps_every_bit(var, &["0", "1"], &FORWARD_KNOB_CASES);
-    }
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn backward_qperm_gives_bitwise_the_same() {
     // FLAMIA_BWD_QPERM=1 packs P~^T and dS~^T into the dV and dK products' A fragments without
     // shuffles and has the quantisers write Q's and dO's dim-major copies with the matching query

@@ -86,13 +86,7 @@ pub fn forward_v3_forced() -> bool {
 
 /// Defines of the v4 forward: per-key scale columns (per-token scales) or per-32-key-group
 /// folds (token-block and tensor-wide scales), the ring depth and the smem budget (returned too).
-fn forward_v4_variant(
-    per_token: bool,
-    stages: u32,
-    hd: u32,
-    cw_const: bool,
-    split_pv: bool,
-) -> (Variant, u32) {
+fn forward_v4_variant(per_token: bool, stages: u32, hd: u32, cw_const: bool) -> (Variant, u32) {
     let smem = smem_fwd4(stages, hd, per_token);
     let mut v = Variant::new()
         .define("HEAD_DIM", hd)
@@ -101,9 +95,6 @@ fn forward_v4_variant(
         .define("SMEM_FWD4_BUDGET", smem);
     if cw_const {
         v = v.define("FWD_CW_CONST", 1);
-    }
-    if split_pv {
-        v = v.define("FWD_SPLITPV", 1);
     }
     (v, smem)
 }
@@ -763,15 +754,6 @@ impl Attention {
         self.uses_backward_v4() && !super::env_off("FLAMIA_BWD_QPERM")
     }
 
-    /// Whether the v4 forward splits PV into two halves of the head dim and issues the next key
-    /// tile's S product between them (`FLAMIA_FWD_SPLITPV=1`, `FWD_SPLITPV`: within a warpgroup
-    /// S(kt+1) runs beside PV_lo(kt) and the softmax of kt+1 beside PV_hi(kt)). The same products
-    /// and the same FFMA per O element, so bitwise the same outputs (GPU test
-    /// `forward_splitpv_gives_bitwise_the_same`). Off by default until measured.
-    fn fwd_split_pv(&self) -> bool {
-        super::env_on("FLAMIA_FWD_SPLITPV")
-    }
-
     /// True when the backward runs the v4 fused kernel (E4M3 operands, no FP32 promotion of dP or
     /// S, not forced back to v3.1 by `FLAMIA_ATTN_BWD=v3`).
     pub fn uses_backward_v4(&self) -> bool {
@@ -820,7 +802,7 @@ impl Attention {
         };
         let per_token = self.scale_mode() == ScaleMode::PerToken;
         let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
-        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, self.fwd_split_pv());
+        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw);
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
         let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
@@ -1112,7 +1094,7 @@ impl Attention {
         if self.uses_forward_v4() {
             let per_token = self.scale_mode() == ScaleMode::PerToken;
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const)
-            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false, self.fwd_split_pv());
+            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false);
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
@@ -1215,20 +1197,10 @@ mod tests {
             let (v, _) = with_dq_bufs(v, hd, 2).unwrap();
             compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                 .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
-            // the forward's per-warpgroup consumer copies (long items, fwd_cw_const), and its
-            // split PV with the next S between the halves (FLAMIA_FWD_SPLITPV) with and without
-            // them, block and per-token scales
-            for (cw, split_pv, per_token) in [
-                (true, false, false),
-                (false, true, false),
-                (true, true, false),
-                (false, true, true),
-                (true, true, true),
-            ] {
-                let (v, _) = forward_v4_variant(per_token, 3, hd, cw, split_pv);
-                compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
-                    .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
-            }
+            // the forward's per-warpgroup consumer copies (long items, fwd_cw_const)
+            let (v, _) = forward_v4_variant(false, 3, hd, true);
+            compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
+                .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             for (per_token, stages) in [
                 (false, 2),
                 (false, 4),
@@ -1237,7 +1209,7 @@ mod tests {
                 (false, 5),
                 (true, 5),
             ] {
-                let (v, _) = forward_v4_variant(per_token, stages, hd, false, false);
+                let (v, _) = forward_v4_variant(per_token, stages, hd, false);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
