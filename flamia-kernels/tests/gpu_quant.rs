@@ -407,7 +407,17 @@ fn caller_buffer_case(gpu: &Gpu, rng: &mut ChaCha8Rng, attn: &Attention, d: usiz
         let exps: Vec<i8> = part(op.exps, n_exps).iter().map(|&b| b as i8).collect();
         let xr = rotated(x, d, rotate);
         let cpu = quant::quantize_e4m3(name, &xr, &shape.cu_seqlens, op.heads, d, attn.scale_mode()).unwrap();
-        let codes = [part(op.tok, n_tok), part(op.dim, n_dim)];
+        // Q's dim-major copy is in the v4 backward's permuted order (BWD_QPERM, the default):
+        // put it back in token order first (permuted_dim_copy_is_the_plain_one_... checks the
+        // permutation itself)
+        let mut dim = part(op.dim, n_dim).to_vec();
+        if name == "q" && attn.bwd_qperm() {
+            let permuted = dim.clone();
+            for (x, &b) in permuted.iter().enumerate() {
+                dim[x / 32 * 32 + dim_token(x % 32)] = b;
+            }
+        }
+        let codes = [part(op.tok, n_tok), &dim[..]];
         check_operand_bytes(
             &format!("d={d} {name} in the caller's buffer"),
             &shape,

@@ -749,8 +749,9 @@ impl Attention {
     /// (`BWD_QPERM`: its dK and dV products, their only readers, pack P~^T and dS~^T without
     /// shuffles; bitwise the same gradients, GPU test `backward_qperm_gives_bitwise_the_same`).
     /// On by default (session 15: backward -0.4..-3.4%, docs/perf.md); `FLAMIA_BWD_QPERM=0` is
-    /// the plain order (A/B and that test).
-    fn bwd_qperm(&self) -> bool {
+    /// the plain order (A/B and that test). Public so a caller reading [`Saved`]'s Q copy knows
+    /// its order (`dim_token` in `cuda/quant.cu`).
+    pub fn bwd_qperm(&self) -> bool {
         self.uses_backward_v4() && !super::env_off("FLAMIA_BWD_QPERM")
     }
 
