@@ -36,8 +36,12 @@ struct AttentionArgs {
     #[arg(long)]
     workload: Vec<String>,
     /// Turn on the three causal-safety precision options.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "precision")]
     causally_safe: bool,
+    /// Turn on precision options one by one (comma-separated or repeated), to see what each
+    /// costs: per-token-scales, row-ds-exponents, causal-dq-scaling, no-hadamard.
+    #[arg(long, value_delimiter = ',')]
+    precision: Vec<String>,
     /// Key/value heads against the 16 query heads (16, 8, 4, 2 or 1; fewer is GQA, e.g. 8 for
     /// the 1B preset's 16:8).
     #[arg(long, default_value_t = 16)]
@@ -62,6 +66,24 @@ fn sm_clock() -> String {
     }
 }
 
+/// The precision options named in `--precision`, switched on (`no-hadamard` switches the
+/// rotation off) in `p`.
+fn apply_precision(p: &mut flamia_kernels::Precision, names: &[String]) -> anyhow::Result<()> {
+    for n in names {
+        match n.trim() {
+            "per-token-scales" => p.per_token_scales = true,
+            "row-ds-exponents" => p.row_ds_exponents = true,
+            "causal-dq-scaling" => p.causal_dq_scaling = true,
+            "no-hadamard" => p.hadamard = false,
+            other => bail!(
+                "--precision {other:?}: allowed are per-token-scales, row-ds-exponents, \
+                 causal-dq-scaling, no-hadamard (comma-separated or repeated)"
+            ),
+        }
+    }
+    Ok(())
+}
+
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let BenchWhat::Attention(a) = a.what;
     let path: AttnPath = a.path.parse().context("--path")?;
@@ -69,6 +91,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if a.causally_safe {
         opts.precision = flamia_kernels::Precision::causally_safe(opts.precision.hadamard);
     }
+    apply_precision(&mut opts.precision, &a.precision)?;
     if a.kv_heads == 0 || !flamia_kernels::gpu::bench::HEADS.is_multiple_of(a.kv_heads) {
         bail!(
             "--kv-heads {}: must divide the {} query heads (16, 8, 4, 2 or 1)",
@@ -156,4 +179,21 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::apply_precision;
+
+    #[test]
+    fn precision_names_switch_their_option_and_unknown_ones_are_refused() {
+        let mut p = flamia_kernels::Precision::default();
+        apply_precision(&mut p, &["row-ds-exponents".into(), " no-hadamard".into()]).unwrap();
+        assert!(p.row_ds_exponents && !p.hadamard);
+        assert!(!p.per_token_scales && !p.causal_dq_scaling);
+        apply_precision(&mut p, &["per-token-scales".into(), "causal-dq-scaling".into()]).unwrap();
+        assert!(p.per_token_scales && p.causal_dq_scaling);
+        let e = apply_precision(&mut p, &["per-token".into()]).unwrap_err().to_string();
+        assert!(e.contains("per-token-scales, row-ds-exponents"), "{e}");
+    }
 }
