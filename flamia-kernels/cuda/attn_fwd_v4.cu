@@ -41,6 +41,15 @@
 #ifndef FWD_STAGES
 #define FWD_STAGES 3
 #endif
+// FWD_LEAN_PROD 1 (token-block scales only, ignored with per-token ones; FLAMIA_FWD_LEAN_PROD=1,
+// off until measured): the producer that fits 24 registers without spills (fwd_producer below). Not the default: it leaves
+// the consumers' SASS of the default build unchanged (621 per interior key tile at d = 128), but
+// perturbs ptxas on the FWD_CW_CONST build (604 -> 619: the ev loads moved to uniform registers
+// by R2UR).
+#ifndef FWD_LEAN_PROD
+#define FWD_LEAN_PROD 0
+#endif
+#define FWD_LEAN (FWD_LEAN_PROD && !PER_TOKEN_COLS)  // per-token builds keep the producer below
 // Registers per thread after setmaxnreg. A split over the CTA's launch allocation makes
 // setmaxnreg.inc spin for ever (session 14: 240 / 32 hung).
 #ifndef FWD_CONS_REGS
@@ -72,6 +81,9 @@ struct ItemSlot {
   int h;
   WorkTile tile;
   float qf[QT];  // 2^eQ * scale * log2(e) per row (0: row past the document)
+#if FWD_LEAN
+  int hk;        // KV head (the lean producer's own, read back in its key-tile loop)
+#endif
 };
 
 struct FwdV4Smem {
@@ -97,6 +109,120 @@ __device__ __forceinline__ int fwd_key_tiles(const WorkTile& t, int causal) {
   return (kend + KT - 1) / KT;
 }
 
+#if FWD_LEAN
+// The lean producer warp (token-block scales), small enough for FWD_OVERLAP's 24 registers with
+// no spills: the same loads, barriers and order as the producer below, less kept live.
+//  - The consumers read only the first key of each 32-key group (softmax.cuh: kf[32 G], ev[32 G];
+//    the exponents are uniform over a group), so lanes 0..3 load key group `lane`'s exponents
+//    (one key each, 0 / -1000 past the document) and write its slot; the other 124 slots of
+//    sm.kf / sm.ev are never written nor read.
+//  - The key-tile loop reads the item's tile and KV head back from the item's slot (the
+//    producer is its only writer, and rewrites it only QSLOTS items later) instead of keeping
+//    them in registers.
+//  - One register `u` holds the next item decoded, spread over lanes (0..3: its WorkTile, one
+//    component per lane, loaded after the first key tile's TMA as before; 5: its head; 6: its KV
+//    head; broadcast by shuffles when the item starts) and, on lane 4, the index of the item
+//    after it (the counter's atomicAdd, one item ahead as before).
+//  - Both ring positions are in one register: bits 0..7 count Q slots modulo 2 QSLOTS, bits
+//    8..15 K/V stages modulo 2 FWD_STAGES (slot = n % depth, phase = n >= depth).
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// gridDim.x read where it is used (ptxas hoisted it out of the item loop and spilled it)
+__device__ __forceinline__ int grid_ctas() {
+  int n;
+  asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(n));
+  return n;
+}
+__device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm) {
+  const AttnParams& a = P.a;
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+    tma_prefetch(&P.q_map);
+    tma_prefetch(&P.k_map);
+    tma_prefetch(&P.v_map);
+  }
+  u32 ring = 0;
+  int code = (int)blockIdx.x < P.nitems ? P.items[blockIdx.x] : -1;
+  // item c decoded, this lane's share of u (not lane 4's)
+  const auto decode = [&](int c) {
+    const int tile = c / a.hq, h = c - tile * a.hq;
+    return lane < 4 ? (c >= 0 ? P.tiles[4 * tile + lane] : 0) : lane == 5 ? h : h / (a.hq / a.hkv);
+  };
+  int u = decode(code);
+  if (lane == 4) u = atomicAdd(P.counter, 1) + grid_ctas();
+  for (;;) {
+    const u32 nq = ring & 0xff;
+    const int qb = nq < QSLOTS ? nq : nq - QSLOTS;
+    ItemSlot& it = sm.item[qb];
+    float kf;  // key group `lane`'s 2^eK and eV of the next key tile (lanes 0..3)
+    int ev;
+    // key tile kt's exponents; doc0 / len / hk: the item's
+    auto load_exps = [&](int kt, int doc0, int len, int hk) {
+      const int key = kt * KT + 32 * lane;
+      const bool ok = lane < 4 && key < len;
+      const long long e = (long long)(doc0 + (ok ? key : 0)) * a.hkv + hk;
+      kf = ok ? exp2i(a.k_exp[e]) : 0.f;
+      ev = ok ? (int)a.v_exp[e] : -1000;
+    };
+    int nkt;
+    {
+      const int h = __shfl_sync(0xffffffffu, u, 5), hk = __shfl_sync(0xffffffffu, u, 6);
+      const WorkTile t{__shfl_sync(0xffffffffu, u, 0), __shfl_sync(0xffffffffu, u, 1), __shfl_sync(0xffffffffu, u, 2),
+                       __shfl_sync(0xffffffffu, u, 3)};
+      nkt = code >= 0 ? fwd_key_tiles(t, a.causal) : 0;
+      if (nkt > 0) load_exps(0, t.doc0, t.len, hk);
+      mbar_wait(smem_u32(&sm.q_empty[qb]), nq < QSLOTS ? 1 : 0);
+      const u32 qbar = smem_u32(&sm.q_full[qb]);
+      if (lane == 0) {
+        it.code = code;
+        it.h = h;
+        it.hk = hk;
+        it.tile = t;
+        if (code >= 0) {  // the Q tile's bytes expected (no arrival yet), its TMA under the qf loads
+          mbar_expect_tx(qbar, QT * HEAD_DIM);
+          tma_load_3d(smem_u32(sm.q[qb]), &P.q_map, qbar, 0, h, t.doc0 + t.q0);
+        }
+      }
+      {  // rows 4 lane .. 4 lane + 3 (one base pointer, valid while j < nrow)
+        const int nrow = code >= 0 ? t.len - t.q0 - 4 * lane : 0;
+        const i8* qp = a.q_exp + ((long long)(t.doc0 + t.q0 + 4 * lane) * a.hq + h);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) it.qf[4 * lane + j] = j < nrow ? exp2i(qp[j * a.hq]) * a.scale_log2 : 0.f;
+      }
+      mbar_arrive(qbar);  // the 32 lanes, after their qf stores
+    }
+    if (code < 0) return;
+    ring = nq + 1 == 2 * QSLOTS ? ring & ~0xffu : ring + 1;
+    const int nidx = __shfl_sync(0xffffffffu, u, 4);
+    const int ncode = nidx < P.nitems ? P.items[nidx] : -1;  // in flight while the tiles are issued
+    if (lane == 4) u = atomicAdd(P.counter, 1) + grid_ctas();
+#pragma unroll 1
+    for (int kt = 0; kt < nkt; ++kt) {
+      const u32 nkv = ring >> 8;
+      const int s = nkv < FWD_STAGES ? nkv : nkv - FWD_STAGES;
+      mbar_wait(smem_u32(&sm.kv_empty[s]), nkv < FWD_STAGES ? 1 : 0);
+      if (lane < 4) {
+        sm.kf[s][32 * lane] = kf;
+        sm.ev[s][32 * lane] = ev;
+      }
+      const u32 bar = smem_u32(&sm.kv_full[s]);
+      const int doc0 = it.tile.doc0, hk = it.hk;  // after the wait (its memory clobber): not kept live
+      if (lane == 0) {
+        mbar_arrive_expect_tx(bar, 2 * KT * HEAD_DIM);
+        tma_load_3d(smem_u32(sm.k[s]), &P.k_map, bar, 0, hk, doc0 + kt * KT);
+        tma_load_2d(smem_u32(sm.v[s]), &P.v_map, bar, it.tile.pad0 + kt * KT, hk * HEAD_DIM);
+      } else {
+        mbar_arrive(bar);
+      }
+      ring = nkv + 1 == 2 * FWD_STAGES ? ring & 0xffu : ring + 0x100;
+      if (kt == 0 && lane != 4) u = decode(ncode);  // after the first tile's TMA
+      if (kt + 1 < nkt) load_exps(kt + 1, doc0, it.tile.len, hk);
+    }
+    code = ncode;
+  }
+}
+#else
 // The producer warp. Latency it hides: item indices are taken from the counter one item ahead
 // and the next item's code and tile are loaded while the current item's K/V tiles are issued, so
 // an item start waits only for its exponents; each key tile's exponents are loaded into registers
@@ -200,6 +326,7 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
     h = nh;
   }
 }
+#endif
 
 // FWD_PINGPONG = 1: the two consumer warpgroups take turns issuing their S products (named
 // barriers 1 and 2, FA3's warp-scheduler barrier), so one warpgroup's softmax runs while the other's
