@@ -41,13 +41,43 @@
 #ifndef FWD_STAGES
 #define FWD_STAGES 3
 #endif
+// FWD_OVERLAP 1 (FLAMIA_FWD_OVERLAP=1, off until measured; token-block scales only): each
+// consumer warpgroup software-pipelines its key tiles (FA3's intra-warpgroup overlap): tile kt+1's
+// S product is issued before tile kt's PV, and tile kt+1's softmax runs while PV is in the tensor
+// cores; O is updated after. The same arithmetic in the same order (bitwise the same O and LSE).
+// Needs S, P, PV and O live at once (208 registers), so Q's operand is read from its
+// shared-memory slot (SS products; the slot is released at the item's end instead of its start),
+// the consumers take 240 registers and the producer 24: the lean producer (FWD_LEAN_PROD, implied).
+#ifndef FWD_OVERLAP
+#define FWD_OVERLAP 0
+#endif
+// FWD_OVERLAP_PIN (default: at d = 64): pin PV's wait after the softmax (fwd_step). Without it
+// ptxas hoists the wait above the softmax's ex2 block and the pipeline runs serially (bitwise the
+// same, no overlap but S(kt+1) queued behind PV(kt)). At d = 128 pinned, S, PV, O and P' live
+// together spill in the key-tile loops (ptxas at 240: 52 STL/LDL in the FWD_CW_CONST loops), so
+// d = 128 runs unpinned: spill-free only with FWD_CW_CONST (the host builds it with FWD_OVERLAP).
+#ifndef FWD_OVERLAP_PIN
+#define FWD_OVERLAP_PIN (FWD_OVERLAP && HEAD_DIM == 64)
+#endif
+#if FWD_OVERLAP && PER_TOKEN_COLS
+#error "FWD_OVERLAP needs token-block scales (its 24-register producer is the lean one)"
+#endif
+// FWD_LEAN_PROD 1 (token-block scales only, ignored with per-token ones; FLAMIA_FWD_LEAN_PROD=1,
+// off until measured): the producer that fits 24 registers without spills (fwd_producer below). Not the default: it leaves
+// the consumers' SASS of the default build unchanged (621 per interior key tile at d = 128), but
+// perturbs ptxas on the FWD_CW_CONST build (604 -> 619: the ev loads moved to uniform registers
+// by R2UR).
+#ifndef FWD_LEAN_PROD
+#define FWD_LEAN_PROD 0
+#endif
+#define FWD_LEAN ((FWD_LEAN_PROD || FWD_OVERLAP) && !PER_TOKEN_COLS)  // per-token: the producer below
 // Registers per thread after setmaxnreg. A split over the CTA's launch allocation makes
 // setmaxnreg.inc spin for ever (session 14: 240 / 32 hung).
 #ifndef FWD_CONS_REGS
-#define FWD_CONS_REGS 224
+#define FWD_CONS_REGS (FWD_OVERLAP ? 240 : 224)
 #endif
 #ifndef FWD_PROD_REGS
-#define FWD_PROD_REGS 56
+#define FWD_PROD_REGS (FWD_OVERLAP ? 24 : 56)
 #endif
 // The pool setmaxnreg moves registers in is the CTA's own allocation at launch: 168 x 384.
 static_assert(128 * FWD_PROD_REGS + 256 * FWD_CONS_REGS <= 168 * 384, "attn_fwd_v4: register split over the CTA's 168 x 384");
@@ -72,6 +102,9 @@ struct ItemSlot {
   int h;
   WorkTile tile;
   float qf[QT];  // 2^eQ * scale * log2(e) per row (0: row past the document)
+#if FWD_LEAN
+  int hk;        // KV head (the lean producer's own, read back in its key-tile loop)
+#endif
 };
 
 struct FwdV4Smem {
@@ -85,6 +118,9 @@ struct FwdV4Smem {
   int evt[FWD_STAGES];       // max eV of the tile's keys
 #endif
   ItemSlot item[QSLOTS];
+#if FWD_OVERLAP_PIN
+  float2 ov_sink[32];  // written, never read: pins PV's wait after the softmax (fwd_step)
+#endif
   u64 q_full[QSLOTS], q_empty[QSLOTS], kv_full[FWD_STAGES], kv_empty[FWD_STAGES];
 };
 #ifdef SMEM_FWD4_BUDGET
@@ -97,6 +133,120 @@ __device__ __forceinline__ int fwd_key_tiles(const WorkTile& t, int causal) {
   return (kend + KT - 1) / KT;
 }
 
+#if FWD_LEAN
+// The lean producer warp (token-block scales), small enough for FWD_OVERLAP's 24 registers with
+// no spills: the same loads, barriers and order as the producer below, less kept live.
+//  - The consumers read only the first key of each 32-key group (softmax.cuh: kf[32 G], ev[32 G];
+//    the exponents are uniform over a group), so lanes 0..3 load key group `lane`'s exponents
+//    (one key each, 0 / -1000 past the document) and write its slot; the other 124 slots of
+//    sm.kf / sm.ev are never written nor read.
+//  - The key-tile loop reads the item's tile and KV head back from the item's slot (the
+//    producer is its only writer, and rewrites it only QSLOTS items later) instead of keeping
+//    them in registers.
+//  - One register `u` holds the next item decoded, spread over lanes (0..3: its WorkTile, one
+//    component per lane, loaded after the first key tile's TMA as before; 5: its head; 6: its KV
+//    head; broadcast by shuffles when the item starts) and, on lane 4, the index of the item
+//    after it (the counter's atomicAdd, one item ahead as before).
+//  - Both ring positions are in one register: bits 0..7 count Q slots modulo 2 QSLOTS, bits
+//    8..15 K/V stages modulo 2 FWD_STAGES (slot = n % depth, phase = n >= depth).
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// gridDim.x read where it is used (ptxas hoisted it out of the item loop and spilled it)
+__device__ __forceinline__ int grid_ctas() {
+  int n;
+  asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(n));
+  return n;
+}
+__device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm) {
+  const AttnParams& a = P.a;
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+    tma_prefetch(&P.q_map);
+    tma_prefetch(&P.k_map);
+    tma_prefetch(&P.v_map);
+  }
+  u32 ring = 0;
+  int code = (int)blockIdx.x < P.nitems ? P.items[blockIdx.x] : -1;
+  // item c decoded, this lane's share of u (not lane 4's)
+  const auto decode = [&](int c) {
+    const int tile = c / a.hq, h = c - tile * a.hq;
+    return lane < 4 ? (c >= 0 ? P.tiles[4 * tile + lane] : 0) : lane == 5 ? h : h / (a.hq / a.hkv);
+  };
+  int u = decode(code);
+  if (lane == 4) u = atomicAdd(P.counter, 1) + grid_ctas();
+  for (;;) {
+    const u32 nq = ring & 0xff;
+    const int qb = nq < QSLOTS ? nq : nq - QSLOTS;
+    ItemSlot& it = sm.item[qb];
+    float kf;  // key group `lane`'s 2^eK and eV of the next key tile (lanes 0..3)
+    int ev;
+    // key tile kt's exponents; doc0 / len / hk: the item's
+    auto load_exps = [&](int kt, int doc0, int len, int hk) {
+      const int key = kt * KT + 32 * lane;
+      const bool ok = lane < 4 && key < len;
+      const long long e = (long long)(doc0 + (ok ? key : 0)) * a.hkv + hk;
+      kf = ok ? exp2i(a.k_exp[e]) : 0.f;
+      ev = ok ? (int)a.v_exp[e] : -1000;
+    };
+    int nkt;
+    {
+      const int h = __shfl_sync(0xffffffffu, u, 5), hk = __shfl_sync(0xffffffffu, u, 6);
+      const WorkTile t{__shfl_sync(0xffffffffu, u, 0), __shfl_sync(0xffffffffu, u, 1), __shfl_sync(0xffffffffu, u, 2),
+                       __shfl_sync(0xffffffffu, u, 3)};
+      nkt = code >= 0 ? fwd_key_tiles(t, a.causal) : 0;
+      if (nkt > 0) load_exps(0, t.doc0, t.len, hk);
+      mbar_wait(smem_u32(&sm.q_empty[qb]), nq < QSLOTS ? 1 : 0);
+      const u32 qbar = smem_u32(&sm.q_full[qb]);
+      if (lane == 0) {
+        it.code = code;
+        it.h = h;
+        it.hk = hk;
+        it.tile = t;
+        if (code >= 0) {  // the Q tile's bytes expected (no arrival yet), its TMA under the qf loads
+          mbar_expect_tx(qbar, QT * HEAD_DIM);
+          tma_load_3d(smem_u32(sm.q[qb]), &P.q_map, qbar, 0, h, t.doc0 + t.q0);
+        }
+      }
+      {  // rows 4 lane .. 4 lane + 3 (one base pointer, valid while j < nrow)
+        const int nrow = code >= 0 ? t.len - t.q0 - 4 * lane : 0;
+        const i8* qp = a.q_exp + ((long long)(t.doc0 + t.q0 + 4 * lane) * a.hq + h);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) it.qf[4 * lane + j] = j < nrow ? exp2i(qp[j * a.hq]) * a.scale_log2 : 0.f;
+      }
+      mbar_arrive(qbar);  // the 32 lanes, after their qf stores
+    }
+    if (code < 0) return;
+    ring = nq + 1 == 2 * QSLOTS ? ring & ~0xffu : ring + 1;
+    const int nidx = __shfl_sync(0xffffffffu, u, 4);
+    const int ncode = nidx < P.nitems ? P.items[nidx] : -1;  // in flight while the tiles are issued
+    if (lane == 4) u = atomicAdd(P.counter, 1) + grid_ctas();
+#pragma unroll 1
+    for (int kt = 0; kt < nkt; ++kt) {
+      const u32 nkv = ring >> 8;
+      const int s = nkv < FWD_STAGES ? nkv : nkv - FWD_STAGES;
+      mbar_wait(smem_u32(&sm.kv_empty[s]), nkv < FWD_STAGES ? 1 : 0);
+      if (lane < 4) {
+        sm.kf[s][32 * lane] = kf;
+        sm.ev[s][32 * lane] = ev;
+      }
+      const u32 bar = smem_u32(&sm.kv_full[s]);
+      const int doc0 = it.tile.doc0, hk = it.hk;  // after the wait (its memory clobber): not kept live
+      if (lane == 0) {
+        mbar_arrive_expect_tx(bar, 2 * KT * HEAD_DIM);
+        tma_load_3d(smem_u32(sm.k[s]), &P.k_map, bar, 0, hk, doc0 + kt * KT);
+        tma_load_2d(smem_u32(sm.v[s]), &P.v_map, bar, it.tile.pad0 + kt * KT, hk * HEAD_DIM);
+      } else {
+        mbar_arrive(bar);
+      }
+      ring = nkv + 1 == 2 * FWD_STAGES ? ring & 0xffu : ring + 0x100;
+      if (kt == 0 && lane != 4) u = decode(ncode);  // after the first tile's TMA
+      if (kt + 1 < nkt) load_exps(kt + 1, doc0, it.tile.len, hk);
+    }
+    code = ncode;
+  }
+}
+#else
 // The producer warp. Latency it hides: item indices are taken from the counter one item ahead
 // and the next item's code and tile are loaded while the current item's K/V tiles are issued, so
 // an item start waits only for its exponents; each key tile's exponents are loaded into registers
@@ -200,6 +350,7 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
     h = nh;
   }
 }
+#endif
 
 // FWD_PINGPONG = 1: the two consumer warpgroups take turns issuing their S products (named
 // barriers 1 and 2, FA3's warp-scheduler barrier), so one warpgroup's softmax runs while the other's
@@ -208,6 +359,9 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
 // warpgroup only passes on (no rows in the document) too.
 #ifndef FWD_PINGPONG
 #define FWD_PINGPONG 0
+#endif
+#if FWD_OVERLAP && FWD_PINGPONG
+#error "FWD_OVERLAP and FWD_PINGPONG are exclusive"
 #endif
 __device__ __forceinline__ void turn_take(int cw) {
   if (FWD_PINGPONG) named_sync(1 + cw, 256);
@@ -271,6 +425,66 @@ __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[D
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = fmaf(o[i], alpha_o[(i >> 1) & 1], pv[i]);
 }
 
+#if FWD_OVERLAP
+// S = Q K^T of one key tile, both operands from shared memory (Q's slot rows of this warpgroup),
+// issued and committed, not waited.
+__device__ __forceinline__ void issue_s_ss(float (&sc)[64], u32 qaddr, u32 kaddr) {
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_ss_m64n128k32_e4m3(sc, desc_tok(qaddr + 32 * kk), desc_tok(kaddr + 32 * kk), kk > 0);
+  wg_commit();
+}
+
+template <bool MASKED>
+__device__ __forceinline__ void fwd_softmax(FwdV4Smem& sm, int s, float (&sc)[64], RowState& st, int R0, const TileMask& mk,
+                                            float (&alpha_o)[2]) {
+#if PER_TOKEN_COLS
+  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], sm.vf[s], sm.evt[s], R0, mk, alpha_o);
+#else
+  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], nullptr, 0, R0, mk, alpha_o);
+#endif
+}
+
+// One pipelined step: on entry pa holds tile kt's P' (stage s) and alpha_o its O factor; tile
+// kt+1 (stage s1, mask mk1) exists. Issues S(kt+1) then PV(kt), softmaxes kt+1 while PV runs,
+// then updates O with tile kt and leaves tile kt+1's P' in pa. No branch around a wgmma.
+template <bool MASKED_NEXT>
+__device__ __forceinline__ void fwd_step(FwdV4Smem& sm, int& s, u32& ph, u32 qaddr, RowState& st, float (&o)[HEAD_DIM / 2],
+                                         float (&sc)[64], u32 (&pa)[4][4], float (&alpha_o)[2], int R0, const TileMask& mk1) {
+  const int s1 = s + 1 == FWD_STAGES ? 0 : s + 1;
+  const u32 ph1 = s1 == 0 ? ph ^ 1 : ph;
+  mbar_wait(smem_u32(&sm.kv_full[s1]), ph1);
+  issue_s_ss(sc, qaddr, smem_u32(sm.k[s1]));
+  float pv[HEAD_DIM / 2];
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs_k32_e4m3(pv, pa[kk], desc_sw128(smem_u32(sm.v[s]) + 32 * kk), kk > 0);
+  wg_commit();
+  wg_wait<1>();  // S(kt+1) done; PV(kt) may still run
+  fence_regs(sc);
+  float alpha_next[2];
+  fwd_softmax<MASKED_NEXT>(sm, s1, sc, st, R0, mk1, alpha_next);
+#if FWD_OVERLAP_PIN
+  // ptxas schedules wgmma.wait_group like any instruction and hoisted this wait above the
+  // softmax's ex2 block (SASS: WARPGROUP.DEPBAR 0x0 right after 0x1), serialising PV and the
+  // softmax again; a shared-memory store of the row sums (which need every ex2 of the tile) pins
+  // it after them, as ptxas keeps memory operations on their side of the wait. Never read.
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_u32(&sm.ov_sink[threadIdx.x & 31])), "f"(st.l[0]), "f"(st.l[1])
+               : "memory");
+#endif
+  wg_wait<0>();
+  fence_regs(pv);
+  if ((threadIdx.x & 31) == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
+#pragma unroll
+  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = fmaf(o[i], alpha_o[(i >> 1) & 1], pv[i]);
+  p_to_afrag(sc, pa);
+  alpha_o[0] = alpha_next[0];
+  alpha_o[1] = alpha_next[1];
+  s = s1;
+  ph = ph1;
+}
+#endif
+
 // FWD_PROF_TIMERS (timing only, bench/device_s13.sh PHASE=c): thread 0 of each consumer
 // warpgroup of CTAs 0-1 sums its clocks waiting for an item's Q slot, waiting for K/V stages, in
 // the key tiles (fwd_tile) and in the item's end (store_o_lse), and prints them per item and per
@@ -316,6 +530,10 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
     const int h = it.h;
     const WorkTile tile = it.tile;
     const int rows = min(QT, tile.len - tile.q0);
+#if FWD_OVERLAP
+    const int qslot = qb;
+    const u32 qaddr = smem_u32(sm.q[qb]) + 64 * cw * HEAD_DIM;
+#else
     // Q's A fragments (a[kk][r] byte j = Q[row 16w + g + 8(r&1)][32kk + 16(r>>1) + 4q + j])
     u32 qa[DK_SLICES][4];
     const u8* qs = sm.q[qb] + 64 * cw * HEAD_DIM;
@@ -324,6 +542,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
 #pragma unroll
       for (int r = 0; r < 4; ++r)
         qa[kk][r] = *reinterpret_cast<const u32*>(qs + tok_off(16 * w + g + 8 * (r & 1), 32 * kk + 16 * (r >> 1) + 4 * q));
+#endif
     RowState st;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -333,11 +552,16 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       st.l[r] = 0.f;
       st.evo[r] = 0;
     }
+#if !FWD_OVERLAP
     mbar_arrive(smem_u32(&sm.q_empty[qb]));
+#endif
     if (++qb == QSLOTS) { qb = 0; qph ^= 1; }
 
     const int nkt = fwd_key_tiles(tile, a.causal);
     if (64 * cw >= rows) {  // no row of this warpgroup in the document: only pass the stages on
+#if FWD_OVERLAP
+      mbar_arrive(smem_u32(&sm.q_empty[qslot]));
+#endif
       for (int kt = 0; kt < nkt; ++kt) {
         mbar_wait(smem_u32(&sm.kv_full[s]), ph);
         turn_take(cw);
@@ -358,6 +582,36 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
 #else
     const int nfull = (64 * cw + 64 <= rows) ? min(tile.len / KT, a.causal ? (tile.q0 + 64 * cw + 1) / KT : nkt) : 0;
 #endif
+#if FWD_OVERLAP
+    const auto mask_of = [&](int kt) {
+      return TileMask{kt < nfull ? KT : min(KT, tile.len - kt * KT), rows, tile.q0 - kt * KT, a.causal};
+    };
+    float sc[64];
+    u32 pa[4][4];
+    float alpha_o[2];
+    mbar_wait(smem_u32(&sm.kv_full[s]), ph);
+    issue_s_ss(sc, qaddr, smem_u32(sm.k[s]));
+    wg_wait<0>();
+    fence_regs(sc);
+    if (nfull > 0) {
+      fwd_softmax<false>(sm, s, sc, st, R0, mask_of(0), alpha_o);
+    } else {
+      fwd_softmax<true>(sm, s, sc, st, R0, mask_of(0), alpha_o);
+    }
+    p_to_afrag(sc, pa);
+    int kt = 0;
+    for (; kt + 1 < nfull; ++kt) fwd_step<false>(sm, s, ph, qaddr, st, o, sc, pa, alpha_o, R0, mask_of(kt + 1));
+    for (; kt + 1 < nkt; ++kt) fwd_step<true>(sm, s, ph, qaddr, st, o, sc, pa, alpha_o, R0, mask_of(kt + 1));
+    mbar_arrive(smem_u32(&sm.q_empty[qslot]));  // every S of the item is done
+    {
+      float pv[HEAD_DIM / 2];
+      mma_rs_k128(pv, pa, smem_u32(sm.v[s]));
+      if ((threadIdx.x & 31) == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
+#pragma unroll
+      for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = fmaf(o[i], alpha_o[(i >> 1) & 1], pv[i]);
+      if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
+    }
+#else
     for (int kt = 0; kt < nfull; ++kt) {
       FWD_T(tk);
       mbar_wait(smem_u32(&sm.kv_full[s]), ph);
@@ -376,6 +630,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       FWD_ACC(2, tt);
       if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
     }
+#endif
     FWD_T(te);
     store_o_lse(o, st, a.o, a.lse, (long long)tile.doc0 + tile.q0 + R0, a.hq, h, R0 < rows, R0 + 8 < rows);
     FWD_ACC(3, te);
