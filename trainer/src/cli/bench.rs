@@ -193,7 +193,9 @@ mod tests {
         assert!(!p.per_token_scales && !p.causal_dq_scaling);
         apply_precision(&mut p, &["per-token-scales".into(), "causal-dq-scaling".into()]).unwrap();
         assert!(p.per_token_scales && p.causal_dq_scaling);
-        let e = apply_precision(&mut p, &["per-token".into()]).unwrap_err().to_string();
+        let e = apply_precision(&mut p, &["per-token".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("per-token-scales, row-ds-exponents"), "{e}");
     }
 }
