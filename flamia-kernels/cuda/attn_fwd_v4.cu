@@ -127,6 +127,13 @@ struct FwdV4Smem {
 static_assert(sizeof(FwdV4Smem) + 1024 <= SMEM_FWD4_BUDGET, "attn_fwd_v4: dynamic shared memory budget too small");
 #endif
 
+// The three TMA descriptors into the cache (lane 0 of the producer, once per launch).
+__device__ __forceinline__ void prefetch_maps(const FwdV4Params& P) {
+  tma_prefetch(&P.q_map);
+  tma_prefetch(&P.k_map);
+  tma_prefetch(&P.v_map);
+}
+
 // Key tiles an item visits (causal: up to the tile's last query).
 __device__ __forceinline__ int fwd_key_tiles(const WorkTile& t, int causal) {
   const int kend = causal ? min(t.len, t.q0 + QT) : t.len;
@@ -161,11 +168,7 @@ __device__ __forceinline__ int grid_ctas() {
 __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm) {
   const AttnParams& a = P.a;
   const int lane = threadIdx.x & 31;
-  if (lane == 0) {
-    tma_prefetch(&P.q_map);
-    tma_prefetch(&P.k_map);
-    tma_prefetch(&P.v_map);
-  }
+  if (lane == 0) prefetch_maps(P);
   u32 ring = 0;
   int code = (int)blockIdx.x < P.nitems ? P.items[blockIdx.x] : -1;
   // item c decoded, this lane's share of u (not lane 4's)
@@ -255,11 +258,7 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
 __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm) {
   const AttnParams& a = P.a;
   const int lane = threadIdx.x & 31;
-  if (lane == 0) {
-    tma_prefetch(&P.q_map);
-    tma_prefetch(&P.k_map);
-    tma_prefetch(&P.v_map);
-  }
+  if (lane == 0) prefetch_maps(P);
   int qb = 0, s = 0;
   u32 qph = 0, ph = 0;
   int code = (int)blockIdx.x < P.nitems ? P.items[blockIdx.x] : -1;
