@@ -276,10 +276,6 @@ static_assert(sizeof(BwdV4Smem) + 1024 <= SMEM_BWD4_BUDGET, "attn_bwd_v4: dynami
 #endif
 
 // ---- primitives --------------------------------------------------------------------------------
-// Adds `bytes` to the transaction count of the barrier's current phase without arriving.
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void tma_store_3d(const TmaMap* map, u32 src, int x, int y, int z) {
   asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"((u64)map),
                "r"(src), "r"(x), "r"(y), "r"(z)

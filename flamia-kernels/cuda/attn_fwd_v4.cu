@@ -156,9 +156,6 @@ __device__ __forceinline__ int fwd_key_tiles(const WorkTile& t, int causal) {
 //    after it (the counter's atomicAdd, one item ahead as before).
 //  - Both ring positions are in one register: bits 0..7 count Q slots modulo 2 QSLOTS, bits
 //    8..15 K/V stages modulo 2 FWD_STAGES (slot = n % depth, phase = n >= depth).
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 // gridDim.x read where it is used (ptxas hoisted it out of the item loop and spilled it)
 __device__ __forceinline__ int grid_ctas() {
   int n;

@@ -266,10 +266,7 @@ fn forward_lean_producer_gives_bitwise_the_same() {
     // the consumers read the same shared memory, so every output bitwise the same, at both head
     // dims, causal and not, block and tensor-wide scales, with one consumer body and with the
     // per-warpgroup copies (FLAMIA_FWD_CW 0 / 1).
-    for cw in ["0", "1"] {
-        let _cw = EnvGuard::set("FLAMIA_FWD_CW", cw);
-        knob_keeps_every_bit("FLAMIA_FWD_LEAN_PROD", &["1"], &FORWARD_KNOB_CASES);
-    }
+    forward_knob_keeps_every_bit("FLAMIA_FWD_LEAN_PROD");
 }
 
 #[test]
@@ -280,9 +277,16 @@ fn forward_overlap_gives_bitwise_the_same() {
     // registers): the same arithmetic in the same order, so every output bitwise the same, at
     // both head dims, causal and not, block and tensor-wide scales, with one consumer body and
     // with the per-warpgroup copies (FLAMIA_FWD_CW 0 / 1; unset, d = 128 builds the copies).
+    forward_knob_keeps_every_bit("FLAMIA_FWD_OVERLAP");
+}
+
+/// [`knob_keeps_every_bit`] for a forward build knob `var` switched on (`1` against unset) on
+/// [`FORWARD_KNOB_CASES`], with one consumer body and with the per-warpgroup copies
+/// (`FLAMIA_FWD_CW` 0 / 1).
+fn forward_knob_keeps_every_bit(var: &str) {
     for cw in ["0", "1"] {
         let _cw = EnvGuard::set("FLAMIA_FWD_CW", cw);
-        knob_keeps_every_bit("FLAMIA_FWD_OVERLAP", &["1"], &FORWARD_KNOB_CASES);
+        knob_keeps_every_bit(var, &["1"], &FORWARD_KNOB_CASES);
     }
 }
 

@@ -133,10 +133,9 @@ struct FwdKnobs {
 
 impl FwdKnobs {
     fn from_env() -> Self {
-        let on = |var: &str| std::env::var(var).is_ok_and(|v| v.trim() == "1");
         FwdKnobs {
-            lean_prod: on("FLAMIA_FWD_LEAN_PROD"),
-            overlap: on("FLAMIA_FWD_OVERLAP"),
+            lean_prod: super::env_on("FLAMIA_FWD_LEAN_PROD"),
+            overlap: super::env_on("FLAMIA_FWD_OVERLAP"),
         }
     }
 }
@@ -1244,9 +1243,9 @@ mod tests {
             let (v, _) = with_dq_bufs(v, hd, 2).unwrap();
             compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                 .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
-            // the forward's per-warpgroup consumer copies (long items, fwd_cw_const) and its lean
-            // producer (FLAMIA_FWD_LEAN_PROD), alone and together
-            // and its software pipeline (FLAMIA_FWD_OVERLAP), alone and together
+            // the forward's per-warpgroup consumer copies (long items, fwd_cw_const), its lean
+            // producer (FLAMIA_FWD_LEAN_PROD) and its software pipeline (FLAMIA_FWD_OVERLAP),
+            // each alone and with the copies
             let lean = FwdKnobs {
                 lean_prod: true,
                 overlap: false,
