@@ -81,6 +81,18 @@
 #ifndef BWD_DV_EARLY
 #define BWD_DV_EARLY (HEAD_DIM == 64)
 #endif
+// BWD_PIPE 1 (d = 128; FLAMIA_BWD_PIPE=1, off until measured): dV's and dK's products as six
+// half-width pieces (m64n64: dV's two halves of the dims, then dK's two per 32-query slice) with
+// two in flight, so each piece's sum into dV / scale-in into dK runs while the next piece is in the
+// tensor cores, instead of three full-width products each waited for (one exposed wait instead of
+// three). Bitwise the same dK and dV: a piece's elements are the full product's (the K chain per
+// element is unchanged), summed in the same order.
+#ifndef BWD_PIPE
+#define BWD_PIPE 0
+#endif
+#if BWD_PIPE && (HEAD_DIM != 128 || BWD_DV_EARLY)
+#error "BWD_PIPE is the d = 128 step's tail (without BWD_DV_EARLY)"
+#endif
 // BWD_SKIP_DEAD 1: a step whose warpgroup keys see none of its queries (causal: the second
 // warpgroup's step at the tile's first query tile, its keys all after those queries; any mask:
 // no key of the warpgroup in the document) runs `bwd_step_dead` (zero codes, no products)
@@ -697,6 +709,55 @@ __device__ __forceinline__ void mma_rs_sw64(float (&acc)[R], const u32 (&a)[2][4
   fence_regs(acc);
 }
 
+#if BWD_PIPE
+// BWD_PIPE: dV += P~^T dO and dK += sum_s 2^e(s) (codes_s^T Q_s) as six m64n64 pieces (piece h of
+// a product: dims 64h..64h+63, B rows 64h.. of the 64-byte-swizzled dim-major tile, accumulator
+// registers 32h.. of the full-width fragment), two in flight: piece k+2 is issued as soon as piece
+// k's sum is done with its accumulator.
+__device__ __forceinline__ void bwd_dkv_pipe(BwdV4Smem& sm, const BwdConsumer& C, const u32 (&ap)[2][4],
+                                             const u32 (&ads)[2][4], const float (&fk)[2][2],
+                                             float (&dk)[HEAD_DIM / 2], float (&dv)[HEAD_DIM / 2]) {
+  const u64 dob = desc_sw64(opaque_u32(smem_u32(sm.dOd[C.s]))), qdb = desc_sw64(opaque_u32(smem_u32(sm.qd[C.s])));
+  float ta[32], tb[32];
+  // piece k: 0, 1 dV halves (K = the 64 queries, two chained k32); 2 + 2 sl + h dK slice sl, half h
+  const auto issue = [&](float(&t)[32], int k) {
+    wg_fence();
+    if (k < 2) {
+      wgmma_rs_m64n64k32_e4m3(t, ap[0], desc_add(dob, 4096 * k), 0);
+      wgmma_rs_m64n64k32_e4m3(t, ap[1], desc_add(dob, 4096 * k + 32), 1);
+    } else {
+      const int sl = (k - 2) >> 1, h = k & 1;
+      wgmma_rs_m64n64k32_e4m3(t, ads[sl], desc_add(qdb, 4096 * h + 32 * sl), 0);
+    }
+    wg_commit();
+  };
+  const auto sum = [&](float(&t)[32], int k) {  // after the wait for piece k
+    fence_regs(t);
+    const int h = k & 1;
+    if (k < 2) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dv[32 * h + i] += t[i];
+    } else {
+      const int sl = (k - 2) >> 1;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dk[32 * h + i] = fmaf(t[i], fk[sl][(i >> 1) & 1], dk[32 * h + i]);
+    }
+  };
+  issue(ta, 0);
+  issue(tb, 1);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    wg_wait<1>();
+    sum((k & 1) ? tb : ta, k);
+    issue((k & 1) ? tb : ta, k + 2);
+  }
+  wg_wait<1>();
+  sum(ta, 4);
+  wg_wait<0>();
+  sum(tb, 5);
+}
+#endif
+
 // One step of a consumer warpgroup: 64 queries against its 64 keys. MASKED: a diagonal step or
 // one of a tile that passes the document's end: key row r sees query column c iff r <= c + off
 // (causal; off = q0 - k0 - 64c, or 1 << 20 without the causal mask) and r <= lim (the
@@ -953,6 +1014,10 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   ds_codes(dp, ads, ds_byte(sm, C, buf));
 #endif
   BWD_PHASE(4);
+#if BWD_PIPE
+  bwd_dkv_pipe(sm, C, ap, ads, fk, dk, dv);
+  BWD_PHASE(6);
+#else
   // dV += P~^T dO (one chained product over the 64 queries; 2^c applied at the item's end)
 #if BWD_DV_EARLY
   wg_wait<0>();
@@ -977,6 +1042,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     for (int i = 0; i < HEAD_DIM / 2; ++i) dk[i] = fmaf(acc[i], fk[sl][(i >> 1) & 1], dk[i]);
   }
   BWD_PHASE(6);
+#endif
   if (lane == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
   if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
   // this thread's dS codes (read by wgmma: async proxy) and exponents are written

@@ -320,6 +320,23 @@ fn backward_qperm_gives_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn backward_pipe_gives_bitwise_the_same() {
+    // FLAMIA_BWD_PIPE=1 (d = 128) runs dV's and dK's products as six half-width pieces, two in
+    // flight: each element's K chain and its sum into dV / dK are unchanged, so bitwise the same
+    // gradients; block and row dS exponents, causal and not, documents ending inside a tile.
+    let lens: &[usize] = &[300, 1, 65, 1100];
+    backward_knob_keeps_every_bit(
+        "FLAMIA_BWD_PIPE",
+        &[
+            (128, lens, true, false),
+            (128, lens, false, false),
+            (128, lens, true, true),
+        ],
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn first_dq_partials_stored_give_bitwise_the_zeroed_accumulator() {
     // The default (session 13): the FP32 dQ accumulator by padded position and each (query tile,
     // head)'s first partial stored, against FLAMIA_BWD_DQ_STORE=0's zeroed token-major
