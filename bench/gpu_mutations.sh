@@ -90,8 +90,8 @@ mutate quant-chunk-slot quant.cu 's/dimbuf_off(4 \* g + c, 2 \* cj + (s >> 1))/d
 # queries, so the gradients change with the knob.
 mutate bwd-qperm-plain-q quant.cu 's/tile_word((QUANT_PERM_MASK >> it.ti) \& 1 ? dim_token(s, r) : 8 \* s + r, g)/tile_word(8 * s + r, g)/' \
   backward_qperm_gives_bitwise_the_same gpu_quant:permuted_dim_copy_is_the_plain_one_reordered_in_every_block
-# 14. The lean producer (FWD_LEAN_PROD, made the kernel's default in the mutant so the default-path
-# tests run it): the V exponent of the odd 32-key groups written one too high, so P'V
-# weighs those keys' values twice.
-mutate fwd-lean-ev attn_fwd_v4.cu 's/^#define FWD_LEAN_PROD 0$/#define FWD_LEAN_PROD 1/;s/sm.ev\[s\]\[32 \* lane\] = ev;/sm.ev[s][32 * lane] = ev + (lane \& 1);/' \
+# 14. The forward's token-block producer (the lean one, lanes 0..3 writing each 32-key group's
+# exponents): the V exponent of the odd 32-key groups written one too high, so P'V weighs those
+# keys' values twice.
+mutate fwd-lean-ev attn_fwd_v4.cu 's/sm.ev\[s\]\[32 \* lane\] = ev;/sm.ev[s][32 * lane] = ev + (lane \& 1);/' \
   mxfp8_causal_gqa_is_as_accurate_as_the_reference

@@ -6,7 +6,9 @@
 //                         Q tile into a QSLOTS-deep ring and every 128-key K tile and dim-major V
 //                         tile into a FWD_STAGES-deep ring (token rows with the swizzle of their
 //                         width, HEAD_DIM bytes; V's 128-key rows with the 128-byte swizzle), plus
-//                         the keys' exponents (ordinary loads); registers cut to 56 (setmaxnreg)
+//                         the keys' exponents (ordinary loads: one key per 32-key group with
+//                         token-block scales, every key with per-token ones); registers cut to 56
+//                         (setmaxnreg)
 //   warpgroups 1, 2       consumers, rows 0..63 / 64..127 of the query tile; both read every K/V
 //                         stage (half the L2 traffic per FLOP of a 64-row tile); 224 registers.
 // Per key tile a consumer computes
@@ -31,8 +33,9 @@
 // warpgroup index a compile-time constant in each copy, so ptxas keeps the wgmma descriptors and
 // the warpgroup's shared-memory offsets in uniform registers instead of building them in vector
 // registers and moving them over (R2UR) every key tile: 621 -> 604 SASS per interior key tile at
-// d = 128 (kernel-regs.py --per-score; every R2UR gone), no spills. Twice the consumer code
-// (instruction cache). Session 13: -4..-5% at 1x65536, 4x16384 and lognormal, +2..4% where the
+// d = 128 with the full token-block producer it was measured with (kernel-regs.py --per-score;
+// every R2UR gone), 621 -> 619 with the lean one (ptxas keeps 5 R2UR in the loop), no spills.
+// Twice the consumer code (instruction cache). Session 13: -4..-5% at 1x65536, 4x16384 and lognormal, +2..4% where the
 // items are one or two key tiles long, worse at d = 64; the host sets it at d = 128 when the
 // plan's query tiles visit 16 key tiles or more on average (attention.rs fwd_cw_const).
 #ifndef FWD_CW_CONST
@@ -41,43 +44,15 @@
 #ifndef FWD_STAGES
 #define FWD_STAGES 3
 #endif
-// FWD_OVERLAP 1 (FLAMIA_FWD_OVERLAP=1, off until measured; token-block scales only): each
-// consumer warpgroup software-pipelines its key tiles (FA3's intra-warpgroup overlap): tile kt+1's
-// S product is issued before tile kt's PV, and tile kt+1's softmax runs while PV is in the tensor
-// cores; O is updated after. The same arithmetic in the same order (bitwise the same O and LSE).
-// Needs S, P, PV and O live at once (208 registers), so Q's operand is read from its
-// shared-memory slot (SS products; the slot is released at the item's end instead of its start),
-// the consumers take 240 registers and the producer 24: the lean producer (FWD_LEAN_PROD, implied).
-#ifndef FWD_OVERLAP
-#define FWD_OVERLAP 0
-#endif
-// FWD_OVERLAP_PIN (default: at d = 64): pin PV's wait after the softmax (fwd_step). Without it
-// ptxas hoists the wait above the softmax's ex2 block and the pipeline runs serially (bitwise the
-// same, no overlap but S(kt+1) queued behind PV(kt)). At d = 128 pinned, S, PV, O and P' live
-// together spill in the key-tile loops (ptxas at 240: 52 STL/LDL in the FWD_CW_CONST loops), so
-// d = 128 runs unpinned: spill-free only with FWD_CW_CONST (the host builds it with FWD_OVERLAP).
-#ifndef FWD_OVERLAP_PIN
-#define FWD_OVERLAP_PIN (FWD_OVERLAP && HEAD_DIM == 64)
-#endif
-#if FWD_OVERLAP && PER_TOKEN_COLS
-#error "FWD_OVERLAP needs token-block scales (its 24-register producer is the lean one)"
-#endif
-// FWD_LEAN_PROD 1 (token-block scales only, ignored with per-token ones; FLAMIA_FWD_LEAN_PROD=1,
-// off until measured): the producer that fits 24 registers without spills (fwd_producer below). Not the default: it leaves
-// the consumers' SASS of the default build unchanged (621 per interior key tile at d = 128), but
-// perturbs ptxas on the FWD_CW_CONST build (604 -> 619: the ev loads moved to uniform registers
-// by R2UR).
-#ifndef FWD_LEAN_PROD
-#define FWD_LEAN_PROD 0
-#endif
-#define FWD_LEAN ((FWD_LEAN_PROD || FWD_OVERLAP) && !PER_TOKEN_COLS)  // per-token: the producer below
-// Registers per thread after setmaxnreg. A split over the CTA's launch allocation makes
-// setmaxnreg.inc spin for ever (session 14: 240 / 32 hung).
+// Registers per thread after setmaxnreg: 224 per consumer, 56 for the producer warpgroup (the
+// measured split, both producers; the token-block one would fit 24 without spills, the per-token
+// one spills there). A split over the CTA's launch allocation makes setmaxnreg.inc spin for ever
+// (session 14: 240 / 32 hung).
 #ifndef FWD_CONS_REGS
-#define FWD_CONS_REGS (FWD_OVERLAP ? 240 : 224)
+#define FWD_CONS_REGS 224
 #endif
 #ifndef FWD_PROD_REGS
-#define FWD_PROD_REGS (FWD_OVERLAP ? 24 : 56)
+#define FWD_PROD_REGS 56
 #endif
 // The pool setmaxnreg moves registers in is the CTA's own allocation at launch: 168 x 384.
 static_assert(128 * FWD_PROD_REGS + 256 * FWD_CONS_REGS <= 168 * 384, "attn_fwd_v4: register split over the CTA's 168 x 384");
@@ -102,8 +77,8 @@ struct ItemSlot {
   int h;
   WorkTile tile;
   float qf[QT];  // 2^eQ * scale * log2(e) per row (0: row past the document)
-#if FWD_LEAN
-  int hk;        // KV head (the lean producer's own, read back in its key-tile loop)
+#if !PER_TOKEN_COLS
+  int hk;        // KV head (the token-block producer's own, read back in its key-tile loop)
 #endif
 };
 
@@ -118,9 +93,6 @@ struct FwdV4Smem {
   int evt[FWD_STAGES];       // max eV of the tile's keys
 #endif
   ItemSlot item[QSLOTS];
-#if FWD_OVERLAP_PIN
-  float2 ov_sink[32];  // written, never read: pins PV's wait after the softmax (fwd_step)
-#endif
   u64 q_full[QSLOTS], q_empty[QSLOTS], kv_full[FWD_STAGES], kv_empty[FWD_STAGES];
 };
 #ifdef SMEM_FWD4_BUDGET
@@ -140,9 +112,16 @@ __device__ __forceinline__ int fwd_key_tiles(const WorkTile& t, int causal) {
   return (kend + KT - 1) / KT;
 }
 
-#if FWD_LEAN
-// The lean producer warp (token-block scales), small enough for FWD_OVERLAP's 24 registers with
-// no spills: the same loads, barriers and order as the producer below, less kept live.
+// The producer warp, one per scale mode below. Latency it hides: item indices are taken from the
+// counter one item ahead and the next item's code and tile are loaded while the current item's K/V
+// tiles are issued, so an item start waits only for its exponents; each key tile's exponents are
+// loaded into registers before the warp waits for the stage to be free, so a stage's turnaround
+// (release -> refilled) is the TMA's alone.
+#if !PER_TOKEN_COLS
+// Token-block scales: the lean producer, which fits 24 registers without spills (it runs with
+// FWD_PROD_REGS); the same loads, barriers and order as the per-token producer, less kept live.
+// (It replaced a producer that, like the per-token one, loaded and wrote all 128 keys' exponents
+// and kept the item in registers: 0..-12% forward on an H200, bitwise the same outputs.)
 //  - The consumers read only the first key of each 32-key group (softmax.cuh: kf[32 G], ev[32 G];
 //    the exponents are uniform over a group), so lanes 0..3 load key group `lane`'s exponents
 //    (one key each, 0 / -1000 past the document) and write its slot; the other 124 slots of
@@ -151,9 +130,9 @@ __device__ __forceinline__ int fwd_key_tiles(const WorkTile& t, int causal) {
 //    producer is its only writer, and rewrites it only QSLOTS items later) instead of keeping
 //    them in registers.
 //  - One register `u` holds the next item decoded, spread over lanes (0..3: its WorkTile, one
-//    component per lane, loaded after the first key tile's TMA as before; 5: its head; 6: its KV
-//    head; broadcast by shuffles when the item starts) and, on lane 4, the index of the item
-//    after it (the counter's atomicAdd, one item ahead as before).
+//    component per lane, loaded after the first key tile's TMA; 5: its head; 6: its KV head;
+//    broadcast by shuffles when the item starts) and, on lane 4, the index of the item after it
+//    (the counter's atomicAdd, one item ahead).
 //  - Both ring positions are in one register: bits 0..7 count Q slots modulo 2 QSLOTS, bits
 //    8..15 K/V stages modulo 2 FWD_STAGES (slot = n % depth, phase = n >= depth).
 // gridDim.x read where it is used (ptxas hoisted it out of the item loop and spilled it)
@@ -247,11 +226,8 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
   }
 }
 #else
-// The producer warp. Latency it hides: item indices are taken from the counter one item ahead
-// and the next item's code and tile are loaded while the current item's K/V tiles are issued, so
-// an item start waits only for its exponents; each key tile's exponents are loaded into registers
-// before the warp waits for the stage to be free, so a stage's turnaround (release -> refilled) is
-// the TMA's alone.
+// Per-token scales: every key's exponents (4 keys per lane) and the interior tiles' per-key P
+// folds (sm.vf, sm.evt: the tile's max eV by a warp reduction).
 __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm) {
   const AttnParams& a = P.a;
   const int lane = threadIdx.x & 31;
@@ -319,7 +295,6 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
         sm.kf[s][4 * lane + j] = kf[j];
         sm.ev[s][4 * lane + j] = ev[j];
       }
-#if PER_TOKEN_COLS
       {
         int evt = max(max(ev[0], ev[1]), max(ev[2], ev[3]));
 #pragma unroll
@@ -328,7 +303,6 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
         for (int j = 0; j < 4; ++j) sm.vf[s][4 * lane + j] = ev[j] > -1000 ? exp2i(ev[j] - evt + 8) : 0.f;
         if (lane == 0) sm.evt[s] = evt;
       }
-#endif
       const u32 bar = smem_u32(&sm.kv_full[s]);
       if (lane == 0) {
         mbar_arrive_expect_tx(bar, 2 * KT * HEAD_DIM);
@@ -355,9 +329,6 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
 // warpgroup only passes on (no rows in the document) too.
 #ifndef FWD_PINGPONG
 #define FWD_PINGPONG 0
-#endif
-#if FWD_OVERLAP && FWD_PINGPONG
-#error "FWD_OVERLAP and FWD_PINGPONG are exclusive"
 #endif
 __device__ __forceinline__ void turn_take(int cw) {
   if (FWD_PINGPONG) named_sync(1 + cw, 256);
@@ -393,7 +364,11 @@ __device__ __forceinline__ void mma_rs_k128(float (&acc)[R], const u32 (&a)[4][4
 // One key tile of a consumer warpgroup: S, the softmax (masked or interior copy), PV, the stage
 // released, O updated. The interior and masked tiles run in two separate loops (the interior ones
 // first: they are a prefix of every item's key tiles), so neither loop body branches around the
-// .aligned wgmma instructions.
+// .aligned wgmma instructions. (FA3's intra-warpgroup pipeline, S of tile kt+1 issued before PV
+// of tile kt and the softmax of kt+1 under PV, was measured and removed three times: session 8's
+// fwd-overlap branch, session 14's FWD_OVERLAP (commit 386b083) and FWD_OVERLAP again on the
+// lean producer at 240 / 24 registers (commit 3e3ca3e): +1.4% at 1x65536 d = 128, -0.3..-6.2%
+// elsewhere, no better than the lean producer alone at d = 64.)
 template <bool MASKED>
 __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[DK_SLICES][4], RowState& st, float (&o)[HEAD_DIM / 2],
                                          int R0, const TileMask& mk) {
@@ -420,66 +395,6 @@ __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[D
 #pragma unroll
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = fmaf(o[i], alpha_o[(i >> 1) & 1], pv[i]);
 }
-
-#if FWD_OVERLAP
-// S = Q K^T of one key tile, both operands from shared memory (Q's slot rows of this warpgroup),
-// issued and committed, not waited.
-__device__ __forceinline__ void issue_s_ss(float (&sc)[64], u32 qaddr, u32 kaddr) {
-  wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_ss_m64n128k32_e4m3(sc, desc_tok(qaddr + 32 * kk), desc_tok(kaddr + 32 * kk), kk > 0);
-  wg_commit();
-}
-
-template <bool MASKED>
-__device__ __forceinline__ void fwd_softmax(FwdV4Smem& sm, int s, float (&sc)[64], RowState& st, int R0, const TileMask& mk,
-                                            float (&alpha_o)[2]) {
-#if PER_TOKEN_COLS
-  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], sm.vf[s], sm.evt[s], R0, mk, alpha_o);
-#else
-  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], nullptr, 0, R0, mk, alpha_o);
-#endif
-}
-
-// One pipelined step: on entry pa holds tile kt's P' (stage s) and alpha_o its O factor; tile
-// kt+1 (stage s1, mask mk1) exists. Issues S(kt+1) then PV(kt), softmaxes kt+1 while PV runs,
-// then updates O with tile kt and leaves tile kt+1's P' in pa. No branch around a wgmma.
-template <bool MASKED_NEXT>
-__device__ __forceinline__ void fwd_step(FwdV4Smem& sm, int& s, u32& ph, u32 qaddr, RowState& st, float (&o)[HEAD_DIM / 2],
-                                         float (&sc)[64], u32 (&pa)[4][4], float (&alpha_o)[2], int R0, const TileMask& mk1) {
-  const int s1 = s + 1 == FWD_STAGES ? 0 : s + 1;
-  const u32 ph1 = s1 == 0 ? ph ^ 1 : ph;
-  mbar_wait(smem_u32(&sm.kv_full[s1]), ph1);
-  issue_s_ss(sc, qaddr, smem_u32(sm.k[s1]));
-  float pv[HEAD_DIM / 2];
-  wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_rs_k32_e4m3(pv, pa[kk], desc_sw128(smem_u32(sm.v[s]) + 32 * kk), kk > 0);
-  wg_commit();
-  wg_wait<1>();  // S(kt+1) done; PV(kt) may still run
-  fence_regs(sc);
-  float alpha_next[2];
-  fwd_softmax<MASKED_NEXT>(sm, s1, sc, st, R0, mk1, alpha_next);
-#if FWD_OVERLAP_PIN
-  // ptxas schedules wgmma.wait_group like any instruction and hoisted this wait above the
-  // softmax's ex2 block (SASS: WARPGROUP.DEPBAR 0x0 right after 0x1), serialising PV and the
-  // softmax again; a shared-memory store of the row sums (which need every ex2 of the tile) pins
-  // it after them, as ptxas keeps memory operations on their side of the wait. Never read.
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_u32(&sm.ov_sink[threadIdx.x & 31])), "f"(st.l[0]), "f"(st.l[1])
-               : "memory");
-#endif
-  wg_wait<0>();
-  fence_regs(pv);
-  if ((threadIdx.x & 31) == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
-#pragma unroll
-  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = fmaf(o[i], alpha_o[(i >> 1) & 1], pv[i]);
-  p_to_afrag(sc, pa);
-  alpha_o[0] = alpha_next[0];
-  alpha_o[1] = alpha_next[1];
-  s = s1;
-  ph = ph1;
-}
-#endif
 
 // FWD_PROF_TIMERS (timing only, bench/device_s13.sh PHASE=c): thread 0 of each consumer
 // warpgroup of CTAs 0-1 sums its clocks waiting for an item's Q slot, waiting for K/V stages, in
@@ -526,10 +441,6 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
     const int h = it.h;
     const WorkTile tile = it.tile;
     const int rows = min(QT, tile.len - tile.q0);
-#if FWD_OVERLAP
-    const int qslot = qb;
-    const u32 qaddr = smem_u32(sm.q[qb]) + 64 * cw * HEAD_DIM;
-#else
     // Q's A fragments (a[kk][r] byte j = Q[row 16w + g + 8(r&1)][32kk + 16(r>>1) + 4q + j])
     u32 qa[DK_SLICES][4];
     const u8* qs = sm.q[qb] + 64 * cw * HEAD_DIM;
@@ -538,7 +449,6 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
 #pragma unroll
       for (int r = 0; r < 4; ++r)
         qa[kk][r] = *reinterpret_cast<const u32*>(qs + tok_off(16 * w + g + 8 * (r & 1), 32 * kk + 16 * (r >> 1) + 4 * q));
-#endif
     RowState st;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -548,16 +458,11 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       st.l[r] = 0.f;
       st.evo[r] = 0;
     }
-#if !FWD_OVERLAP
     mbar_arrive(smem_u32(&sm.q_empty[qb]));
-#endif
     if (++qb == QSLOTS) { qb = 0; qph ^= 1; }
 
     const int nkt = fwd_key_tiles(tile, a.causal);
     if (64 * cw >= rows) {  // no row of this warpgroup in the document: only pass the stages on
-#if FWD_OVERLAP
-      mbar_arrive(smem_u32(&sm.q_empty[qslot]));
-#endif
       for (int kt = 0; kt < nkt; ++kt) {
         mbar_wait(smem_u32(&sm.kv_full[s]), ph);
         turn_take(cw);
@@ -578,36 +483,6 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
 #else
     const int nfull = (64 * cw + 64 <= rows) ? min(tile.len / KT, a.causal ? (tile.q0 + 64 * cw + 1) / KT : nkt) : 0;
 #endif
-#if FWD_OVERLAP
-    const auto mask_of = [&](int kt) {
-      return TileMask{kt < nfull ? KT : min(KT, tile.len - kt * KT), rows, tile.q0 - kt * KT, a.causal};
-    };
-    float sc[64];
-    u32 pa[4][4];
-    float alpha_o[2];
-    mbar_wait(smem_u32(&sm.kv_full[s]), ph);
-    issue_s_ss(sc, qaddr, smem_u32(sm.k[s]));
-    wg_wait<0>();
-    fence_regs(sc);
-    if (nfull > 0) {
-      fwd_softmax<false>(sm, s, sc, st, R0, mask_of(0), alpha_o);
-    } else {
-      fwd_softmax<true>(sm, s, sc, st, R0, mask_of(0), alpha_o);
-    }
-    p_to_afrag(sc, pa);
-    int kt = 0;
-    for (; kt + 1 < nfull; ++kt) fwd_step<false>(sm, s, ph, qaddr, st, o, sc, pa, alpha_o, R0, mask_of(kt + 1));
-    for (; kt + 1 < nkt; ++kt) fwd_step<true>(sm, s, ph, qaddr, st, o, sc, pa, alpha_o, R0, mask_of(kt + 1));
-    mbar_arrive(smem_u32(&sm.q_empty[qslot]));  // every S of the item is done
-    {
-      float pv[HEAD_DIM / 2];
-      mma_rs_k128(pv, pa, smem_u32(sm.v[s]));
-      if ((threadIdx.x & 31) == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
-#pragma unroll
-      for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = fmaf(o[i], alpha_o[(i >> 1) & 1], pv[i]);
-      if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
-    }
-#else
     for (int kt = 0; kt < nfull; ++kt) {
       FWD_T(tk);
       mbar_wait(smem_u32(&sm.kv_full[s]), ph);
@@ -626,7 +501,6 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       FWD_ACC(2, tt);
       if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
     }
-#endif
     FWD_T(te);
     store_o_lse(o, st, a.o, a.lse, (long long)tile.doc0 + tile.q0 + R0, a.hq, h, R0 < rows, R0 + 8 < rows);
     FWD_ACC(3, te);

@@ -257,39 +257,6 @@ fn forward_consumer_copies_give_bitwise_the_same() {
     knob_keeps_every_bit("FLAMIA_FWD_CW", &["0", "1"], &FORWARD_KNOB_CASES);
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn forward_lean_producer_gives_bitwise_the_same() {
-    // FLAMIA_FWD_LEAN_PROD=1 builds the v4 forward with the producer warp that fits 24 registers
-    // (FWD_LEAN_PROD: only each 32-key group's first exponents loaded and written, the item's
-    // tile read back from its slot, the Q tile's bytes expected before its qf rows are stored):
-    // the consumers read the same shared memory, so every output bitwise the same, at both head
-    // dims, causal and not, block and tensor-wide scales, with one consumer body and with the
-    // per-warpgroup copies (FLAMIA_FWD_CW 0 / 1).
-    forward_knob_keeps_every_bit("FLAMIA_FWD_LEAN_PROD");
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn forward_overlap_gives_bitwise_the_same() {
-    // FLAMIA_FWD_OVERLAP=1 software-pipelines the v4 forward's key tiles (S of the next tile and
-    // PV of this one in flight together, Q from shared memory, the lean producer, 240 / 24
-    // registers): the same arithmetic in the same order, so every output bitwise the same, at
-    // both head dims, causal and not, block and tensor-wide scales, with one consumer body and
-    // with the per-warpgroup copies (FLAMIA_FWD_CW 0 / 1; unset, d = 128 builds the copies).
-    forward_knob_keeps_every_bit("FLAMIA_FWD_OVERLAP");
-}
-
-/// [`knob_keeps_every_bit`] for a forward build knob `var` switched on (`1` against unset) on
-/// [`FORWARD_KNOB_CASES`], with one consumer body and with the per-warpgroup copies
-/// (`FLAMIA_FWD_CW` 0 / 1).
-fn forward_knob_keeps_every_bit(var: &str) {
-    for cw in ["0", "1"] {
-        let _cw = EnvGuard::set("FLAMIA_FWD_CW", cw);
-        knob_keeps_every_bit(var, &["1"], &FORWARD_KNOB_CASES);
-    }
-}
-
 /// The cases of the forward's build knobs: a 4,096-token document (many interior key tiles)
 /// beside short and one-token ones, both head dims, causal and not, block and tensor-wide scales.
 const FORWARD_KNOB_CASES: [(usize, &[usize], bool, AttnPath); 4] = [

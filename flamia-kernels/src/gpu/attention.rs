@@ -86,13 +86,7 @@ pub fn forward_v3_forced() -> bool {
 
 /// Defines of the v4 forward: per-key scale columns (per-token scales) or per-32-key-group
 /// folds (token-block and tensor-wide scales), the ring depth and the smem budget (returned too).
-fn forward_v4_variant(
-    per_token: bool,
-    stages: u32,
-    hd: u32,
-    cw_const: bool,
-    knobs: FwdKnobs,
-) -> (Variant, u32) {
+fn forward_v4_variant(per_token: bool, stages: u32, hd: u32, cw_const: bool) -> (Variant, u32) {
     let smem = smem_fwd4(stages, hd, per_token);
     let mut v = Variant::new()
         .define("HEAD_DIM", hd)
@@ -102,48 +96,14 @@ fn forward_v4_variant(
     if cw_const {
         v = v.define("FWD_CW_CONST", 1);
     }
-    if knobs.lean_prod && !per_token {
-        v = v.define("FWD_LEAN_PROD", 1);
-    }
-    if knobs.overlap && !per_token {
-        // the lean producer (implied) in 24 registers, the pipelined consumers in 240: exactly
-        // the CTA's 168 x 384 (the kernel's static_assert)
-        v = v
-            .define("FWD_OVERLAP", 1)
-            .define("FWD_CONS_REGS", 240)
-            .define("FWD_PROD_REGS", 24);
-    }
     (v, smem)
-}
-
-/// The v4 forward's A/B build knobs (all off by default; each keeps every output bit, GPU tests
-/// `forward_*_gives_bitwise_the_same`). Token-block scales only: a per-token build ignores them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct FwdKnobs {
-    /// `FLAMIA_FWD_LEAN_PROD=1`: the producer warp that fits 24 registers without spills
-    /// (`FWD_LEAN_PROD`: lanes 0..3 load only each 32-key group's exponents, the item's tile read
-    /// back from its slot); the default build's consumers are unchanged by it.
-    lean_prod: bool,
-    /// `FLAMIA_FWD_OVERLAP=1`: the consumers' intra-warpgroup pipeline (`FWD_OVERLAP`: S of key
-    /// tile kt+1 issued before PV of kt, Q read from shared memory), with the lean producer and
-    /// the 240 / 24 register split. At head dim 128 spill-free only with the per-warpgroup
-    /// consumer copies, so it builds those unless `FLAMIA_FWD_CW=0` says otherwise (fwd_cw_const).
-    overlap: bool,
-}
-
-impl FwdKnobs {
-    fn from_env() -> Self {
-        FwdKnobs {
-            lean_prod: super::env_on("FLAMIA_FWD_LEAN_PROD"),
-            overlap: super::env_on("FLAMIA_FWD_OVERLAP"),
-        }
-    }
 }
 
 /// Mean key tiles per query tile from which the v4 forward at head dim 128 runs its consumers
 /// inlined once per warpgroup (`FWD_CW_CONST`: descriptors in uniform registers, 621 -> 604 SASS
-/// per key tile, twice the consumer code). Session 13 measured it -5.3% at 1x65536 (mean 256.5),
-/// -4.2% at 4x16384 (64.5), -5.1% lognormal, -0.6% at 16x4096 (16.5), but +4.3% at 256x256 (1) and
+/// per key tile with the full token-block producer of session 13, 621 -> 619 with the lean one
+/// that replaced it, twice the consumer code). Session 13 measured it -5.3% at 1x65536 (mean
+/// 256.5), -4.2% at 4x16384 (64.5), -5.1% lognormal, -0.6% at 16x4096 (16.5), but +4.3% at 256x256 (1) and
 /// +2.0% at 8192+224x256 (8): the longer consumer code costs per item, so short items lose. At
 /// head dim 64 it lost on 8 of 9 workloads (+2..+11%).
 const FWD_CW_MIN_TILES: f64 = 16.0;
@@ -151,13 +111,11 @@ const FWD_CW_MIN_TILES: f64 = 16.0;
 /// Whether the v4 forward of a plan with `mean_tiles` key tiles per query tile at head dim `hd`
 /// builds `FWD_CW_CONST`; `FLAMIA_FWD_CW=0|1` (a test and A/B knob) decides instead (the outputs
 /// are bitwise the same either way: GPU test `forward_consumer_copies_give_bitwise_the_same`).
-/// With `FWD_OVERLAP` (`overlap`) at head dim 128 the copies are always built: the one-body
-/// build spills there (ptxas at 240 registers: 58 STL/LDL, 13 of them in the key-tile loops).
-fn fwd_cw_const(hd: usize, mean_tiles: f64, overlap: bool) -> bool {
+fn fwd_cw_const(hd: usize, mean_tiles: f64) -> bool {
     match std::env::var("FLAMIA_FWD_CW").as_deref().map(str::trim) {
         Ok("1") => true,
         Ok("0") => false,
-        _ => hd == 128 && (overlap || mean_tiles >= FWD_CW_MIN_TILES),
+        _ => hd == 128 && mean_tiles >= FWD_CW_MIN_TILES,
     }
 }
 
@@ -854,9 +812,8 @@ impl Attention {
             nitems: nitems as i32,
         };
         let per_token = self.scale_mode() == ScaleMode::PerToken;
-        let knobs = FwdKnobs::from_env();
-        let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles(), knobs.overlap && !per_token);
-        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, knobs);
+        let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
+        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw);
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
         let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
@@ -1148,8 +1105,7 @@ impl Attention {
         if self.uses_forward_v4() {
             let per_token = self.scale_mode() == ScaleMode::PerToken;
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const)
-            let (v4, smem) =
-                forward_v4_variant(per_token, self.fwd_stages, hd32, false, FwdKnobs::from_env());
+            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false);
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
@@ -1185,7 +1141,7 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, forward_v4_variant, fwd_cw_const, parse_promote,
-        with_dq_bufs, FwdKnobs, FWD_CW_MIN_TILES,
+        with_dq_bufs, FWD_CW_MIN_TILES,
     };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
@@ -1259,36 +1215,12 @@ mod tests {
             let (v, _) = with_dq_bufs(v, hd, 2).unwrap();
             compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                 .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
-            // the forward's per-warpgroup consumer copies (long items, fwd_cw_const), its lean
-            // producer (FLAMIA_FWD_LEAN_PROD) and its software pipeline (FLAMIA_FWD_OVERLAP),
-            // each alone and with the copies
-            let lean = FwdKnobs {
-                lean_prod: true,
-                overlap: false,
-            };
-            let overlap = FwdKnobs {
-                lean_prod: false,
-                overlap: true,
-            };
-            for (cw, knobs) in [
-                (true, FwdKnobs::default()),
-                (false, lean),
-                (true, lean),
-                (false, overlap),
-                (true, overlap),
-            ] {
-                let (v, _) = forward_v4_variant(false, 3, hd, cw, knobs);
+            // the forward's per-warpgroup consumer copies (long items, fwd_cw_const), both
+            // producers (token-block and per-token scales)
+            for per_token in [false, true] {
+                let (v, _) = forward_v4_variant(per_token, 3, hd, true);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
-            }
-            // a per-token build ignores the knobs (the lean producer needs token-block scales)
-            for knobs in [lean, overlap] {
-                assert_eq!(
-                    forward_v4_variant(true, 3, hd, false, knobs).0.key(),
-                    forward_v4_variant(true, 3, hd, false, FwdKnobs::default())
-                        .0
-                        .key()
-                );
             }
             for (per_token, stages) in [
                 (false, 2),
@@ -1298,7 +1230,7 @@ mod tests {
                 (false, 5),
                 (true, 5),
             ] {
-                let (v, _) = forward_v4_variant(per_token, stages, hd, false, FwdKnobs::default());
+                let (v, _) = forward_v4_variant(per_token, stages, hd, false);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
@@ -1324,14 +1256,11 @@ mod tests {
     #[test]
     fn forward_consumer_copies_only_for_long_items_at_head_dim_128() {
         // (FLAMIA_FWD_CW unset here: no other test of this binary sets it)
-        assert!(fwd_cw_const(128, 256.5, false));
-        assert!(fwd_cw_const(128, FWD_CW_MIN_TILES, false));
-        assert!(!fwd_cw_const(128, 8.0, false));
-        assert!(!fwd_cw_const(128, 1.5, false));
-        assert!(!fwd_cw_const(64, 256.5, false));
-        // FWD_OVERLAP at 128 always (its one-body build spills), at 64 as without it
-        assert!(fwd_cw_const(128, 1.5, true));
-        assert!(!fwd_cw_const(64, 256.5, true));
+        assert!(fwd_cw_const(128, 256.5));
+        assert!(fwd_cw_const(128, FWD_CW_MIN_TILES));
+        assert!(!fwd_cw_const(128, 8.0));
+        assert!(!fwd_cw_const(128, 1.5));
+        assert!(!fwd_cw_const(64, 256.5));
     }
 
     #[test]
