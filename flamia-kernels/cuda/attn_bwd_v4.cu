@@ -538,11 +538,30 @@ struct BwdConsumer {
 // fragment's row 16w + g (+ 64c): the other 31 bytes are at immediate offsets from it.
 // Stores the thread's E4M3 codes R0 (rows g, queries 2q, 2q+1) and R8 (key row + 8) of one 8-query
 // column block into the dS tile at d = its byte for the block (1024-byte row groups apart).
+// BWD_DS_ST32 1: the four lanes g = 4G + i (i = 0..3) of a quad column transpose their 4 x 4 code
+// bytes with two shuffles (lane bits 2 and 3) and each stores one 32-bit word: lane i the row
+// 2q + (i & 1), keys 4G + 8 (i >> 1) .. +3 of the core matrix (one wavefront per warp store
+// instead of four byte stores' four). Bitwise the same tile.
+#ifndef BWD_DS_ST32
+#define BWD_DS_ST32 0
+#endif
 __device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
+#if BWD_DS_ST32
+  const int lane = threadIdx.x & 31, i = (lane >> 2) & 3, G = lane >> 4;
+  // X = [A, B, C, D]: (row 2q, key g), (row 2q + 1, key g), (row 2q, key g + 8), (row 2q + 1, key g + 8)
+  const u32 x = __byte_perm(R0, R8, 0x5410);
+  const u32 y = __shfl_xor_sync(0xffffffffu, x, 4);
+  const u32 z = __byte_perm(x, y, (i & 1) ? 0x3715u : 0x6240u);
+  const u32 w = __shfl_xor_sync(0xffffffffu, z, 8);
+  const u32 t = __byte_perm(z, w, (i & 2) ? 0x3276u : 0x5410u);
+  const int g = lane >> 2;
+  *reinterpret_cast<u32*>(d - g + 16 * (i & 1) + 4 * G + 8 * (i >> 1)) = t;
+#else
   d[0] = (u8)R0;
   d[16] = (u8)(R0 >> 8);
   d[8] = (u8)R8;
   d[24] = (u8)(R8 >> 8);
+#endif
 }
 
 // BWD_QPERM 1 (the host's default since session 15, -0.4..-3.4% backward; FLAMIA_BWD_QPERM=0
@@ -1111,8 +1130,21 @@ __device__ __forceinline__ void bwd_dq_store(const BwdV4Params& P, BwdV4Smem& sm
 // times this warpgroup's HEAD_DIM / 2 dims of K, handed to the reducer warp. Runs right after the step
 // (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
 // dS only when one is a whole step behind, instead of meeting at a barrier every step.
+// BWD_TID_EARLY 1: the hand-off's `thread 0 of the warpgroup` test reads %tid.x at the dQ's start
+// (an asm volatile keeps it there) instead of right before the partial's stores, where the S2R
+// queued behind them (~90 clocks per step: ncu, session 16).
+#ifndef BWD_TID_EARLY
+#define BWD_TID_EARLY 0
+#endif
 __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int n, int q0) {
   const int cw = C.cw, w = C.w(), qd = C.qd(), buf = n % BWD_DS_BUFS;
+#if BWD_TID_EARLY
+  u32 tid_x;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid_x));
+  const bool lead = (tid_x & 127) == 0;
+#else
+  const bool lead = false;
+#endif
 #ifdef BWD_PROF_TIMERS
   const long long _t2 = clock64();
 #endif
@@ -1180,7 +1212,7 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
 #endif
   bwd_dq_store(P, sm, C, db, n, dq);  // (one line: bench/gpu_mutations.sh moves it past the release)
   BWD_PHASE(10);
-  if (C.t() == 0) {  // the job, before this thread's arrival releases it
+  if (BWD_TID_EARLY ? lead : C.t() == 0) {  // the job, before this thread's arrival releases it
     const BwdTile& tl = sm.cur[cw];  // written by this thread at the item's start
     const int h = tl.pad_a;
     BwdDqJob& j = sm.job[db][cw];

@@ -589,6 +589,9 @@ impl Attention {
         if hd == 128 && bwd_pipe() {
             v.0 = v.0.define("BWD_PIPE", 1);
         }
+        if super::env_on("FLAMIA_BWD_DS_ST32") {
+            v.0 = v.0.define("BWD_DS_ST32", 1);
+        }
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
@@ -1199,10 +1202,11 @@ mod tests {
                 let v = backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true)
                     .0
                     .define("BWD_QPERM", 1);
+                let st32 = v.clone().define("BWD_DS_ST32", 1);
                 let vs = if hd == 128 {
-                    vec![v.clone(), v.define("BWD_PIPE", 1)]
+                    vec![v.clone(), st32, v.define("BWD_PIPE", 1)]
                 } else {
-                    vec![v]
+                    vec![v, st32]
                 };
                 for v in vs {
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
