@@ -95,7 +95,3 @@ mutate bwd-qperm-plain-q quant.cu 's/tile_word((QUANT_PERM_MASK >> it.ti) \& 1 ?
 # keys' values twice.
 mutate fwd-lean-ev attn_fwd_v4.cu 's/sm.ev\[s\]\[32 \* lane\] = ev;/sm.ev[s][32 * lane] = ev + (lane \& 1);/' \
   mxfp8_causal_gqa_is_as_accurate_as_the_reference
-# 15. The dS code tile's word stores (BWD_DS_ST32, made the default in the mutant): the second
-# transpose stage's selectors swapped, so lanes 2 and 3 of each quad column store the wrong keys.
-mutate bwd-ds-st32-sel attn_bwd_v4.cu 's/^#define BWD_DS_ST32 0$/#define BWD_DS_ST32 1/;s/(i \& 2) ? 0x3276u : 0x5410u/(i \& 2) ? 0x5410u : 0x3276u/' \
-  mxfp8_causal_gqa_is_as_accurate_as_the_reference

@@ -64,14 +64,20 @@
 // factors are issued before the wait for S^T, the rest inside P's loop. Measured (session 10,
 // 1x65536 backward, same call): all 8 early, d = 64 70.8 vs 73.4 ms; d = 128 94.4 / 94.6 vs
 // 93.2 / 93.2 ms (ptxas schedules the d = 128 step worse), so 8 at d = 64 and none at d = 128.
+// Session 16 (ncu of the d = 128 step at 1x65536: the first FMUL of P waited ~210 clocks for its
+// LDS, queued behind the S^T / dP^T products' shared-memory reads of both warpgroups; the
+// column-constant loads are 22% of the kernel's shared-memory wavefronts): all 8 early and first
+// at d = 128 measured -2.2% backward at 1x65536, -1.7% at 4x16384, but +1.1..+3.5% on the
+// shorter documents, whose launches build the upward walk (BWD_WALK_UP), where ptxas then spills
+// 8 instead of 3 registers per step: so at d = 128 only without the walk.
 #ifndef BWD_EARLY_COLS
-#define BWD_EARLY_COLS (HEAD_DIM == 64 ? 8 : 0)
+#define BWD_EARLY_COLS (HEAD_DIM == 64 || !BWD_WALK_UP ? 8 : 0)
 #endif
 // BWD_COLS_FIRST 1: those early loads are issued right after the stage's wait, before S^T's and
 // dP^T's products (0: after them). Measured (session 11, backward ms, same call, median of 2):
 // d = 64 -1.0% at 1x65536, -1.2% 8x8192 (alone); d = 128 (4 or 8 early) +0.4-0.9%: d = 64 only.
 #ifndef BWD_COLS_FIRST
-#define BWD_COLS_FIRST (HEAD_DIM == 64)
+#define BWD_COLS_FIRST (HEAD_DIM == 64 || !BWD_WALK_UP)
 #endif
 // BWD_DV_EARLY 1: dV's product is issued right after P~'s A fragments and waited for after the
 // dS block maxima and codes (0: issued and waited for after them). Measured at d = 64 (session
@@ -80,18 +86,6 @@
 // maxima at d = 128 were 1-2% slower).
 #ifndef BWD_DV_EARLY
 #define BWD_DV_EARLY (HEAD_DIM == 64)
-#endif
-// BWD_PIPE 1 (d = 128; FLAMIA_BWD_PIPE=1, off until measured): dV's and dK's products as six
-// half-width pieces (m64n64: dV's two halves of the dims, then dK's two per 32-query slice) with
-// two in flight, so each piece's sum into dV / scale-in into dK runs while the next piece is in the
-// tensor cores, instead of three full-width products each waited for (one exposed wait instead of
-// three). Bitwise the same dK and dV: a piece's elements are the full product's (the K chain per
-// element is unchanged), summed in the same order.
-#ifndef BWD_PIPE
-#define BWD_PIPE 0
-#endif
-#if BWD_PIPE && (HEAD_DIM != 128 || BWD_DV_EARLY)
-#error "BWD_PIPE is the d = 128 step's tail (without BWD_DV_EARLY)"
 #endif
 // BWD_SKIP_DEAD 1: a step whose warpgroup keys see none of its queries (causal: the second
 // warpgroup's step at the tile's first query tile, its keys all after those queries; any mask:
@@ -538,30 +532,11 @@ struct BwdConsumer {
 // fragment's row 16w + g (+ 64c): the other 31 bytes are at immediate offsets from it.
 // Stores the thread's E4M3 codes R0 (rows g, queries 2q, 2q+1) and R8 (key row + 8) of one 8-query
 // column block into the dS tile at d = its byte for the block (1024-byte row groups apart).
-// BWD_DS_ST32 1: the four lanes g = 4G + i (i = 0..3) of a quad column transpose their 4 x 4 code
-// bytes with two shuffles (lane bits 2 and 3) and each stores one 32-bit word: lane i the row
-// 2q + (i & 1), keys 4G + 8 (i >> 1) .. +3 of the core matrix (one wavefront per warp store
-// instead of four byte stores' four). Bitwise the same tile.
-#ifndef BWD_DS_ST32
-#define BWD_DS_ST32 0
-#endif
 __device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
-#if BWD_DS_ST32
-  const int lane = threadIdx.x & 31, i = (lane >> 2) & 3, G = lane >> 4;
-  // X = [A, B, C, D]: (row 2q, key g), (row 2q + 1, key g), (row 2q, key g + 8), (row 2q + 1, key g + 8)
-  const u32 x = __byte_perm(R0, R8, 0x5410);
-  const u32 y = __shfl_xor_sync(0xffffffffu, x, 4);
-  const u32 z = __byte_perm(x, y, (i & 1) ? 0x3715u : 0x6240u);
-  const u32 w = __shfl_xor_sync(0xffffffffu, z, 8);
-  const u32 t = __byte_perm(z, w, (i & 2) ? 0x3276u : 0x5410u);
-  const int g = lane >> 2;
-  *reinterpret_cast<u32*>(d - g + 16 * (i & 1) + 4 * G + 8 * (i >> 1)) = t;
-#else
   d[0] = (u8)R0;
   d[16] = (u8)(R0 >> 8);
   d[8] = (u8)R8;
   d[24] = (u8)(R8 >> 8);
-#endif
 }
 
 // BWD_QPERM 1 (the host's default since session 15, -0.4..-3.4% backward; FLAMIA_BWD_QPERM=0
@@ -727,55 +702,6 @@ __device__ __forceinline__ void mma_rs_sw64(float (&acc)[R], const u32 (&a)[2][4
   wg_wait<0>();
   fence_regs(acc);
 }
-
-#if BWD_PIPE
-// BWD_PIPE: dV += P~^T dO and dK += sum_s 2^e(s) (codes_s^T Q_s) as six m64n64 pieces (piece h of
-// a product: dims 64h..64h+63, B rows 64h.. of the 64-byte-swizzled dim-major tile, accumulator
-// registers 32h.. of the full-width fragment), two in flight: piece k+2 is issued as soon as piece
-// k's sum is done with its accumulator.
-__device__ __forceinline__ void bwd_dkv_pipe(BwdV4Smem& sm, const BwdConsumer& C, const u32 (&ap)[2][4],
-                                             const u32 (&ads)[2][4], const float (&fk)[2][2],
-                                             float (&dk)[HEAD_DIM / 2], float (&dv)[HEAD_DIM / 2]) {
-  const u64 dob = desc_sw64(opaque_u32(smem_u32(sm.dOd[C.s]))), qdb = desc_sw64(opaque_u32(smem_u32(sm.qd[C.s])));
-  float ta[32], tb[32];
-  // piece k: 0, 1 dV halves (K = the 64 queries, two chained k32); 2 + 2 sl + h dK slice sl, half h
-  const auto issue = [&](float(&t)[32], int k) {
-    wg_fence();
-    if (k < 2) {
-      wgmma_rs_m64n64k32_e4m3(t, ap[0], desc_add(dob, 4096 * k), 0);
-      wgmma_rs_m64n64k32_e4m3(t, ap[1], desc_add(dob, 4096 * k + 32), 1);
-    } else {
-      const int sl = (k - 2) >> 1, h = k & 1;
-      wgmma_rs_m64n64k32_e4m3(t, ads[sl], desc_add(qdb, 4096 * h + 32 * sl), 0);
-    }
-    wg_commit();
-  };
-  const auto sum = [&](float(&t)[32], int k) {  // after the wait for piece k
-    fence_regs(t);
-    const int h = k & 1;
-    if (k < 2) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) dv[32 * h + i] += t[i];
-    } else {
-      const int sl = (k - 2) >> 1;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) dk[32 * h + i] = fmaf(t[i], fk[sl][(i >> 1) & 1], dk[32 * h + i]);
-    }
-  };
-  issue(ta, 0);
-  issue(tb, 1);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    wg_wait<1>();
-    sum((k & 1) ? tb : ta, k);
-    issue((k & 1) ? tb : ta, k + 2);
-  }
-  wg_wait<1>();
-  sum(ta, 4);
-  wg_wait<0>();
-  sum(tb, 5);
-}
-#endif
 
 // One step of a consumer warpgroup: 64 queries against its 64 keys. MASKED: a diagonal step or
 // one of a tile that passes the document's end: key row r sees query column c iff r <= c + off
@@ -1033,10 +959,6 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   ds_codes(dp, ads, ds_byte(sm, C, buf));
 #endif
   BWD_PHASE(4);
-#if BWD_PIPE
-  bwd_dkv_pipe(sm, C, ap, ads, fk, dk, dv);
-  BWD_PHASE(6);
-#else
   // dV += P~^T dO (one chained product over the 64 queries; 2^c applied at the item's end)
 #if BWD_DV_EARLY
   wg_wait<0>();
@@ -1061,7 +983,6 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     for (int i = 0; i < HEAD_DIM / 2; ++i) dk[i] = fmaf(acc[i], fk[sl][(i >> 1) & 1], dk[i]);
   }
   BWD_PHASE(6);
-#endif
   if (lane == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
   if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
   // this thread's dS codes (read by wgmma: async proxy) and exponents are written
@@ -1130,21 +1051,8 @@ __device__ __forceinline__ void bwd_dq_store(const BwdV4Params& P, BwdV4Smem& sm
 // times this warpgroup's HEAD_DIM / 2 dims of K, handed to the reducer warp. Runs right after the step
 // (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
 // dS only when one is a whole step behind, instead of meeting at a barrier every step.
-// BWD_TID_EARLY 1: the hand-off's `thread 0 of the warpgroup` test reads %tid.x at the dQ's start
-// (an asm volatile keeps it there) instead of right before the partial's stores, where the S2R
-// queued behind them (~90 clocks per step: ncu, session 16).
-#ifndef BWD_TID_EARLY
-#define BWD_TID_EARLY 0
-#endif
 __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int n, int q0) {
   const int cw = C.cw, w = C.w(), qd = C.qd(), buf = n % BWD_DS_BUFS;
-#if BWD_TID_EARLY
-  u32 tid_x;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid_x));
-  const bool lead = (tid_x & 127) == 0;
-#else
-  const bool lead = false;
-#endif
 #ifdef BWD_PROF_TIMERS
   const long long _t2 = clock64();
 #endif
@@ -1212,7 +1120,7 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
 #endif
   bwd_dq_store(P, sm, C, db, n, dq);  // (one line: bench/gpu_mutations.sh moves it past the release)
   BWD_PHASE(10);
-  if (BWD_TID_EARLY ? lead : C.t() == 0) {  // the job, before this thread's arrival releases it
+  if (C.t() == 0) {  // the job, before this thread's arrival releases it
     const BwdTile& tl = sm.cur[cw];  // written by this thread at the item's start
     const int h = tl.pad_a;
     BwdDqJob& j = sm.job[db][cw];

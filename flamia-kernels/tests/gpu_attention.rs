@@ -287,43 +287,6 @@ fn backward_qperm_gives_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn backward_pipe_gives_bitwise_the_same() {
-    // FLAMIA_BWD_PIPE=1 (d = 128) runs dV's and dK's products as six half-width pieces, two in
-    // flight: each element's K chain and its sum into dV / dK are unchanged, so bitwise the same
-    // gradients; block and row dS exponents, causal and not, documents ending inside a tile.
-    let lens: &[usize] = &[300, 1, 65, 1100];
-    backward_knob_keeps_every_bit(
-        "FLAMIA_BWD_PIPE",
-        &[
-            (128, lens, true, false),
-            (128, lens, false, false),
-            (128, lens, true, true),
-        ],
-    );
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn backward_word_stores_of_ds_codes_give_bitwise_the_same() {
-    // FLAMIA_BWD_DS_ST32=1: the dS code tile (the dQ products' A operand) written as one 32-bit
-    // word per lane after a 4 x 4 byte transpose over the quad column's lanes, instead of four
-    // byte stores: the same tile, so bitwise the same gradients; block and row dS exponents (row:
-    // its own stores of dQ's copy), both head dims, causal and not, documents ending mid-tile.
-    let lens: &[usize] = &[300, 1, 65, 1100];
-    backward_knob_keeps_every_bit(
-        "FLAMIA_BWD_DS_ST32",
-        &[
-            (128, lens, true, false),
-            (128, lens, false, false),
-            (128, lens, true, true),
-            (64, lens, true, false),
-            (64, lens, true, true),
-        ],
-    );
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn first_dq_partials_stored_give_bitwise_the_zeroed_accumulator() {
     // The default (session 13): the FP32 dQ accumulator by padded position and each (query tile,
     // head)'s first partial stored, against FLAMIA_BWD_DQ_STORE=0's zeroed token-major

@@ -205,12 +205,6 @@ fn bwd_dq_first_store() -> bool {
 /// put the dQ store, that wait included, at ~650 clocks of a ~6,200-clock step (830-990 at
 /// 256x256); session 5 measured two buffers at d = 128 with two stages 1.6% slower, before the
 /// reducer's ordering and the upward walk changed what the wait is.
-/// `FLAMIA_BWD_PIPE=1` (an A/B knob, d = 128): the v4 backward's dV and dK products as six
-/// half-width pieces, two in flight (`BWD_PIPE`); bitwise the same gradients.
-fn bwd_pipe() -> bool {
-    super::env_on("FLAMIA_BWD_PIPE")
-}
-
 fn bwd_dq_bufs() -> u32 {
     stages_from_env("FLAMIA_BWD_DQ_BUFS", 1..=2, 1)
 }
@@ -585,12 +579,6 @@ impl Attention {
         );
         if self.bwd_qperm() {
             v.0 = v.0.define("BWD_QPERM", 1);
-        }
-        if hd == 128 && bwd_pipe() {
-            v.0 = v.0.define("BWD_PIPE", 1);
-        }
-        if super::env_on("FLAMIA_BWD_DS_ST32") {
-            v.0 = v.0.define("BWD_DS_ST32", 1);
         }
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
@@ -1197,21 +1185,13 @@ mod tests {
                 }
             }
             // the key-permuted packing of dV's and dK's A fragments (FLAMIA_BWD_QPERM=1), block and
-            // row dS exponents; at d = 128 with the pieces' pipeline (FLAMIA_BWD_PIPE=1) as well
+            // row dS exponents
             for row_ds in [false, true] {
                 let v = backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true)
                     .0
                     .define("BWD_QPERM", 1);
-                let st32 = v.clone().define("BWD_DS_ST32", 1);
-                let vs = if hd == 128 {
-                    vec![v.clone(), st32, v.define("BWD_PIPE", 1)]
-                } else {
-                    vec![v, st32]
-                };
-                for v in vs {
-                    compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
-                        .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
-                }
+                compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
+                    .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
             }
             // two dQ buffers per warpgroup (FLAMIA_BWD_DQ_BUFS=2): three stages at d = 64, two at 128
             let stages = if hd == 64 { 3 } else { 2 };
