@@ -12,7 +12,11 @@ Input: the CSV of `ncu -i REPORT --page source --print-source sass --csv` (gzip 
      with --cycles C (the loop iteration's clocks, e.g. elapsed SM cycles / iterations per warp)
      every figure also as clocks per iteration;
   4. with --phases ADDR:NAME,...: the loop's samples summed from each address on (the low hex
-     digits of the address are enough: they are matched as a suffix).
+     digits of the address are enough: they are matched as a suffix);
+  5. with --regions: the same sums, cut automatically at the loop's wgmma, wgmma-wait, barrier and
+     fence instructions;
+  6. with --smem: shared-memory wavefronts by opcode (wgmma operand reads included), for the
+     launch and per loop iteration.
 
     python3 scripts/ncu-stalls.py out/attn_bwd_v4.sass.csv.gz
     python3 scripts/ncu-stalls.py out/attn_bwd_v4.sass.csv.gz --cycles 5600 \\
@@ -31,6 +35,9 @@ import sys
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
+WAVEFRONTS = "L1 Wavefronts Shared"
+# instructions that bound the automatic regions of --regions: products, their waits, barriers
+LANDMARKS = ("QGMMA", "HGMMA", "WARPGROUP.DEPBAR", "BAR.SYNC", "SYNCS", "FENCE", "MEMBAR")
 
 
 def load(path):
@@ -57,7 +64,8 @@ def load(path):
         s = num(r, SAMPLES)
         st["unlisted"] = max(0.0, s - sum(st.values()))
         out.append({"addr": r[ix["Address"]], "sass": r[ix["Source"]].strip(), "n": num(r, EXECUTED),
-                    "samples": s, "stalls": st})
+                    "samples": s, "stalls": st,
+                    "smem": num(r, WAVEFRONTS) if WAVEFRONTS in ix else 0.0})
     return out
 
 
@@ -72,6 +80,10 @@ def main():
     ap.add_argument("--cycles", type=float, help="clocks per loop iteration: print clocks instead of samples")
     ap.add_argument("--min-share", type=float, default=0.005, help="list loop instructions above this share (0.005)")
     ap.add_argument("--phases", help="ADDR:NAME,... (address suffixes in hex) to sum the loop by phase")
+    ap.add_argument("--regions", action="store_true",
+                    help="sum the loop between its wgmma, wgmma-wait, barrier and fence instructions")
+    ap.add_argument("--smem", action="store_true",
+                    help="shared-memory wavefronts by opcode: the launch's, and the loop's per iteration")
     a = ap.parse_args()
     ins = load(a.csv)
     total = sum(i["samples"] for i in ins)
@@ -108,6 +120,31 @@ def main():
     for i in loop:
         if i["samples"] >= a.min_share * ls:
             print(f"  {i['addr'][-5:]} {i['samples'] * scale:8.0f}  {i['sass'][:60]:60s} {top(i['stalls'], 3, scale)}")
+    if a.regions:
+        print(f"== loop by region ({unit}; each region ends at the landmark instruction shown)")
+        acc, last = 0.0, 0.0
+        for k, i in enumerate(loop):
+            acc += i["samples"]
+            op = i["sass"].split()[1] if i["sass"].startswith("@") else i["sass"].split()[0]
+            if op.startswith(LANDMARKS) or k == len(loop) - 1:
+                print(f"  {i['addr'][-5:]} {k:5d} {(acc - last) * scale:8.0f}  cum {acc * scale:8.0f}  {i['sass'][:56]}")
+                last = acc
+    if a.smem:
+        launch = sum(i["smem"] for i in ins)
+        if launch == 0:
+            print(f"== no '{WAVEFRONTS}' counts in the file")
+        else:
+            by = collections.defaultdict(lambda: [0.0, 0.0])
+            for i in ins:
+                if i["smem"]:
+                    op = i["sass"].split()[1] if i["sass"].startswith("@") else i["sass"].split()[0]
+                    key = ("loop" if i in loop else "other", op)
+                    by[key][0] += i["smem"]
+                    by[key][1] += i["n"]
+            print(f"== shared-memory wavefronts: {launch:.3g} in the launch; loop ones per iteration and per execution")
+            for (where, op), (w, n) in sorted(by.items(), key=lambda kv: -kv[1][0])[:16]:
+                per_iter = f"{w / loop_n:8.1f}/iter" if where == "loop" else " " * 13
+                print(f"  {where:5s} {op:36s} {100 * w / launch:5.1f}%  {per_iter}  {w / max(n, 1):5.2f}/exec")
     if a.phases:
         marks = []
         for m in a.phases.split(","):
