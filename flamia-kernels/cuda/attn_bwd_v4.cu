@@ -547,11 +547,51 @@ __device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
 #ifndef BWD_QPERM
 #define BWD_QPERM 0
 #endif
+// BWD_CVT4 1 (with BWD_QPERM; FLAMIA_BWD_CVT4=1, off until measured): the key-permuted A fragments
+// built by cvt_e4m3x4 (each register's two code pairs converted into its two halves) instead of
+// cvt_e4m3x2 pairs, their 16-bit zero-extensions and a PRMT per register; the dS tile's bytes are
+// shifted out of those registers. The same codes in the same places: bitwise the same gradients.
+#ifndef BWD_CVT4
+#define BWD_CVT4 0
+#endif
+#if BWD_CVT4 && !BWD_QPERM
+#error "BWD_CVT4 packs the key-permuted fragments (BWD_QPERM)"
+#endif
+#if BWD_CVT4
+// Slice kk of v's codes as codes_to_afrag_perm places them: a[0] rows r0, column blocks 0 and 1;
+// a[1] rows r0 + 8, blocks 0, 1; a[2] / a[3] the same for blocks 2, 3.
+__device__ __forceinline__ void slice_afrag_cvt4(const float (&v)[32], int kk, u32 (&a)[4]) {
+  const int i = 16 * kk;
+  a[0] = cvt_e4m3x4(v[i + 0], v[i + 1], v[i + 4], v[i + 5]);
+  a[1] = cvt_e4m3x4(v[i + 2], v[i + 3], v[i + 6], v[i + 7]);
+  a[2] = cvt_e4m3x4(v[i + 8], v[i + 9], v[i + 12], v[i + 13]);
+  a[3] = cvt_e4m3x4(v[i + 10], v[i + 11], v[i + 14], v[i + 15]);
+}
+#endif
 __device__ __forceinline__ void dkv_afrag(const float (&v)[32], u32 (&a)[2][4]) {
+#if BWD_CVT4
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) slice_afrag_cvt4(v, kk, a[kk]);
+#else
   acc_to_afrag<BWD_QPERM>(v, a);
+#endif
 }
 
 __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u8* ds) {
+#if BWD_CVT4
+  // the tile's block jj of slice kk: R0 = the low or high half of a[kk][2 (jj >> 1)], R8 of
+  // a[kk][2 (jj >> 1) + 1]
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    slice_afrag_cvt4(v, kk, a[kk]);
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int sh = 16 * (jj & 1);
+      ds_store_block(ds + 1024 * (4 * kk + jj), a[kk][2 * (jj >> 1)] >> sh, a[kk][2 * (jj >> 1) + 1] >> sh);
+    }
+  }
+  return;
+#endif
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
     u32 R0[4], R8[4];

@@ -102,6 +102,18 @@ __device__ __forceinline__ u32 cvt_e4m3x2(float lo, float hi) {
   return (u32)r;
 }
 
+// Four FP32 values -> four E4M3 codes in one register: (lo0, hi0) in the low 16 bits, (lo1, hi1) in
+// the high 16 (each pair as cvt_e4m3x2 packs it), without the zero-extension and re-packing that
+// two cvt_e4m3x2 and a __byte_perm cost (the two conversions write the halves of one register).
+__device__ __forceinline__ u32 cvt_e4m3x4(float lo0, float hi0, float lo1, float hi1) {
+  u32 r;
+  asm("{\n.reg .b16 l, h;\ncvt.rn.satfinite.e4m3x2.f32 l, %1, %2;\ncvt.rn.satfinite.e4m3x2.f32 h, %3, %4;\n"
+      "mov.b32 %0, {l, h};\n}\n"
+      : "=r"(r)
+      : "f"(hi0), "f"(lo0), "f"(hi1), "f"(lo1));
+  return r;
+}
+
 // E4M3 code pairs of one K slice of an m64n64 accumulator fragment -> that slice's FP8 A fragment,
 // exact layout (wgmma-fp8-notes.md 5, shuffle variant): R0[jj] / R8[jj] = the codes of columns
 // 8jj + 2q, +1 of the slice in rows r0 / r0 + 8 (cvt_e4m3x2 of the accumulator pairs).

@@ -287,6 +287,26 @@ fn backward_qperm_gives_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn backward_four_code_conversions_give_bitwise_the_same() {
+    // FLAMIA_BWD_CVT4=1 converts P~ and dS~ into their A fragments four codes per register
+    // (cvt_e4m3x4) instead of code pairs re-packed by PRMT, and shifts the dS tile's bytes out of
+    // those registers: the same codes in the same places, so bitwise the same gradients; block
+    // and row dS exponents, both head dims, causal and not, documents ending mid-tile.
+    let lens: &[usize] = &[300, 1, 65, 1100];
+    backward_knob_keeps_every_bit(
+        "FLAMIA_BWD_CVT4",
+        &[
+            (128, lens, true, false),
+            (128, lens, false, false),
+            (128, lens, true, true),
+            (64, lens, true, false),
+            (64, lens, false, true),
+        ],
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn first_dq_partials_stored_give_bitwise_the_zeroed_accumulator() {
     // The default (session 13): the FP32 dQ accumulator by padded position and each (query tile,
     // head)'s first partial stored, against FLAMIA_BWD_DQ_STORE=0's zeroed token-major

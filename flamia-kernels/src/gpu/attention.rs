@@ -205,6 +205,13 @@ fn bwd_dq_first_store() -> bool {
 /// put the dQ store, that wait included, at ~650 clocks of a ~6,200-clock step (830-990 at
 /// 256x256); session 5 measured two buffers at d = 128 with two stages 1.6% slower, before the
 /// reducer's ordering and the upward walk changed what the wait is.
+/// `FLAMIA_BWD_CVT4=1` (an A/B knob, with the key-permuted packing): the v4 backward's P~ and dS
+/// A fragments converted four codes per register (`BWD_CVT4`: 1,234 -> 1,204 SASS per interior
+/// step at d = 128, 939 -> 907 at 64); bitwise the same gradients.
+fn bwd_cvt4() -> bool {
+    super::env_on("FLAMIA_BWD_CVT4")
+}
+
 fn bwd_dq_bufs() -> u32 {
     stages_from_env("FLAMIA_BWD_DQ_BUFS", 1..=2, 1)
 }
@@ -579,6 +586,9 @@ impl Attention {
         );
         if self.bwd_qperm() {
             v.0 = v.0.define("BWD_QPERM", 1);
+            if bwd_cvt4() {
+                v.0 = v.0.define("BWD_CVT4", 1);
+            }
         }
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
@@ -1186,12 +1196,15 @@ mod tests {
             }
             // the key-permuted packing of dV's and dK's A fragments (FLAMIA_BWD_QPERM=1), block and
             // row dS exponents
+            // (and with the four-code conversions, FLAMIA_BWD_CVT4=1)
             for row_ds in [false, true] {
                 let v = backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true)
                     .0
                     .define("BWD_QPERM", 1);
-                compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
-                    .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
+                for v in [v.clone(), v.define("BWD_CVT4", 1)] {
+                    compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
+                        .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
+                }
             }
             // two dQ buffers per warpgroup (FLAMIA_BWD_DQ_BUFS=2): three stages at d = 64, two at 128
             let stages = if hd == 64 { 3 } else { 2 };
