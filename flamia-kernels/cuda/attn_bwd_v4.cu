@@ -590,8 +590,7 @@ __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u
       ds_store_block(ds + 1024 * (4 * kk + jj), a[kk][2 * (jj >> 1)] >> sh, a[kk][2 * (jj >> 1) + 1] >> sh);
     }
   }
-  return;
-#endif
+#else
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
     u32 R0[4], R8[4];
@@ -604,6 +603,7 @@ __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u
     codes_to_afrag(R0, R8, a[kk]);
 #endif
   }
+#endif
 }
 
 // This thread's byte of the step's dS code tile (dQ's A operand, tile_off<BKT>: row = query, K =

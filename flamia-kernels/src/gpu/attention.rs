@@ -198,13 +198,6 @@ fn bwd_dq_first_store() -> bool {
     super::env_number::<u32>("FLAMIA_BWD_DQ_STORE") != Some(0)
 }
 
-/// `FLAMIA_BWD_DQ_BUFS=2` (an A/B knob, default 1): two FP32 dQ partial buffers per consumer
-/// warpgroup in the v4 backward (`BWD_DQ_BUFS`), so a step's partial need not wait for the
-/// reducer's TMA to have read the previous one; 64 x hd x 4 bytes more per warpgroup (16 KB at
-/// d = 64; 32 KB at 128, where only two stages leave room: [`with_dq_bufs`]). Session 13's phases
-/// put the dQ store, that wait included, at ~650 clocks of a ~6,200-clock step (830-990 at
-/// 256x256); session 5 measured two buffers at d = 128 with two stages 1.6% slower, before the
-/// reducer's ordering and the upward walk changed what the wait is.
 /// `FLAMIA_BWD_CVT4=1` (an A/B knob, with the key-permuted packing): the v4 backward's P~ and dS
 /// A fragments converted four codes per register (`BWD_CVT4`: 1,234 -> 1,204 SASS per interior
 /// step at d = 128, 939 -> 907 at 64); bitwise the same gradients.
@@ -212,6 +205,13 @@ fn bwd_cvt4() -> bool {
     super::env_on("FLAMIA_BWD_CVT4")
 }
 
+/// `FLAMIA_BWD_DQ_BUFS=2` (an A/B knob, default 1): two FP32 dQ partial buffers per consumer
+/// warpgroup in the v4 backward (`BWD_DQ_BUFS`), so a step's partial need not wait for the
+/// reducer's TMA to have read the previous one; 64 x hd x 4 bytes more per warpgroup (16 KB at
+/// d = 64; 32 KB at 128, where only two stages leave room: [`with_dq_bufs`]). Session 13's phases
+/// put the dQ store, that wait included, at ~650 clocks of a ~6,200-clock step (830-990 at
+/// 256x256); session 5 measured two buffers at d = 128 with two stages 1.6% slower, before the
+/// reducer's ordering and the upward walk changed what the wait is.
 fn bwd_dq_bufs() -> u32 {
     stages_from_env("FLAMIA_BWD_DQ_BUFS", 1..=2, 1)
 }
@@ -1195,8 +1195,7 @@ mod tests {
                 }
             }
             // the key-permuted packing of dV's and dK's A fragments (FLAMIA_BWD_QPERM=1), block and
-            // row dS exponents
-            // (and with the four-code conversions, FLAMIA_BWD_CVT4=1)
+            // row dS exponents, without and with the four-code conversions (FLAMIA_BWD_CVT4=1)
             for row_ds in [false, true] {
                 let v = backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true)
                     .0
