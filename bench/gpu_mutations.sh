@@ -95,8 +95,8 @@ mutate bwd-qperm-plain-q quant.cu 's/tile_word((QUANT_PERM_MASK >> it.ti) \& 1 ?
 # keys' values twice.
 mutate fwd-lean-ev attn_fwd_v4.cu 's/sm.ev\[s\]\[32 \* lane\] = ev;/sm.ev[s][32 * lane] = ev + (lane \& 1);/' \
   mxfp8_causal_gqa_is_as_accurate_as_the_reference
-# 15. The four-code conversions (BWD_CVT4, on in the mutant wherever the host builds BWD_QPERM):
-# the dS tile's second block of each register taken from its low half again (the A fragments stay
-# right, so only dQ, which reads the tile, goes wrong).
-mutate bwd-cvt4-tile-half attn_bwd_v4.cu 's/^#define BWD_CVT4 0$/#define BWD_CVT4 BWD_QPERM/;s/const int sh = 16 \* (jj \& 1);/const int sh = 0;/' \
+# 15. The four-code conversions (BWD_CVT4, the default): the dS tile's second block of each
+# register taken from its low half again (the A fragments stay right, so only dQ, which reads the
+# tile, goes wrong).
+mutate bwd-cvt4-tile-half attn_bwd_v4.cu 's/const int sh = 16 \* (jj \& 1);/const int sh = 0;/' \
   mxfp8_causal_gqa_is_as_accurate_as_the_reference

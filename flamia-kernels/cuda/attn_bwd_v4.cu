@@ -69,15 +69,19 @@
 // column-constant loads are 22% of the kernel's shared-memory wavefronts): all 8 early and first
 // at d = 128 measured -2.2% backward at 1x65536, -1.7% at 4x16384, but +1.1..+3.5% on the
 // shorter documents, whose launches build the upward walk (BWD_WALK_UP), where ptxas then spills
-// 8 instead of 3 registers per step: so at d = 128 only without the walk.
+// 8 instead of 3 registers per step. Session 17: 6 early (and first) in the walk-up build keep
+// its spills: backward -1.3..-2.8% from 8x8192 to 64x1024, training call -1.1..-1.6% on the
+// mid lengths (+2.1% backward at 256x256, training call 0.0%); with BWD_CVT4 1,237 -> 1,198 SASS
+// per interior step.
 #ifndef BWD_EARLY_COLS
-#define BWD_EARLY_COLS (HEAD_DIM == 64 || !BWD_WALK_UP ? 8 : 0)
+#define BWD_EARLY_COLS (HEAD_DIM == 64 || !BWD_WALK_UP ? 8 : 6)
 #endif
 // BWD_COLS_FIRST 1: those early loads are issued right after the stage's wait, before S^T's and
 // dP^T's products (0: after them). Measured (session 11, backward ms, same call, median of 2):
-// d = 64 -1.0% at 1x65536, -1.2% 8x8192 (alone); d = 128 (4 or 8 early) +0.4-0.9%: d = 64 only.
+// d = 64 -1.0% at 1x65536, -1.2% 8x8192 (alone); d = 128 (4 or 8 early) +0.4-0.9%: d = 64 only;
+// since sessions 16 / 17 at d = 128 too (with 8 / 6 early, above).
 #ifndef BWD_COLS_FIRST
-#define BWD_COLS_FIRST (HEAD_DIM == 64 || !BWD_WALK_UP)
+#define BWD_COLS_FIRST 1
 #endif
 // BWD_DV_EARLY 1: dV's product is issued right after P~'s A fragments and waited for after the
 // dS block maxima and codes (0: issued and waited for after them). Measured at d = 64 (session
@@ -86,6 +90,17 @@
 // maxima at d = 128 were 1-2% slower).
 #ifndef BWD_DV_EARLY
 #define BWD_DV_EARLY (HEAD_DIM == 64)
+#endif
+// BWD_TURN 1 (session 17, an A/B variant): the two consumer warpgroups take turns issuing their
+// steps' S^T / dP^T products (named barriers 8 + cw, 256 threads: a warpgroup waits on its own
+// before issuing and arrives on the other's after), so one warpgroup's products finish before
+// the other's start instead of both sharing the tensor cores and both waiting ~512 clocks; the
+// offset this leaves between them also spreads their shared-memory phases (session 16's ncu:
+// both read shared memory together, every LDS then waiting ~200 clocks). Warpgroup 1 arrives
+// on warpgroup 0's barrier once at the start, and warpgroup 0 takes the last turn at the end;
+// dead steps take their turn too, so both walk the same number of turns.
+#ifndef BWD_TURN
+#define BWD_TURN 0
 #endif
 // BWD_SKIP_DEAD 1: a step whose warpgroup keys see none of its queries (causal: the second
 // warpgroup's step at the tile's first query tile, its keys all after those queries; any mask:
@@ -547,7 +562,9 @@ __device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
 #ifndef BWD_QPERM
 #define BWD_QPERM 0
 #endif
-// BWD_CVT4 1 (with BWD_QPERM; FLAMIA_BWD_CVT4=1, off until measured): the key-permuted A fragments
+// BWD_CVT4 1 (with BWD_QPERM; set by the host unless FLAMIA_BWD_CVT4=0; session 17: backward
+// -0.7..-2.5% from 4x16384 to 64x1024 and lognormal, training call -0.4..-1.7% on eight of the
+// nine workloads, +0.1% at 64x1024; d = 64 -0.6..+0.9%, noise): the key-permuted A fragments
 // built by cvt_e4m3x4 (each register's two code pairs converted into its two halves) instead of
 // cvt_e4m3x2 pairs, their 16-bit zero-extensions and a PRMT per register; the dS tile's bytes are
 // shifted out of those registers. The same codes in the same places: bitwise the same gradients.
@@ -827,6 +844,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   BWD_EARLY_LOADS
 #endif
   float sc[32], dp[32];
+  if (BWD_TURN) named_sync(8 + cw, 256);
   {
     // (opaque: the four base descriptors are rebuilt per step, not held or spilled across the
     // step; each K slice's is its base plus an offset)
@@ -841,6 +859,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_ss_m64n64k32_e4m3(dp, desc_add(dvb, 32 * kk), desc_add(dob, 32 * kk), kk > 0);
     wg_commit();
   }
+  if (BWD_TURN) named_arrive(8 + (cw ^ 1), 256);
 #if BWD_EARLY_COLS && !BWD_COLS_FIRST
   BWD_EARLY_LOADS
 #endif
@@ -1046,6 +1065,10 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 __device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
   const int cw = C.cw, w = C.w(), s = C.s, buf = C.nstep % BWD_DS_BUFS;
   mbar_wait(smem_u32(&sm.s_full[s]), C.ph);
+  if (BWD_TURN) {  // no products, but the turn is taken (both warpgroups walk the same turns)
+    named_sync(8 + cw, 256);
+    named_arrive(8 + (cw ^ 1), 256);
+  }
   u8* ds = ds_byte(sm, C, buf);
 #pragma unroll
   for (int j = 0; j < 8; ++j) ds_store_block(ds + 1024 * j, 0u, 0u);
@@ -1308,6 +1331,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     bwd_phase_last[cw] = clock64();
   }
 #endif
+  if (BWD_TURN && cw == 1) named_arrive(8, 256);  // warpgroup 0 takes the first turn
   for (int ni = 0;; ++ni) {
 #ifdef BWD_PROF_TIMERS
     const long long _t4 = clock64();
@@ -1419,6 +1443,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     ++C.nitem;
 #endif
   }
+  if (BWD_TURN && cw == 0) named_sync(8, 256);  // warpgroup 1's last arrival
   {  // no more partials: the reducer warp finishes the pending ones and stops
     const int db = C.nstep % BWD_DQ_BUFS;
     mbar_wait(smem_u32(&sm.dq_empty[db][cw]), ((C.nstep / BWD_DQ_BUFS) & 1) ^ 1);

@@ -198,11 +198,13 @@ fn bwd_dq_first_store() -> bool {
     super::env_number::<u32>("FLAMIA_BWD_DQ_STORE") != Some(0)
 }
 
-/// `FLAMIA_BWD_CVT4=1` (an A/B knob, with the key-permuted packing): the v4 backward's P~ and dS
-/// A fragments converted four codes per register (`BWD_CVT4`: 1,234 -> 1,204 SASS per interior
-/// step at d = 128, 939 -> 907 at 64); bitwise the same gradients.
+/// With the key-permuted packing, the v4 backward's P~ and dS A fragments converted four codes
+/// per register (`BWD_CVT4`: 1,234 -> 1,204 SASS per interior step at d = 128, 939 -> 907 at 64;
+/// bitwise the same gradients). On by default since session 17 (training call -0.4..-1.7% on
+/// eight of the nine workloads, docs/perf.md); `FLAMIA_BWD_CVT4=0` (A/B and the bitwise test)
+/// keeps the code pairs.
 fn bwd_cvt4() -> bool {
-    super::env_on("FLAMIA_BWD_CVT4")
+    !super::env_off("FLAMIA_BWD_CVT4")
 }
 
 /// `FLAMIA_BWD_DQ_BUFS=2` (an A/B knob, default 1): two FP32 dQ partial buffers per consumer
