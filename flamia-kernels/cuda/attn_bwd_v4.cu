@@ -102,6 +102,13 @@
 #ifndef BWD_TURN
 #define BWD_TURN 0
 #endif
+// BWD_REDUX 1 (session 17, an A/B variant): the dS block maxima's warp reduction as one
+// redux.sync.max.u32 on the bits of the thread's maximum (>= +0, never NaN: bitwise fmaxf's
+// result) instead of five shuffles and five FMNMX, and the thread's 16 values per slice as a tree
+// (depth 4) instead of a chain of 16: shorter dependent chains before the 64-thread barrier.
+#ifndef BWD_REDUX
+#define BWD_REDUX 0
+#endif
 // BWD_SKIP_DEAD 1: a step whose warpgroup keys see none of its queries (causal: the second
 // warpgroup's step at the tile's first query tile, its keys all after those queries; any mask:
 // no key of the warpgroup in the document) runs `bwd_step_dead` (zero codes, no products)
@@ -988,10 +995,23 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   float mx[2];
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl) {
+#if BWD_REDUX
+    // a tree (4 dependent FMNMX instead of 16), then +0 in: the chain's result bit for bit (the
+    // maximum of the non-NaN |dS~|, +0 if none), so >= +0 and never NaN, as redux needs
+    float t[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) t[i] = fmaxf(fabsf(dp[16 * sl + i]), fabsf(dp[16 * sl + i + 8]));
+#pragma unroll
+    for (int h = 4; h; h >>= 1)
+#pragma unroll
+      for (int i = 0; i < h; ++i) t[i] = fmaxf(t[i], t[i + h]);
+    mx[sl] = warp_max_nonneg(fmaxf(0.f, t[0]));
+#else
     float m = 0.f;
 #pragma unroll
     for (int i = 16 * sl; i < 16 * sl + 16; ++i) m = fmaxf(m, fabsf(dp[i]));
     mx[sl] = warp_max(m);
+#endif
   }
   if (lane == 0) {
     sm.red[par][4 * cw + w][0] = mx[0];

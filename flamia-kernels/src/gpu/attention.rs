@@ -207,6 +207,20 @@ fn bwd_cvt4() -> bool {
     !super::env_off("FLAMIA_BWD_CVT4")
 }
 
+/// `FLAMIA_BWD_REDUX=1` (an A/B knob, session 17): the v4 backward's dS block maxima reduced
+/// over the warp by one `redux.sync` on the maximum's bits and over the thread's 16 values as a
+/// tree (`BWD_REDUX`: 1,204 -> 1,186 SASS per interior step at d = 128, 907 -> 891 at 64);
+/// bitwise the same gradients.
+fn bwd_redux() -> bool {
+    super::env_on("FLAMIA_BWD_REDUX")
+}
+
+/// `FLAMIA_BWD_TURN=1` (an A/B knob, session 17): the v4 backward's two consumer warpgroups
+/// take turns issuing their S^T / dP^T products (`BWD_TURN`); bitwise the same gradients.
+fn bwd_turn() -> bool {
+    super::env_on("FLAMIA_BWD_TURN")
+}
+
 /// `FLAMIA_BWD_DQ_BUFS=2` (an A/B knob, default 1): two FP32 dQ partial buffers per consumer
 /// warpgroup in the v4 backward (`BWD_DQ_BUFS`), so a step's partial need not wait for the
 /// reducer's TMA to have read the previous one; 64 x hd x 4 bytes more per warpgroup (16 KB at
@@ -591,6 +605,12 @@ impl Attention {
             if bwd_cvt4() {
                 v.0 = v.0.define("BWD_CVT4", 1);
             }
+        }
+        if bwd_redux() {
+            v.0 = v.0.define("BWD_REDUX", 1);
+        }
+        if bwd_turn() {
+            v.0 = v.0.define("BWD_TURN", 1);
         }
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
@@ -1202,7 +1222,8 @@ mod tests {
                 let v = backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true)
                     .0
                     .define("BWD_QPERM", 1);
-                for v in [v.clone(), v.define("BWD_CVT4", 1)] {
+                let knobs = [v.clone().define("BWD_REDUX", 1), v.clone().define("BWD_TURN", 1)];
+                for v in [v.clone(), v.define("BWD_CVT4", 1)].into_iter().chain(knobs) {
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
                 }
