@@ -100,3 +100,8 @@ mutate fwd-lean-ev attn_fwd_v4.cu 's/sm.ev\[s\]\[32 \* lane\] = ev;/sm.ev[s][32 
 # tile, goes wrong).
 mutate bwd-cvt4-tile-half attn_bwd_v4.cu 's/const int sh = 16 \* (jj \& 1);/const int sh = 0;/' \
   mxfp8_causal_gqa_is_as_accurate_as_the_reference
+# 16. The redux block maxima (BWD_REDUX, the default): the tree's first level leaves the thread's
+# last value of each slice out, so a block whose maximum lies there gets a smaller exponent (its
+# codes and dS scale change with the knob).
+mutate bwd-redux-tree attn_bwd_v4.cu 's/fabsf(dp\[16 \* sl + i + 8\])/fabsf(dp[16 * sl + i + (i == 7 ? 0 : 8)])/' \
+  backward_redux_maxima_give_bitwise_the_same

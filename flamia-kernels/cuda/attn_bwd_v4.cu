@@ -91,23 +91,19 @@
 #ifndef BWD_DV_EARLY
 #define BWD_DV_EARLY (HEAD_DIM == 64)
 #endif
-// BWD_TURN 1 (session 17, an A/B variant): the two consumer warpgroups take turns issuing their
-// steps' S^T / dP^T products (named barriers 8 + cw, 256 threads: a warpgroup waits on its own
-// before issuing and arrives on the other's after), so one warpgroup's products finish before
-// the other's start instead of both sharing the tensor cores and both waiting ~512 clocks; the
-// offset this leaves between them also spreads their shared-memory phases (session 16's ncu:
-// both read shared memory together, every LDS then waiting ~200 clocks). Warpgroup 1 arrives
-// on warpgroup 0's barrier once at the start, and warpgroup 0 takes the last turn at the end;
-// dead steps take their turn too, so both walk the same number of turns.
-#ifndef BWD_TURN
-#define BWD_TURN 0
-#endif
-// BWD_REDUX 1 (session 17, an A/B variant): the dS block maxima's warp reduction as one
+// BWD_REDUX 1 (session 17, the default; the host builds 0 for FLAMIA_BWD_REDUX=0): the dS block maxima's warp reduction as one
 // redux.sync.max.u32 on the bits of the thread's maximum (>= +0, never NaN: bitwise fmaxf's
 // result) instead of five shuffles and five FMNMX, and the thread's 16 values per slice as a tree
 // (depth 4) instead of a chain of 16: shorter dependent chains before the 64-thread barrier.
+// 1,204 -> 1,186 SASS per interior step at d = 128, 907 -> 891 at 64. Measured (same call, two
+// rounds): backward -0.4..-2.0% on seven d = 128 workloads (8192+224x256 +0.1%, 256x256 -4.7%),
+// training call -0.6..-2.0% on eight (64x1024 +1.5%, its backward -1.1%); d = 64 -3.0 / -3.0 /
+// -2.6 / -0.1% (1x65536, 16x4096, 64x1024, 256x256). FLAMIA_BWD_REDUX=0 keeps the shuffles (A/B
+// and the bitwise test). Session 17 also measured the two consumer warpgroups taking turns to
+// issue S^T / dP^T (named barriers around the products): training call +0.2..+3.5% on seven
+// workloads, with REDUX +0.5..+1.5% on four: removed (docs/perf.md "Session 17").
 #ifndef BWD_REDUX
-#define BWD_REDUX 0
+#define BWD_REDUX 1
 #endif
 // BWD_SKIP_DEAD 1: a step whose warpgroup keys see none of its queries (causal: the second
 // warpgroup's step at the tile's first query tile, its keys all after those queries; any mask:
@@ -569,14 +565,14 @@ __device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
 #ifndef BWD_QPERM
 #define BWD_QPERM 0
 #endif
-// BWD_CVT4 1 (with BWD_QPERM; set by the host unless FLAMIA_BWD_CVT4=0; session 17: backward
+// BWD_CVT4 1 (with BWD_QPERM, the default; the host builds 0 for FLAMIA_BWD_CVT4=0; session 17: backward
 // -0.7..-2.5% from 4x16384 to 64x1024 and lognormal, training call -0.4..-1.7% on eight of the
 // nine workloads, +0.1% at 64x1024; d = 64 -0.6..+0.9%, noise): the key-permuted A fragments
 // built by cvt_e4m3x4 (each register's two code pairs converted into its two halves) instead of
 // cvt_e4m3x2 pairs, their 16-bit zero-extensions and a PRMT per register; the dS tile's bytes are
 // shifted out of those registers. The same codes in the same places: bitwise the same gradients.
 #ifndef BWD_CVT4
-#define BWD_CVT4 0
+#define BWD_CVT4 BWD_QPERM
 #endif
 #if BWD_CVT4 && !BWD_QPERM
 #error "BWD_CVT4 packs the key-permuted fragments (BWD_QPERM)"
@@ -851,7 +847,6 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   BWD_EARLY_LOADS
 #endif
   float sc[32], dp[32];
-  if (BWD_TURN) named_sync(8 + cw, 256);
   {
     // (opaque: the four base descriptors are rebuilt per step, not held or spilled across the
     // step; each K slice's is its base plus an offset)
@@ -866,7 +861,6 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_ss_m64n64k32_e4m3(dp, desc_add(dvb, 32 * kk), desc_add(dob, 32 * kk), kk > 0);
     wg_commit();
   }
-  if (BWD_TURN) named_arrive(8 + (cw ^ 1), 256);
 #if BWD_EARLY_COLS && !BWD_COLS_FIRST
   BWD_EARLY_LOADS
 #endif
@@ -1085,10 +1079,6 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 __device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
   const int cw = C.cw, w = C.w(), s = C.s, buf = C.nstep % BWD_DS_BUFS;
   mbar_wait(smem_u32(&sm.s_full[s]), C.ph);
-  if (BWD_TURN) {  // no products, but the turn is taken (both warpgroups walk the same turns)
-    named_sync(8 + cw, 256);
-    named_arrive(8 + (cw ^ 1), 256);
-  }
   u8* ds = ds_byte(sm, C, buf);
 #pragma unroll
   for (int j = 0; j < 8; ++j) ds_store_block(ds + 1024 * j, 0u, 0u);
@@ -1351,7 +1341,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     bwd_phase_last[cw] = clock64();
   }
 #endif
-  if (BWD_TURN && cw == 1) named_arrive(8, 256);  // warpgroup 0 takes the first turn
   for (int ni = 0;; ++ni) {
 #ifdef BWD_PROF_TIMERS
     const long long _t4 = clock64();
@@ -1463,7 +1452,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     ++C.nitem;
 #endif
   }
-  if (BWD_TURN && cw == 0) named_sync(8, 256);  // warpgroup 1's last arrival
   {  // no more partials: the reducer warp finishes the pending ones and stops
     const int db = C.nstep % BWD_DQ_BUFS;
     mbar_wait(smem_u32(&sm.dq_empty[db][cw]), ((C.nstep / BWD_DQ_BUFS) & 1) ^ 1);

@@ -69,6 +69,12 @@
 // QUANT_PERM_MASK: bit i set = input i's dim-major copy has its tokens permuted within each
 // 32-token block (dim_token; QuantInput::dim_perm: Q and dO for the v4 backward, BWD_QPERM).
 // A define, so a build without permuted inputs (K and V; MODE 1/2 paths) is the plain transposes' code.
+// QUANT_REDUX 1 (session 17, an A/B variant): the block amax's warp reduction as one redux.sync
+// on the bits of the lane's maximum (>= +0 and never NaN: an fmaxf chain from +0 times the
+// positive Hadamard norm), bitwise warp_max's result (common.cuh warp_max_nonneg).
+#ifndef QUANT_REDUX
+#define QUANT_REDUX 0
+#endif
 #ifndef QUANT_PERM_MASK
 #define QUANT_PERM_MASK 0
 #endif
@@ -540,7 +546,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #elif MODE == 2
     const int e = floor_exponent(__uint_as_float(p.amax[it.ti]));
 #else
-    m = warp_max(m);
+    m = QUANT_REDUX ? warp_max_nonneg(m) : warp_max(m);  // (m >= +0, not NaN)
 #ifdef QUANT_PROF_NOBAR
     const int e = block_exponent(m);
 #else

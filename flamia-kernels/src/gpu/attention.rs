@@ -207,18 +207,13 @@ fn bwd_cvt4() -> bool {
     !super::env_off("FLAMIA_BWD_CVT4")
 }
 
-/// `FLAMIA_BWD_REDUX=1` (an A/B knob, session 17): the v4 backward's dS block maxima reduced
-/// over the warp by one `redux.sync` on the maximum's bits and over the thread's 16 values as a
-/// tree (`BWD_REDUX`: 1,204 -> 1,186 SASS per interior step at d = 128, 907 -> 891 at 64);
-/// bitwise the same gradients.
+/// The v4 backward's dS block maxima reduced over the warp by one `redux.sync` on the maximum's
+/// bits and over the thread's 16 values as a tree (`BWD_REDUX`: 1,204 -> 1,186 SASS per interior
+/// step at d = 128, 907 -> 891 at 64; bitwise the same gradients). On by default since session 17
+/// (training call -0.6..-2.0% on eight of the nine workloads, d = 64 backward -2.6..-3.0%);
+/// `FLAMIA_BWD_REDUX=0` keeps the shuffles (A/B and the bitwise test).
 fn bwd_redux() -> bool {
-    super::env_on("FLAMIA_BWD_REDUX")
-}
-
-/// `FLAMIA_BWD_TURN=1` (an A/B knob, session 17): the v4 backward's two consumer warpgroups
-/// take turns issuing their S^T / dP^T products (`BWD_TURN`); bitwise the same gradients.
-fn bwd_turn() -> bool {
-    super::env_on("FLAMIA_BWD_TURN")
+    !super::env_off("FLAMIA_BWD_REDUX")
 }
 
 /// `FLAMIA_BWD_DQ_BUFS=2` (an A/B knob, default 1): two FP32 dQ partial buffers per consumer
@@ -602,15 +597,12 @@ impl Attention {
         );
         if self.bwd_qperm() {
             v.0 = v.0.define("BWD_QPERM", 1);
-            if bwd_cvt4() {
-                v.0 = v.0.define("BWD_CVT4", 1);
+            if !bwd_cvt4() {
+                v.0 = v.0.define("BWD_CVT4", 0);
             }
         }
-        if bwd_redux() {
-            v.0 = v.0.define("BWD_REDUX", 1);
-        }
-        if bwd_turn() {
-            v.0 = v.0.define("BWD_TURN", 1);
+        if !bwd_redux() {
+            v.0 = v.0.define("BWD_REDUX", 0);
         }
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
@@ -1217,13 +1209,19 @@ mod tests {
                 }
             }
             // the key-permuted packing of dV's and dK's A fragments (FLAMIA_BWD_QPERM=1), block and
-            // row dS exponents, without and with the four-code conversions (FLAMIA_BWD_CVT4=1)
+            // row dS exponents, without and with the four-code conversions (BWD_CVT4) and the
+            // redux block maxima (BWD_REDUX)
             for row_ds in [false, true] {
                 let v = backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true)
                     .0
                     .define("BWD_QPERM", 1);
-                let knobs = [v.clone().define("BWD_REDUX", 1), v.clone().define("BWD_TURN", 1)];
-                for v in [v.clone(), v.define("BWD_CVT4", 1)].into_iter().chain(knobs) {
+                let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
+                for v in [
+                    plain,
+                    v.clone().define("BWD_CVT4", 0),
+                    v.clone().define("BWD_REDUX", 0),
+                    v,
+                ] {
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
                 }
