@@ -83,12 +83,12 @@ mutate bwd4-dq-store-second attn_bwd_v4.cu 's/if (P.dq_first_store \&\& j.target
 mutate quant-chunk-nozero quant.cu 's/if (chunk_block(cb, k >> 1) < 0) v = make_uint4(0u, 0u, 0u, 0u);//' \
   gpu_quant:quantiser_overwrites_poisoned_buffers_and_repeats_bitwise
 # 12. Quantiser chunks: every block's codes gathered into slot 0 of the staging buffer.
-mutate quant-chunk-slot quant.cu 's/dimbuf_off(4 \* g + c, 2 \* cj + (s >> 1))/dimbuf_off(4 * g + c, (s >> 1))/' \
+mutate quant-chunk-slot quant.cu 's/ \^ (32 \* cj);/;/' \
   gpu_quant:e4m3_quantiser_is_bitwise_the_cpu_reference
 # 13. BWD_QPERM's packing (the default; FLAMIA_BWD_QPERM=0 turns it off) without the matching
 # Q / dO order (the quantiser's permutation dropped): dK and dV pair dS~ / P~ with the wrong
 # queries, so the gradients change with the knob.
-mutate bwd-qperm-plain-q quant.cu 's/tile_word((QUANT_PERM_MASK >> it.ti) \& 1 ? dim_token(s, r) : 8 \* s + r, g)/tile_word(8 * s + r, g)/' \
+mutate bwd-qperm-plain-q quant.cu 's/if ((QUANT_PERM_MASK >> it.ti) \& 1) {/if (0) {/' \
   backward_qperm_gives_bitwise_the_same gpu_quant:permuted_dim_copy_is_the_plain_one_reordered_in_every_block
 # 14. The forward's token-block producer (the lean one, lanes 0..3 writing each 32-key group's
 # exponents): the V exponent of the odd 32-key groups written one too high, so P'V weighs those

@@ -69,36 +69,21 @@
 // QUANT_PERM_MASK: bit i set = input i's dim-major copy has its tokens permuted within each
 // 32-token block (dim_token; QuantInput::dim_perm: Q and dO for the v4 backward, BWD_QPERM).
 // A define, so a build without permuted inputs (K and V; MODE 1/2 paths) is the plain transposes' code.
-// QUANT_REDUX 1 (session 17, an A/B variant): the block amax's warp reduction as one redux.sync
-// on the bits of the lane's maximum (>= +0 and never NaN: an fmaxf chain from +0 times the
-// positive Hadamard norm), bitwise warp_max's result (common.cuh warp_max_nonneg).
-#ifndef QUANT_REDUX
-#define QUANT_REDUX 0
-#endif
 #ifndef QUANT_PERM_MASK
 #define QUANT_PERM_MASK 0
 #endif
-// QUANT_SWZ 1 (A/B variant, off by default; same bytes): shared-memory layouts without bank
-// conflicts. The dO ncu (session 17) counts 2 wavefronts per access where 1 would do on two
-// accesses: the permuted inputs' (QUANT_PERM_MASK) column reads of the code tile (tile_word's
-// swizzle gives token octets s and s ^ 3 the same banks under dim_token: its bit 3 gains row
-// bit 4), and the transposes' 8-byte writes into the chunk buffer (an 8-byte access is served
-// per half warp; there the pieces of dim quads g and g ^ 1 collided: dimbuf_off's piece swizzle
-// becomes a rotation of the dim quad's low three bits). Every other access keeps one wavefront
-// per 128 bytes (checked for all accesses at d = 128 and 64 by simulating the banks).
-#ifndef QUANT_SWZ
-#define QUANT_SWZ 0
-#endif
-// QUANT_AHEAD 1 (A/B variant, off by default; same bytes): the plan lookups off each item's
-// critical chain. The next item's block entry is loaded one item ahead (its rows' addresses
-// need it at once: a dependent L2 round trip on every item before the prefetch could issue), the
-// chunk's slot mask is kept in a register (the flush no longer reloads the chunk entry right
-// before its barrier), the flush's predicate and addresses are loop-invariant / strength-reduced,
-// and with D the item's O is loaded before the rotation and the block maximum instead of after
-// the barrier (ncu of the dO launch: 42% of the stall cycles wait on L1TEX).
-#ifndef QUANT_AHEAD
-#define QUANT_AHEAD 0
-#endif
+// Shared-memory layouts without bank conflicts (session 17, "SWZ"; the dO quantiser's ncu had
+// counted 2 wavefronts per access where 1 would do on two accesses): the code tile's swizzle
+// (tile_word / swz_row) takes row bit 4 into its bit 3, so the permuted inputs' (QUANT_PERM_MASK)
+// column reads under dim_token reach 4 distinct bank groups; the chunk buffer's piece swizzle
+// (dimbuf_off) is a rotation of the dim quad's low three bits, so a half warp's 8-byte transpose
+// writes land on all 32 banks. Every access then takes one wavefront per 128 bytes (checked for
+// all accesses at d = 128 and 64 by simulating the banks), and the kernel forms each address as
+// (per-thread part ^ constant) + constant. Measured (session 17, same call, two rounds): Q/K/V
+// quantiser -1.1..-2.5% (0.505-0.519 -> 0.499-0.503 ms), dO quantiser 0.252 / 0.254 -> 0.249 /
+// 0.249 ms; bitwise the same bytes (gpu_quant). Measured in the same call and not kept: the plan
+// lookups one item ahead (QUANT_AHEAD: -1.1 / -0.2 / +1.4%) and the block amax by redux.sync
+// (with both: no better than SWZ alone).
 #define QUANT_INPUTS 3
 // 32-element chunks of a row per thread (element i = 32 k + 8 q + j, k < NK).
 #define NK (HEAD_DIM / 32)
@@ -288,21 +273,15 @@ __device__ __forceinline__ float absmax_rows(const float (&v)[8 * NK]) {
 // keeps both the row writes (8 rows x 4 quarters per warp) and the column reads (8 dim quads x
 // 4 token octets per warp) on 32 distinct banks. d = 64 uses words w < 16 of every row (the
 // swizzle spreads them over all 32 words; both accesses stay on 32 distinct banks per warp).
-#if QUANT_SWZ
 // The swizzle of row r: bit 3 also takes row bit 4, so the permuted column reads (dim_token: row
 // bits 2 and 4 vary over the token octets) reach 4 distinct bank groups too. Linear in r's bits
 // (XORs only), so the kernel forms every access's word as (per-thread part ^ constant) + constant.
 __device__ __forceinline__ int swz_row(int r) {
   return (r & 1) | ((((r >> 1) & 3) ^ ((r >> 3) & 3) ^ ((r >> 4) & 1)) << 3);
 }
-#endif
 
 __device__ __forceinline__ int tile_word(int r, int w) {
-#if QUANT_SWZ
   return r * 32 + (w ^ swz_row(r));
-#else
-  return r * 32 + (w ^ ((r & 1) | ((((r >> 1) & 3) ^ ((r >> 3) & 3)) << 3)));
-#endif
 }
 
 #if DELTA
@@ -398,29 +377,16 @@ __device__ __forceinline__ void cursor_next(const QuantParams& p, Cursor& u, int
 // Byte offset in the chunk's dim-major staging buffer ([HEAD_DIM rows][128 positions]) of the
 // 16-byte piece k (positions 16k .. 16k+15) of row r: pieces XOR-swizzled by the row's dim quad.
 __device__ __forceinline__ int dimbuf_off(int r, int k) {
-#if QUANT_SWZ
   // the dim quad g = r / 4 rotated, (g & 3) << 1 | (g >> 2) & 1: the 4 quads of a half warp's
   // 8-byte writes (pieces 2j, 2j + 1) land on 8 distinct pieces (all 32 banks)
   const int g = r >> 2;
   return r * 128 + 16 * (k ^ (((g & 3) << 1) | ((g >> 2) & 1)));
-#else
-  return r * 128 + 16 * (k ^ ((r >> 2) & 7));
-#endif
 }
 
 // dimbuf_off(16 i + tid / 8, tid % 8) (the flush's pass i) from fb = its pass-0 offset: the dim
-// quad g = 4 i + tid / 32 changes the piece swizzle by bit 0 (QUANT_SWZ) or bit 2 on odd passes.
+// quad g = 4 i + tid / 32 changes the piece swizzle by bit 0 on odd passes.
 __device__ __forceinline__ int flush_off(int fb, int i) {
-#if QUANT_SWZ
   return (fb ^ (16 * (i & 1))) + 2048 * i;
-#else
-  return (fb ^ (64 * (i & 1))) + 2048 * i;
-#endif
-}
-
-// Bit j set: slot j of the chunk holds a block.
-__device__ __forceinline__ int chunk_mask(const int4& cb) {
-  return (cb.x >= 0) | ((cb.y >= 0) << 1) | ((cb.z >= 0) << 2) | ((cb.w >= 0) << 3);
 }
 
 extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(const QuantParams p) {
@@ -453,20 +419,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     load_rows(t0.x, it, t0.heads, raw);
   }
 #endif
-#if QUANT_AHEAD
-  int cm = chunk_mask(nu.cb);  // this item's chunk: its slots holding a block
-#endif
   cursor_next(p, nu, gb, gs);
-#if QUANT_AHEAD
-  // the next item (i + 1): chunk, head slot, chunk slot, the chunk's mask and its block entry;
-  // nu runs one item further (i + 2), its chunk entry loaded one item before its block entry
-  int n1c = nu.c, n1s = nu.s, n1j = nu.j, n1m = chunk_mask(nu.cb);
-  int4 nblk = make_int4(0, 0, 0, 0);
-  if (n1c < p.nchunks) {
-    nblk = load_block(p, chunk_block(nu.cb, nu.j));
-    cursor_next(p, nu, gb, gs);
-  }
-#endif
   for (int buf = 0;; buf ^= 1) {
     const QuantTensor t = pick_input(p, it.ti);
     const int n = min(32, it.L - it.b0);
@@ -475,48 +428,20 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     unpack_bf16(raw, v);
 #endif
     // the next item's rows are in flight while this one is computed
-#if QUANT_AHEAD
-    const bool has_next = n1c < p.nchunks;
-    const bool flush = !has_next || n1j == 0;  // this block is its chunk item's last
-    const int ncc = n1c, ncj = n1j, ncm = n1m;
-#else
     const bool has_next = nu.c < p.nchunks;
     const bool flush = !has_next || nu.j == 0;  // this block is its chunk item's last
     const int ncc = nu.c, ncj = nu.j;
-#endif
     Item nx = it;
     if (has_next) {
-#if QUANT_AHEAD
-      nx = make_item(p, nblk, n1s);
-#else
       nx = make_item(p, load_block(p, chunk_block(nu.cb, nu.j)), nu.s);
-#endif
       const QuantTensor tn = pick_input(p, nx.ti);
 #if QUANT_ASYNC
       stage_rows(tn.x, nx, tn.heads, stage[buf ^ 1]);
 #else
       load_rows(tn.x, nx, tn.heads, raw);
 #endif
-#if QUANT_AHEAD
-      // item i + 2 becomes the next: its block entry now (used next iteration; its chunk entry
-      // was loaded last iteration), then nu steps to i + 3
-      n1c = nu.c;
-      n1s = nu.s;
-      n1j = nu.j;
-      n1m = chunk_mask(nu.cb);
-      if (nu.c < p.nchunks) {
-        nblk = load_block(p, chunk_block(nu.cb, nu.j));
-        cursor_next(p, nu, gb, gs);
-      }
-#else
       cursor_next(p, nu, gb, gs);
-#endif
     }
-#if DELTA && QUANT_AHEAD
-    // O of this item for D, in flight under the rotation, the block maximum and its barrier
-    uint4 ocur[NK];
-    load_rows(p.o, it, p.in[0].heads, ocur);
-#endif
 #if QUANT_ASYNC
     // this item's copies (this thread's own slots) have landed; the next item's may still fly
     if (has_next) {
@@ -546,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #elif MODE == 2
     const int e = floor_exponent(__uint_as_float(p.amax[it.ti]));
 #else
-    m = QUANT_REDUX ? warp_max_nonneg(m) : warp_max(m);  // (m >= +0, not NaN)
+    m = warp_max(m);
 #ifdef QUANT_PROF_NOBAR
     const int e = block_exponent(m);
 #else
@@ -555,7 +480,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     const int e = block_exponent(fmaxf(fmaxf(wmax[buf][0], wmax[buf][1]), fmaxf(wmax[buf][2], wmax[buf][3])));
 #endif
 #endif
-#if DELTA && !QUANT_AHEAD
+#if DELTA
     // O of this item (not prefetched: registers), for D after the codes
     uint4 ocur[NK];
     load_rows(p.o, it, p.in[0].heads, ocur);
@@ -573,7 +498,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     for (int c = 0; c < 2 * NK; ++c)
       codes[c] = tt < n ? e4m3x4(v[4 * c] * f, v[4 * c + 1] * f, v[4 * c + 2] * f, v[4 * c + 3] * f) : 0u;
     u32* tl = tile[buf];
-#if QUANT_SWZ
     {
       // tile_word(tt, 8 k + 2 q + o) = wb ^ (8 k + o)
       const int wb = 32 * tt + ((2 * q) ^ swz_row(tt));
@@ -583,13 +507,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
         tl[wb ^ (8 * k + 1)] = codes[2 * k + 1];
       }
     }
-#else
-#pragma unroll
-    for (int k = 0; k < NK; ++k) {
-      tl[tile_word(tt, 8 * k + 2 * q)] = codes[2 * k];
-      tl[tile_word(tt, 8 * k + 2 * q + 1)] = codes[2 * k + 1];
-    }
-#endif
 #if DELTA
     const float dsum = delta_dot(codes, ocur);  // every lane: the shuffles need the whole warp
 #endif
@@ -622,7 +539,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     {
       const int s = tid & 3, g = tid >> 2;
       u32 wd[8];
-#if QUANT_SWZ
       // tile_word(row, g) with row = (thread part) + (part of r), disjoint bits:
       // (32 row_s + (g ^ swz_row(row_s))) ^ swz_row(row_r), plus 32 row_r
       if ((QUANT_PERM_MASK >> it.ti) & 1) {
@@ -638,44 +554,15 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #pragma unroll
         for (int r = 0; r < 8; ++r) wd[r] = tl[(rb ^ swz_row(r)) + 32 * r];
       }
-#else
-#pragma unroll
-      for (int r = 0; r < 8; ++r) wd[r] = tl[tile_word((QUANT_PERM_MASK >> it.ti) & 1 ? dim_token(s, r) : 8 * s + r, g)];
-#endif
       u32 lo[4], hi[4];
 #pragma unroll
       for (int half = 0; half < 2; ++half) transpose_bytes_4x4(wd + 4 * half, half ? hi : lo);
       // into the chunk's staging buffer: row 4g + c, positions 32j + 8s .. +7
-#if QUANT_SWZ
       // dimbuf_off(4 g + c, 2 cj + (s >> 1)) + 8 (s & 1) = (db ^ 32 cj) + 128 c
       const int db = (512 * g + 16 * ((s >> 1) ^ (((g & 3) << 1) | ((g >> 2) & 1))) + 8 * (s & 1)) ^ (32 * cj);
 #pragma unroll
       for (int c = 0; c < 4; ++c) *reinterpret_cast<uint2*>(dimbuf + db + 128 * c) = make_uint2(lo[c], hi[c]);
-#else
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        *reinterpret_cast<uint2*>(dimbuf + dimbuf_off(4 * g + c, 2 * cj + (s >> 1)) + 8 * (s & 1)) = make_uint2(lo[c], hi[c]);
-#endif
     }
-#if QUANT_AHEAD
-    if (flush) {
-      // as below, with the chunk's slot mask from a register, the zero predicate loop-invariant
-      // (piece k = tid % 8 in every pass) and the address stepped by 16 rows a pass
-      const int k = tid & 7;
-      const bool live = (cm >> (k >> 1)) & 1;
-      u8* dst = t.dim + ((long long)it.h * HEAD_DIM + (tid >> 3)) * p.Tpad + 128LL * cc + 16 * k;
-      const long long step = 16LL * p.Tpad;
-      const int fb = dimbuf_off(tid >> 3, k);
-      __syncthreads();
-#pragma unroll
-      for (int i = 0; i < HEAD_DIM * 8 / 128; ++i) {
-        uint4 v = *reinterpret_cast<const uint4*>(dimbuf + flush_off(fb, i));
-        if (!live) v = make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint4*>(dst + i * step) = v;
-      }
-    }
-    cm = ncm;
-#else
     if (flush) {
       // every block of the chunk item is in the buffer: each row's 128 positions as one line
       // (lanes 8i .. 8i+7 of a warp: one row), zeros at the slots without a block
@@ -684,16 +571,11 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #pragma unroll
       for (int i = 0; i < HEAD_DIM * 8 / 128; ++i) {
         const int idx = 128 * i + tid, r = idx >> 3, k = idx & 7;
-#if QUANT_SWZ
         uint4 v = *reinterpret_cast<const uint4*>(dimbuf + flush_off(dimbuf_off(tid >> 3, k), i));
-#else
-        uint4 v = *reinterpret_cast<const uint4*>(dimbuf + dimbuf_off(r, k));
-#endif
         if (chunk_block(cb, k >> 1) < 0) v = make_uint4(0u, 0u, 0u, 0u);
         *reinterpret_cast<uint4*>(t.dim + ((long long)it.h * HEAD_DIM + r) * p.Tpad + 128LL * cc + 16 * k) = v;
       }
     }
-#endif
     cc = ncc;
     cj = ncj;
     if (!has_next) break;
