@@ -292,18 +292,19 @@ fn backward_four_code_conversions_give_bitwise_the_same() {
     // (cvt_e4m3x4) instead of code pairs re-packed by PRMT, and shifts the dS tile's bytes out of
     // those registers: the same codes in the same places, so bitwise the same gradients; block
     // and row dS exponents, both head dims, causal and not, documents ending mid-tile.
-    let lens: &[usize] = &[300, 1, 65, 1100];
-    backward_knob_keeps_every_bit(
-        "FLAMIA_BWD_CVT4",
-        &[
-            (128, lens, true, false),
-            (128, lens, false, false),
-            (128, lens, true, true),
-            (64, lens, true, false),
-            (64, lens, false, true),
-        ],
-    );
+    backward_knob_keeps_every_bit("FLAMIA_BWD_CVT4", &CODE_KNOB_CASES);
 }
+
+/// The cases of the backward's code-path knobs (CVT4, REDUX): documents ending mid-tile and a
+/// one-token one, block and row dS exponents, both head dims, causal and not.
+const CODE_KNOB_CASES: [(usize, &[usize], bool, bool); 6] = [
+    (128, &[300, 1, 65, 1100], true, false),
+    (128, &[300, 1, 65, 1100], false, false),
+    (128, &[300, 1, 65, 1100], true, true),
+    (64, &[300, 1, 65, 1100], true, false),
+    (64, &[300, 1, 65, 1100], false, false),
+    (64, &[300, 1, 65, 1100], false, true),
+];
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
@@ -312,17 +313,7 @@ fn backward_redux_maxima_give_bitwise_the_same() {
     // non-negative floats and a tree over the thread's values: the same maximum, so the same
     // exponents and codes; block and row dS exponents (the knob leaves the row path alone), both
     // head dims, causal and not, documents ending mid-tile.
-    let lens: &[usize] = &[300, 1, 65, 1100];
-    backward_knob_keeps_every_bit(
-        "FLAMIA_BWD_REDUX",
-        &[
-            (128, lens, true, false),
-            (128, lens, false, false),
-            (128, lens, true, true),
-            (64, lens, true, false),
-            (64, lens, false, false),
-        ],
-    );
+    backward_knob_keeps_every_bit("FLAMIA_BWD_REDUX", &CODE_KNOB_CASES);
 }
 
 #[test]
