@@ -91,10 +91,11 @@
 #ifndef BWD_DV_EARLY
 #define BWD_DV_EARLY (HEAD_DIM == 64)
 #endif
-// BWD_REDUX 1 (session 17, the default; the host builds 0 for FLAMIA_BWD_REDUX=0): the dS block maxima's warp reduction as one
-// redux.sync.max.u32 on the bits of the thread's maximum (>= +0, never NaN: bitwise fmaxf's
-// result) instead of five shuffles and five FMNMX, and the thread's 16 values per slice as a tree
-// (depth 4) instead of a chain of 16: shorter dependent chains before the 64-thread barrier.
+// BWD_REDUX 1 (session 17, the default; the host builds 0 for FLAMIA_BWD_REDUX=0): the dS block
+// maxima's warp reduction as one redux.sync.max.u32 on the bits of the thread's maximum (>= +0,
+// never NaN: bitwise fmaxf's result) instead of five shuffles and five FMNMX, and the thread's 16
+// values per slice as a tree (depth 4) instead of a chain of 16: shorter dependent chains before
+// the 64-thread barrier.
 // 1,204 -> 1,186 SASS per interior step at d = 128, 907 -> 891 at 64. Measured (same call, two
 // rounds): backward -0.4..-2.0% on seven d = 128 workloads (8192+224x256 +0.1%, 256x256 -4.7%),
 // training call -0.6..-2.0% on eight (64x1024 +1.5%, its backward -1.1%); d = 64 -3.0 / -3.0 /
@@ -565,9 +566,9 @@ __device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
 #ifndef BWD_QPERM
 #define BWD_QPERM 0
 #endif
-// BWD_CVT4 1 (with BWD_QPERM, the default; the host builds 0 for FLAMIA_BWD_CVT4=0; session 17: backward
-// -0.7..-2.5% from 4x16384 to 64x1024 and lognormal, training call -0.4..-1.7% on eight of the
-// nine workloads, +0.1% at 64x1024; d = 64 -0.6..+0.9%, noise): the key-permuted A fragments
+// BWD_CVT4 1 (with BWD_QPERM, the default; the host builds 0 for FLAMIA_BWD_CVT4=0; session 17:
+// backward -0.7..-2.5% from 4x16384 to 64x1024 and lognormal, training call -0.4..-1.7% on eight
+// of the nine workloads, +0.1% at 64x1024; d = 64 -0.6..+0.9%, noise): the key-permuted A fragments
 // built by cvt_e4m3x4 (each register's two code pairs converted into its two halves) instead of
 // cvt_e4m3x2 pairs, their 16-bit zero-extensions and a PRMT per register; the dS tile's bytes are
 // shifted out of those registers. The same codes in the same places: bitwise the same gradients.
