@@ -329,9 +329,11 @@ __device__ __forceinline__ float delta_dot(const u32 (&codes)[2 * NK], const uin
 // + (k & 1), the score column that lane q's E4M3 pairs of an m64nN accumulator put at A-fragment
 // index k when they are packed without shuffles (attn_common.cuh codes_to_afrag_perm). For k = 8s + r
 // (thread octet s, unrolled r).
-__device__ __forceinline__ int dim_token(int s, int r) {
-  return 16 * (s >> 1) + 8 * ((r & 3) >> 1) + 4 * (s & 1) + 2 * (r >> 2) + (r & 1);
-}
+// Its two parts have disjoint bits: the octet's (dim_token_s) and the unrolled index's
+// (dim_token_r), so the kernel forms tile addresses from each separately.
+__device__ __forceinline__ int dim_token_s(int s) { return 16 * (s >> 1) + 4 * (s & 1); }
+__device__ __forceinline__ int dim_token_r(int r) { return 8 * ((r & 3) >> 1) + 2 * (r >> 2) + (r & 1); }
+__device__ __forceinline__ int dim_token(int s, int r) { return dim_token_s(s) + dim_token_r(r); }
 
 // Byte transpose of a 4 x 4 block: o[i] holds byte i of x[0], x[1], x[2], x[3] (low to high),
 // i.e. four tokens' codes of dim i when x[u] is token u's word of four dims.
@@ -376,12 +378,10 @@ __device__ __forceinline__ void cursor_next(const QuantParams& p, Cursor& u, int
 
 // Byte offset in the chunk's dim-major staging buffer ([HEAD_DIM rows][128 positions]) of the
 // 16-byte piece k (positions 16k .. 16k+15) of row r: pieces XOR-swizzled by the row's dim quad.
-__device__ __forceinline__ int dimbuf_off(int r, int k) {
-  // the dim quad g = r / 4 rotated, (g & 3) << 1 | (g >> 2) & 1: the 4 quads of a half warp's
-  // 8-byte writes (pieces 2j, 2j + 1) land on 8 distinct pieces (all 32 banks)
-  const int g = r >> 2;
-  return r * 128 + 16 * (k ^ (((g & 3) << 1) | ((g >> 2) & 1)));
-}
+// The piece swizzle of dim quad g, rotated, (g & 3) << 1 | (g >> 2) & 1: the 4 quads of a half
+// warp's 8-byte writes (pieces 2j, 2j + 1) land on 8 distinct pieces (all 32 banks).
+__device__ __forceinline__ int dimbuf_rot(int g) { return ((g & 3) << 1) | ((g >> 2) & 1); }
+__device__ __forceinline__ int dimbuf_off(int r, int k) { return r * 128 + 16 * (k ^ dimbuf_rot(r >> 2)); }
 
 // dimbuf_off(16 i + tid / 8, tid % 8) (the flush's pass i) from fb = its pass-0 offset: the dim
 // quad g = 4 i + tid / 32 changes the piece swizzle by bit 0 on odd passes.
@@ -500,7 +500,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     u32* tl = tile[buf];
     {
       // tile_word(tt, 8 k + 2 q + o) = wb ^ (8 k + o)
-      const int wb = 32 * tt + ((2 * q) ^ swz_row(tt));
+      const int wb = tile_word(tt, 2 * q);
 #pragma unroll
       for (int k = 0; k < NK; ++k) {
         tl[wb ^ (8 * k)] = codes[2 * k];
@@ -540,17 +540,16 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       const int s = tid & 3, g = tid >> 2;
       u32 wd[8];
       // tile_word(row, g) with row = (thread part) + (part of r), disjoint bits:
-      // (32 row_s + (g ^ swz_row(row_s))) ^ swz_row(row_r), plus 32 row_r
+      // tile_word(row_s, g) ^ swz_row(row_r), plus 32 row_r
       if ((QUANT_PERM_MASK >> it.ti) & 1) {
-        const int rs = 16 * (s >> 1) + 4 * (s & 1);  // dim_token(s, r) = rs + rr
-        const int pb = 32 * rs + (g ^ swz_row(rs));
+        const int pb = tile_word(dim_token_s(s), g);
 #pragma unroll
         for (int r = 0; r < 8; ++r) {
-          const int rr = 8 * ((r & 3) >> 1) + 2 * (r >> 2) + (r & 1);
+          const int rr = dim_token_r(r);
           wd[r] = tl[(pb ^ swz_row(rr)) + 32 * rr];
         }
       } else {
-        const int rb = 256 * s + (g ^ swz_row(8 * s));
+        const int rb = tile_word(8 * s, g);
 #pragma unroll
         for (int r = 0; r < 8; ++r) wd[r] = tl[(rb ^ swz_row(r)) + 32 * r];
       }
@@ -559,7 +558,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       for (int half = 0; half < 2; ++half) transpose_bytes_4x4(wd + 4 * half, half ? hi : lo);
       // into the chunk's staging buffer: row 4g + c, positions 32j + 8s .. +7
       // dimbuf_off(4 g + c, 2 cj + (s >> 1)) + 8 (s & 1) = (db ^ 32 cj) + 128 c
-      const int db = (512 * g + 16 * ((s >> 1) ^ (((g & 3) << 1) | ((g >> 2) & 1))) + 8 * (s & 1)) ^ (32 * cj);
+      const int db = (512 * g + 16 * ((s >> 1) ^ dimbuf_rot(g)) + 8 * (s & 1)) ^ (32 * cj);
 #pragma unroll
       for (int c = 0; c < 4; ++c) *reinterpret_cast<uint2*>(dimbuf + db + 128 * c) = make_uint2(lo[c], hi[c]);
     }
