@@ -69,6 +69,12 @@ def load(path):
     return out
 
 
+def opcode(sass):
+    """The opcode of a SASS line (its predicate, e.g. `@!P0`, skipped)."""
+    words = sass.split()
+    return words[1] if sass.startswith("@") and len(words) > 1 else words[0]
+
+
 def top(stalls, k, scale):
     return " ".join(f"{n}:{v * scale:.0f}" for n, v in sorted(stalls.items(), key=lambda kv: -kv[1])[:k] if v > 0)
 
@@ -125,8 +131,7 @@ def main():
         acc, last = 0.0, 0.0
         for k, i in enumerate(loop):
             acc += i["samples"]
-            op = i["sass"].split()[1] if i["sass"].startswith("@") else i["sass"].split()[0]
-            if op.startswith(LANDMARKS) or k == len(loop) - 1:
+            if opcode(i["sass"]).startswith(LANDMARKS) or k == len(loop) - 1:
                 print(f"  {i['addr'][-5:]} {k:5d} {(acc - last) * scale:8.0f}  cum {acc * scale:8.0f}  {i['sass'][:56]}")
                 last = acc
     if a.smem:
@@ -135,10 +140,10 @@ def main():
             print(f"== no '{WAVEFRONTS}' counts in the file")
         else:
             by = collections.defaultdict(lambda: [0.0, 0.0])
+            in_loop = {i["addr"] for i in loop}
             for i in ins:
                 if i["smem"]:
-                    op = i["sass"].split()[1] if i["sass"].startswith("@") else i["sass"].split()[0]
-                    key = ("loop" if i in loop else "other", op)
+                    key = ("loop" if i["addr"] in in_loop else "other", opcode(i["sass"]))
                     by[key][0] += i["smem"]
                     by[key][1] += i["n"]
             print(f"== shared-memory wavefronts: {launch:.3g} in the launch; loop ones per iteration and per execution")
