@@ -25,6 +25,8 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 {
+echo "=== gpu_quant (session 17's review re-expressed the quantiser's layout addresses: same SASS counts, not yet run)"; date
+timeout 60 $C/gpu_quant --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
 echo "=== ncu attn_bwd_v4 (1x65536)"; date
 B=$C/flamia KERNELS=attn_bwd_v4 OUT=$O/ncu timeout 150 bash bench/ncu-kernels.sh 2>&1 | tail -6
 echo "=== backward phases (BWD_PROF_PHASES, CTAs 0-1, the last launch's lines)"; date
