@@ -180,6 +180,19 @@
 #define BWD_PRODUCER_FOLD (HEAD_DIM == 64 && BWD_KEY_BLOCKS)
 #endif
 #define BWD_FOLD (BWD_PRODUCER_FOLD && BWD_KEY_BLOCKS)
+// BWD_COLS_TMA (the host defines it; src/gpu/attention.rs bwd_cols_tma): each step's per-query
+// constants (BwdCols) come by one bulk copy from the table bwd_cols wrote before the launch
+// ([query head][padded position / 2] column pairs), instead of the producer loading q_exp, do_exp,
+// LSE and D and computing them per stage: the producer's stage is then TMA issues only, with no
+// global-load latency on its chain (session 18: at 256x256 the consumers waited 1,143 clocks per
+// step for their stage against 330-400 on longer documents). Same values from the same
+// expressions: bitwise the same gradients. Not with BWD_FOLD (its constants are folded per slot).
+#ifndef BWD_COLS_TMA
+#define BWD_COLS_TMA 0
+#endif
+#if BWD_COLS_TMA && BWD_FOLD
+#error "BWD_COLS_TMA needs the per-stage constants unfolded (BWD_FOLD 0)"
+#endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 
@@ -210,6 +223,7 @@ struct BwdV4Params {
   int* counter;      // zeroed before the launch
   int* dq_sem;       // per (query head, global 64-query tile), zeroed
   int* kv_sem;       // per (KV head, key tile), zeroed
+  const u8* colc;    // BWD_COLS_TMA: BwdColPair [Hq][Tpad / 2] (bwd_cols), null otherwise
   int nitems, nqt, nkt;
   int h0, hk0, hkc;  // this launch's head chunk: query heads h0.., KV heads hk0..hk0 + hkc (scratch)
   int jitter;        // test knob: nonzero delays each dQ reduce by a pseudo-random few microseconds
@@ -218,6 +232,7 @@ struct BwdV4Params {
   // first partial (turn 0) by a TMA store, the later ones by reduce-add, so the accumulator needs
   // no zeroing; 0: token rows, zeroed by the host, every partial a reduce-add.
   int dq_first_store;
+  int tpad;          // padded positions (BWD_COLS_TMA: colc's rows per head x 2)
 };
 
 // Per-key factors the steps read (one copy: the next item's are written once this item's last
@@ -383,7 +398,13 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
         const u32 bar = smem_u32(&sm.s_full[s]);
         if (lane == 0) {
+#if BWD_COLS_TMA
+          mbar_expect_tx(bar, 4 * BQT * HEAD_DIM + (u32)sizeof(BwdCols));
+          bulk_load(smem_u32(&sm.cols[s]), P.colc + ((long long)h * (P.tpad / 2) + (t.pad0 + q0) / 2) * sizeof(BwdColPair),
+                    (u32)sizeof(BwdCols), bar);
+#else
           mbar_expect_tx(bar, 4 * BQT * HEAD_DIM);
+#endif
           tma_load_3d(smem_u32(sm.q[s]), &P.q_map, bar, 0, h, t.doc0 + q0);
           tma_load_3d(smem_u32(sm.dO[s]), &P.do_map, bar, 0, h, t.doc0 + q0);
           tma_load_2d(smem_u32(sm.qd[s]), &P.qd_map, bar, t.pad0 + q0, h * HEAD_DIM);
@@ -392,6 +413,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         return bar;
       };
       const u32 bar = issue();
+#if !BWD_COLS_TMA
       float c[5][2];  // qf, nl, dq, nd, pe of this lane's pair of queries 2 lane, +1
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -422,6 +444,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       *reinterpret_cast<float4*>(&cp.dq) = make_float4(c[2][0], c[2][1], c[3][0], c[3][1]);
       cp.pe = make_float2(c[4][0], c[4][1]);
 #endif
+#endif  // !BWD_COLS_TMA
       mbar_arrive(bar);
       if (++s == BWD_STAGES) { s = 0; ph ^= 1; }
     };
@@ -1589,6 +1612,44 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
              (int)blockIdx.x, c, r[0], r[1], r[2], r[3], r[4], r[5]);
     }
 #endif
+}
+
+// BWD_COLS_TMA's table: per (query head, padded position pair) the BwdColPair of the step
+// constants, the expressions the producer uses without it (0 / -inf past the document: padding
+// rows). One thread per pair. Mirrors ColsParams in src/gpu/attention.rs.
+struct ColsParams {
+  const i8* q_exp;     // [T, Hq]
+  const i8* do_exp;    // [T, Hq]
+  const float* lse;    // [T, Hq]
+  const float* delta;  // [T, Hq]
+  const int* pad_tok;  // [Tpad] the token of each padded position (-1: padding)
+  BwdColPair* colc;    // [Hq][Tpad / 2]
+  float scale_log2;
+  int hq, tpad;
+};
+extern "C" __global__ void __launch_bounds__(256) bwd_cols(const ColsParams p) {
+  const long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int pairs = p.tpad / 2;
+  if (g >= (long long)pairs * p.hq) return;
+  const int h = (int)(g / pairs), pr = (int)(g - (long long)h * pairs);
+  float c[5][2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int tok = p.pad_tok[2 * pr + j];
+    const bool ok = tok >= 0;
+    const long long e = (long long)(ok ? tok : 0) * p.hq + h;
+    const float fq = ok ? exp2i(p.q_exp[e]) : 0.f;
+    const float fo = ok ? exp2i(p.do_exp[e]) : 0.f;
+    c[0][j] = fq * p.scale_log2;
+    c[1][j] = ok ? -p.lse[e] * LOG2E : NEG_INF;
+    c[2][j] = fo * fq;
+    c[3][j] = ok ? -p.delta[e] * fq : 0.f;
+    c[4][j] = fo;
+  }
+  BwdColPair& cp = p.colc[(long long)h * pairs + pr];
+  *reinterpret_cast<float4*>(&cp.qf) = make_float4(c[0][0], c[0][1], c[1][0], c[1][1]);
+  *reinterpret_cast<float4*>(&cp.dq) = make_float4(c[2][0], c[2][1], c[3][0], c[3][1]);
+  *reinterpret_cast<float4*>(&cp.pe) = make_float4(c[4][0], c[4][1], 0.f, 0.f);
 }
 
 // c_j = max(edO_i over the rows i that see key j) - 8 per (token, query head): the suffix maximum

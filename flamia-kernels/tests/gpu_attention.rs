@@ -295,7 +295,7 @@ fn backward_four_code_conversions_give_bitwise_the_same() {
     backward_knob_keeps_every_bit("FLAMIA_BWD_CVT4", &CODE_KNOB_CASES);
 }
 
-/// The cases of the backward's code-path knobs (CVT4, REDUX): documents ending mid-tile and a
+/// The cases of the backward's code-path knobs (CVT4, REDUX, COLS_TMA): documents ending mid-tile and a
 /// one-token one, block and row dS exponents, both head dims, causal and not.
 const CODE_KNOB_CASES: [(usize, &[usize], bool, bool); 6] = [
     (128, &[300, 1, 65, 1100], true, false),
@@ -305,6 +305,16 @@ const CODE_KNOB_CASES: [(usize, &[usize], bool, bool); 6] = [
     (64, &[300, 1, 65, 1100], false, false),
     (64, &[300, 1, 65, 1100], false, true),
 ];
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn step_constants_by_bulk_copy_give_bitwise_the_same() {
+    // FLAMIA_BWD_COLS_TMA=1 (the default) has bwd_cols write every step's per-query constants
+    // into a table the producer bulk-copies per stage, instead of computing them in the producer:
+    // the same expressions on the same inputs, padding rows included, so bitwise the same
+    // gradients (at d = 64 with block scales the producer folds them and the knob changes nothing).
+    backward_knob_keeps_every_bit("FLAMIA_BWD_COLS_TMA", &CODE_KNOB_CASES);
+}
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]

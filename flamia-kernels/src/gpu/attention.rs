@@ -216,6 +216,17 @@ fn bwd_redux() -> bool {
     !super::env_off("FLAMIA_BWD_REDUX")
 }
 
+/// The v4 backward's per-step query constants by one bulk copy per stage from a table that
+/// `bwd_cols` writes before the launch (`BWD_COLS_TMA`), instead of the producer warp loading
+/// q_exp, dO's exponents, LSE and D and computing them per stage (its chain then holds no
+/// global-load latency). Bitwise the same gradients. Not where the producer folds the key factors
+/// into the constants (`BWD_PRODUCER_FOLD`, the source's default at head dim 64 with key blocks).
+/// On unless `FLAMIA_BWD_COLS_TMA=0` (A/B and the bitwise test).
+fn bwd_cols_tma(hd: u32, key_blocks: bool) -> bool {
+    let producer_fold = hd == 64 && key_blocks;
+    !producer_fold && !super::env_off("FLAMIA_BWD_COLS_TMA")
+}
+
 /// `FLAMIA_BWD_DQ_BUFS=2` (an A/B knob, default 1): two FP32 dQ partial buffers per consumer
 /// warpgroup in the v4 backward (`BWD_DQ_BUFS`), so a step's partial need not wait for the
 /// reducer's TMA to have read the previous one; 64 x hd x 4 bytes more per warpgroup (16 KB at
@@ -307,6 +318,7 @@ struct BwdV4Params {
     counter: u64,
     dq_sem: u64,
     kv_sem: u64,
+    colc: u64,
     nitems: i32,
     nqt: i32,
     nkt: i32,
@@ -315,6 +327,7 @@ struct BwdV4Params {
     hkc: i32,
     jitter: i32,
     dq_first_store: i32,
+    tpad: i32,
 }
 
 /// Mirrors `struct DvFoldParams` of `cuda/attn_bwd_v4.cu`.
@@ -327,6 +340,24 @@ struct DvFoldParams {
     hq: i32,
     causal: i32,
 }
+
+/// Mirrors `struct ColsParams` of `cuda/attn_bwd_v4.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct ColsParams {
+    q_exp: u64,
+    do_exp: u64,
+    lse: u64,
+    delta: u64,
+    pad_tok: u64,
+    colc: u64,
+    scale_log2: f32,
+    hq: i32,
+    tpad: i32,
+}
+
+/// Bytes of one column pair of the v4 backward's step constants (`struct BwdColPair`).
+const BWD_COL_PAIR_BYTES: usize = 48;
 
 /// Mirrors `struct DqConvertParams` of `cuda/attn_bwd_v4.cu`.
 #[repr(C)]
@@ -345,12 +376,14 @@ struct DqConvertParams {
 }
 
 /// Scratch of the v4 backward, part of [`GradWorkspace`]: the FP32 dQ accumulator, the dQ and
-/// dK/dV semaphores, dV's per-token fold exponents, and (GQA only) the dK/dV partial sums.
+/// dK/dV semaphores, dV's per-token fold exponents, the step constants' table (`BWD_COLS_TMA`:
+/// 24 bytes per padded position and query head) and (GQA only) the dK/dV partial sums.
 #[derive(Debug)]
 pub struct BwdScratch {
     dq_acc: DeviceBuf<f32>,
     sems: DeviceBuf<i32>,
     cexp: DeviceBuf<i32>,
+    cols: DeviceBuf<u8>,
     dkv: Option<DeviceBuf<f32>>,
 }
 
@@ -360,6 +393,7 @@ impl BwdScratch {
         self.dq_acc.bytes()
             + self.sems.bytes()
             + self.cexp.bytes()
+            + self.cols.bytes()
             + self.dkv.as_ref().map_or(0, |b| b.bytes())
     }
 }
@@ -604,6 +638,9 @@ impl Attention {
         if !bwd_redux() {
             v.0 = v.0.define("BWD_REDUX", 0);
         }
+        if bwd_cols_tma(hd, self.bwd_key_blocks()) {
+            v.0 = v.0.define("BWD_COLS_TMA", 1);
+        }
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
@@ -687,6 +724,7 @@ impl Attention {
                 dq_acc: DeviceBuf::zeros(&self.gpu, rows * (s.heads_q / chunks) * hd)?,
                 sems: DeviceBuf::zeros(&self.gpu, sems)?,
                 cexp: DeviceBuf::zeros(&self.gpu, t * s.heads_q)?,
+                cols: DeviceBuf::zeros(&self.gpu, rows / 2 * s.heads_q * BWD_COL_PAIR_BYTES)?,
                 dkv,
             })
         } else {
@@ -972,6 +1010,37 @@ impl Attention {
                 "bwd_dv_fold",
             )
         }?;
+        // the step constants' table (BWD_COLS_TMA): every query head, padded position pairs
+        let cols_tma = bwd_cols_tma(hd as u32, self.bwd_key_blocks());
+        if cols_tma {
+            let tpad = plan.tpad();
+            let cp = ColsParams {
+                q_exp: saved.q.exps,
+                do_exp: a.do_exp,
+                lse: a.lse,
+                delta: a.delta,
+                pad_tok: plan.pad_tok.ptr(),
+                colc: sc.cols.ptr(),
+                scale_log2: a.scale_log2,
+                hq: s.heads_q as i32,
+                tpad: tpad as i32,
+            };
+            let f = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_cols", 0)?;
+            let threads = tpad / 2 * s.heads_q;
+            // SAFETY: params mirror ColsParams; the exponent, LSE and D tables are [T, Hq], pad_tok
+            // [Tpad], colc holds Tpad / 2 x Hq column pairs (alloc_grad); one thread per pair.
+            unsafe {
+                launch(
+                    &f,
+                    (threads.div_ceil(256) as u32, 1, 1),
+                    256,
+                    0,
+                    stream,
+                    &cp,
+                    "bwd_cols",
+                )
+            }?;
+        }
         // the fused kernel and the dQ conversion, once per head chunk (BwdSchedule::chunks): the
         // chunk's dQ accumulator and dK/dV partials are the scratch's
         self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
@@ -1007,6 +1076,7 @@ impl Attention {
                 counter: plan.counter.ptr(),
                 dq_sem: sc.sems.ptr(),
                 kv_sem: sc.sems.ptr() + 4 * (s.heads_q * bw.query_tiles) as u64,
+                colc: if cols_tma { sc.cols.ptr() } else { 0 },
                 nitems: range.len() as i32,
                 nqt: bw.query_tiles as i32,
                 nkt: nkt as i32,
@@ -1015,6 +1085,7 @@ impl Attention {
                 hkc: hkc as i32,
                 jitter: bwd_jitter(),
                 dq_first_store: first_store as i32,
+                tpad: plan.tpad() as i32,
             };
             let ctas = bwd_ctas().unwrap_or(self.gpu.sm_count().max(1) as usize);
             let grid = (range.len().min(ctas) as u32, 1, 1);
@@ -1194,13 +1265,15 @@ mod tests {
                         backward_v4_variant(stages, hd, row_ds, key_blocks, stress, skip_dead, walk_up);
                     // (at d = 64 with key blocks the producer's fold both ways: the budget has
                     // room for it whatever the source's default)
+                    // (elsewhere the step constants by bulk copy, BWD_COLS_TMA, as the runtime
+                    // builds them; the QPERM builds below keep the producer's own constants)
                     let vs = if key_blocks && hd == 64 {
                         vec![
                             v.clone().define("BWD_PRODUCER_FOLD", 0),
                             v.define("BWD_PRODUCER_FOLD", 1),
                         ]
                     } else {
-                        vec![v]
+                        vec![v.define("BWD_COLS_TMA", 1)]
                     };
                     for v in vs {
                         compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")

@@ -35,7 +35,11 @@
 //! The backward's FP32 dQ accumulator ([tokens x query heads x 128]) and, for GQA, its dK/dV
 //! partial sums grow with the packed row; past [`BWD_SCRATCH_BUDGET`] the query heads are split
 //! into chunks of whole KV groups, one launch per chunk (items listed chunk by chunk, each chunk
-//! longest first), so the scratch is one chunk's.
+//! longest first), so the scratch is one chunk's. When every document walks up (causal, at most
+//! [`BWD_UP_TILES`] key tiles each) the budget is [`BWD_SCRATCH_BUDGET_UP`]: at a 65,536-token
+//! row and 16 heads one launch instead of two, the training call -0.3..-2.9% on the five
+//! workloads of such documents, while on longer ones the one launch lost (1x65536 +2%, 4x16384
+//! +64%; docs/perf.md "Session 18").
 
 use crate::options::VarlenShape;
 
@@ -155,9 +159,15 @@ pub fn bwd_dq_turn(tile: &[i32; 8], q0: usize) -> usize {
 /// before the query heads are split into chunks (`FLAMIA_BWD_SCRATCH_MIB` overrides it).
 pub const BWD_SCRATCH_BUDGET: usize = 256 << 20;
 
-/// [`BWD_SCRATCH_BUDGET`], or `FLAMIA_BWD_SCRATCH_MIB` MiB when set (a development and test knob).
-pub fn bwd_scratch_budget() -> usize {
-    super::env_number::<usize>("FLAMIA_BWD_SCRATCH_MIB").map_or(BWD_SCRATCH_BUDGET, |m| m << 20)
+/// The budget when every document walks up (module docs): one launch where
+/// [`BWD_SCRATCH_BUDGET`] would take two (+256 MiB at a 65,536-token row and 16 heads).
+pub const BWD_SCRATCH_BUDGET_UP: usize = 512 << 20;
+
+/// `FLAMIA_BWD_SCRATCH_MIB` MiB when set (a development and test knob, taken whatever the
+/// documents), else `None`: [`BwdSchedule::new`] picks [`BWD_SCRATCH_BUDGET`] or
+/// [`BWD_SCRATCH_BUDGET_UP`].
+pub fn bwd_scratch_budget() -> Option<usize> {
+    super::env_number::<usize>("FLAMIA_BWD_SCRATCH_MIB").map(|m| m << 20)
 }
 
 /// Scratch bytes of one chunk of `heads_q / chunks` query heads: the FP32 dQ accumulator (`rows`:
@@ -212,13 +222,14 @@ pub struct BwdSchedule {
 
 impl BwdSchedule {
     /// Tiles and items of `shape` (`pad_starts` as for [`FwdSchedule::new`]), the heads split
-    /// into chunks when the scratch would exceed `scratch_budget` bytes, causal documents of at
-    /// most `up_tiles` key tiles walking up.
+    /// into chunks when the scratch would exceed `scratch_budget` bytes (`None`: the default
+    /// rule, [`BWD_SCRATCH_BUDGET`] or, when every document walks up, [`BWD_SCRATCH_BUDGET_UP`]),
+    /// causal documents of at most `up_tiles` key tiles walking up.
     pub fn new(
         shape: &VarlenShape,
         pad_starts: &[usize],
         causal: bool,
-        scratch_budget: usize,
+        scratch_budget: Option<usize>,
         up_tiles: usize,
     ) -> Self {
         let mut tiles = Vec::new();
@@ -248,7 +259,13 @@ impl BwdSchedule {
             qt0 += len.div_ceil(BWD_QT);
         }
         let (hq, hkv) = (shape.heads_q, shape.heads_kv);
-        let chunks = bwd_head_chunks(qt0 * BWD_QT, tiles.len(), hq, hkv, scratch_budget);
+        let all_up = up_docs.len() == shape.cu_seqlens.len() - 1;
+        let budget = scratch_budget.unwrap_or(if all_up {
+            BWD_SCRATCH_BUDGET_UP
+        } else {
+            BWD_SCRATCH_BUDGET
+        });
+        let chunks = bwd_head_chunks(qt0 * BWD_QT, tiles.len(), hq, hkv, budget);
         let down = (0..tiles.len()).filter(|&t| tiles[t][7] == 0).collect();
         let mut all = longest_first(down, &cost, hq);
         up_docs.sort_by_key(|&(len, first, _)| (std::cmp::Reverse(len), first));
@@ -369,7 +386,7 @@ mod tests {
     fn backward_items_take_each_documents_key_tiles_in_ascending_order() {
         let shape = VarlenShape::from_lens(&[100, 1000, 129, 256], 4, 2, 128).unwrap();
         for causal in [true, false] {
-            let s = BwdSchedule::new(&shape, &pads(&shape), causal, BWD_SCRATCH_BUDGET, 0);
+            let s = BwdSchedule::new(&shape, &pads(&shape), causal, Some(BWD_SCRATCH_BUDGET), 0);
             // key tiles: 1 + 8 + 2 + 2; 64-query tiles: 2 + 16 + 3 + 4
             assert_eq!(s.tiles.len(), 13);
             assert_eq!(s.query_tiles, 25);
@@ -394,7 +411,7 @@ mod tests {
             }
         }
         // the 1000-token document's first 64-query tile is global tile 2 (after the 100-token doc)
-        let s = BwdSchedule::new(&shape, &pads(&shape), true, BWD_SCRATCH_BUDGET, 0);
+        let s = BwdSchedule::new(&shape, &pads(&shape), true, Some(BWD_SCRATCH_BUDGET), 0);
         assert_eq!(s.tiles[1], [100, 1000, 128, 0, 2, 1, 0, 0]);
     }
 
@@ -452,7 +469,7 @@ mod tests {
         // key tiles: 1 + 8 + 2 + 5 + 17; up to 5 tiles walk up (causal only)
         let lens = [100, 1000, 129, 600, 2100];
         let shape = VarlenShape::from_lens(&lens, 2, 1, 128).unwrap();
-        let s = BwdSchedule::new(&shape, &pads(&shape), true, BWD_SCRATCH_BUDGET, 5);
+        let s = BwdSchedule::new(&shape, &pads(&shape), true, Some(BWD_SCRATCH_BUDGET), 5);
         assert!(s.walks_up());
         let up: Vec<i32> = s.tiles.iter().map(|t| t[7]).collect();
         let want: Vec<i32> = [(1, 1), (8, 0), (2, 1), (5, 1), (17, 0)]
@@ -483,8 +500,8 @@ mod tests {
             .collect();
         assert_eq!(up, want);
         // never without the causal mask, nor with the knob at 0
-        assert!(!BwdSchedule::new(&shape, &pads(&shape), false, BWD_SCRATCH_BUDGET, 5).walks_up());
-        assert!(!BwdSchedule::new(&shape, &pads(&shape), true, BWD_SCRATCH_BUDGET, 0).walks_up());
+        assert!(!BwdSchedule::new(&shape, &pads(&shape), false, Some(BWD_SCRATCH_BUDGET), 5).walks_up());
+        assert!(!BwdSchedule::new(&shape, &pads(&shape), true, Some(BWD_SCRATCH_BUDGET), 0).walks_up());
     }
 
     #[test]
@@ -495,7 +512,7 @@ mod tests {
         let lens = [100, 1000, 129, 600, 2100, 64, 300];
         let shape = VarlenShape::from_lens(&lens, 4, 2, 128).unwrap();
         for (causal, up_tiles) in [(true, 0), (true, 5), (true, 100), (false, 5)] {
-            let s = BwdSchedule::new(&shape, &pads(&shape), causal, BWD_SCRATCH_BUDGET, up_tiles);
+            let s = BwdSchedule::new(&shape, &pads(&shape), causal, Some(BWD_SCRATCH_BUDGET), up_tiles);
             // a GQA group's query heads (2 per KV head here) listed in ascending order per key
             // tile: the order the kernel sums their dK/dV partials in
             let mut last: std::collections::HashMap<(usize, usize), usize> = Default::default();
@@ -553,8 +570,8 @@ mod tests {
         // a budget nothing fits: one chunk per KV group
         assert_eq!(bwd_head_chunks(1 << 20, 8192, 16, 4, 1), 4);
         let shape = VarlenShape::from_lens(&[100, 1000, 129, 256], 8, 4, 128).unwrap();
-        let one = BwdSchedule::new(&shape, &pads(&shape), true, usize::MAX, 0);
-        let split = BwdSchedule::new(&shape, &pads(&shape), true, 1, 0);
+        let one = BwdSchedule::new(&shape, &pads(&shape), true, Some(usize::MAX), 0);
+        let split = BwdSchedule::new(&shape, &pads(&shape), true, Some(1), 0);
         assert_eq!((one.chunks, split.chunks), (1, 4));
         let hc = split.chunk_heads(8);
         assert_eq!(hc, 2);
@@ -576,5 +593,26 @@ mod tests {
                 .collect();
             assert_eq!(items, &kept[..]);
         }
+    }
+
+    #[test]
+    fn rows_of_documents_that_all_walk_up_take_the_larger_budget() {
+        // 65,536 tokens, 16 heads: 512 MiB of dQ accumulator. Every document walking up (at
+        // most BWD_UP_TILES = 64 key tiles, causal): one launch; a longer document, or no
+        // causal mask (nothing walks up), or an explicit budget: two
+        let chunks = |lens: &[usize], causal: bool, budget: Option<usize>| {
+            let shape = VarlenShape::from_lens(lens, 16, 16, 128).unwrap();
+            BwdSchedule::new(&shape, &pads(&shape), causal, budget, BWD_UP_TILES).chunks
+        };
+        assert_eq!(chunks(&[256; 256], true, None), 1);
+        assert_eq!(chunks(&[8192; 8], true, None), 1);
+        assert_eq!(chunks(&[16384; 4], true, None), 2);
+        let mut mixed = vec![256; 192];
+        mixed.push(16384);
+        assert_eq!(chunks(&mixed, true, None), 2);
+        assert_eq!(chunks(&[256; 256], false, None), 2);
+        assert_eq!(chunks(&[256; 256], true, Some(BWD_SCRATCH_BUDGET)), 2);
+        // 131,072 tokens of short documents: 1 GiB, two launches of 512 MiB
+        assert_eq!(chunks(&[1024; 128], true, None), 2);
     }
 }
