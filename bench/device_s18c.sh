@@ -21,6 +21,6 @@ echo "=== A/B: base (both) / cols0 / b256"; date
 TESTS=0 WL="--workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096 --workload 8192+224x256" \
   OUT=$O/ab timeout 170 bash bench/device_ab.sh 2>&1 | tail -24
 echo "=== vs anchors"; date
-B=$C/flamia O=$O/va timeout 330 bash bench/vs-anchors.sh 2>&1 | tail -32
+B=$C/flamia O=$O/va timeout 360 bash bench/vs-anchors.sh 2>&1 | tail -32
 date
 } 2>&1 | tee "$O/s18c.log"
