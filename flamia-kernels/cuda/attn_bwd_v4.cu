@@ -359,10 +359,31 @@ __device__ __forceinline__ int bwd_steps(const BwdTile& t, int causal) {
   return (t.len - qstart + BQT - 1) / BQT;
 }
 
+// BWD_PROF_PHASES also times the producer (lane 0, clocks summed over its items, printed with
+// the consumers' phases): [0] from the claim of an item to its first stage's TMA issue (the
+// atomic, the item and tile loads, the wait for a free stage), [1] that free-stage wait alone,
+// [2] waiting for the previous item's K and V to be released (kv_empty: the producer is early),
+// [3] from there to its kv_full arrival (the K/V issue and the per-key factors' loads), [4]
+// items, [5] the free-stage waits of the later stages.
+#ifdef BWD_PROF_PHASES
+__shared__ long long bwd_prod_clk[6];
+#define PROD_T(v) const long long v = clock64()
+#define PROD_ACC(k, v) \
+  if (lane == 0) bwd_prod_clk[k] += clock64() - (v)
+#else
+#define PROD_T(v)
+#define PROD_ACC(k, v)
+#endif
+
 // ---- producer ----------------------------------------------------------------------------------
 __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm) {
   const AttnParams& a = P.a;
   const int lane = threadIdx.x & 31;
+#ifdef BWD_PROF_PHASES
+  if (lane == 0)
+    for (int i = 0; i < 6; ++i) bwd_prod_clk[i] = 0;
+  long long t_claim = clock64();
+#endif
   if (lane == 0) {
     tma_prefetch(&P.k_map);
     tma_prefetch(&P.v_map);
@@ -395,7 +416,9 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
       // the stage's slot, once free: Q and dO by TMA into it (its barrier)
       const auto issue = [&]() {
+        PROD_T(t_se);
         mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
+        PROD_ACC(st == 0 ? 1 : 5, t_se);
         const u32 bar = smem_u32(&sm.s_full[s]);
         if (lane == 0) {
 #if BWD_COLS_TMA
@@ -413,6 +436,9 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         return bar;
       };
       const u32 bar = issue();
+#ifdef BWD_PROF_PHASES
+      if (st == 0) PROD_ACC(0, t_claim);
+#endif
 #if !BWD_COLS_TMA
       float c[5][2];  // qf, nl, dq, nd, pe of this lane's pair of queries 2 lane, +1
 #pragma unroll
@@ -469,7 +495,10 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     // K and V (and the step factors in item, the header and end factors in tail[ni & 1], last read
     // by item ni - 2) once the previous item's last steps have read its K and V: lane 0 sets the
     // bytes without arriving, then every lane writes its 4 keys' factors and arrives.
+    PROD_T(t_kve);
     mbar_wait(smem_u32(&sm.kv_empty), (ni & 1) ^ 1);
+    PROD_ACC(2, t_kve);
+    PROD_T(t_kvf);
 #if !BWD_FOLD
     BwdItem& it = sm.item;
 #endif
@@ -500,6 +529,10 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       tail.fv[4 * lane + j] = ok ? exp2i(c) : 0.f;
     }
     mbar_arrive(kvbar);
+    PROD_ACC(3, t_kvf);
+#ifdef BWD_PROF_PHASES
+    if (lane == 0) bwd_prod_clk[4] += code >= 0;
+#endif
     if (code < 0) return;
     int next = 0;
 #if !BWD_LATE_CLAIM
@@ -516,6 +549,9 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     }
     for (int st = 1; st < n; ++st) load_stage(st);
 #if BWD_LATE_CLAIM
+#ifdef BWD_PROF_PHASES
+    t_claim = clock64();
+#endif
     if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;
 #endif
     idx = __shfl_sync(0xffffffffu, next, 0);
@@ -1490,6 +1526,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
            (int)blockIdx.x, cw, C.nstep, k[0] / C.nstep, k[1] / C.nstep, k[2] / C.nstep, k[3] / C.nstep, k[4] / C.nstep,
            k[5] / C.nstep, k[6] / C.nstep, k[7] / C.nstep, k[8] / C.nstep, k[9] / C.nstep, k[10] / C.nstep, k[11] / C.nstep,
            C.nitem, k[12] / max(C.nitem, 1), k[13] / max(C.nitem, 1));
+    if (cw == 0) {
+      const long long* p = bwd_prod_clk;
+      const long long ni = max(p[4], 1ll);
+      printf("bwd4 producer cta %d items %lld clocks/item: claim->stage0 %lld (free-stage wait %lld) kv_empty wait %lld "
+             "K/V+factors %lld | later stages' free-stage wait %lld\n",
+             (int)blockIdx.x, p[4], p[0] / ni, p[1] / ni, p[2] / ni, p[3] / ni, p[5] / ni);
+    }
   }
 #endif
 #ifdef BWD_PROF_TIMERS
@@ -1572,6 +1615,8 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
 }
 #undef RED_T
 #undef RED_ACC
+#undef PROD_T
+#undef PROD_ACC
 
 extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_constant__ BwdV4Params P) {
   extern __shared__ u8 smem_raw[];
