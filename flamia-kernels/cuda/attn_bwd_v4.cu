@@ -242,7 +242,20 @@ struct BwdItem {
   float vf[BKT];  // 2^eV
   float cf[BKT];  // 2^-c
 };
-// ... and what the item's last dQ hand-offs and its end read (two copies: item n in tail[n & 1]).
+// ... and what the item's last dQ hand-offs and its end read (BWD_TAILS copies: item n in
+// tail[n % BWD_TAILS]).
+// BWD_EARLY_FACTORS (the host's default; FLAMIA_BWD_EARLY_FACTORS=0 turns it off): the producer
+// loads an item's per-key factors before it waits for the previous item's K/V slot (kv_empty),
+// into a third tail copy and the step factors into sm.item_next (copied into sm.item once the
+// slot is free), instead of after that wait. Session 18's producer clocks: it waited ~12,000 clocks
+// per item at kv_empty and then took ~4,600-5,900 to arrive on kv_full, the factors' global loads;
+// the consumers waited ~1,200-1,600 per item for kv_full after their item's end. A third copy
+// because tail[n % 3] is last read by item n - 3's end, which precedes item n - 2's steps, whose
+// K/V release the producer has already waited for; two copies would race item n - 2's end.
+#ifndef BWD_EARLY_FACTORS
+#define BWD_EARLY_FACTORS 0  // the host defines it (2 KB more shared memory: attention.rs with_early_factors)
+#endif
+#define BWD_TAILS (BWD_EARLY_FACTORS ? 3 : 2)
 struct BwdItemTail {
   int code, h;
   BwdTile tile;
@@ -291,10 +304,13 @@ struct BwdV4Smem {
   u8 ds[BWD_DS_BUFS][BQT * BKT];       // dS codes [64 queries][128 keys], no-swizzle K-major
   BwdCols cols[BWD_STAGES];
   BwdItem item;
+#if BWD_EARLY_FACTORS && !BWD_FOLD
+  BwdItem item_next;                   // the next item's step factors until item is free (the producer's)
+#endif
 #if BWD_FOLD
   float4 pfold[BWD_FOLD_SLOTS];        // the producer's: the item's 2^eK, 2^(eV+eK), 2^-c per fold slot
 #endif
-  BwdItemTail tail[2];
+  BwdItemTail tail[BWD_TAILS];
   float red[2][8][2];                  // [step parity][consumer warp][query slice] block maxima
 #ifdef BWD_PROF_REDUCER
   long long redprof[2][6];             // [reducer] partials, clocks, waits: partial, turn, read, landed
@@ -492,28 +508,41 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
     // The item's first stage goes out while the previous item's last steps still hold K and V.
     if (n > 0) load_stage(0);
-    // K and V (and the step factors in item, the header and end factors in tail[ni & 1], last read
-    // by item ni - 2) once the previous item's last steps have read its K and V: lane 0 sets the
-    // bytes without arriving, then every lane writes its 4 keys' factors and arrives.
-    PROD_T(t_kve);
-    mbar_wait(smem_u32(&sm.kv_empty), (ni & 1) ^ 1);
-    PROD_ACC(2, t_kve);
-    PROD_T(t_kvf);
+    // K and V (and the step factors in item, the header and end factors in tail[ni % BWD_TAILS])
+    // once the previous item's last steps have read its K and V: lane 0 sets the bytes without
+    // arriving, every lane writes its 4 keys' factors (BWD_EARLY_FACTORS: before the wait, into
+    // the tail; then copies the step factors into item) and arrives.
+    BwdItemTail& tail = sm.tail[ni % BWD_TAILS];
 #if !BWD_FOLD
+#if BWD_EARLY_FACTORS
+    BwdItem& it = sm.item_next;
+#else
     BwdItem& it = sm.item;
 #endif
-    BwdItemTail& tail = sm.tail[ni & 1];
+#endif
     const u32 kvbar = smem_u32(&sm.kv_full);
-    if (lane == 0) {
-      tail.code = code;
-      tail.h = h;
-      tail.tile = t;
-      if (code >= 0) {
-        mbar_expect_tx(kvbar, 2 * BKT * HEAD_DIM);
-        tma_load_3d(smem_u32(sm.k), &P.k_map, kvbar, 0, hk, t.doc0 + t.k0);
-        tma_load_3d(smem_u32(sm.v), &P.v_map, kvbar, 0, hk, t.doc0 + t.k0);
+    const auto kv_issue = [&]() {
+      if (lane == 0) {
+        tail.code = code;
+        tail.h = h;
+        tail.tile = t;
+        if (code >= 0) {
+          mbar_expect_tx(kvbar, 2 * BKT * HEAD_DIM);
+          tma_load_3d(smem_u32(sm.k), &P.k_map, kvbar, 0, hk, t.doc0 + t.k0);
+          tma_load_3d(smem_u32(sm.v), &P.v_map, kvbar, 0, hk, t.doc0 + t.k0);
+        }
       }
-    }
+    };
+    const auto kv_wait = [&]() {
+      PROD_T(t_kve);
+      mbar_wait(smem_u32(&sm.kv_empty), (ni & 1) ^ 1);
+      PROD_ACC(2, t_kve);
+    };
+    PROD_T(t_kvf);
+#if !BWD_EARLY_FACTORS
+    kv_wait();
+    kv_issue();
+#endif
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int key = t.k0 + 4 * lane + j;
@@ -528,8 +557,27 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       tail.fk[4 * lane + j] = ok ? a.scale * exp2i(-fold_exp(ek)) : 0.f;
       tail.fv[4 * lane + j] = ok ? exp2i(c) : 0.f;
     }
+#if BWD_EARLY_FACTORS
+    kv_wait();
+    PROD_ACC(3, t_kvf);  // (here: the factors' loads, the kv_empty wait included; [2] the wait alone)
+    PROD_T(t_kvi);
+    kv_issue();
+#if !BWD_FOLD
+    // this lane's keys' step factors into item (its own writes above: no other lane's)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int k = 4 * lane + j;
+      sm.item.kf[k] = it.kf[k];
+      sm.item.vf[k] = it.vf[k];
+      sm.item.cf[k] = it.cf[k];
+    }
+#endif
+    mbar_arrive(kvbar);
+    PROD_ACC(3, t_kvi);
+#else
     mbar_arrive(kvbar);
     PROD_ACC(3, t_kvf);
+#endif
 #ifdef BWD_PROF_PHASES
     if (lane == 0) bwd_prod_clk[4] += code >= 0;
 #endif
@@ -1410,7 +1458,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     C.prof[4] += clock64() - _t4;
 #endif
     BWD_PHASE(13);
-    const BwdItemTail& tail = sm.tail[ni & 1];
+    const BwdItemTail& tail = sm.tail[ni % BWD_TAILS];
     if (tail.code < 0) break;
     float dk[HEAD_DIM / 2], dv[HEAD_DIM / 2];
 #pragma unroll

@@ -295,7 +295,7 @@ fn backward_four_code_conversions_give_bitwise_the_same() {
     backward_knob_keeps_every_bit("FLAMIA_BWD_CVT4", &CODE_KNOB_CASES);
 }
 
-/// The cases of the backward's code-path knobs (CVT4, REDUX, COLS_TMA): documents ending mid-tile and a
+/// The cases of the backward's code-path knobs (CVT4, REDUX, COLS_TMA, EARLY_FACTORS): documents ending mid-tile and a
 /// one-token one, block and row dS exponents, both head dims, causal and not.
 const CODE_KNOB_CASES: [(usize, &[usize], bool, bool); 6] = [
     (128, &[300, 1, 65, 1100], true, false),
@@ -314,6 +314,15 @@ fn step_constants_by_bulk_copy_give_bitwise_the_same() {
     // the same expressions on the same inputs, padding rows included, so bitwise the same
     // gradients (at d = 64 with block scales the producer folds them and the knob changes nothing).
     backward_knob_keeps_every_bit("FLAMIA_BWD_COLS_TMA", &CODE_KNOB_CASES);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn key_factors_loaded_early_give_bitwise_the_same() {
+    // FLAMIA_BWD_EARLY_FACTORS=1 (the default) has the producer load an item's per-key factors
+    // into a third item tail and a staging copy before the previous item's K/V slot frees: the
+    // same values, so bitwise the same gradients (row dS at d = 128 keeps the late loads both ways).
+    backward_knob_keeps_every_bit("FLAMIA_BWD_EARLY_FACTORS", &CODE_KNOB_CASES);
 }
 
 #[test]

@@ -227,6 +227,29 @@ fn bwd_cols_tma(hd: u32, key_blocks: bool) -> bool {
     !producer_fold && !super::env_off("FLAMIA_BWD_COLS_TMA")
 }
 
+/// The v4 backward's producer loads an item's per-key factors before waiting for the previous
+/// item's K/V slot instead of after (`BWD_EARLY_FACTORS`: a third item tail and a staging copy
+/// of the step factors, 2 KB of shared memory; session 18's producer clocks put the factors'
+/// loads at ~4,600-5,900 clocks per item between that wait and the K/V hand-over). Bitwise the
+/// same gradients. Not with row dS exponents at head dim 128 (no room left in the 227 KB). On
+/// unless `FLAMIA_BWD_EARLY_FACTORS=0` (A/B and the bitwise test).
+fn bwd_early_factors(hd: u32, row_ds: bool) -> bool {
+    let full = row_ds && hd == 128;
+    !full && !super::env_off("FLAMIA_BWD_EARLY_FACTORS")
+}
+
+/// `v` with [`bwd_early_factors`]' define and its 2 KB more shared memory when `on`.
+fn with_early_factors((v, smem): (Variant, u32), on: bool) -> (Variant, u32) {
+    if !on {
+        return (v, smem);
+    }
+    let smem = smem + 2048;
+    (
+        v.define("BWD_EARLY_FACTORS", 1).define("SMEM_BWD4_BUDGET", smem),
+        smem,
+    )
+}
+
 /// `FLAMIA_BWD_DQ_BUFS=2` (an A/B knob, default 1): two FP32 dQ partial buffers per consumer
 /// warpgroup in the v4 backward (`BWD_DQ_BUFS`), so a step's partial need not wait for the
 /// reducer's TMA to have read the previous one; 64 x hd x 4 bytes more per warpgroup (16 KB at
@@ -641,6 +664,7 @@ impl Attention {
         if bwd_cols_tma(hd, self.bwd_key_blocks()) {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
+        let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
@@ -1227,7 +1251,7 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, forward_v4_variant, fwd_cw_const, parse_promote,
-        with_dq_bufs, FWD_CW_MIN_TILES,
+        with_dq_bufs, with_early_factors, FWD_CW_MIN_TILES,
     };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
@@ -1285,9 +1309,12 @@ mod tests {
             // row dS exponents, without and with the four-code conversions (BWD_CVT4) and the
             // redux block maxima (BWD_REDUX)
             for row_ds in [false, true] {
-                let v = backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true)
-                    .0
-                    .define("BWD_QPERM", 1);
+                let early = !(row_ds && hd == 128);
+                let (v, _) = with_early_factors(
+                    backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true),
+                    early,
+                );
+                let v = v.define("BWD_QPERM", 1);
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
                 for v in [
                     plain,
@@ -1302,7 +1329,7 @@ mod tests {
             // two dQ buffers per warpgroup (FLAMIA_BWD_DQ_BUFS=2): three stages at d = 64, two at 128
             let stages = if hd == 64 { 3 } else { 2 };
             let v = backward_v4_variant(stages, hd, false, true, false, None, true);
-            let (v, _) = with_dq_bufs(v, hd, 2).unwrap();
+            let (v, _) = with_dq_bufs(with_early_factors(v, true), hd, 2).unwrap();
             compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                 .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
             // the forward's per-warpgroup consumer copies (long items, fwd_cw_const), both
