@@ -271,6 +271,19 @@ struct alignas(16) BwdColPair {
   float2 dq, nd;  // 2^(edO + eQ); -D * 2^eQ
   float2 pe, pad; // 2^edO
 };
+// One query's step constants (the BwdColPair fields) from its exponents, LSE and D (element e of
+// the [T, Hq] tables), or those of a column past the document (ok false): the producer's per
+// stage and bwd_cols' table (BWD_COLS_TMA) both come from here, so they are the same bits.
+__device__ __forceinline__ void step_constants(float (&c)[5], bool ok, long long e, const i8* q_exp, const i8* do_exp,
+                                               const float* lse, const float* delta, float scale_log2) {
+  const float fq = ok ? exp2i(q_exp[e]) : 0.f;
+  const float fo = ok ? exp2i(do_exp[e]) : 0.f;
+  c[0] = fq * scale_log2;
+  c[1] = ok ? -lse[e] * LOG2E : NEG_INF;
+  c[2] = fo * fq;
+  c[3] = ok ? -delta[e] * fq : 0.f;
+  c[4] = fo;
+}
 #if BWD_FOLD
 // BWD_FOLD: per stage the column constants of every column pair folded with the factors of slot
 // b: the tile's 32-key block b (0..3) or, slot 4, factors 0 (what a key past the document has).
@@ -462,13 +475,10 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         const int i = 2 * lane + j;
         const bool ok = q0 + i < t.len;
         const long long e = (long long)(t.doc0 + (ok ? q0 + i : 0)) * a.hq + h;
-        const float fq = ok ? exp2i(a.q_exp[e]) : 0.f;
-        const float fo = ok ? exp2i(a.do_exp[e]) : 0.f;
-        c[0][j] = fq * a.scale_log2;
-        c[1][j] = ok ? -a.lse[e] * LOG2E : NEG_INF;
-        c[2][j] = fo * fq;
-        c[3][j] = ok ? -a.delta[e] * fq : 0.f;
-        c[4][j] = fo;
+        float cj[5];
+        step_constants(cj, ok, e, a.q_exp, a.do_exp, a.lse, a.delta, a.scale_log2);
+#pragma unroll
+        for (int k = 0; k < 5; ++k) c[k][j] = cj[k];
       }
 #if BWD_FOLD
       // folded per slot with the consumers' products (qf kf, dq vk, nd kf, pe cf)
@@ -1729,15 +1739,10 @@ extern "C" __global__ void __launch_bounds__(256) bwd_cols(const ColsParams p) {
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int tok = p.pad_tok[2 * pr + j];
-    const bool ok = tok >= 0;
-    const long long e = (long long)(ok ? tok : 0) * p.hq + h;
-    const float fq = ok ? exp2i(p.q_exp[e]) : 0.f;
-    const float fo = ok ? exp2i(p.do_exp[e]) : 0.f;
-    c[0][j] = fq * p.scale_log2;
-    c[1][j] = ok ? -p.lse[e] * LOG2E : NEG_INF;
-    c[2][j] = fo * fq;
-    c[3][j] = ok ? -p.delta[e] * fq : 0.f;
-    c[4][j] = fo;
+    float cj[5];
+    step_constants(cj, tok >= 0, (long long)max(tok, 0) * p.hq + h, p.q_exp, p.do_exp, p.lse, p.delta, p.scale_log2);
+#pragma unroll
+    for (int k = 0; k < 5; ++k) c[k][j] = cj[k];
   }
   BwdColPair& cp = p.colc[(long long)h * pairs + pr];
   *reinterpret_cast<float4*>(&cp.qf) = make_float4(c[0][0], c[0][1], c[1][0], c[1][1]);
