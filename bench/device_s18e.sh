@@ -12,7 +12,7 @@ O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 echo "=== gpu_attention"; date
-timeout 170 $C/gpu_attention --ignored --test-threads=1 key_factors_loaded_early step_constants dq_is_bitwise walking_up head_dim_64_is_bitwise repeated_runs 2>&1 \
+timeout 170 $C/gpu_attention --ignored --test-threads=1 key_factors_loaded_early mxfp8_causal_gqa dq_is_bitwise walking_up head_dim_64_is_bitwise 2>&1 \
   | grep -E "test result|panicked|FAILED|^test "
 echo "=== phases and producer clocks with early factors"; date
 for wl in 64x1024 256x256; do
