@@ -184,9 +184,10 @@
 // constants (BwdCols) come by one bulk copy from the table bwd_cols wrote before the launch
 // ([query head][padded position / 2] column pairs), instead of the producer loading q_exp, do_exp,
 // LSE and D and computing them per stage: the producer's stage is then TMA issues only, with no
-// global-load latency on its chain (session 18: at 256x256 the consumers waited 1,143 clocks per
-// step for their stage against 330-400 on longer documents). Same values from the same
-// expressions: bitwise the same gradients. Not with BWD_FOLD (its constants are folded per slot).
+// global-load latency on its chain. Measured (session 18, H200, same call): backward -2.8..-5.8%
+// at 16x4096, 32x2048 and mixed lengths, noise at 256x256 and 64x1024. Same values from the same
+// expressions (step_constants): bitwise the same gradients. Not with BWD_FOLD (its constants are
+// folded per slot).
 #ifndef BWD_COLS_TMA
 #define BWD_COLS_TMA 0
 #endif
@@ -249,7 +250,9 @@ struct BwdItem {
 // into a third tail copy and the step factors into sm.item_next (copied into sm.item once the
 // slot is free), instead of after that wait. Session 18's producer clocks: it waited ~12,000 clocks
 // per item at kv_empty and then took ~4,600-5,900 to arrive on kv_full, the factors' global loads;
-// the consumers waited ~1,200-1,600 per item for kv_full after their item's end. A third copy
+// the consumers waited ~1,200-1,600 per item for kv_full after their item's end. Measured (H100,
+// same call): training call -1.3% at 256x256, noise on four longer workloads; the consumers' wait
+// for kv_full stayed (the K/V tiles' own latency, not the factors). A third copy
 // because tail[n % 3] is last read by item n - 3's end, which precedes item n - 2's steps, whose
 // K/V release the producer has already waited for; two copies would race item n - 2's end.
 #ifndef BWD_EARLY_FACTORS
