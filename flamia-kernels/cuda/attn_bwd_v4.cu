@@ -1813,22 +1813,40 @@ struct DqConvertParams {
   int hadamard;
   int hc, hq, h0;
 };
+// DQC_ROWS (the host's FLAMIA_BWD_DQC_ROWS, default 1, an A/B knob prepared in session 18 and not
+// yet measured): rows per thread, grid-strided, their loads issued together. Each row's chain
+// is two dependent loads (pad_tok, then q_exp) beside the accumulator's float4, so one row per
+// thread leaves the launch short of bytes in flight (H100 session 18: 152 us per head chunk,
+// 2.65 TB/s = 79% of peak). Each row's arithmetic is the same: bitwise the same dQ.
+#ifndef DQC_ROWS
+#define DQC_ROWS 1
+#endif
 extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvertParams p) {
   const float* acc = p.acc;
   const long long rows = p.rows;
   constexpr int LPR = HEAD_DIM / 4;  // lanes per row
   const long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  const long long r0 = g / LPR;
+  const long long slots = (long long)gridDim.x * blockDim.x / LPR;  // rows per grid stride
   const int lane = (int)(g % LPR);
-  if ((r0 & ~(long long)(32 / LPR - 1)) >= rows) return;  // whole warps only (the shuffles)
-  const long long r = r0 < rows ? r0 : rows - 1;
-  const int tok = p.pad_tok ? p.pad_tok[r / p.hc] : (int)(r / p.hc);
-  const bool ok = r0 < rows && tok >= 0;
-  const long long o = (long long)max(tok, 0) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
-  const float4 v = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
-  const float f = p.scale * exp2i(-fold_exp(p.q_exp[o]));
-  float x[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
-  if (p.hadamard) hadamard_hd(x);
-  if (ok)
-    reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
+  if (((g / LPR) & ~(long long)(32 / LPR - 1)) >= rows) return;  // whole warps only (the shuffles)
+  long long o[DQC_ROWS];
+  bool ok[DQC_ROWS];
+  float4 v[DQC_ROWS];
+#pragma unroll
+  for (int k = 0; k < DQC_ROWS; ++k) {
+    const long long r0 = g / LPR + k * slots;
+    const long long r = r0 < rows ? r0 : rows - 1;
+    const int tok = p.pad_tok ? p.pad_tok[r / p.hc] : (int)(r / p.hc);
+    ok[k] = r0 < rows && tok >= 0;
+    o[k] = (long long)max(tok, 0) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
+    v[k] = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
+  }
+#pragma unroll
+  for (int k = 0; k < DQC_ROWS; ++k) {
+    const float f = p.scale * exp2i(-fold_exp(p.q_exp[o[k]]));
+    float x[4] = {v[k].x * f, v[k].y * f, v[k].z * f, v[k].w * f};
+    if (p.hadamard) hadamard_hd(x);
+    if (ok[k])
+      reinterpret_cast<uint2*>(p.dq + o[k] * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
+  }
 }

@@ -327,6 +327,15 @@ fn key_factors_loaded_early_give_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn dq_conversion_rows_per_thread_give_bitwise_the_same() {
+    // FLAMIA_BWD_DQC_ROWS=2 / 3 (bwd_dq_convert's rows per thread, grid-strided; unset = 1): the
+    // same arithmetic per row, every row written once, so bitwise the same dQ; both head dims
+    // (one and two rows per warp), documents ending mid-tile.
+    backward_knob_values_keep_every_bit("FLAMIA_BWD_DQC_ROWS", &["2", "3"], &CODE_KNOB_CASES);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn backward_redux_maxima_give_bitwise_the_same() {
     // FLAMIA_BWD_REDUX=1 (the default) reduces the dS block maxima by redux.sync on the bits of
     // non-negative floats and a tree over the thread's values: the same maximum, so the same
@@ -425,6 +434,11 @@ fn dead_steps_skipped_give_bitwise_the_full_backward() {
 /// [`same_bits_whatever`] for a backward knob `var` (0 / 1) on Gaussian mxfp8 calls of each case
 /// (head dim, document lengths, causal, row dS exponents; 4 query heads over 2 KV heads), every seed.
 fn backward_knob_keeps_every_bit(var: &str, cases: &[(usize, &[usize], bool, bool)]) {
+    backward_knob_values_keep_every_bit(var, &["0", "1"], cases);
+}
+
+/// [`backward_knob_keeps_every_bit`] with the knob's `values` (each against the knob unset).
+fn backward_knob_values_keep_every_bit(var: &str, values: &[&str], cases: &[(usize, &[usize], bool, bool)]) {
     let gpu = gpu();
     for &(hd, lens, causal, row_ds) in cases {
         let shape = VarlenShape::from_lens(lens, 4, 2, hd).unwrap();
@@ -435,7 +449,7 @@ fn backward_knob_keeps_every_bit(var: &str, cases: &[(usize, &[usize], bool, boo
                 opts.causal = causal;
                 opts.precision.row_ds_exponents = row_ds;
                 let call = gauss_call(&mut rng, &shape, opts);
-                same_bits_whatever(&gpu, &call, var, &["0", "1"]);
+                same_bits_whatever(&gpu, &call, var, values);
             },
         );
     }

@@ -251,6 +251,14 @@ fn with_early_factors((v, smem): (Variant, u32), on: bool) -> (Variant, u32) {
     )
 }
 
+/// `FLAMIA_BWD_DQC_ROWS=n` (an A/B knob prepared in session 18, default 1, at most 4): rows of
+/// the FP32 dQ accumulator per thread of `bwd_dq_convert` (`DQC_ROWS`), their loads issued
+/// together for more bytes in flight; each row's arithmetic is the same, so bitwise the same dQ
+/// (GPU test `dq_conversion_rows_per_thread_give_bitwise_the_same`).
+fn bwd_dqc_rows() -> u32 {
+    super::env_number::<u32>("FLAMIA_BWD_DQC_ROWS").map_or(1, |n| n.clamp(1, 4))
+}
+
 /// `FLAMIA_BWD_DQ_BUFS=2` (an A/B knob, default 1): two FP32 dQ partial buffers per consumer
 /// warpgroup in the v4 backward (`BWD_DQ_BUFS`), so a step's partial need not wait for the
 /// reducer's TMA to have read the previous one; 64 x hd x 4 bytes more per warpgroup (16 KB at
@@ -1071,7 +1079,13 @@ impl Attention {
         self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
         let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up())?;
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
-        let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
+        let dqc_rows = bwd_dqc_rows();
+        let vc = if dqc_rows > 1 {
+            v.clone().define("DQC_ROWS", dqc_rows)
+        } else {
+            v.clone()
+        };
+        let convert = self.gpu.function("attn_bwd_v4.cu", &vc, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
         let hkc = s.heads_kv / bw.chunks;
         // dQ accumulator rows: padded positions when each query tile's first partial is stored
@@ -1133,11 +1147,11 @@ impl Attention {
             };
             // SAFETY: params mirror DqConvertParams; acc is [acc_rows, hc, hd] (acc_rows = T, or
             // Tpad with pad_tok [Tpad] mapping its rows to tokens), dq [T, Hq, hd], q_exp [T, Hq],
-            // heads h0..h0 + hc; hd / 4 threads per row, 256 per CTA.
+            // heads h0..h0 + hc; hd / 4 threads per row, 256 per CTA, dqc_rows rows per thread.
             unsafe {
                 launch(
                     &convert,
-                    (rows.div_ceil(1024 / hd) as u32, 1, 1),
+                    (rows.div_ceil(1024 / hd * dqc_rows as usize) as u32, 1, 1),
                     256,
                     0,
                     stream,
@@ -1331,6 +1345,8 @@ mod tests {
             let stages = if hd == 64 { 3 } else { 2 };
             let v = backward_v4_variant(stages, hd, false, true, false, None, true);
             let (v, _) = with_dq_bufs(with_early_factors(v, true), hd, 2).unwrap();
+            // (and bwd_dq_convert with three rows per thread, FLAMIA_BWD_DQC_ROWS)
+            let v = v.define("DQC_ROWS", 3);
             compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                 .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
             // the forward's per-warpgroup consumer copies (long items, fwd_cw_const), both
