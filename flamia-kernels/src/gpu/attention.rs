@@ -1265,11 +1265,37 @@ impl Attention {
 #[cfg(test)]
 mod tests {
     use super::{
-        attention_variant, backward_v4_variant, forward_v4_variant, fwd_cw_const, parse_promote,
-        with_dq_bufs, with_early_factors, FWD_CW_MIN_TILES,
+        attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, forward_v4_variant,
+        fwd_cw_const, parse_promote, smem_bwd4, with_dq_bufs, with_early_factors, FWD_CW_MIN_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
+
+    #[test]
+    fn the_backwards_producer_options_fit_the_shared_memory_they_are_built_for() {
+        // the early key factors' 2 KB fit every build they are on for; with row dS exponents at
+        // d = 128 they would not, which is why they are off there (bwd_early_factors)
+        for hd in [64, 128] {
+            for row_ds in [false, true] {
+                for stages in [2, 3] {
+                    let (v, smem) = backward_v4_variant(stages, hd, row_ds, !row_ds, false, None, true);
+                    let base = smem;
+                    let (v, smem) = with_early_factors((v, smem), bwd_early_factors(hd, row_ds));
+                    assert!(
+                        smem <= SMEM_MAX,
+                        "d = {hd}, row dS {row_ds}, {stages} stages: {smem}"
+                    );
+                    let early = v.key().contains("BWD_EARLY_FACTORS");
+                    assert_eq!(early, !(row_ds && hd == 128), "d = {hd}, row dS {row_ds}");
+                    assert_eq!(smem, base + if early { 2048 } else { 0 });
+                }
+            }
+        }
+        assert!(smem_bwd4(3, 128, false, true) + 2048 > SMEM_MAX);
+        // the bulk-copied step constants everywhere but where the producer folds them
+        assert!(bwd_cols_tma(128, true) && bwd_cols_tma(128, false) && bwd_cols_tma(64, false));
+        assert!(!bwd_cols_tma(64, true));
+    }
 
     #[test]
     fn every_attention_variant_compiles_within_its_shared_memory_budget() {
