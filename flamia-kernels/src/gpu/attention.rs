@@ -232,8 +232,9 @@ fn bwd_cols_tma(hd: u32, key_blocks: bool) -> bool {
 /// item's K/V slot instead of after (`BWD_EARLY_FACTORS`: a third item tail and a staging copy
 /// of the step factors, 2 KB of shared memory; session 18's producer clocks put the factors'
 /// loads at ~4,600-5,900 clocks per item between that wait and the K/V hand-over; measured on an
-/// H100: training call -1.3% at 256x256, noise on longer documents). Bitwise the same gradients. Not with row dS exponents at head dim 128 (no room left in the 227 KB). On
-/// unless `FLAMIA_BWD_EARLY_FACTORS=0` (A/B and the bitwise test).
+/// H100: training call -1.3% at 256x256, noise on longer documents). Bitwise the same gradients.
+/// Not with row dS exponents at head dim 128 (no room left in the 227 KB). On unless
+/// `FLAMIA_BWD_EARLY_FACTORS=0` (A/B and the bitwise test).
 fn bwd_early_factors(hd: u32, row_ds: bool) -> bool {
     let full = row_ds && hd == 128;
     !full && !super::env_off("FLAMIA_BWD_EARLY_FACTORS")
@@ -1080,11 +1081,7 @@ impl Attention {
         let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up())?;
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         let dqc_rows = bwd_dqc_rows();
-        let vc = if dqc_rows > 1 {
-            v.clone().define("DQC_ROWS", dqc_rows)
-        } else {
-            v.clone()
-        };
+        let vc = v.clone().define("DQC_ROWS", dqc_rows);
         let convert = self.gpu.function("attn_bwd_v4.cu", &vc, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
         let hkc = s.heads_kv / bw.chunks;
@@ -1350,10 +1347,9 @@ mod tests {
             // row dS exponents, without and with the four-code conversions (BWD_CVT4) and the
             // redux block maxima (BWD_REDUX)
             for row_ds in [false, true] {
-                let early = !(row_ds && hd == 128);
                 let (v, _) = with_early_factors(
                     backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true),
-                    early,
+                    bwd_early_factors(hd, row_ds),
                 );
                 let v = v.define("BWD_QPERM", 1);
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
