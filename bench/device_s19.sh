@@ -19,6 +19,8 @@ if [ "${1:-}" = dqc ]; then
   {
   echo "=== the whole gpu_attention suite on the final session-18 tree (dq_conversion_rows included)"; date
   timeout 300 $C/gpu_attention --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED|^test "
+  echo "=== 1x131072: the call's device memory (MiB column)"; date
+  timeout 60 $C/flamia bench attention --workload 1x131072 2>&1 | grep -E "^[0-9]|^workload"
   echo "=== bwd_dq_convert rows per thread: A/B base / dqc2"; date
   VARS=dqc2 TESTS=0 WL="--workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096" \
     OUT=$O/ab timeout 150 bash bench/device_ab.sh 2>&1 | tail -20

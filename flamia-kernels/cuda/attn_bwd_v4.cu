@@ -106,6 +106,20 @@
 #ifndef BWD_REDUX
 #define BWD_REDUX 1
 #endif
+// BWD_KV_EARLY 1 (session 19, the default; the host builds 0 for FLAMIA_BWD_KV_EARLY=0): the
+// producer loads the next item's K and V once the consumers have released the item's *last
+// stage* (s_empty, arrived by every consumer warp right after its last step's dK products),
+// instead of waiting for kv_empty, which they arrive on only after the deferred dQ of the step
+// before (~1,400 clocks, H200) and their dS hand-over. Each warp runs its steps in order, so
+// that release implies every step's K/V reads (S^T, dP^T) and step-factor loads are done; dead
+// steps release their stage too. Before, the consumers still waited ~1,200-1,800 clocks per item
+// for the next K and V after the item's end (sessions 18), the tiles' own TMA latency. No
+// consumer instruction changes (the same SASS per step); kv_empty goes unused. (Releasing in the
+// last live step right after its products, ~3,000 clocks earlier still, cost +8..+28 SASS per
+// step in ptxas's allocation wherever it was placed.)
+#ifndef BWD_KV_EARLY
+#define BWD_KV_EARLY 1
+#endif
 // BWD_SKIP_DEAD 1: a step whose warpgroup keys see none of its queries (causal: the second
 // warpgroup's step at the tile's first query tile, its keys all after those queries; any mask:
 // no key of the warpgroup in the document) runs `bwd_step_dead` (zero codes, no products)
@@ -427,6 +441,10 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
   }
   int s = 0;
   u32 ph = 0;
+#if BWD_KV_EARLY
+  int rel_s = -1;  // the stage slot and fill parity of the previous item's last step (-1: none)
+  u32 rel_ph = 0;
+#endif
   int idx = blockIdx.x;
   for (int ni = 0;; ++ni) {
     const int code = idx < P.nitems ? P.items[idx] : -1;
@@ -548,7 +566,11 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     };
     const auto kv_wait = [&]() {
       PROD_T(t_kve);
+#if BWD_KV_EARLY
+      if (rel_s >= 0) mbar_wait(smem_u32(&sm.s_empty[rel_s]), rel_ph);  // the previous item's last stage
+#else
       mbar_wait(smem_u32(&sm.kv_empty), (ni & 1) ^ 1);
+#endif
       PROD_ACC(2, t_kve);
     };
     PROD_T(t_kvf);
@@ -609,6 +631,10 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       mbar_arrive(kdbar);
     }
     for (int st = 1; st < n; ++st) load_stage(st);
+#if BWD_KV_EARLY
+    rel_s = s == 0 ? BWD_STAGES - 1 : s - 1;  // (n >= 1: a tile always has a step)
+    rel_ph = s == 0 ? ph ^ 1 : ph;
+#endif
 #if BWD_LATE_CLAIM
 #ifdef BWD_PROF_PHASES
     t_claim = clock64();
@@ -1560,9 +1586,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
       dq_after_step(q0);
     }
 #endif
+#if !BWD_KV_EARLY
     // the item's K and V are read (each warp's own waits): the producer may load the next item's
     __syncwarp();
     if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty));
+#endif
     if (BWD_DEFER_DQ && pend_q0 >= 0) dq(C.nstep - 1, pend_q0);
     // the item's dim-major K is read (each warp's own dQ waits): the producer may load the next
     __syncwarp();
@@ -1813,40 +1841,22 @@ struct DqConvertParams {
   int hadamard;
   int hc, hq, h0;
 };
-// DQC_ROWS (the host's FLAMIA_BWD_DQC_ROWS, default 1, an A/B knob prepared in session 18 and not
-// yet measured): rows per thread, grid-strided, their loads issued together. Each row's chain
-// is two dependent loads (pad_tok, then q_exp) beside the accumulator's float4, so one row per
-// thread leaves the launch short of bytes in flight (H100 session 18: 152 us per head chunk,
-// 2.65 TB/s = 79% of peak). Each row's arithmetic is the same: bitwise the same dQ.
-#ifndef DQC_ROWS
-#define DQC_ROWS 1
-#endif
 extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvertParams p) {
   const float* acc = p.acc;
   const long long rows = p.rows;
   constexpr int LPR = HEAD_DIM / 4;  // lanes per row
   const long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  const long long slots = (long long)gridDim.x * blockDim.x / LPR;  // rows per grid stride
+  const long long r0 = g / LPR;
   const int lane = (int)(g % LPR);
-  if (((g / LPR) & ~(long long)(32 / LPR - 1)) >= rows) return;  // whole warps only (the shuffles)
-  long long o[DQC_ROWS];
-  bool ok[DQC_ROWS];
-  float4 v[DQC_ROWS];
-#pragma unroll
-  for (int k = 0; k < DQC_ROWS; ++k) {
-    const long long r0 = g / LPR + k * slots;
-    const long long r = r0 < rows ? r0 : rows - 1;
-    const int tok = p.pad_tok ? p.pad_tok[r / p.hc] : (int)(r / p.hc);
-    ok[k] = r0 < rows && tok >= 0;
-    o[k] = (long long)max(tok, 0) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
-    v[k] = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
-  }
-#pragma unroll
-  for (int k = 0; k < DQC_ROWS; ++k) {
-    const float f = p.scale * exp2i(-fold_exp(p.q_exp[o[k]]));
-    float x[4] = {v[k].x * f, v[k].y * f, v[k].z * f, v[k].w * f};
-    if (p.hadamard) hadamard_hd(x);
-    if (ok[k])
-      reinterpret_cast<uint2*>(p.dq + o[k] * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
-  }
+  if ((r0 & ~(long long)(32 / LPR - 1)) >= rows) return;  // whole warps only (the shuffles)
+  const long long r = r0 < rows ? r0 : rows - 1;
+  const int tok = p.pad_tok ? p.pad_tok[r / p.hc] : (int)(r / p.hc);
+  const bool ok = r0 < rows && tok >= 0;
+  const long long o = (long long)max(tok, 0) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
+  const float4 v = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
+  const float f = p.scale * exp2i(-fold_exp(p.q_exp[o]));
+  float x[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
+  if (p.hadamard) hadamard_hd(x);
+  if (ok)
+    reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
 }

@@ -327,11 +327,15 @@ fn key_factors_loaded_early_give_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn dq_conversion_rows_per_thread_give_bitwise_the_same() {
-    // FLAMIA_BWD_DQC_ROWS=2 / 3 (bwd_dq_convert's rows per thread, grid-strided; unset = 1): the
-    // same arithmetic per row, every row written once, so bitwise the same dQ; both head dims
-    // (one and two rows per warp), documents ending mid-tile.
-    backward_knob_values_keep_every_bit("FLAMIA_BWD_DQC_ROWS", &["2", "3"], &CODE_KNOB_CASES);
+fn kv_slot_released_early_gives_bitwise_the_same() {
+    // FLAMIA_BWD_KV_EARLY=1 (the default) has the producer load the next item's K, V and step
+    // factors once the consumers have released the item's last stage (after its last step's dK)
+    // instead of after their deferred dQ: every read of the slot is done by then, so bitwise the
+    // same gradients (a release before a read would change them); dead steps included.
+    backward_knob_keeps_every_bit("FLAMIA_BWD_KV_EARLY", &CODE_KNOB_CASES);
+    // with the dead steps skipped (an item whose last steps are dead: their stage release is last)
+    let _dead = EnvGuard::set("FLAMIA_BWD_SKIP_DEAD", "1");
+    backward_knob_keeps_every_bit("FLAMIA_BWD_KV_EARLY", &[CODE_KNOB_CASES[0], CODE_KNOB_CASES[3]]);
 }
 
 #[test]

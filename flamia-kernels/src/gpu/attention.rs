@@ -216,6 +216,14 @@ fn bwd_redux() -> bool {
     !super::env_off("FLAMIA_BWD_REDUX")
 }
 
+/// The v4 backward's consumers release an item's K/V slot in its last live step, right after
+/// they have read K, V and the item's factors, instead of after its last dQ (`BWD_KV_EARLY`): the
+/// next item's K/V loads run under that step's rest, the deferred dQ and the item's end; bitwise
+/// the same gradients. `FLAMIA_BWD_KV_EARLY=0` releases after the steps (A/B and the bitwise test).
+fn bwd_kv_early() -> bool {
+    !super::env_off("FLAMIA_BWD_KV_EARLY")
+}
+
 /// The v4 backward's per-step query constants by one bulk copy per stage from a table that
 /// `bwd_cols` writes before the launch (`BWD_COLS_TMA`), instead of the producer warp loading
 /// q_exp, dO's exponents, LSE and D and computing them per stage (its chain then holds no
@@ -250,14 +258,6 @@ fn with_early_factors((v, smem): (Variant, u32), on: bool) -> (Variant, u32) {
         v.define("BWD_EARLY_FACTORS", 1).define("SMEM_BWD4_BUDGET", smem),
         smem,
     )
-}
-
-/// `FLAMIA_BWD_DQC_ROWS=n` (an A/B knob prepared in session 18, default 1, at most 4): rows of
-/// the FP32 dQ accumulator per thread of `bwd_dq_convert` (`DQC_ROWS`), their loads issued
-/// together for more bytes in flight; each row's arithmetic is the same, so bitwise the same dQ
-/// (GPU test `dq_conversion_rows_per_thread_give_bitwise_the_same`).
-fn bwd_dqc_rows() -> u32 {
-    super::env_number::<u32>("FLAMIA_BWD_DQC_ROWS").map_or(1, |n| n.clamp(1, 4))
 }
 
 /// `FLAMIA_BWD_DQ_BUFS=2` (an A/B knob, default 1): two FP32 dQ partial buffers per consumer
@@ -671,6 +671,9 @@ impl Attention {
         if !bwd_redux() {
             v.0 = v.0.define("BWD_REDUX", 0);
         }
+        if !bwd_kv_early() {
+            v.0 = v.0.define("BWD_KV_EARLY", 0);
+        }
         if bwd_cols_tma(hd, self.bwd_key_blocks()) {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
@@ -1080,9 +1083,7 @@ impl Attention {
         self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
         let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up())?;
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
-        let dqc_rows = bwd_dqc_rows();
-        let vc = v.clone().define("DQC_ROWS", dqc_rows);
-        let convert = self.gpu.function("attn_bwd_v4.cu", &vc, "bwd_dq_convert", 0)?;
+        let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
         let hkc = s.heads_kv / bw.chunks;
         // dQ accumulator rows: padded positions when each query tile's first partial is stored
@@ -1144,11 +1145,11 @@ impl Attention {
             };
             // SAFETY: params mirror DqConvertParams; acc is [acc_rows, hc, hd] (acc_rows = T, or
             // Tpad with pad_tok [Tpad] mapping its rows to tokens), dq [T, Hq, hd], q_exp [T, Hq],
-            // heads h0..h0 + hc; hd / 4 threads per row, 256 per CTA, dqc_rows rows per thread.
+            // heads h0..h0 + hc; hd / 4 threads per row, 256 per CTA.
             unsafe {
                 launch(
                     &convert,
-                    (rows.div_ceil(1024 / hd * dqc_rows as usize) as u32, 1, 1),
+                    (rows.div_ceil(1024 / hd) as u32, 1, 1),
                     256,
                     0,
                     stream,
@@ -1367,8 +1368,6 @@ mod tests {
             let stages = if hd == 64 { 3 } else { 2 };
             let v = backward_v4_variant(stages, hd, false, true, false, None, true);
             let (v, _) = with_dq_bufs(with_early_factors(v, true), hd, 2).unwrap();
-            // (and bwd_dq_convert with three rows per thread, FLAMIA_BWD_DQC_ROWS)
-            let v = v.define("DQC_ROWS", 3);
             compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                 .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
             // the forward's per-warpgroup consumer copies (long items, fwd_cw_const), both
