@@ -105,9 +105,3 @@ mutate bwd-cvt4-tile-half attn_bwd_v4.cu 's/const int sh = 16 \* (jj \& 1);/cons
 # codes and dS scale change with the knob).
 mutate bwd-redux-tree attn_bwd_v4.cu 's/fabsf(dp\[16 \* sl + i + 8\])/fabsf(dp[16 * sl + i + (i == 7 ? 0 : 8)])/' \
   backward_redux_maxima_give_bitwise_the_same
-# 17. The early K/V release (BWD_KV_EARLY, the default): the producer no longer waits for the
-# previous item's last stage to be released before it loads the next item's K, V and factors, so
-# they overwrite the slot while that item's steps still read it (the knob's 0 build waits for
-# kv_empty).
-mutate bwd-kv-early-nowait attn_bwd_v4.cu 's/if (rel_s >= 0) mbar_wait/if (rel_s < -1) mbar_wait/' \
-  kv_slot_released_early_gives_bitwise_the_same

@@ -106,20 +106,6 @@
 #ifndef BWD_REDUX
 #define BWD_REDUX 1
 #endif
-// BWD_KV_EARLY 1 (session 19, the default; the host builds 0 for FLAMIA_BWD_KV_EARLY=0): the
-// producer loads the next item's K and V once the consumers have released the item's *last
-// stage* (s_empty, arrived by every consumer warp right after its last step's dK products),
-// instead of waiting for kv_empty, which they arrive on only after the deferred dQ of the step
-// before (~1,400 clocks, H200) and their dS hand-over. Each warp runs its steps in order, so
-// that release implies every step's K/V reads (S^T, dP^T) and step-factor loads are done; dead
-// steps release their stage too. Before, the consumers still waited ~1,200-1,800 clocks per item
-// for the next K and V after the item's end (sessions 18), the tiles' own TMA latency. No
-// consumer instruction changes (the same SASS per step); kv_empty goes unused. (Releasing in the
-// last live step right after its products, ~3,000 clocks earlier still, cost +8..+28 SASS per
-// step in ptxas's allocation wherever it was placed.)
-#ifndef BWD_KV_EARLY
-#define BWD_KV_EARLY 1
-#endif
 // BWD_SKIP_DEAD 1: a step whose warpgroup keys see none of its queries (causal: the second
 // warpgroup's step at the tile's first query tile, its keys all after those queries; any mask:
 // no key of the warpgroup in the document) runs `bwd_step_dead` (zero codes, no products)
@@ -441,10 +427,6 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
   }
   int s = 0;
   u32 ph = 0;
-#if BWD_KV_EARLY
-  int rel_s = -1;  // the stage slot and fill parity of the previous item's last step (-1: none)
-  u32 rel_ph = 0;
-#endif
   int idx = blockIdx.x;
   for (int ni = 0;; ++ni) {
     const int code = idx < P.nitems ? P.items[idx] : -1;
@@ -566,11 +548,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     };
     const auto kv_wait = [&]() {
       PROD_T(t_kve);
-#if BWD_KV_EARLY
-      if (rel_s >= 0) mbar_wait(smem_u32(&sm.s_empty[rel_s]), rel_ph);  // the previous item's last stage
-#else
       mbar_wait(smem_u32(&sm.kv_empty), (ni & 1) ^ 1);
-#endif
       PROD_ACC(2, t_kve);
     };
     PROD_T(t_kvf);
@@ -631,10 +609,6 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       mbar_arrive(kdbar);
     }
     for (int st = 1; st < n; ++st) load_stage(st);
-#if BWD_KV_EARLY
-    rel_s = s == 0 ? BWD_STAGES - 1 : s - 1;  // (n >= 1: a tile always has a step)
-    rel_ph = s == 0 ? ph ^ 1 : ph;
-#endif
 #if BWD_LATE_CLAIM
 #ifdef BWD_PROF_PHASES
     t_claim = clock64();
@@ -1586,11 +1560,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
       dq_after_step(q0);
     }
 #endif
-#if !BWD_KV_EARLY
     // the item's K and V are read (each warp's own waits): the producer may load the next item's
     __syncwarp();
     if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty));
-#endif
     if (BWD_DEFER_DQ && pend_q0 >= 0) dq(C.nstep - 1, pend_q0);
     // the item's dim-major K is read (each warp's own dQ waits): the producer may load the next
     __syncwarp();

@@ -327,19 +327,6 @@ fn key_factors_loaded_early_give_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn kv_slot_released_early_gives_bitwise_the_same() {
-    // FLAMIA_BWD_KV_EARLY=1 (the default) has the producer load the next item's K, V and step
-    // factors once the consumers have released the item's last stage (after its last step's dK)
-    // instead of after their deferred dQ: every read of the slot is done by then, so bitwise the
-    // same gradients (a release before a read would change them); dead steps included.
-    backward_knob_keeps_every_bit("FLAMIA_BWD_KV_EARLY", &CODE_KNOB_CASES);
-    // with the dead steps skipped (an item whose last steps are dead: their stage release is last)
-    let _dead = EnvGuard::set("FLAMIA_BWD_SKIP_DEAD", "1");
-    backward_knob_keeps_every_bit("FLAMIA_BWD_KV_EARLY", &[CODE_KNOB_CASES[0], CODE_KNOB_CASES[3]]);
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn backward_redux_maxima_give_bitwise_the_same() {
     // FLAMIA_BWD_REDUX=1 (the default) reduces the dS block maxima by redux.sync on the bits of
     // non-negative floats and a tree over the thread's values: the same maximum, so the same

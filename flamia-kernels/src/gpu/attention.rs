@@ -216,14 +216,6 @@ fn bwd_redux() -> bool {
     !super::env_off("FLAMIA_BWD_REDUX")
 }
 
-/// The v4 backward's consumers release an item's K/V slot in its last live step, right after
-/// they have read K, V and the item's factors, instead of after its last dQ (`BWD_KV_EARLY`): the
-/// next item's K/V loads run under that step's rest, the deferred dQ and the item's end; bitwise
-/// the same gradients. `FLAMIA_BWD_KV_EARLY=0` releases after the steps (A/B and the bitwise test).
-fn bwd_kv_early() -> bool {
-    !super::env_off("FLAMIA_BWD_KV_EARLY")
-}
-
 /// The v4 backward's per-step query constants by one bulk copy per stage from a table that
 /// `bwd_cols` writes before the launch (`BWD_COLS_TMA`), instead of the producer warp loading
 /// q_exp, dO's exponents, LSE and D and computing them per stage (its chain then holds no
@@ -670,9 +662,6 @@ impl Attention {
         }
         if !bwd_redux() {
             v.0 = v.0.define("BWD_REDUX", 0);
-        }
-        if !bwd_kv_early() {
-            v.0 = v.0.define("BWD_KV_EARLY", 0);
         }
         if bwd_cols_tma(hd, self.bwd_key_blocks()) {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
