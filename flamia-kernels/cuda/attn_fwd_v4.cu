@@ -353,10 +353,9 @@ __device__ __forceinline__ void p_to_afrag(const float (&sc)[64], u32 (&pa)[4][4
 // tile (N = 2R: the dim-major V tile's HEAD_DIM rows).
 template <int R>
 __device__ __forceinline__ void mma_rs_k128(float (&acc)[R], const u32 (&a)[4][4], u32 b) {
-  const u64 bd = desc_sw128(b);  // each K slice's descriptor is this one's plus its offset
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_rs_k32_e4m3(acc, a[kk], desc_add(bd, 32 * kk), kk > 0);
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs_k32_e4m3(acc, a[kk], desc_sw128(b + 32 * kk), kk > 0);
   wg_commit();
   wg_wait<0>();
   fence_regs(acc);
@@ -374,11 +373,10 @@ template <bool MASKED>
 __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[DK_SLICES][4], RowState& st, float (&o)[HEAD_DIM / 2],
                                          int R0, const TileMask& mk) {
   float sc[64];
-  const u64 kd = desc_tok(smem_u32(sm.k[s]));  // each K slice's descriptor is this one's plus its offset
   turn_take(R0 >> 6);
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_rs_m64n128k32_e4m3(sc, qa[kk], desc_add(kd, 32 * kk), kk > 0);
+  for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_rs_m64n128k32_e4m3(sc, qa[kk], desc_tok(smem_u32(sm.k[s]) + 32 * kk), kk > 0);
   wg_commit();
   turn_pass(R0 >> 6);
   wg_wait<0>();

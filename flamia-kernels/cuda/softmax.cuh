@@ -87,18 +87,21 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
     lim[r] = MASKED ? mk.last(R0 + 8 * r) : KT - 1;
     lq[r] = lim[r] - 2 * q;
   }
-  // (each group maximum starts from its first score, not from -inf: the same value, one FMNMX
-  // per group less)
   float gm[2][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int G = 0; G < 4; ++G) gm[r][G] = NEG_INF;
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int r = (i >> 1) & 1, G = i >> 4;
     if (MASKED) s[i] = (8 * (i >> 2) + (i & 1) <= lq[r]) ? s[i] : NEG_INF;  // ex2 gives 0 below
-    gm[r][G] = i == 16 * G + 2 * r ? s[i] : fmaxf(gm[r][G], s[i]);
+    gm[r][G] = fmaxf(gm[r][G], s[i]);
   }
   float cf[2][4], tmax[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    tmax[r] = NEG_INF;
     Ev[r] = -1000;
 #pragma unroll
     for (int G = 0; G < 4; ++G) {
@@ -106,8 +109,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
       // document, a key group past it, or an underflowing product); below 1e-30 every x = s * cf
       // is within 3e-23 of zero either way (|s| <= 448^2 * 128), so no result moves.
       cf[r][G] = fmaxf(st.qf[r] * kg[G], 1e-30f);
-      const float y = gm[r][G] * cf[r][G];  // (never NaN: cf > 0)
-      tmax[r] = G == 0 ? y : fmaxf(tmax[r], y);
+      tmax[r] = fmaxf(tmax[r], gm[r][G] * cf[r][G]);  // -inf * 0 = NaN is ignored by fmaxf
       // a group is visible to a row iff its first key is (visibility is a prefix of the columns)
       const bool vis = MASKED ? 32 * G <= lim[r] : true;
       Ev[r] = max(Ev[r], vis ? eg[G] : -1000);
@@ -121,12 +123,13 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
     for (int G = 0; G < 4; ++G) {
       fe[r][G] = (float)max(eg[G] - Ev[r] + 8, -20);
       bias[r][G] = fe[r][G] - mref[r];
+      ps[r][G] = 0.f;
     }
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int r = (i >> 1) & 1, G = i >> 4;
     const float p = fast_exp2(fmaf(s[i], cf[r][G], bias[r][G]));  // masked: ex2(-inf) = 0
-    ps[r][G] = i == 16 * G + 2 * r ? p : ps[r][G] + p;  // (from the group's first p: 0 + p = p)
+    ps[r][G] += p;
     s[i] = p;
   }
 #pragma unroll
