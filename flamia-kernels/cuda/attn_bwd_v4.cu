@@ -37,6 +37,7 @@
 // dV's fold c_j = max(edO over the rows that see key j) - 8 comes from bwd_dv_fold (run before).
 #include "attn_common.cuh"
 #include "tma.cuh"
+#include "sched.cuh"
 
 #ifndef BWD_STAGES
 #define BWD_STAGES 3  // the host's default (src/gpu/attention.rs backward_v4_stages)
@@ -221,7 +222,7 @@ struct BwdV4Params {
   const int* tiles;  // BwdTile per 128-key tile
   const int* cexp;   // c_j per (token, query head)
   float* dkv_acc;    // GQA partial dK/dV per (key tile, chunk KV head) (fragment order), null when hq == hkv
-  int* counter;      // zeroed before the launch
+  int* counter;      // [2], zero at the launch (sched_done leaves it so)
   int* dq_sem;       // per (query head, global 64-query tile), zeroed
   int* kv_sem;       // per (KV head, key tile), zeroed
   const u8* colc;    // BWD_COLS_TMA: BwdColPair [Hq][Tpad / 2] (bwd_cols), null otherwise
@@ -594,7 +595,10 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #ifdef BWD_PROF_PHASES
     if (lane == 0) bwd_prod_clk[4] += code >= 0;
 #endif
-    if (code < 0) return;
+    if (code < 0) {
+      if (lane == 0) sched_done(P.counter);
+      return;
+    }
     int next = 0;
 #if !BWD_LATE_CLAIM
     if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;
@@ -1701,6 +1705,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     mbar_init_fence();
   }
   __syncthreads();
+  pdl_wait();  // (chained launch: bwd_cols' table, the fold exponents, the zeroed semaphores)
+  pdl_trigger();
   if (wg == 0) {
     regs_dealloc<24>();
     if (threadIdx.x < 32) bwd_producer(P, sm);
@@ -1734,6 +1740,8 @@ struct ColsParams {
   int hq, tpad;
 };
 extern "C" __global__ void __launch_bounds__(256) bwd_cols(const ColsParams p) {
+  pdl_wait();  // (chained launch: D and dO's exponents)
+  pdl_trigger();
   const long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   const int pairs = p.tpad / 2;
   if (g >= (long long)pairs * p.hq) return;
@@ -1754,16 +1762,32 @@ extern "C" __global__ void __launch_bounds__(256) bwd_cols(const ColsParams p) {
 }
 
 // c_j = max(edO_i over the rows i that see key j) - 8 per (token, query head): the suffix maximum
-// over the document (causal) or the document maximum. One 1024-thread CTA per (document, head):
-// each thread takes a contiguous run of tokens, the runs' maxima are scanned from the right.
-// Mirrors DvFoldParams in src/gpu/attention.rs.
+// over the document (causal) or the document maximum. Integers, so any grouping gives the same
+// bits: bwd_dv_fold takes one 1024-thread CTA per (document, head), each thread a contiguous run
+// of tokens, the runs' maxima scanned from the right; bwd_dv_fold_warp one warp per (document,
+// head), for packings whose documents are all short (the host's choice: attention.rs
+// FOLD_WARP_MAX_LEN; 256-token documents took 4,096 CTAs of 1,024 threads, 34 us on an H100).
+// Both also zero the fused kernel's semaphores (`sems`, null when the host zeroes them), so no
+// memset separates the chained launches. Mirrors DvFoldParams in src/gpu/attention.rs.
 struct DvFoldParams {
   const i8* do_exp;  // [T, Hq]
   const int* cu;     // document boundaries (cu_seqlens)
   int* cexp;         // [T, Hq]
-  int hq, causal;
+  int* sems;         // attn_bwd_v4's semaphores, zeroed by the grid (null: not here)
+  int nsems;
+  int docs, hq, causal;
 };
+
+__device__ __forceinline__ void dv_fold_zero_sems(const DvFoldParams& p) {
+  if (p.sems == nullptr) return;
+  const int n = (int)(gridDim.x * gridDim.y * blockDim.x);
+  for (int i = (int)((blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x); i < p.nsems; i += n) p.sems[i] = 0;
+}
+
 extern "C" __global__ void __launch_bounds__(1024) bwd_dv_fold(const DvFoldParams p) {
+  pdl_wait();  // (chained launch: dO's exponents; the previous backward is done with the semaphores)
+  pdl_trigger();
+  dv_fold_zero_sems(p);
   const i8* do_exp = p.do_exp;
   const int* cu = p.cu;
   int* cexp = p.cexp;
@@ -1800,6 +1824,38 @@ extern "C" __global__ void __launch_bounds__(1024) bwd_dv_fold(const DvFoldParam
   }
 }
 
+extern "C" __global__ void __launch_bounds__(256) bwd_dv_fold_warp(const DvFoldParams p) {
+  pdl_wait();  // (as bwd_dv_fold)
+  pdl_trigger();
+  dv_fold_zero_sems(p);
+  const int wid = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+  if (wid >= p.docs * p.hq) return;  // (whole warps)
+  const int d = wid / p.hq, h = wid - d * p.hq, hq = p.hq;
+  const int s = p.cu[d], len = p.cu[d + 1] - s;
+  const int span = (len + 31) / 32, b0 = min(len, lane * span), b1 = min(len, b0 + span);
+  const i8* e = p.do_exp + (long long)s * hq + h;
+  int* c = p.cexp + (long long)s * hq + h;
+  int m = -1000;
+  for (int i = b0; i < b1; ++i) m = max(m, (int)e[(long long)i * hq]);
+  int incl = m;  // max over lanes >= lane
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_down_sync(0xffffffffu, incl, o);
+    if (lane + o < 32) incl = max(incl, u);
+  }
+  if (!p.causal) {
+    const int all = __shfl_sync(0xffffffffu, incl, 0) - 8;
+    for (int i = b0; i < b1; ++i) c[(long long)i * hq] = all;
+    return;
+  }
+  int run = __shfl_down_sync(0xffffffffu, incl, 1);  // max over lanes > lane
+  if (lane == 31) run = -1000;
+  for (int i = b1 - 1; i >= b0; --i) {
+    run = max(run, (int)e[(long long)i * hq]);
+    c[(long long)i * hq] = run - 8;
+  }
+}
+
 // dQ = scale * 2^-eQ * dq_acc (FP32 [T, Hq, HEAD_DIM]), back through the Hadamard transform, in
 // BF16. HEAD_DIM / 4 lanes per (token, head) row, 4 values each: 128 / HEAD_DIM rows per warp.
 // Mirrors DqConvertParams in src/gpu/attention.rs.
@@ -1814,6 +1870,8 @@ struct DqConvertParams {
   int hc, hq, h0;
 };
 extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvertParams p) {
+  pdl_wait();  // (chained launch: the fused kernel's dQ accumulator)
+  pdl_trigger();
   const float* acc = p.acc;
   const long long rows = p.rows;
   constexpr int LPR = HEAD_DIM / 4;  // lanes per row

@@ -67,7 +67,7 @@ struct FwdV4Params {
   AttnParams a;
   const int* items;  // work items, longest first: tile * hq + head
   const int* tiles;  // int4 per 128-token query tile (WorkTile)
-  int* counter;      // zeroed before the launch
+  int* counter;      // [2], zero at the launch (sched_done leaves it so)
   int nitems;
 };
 
@@ -195,7 +195,10 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
       }
       mbar_arrive(qbar);  // the 32 lanes, after their qf stores
     }
-    if (code < 0) return;
+    if (code < 0) {
+      if (lane == 4) sched_done(P.counter);
+      return;
+    }
     ring = nq + 1 == 2 * QSLOTS ? ring & ~0xffu : ring + 1;
     const int nidx = __shfl_sync(0xffffffffu, u, 4);
     const int ncode = nidx < P.nitems ? P.items[nidx] : -1;  // in flight while the tiles are issued
@@ -281,7 +284,10 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
     } else {
       mbar_arrive(qbar);
     }
-    if (code < 0) return;
+    if (code < 0) {
+      if (lane == 0) sched_done(P.counter);
+      return;
+    }
     if (++qb == QSLOTS) { qb = 0; qph ^= 1; }
     const int nidx = __shfl_sync(0xffffffffu, next, 0);
     const int ncode = nidx < P.nitems ? P.items[nidx] : -1;  // in flight while the tiles are issued
@@ -533,6 +539,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_co
     mbar_init_fence();
   }
   __syncthreads();
+  pdl_wait();  // (chained launch: the quantiser's codes, the counter's reset)
+  pdl_trigger();
   if (wg == 0) {
     regs_dealloc<FWD_PROD_REGS>();
     if (threadIdx.x < 32) fwd_producer(P, sm);

@@ -30,6 +30,17 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
   return r;
 }
 
+// ---- programmatic dependent launch ----------------------------------------------------------
+// The host launches the training call's kernels with programmatic stream serialisation
+// (src/gpu/runtime.rs launch_chained): a kernel may then start while the previous kernel of the
+// stream still runs, so its set-up (barriers, register split, tensor-map prefetch) overlaps the
+// other's tail and the launch latency. pdl_wait() blocks until the previous kernel has completed
+// and its memory is visible; every chained kernel calls it before its first global-memory access
+// (without the attribute it returns at once). pdl_trigger(), after the wait, lets the next
+// kernel's CTAs be placed as this grid's CTAs leave (they wait in their own pdl_wait).
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 // ---- shared memory -------------------------------------------------------------------------
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 

@@ -401,6 +401,8 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   const int slots = p.slots, gb = gridDim.x / slots, gs = gridDim.x - gb * slots;
   // items (chunk c, head slot s) = c * slots + s, grid-stride; nu: the next block, cu: this one
   __shared__ __align__(16) u8 dimbuf[HEAD_DIM * 128];
+  pdl_wait();  // (chained launch: the inputs' producers, the previous call's readers of the codes)
+  pdl_trigger();
   Cursor nu{(int)blockIdx.x / slots, (int)blockIdx.x % slots, 0, make_int4(0, 0, 0, 0)};
   if (nu.c >= p.nchunks) return;
   nu.cb = load_chunk(p, nu.c);

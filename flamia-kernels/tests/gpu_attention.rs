@@ -318,6 +318,99 @@ fn step_constants_by_bulk_copy_give_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn one_plan_and_workspace_serve_call_after_call() {
+    // No memset runs between the chained launches: the v4 kernels' work counter resets itself
+    // at the end of each launch (sched_done) and bwd_dv_fold zeroes the backward's semaphores.
+    // Fresh plans and workspaces start zeroed, so only reuse shows a missing reset: one Plan and
+    // one gradient workspace for three calls, as the trainer and the benchmark use them, each
+    // call's outputs poisoned first and bitwise those of a fresh plan. More items than SMs
+    // (8,192 tokens x 4 heads: 256 forward items, 256 backward items), so a counter left at its
+    // last value hands out no items past each CTA's first; the forward is checked before the
+    // backward runs (a backward on stale semaphores could wait forever). Both head dims, causal
+    // walking down and up, and not causal; then with FLAMIA_PDL=0 (plain launches) and
+    // FLAMIA_LAUNCH_MEMSETS=1 (the host's memsets) bitwise the same.
+    use flamia_kernels::gpu::{Attention, Plan};
+    let gpu = gpu();
+    let s = stream();
+    for (hd, causal, up) in [
+        (128, true, "0"),
+        (128, true, "64"),
+        (64, true, "64"),
+        (128, false, "0"),
+    ] {
+        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", up);
+        let shape = VarlenShape::from_lens(&[8192, 300, 1, 65], 4, 2, hd).unwrap();
+        let (t, hq, hkv) = (shape.tokens(), shape.heads_q, shape.heads_kv);
+        let mut opts = AttnOptions::new(AttnPath::Mxfp8);
+        opts.causal = causal;
+        let mut rng = rng("one plan");
+        let call = spread_key_tiles(gauss_call(&mut rng, &shape, opts));
+        let tag = format!("d = {hd}, causal {causal}, up {up}");
+        let fresh = gpu_attn(&gpu, &call);
+        let attn = Attention::new(gpu.clone(), opts).unwrap();
+        let plan = Plan::new(&gpu, &shape, causal).unwrap();
+        let ws = attn.alloc_grad(&plan).unwrap();
+        let (q, k, v, d_o) = (
+            upload_bf16(&gpu, &call.q),
+            upload_bf16(&gpu, &call.k),
+            upload_bf16(&gpu, &call.v),
+            upload_bf16(&gpu, &call.dout),
+        );
+        let bf = |b: &flamia_kernels::gpu::DeviceBuf<u16>| from_bits(&b.to_host().unwrap());
+        let knobs = [
+            None,
+            None,
+            None,
+            Some(("FLAMIA_PDL", "0")),
+            Some(("FLAMIA_LAUNCH_MEMSETS", "1")),
+        ];
+        for (run, knob) in knobs.into_iter().enumerate() {
+            let _knob = knob.map(|(var, val)| EnvGuard::set(var, val));
+            let what = format!("{tag}, call {} on one plan ({knob:?})", run + 1);
+            let (o, lse) = (poisoned_bf16(&gpu, t * hq * hd), poisoned_f32(&gpu, t * hq));
+            let saved = attn
+                .forward(s, &plan, q.ptr(), k.ptr(), v.ptr(), o.ptr(), lse.ptr())
+                .unwrap();
+            let fwd = Forward {
+                o: bf(&o),
+                lse: lse.to_host().unwrap(),
+            };
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(&fwd.o), bits(&fresh.0.o), "O differs: {what}");
+            assert_eq!(bits(&fwd.lse), bits(&fresh.0.lse), "LSE differs: {what}");
+            let (dq, dk, dv) = (
+                poisoned_bf16(&gpu, t * hq * hd),
+                poisoned_bf16(&gpu, t * hkv * hd),
+                poisoned_bf16(&gpu, t * hkv * hd),
+            );
+            attn.quantize_grad(s, &plan, d_o.ptr(), o.ptr(), &ws).unwrap();
+            attn.backward_quantized(s, &plan, &saved, &ws, lse.ptr(), dq.ptr(), dk.ptr(), dv.ptr())
+                .unwrap();
+            let grads = Grads {
+                dq: bf(&dq),
+                dk: bf(&dk),
+                dv: bf(&dv),
+                ds_zero_fraction: f64::NAN,
+            };
+            assert_same_bits(&(fwd, grads), &fresh, &what);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn launch_chain_knobs_keep_every_bit() {
+    // The chained launches (programmatic dependent launch, FLAMIA_PDL), the host's memsets
+    // instead of the kernels' own resets (FLAMIA_LAUNCH_MEMSETS=1) and the dV fold exponents by
+    // one CTA per document instead of one warp (FLAMIA_BWD_FOLD_WARP=0; the default for these
+    // documents of at most 1,100 tokens): the same gradients bit for bit.
+    backward_knob_values_keep_every_bit("FLAMIA_PDL", &["0"], &CODE_KNOB_CASES);
+    backward_knob_values_keep_every_bit("FLAMIA_LAUNCH_MEMSETS", &["1"], &CODE_KNOB_CASES);
+    backward_knob_values_keep_every_bit("FLAMIA_BWD_FOLD_WARP", &["0"], &CODE_KNOB_CASES);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn key_factors_loaded_early_give_bitwise_the_same() {
     // FLAMIA_BWD_EARLY_FACTORS=1 (the default) has the producer load an item's per-key factors
     // into a third item tail and a staging copy before the previous item's K/V slot frees: the

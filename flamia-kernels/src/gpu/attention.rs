@@ -39,7 +39,7 @@ use super::quant::{
     quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, Carver, DeltaOut, Nvfp4Ref, Operand, OperandRef,
     QuantInput, PART_ALIGN,
 };
-use super::runtime::{launch, Gpu, RawStream, Variant};
+use super::runtime::{launch, launch_chained, Gpu, RawStream, Variant};
 use super::sched::{BWD_KT, BWD_QT, FWD_QT};
 use super::tma::{self, TmaMap};
 use crate::options::{AttnOptions, AttnPath};
@@ -165,6 +165,25 @@ fn bwd_skip_dead() -> Option<bool> {
         Ok("0") => Some(false),
         _ => None,
     }
+}
+
+/// `FLAMIA_LAUNCH_MEMSETS=1` (an A/B and test knob): the host zeroes the v4 kernels' work
+/// counter and the backward's semaphores with memsets before each launch, as before session 20.
+/// By default the counter resets itself at the end of each launch (`sched_done`, sched.cuh) and
+/// `bwd_dv_fold` zeroes the semaphores, so nothing but kernels runs between the chained launches
+/// (GPU test `one_plan_and_workspace_serve_call_after_call`).
+fn launch_memsets() -> bool {
+    super::env_on("FLAMIA_LAUNCH_MEMSETS")
+}
+
+/// Longest document for which the dV fold exponents take one warp per (document, head)
+/// (`bwd_dv_fold_warp`, at most 64 tokens a lane) instead of one 1,024-thread CTA.
+const FOLD_WARP_MAX_LEN: usize = 2048;
+
+/// Whether `bwd_dv_fold_warp` computes the fold exponents for documents of at most `max_len`
+/// tokens: on unless `FLAMIA_BWD_FOLD_WARP=0` (A/B and the bitwise test; the same integers).
+fn bwd_fold_warp(max_len: usize) -> bool {
+    max_len <= FOLD_WARP_MAX_LEN && !super::env_off("FLAMIA_BWD_FOLD_WARP")
 }
 
 /// `FLAMIA_BWD_CTAS=n` (a test knob): the v4 backward's persistent grid capped at `n` CTAs (at
@@ -362,6 +381,9 @@ struct DvFoldParams {
     do_exp: u64,
     cu: u64,
     cexp: u64,
+    sems: u64,
+    nsems: i32,
+    docs: i32,
     hq: i32,
     causal: i32,
 }
@@ -894,11 +916,14 @@ impl Attention {
         let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
         let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw);
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
-        self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
+        if launch_memsets() {
+            self.memset32(stream, plan.counter.ptr(), 2, "work counter")?;
+        }
         let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
         // SAFETY: params mirror FwdV4Params; the maps cover the saved code buffers of `plan`'s
-        // shape, the tables and counter belong to `plan`, o and lse are the caller's (sized by plan).
-        unsafe { launch(&f, grid, 384, smem, stream, &p, "attn_fwd_v4") }
+        // shape, the tables and counter belong to `plan` (zero between launches: sched_done), o
+        // and lse are the caller's (sized by plan); the kernel waits (pdl_wait) before reading.
+        unsafe { launch_chained(&f, grid, 384, smem, stream, &p, "attn_fwd_v4") }
     }
 
     /// Quantises Q, K, V and runs the forward; returns the quantised operands for the backward.
@@ -1015,27 +1040,29 @@ impl Attention {
         let bw = &plan.tables.bwd;
         let nkt = bw.tiles.len();
         let v = Variant::new().define("HEAD_DIM", hd);
-        // dV's fold exponents
+        // dV's fold exponents (and the fused kernel's semaphores zeroed, unless memsets do it)
+        let memsets = launch_memsets();
         let fold = DvFoldParams {
             do_exp: a.do_exp,
             cu: plan.cu.ptr(),
             cexp: sc.cexp.ptr(),
+            sems: if memsets { 0 } else { sc.sems.ptr() },
+            nsems: sc.sems.len() as i32,
+            docs: s.docs() as i32,
             hq: s.heads_q as i32,
             causal: a.causal,
         };
-        let f = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dv_fold", 0)?;
-        // SAFETY: params mirror DvFoldParams; do_exp and cexp are [T, Hq], cu has docs + 1 entries.
-        unsafe {
-            launch(
-                &f,
-                (s.docs() as u32, s.heads_q as u32, 1),
-                1024,
-                0,
-                stream,
-                &fold,
-                "bwd_dv_fold",
-            )
-        }?;
+        let max_len = s.cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        let (name, grid, block) = if bwd_fold_warp(max_len) {
+            let warps = s.docs() * s.heads_q;
+            ("bwd_dv_fold_warp", (warps.div_ceil(8) as u32, 1, 1), 256)
+        } else {
+            ("bwd_dv_fold", (s.docs() as u32, s.heads_q as u32, 1), 1024)
+        };
+        let f = self.gpu.function("attn_bwd_v4.cu", &v, name, 0)?;
+        // SAFETY: params mirror DvFoldParams; do_exp and cexp are [T, Hq], cu has docs + 1
+        // entries, sems nsems words (alloc_grad); the kernel waits (pdl_wait) before reading.
+        unsafe { launch_chained(&f, grid, block, 0, stream, &fold, name) }?;
         // the step constants' table (BWD_COLS_TMA): every query head, padded position pairs
         let cols_tma = bwd_cols_tma(hd as u32, self.bwd_key_blocks());
         if cols_tma {
@@ -1056,7 +1083,7 @@ impl Attention {
             // SAFETY: params mirror ColsParams; the exponent, LSE and D tables are [T, Hq], pad_tok
             // [Tpad], colc holds Tpad / 2 x Hq column pairs (alloc_grad); one thread per pair.
             unsafe {
-                launch(
+                launch_chained(
                     &f,
                     (threads.div_ceil(256) as u32, 1, 1),
                     256,
@@ -1069,7 +1096,9 @@ impl Attention {
         }
         // the fused kernel and the dQ conversion, once per head chunk (BwdSchedule::chunks): the
         // chunk's dQ accumulator and dK/dV partials are the scratch's
-        self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
+        if memsets {
+            self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
+        }
         let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up())?;
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
@@ -1084,7 +1113,9 @@ impl Attention {
             if !first_store {
                 self.memset32(stream, sc.dq_acc.ptr(), t * hc * hd, "dQ accumulator")?;
             }
-            self.memset32(stream, plan.counter.ptr(), 1, "work counter")?;
+            if memsets {
+                self.memset32(stream, plan.counter.ptr(), 2, "work counter")?;
+            }
             let p = BwdV4Params {
                 k_map: tma::token_major(saved.k.tok, t, s.heads_kv, hd, BWD_KT as u32)?,
                 v_map: tma::token_major(saved.v.tok, t, s.heads_kv, hd, BWD_KT as u32)?,
@@ -1118,7 +1149,7 @@ impl Attention {
             // SAFETY: params mirror BwdV4Params; the maps cover the saved and dO code buffers of
             // `plan`'s shape and the scratch of `ws` (allocated for this plan: one chunk's heads),
             // the items are this chunk's (heads h0..h0 + hc), the gradients are the caller's.
-            unsafe { launch(&fused, grid, 384, smem, stream, &p, "attn_bwd_v4") }?;
+            unsafe { launch_chained(&fused, grid, 384, smem, stream, &p, "attn_bwd_v4") }?;
             let rows = acc_rows * hc;
             let conv = DqConvertParams {
                 acc: sc.dq_acc.ptr(),
@@ -1136,7 +1167,7 @@ impl Attention {
             // Tpad with pad_tok [Tpad] mapping its rows to tokens), dq [T, Hq, hd], q_exp [T, Hq],
             // heads h0..h0 + hc; hd / 4 threads per row, 256 per CTA.
             unsafe {
-                launch(
+                launch_chained(
                     &convert,
                     (rows.div_ceil(1024 / hd) as u32, 1, 1),
                     256,

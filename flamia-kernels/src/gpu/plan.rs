@@ -115,8 +115,8 @@ pub struct Plan {
     /// [`PlanTables::chunks`] (one unused entry when there are none).
     pub(crate) chunks: DeviceBuf<i32>,
     pub(crate) tiles: DeviceBuf<i32>,
-    /// v4 forward: 128-token query tiles, work items, and the work counter the kernel's CTAs
-    /// take items from (zeroed on the stream before each launch).
+    /// v4 forward: 128-token query tiles, work items, and the work counter the v4 kernels' CTAs
+    /// take items from (two words, the claims and the CTAs done; each launch leaves them zero).
     pub(crate) fwd_tiles: DeviceBuf<i32>,
     pub(crate) fwd_items: DeviceBuf<i32>,
     pub(crate) counter: DeviceBuf<i32>,
@@ -170,7 +170,7 @@ impl Plan {
         let tiles = DeviceBuf::from_host(gpu, &flat(&tables.tiles))?;
         let fwd_tiles = DeviceBuf::from_host(gpu, &flat(&tables.fwd.tiles))?;
         let fwd_items = DeviceBuf::from_host(gpu, &tables.fwd.items)?;
-        let counter = DeviceBuf::zeros(gpu, 1)?;
+        let counter = DeviceBuf::zeros(gpu, 2)?;
         let bwd_tiles = DeviceBuf::from_host(
             gpu,
             &tables.bwd.tiles.iter().flatten().copied().collect::<Vec<i32>>(),

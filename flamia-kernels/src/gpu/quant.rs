@@ -21,7 +21,7 @@
 use super::buffer::DeviceBuf;
 use super::error::{DriverContext, GpuError, GpuResult};
 use super::plan::Plan;
-use super::runtime::{launch, Gpu, RawStream, Variant};
+use super::runtime::{launch, launch_chained, Gpu, RawStream, Variant};
 use crate::quant::ScaleMode;
 
 /// Inputs one fused launch takes (`QUANT_INPUTS` in `cuda/quant.cu`): Q, K and V.
@@ -427,8 +427,8 @@ pub fn quantize_e4m3_fused(
     let grid = persistent_grid(gpu, &f, chunk_items)?;
     // SAFETY: params mirror QuantParams; every operand is sized by `plan` and its heads
     // (OperandRef::sizes), each x holds tokens*heads*head_dim BF16 (caller); the module's
-    // HEAD_DIM is the plan's head dim.
-    unsafe { launch(&f, grid, 128, 0, stream, &p, "quant_e4m3") }
+    // HEAD_DIM is the plan's head dim; the kernel waits (pdl_wait) before reading.
+    unsafe { launch_chained(&f, grid, 128, 0, stream, &p, "quant_e4m3") }
 }
 
 /// Quantises the BF16 tensor at `x` (`(tokens, heads, d)`, `heads = out.heads`, `d` the plan's

@@ -375,6 +375,61 @@ pub(crate) unsafe fn launch<P>(
     ))
 }
 
+/// Whether [`launch_chained`] asks for programmatic dependent launch: on unless
+/// `FLAMIA_PDL=0` (the A/B knob; the kernels' `pdl_wait` makes either way correct).
+pub(crate) fn pdl_on() -> bool {
+    !super::env_off("FLAMIA_PDL")
+}
+
+/// [`launch`] with programmatic stream serialisation (PDL, [`pdl_on`]): the kernel may start
+/// while the previous kernel of the stream still runs and overlap its set-up with that kernel's
+/// tail. Only for kernels that call `pdl_wait()` (common.cuh) before their first global-memory
+/// access: the chained launches of one training call (quantisers, forward, backward and its
+/// helpers).
+///
+/// # Safety
+/// As [`launch`], and `f` must call `pdl_wait()` before it touches global memory.
+pub(crate) unsafe fn launch_chained<P>(
+    f: &CudaFunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    stream: RawStream,
+    params: &P,
+    what: &str,
+) -> GpuResult<()> {
+    if !pdl_on() {
+        // SAFETY: forwarded to the caller's contract.
+        return unsafe { launch(f, grid, block, smem, stream, params, what) };
+    }
+    if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+        return Ok(());
+    }
+    let mut args = [params as *const P as *mut c_void];
+    // SAFETY: an all-zero attribute value is valid (a plain integer union); the id selects the member.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        hStream: stream.0,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: config and attr outlive the call; the parameter pointer as in `launch`.
+    unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
+        .result()
+        .ctx(&format!(
+            "cuLaunchKernelEx({what}, grid {grid:?}, block {block}, smem {smem}, programmatic serialisation)"
+        ))
+}
+
 /// Reads registers and local memory (spill) bytes per thread of a loaded kernel.
 pub fn resources(f: &CudaFunction) -> GpuResult<(i32, i32)> {
     Ok((
