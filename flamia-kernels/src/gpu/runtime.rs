@@ -362,17 +362,8 @@ pub(crate) unsafe fn launch<P>(
     params: &P,
     what: &str,
 ) -> GpuResult<()> {
-    if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
-        return Ok(());
-    }
-    let mut args = [params as *const P as *mut c_void];
     // SAFETY: forwarded to the caller's contract.
-    unsafe {
-        cudarc::driver::result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, stream.0, &mut args)
-    }
-    .ctx(&format!(
-        "cuLaunchKernel({what}, grid {grid:?}, block {block}, smem {smem})"
-    ))
+    unsafe { launch_as(f, (grid, block, smem), stream, params, what, false) }
 }
 
 /// Whether [`launch_chained`] asks for programmatic dependent launch: on unless
@@ -398,14 +389,44 @@ pub(crate) unsafe fn launch_chained<P>(
     params: &P,
     what: &str,
 ) -> GpuResult<()> {
-    if !pdl_on() {
-        // SAFETY: forwarded to the caller's contract.
-        return unsafe { launch(f, grid, block, smem, stream, params, what) };
-    }
+    // SAFETY: forwarded to the caller's contract.
+    unsafe { launch_as(f, (grid, block, smem), stream, params, what, pdl_on()) }
+}
+
+/// [`launch`] (`chained` false: `cuLaunchKernel`) or [`launch_chained`] (`cuLaunchKernelEx` with
+/// the programmatic-serialisation attribute); `geometry` = (grid, block, dynamic shared memory).
+///
+/// # Safety
+/// As [`launch_chained`] when `chained`, else as [`launch`].
+unsafe fn launch_as<P>(
+    f: &CudaFunction,
+    geometry: ((u32, u32, u32), u32, u32),
+    stream: RawStream,
+    params: &P,
+    what: &str,
+    chained: bool,
+) -> GpuResult<()> {
+    let (grid, block, smem) = geometry;
     if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
         return Ok(());
     }
     let mut args = [params as *const P as *mut c_void];
+    if !chained {
+        // SAFETY: forwarded to the caller's contract.
+        return unsafe {
+            cudarc::driver::result::launch_kernel(
+                f.cu_function(),
+                grid,
+                (block, 1, 1),
+                smem,
+                stream.0,
+                &mut args,
+            )
+        }
+        .ctx(&format!(
+            "cuLaunchKernel({what}, grid {grid:?}, block {block}, smem {smem})"
+        ));
+    }
     // SAFETY: an all-zero attribute value is valid (a plain integer union); the id selects the member.
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
