@@ -1,8 +1,7 @@
 #!/bin/bash
 # Session 20, call 2 (~8 minutes, H200): the final tree against the BF16 anchors and cuDNN FP8
 # in one call (bench/vs-anchors.sh: ours, anchors.py, cudnn_fp8.py, ours again; the issues' same-
-# call measurement, last run with cuDNN FP8 in session 16), then the call's memory at a
-# 131,072-token row.
+# call measurement, last run with cuDNN FP8 in session 16).
 # Stage: bash bench/device_bwd4.sh --stage && strip .device-carry/bwd4/*, plus the cuDNN FP8
 #   wheel in .whl (bench/README.md's pip download line); carry .device-carry/bwd4 and .whl.
 set -u
@@ -13,7 +12,5 @@ O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 echo "=== vs anchors (with cuDNN FP8 where .whl was carried)"; date
 B=$C/flamia O=$O/va timeout 500 bash bench/vs-anchors.sh 2>&1 | tail -40
-echo "=== 1x131072: the call's device memory (MiB column)"; date
-timeout 60 $C/flamia bench attention --workload 1x131072 2>&1 | grep -E "^[0-9]|^workload"
 date
 } 2>&1 | tee "$O/s20b.log"
