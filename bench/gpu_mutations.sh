@@ -115,3 +115,7 @@ mutate sched-noreset sched.cuh '1i #define SCHED_PROF_NORESET' \
 # comes): the test's 120 s timeout catches it, so the device scripts leave it out by default.
 [ "${HANGS:-0}" = 1 ] && mutate fold-nosems attn_bwd_v4.cu 's/if (p.sems == nullptr) return;/return;/' \
   one_plan_and_workspace_serve_call_after_call
+# 19. Two K/V slots (FLAMIA_BWD_KV_SLOTS=2, the test sets it): the consumers read slot 0's K
+# whatever their item's slot, so every second item's S^T uses another item's keys.
+mutate bwd-kv-slot-zero attn_bwd_v4.cu 's/smem_u32(sm.k\[C.kv\])/smem_u32(sm.k[0])/' \
+  two_kv_slots_give_bitwise_the_same
