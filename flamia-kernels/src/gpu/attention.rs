@@ -126,9 +126,11 @@ pub fn backward_v3_forced() -> bool {
     std::env::var("FLAMIA_ATTN_BWD").is_ok_and(|v| v.trim() == "v3")
 }
 
-/// Ring depth of the v4 backward: 3 stages unless `FLAMIA_BWD_STAGES=2` says otherwise; 3 measured 7% faster at 1x65536 (docs/perf.md "v4 backward").
+/// Ring depth of the v4 backward: 3 stages unless `FLAMIA_BWD_STAGES` says 2 or 4; 3 measured 7%
+/// faster than 2 at 1x65536 (docs/perf.md "v4 backward"). 4 (prepared in session 20, not yet
+/// measured) fits at head dim 64 only (171 KB; 253 KB at 128: the launch says so).
 pub fn backward_v4_stages() -> u32 {
-    stages_from_env("FLAMIA_BWD_STAGES", 2..=3, 3)
+    stages_from_env("FLAMIA_BWD_STAGES", 2..=4, 3)
 }
 
 /// Dynamic shared memory of the v4 backward (`cuda/attn_bwd_v4.cu`) at head dim `hd`: the item's
@@ -711,6 +713,14 @@ impl Attention {
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
         let v = with_kv_slots(v, hd, bwd_kv_slots(hd, self.bwd_key_blocks()));
+        if v.1 > SMEM_MAX {
+            return Err(GpuError::NotSupported(format!(
+                "the v4 backward with {} stages at head dim {hd} needs {} KB of shared memory per CTA, \
+                 more than the 227 KB allowed: FLAMIA_BWD_STAGES=4 fits at head dim 64 only",
+                self.bwd_stages,
+                v.1 / 1024
+            )));
+        }
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
@@ -1407,12 +1417,21 @@ mod tests {
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
                 }
             }
-            // two K/V slots (FLAMIA_BWD_KV_SLOTS=2) at d = 64 with the producer's fold, as the
-            // runtime builds them (QPERM, early factors, walking up), block and row dS exponents
+            // two K/V slots (FLAMIA_BWD_KV_SLOTS=2) and four stages (FLAMIA_BWD_STAGES=4) at
+            // d = 64 with the producer's fold, as the runtime builds them (QPERM, early factors,
+            // walking up), block and row dS exponents
             if hd == 64 {
-                for row_ds in [false, true] {
-                    let v = backward_v4_variant(3, hd, row_ds, true, false, None, true);
-                    let (v, _) = with_kv_slots(with_early_factors(v, bwd_early_factors(hd, row_ds)), hd, 2);
+                for (row_ds, stages, slots) in [
+                    (false, 3, 2),
+                    (true, 3, 2),
+                    (false, 4, 1),
+                    (false, 4, 2),
+                    (true, 4, 2),
+                ] {
+                    let v = backward_v4_variant(stages, hd, row_ds, true, false, None, true);
+                    let (v, smem) =
+                        with_kv_slots(with_early_factors(v, bwd_early_factors(hd, row_ds)), hd, slots);
+                    assert!(smem <= SMEM_MAX, "{stages} stages, {slots} slots: {smem} bytes");
                     let v = v.define("BWD_QPERM", 1);
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
