@@ -1315,9 +1315,9 @@ impl Attention {
 #[cfg(test)]
 mod tests {
     use super::{
-        attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, forward_v4_variant,
-        fwd_cw_const, parse_promote, smem_bwd4, with_dq_bufs, with_early_factors, with_kv_slots,
-        FWD_CW_MIN_TILES, SMEM_MAX,
+        attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, bwd_kv_slots,
+        forward_v4_variant, fwd_cw_const, parse_promote, smem_bwd4, with_dq_bufs, with_early_factors,
+        with_kv_slots, FWD_CW_MIN_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
@@ -1479,6 +1479,31 @@ mod tests {
         assert!(e.contains("FLAMIA_BWD_STAGES=2"), "{e}");
         // one buffer: the variant as it was
         assert_eq!(with_dq_bufs(bwd(3, 128), 128, 1).unwrap().1, bwd(3, 128).1);
+    }
+
+    #[test]
+    fn four_stages_and_two_kv_slots_fit_at_head_dim_64_only() {
+        // the budgets as the runtime builds them (early factors on), against the 227 KB limit
+        let bwd = |stages, hd| {
+            with_early_factors(
+                backward_v4_variant(stages, hd, false, true, false, None, true),
+                true,
+            )
+        };
+        let (v, smem) = with_kv_slots(bwd(4, 64), 64, 2);
+        assert_eq!(smem, bwd(4, 64).1 + 18 * 1024);
+        assert!(smem <= SMEM_MAX, "{smem}");
+        assert!(v.key().contains("BWD_KV_SLOTS=2"), "{}", v.key());
+        assert!(bwd(3, 128).1 <= SMEM_MAX);
+        assert!(
+            bwd(4, 128).1 > SMEM_MAX,
+            "four stages at 128 would fit: the error path is dead"
+        );
+        assert!(with_kv_slots(bwd(3, 128), 128, 2).1 > SMEM_MAX);
+        // one slot: the variant as it was; the knob applies at 64 with key blocks only
+        assert_eq!(with_kv_slots(bwd(3, 64), 64, 1).1, bwd(3, 64).1);
+        assert_eq!(bwd_kv_slots(128, true), 1);
+        assert_eq!(bwd_kv_slots(64, false), 1);
     }
 
     #[test]
