@@ -1813,44 +1813,59 @@ __device__ __forceinline__ void dv_fold_zero_sems(const DvFoldParams& p) {
   for (int i = (int)((blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x); i < p.nsems; i += n) p.sems[i] = 0;
 }
 
+// A thread's run [b0, b1) of one (document, head)'s dO exponents e (stride hq): its maximum.
+__device__ __forceinline__ int fold_run_max(const i8* e, int b0, int b1, int hq) {
+  int m = -1000;
+  for (int i = b0; i < b1; ++i) m = max(m, (int)e[(long long)i * hq]);
+  return m;
+}
+
+// max of m over this lane and the lanes above it
+__device__ __forceinline__ int warp_suffix_max(int m, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_down_sync(0xffffffffu, m, o);
+    if (lane + o < 32) m = max(m, u);
+  }
+  return m;
+}
+
+// The run's fold exponents into c (stride hq): causal, c_i = max(after, e_j for j >= i) - 8 with
+// `after` the maximum past the run (walking the run down); not causal, the document's `all` - 8.
+__device__ __forceinline__ void fold_write(const i8* e, int* c, int b0, int b1, int hq, bool causal, int after,
+                                           int all) {
+  if (!causal) {
+    for (int i = b0; i < b1; ++i) c[(long long)i * hq] = all - 8;
+    return;
+  }
+  int run = after;
+  for (int i = b1 - 1; i >= b0; --i) {
+    run = max(run, (int)e[(long long)i * hq]);
+    c[(long long)i * hq] = run - 8;
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(1024) bwd_dv_fold(const DvFoldParams p) {
   pdl_wait();  // (chained launch: dO's exponents; the previous backward is done with the semaphores)
   pdl_trigger();
   dv_fold_zero_sems(p);
-  const i8* do_exp = p.do_exp;
-  const int* cu = p.cu;
-  int* cexp = p.cexp;
-  const int hq = p.hq, causal = p.causal;
   __shared__ int wmax[32];
-  const int d = blockIdx.x, h = blockIdx.y, t = threadIdx.x, lane = t & 31, w = t >> 5;
-  const int s = cu[d], len = cu[d + 1] - s;
+  const int d = blockIdx.x, h = blockIdx.y, t = threadIdx.x, lane = t & 31, w = t >> 5, hq = p.hq;
+  const int s = p.cu[d], len = p.cu[d + 1] - s;
   const int span = (len + 1023) / 1024, b0 = min(len, t * span), b1 = min(len, b0 + span);
-  int m = -1000;
-  for (int i = b0; i < b1; ++i) m = max(m, (int)do_exp[(long long)(s + i) * hq + h]);
+  const i8* e = p.do_exp + (long long)s * hq + h;
   // exclusive suffix max over threads > t (causal) / the document maximum (not causal)
-  int incl = m;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int u = __shfl_down_sync(0xffffffffu, incl, o);
-    if (lane + o < 32) incl = max(incl, u);
-  }
+  const int incl = warp_suffix_max(fold_run_max(e, b0, b1, hq), lane);
   if (lane == 0) wmax[w] = incl;
   __syncthreads();
   int after = -1000;  // max over the warps after this one
   for (int v = w + 1; v < 32; ++v) after = max(after, wmax[v]);
   int excl = __shfl_down_sync(0xffffffffu, incl, 1);
   excl = lane == 31 ? after : max(excl, after);
-  if (!causal) {
-    int all = -1000;
+  int all = -1000;
+  if (!p.causal)
     for (int v = 0; v < 32; ++v) all = max(all, wmax[v]);
-    for (int i = b0; i < b1; ++i) cexp[(long long)(s + i) * hq + h] = all - 8;
-    return;
-  }
-  int run = excl;
-  for (int i = b1 - 1; i >= b0; --i) {
-    run = max(run, (int)do_exp[(long long)(s + i) * hq + h]);
-    cexp[(long long)(s + i) * hq + h] = run - 8;
-  }
+  fold_write(e, p.cexp + (long long)s * hq + h, b0, b1, hq, p.causal, excl, all);
 }
 
 extern "C" __global__ void __launch_bounds__(256) bwd_dv_fold_warp(const DvFoldParams p) {
@@ -1863,26 +1878,11 @@ extern "C" __global__ void __launch_bounds__(256) bwd_dv_fold_warp(const DvFoldP
   const int s = p.cu[d], len = p.cu[d + 1] - s;
   const int span = (len + 31) / 32, b0 = min(len, lane * span), b1 = min(len, b0 + span);
   const i8* e = p.do_exp + (long long)s * hq + h;
-  int* c = p.cexp + (long long)s * hq + h;
-  int m = -1000;
-  for (int i = b0; i < b1; ++i) m = max(m, (int)e[(long long)i * hq]);
-  int incl = m;  // max over lanes >= lane
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int u = __shfl_down_sync(0xffffffffu, incl, o);
-    if (lane + o < 32) incl = max(incl, u);
-  }
-  if (!p.causal) {
-    const int all = __shfl_sync(0xffffffffu, incl, 0) - 8;
-    for (int i = b0; i < b1; ++i) c[(long long)i * hq] = all;
-    return;
-  }
+  const int incl = warp_suffix_max(fold_run_max(e, b0, b1, hq), lane);  // over lanes >= lane
+  const int all = __shfl_sync(0xffffffffu, incl, 0);
   int run = __shfl_down_sync(0xffffffffu, incl, 1);  // max over lanes > lane
   if (lane == 31) run = -1000;
-  for (int i = b1 - 1; i >= b0; --i) {
-    run = max(run, (int)e[(long long)i * hq]);
-    c[(long long)i * hq] = run - 8;
-  }
+  fold_write(e, p.cexp + (long long)s * hq + h, b0, b1, hq, p.causal, run, all);
 }
 
 // dQ = scale * 2^-eQ * dq_acc (FP32 [T, Hq, HEAD_DIM]), back through the Hadamard transform, in
