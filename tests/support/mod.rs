@@ -55,11 +55,22 @@ pub fn repo() -> &'static Path {
 
 /// A TCP port on the loopback interface that was free a moment ago.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // The port is free when the listener drops, so the OS may hand the same one to a test
+    // running beside this one in the same binary (seen: two DDP tests' ranks meeting at one
+    // master, "Address already in use" / "duplicate rank"). No port twice per process.
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// `--set` arguments that make the tiny config small and fast: 2 rows of 64 tokens.
