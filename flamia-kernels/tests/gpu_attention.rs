@@ -426,35 +426,6 @@ fn two_kv_slots_give_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn four_stages_give_bitwise_the_same() {
-    // FLAMIA_BWD_STAGES=4 (prepared in session 20; fits at head dim 64 only): a deeper Q / dO
-    // ring, the same arithmetic, so bitwise the same gradients; alone and with two K/V slots (on
-    // three CTAs: many items each). At head dim 128 the launch refuses it with a clear error.
-    let d64: Vec<_> = CODE_KNOB_CASES.iter().copied().filter(|c| c.0 == 64).collect();
-    backward_knob_values_keep_every_bit("FLAMIA_BWD_STAGES", &["4"], &d64);
-    {
-        let _stages = EnvGuard::set("FLAMIA_BWD_STAGES", "4");
-        let _ctas = EnvGuard::set("FLAMIA_BWD_CTAS", "3");
-        backward_knob_values_keep_every_bit("FLAMIA_BWD_KV_SLOTS", &["2"], &d64);
-    }
-    let _stages = EnvGuard::set("FLAMIA_BWD_STAGES", "4");
-    let shape = VarlenShape::from_lens(&[300, 65], 4, 2, 128).unwrap();
-    let call = gauss_call(
-        &mut rng("four stages at 128"),
-        &shape,
-        AttnOptions::new(AttnPath::Mxfp8),
-    );
-    let err = flamia_kernels::gpu::host::forward_backward(&gpu(), &call)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("FLAMIA_BWD_STAGES=4 fits at head dim 64 only"),
-        "{err}"
-    );
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn key_factors_loaded_early_give_bitwise_the_same() {
     // FLAMIA_BWD_EARLY_FACTORS=1 (the default) has the producer load an item's per-key factors
     // into a third item tail and a staging copy before the previous item's K/V slot frees: the

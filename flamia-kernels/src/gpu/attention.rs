@@ -126,11 +126,9 @@ pub fn backward_v3_forced() -> bool {
     std::env::var("FLAMIA_ATTN_BWD").is_ok_and(|v| v.trim() == "v3")
 }
 
-/// Ring depth of the v4 backward: 3 stages unless `FLAMIA_BWD_STAGES` says 2 or 4; 3 measured 7%
-/// faster than 2 at 1x65536 (docs/perf.md "v4 backward"). 4 (prepared in session 20, not yet
-/// measured) fits at head dim 64 only (171 KB; 253 KB at 128: the launch says so).
+/// Ring depth of the v4 backward: 3 stages unless `FLAMIA_BWD_STAGES=2` says otherwise; 3 measured 7% faster at 1x65536 (docs/perf.md "v4 backward").
 pub fn backward_v4_stages() -> u32 {
-    stages_from_env("FLAMIA_BWD_STAGES", 2..=4, 3)
+    stages_from_env("FLAMIA_BWD_STAGES", 2..=3, 3)
 }
 
 /// Dynamic shared memory of the v4 backward (`cuda/attn_bwd_v4.cu`) at head dim `hd`: the item's
@@ -713,14 +711,6 @@ impl Attention {
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
         let v = with_kv_slots(v, hd, bwd_kv_slots(hd, self.bwd_key_blocks()));
-        if v.1 > SMEM_MAX {
-            return Err(GpuError::NotSupported(format!(
-                "the v4 backward with {} stages at head dim {hd} needs {} KB of shared memory per CTA, \
-                 more than the 227 KB allowed: FLAMIA_BWD_STAGES=4 fits at head dim 64 only",
-                self.bwd_stages,
-                v.1 / 1024
-            )));
-        }
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
@@ -1315,9 +1305,9 @@ impl Attention {
 #[cfg(test)]
 mod tests {
     use super::{
-        attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, bwd_kv_slots,
-        forward_v4_variant, fwd_cw_const, parse_promote, smem_bwd4, with_dq_bufs, with_early_factors,
-        with_kv_slots, FWD_CW_MIN_TILES, SMEM_MAX,
+        attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, forward_v4_variant,
+        fwd_cw_const, parse_promote, smem_bwd4, with_dq_bufs, with_early_factors, with_kv_slots,
+        FWD_CW_MIN_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
@@ -1417,21 +1407,12 @@ mod tests {
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
                 }
             }
-            // two K/V slots (FLAMIA_BWD_KV_SLOTS=2) and four stages (FLAMIA_BWD_STAGES=4) at
-            // d = 64 with the producer's fold, as the runtime builds them (QPERM, early factors,
-            // walking up), block and row dS exponents
+            // two K/V slots (FLAMIA_BWD_KV_SLOTS=2) at d = 64 with the producer's fold, as the
+            // runtime builds them (QPERM, early factors, walking up), block and row dS exponents
             if hd == 64 {
-                for (row_ds, stages, slots) in [
-                    (false, 3, 2),
-                    (true, 3, 2),
-                    (false, 4, 1),
-                    (false, 4, 2),
-                    (true, 4, 2),
-                ] {
-                    let v = backward_v4_variant(stages, hd, row_ds, true, false, None, true);
-                    let (v, smem) =
-                        with_kv_slots(with_early_factors(v, bwd_early_factors(hd, row_ds)), hd, slots);
-                    assert!(smem <= SMEM_MAX, "{stages} stages, {slots} slots: {smem} bytes");
+                for row_ds in [false, true] {
+                    let v = backward_v4_variant(3, hd, row_ds, true, false, None, true);
+                    let (v, _) = with_kv_slots(with_early_factors(v, bwd_early_factors(hd, row_ds)), hd, 2);
                     let v = v.define("BWD_QPERM", 1);
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
@@ -1479,31 +1460,6 @@ mod tests {
         assert!(e.contains("FLAMIA_BWD_STAGES=2"), "{e}");
         // one buffer: the variant as it was
         assert_eq!(with_dq_bufs(bwd(3, 128), 128, 1).unwrap().1, bwd(3, 128).1);
-    }
-
-    #[test]
-    fn four_stages_and_two_kv_slots_fit_at_head_dim_64_only() {
-        // the budgets as the runtime builds them (early factors on), against the 227 KB limit
-        let bwd = |stages, hd| {
-            with_early_factors(
-                backward_v4_variant(stages, hd, false, true, false, None, true),
-                true,
-            )
-        };
-        let (v, smem) = with_kv_slots(bwd(4, 64), 64, 2);
-        assert_eq!(smem, bwd(4, 64).1 + 18 * 1024);
-        assert!(smem <= SMEM_MAX, "{smem}");
-        assert!(v.key().contains("BWD_KV_SLOTS=2"), "{}", v.key());
-        assert!(bwd(3, 128).1 <= SMEM_MAX);
-        assert!(
-            bwd(4, 128).1 > SMEM_MAX,
-            "four stages at 128 would fit: the error path is dead"
-        );
-        assert!(with_kv_slots(bwd(3, 128), 128, 2).1 > SMEM_MAX);
-        // one slot: the variant as it was; the knob applies at 64 with key blocks only
-        assert_eq!(with_kv_slots(bwd(3, 64), 64, 1).1, bwd(3, 64).1);
-        assert_eq!(bwd_kv_slots(128, true), 1);
-        assert_eq!(bwd_kv_slots(64, false), 1);
     }
 
     #[test]
