@@ -115,11 +115,7 @@ mutate sched-noreset sched.cuh '1i #define SCHED_PROF_NORESET' \
 # comes): the test's 120 s timeout catches it, so the device scripts leave it out by default.
 [ "${HANGS:-0}" = 1 ] && mutate fold-nosems attn_bwd_v4.cu 's/if (p.sems == nullptr) return;/return;/' \
   one_plan_and_workspace_serve_call_after_call
-# 19. Two K/V slots (FLAMIA_BWD_KV_SLOTS=2, the test sets it): the consumers read slot 0's K
-# whatever their item's slot, so every second item's S^T uses another item's keys.
-mutate bwd-kv-slot-zero attn_bwd_v4.cu 's/smem_u32(sm.k\[C.kv\])/smem_u32(sm.k[0])/' \
-  two_kv_slots_give_bitwise_the_same
-# 20. bwd_dv_fold_warp (documents <= 2,048 tokens): the suffix maximum forgets the later lanes'
+# 19. bwd_dv_fold_warp (documents <= 2,048 tokens): the suffix maximum forgets the later lanes'
 # runs, so a key's fold exponent misses the larger dO exponents of later queries (dV's P~ codes
 # change against the one-CTA fold, FLAMIA_BWD_FOLD_WARP=0).
 mutate fold-warp-suffix attn_bwd_v4.cu 's/  if (lane == 31) run = -1000;/  run = -1000;/' \

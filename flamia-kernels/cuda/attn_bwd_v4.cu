@@ -259,24 +259,7 @@ struct BwdItem {
 #ifndef BWD_EARLY_FACTORS
 #define BWD_EARLY_FACTORS 0  // the host defines it (2 KB more shared memory: attention.rs with_early_factors)
 #endif
-// BWD_KV_SLOTS 2 (host knob FLAMIA_BWD_KV_SLOTS=2, head dim 64 with the producer's fold only:
-// 16 KB more shared memory; prepared in session 20, not yet measured): two K/V tiles, item n in
-// slot n % 2, so the producer issues item n's K and V once item n - 2's steps have released
-// slot n % 2, i.e. while item n - 1 still runs, instead of after item n - 1's last step (the
-// consumers waited ~1,200-1,800 clocks per item for kv_full: the K/V tiles' own TMA latency,
-// sessions 18-19). The producer is then one item further ahead, so the tails need one copy more
-// (tail[n % T] is last read by item n - T's end, which must precede the steps of the item whose
-// release the producer has waited for: n - 3 with two slots, n - 2 with one). The steps' factors
-// in sm.item have one copy, so two slots need BWD_FOLD (its steps read the stages' fold slots).
-#ifndef BWD_KV_SLOTS
-#define BWD_KV_SLOTS 1
-#endif
-static_assert(BWD_KV_SLOTS == 1 || BWD_KV_SLOTS == 2, "BWD_KV_SLOTS is 1 or 2");
-static_assert(BWD_KV_SLOTS == 1 || BWD_FOLD, "two K/V slots need BWD_FOLD (sm.item has one copy)");
-#define BWD_TAILS ((BWD_EARLY_FACTORS ? 3 : 2) + BWD_KV_SLOTS - 1)
-// item n's K/V slot and its phase parity
-#define KV_SLOT(n) (BWD_KV_SLOTS == 1 ? 0 : (n) & 1)
-#define KV_PHASE(n) ((u32)((n) / BWD_KV_SLOTS) & 1u)
+#define BWD_TAILS (BWD_EARLY_FACTORS ? 3 : 2)
 struct BwdItemTail {
   int code, h;
   BwdTile tile;
@@ -327,8 +310,8 @@ struct BwdDqJob {
 };
 
 struct BwdV4Smem {
-  u8 k[BWD_KV_SLOTS][BKT * HEAD_DIM];  // [slot] row = key (tok_off)
-  u8 v[BWD_KV_SLOTS][BKT * HEAD_DIM];
+  u8 k[BKT * HEAD_DIM];                // row = key (tok_off)
+  u8 v[BKT * HEAD_DIM];
   u8 kd[HEAD_DIM * BKT];               // row = dim, 128 keys
   u8 q[BWD_STAGES][BQT * HEAD_DIM];    // row = query
   u8 dO[BWD_STAGES][BQT * HEAD_DIM];
@@ -357,7 +340,7 @@ struct BwdV4Smem {
 #endif
   BwdDqJob job[BWD_DQ_BUFS][2];        // [buffer][warpgroup] the dQ partial now in dqs[buffer][warpgroup]
   BwdTile cur[2];                      // [warpgroup] its item's tile (h in pad_a), for the hand-off: thread 0's
-  u64 kv_full[BWD_KV_SLOTS], kv_empty[BWD_KV_SLOTS], kd_full, kd_empty, s_full[BWD_STAGES], s_empty[BWD_STAGES];
+  u64 kv_full, kv_empty, kd_full, kd_empty, s_full[BWD_STAGES], s_empty[BWD_STAGES];
   u64 dq_full[BWD_DQ_BUFS][2], dq_empty[BWD_DQ_BUFS][2];  // dqs handed to the reducer / read by TMA
   u64 ds_ready[BWD_DS_BUFS];           // both warpgroups' dS codes and exponents of a step written
 };
@@ -551,8 +534,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     BwdItem& it = sm.item;
 #endif
 #endif
-    const int kvs = KV_SLOT(ni);
-    const u32 kvbar = smem_u32(&sm.kv_full[kvs]);
+    const u32 kvbar = smem_u32(&sm.kv_full);
     const auto kv_issue = [&]() {
       if (lane == 0) {
         tail.code = code;
@@ -560,14 +542,14 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         tail.tile = t;
         if (code >= 0) {
           mbar_expect_tx(kvbar, 2 * BKT * HEAD_DIM);
-          tma_load_3d(smem_u32(sm.k[kvs]), &P.k_map, kvbar, 0, hk, t.doc0 + t.k0);
-          tma_load_3d(smem_u32(sm.v[kvs]), &P.v_map, kvbar, 0, hk, t.doc0 + t.k0);
+          tma_load_3d(smem_u32(sm.k), &P.k_map, kvbar, 0, hk, t.doc0 + t.k0);
+          tma_load_3d(smem_u32(sm.v), &P.v_map, kvbar, 0, hk, t.doc0 + t.k0);
         }
       }
     };
     const auto kv_wait = [&]() {
       PROD_T(t_kve);
-      mbar_wait(smem_u32(&sm.kv_empty[kvs]), KV_PHASE(ni) ^ 1);
+      mbar_wait(smem_u32(&sm.kv_empty), (ni & 1) ^ 1);
       PROD_ACC(2, t_kve);
     };
     PROD_T(t_kvf);
@@ -679,11 +661,6 @@ struct BwdConsumer {
   int s;        // stage
   u32 ph;       // stage parity
   int nstep;    // steps run so far by this CTA (dS buffer / dQ hand-off parity)
-#if BWD_KV_SLOTS > 1
-  int kv;       // the item's K/V slot
-#else
-  static constexpr int kv = 0;
-#endif
 #ifdef BWD_PROF_PHASES
   int nitem;  // items finished
 #endif
@@ -998,8 +975,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   {
     // (opaque: the four base descriptors are rebuilt per step, not held or spilled across the
     // step; each K slice's is its base plus an offset)
-    const u32 kb = opaque_u32(smem_u32(sm.k[C.kv]) + 64 * cw * HEAD_DIM),
-              vb = opaque_u32(smem_u32(sm.v[C.kv]) + 64 * cw * HEAD_DIM);
+    const u32 kb = opaque_u32(smem_u32(sm.k) + 64 * cw * HEAD_DIM), vb = opaque_u32(smem_u32(sm.v) + 64 * cw * HEAD_DIM);
     const u32 qb = opaque_u32(smem_u32(sm.q[s])), ob = opaque_u32(smem_u32(sm.dO[s]));
     const u64 dkb = desc_tok(kb), dvb = desc_tok(vb), dqb = desc_tok(qb), dob = desc_tok(ob);
     wg_fence();
@@ -1494,10 +1470,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #ifdef BWD_PROF_TIMERS
     const long long _t4 = clock64();
 #endif
-    mbar_wait(smem_u32(&sm.kv_full[KV_SLOT(ni)]), KV_PHASE(ni));
-#if BWD_KV_SLOTS > 1
-    C.kv = KV_SLOT(ni);
-#endif
+    mbar_wait(smem_u32(&sm.kv_full), ni & 1);
 #ifdef BWD_PROF_TIMERS
     C.prof[4] += clock64() - _t4;
 #endif
@@ -1593,7 +1566,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
     // the item's K and V are read (each warp's own waits): the producer may load the next item's
     __syncwarp();
-    if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty[KV_SLOT(ni)]));
+    if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty));
     if (BWD_DEFER_DQ && pend_q0 >= 0) dq(C.nstep - 1, pend_q0);
     // the item's dim-major K is read (each warp's own dQ waits): the producer may load the next
     __syncwarp();
@@ -1715,10 +1688,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
   BwdV4Smem& sm = *reinterpret_cast<BwdV4Smem*>(smem_aligned_1024(smem_raw));
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
-    for (int b = 0; b < BWD_KV_SLOTS; ++b) {
-      mbar_init(smem_u32(&sm.kv_full[b]), 32);
-      mbar_init(smem_u32(&sm.kv_empty[b]), 8);
-    }
+    mbar_init(smem_u32(&sm.kv_full), 32);
+    mbar_init(smem_u32(&sm.kv_empty), 8);
     mbar_init(smem_u32(&sm.kd_full), 1);
     mbar_init(smem_u32(&sm.kd_empty), 8);
     for (int s = 0; s < BWD_STAGES; ++s) {

@@ -411,21 +411,6 @@ fn launch_chain_knobs_keep_every_bit() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn two_kv_slots_give_bitwise_the_same() {
-    // FLAMIA_BWD_KV_SLOTS=2 (prepared in session 20): at head dim 64 with block scales the v4
-    // backward keeps two K/V tiles (item n in slot n % 2) and a fourth item tail, so the producer
-    // loads the next item's K and V while this item runs; the same gradients bit for bit. On
-    // three CTAs (FLAMIA_BWD_CTAS) every CTA runs ~19 items, so both slots and the tails turn
-    // over many times; and on the default grid. Causal, not causal, row dS exponents.
-    let d64: Vec<_> = CODE_KNOB_CASES.iter().copied().filter(|c| c.0 == 64).collect();
-    for ctas in [None, Some("3")] {
-        let _ctas = ctas.map(|n| EnvGuard::set("FLAMIA_BWD_CTAS", n));
-        backward_knob_values_keep_every_bit("FLAMIA_BWD_KV_SLOTS", &["2"], &d64);
-    }
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn key_factors_loaded_early_give_bitwise_the_same() {
     // FLAMIA_BWD_EARLY_FACTORS=1 (the default) has the producer load an item's per-key factors
     // into a third item tail and a staging copy before the previous item's K/V slot frees: the

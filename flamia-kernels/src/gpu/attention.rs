@@ -282,27 +282,6 @@ fn bwd_dq_bufs() -> u32 {
     stages_from_env("FLAMIA_BWD_DQ_BUFS", 1..=2, 1)
 }
 
-/// `FLAMIA_BWD_KV_SLOTS=2` (prepared in session 20, not yet measured; default 1): at head dim 64
-/// with block scales (where the producer folds the key factors, `BWD_FOLD`) the v4 backward keeps
-/// two K/V tiles, so the next item's K and V load while this item still runs (`BWD_KV_SLOTS`:
-/// hd / 4 KB more shared memory, 16 KB at 64, and a fourth item tail). Elsewhere the knob
-/// changes nothing (one slot: 32 KB more at head dim 128 do not fit). Bitwise the same gradients
-/// (GPU test `two_kv_slots_give_bitwise_the_same`).
-fn bwd_kv_slots(hd: u32, key_blocks: bool) -> u32 {
-    let two = hd == 64 && key_blocks && super::env_number::<u32>("FLAMIA_BWD_KV_SLOTS") == Some(2);
-    1 + two as u32
-}
-
-/// `v` with `slots` K/V tiles ([`bwd_kv_slots`]) and their shared memory (the second K/V tile,
-/// a tail copy).
-fn with_kv_slots((v, smem): (Variant, u32), hd: u32, slots: u32) -> (Variant, u32) {
-    if slots == 1 {
-        return (v, smem);
-    }
-    let smem = smem + (hd / 4 + 2) * 1024;
-    (v.define("BWD_KV_SLOTS", 2).define("SMEM_BWD4_BUDGET", smem), smem)
-}
-
 /// The most dynamic shared memory a CTA may have on sm_90 (227 KB).
 const SMEM_MAX: u32 = 227 * 1024;
 
@@ -710,7 +689,6 @@ impl Attention {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
-        let v = with_kv_slots(v, hd, bwd_kv_slots(hd, self.bwd_key_blocks()));
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
@@ -1306,8 +1284,7 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, forward_v4_variant,
-        fwd_cw_const, parse_promote, smem_bwd4, with_dq_bufs, with_early_factors, with_kv_slots,
-        FWD_CW_MIN_TILES, SMEM_MAX,
+        fwd_cw_const, parse_promote, smem_bwd4, with_dq_bufs, with_early_factors, FWD_CW_MIN_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
@@ -1403,17 +1380,6 @@ mod tests {
                     v.clone().define("BWD_REDUX", 0),
                     v,
                 ] {
-                    compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
-                        .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
-                }
-            }
-            // two K/V slots (FLAMIA_BWD_KV_SLOTS=2) at d = 64 with the producer's fold, as the
-            // runtime builds them (QPERM, early factors, walking up), block and row dS exponents
-            if hd == 64 {
-                for row_ds in [false, true] {
-                    let v = backward_v4_variant(3, hd, row_ds, true, false, None, true);
-                    let (v, _) = with_kv_slots(with_early_factors(v, bwd_early_factors(hd, row_ds)), hd, 2);
-                    let v = v.define("BWD_QPERM", 1);
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
                 }
