@@ -1,5 +1,7 @@
 #!/bin/bash
 # Session 21 (H200): the dQ conversion inside the fused backward (BWD_DQ_FUSED, default on).
+# Kept as the record of session 21's calls 3-4: BWD_DQ_FUSED measured 2.4x slower at 256x256 and
+# was removed (its sources, test and mutations are in commit c54eb13; docs/perf.md session 21).
 #   bash bench/device_s21.sh        (~8 minutes) its bitwise test first (alone, under a timeout:
 #     a hang would be the converter's hand-off), then the whole gpu_attention suite on the new
 #     default, then the mutation dq-fused-first (MUTS="dq-fused-first dq-fused-nohad" for both).

@@ -120,10 +120,3 @@ mutate sched-noreset sched.cuh '1i #define SCHED_PROF_NORESET' \
 # change against the one-CTA fold, FLAMIA_BWD_FOLD_WARP=0).
 mutate fold-warp-suffix attn_bwd_v4.cu 's/  if (lane == 31) run = -1000;/  run = -1000;/' \
   launch_chain_knobs_keep_every_bit
-# 20. The fused dQ conversion (BWD_DQ_FUSED) cued by a query tile's first partial instead of its
-# last: the converter reads the sums before the other key tiles have added theirs.
-mutate dq-fused-first attn_bwd_v4.cu 's/j.last = j.target == 2 \* (P.a.causal ? q0 \/ BKT : (tl.len - 1) \/ BKT);/j.last = j.target == 0;/' \
-  dq_converted_inside_the_backward_gives_bitwise_the_separate_conversion
-# 21. The fused conversion without the Hadamard back (dQ left in the rotated basis).
-mutate dq-fused-nohad attn_bwd_v4.cu 's/const uint2 b = dq_row_bf16(v, (i \& 1) ? f1 : f0, P.a.hadamard);/const uint2 b = dq_row_bf16(v, (i \& 1) ? f1 : f0, 0);/' \
-  dq_converted_inside_the_backward_gives_bitwise_the_separate_conversion

@@ -33,9 +33,7 @@
 // The item's end: dK = 2^-eK scale dK (Hadamard back), dV = 2^c dV, BF16. GQA: the query heads of a
 // group are separate items; their dK/dV partials meet in dkv_acc in head order (semaphore per key
 // tile and KV head), and the group's last head writes the BF16 result.
-// dQ to BF16 (2^-eQ scale, Hadamard back): BWD_DQ_FUSED 1 (the host's default where it fits),
-// warpgroup 0's warp 3 converts each (query tile, head) as soon as its last partial has landed,
-// reading the FP32 sums from L2; else bwd_dq_convert runs afterwards over the whole dq_acc.
+// Afterwards bwd_dq_convert turns dq_acc into BF16 dQ (2^-eQ scale, Hadamard back).
 // dV's fold c_j = max(edO over the rows that see key j) - 8 comes from bwd_dv_fold (run before).
 #include "attn_common.cuh"
 #include "tma.cuh"
@@ -237,10 +235,6 @@ struct BwdV4Params {
   // no zeroing; 0: token rows, zeroed by the host, every partial a reduce-add.
   int dq_first_store;
   int tpad;          // padded positions (BWD_COLS_TMA: colc's rows per head x 2)
-  const float* dq_acc;  // BWD_DQ_FUSED: the accumulator ([Tpad, hc, HEAD_DIM], dq_first_store)
-  const int* pad_tok;   // BWD_DQ_FUSED: [Tpad] the token of each padded position (-1: padding)
-  int hc;               // query heads of this launch's chunk (dq_acc's middle dimension)
-  int pad_;
 };
 
 // Per-key factors the steps read (one copy: the next item's are written once this item's last
@@ -311,34 +305,8 @@ struct BwdCols {
 
 // One step's dQ partial of a consumer warpgroup, handed to its reducer warp: where it goes, the
 // semaphore that admits it and the count to wait for (end != 0: no more partials).
-// last: the query tile's last partial in the semaphore order (BWD_DQ_FUSED: the converter's cue).
 struct BwdDqJob {
-  int h, row, sem, target, end, last, pad_b, pad_c;
-};
-
-// BWD_DQ_FUSED 1: the dQ conversion inside the fused kernel (attention.rs with_dq_fused: on where
-// the 5 KB fit and each query tile's first partial is stored, FLAMIA_BWD_DQ_FUSED=0 for A/B and the
-// bitwise test). Warp 3 of warpgroup 0 (idle before) is the converter: once both reducers of this
-// CTA have landed the last partials of a (query tile, head) (BwdDqJob::last; the semaphore order
-// puts every other key tile's before them), they queue the tile (conv_full, CONV_JOBS slots) and
-// the converter turns its 64 rows into BF16 dQ with the arithmetic of bwd_dq_convert
-// (dq_row_bf16): the FP32 sums come from L2 by cp.async.cg into CONV_OPS staging rows (no
-// registers held for loads in flight: the warpgroup has 24), one warp-wide row op at a time. The
-// separate conversion read the whole FP32 accumulator back from DRAM (805 MB of traffic at 65,536
-// tokens and 16 heads, ~0.19 ms on the H200) after the backward's tail.
-#ifndef BWD_DQ_FUSED
-#define BWD_DQ_FUSED 0
-#endif
-// CONV_JOBS: the ring of queued tiles. A reducer waits for a free slot only when the converter is
-// CONV_JOBS tiles behind it, and the converter waits for nothing but both reducers' pushes, so it
-// can always catch up with the slower reducer; the two reducers are at most a few steps apart
-// (their consumers share the step's dS buffers, BWD_DS_BUFS, and each hands off at most
-// BWD_DQ_BUFS partials ahead), far fewer than 16 tiles, so the faster one never waits on the
-// slower one through the converter (which would tie its consumers' dS to the slower side: a cycle).
-#define CONV_JOBS 16
-#define CONV_OPS 8
-struct BwdConvJob {
-  int h, row, end, pad;
+  int h, row, sem, target, end, pad_a, pad_b, pad_c;
 };
 
 struct BwdV4Smem {
@@ -375,11 +343,6 @@ struct BwdV4Smem {
   u64 kv_full, kv_empty, kd_full, kd_empty, s_full[BWD_STAGES], s_empty[BWD_STAGES];
   u64 dq_full[BWD_DQ_BUFS][2], dq_empty[BWD_DQ_BUFS][2];  // dqs handed to the reducer / read by TMA
   u64 ds_ready[BWD_DS_BUFS];           // both warpgroups' dS codes and exponents of a step written
-#if BWD_DQ_FUSED
-  float4 conv[CONV_OPS][32];           // [row op][lane] the converter's staging rows (FP32 sums)
-  BwdConvJob cjob[CONV_JOBS];          // tiles ready for the converter (written by reducer 0)
-  u64 conv_full[CONV_JOBS], conv_empty[CONV_JOBS];  // both reducers' last partials landed / job read
-#endif
 };
 #ifdef SMEM_BWD4_BUDGET
 static_assert(sizeof(BwdV4Smem) + 1024 <= SMEM_BWD4_BUDGET, "attn_bwd_v4: dynamic shared memory budget too small");
@@ -423,15 +386,6 @@ __device__ __forceinline__ void spin_until(const int* p, int target) {
 }
 // Exponent of the operand fold, clamped as exp2i clamps (the unfold must use the same value).
 __device__ __forceinline__ int fold_exp(int e) { return max(e, -126); }
-
-// dQ's BF16 from this lane's 4 FP32 sums of a row (HEAD_DIM / 4 lanes per row) and the row's
-// factor f = scale 2^-eQ (dq_factor): bwd_dq_convert's and the fused converter's one arithmetic.
-__device__ __forceinline__ float dq_factor(float scale, int q_exp) { return scale * exp2i(-fold_exp(q_exp)); }
-__device__ __forceinline__ uint2 dq_row_bf16(const float4 v, float f, int hadamard) {
-  float x[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
-  if (hadamard) hadamard_hd(x);
-  return make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
-}
 
 __device__ __forceinline__ int bwd_steps(const BwdTile& t, int causal) {
   const int qstart = causal ? t.k0 : 0;
@@ -1378,9 +1332,6 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
 #else
     j.target = 2 * (tl.k0 / BKT);
 #endif
-    // the last key tile in that order: causal, key tile 0 walking up and the diagonal one walking
-    // down (both have turn q0 / BKT); else the document's last
-    j.last = j.target == 2 * (P.a.causal ? q0 / BKT : (tl.len - 1) / BKT);
     j.end = 0;
   }
   // Every thread's stores are made visible to the reducer's TMA (async proxy) and released by its
@@ -1656,71 +1607,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
 }
 
-// ---- dQ converter (BWD_DQ_FUSED) ----------------------------------------------------------
-#if BWD_DQ_FUSED
-// Reducer cw's m-th queued tile (both reducers queue the same tiles in the same order: their
-// consumer warpgroups hand off the same steps): slot m % CONV_JOBS, once the converter has read
-// its previous job; reducer 0 writes it, the converter reads it once both have arrived.
-__device__ __forceinline__ void conv_push(BwdV4Smem& sm, int m, int cw, int h, int row, int end) {
-  const int s = m % CONV_JOBS;
-  mbar_wait(smem_u32(&sm.conv_empty[s]), ((m / CONV_JOBS) & 1) ^ 1);
-  if (cw == 0) {
-    sm.cjob[s].h = h;
-    sm.cjob[s].row = row;
-    sm.cjob[s].end = end;
-  }
-  mbar_arrive(smem_u32(&sm.conv_full[s]));
-}
-
-// The converter warp: for each queued (query tile, head), its 64 rows of dq_acc (padded positions,
-// chunk head h) to BF16 dQ. Row op o covers rows RPO o .. RPO o + RPO - 1 (LPR lanes per row);
-// its lanes' 16 bytes go to sm.conv[o % CONV_OPS][lane] by cp.async.cg (L2: the reducers' TMA
-// added them there), CONV_OPS ops in flight, one commit group per op.
-__device__ __forceinline__ void bwd_converter(const BwdV4Params& P, BwdV4Smem& sm) {
-  constexpr int LPR = HEAD_DIM / 4, RPO = 32 / LPR, NOPS = BQT / RPO;
-  const int lane = threadIdx.x & 31, col = 4 * (lane % LPR), sub = lane / LPR;
-  const long long stride = (long long)P.hc * HEAD_DIM;  // floats from one acc row to the next
-  for (int m = 0;; ++m) {
-    const int s = m % CONV_JOBS;
-    mbar_wait(smem_u32(&sm.conv_full[s]), (m / CONV_JOBS) & 1);
-    const int h = sm.cjob[s].h, row = sm.cjob[s].row, end = sm.cjob[s].end;
-    __syncwarp();
-    if (lane == 0) mbar_arrive(smem_u32(&sm.conv_empty[s]));
-    if (end) break;
-    fence_async_global();  // (the sums were written through the async proxy)
-    const float* src = P.dq_acc + ((long long)row * P.hc + h) * HEAD_DIM + (long long)sub * stride + col;
-    const auto issue = [&](int o) {
-      if (o < NOPS)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(&sm.conv[o % CONV_OPS][lane])),
-                     "l"(src + (long long)RPO * o * stride)
-                     : "memory");
-      cp_async_commit();
-    };
-#pragma unroll
-    for (int o = 0; o < CONV_OPS; ++o) issue(o);
-    // lane l holds rows 2l and 2l + 1's token and factor
-    int tok[2];
-    float f[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      tok[j] = P.pad_tok[row + 2 * lane + j];
-      f[j] = tok[j] >= 0 ? dq_factor(P.a.scale, P.a.q_exp[(long long)tok[j] * P.a.hq + P.h0 + h]) : 0.f;
-    }
-    for (int o = 0; o < NOPS; ++o) {
-      cp_async_wait<CONV_OPS - 1>();
-      const float4 v = sm.conv[o % CONV_OPS][lane];
-      const int i = RPO * o + sub;  // this lane's row of the tile
-      const int t0 = __shfl_sync(0xffffffffu, tok[0], i >> 1), t1 = __shfl_sync(0xffffffffu, tok[1], i >> 1);
-      const float f0 = __shfl_sync(0xffffffffu, f[0], i >> 1), f1 = __shfl_sync(0xffffffffu, f[1], i >> 1);
-      const int t = (i & 1) ? t1 : t0;
-      const uint2 b = dq_row_bf16(v, (i & 1) ? f1 : f0, P.a.hadamard);
-      issue(o + CONV_OPS);  // (after v's use: the slot is rewritten)
-      if (t >= 0) *reinterpret_cast<uint2*>(P.a.dq + ((long long)t * P.a.hq + P.h0 + h) * HEAD_DIM + col) = b;
-    }
-  }
-}
-#endif
-
 // ---- dQ reducer ----------------------------------------------------------------------------
 // Lane 0 of producer-warpgroup warp 1 + cw: takes consumer warpgroup cw's dQ partials in step
 // order, waits until this (query tile, head)'s semaphore admits them (every earlier key tile has
@@ -1743,9 +1629,6 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
   long long w_full = 0, w_sem = 0, w_read = 0, w_land = 0;
 #endif
   int k = 0;
-#if BWD_DQ_FUSED
-  int nconv = 0;  // tiles queued for the converter
-#endif
   for (;; ++k) {
     const int db = k % BWD_DQ_BUFS;
     RED_T(t0);
@@ -1784,13 +1667,7 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
     RED_ACC(w_land, t3);
     fence_async_global();
     red_release_add(sem, 1);
-#if BWD_DQ_FUSED
-    if (j.last) conv_push(sm, nconv++, cw, j.h, j.row, 0);
-#endif
   }
-#if BWD_DQ_FUSED
-  conv_push(sm, nconv, cw, 0, 0, 1);  // no more tiles
-#endif
 #ifdef BWD_PROF_REDUCER
   // (printed by a consumer thread at the kernel's end: the build with a printf here, in the
   // producer warpgroup's 24 registers, failed in sessions 12 and 13, in 13 with an illegal
@@ -1825,12 +1702,6 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
         mbar_init(smem_u32(&sm.dq_full[b][c]), 128);  // every thread of consumer warpgroup c
         mbar_init(smem_u32(&sm.dq_empty[b][c]), 1);
       }
-#if BWD_DQ_FUSED
-    for (int s = 0; s < CONV_JOBS; ++s) {
-      mbar_init(smem_u32(&sm.conv_full[s]), 2);  // both reducers
-      mbar_init(smem_u32(&sm.conv_empty[s]), 1);
-    }
-#endif
     mbar_init_fence();
   }
   __syncthreads();
@@ -1840,9 +1711,6 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     regs_dealloc<24>();
     if (threadIdx.x < 32) bwd_producer(P, sm);
     else if (threadIdx.x == 32 || threadIdx.x == 64) bwd_reducer(P, sm, (threadIdx.x >> 5) - 1);
-#if BWD_DQ_FUSED
-    else if (threadIdx.x >= 96) bwd_converter(P, sm);
-#endif
   } else {
     regs_alloc<240>();
     bwd_consumer(P, sm, wg - 1);
@@ -2016,6 +1884,9 @@ extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvert
   const bool ok = r0 < rows && tok >= 0;
   const long long o = (long long)max(tok, 0) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
   const float4 v = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
-  const uint2 b = dq_row_bf16(v, dq_factor(p.scale, p.q_exp[o]), p.hadamard);
-  if (ok) reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = b;
+  const float f = p.scale * exp2i(-fold_exp(p.q_exp[o]));
+  float x[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
+  if (p.hadamard) hadamard_hd(x);
+  if (ok)
+    reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
 }

@@ -411,37 +411,6 @@ fn launch_chain_knobs_keep_every_bit() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn dq_converted_inside_the_backward_gives_bitwise_the_separate_conversion() {
-    // The default (BWD_DQ_FUSED) has a converter warp turn each (query tile, head) into BF16 dQ
-    // once its last partial has landed; FLAMIA_BWD_DQ_FUSED=0 runs bwd_dq_convert over the whole
-    // accumulator afterwards. The same arithmetic on the same sums, so the same bits: block and
-    // row dS exponents (row dS at d = 128 has no room and converts afterwards both ways), both
-    // head dims, causal and not, documents ending mid-tile, GQA ...
-    backward_knob_values_keep_every_bit("FLAMIA_BWD_DQ_FUSED", &["0"], &CODE_KNOB_CASES);
-    // ... and an 8,192-token document (64 key tiles add into its query tiles: the converter must
-    // wait for the last in either walk), one launch and one per KV head (FLAMIA_BWD_SCRATCH_MIB=0:
-    // the chunk's heads offset the accumulator), with the reduces' arrival jittered.
-    let gpu = gpu();
-    let shape = VarlenShape::from_lens(&[8192, 300, 1, 65], 4, 2, 128).unwrap();
-    for up in walks() {
-        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
-        for scratch in [None, Some("0")] {
-            let _chunks = scratch.map(|v| EnvGuard::set("FLAMIA_BWD_SCRATCH_MIB", v));
-            let _jitter = EnvGuard::set("FLAMIA_BWD_JITTER", "3");
-            with_seeds(
-                &format!("fused dQ, FLAMIA_BWD_UP_TILES={up}, scratch {scratch:?}"),
-                |mut rng| {
-                    let call =
-                        spread_key_tiles(gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8)));
-                    same_bits_whatever(&gpu, &call, "FLAMIA_BWD_DQ_FUSED", &["0"]);
-                },
-            );
-        }
-    }
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn key_factors_loaded_early_give_bitwise_the_same() {
     // FLAMIA_BWD_EARLY_FACTORS=1 (the default) has the producer load an item's per-key factors
     // into a third item tail and a staging copy before the previous item's K/V slot frees: the

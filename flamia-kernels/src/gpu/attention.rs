@@ -217,34 +217,6 @@ fn bwd_dq_first_store() -> bool {
     super::env_number::<u32>("FLAMIA_BWD_DQ_STORE") != Some(0)
 }
 
-/// Whether the v4 backward converts dQ to BF16 inside the fused kernel (`BWD_DQ_FUSED`: a
-/// converter warp takes each (query tile, head) once its last partial has landed and reads the FP32
-/// sums from L2) instead of `bwd_dq_convert` over the whole accumulator afterwards. Needs the
-/// padded accumulator with stored first partials ([`bwd_dq_first_store`]) and 5 KB of shared
-/// memory ([`with_dq_fused`]). On unless `FLAMIA_BWD_DQ_FUSED=0` (A/B and the bitwise test
-/// `dq_converted_inside_the_backward_gives_bitwise_the_separate_conversion`).
-fn bwd_dq_fused() -> bool {
-    bwd_dq_first_store() && !super::env_off("FLAMIA_BWD_DQ_FUSED")
-}
-
-/// Shared memory of the fused dQ conversion: 8 staging rows of 512 bytes, the job ring and its
-/// barriers (`BWD_DQ_FUSED` in `cuda/attn_bwd_v4.cu`).
-const DQ_FUSED_SMEM: u32 = 5 * 1024;
-
-/// `v` with the fused dQ conversion when `on` and its [`DQ_FUSED_SMEM`] fit the 227 KB (not with
-/// row dS exponents at head dim 128: 226 KB); the flag says whether it is on.
-fn with_dq_fused((v, smem): (Variant, u32), on: bool) -> (Variant, u32, bool) {
-    let smem_fused = smem + DQ_FUSED_SMEM;
-    if !on || smem_fused > SMEM_MAX {
-        return (v, smem, false);
-    }
-    (
-        v.define("BWD_DQ_FUSED", 1).define("SMEM_BWD4_BUDGET", smem_fused),
-        smem_fused,
-        true,
-    )
-}
-
 /// With the key-permuted packing, the v4 backward's P~ and dS A fragments converted four codes
 /// per register (`BWD_CVT4`: 1,234 -> 1,204 SASS per interior step at d = 128, 939 -> 907 at 64;
 /// bitwise the same gradients). On by default since session 17 (training call -0.4..-1.7% on
@@ -400,10 +372,6 @@ struct BwdV4Params {
     jitter: i32,
     dq_first_store: i32,
     tpad: i32,
-    dq_acc: u64,
-    pad_tok: u64,
-    hc: i32,
-    pad_: i32,
 }
 
 /// Mirrors `struct DvFoldParams` of `cuda/attn_bwd_v4.cu`.
@@ -698,9 +666,7 @@ impl Attention {
     /// The v4 backward's variant and smem budget for this call's options at head dim `hd`, with
     /// the test knobs of the environment (`FLAMIA_BWD_JITTER`, `FLAMIA_BWD_SKIP_DEAD`); `walk_up`:
     /// the plan has tiles that walk up.
-    /// The v4 backward's build at head dim `hd`: its defines, its shared memory, and whether it
-    /// converts dQ itself ([`bwd_dq_fused`]; else `bwd_dq_convert` runs after it).
-    fn backward_v4_kernel(&self, hd: u32, walk_up: bool) -> GpuResult<(Variant, u32, bool)> {
+    fn backward_v4_kernel(&self, hd: u32, walk_up: bool) -> GpuResult<(Variant, u32)> {
         let mut v = backward_v4_variant(
             self.bwd_stages,
             hd,
@@ -723,7 +689,7 @@ impl Attention {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
-        Ok(with_dq_fused(with_dq_bufs(v, hd, bwd_dq_bufs())?, bwd_dq_fused()))
+        with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
     fn check_plan(&self, plan: &Plan) -> GpuResult<()> {
@@ -1133,7 +1099,7 @@ impl Attention {
         if memsets {
             self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
         }
-        let (v4, smem, dq_fused) = self.backward_v4_kernel(hd as u32, bw.walks_up())?;
+        let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up())?;
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
@@ -1177,10 +1143,6 @@ impl Attention {
                 jitter: bwd_jitter(),
                 dq_first_store: first_store as i32,
                 tpad: plan.tpad() as i32,
-                dq_acc: sc.dq_acc.ptr(),
-                pad_tok: plan.pad_tok.ptr(),
-                hc: hc as i32,
-                pad_: 0,
             };
             let ctas = bwd_ctas().unwrap_or(self.gpu.sm_count().max(1) as usize);
             let grid = (range.len().min(ctas) as u32, 1, 1);
@@ -1188,9 +1150,6 @@ impl Attention {
             // `plan`'s shape and the scratch of `ws` (allocated for this plan: one chunk's heads),
             // the items are this chunk's (heads h0..h0 + hc), the gradients are the caller's.
             unsafe { launch_chained(&fused, grid, 384, smem, stream, &p, "attn_bwd_v4") }?;
-            if dq_fused {
-                continue; // (the kernel wrote dQ)
-            }
             let rows = acc_rows * hc;
             let conv = DqConvertParams {
                 acc: sc.dq_acc.ptr(),
@@ -1295,7 +1254,7 @@ impl Attention {
             out.push(("attn_fwd_v4".to_string(), r, l));
         }
         if self.uses_backward_v4() {
-            let (v4, smem, _) = self.backward_v4_kernel(hd32, super::sched::bwd_up_tiles() > 0)?;
+            let (v4, smem) = self.backward_v4_kernel(hd32, super::sched::bwd_up_tiles() > 0)?;
             let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_bwd_v4".to_string(), r, l));
@@ -1325,8 +1284,7 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, forward_v4_variant,
-        fwd_cw_const, parse_promote, smem_bwd4, with_dq_bufs, with_dq_fused, with_early_factors,
-        FWD_CW_MIN_TILES, SMEM_MAX,
+        fwd_cw_const, parse_promote, smem_bwd4, with_dq_bufs, with_early_factors, FWD_CW_MIN_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
@@ -1348,18 +1306,6 @@ mod tests {
                     let early = v.key().contains("BWD_EARLY_FACTORS");
                     assert_eq!(early, !(row_ds && hd == 128), "d = {hd}, row dS {row_ds}");
                     assert_eq!(smem, base + if early { 2048 } else { 0 });
-                    // the dQ conversion inside the kernel: everywhere but row dS at d = 128 with
-                    // three stages (226 KB before it)
-                    let (v, fused_smem, fused) = with_dq_fused((v, smem), true);
-                    assert_eq!(
-                        fused,
-                        !(row_ds && hd == 128 && stages == 3),
-                        "d = {hd}, row dS {row_ds}, {stages}"
-                    );
-                    assert!(fused_smem <= SMEM_MAX);
-                    assert_eq!(v.key().contains("BWD_DQ_FUSED"), fused);
-                    assert_eq!(fused_smem, smem + if fused { 5 * 1024 } else { 0 });
-                    assert_eq!(with_dq_fused((v, smem), false).2, false);
                 }
             }
         }
@@ -1398,12 +1344,8 @@ mod tests {
                     // upward walk, FLAMIA_BWD_UP_TILES, with it and at 2 stages)
                     let skip_dead = stress.then_some(true);
                     let walk_up = stress || stages == 2;
-                    // (the dQ conversion inside the kernel wherever it fits, as the runtime builds
-                    // it; row dS at d = 128 keeps bwd_dq_convert's path)
-                    let (v, _, _) = with_dq_fused(
-                        backward_v4_variant(stages, hd, row_ds, key_blocks, stress, skip_dead, walk_up),
-                        true,
-                    );
+                    let (v, _) =
+                        backward_v4_variant(stages, hd, row_ds, key_blocks, stress, skip_dead, walk_up);
                     // (at d = 64 with key blocks the producer's fold both ways: the budget has
                     // room for it whatever the source's default)
                     // (elsewhere the step constants by bulk copy, BWD_COLS_TMA, as the runtime
@@ -1426,12 +1368,9 @@ mod tests {
             // row dS exponents, without and with the four-code conversions (BWD_CVT4) and the
             // redux block maxima (BWD_REDUX)
             for row_ds in [false, true] {
-                let (v, _, _) = with_dq_fused(
-                    with_early_factors(
-                        backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true),
-                        bwd_early_factors(hd, row_ds),
-                    ),
-                    true,
+                let (v, _) = with_early_factors(
+                    backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true),
+                    bwd_early_factors(hd, row_ds),
                 );
                 let v = v.define("BWD_QPERM", 1);
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
@@ -1448,7 +1387,7 @@ mod tests {
             // two dQ buffers per warpgroup (FLAMIA_BWD_DQ_BUFS=2): three stages at d = 64, two at 128
             let stages = if hd == 64 { 3 } else { 2 };
             let v = backward_v4_variant(stages, hd, false, true, false, None, true);
-            let (v, _, _) = with_dq_fused(with_dq_bufs(with_early_factors(v, true), hd, 2).unwrap(), true);
+            let (v, _) = with_dq_bufs(with_early_factors(v, true), hd, 2).unwrap();
             compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                 .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
             // the forward's per-warpgroup consumer copies (long items, fwd_cw_const), both
