@@ -84,6 +84,20 @@
 // 0.249 ms; bitwise the same bytes (gpu_quant). Measured in the same call and not kept: the plan
 // lookups one item ahead (QUANT_AHEAD: -1.1 / -0.2 / +1.4%) and the block amax by redux.sync
 // (with both: no better than SWZ alone).
+// QUANT_STCS 1 (an A/B variant, FLAMIA_QUANT_STCS=1): the code stores as streaming stores
+// (st.global.cs, evict-first): the codes of a 65,536-token call (805 MB at d = 128 and 16 heads)
+// do not stay in L2 for the attention kernels anyway.
+#ifndef QUANT_STCS
+#define QUANT_STCS 0
+#endif
+template <class V>
+__device__ __forceinline__ void st_codes(V* p, V v) {
+#if QUANT_STCS
+  __stcs(p, v);
+#else
+  *p = v;
+#endif
+}
 #define QUANT_INPUTS 3
 // 32-element chunks of a row per thread (element i = 32 k + 8 q + j, k < NK).
 #define NK (HEAD_DIM / 32)
@@ -519,7 +533,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       if (codes[0] == 0x12345678u)  // (keeps the codes alive; practically never true)
 #endif
 #pragma unroll
-      for (int k = 0; k < NK; ++k) dst[4 * k] = make_uint2(codes[2 * k], codes[2 * k + 1]);
+      for (int k = 0; k < NK; ++k) st_codes(dst + 4 * k, make_uint2(codes[2 * k], codes[2 * k + 1]));
       if (q == 0) t.exps[row] = (i8)e;
 #if DELTA
       // value = decode * 2^e: apply the exponent once to the sum (exact power of two)
@@ -574,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
         const int idx = 128 * i + tid, r = idx >> 3, k = idx & 7;
         uint4 v = *reinterpret_cast<const uint4*>(dimbuf + flush_off(dimbuf_off(tid >> 3, k), i));
         if (chunk_block(cb, k >> 1) < 0) v = make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint4*>(t.dim + ((long long)it.h * HEAD_DIM + r) * p.Tpad + 128LL * cc + 16 * k) = v;
+        st_codes(reinterpret_cast<uint4*>(t.dim + ((long long)it.h * HEAD_DIM + r) * p.Tpad + 128LL * cc + 16 * k), v);
       }
     }
     cc = ncc;

@@ -313,13 +313,25 @@ pub fn quant_async() -> bool {
     super::env_on("FLAMIA_QUANT_ASYNC")
 }
 
-/// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D and [`quant_async`].
+/// `FLAMIA_QUANT_STCS=1`: the quantiser's A/B variant with streaming (evict-first) code stores
+/// (`QUANT_STCS` in `cuda/quant.cu`; same bytes).
+fn quant_stcs() -> bool {
+    super::env_on("FLAMIA_QUANT_STCS")
+}
+
+/// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`] and
+/// [`quant_stcs`] (defined only when on: the default build's key is unchanged).
 fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
-    Variant::new()
+    let v = Variant::new()
         .define("HEAD_DIM", head_dim)
         .define("MODE", mode_id(mode))
         .define("DELTA", delta as i32)
-        .define("QUANT_ASYNC", quant_async() as i32)
+        .define("QUANT_ASYNC", quant_async() as i32);
+    if quant_stcs() {
+        v.define("QUANT_STCS", 1)
+    } else {
+        v
+    }
 }
 
 /// The persistent grid of `f` (128 threads per CTA): as many CTAs as the driver says fit on
