@@ -1859,11 +1859,6 @@ extern "C" __global__ void __launch_bounds__(256) bwd_dv_fold_warp(const DvFoldP
 // dQ = scale * 2^-eQ * dq_acc (FP32 [T, Hq, HEAD_DIM]), back through the Hadamard transform, in
 // BF16. HEAD_DIM / 4 lanes per (token, head) row, 4 values each: 128 / HEAD_DIM rows per warp.
 // Mirrors DqConvertParams in src/gpu/attention.rs.
-// DQC_STREAM 1 (an A/B variant, FLAMIA_DQC_STREAM=1): the accumulator's loads and dQ's stores
-// streaming (ld/st.global.cs, evict-first: each byte is touched once).
-#ifndef DQC_STREAM
-#define DQC_STREAM 0
-#endif
 struct DqConvertParams {
   const float* acc;    // [T or Tpad, hc, HEAD_DIM]: the chunk's heads h0..h0 + hc
   const i8* q_exp;     // [T, Hq]
@@ -1888,21 +1883,10 @@ extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvert
   const int tok = p.pad_tok ? p.pad_tok[r / p.hc] : (int)(r / p.hc);
   const bool ok = r0 < rows && tok >= 0;
   const long long o = (long long)max(tok, 0) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
-#if DQC_STREAM
-  const float4 v = __ldcs(reinterpret_cast<const float4*>(acc + r * HEAD_DIM) + lane);
-#else
   const float4 v = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
-#endif
   const float f = p.scale * exp2i(-fold_exp(p.q_exp[o]));
   float x[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
   if (p.hadamard) hadamard_hd(x);
-  if (ok) {
-    uint2* dst = reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM) + lane;
-    const uint2 b = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
-#if DQC_STREAM
-    __stcs(dst, b);
-#else
-    *dst = b;
-#endif
-  }
+  if (ok)
+    reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
 }

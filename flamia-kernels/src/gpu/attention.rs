@@ -1101,13 +1101,7 @@ impl Attention {
         }
         let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up())?;
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
-        // (FLAMIA_DQC_STREAM=1: the A/B variant with streaming loads and stores, DQC_STREAM)
-        let vc = if super::env_on("FLAMIA_DQC_STREAM") {
-            v.clone().define("DQC_STREAM", 1)
-        } else {
-            v.clone()
-        };
-        let convert = self.gpu.function("attn_bwd_v4.cu", &vc, "bwd_dq_convert", 0)?;
+        let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
         let hkc = s.heads_kv / bw.chunks;
         // dQ accumulator rows: padded positions when each query tile's first partial is stored

@@ -313,14 +313,15 @@ pub fn quant_async() -> bool {
     super::env_on("FLAMIA_QUANT_ASYNC")
 }
 
-/// `FLAMIA_QUANT_STCS=1`: the quantiser's A/B variant with streaming (evict-first) code stores
-/// (`QUANT_STCS` in `cuda/quant.cu`; same bytes).
+/// Streaming (evict-first) code stores in the quantiser (`QUANT_STCS` in `cuda/quant.cu`; the
+/// same bytes, GPU test `gpu_quant` with either): on unless `FLAMIA_QUANT_STCS=0` (A/B). Session
+/// 21 measured the quantisers ~1% faster with them, the training call within noise.
 fn quant_stcs() -> bool {
-    super::env_on("FLAMIA_QUANT_STCS")
+    !super::env_off("FLAMIA_QUANT_STCS")
 }
 
 /// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`] and
-/// [`quant_stcs`] (defined only when on: the default build's key is unchanged).
+/// [`quant_stcs`].
 fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
     let v = Variant::new()
         .define("HEAD_DIM", head_dim)
@@ -524,8 +525,11 @@ mod tests {
         for head_dim in crate::gpu::GPU_HEAD_DIMS {
             for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
                 for delta in [false, true] {
-                    for asynchronous in [0, 1] {
-                        let v = quant_variant(head_dim, mode, delta).define("QUANT_ASYNC", asynchronous);
+                    // (cp.async staging both ways; with it, the plain stores of FLAMIA_QUANT_STCS=0)
+                    for (asynchronous, stcs) in [(0, 1), (1, 0)] {
+                        let v = quant_variant(head_dim, mode, delta)
+                            .define("QUANT_ASYNC", asynchronous)
+                            .define("QUANT_STCS", stcs);
                         let ptx = compile_ptx("quant.cu", &v, "sm_90a")
                             .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
                         // quant_nvfp4 is built at head dim 128 only (quantize_nvfp4 refuses 64)
