@@ -323,16 +323,12 @@ fn quant_stcs() -> bool {
 /// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`] and
 /// [`quant_stcs`].
 fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
-    let v = Variant::new()
+    Variant::new()
         .define("HEAD_DIM", head_dim)
         .define("MODE", mode_id(mode))
         .define("DELTA", delta as i32)
-        .define("QUANT_ASYNC", quant_async() as i32);
-    if quant_stcs() {
-        v.define("QUANT_STCS", 1)
-    } else {
-        v
-    }
+        .define("QUANT_ASYNC", quant_async() as i32)
+        .define("QUANT_STCS", quant_stcs() as i32)
 }
 
 /// The persistent grid of `f` (128 threads per CTA): as many CTAs as the driver says fit on
