@@ -120,3 +120,7 @@ mutate sched-noreset sched.cuh '1i #define SCHED_PROF_NORESET' \
 # change against the one-CTA fold, FLAMIA_BWD_FOLD_WARP=0).
 mutate fold-warp-suffix attn_bwd_v4.cu 's/  if (lane == 31) run = -1000;/  run = -1000;/' \
   launch_chain_knobs_keep_every_bit
+# 20. The dim-major K transposed in shared memory (BWD_KD_XPOSE, the default): each dim row
+# written without its 128-byte swizzle, so the dQ products read K's codes at the wrong keys.
+mutate kd-xpose-noswz attn_bwd_v4.cu 's/reinterpret_cast<u32\*>(kd + sw128_off(4 \* j + r, 4 \* kg)) = o\[r\];/reinterpret_cast<u32*>(kd + 128 * (4 * j + r) + 4 * kg) = o[r];/' \
+  dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same mxfp8_causal_gqa_is_as_accurate_as_the_reference

@@ -181,6 +181,18 @@
 #define BWD_PRODUCER_FOLD (HEAD_DIM == 64 && BWD_KEY_BLOCKS)
 #endif
 #define BWD_FOLD (BWD_PRODUCER_FOLD && BWD_KEY_BLOCKS)
+// BWD_KD_XPOSE 1 (the host's default for the v4 backward; FLAMIA_BWD_KD_XPOSE=0 for A/B): the
+// dQ products' B operand, K dim-major (row = dim, 128 keys, 128-byte swizzle), is transposed in
+// shared memory from the item's token-major K tile by the producer warpgroup's idle warp 3
+// (bwd_kd_transposer) instead of being TMA-loaded from a dim-major copy in global memory, so the
+// Q/K/V quantiser writes no dim-major K (a sixth of its bytes) and the forward's saved operands
+// hold none. The warp holds the K/V slot until it has read K (kv_empty counts it: 9 arrivals) and
+// fills sm.kd once the previous item's last dQ has read it (kd_empty); keys past the document are
+// zeros. The consumers wait for kd_full after their item's first step, not before it (the first
+// dQ runs after the second step, BWD_DEFER_DQ), so the transposition is off their path.
+#ifndef BWD_KD_XPOSE
+#define BWD_KD_XPOSE 0
+#endif
 // BWD_COLS_TMA (the host defines it; src/gpu/attention.rs bwd_cols_tma): each step's per-query
 // constants (BwdCols) come by one bulk copy from the table bwd_cols wrote before the launch
 // ([query head][padded position / 2] column pairs), instead of the producer loading q_exp, do_exp,
@@ -420,7 +432,9 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
   if (lane == 0) {
     tma_prefetch(&P.k_map);
     tma_prefetch(&P.v_map);
+#if !BWD_KD_XPOSE
     tma_prefetch(&P.kd_map);
+#endif
     tma_prefetch(&P.q_map);
     tma_prefetch(&P.do_map);
     tma_prefetch(&P.qd_map);
@@ -605,6 +619,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
     // dim-major K (the dQ products' B operand) once the previous item's last dQ has read it
     // (waiting for that before the factors above delays K/V: measured slower, session 6 call 6)
+#if !BWD_KD_XPOSE
     mbar_wait(smem_u32(&sm.kd_empty), (ni & 1) ^ 1);
     if (lane == 0) {
       const u32 kdbar = smem_u32(&sm.kd_full);
@@ -612,6 +627,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       tma_load_2d(smem_u32(sm.kd), &P.kd_map, kdbar, t.pad0 + t.k0, hk * HEAD_DIM);
       mbar_arrive(kdbar);
     }
+#endif
     for (int st = 1; st < n; ++st) load_stage(st);
 #if BWD_LATE_CLAIM
 #ifdef BWD_PROF_PHASES
@@ -622,6 +638,50 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     idx = __shfl_sync(0xffffffffu, next, 0);
   }
 }
+
+#if BWD_KD_XPOSE
+// BWD_KD_XPOSE's warp (warp 3 of the producer warpgroup, 24 registers): per item, once its K/V
+// tiles have landed (kv_full) and the previous item's last dQ has read sm.kd (kd_empty), writes
+// sm.kd[dim][key] = K[key][dim] from the token-major tile (tok_off), zeros for keys past the
+// document, then releases its hold on the K/V slot (kv_empty) and publishes sm.kd (kd_full) after
+// a proxy fence (the dQ products read it through the async proxy). Lane l owns dword column
+// j = l % (HEAD_DIM / 4) (dims 4j..4j+3) and at its pass i the 4-key group
+// kg = ((32 / NJ) i + l / NJ + l) % 32: 4 loads of 4 bytes, a 4 x 4 byte transpose, 4 stores.
+// That rotation makes every load and store of a pass hit 32 distinct banks at d = 128 (two lanes
+// per bank at d = 64), checked by simulating the banks of both layouts.
+__device__ __forceinline__ void bwd_kd_transposer(BwdV4Smem& sm) {
+  constexpr int NJ = HEAD_DIM / 4;  // dword columns of a token row
+  const int lane = threadIdx.x & 31, j = lane % NJ, l0 = lane / NJ + lane;
+  const u8* k = sm.k;
+  u8* kd = sm.kd;
+  for (int ni = 0;; ++ni) {
+    mbar_wait(smem_u32(&sm.kv_full), ni & 1);
+    const BwdItemTail& tail = sm.tail[ni % BWD_TAILS];
+    if (tail.code < 0) return;
+    const int nk = tail.tile.len - tail.tile.k0;  // keys of the tile inside the document (may exceed 128)
+    mbar_wait(smem_u32(&sm.kd_empty), (ni & 1) ^ 1);
+#pragma unroll 2
+    for (int i = 0; i < NJ; ++i) {
+      const int kg = ((32 / NJ) * i + l0) & 31;
+      u32 x[4], o[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int key = 4 * kg + r;
+        x[r] = key < nk ? *reinterpret_cast<const u32*>(k + tok_off(key, 4 * j)) : 0u;
+      }
+      transpose_bytes_4x4(x, o);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) *reinterpret_cast<u32*>(kd + sw128_off(4 * j + r, 4 * kg)) = o[r];
+    }
+    fence_async_smem();  // the stores -> the async proxy (wgmma), before the arrivals publish them
+    __syncwarp();
+    if (lane == 0) {
+      mbar_arrive(smem_u32(&sm.kv_empty));
+      mbar_arrive(smem_u32(&sm.kd_full));
+    }
+  }
+}
+#endif
 
 // BWD_PROF_PHASES (timing only): clocks per phase of a step, summed by thread 0 of each consumer
 // warpgroup of CTAs 0-1 and printed at the end. Phases: 0 between steps, 1 stage wait and the S
@@ -1481,7 +1541,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; ++i) dk[i] = dv[i] = 0.f;
     const BwdTile tl = tail.tile;
+#if !BWD_KD_XPOSE
     mbar_wait(smem_u32(&sm.kd_full), ni & 1);  // the item's dim-major K (issued before the last item's end)
+#endif
     const int n = bwd_steps(tl, a.causal), qstart = a.causal ? tl.k0 : 0;
     // Interior steps: no key past the document and, causal, every key row sees every query.
     // Causal, they never hold a key past the document (a tile's steps from its own first query
@@ -1500,7 +1562,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
         dq(C.nstep - 1, q0);
         return;
       }
-      if (pend_q0 >= 0) dq(C.nstep - 2, pend_q0);
+      if (pend_q0 >= 0) {
+        dq(C.nstep - 2, pend_q0);
+      } else if (BWD_KD_XPOSE) {  // the item's first step: its dim-major K before its first dQ
+        mbar_wait(smem_u32(&sm.kd_full), ni & 1);
+      }
       pend_q0 = q0;
     };
 #if BWD_WALK_UP
@@ -1689,7 +1755,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&sm.kv_full), 32);
-    mbar_init(smem_u32(&sm.kv_empty), 8);
+    mbar_init(smem_u32(&sm.kv_empty), 8 + BWD_KD_XPOSE);  // (+ the transposer: it reads K)
     mbar_init(smem_u32(&sm.kd_full), 1);
     mbar_init(smem_u32(&sm.kd_empty), 8);
     for (int s = 0; s < BWD_STAGES; ++s) {
@@ -1711,6 +1777,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     regs_dealloc<24>();
     if (threadIdx.x < 32) bwd_producer(P, sm);
     else if (threadIdx.x == 32 || threadIdx.x == 64) bwd_reducer(P, sm, (threadIdx.x >> 5) - 1);
+#if BWD_KD_XPOSE
+    else if (threadIdx.x >= 96) bwd_kd_transposer(sm);
+#endif
   } else {
     regs_alloc<240>();
     bwd_consumer(P, sm, wg - 1);

@@ -104,6 +104,18 @@ __device__ __forceinline__ void load_tile(u8* s, const u8* g, long long stride, 
 // Shared memory written with ordinary stores is read by wgmma through the async proxy.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Byte transpose of a 4 x 4 block: o[i] holds byte i of x[0], x[1], x[2], x[3] (low to high),
+// i.e. four tokens' codes of dim i when x[u] is token u's word of four dims (the quantiser's
+// dim-major copy, the v4 backward's BWD_KD_XPOSE).
+__device__ __forceinline__ void transpose_bytes_4x4(const u32* x, u32* o) {
+  const u32 a0 = __byte_perm(x[0], x[1], 0x5140), a1 = __byte_perm(x[0], x[1], 0x7362);
+  const u32 b0 = __byte_perm(x[2], x[3], 0x5140), b1 = __byte_perm(x[2], x[3], 0x7362);
+  o[0] = __byte_perm(a0, b0, 0x5410);
+  o[1] = __byte_perm(a0, b0, 0x7632);
+  o[2] = __byte_perm(a1, b1, 0x5410);
+  o[3] = __byte_perm(a1, b1, 0x7632);
+}
+
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>

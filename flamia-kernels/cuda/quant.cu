@@ -107,7 +107,7 @@ __device__ __forceinline__ void st_codes(V* p, V v) {
 struct QuantTensor {
   const u16* x;  // BF16 [T, heads, d]
   u8* tok;       // [T, heads, d]
-  u8* dim;       // [heads, d, Tpad]
+  u8* dim;       // [heads, d, Tpad], or null: no dim-major copy (K under BWD_KD_XPOSE)
   i8* exps;      // [T, heads]
   int heads;
   int hadamard;
@@ -350,17 +350,6 @@ __device__ __forceinline__ int dim_token_s(int s) { return 16 * (s >> 1) + 4 * (
 __device__ __forceinline__ int dim_token_r(int r) { return 8 * ((r & 3) >> 1) + 2 * (r >> 2) + (r & 1); }
 __device__ __forceinline__ int dim_token(int s, int r) { return dim_token_s(s) + dim_token_r(r); }
 
-// Byte transpose of a 4 x 4 block: o[i] holds byte i of x[0], x[1], x[2], x[3] (low to high),
-// i.e. four tokens' codes of dim i when x[u] is token u's word of four dims.
-__device__ __forceinline__ void transpose_bytes_4x4(const u32* x, u32* o) {
-  const u32 a0 = __byte_perm(x[0], x[1], 0x5140), a1 = __byte_perm(x[0], x[1], 0x7362);
-  const u32 b0 = __byte_perm(x[2], x[3], 0x5140), b1 = __byte_perm(x[2], x[3], 0x7362);
-  o[0] = __byte_perm(a0, b0, 0x5410);
-  o[1] = __byte_perm(a0, b0, 0x7632);
-  o[2] = __byte_perm(a1, b1, 0x5410);
-  o[3] = __byte_perm(a1, b1, 0x7632);
-}
-
 // Where the next block lies in the chunk items: chunk c, head slot s, slot j of the chunk, and
 // the chunk's four block indices cb (plan entries; -1: no block at that slot).
 struct Cursor {
@@ -515,7 +504,8 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     for (int c = 0; c < 2 * NK; ++c)
       codes[c] = tt < n ? e4m3x4(v[4 * c] * f, v[4 * c + 1] * f, v[4 * c + 2] * f, v[4 * c + 3] * f) : 0u;
     u32* tl = tile[buf];
-    {
+    const bool dim = t.dim != nullptr;  // (CTA-uniform: an item is one input's)
+    if (dim) {
       // tile_word(tt, 8 k + 2 q + o) = wb ^ (8 k + o)
       const int wb = tile_word(tt, 2 * q);
 #pragma unroll
@@ -546,6 +536,17 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     it = nx;
     continue;
 #endif
+    if (!dim) {
+      // no dim-major copy of this input (a null `dim`: the v4 backward transposes K in shared
+      // memory, BWD_KD_XPOSE); the barrier the copy has, so tile[buf] is never rewritten two
+      // items on while a slow warp still reads it
+      __syncthreads();
+      cc = ncc;
+      cj = ncj;
+      if (!has_next) break;
+      it = nx;
+      continue;
+    }
     __syncthreads();
     // dim-major copy: thread (dim quad g, token octet s) transposes 8 tokens x 4 dims and writes
     // 8 bytes per dim row; lanes s = 0..3 fill one 32-byte sector. g < d / 4: at d = 64 warps 2

@@ -318,6 +318,43 @@ fn step_constants_by_bulk_copy_give_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same() {
+    // FLAMIA_BWD_KD_XPOSE=1 (the default) has the v4 backward's idle producer warp transpose each
+    // item's token-major K tile into the dQ products' dim-major operand in shared memory (keys
+    // past the document zero), so the quantiser writes no dim-major K and the saved operands
+    // have none (their k.dim is 0: a kernel reading it would fault); =0 TMA-loads the quantiser's
+    // dim-major copy. The same codes in the same places: bitwise the same gradients. The code-path
+    // cases (documents ending mid-tile, a one-token one, both head dims, causal and not, row dS),
+    // tensor-wide and per-token scales, then on three CTAs, so each CTA runs many items and the
+    // K/V slot, the dim-major tile and their barriers turn over many times.
+    backward_knob_keeps_every_bit("FLAMIA_BWD_KD_XPOSE", &CODE_KNOB_CASES);
+    let lens: &[usize] = &[300, 1, 65, 1100];
+    knob_keeps_every_bit(
+        "FLAMIA_BWD_KD_XPOSE",
+        &["0"],
+        &[
+            (128, lens, true, AttnPath::LeakyFp8),
+            (64, lens, true, AttnPath::LeakyFp8),
+        ],
+    );
+    let gpu = gpu();
+    let _ctas = EnvGuard::set("FLAMIA_BWD_CTAS", "3");
+    for hd in [128, 64] {
+        let shape = VarlenShape::from_lens(&[1100, 2048, 517, 64, 1], 4, 2, hd).unwrap();
+        with_seeds(
+            &format!("FLAMIA_BWD_KD_XPOSE on three CTAs, d = {hd}"),
+            |mut rng| {
+                let mut opts = AttnOptions::new(AttnPath::Mxfp8);
+                opts.precision.per_token_scales = hd == 128;
+                let call = gauss_call(&mut rng, &shape, opts);
+                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_KD_XPOSE", &["0"]);
+            },
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn one_plan_and_workspace_serve_call_after_call() {
     // No memset runs between the chained launches: the v4 kernels' work counter resets itself
     // at the end of each launch (sched_done) and bwd_dv_fold zeroes the backward's semaphores.

@@ -73,6 +73,26 @@ fn check_operand(tag: &str, shape: &VarlenShape, heads: usize, gpu_op: &Operand,
     check_operand_bytes(tag, shape, heads, [&tok, &dim], &exps, cpu);
 }
 
+/// [`check_operand`] of an operand quantised without its dim-major copy (`dim` 0 in its
+/// [`OperandRef`]): codes and exponents as the reference, the dim-major buffer untouched (still
+/// all `poison`).
+fn check_operand_no_dim(tag: &str, heads: usize, gpu_op: &Operand, cpu: &quant::E4m3Tensor, poison: u8) {
+    let tok = gpu_op.tok.to_host().unwrap();
+    let exps = gpu_op.exps.to_host().unwrap();
+    check_tok_exps(tag, &tok, &exps, cpu);
+    let written = gpu_op
+        .dim
+        .to_host()
+        .unwrap()
+        .iter()
+        .filter(|&&b| b != poison)
+        .count();
+    assert_eq!(
+        written, 0,
+        "{tag} ({heads} heads): {written} bytes of the dim-major buffer written"
+    );
+}
+
 /// [`check_operand`] on host copies of the token-major codes, dim-major codes and exponents.
 fn check_operand_bytes(
     tag: &str,
@@ -82,6 +102,12 @@ fn check_operand_bytes(
     exps: &[i8],
     cpu: &quant::E4m3Tensor,
 ) {
+    check_tok_exps(tag, tok, exps, cpu);
+    check_dim_bytes(tag, shape, heads, dim, cpu);
+}
+
+/// The token-major codes and exponents bit for bit the CPU reference's.
+fn check_tok_exps(tag: &str, tok: &[u8], exps: &[i8], cpu: &quant::E4m3Tensor) {
     assert_eq!(
         (tok.len(), exps.len()),
         (cpu.codes.len(), cpu.exps.len()),
@@ -109,6 +135,10 @@ fn check_operand_bytes(
         bad_exp, 0,
         "{tag}: {bad_exp} exponents differ from the CPU reference"
     );
+}
+
+/// The dim-major codes (documents padded to 64 positions, zeros) from the CPU reference's.
+fn check_dim_bytes(tag: &str, shape: &VarlenShape, heads: usize, dim: &[u8], cpu: &quant::E4m3Tensor) {
     let d = shape.head_dim;
     let tables = PlanTables::new(shape, true);
     let tpad = tables.tpad;
@@ -318,7 +348,16 @@ fn fused_qkv_case(gpu: &Gpu, rng: &mut ChaCha8Rng, amax: &AmaxScratch, d: usize)
     let shape = VarlenShape::from_lens(&LENS, hq, hkv, d).unwrap();
     let t = shape.tokens();
     let plan = Plan::new(gpu, &shape, true).unwrap();
-    for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
+    // (k_dim false: K quantised without its dim-major copy, as for the v4 backward's
+    // BWD_KD_XPOSE; its buffer must stay poisoned and every other byte stay the same)
+    for (mode, k_dim) in [
+        (ScaleMode::TokenBlock, true),
+        (ScaleMode::PerToken, true),
+        (ScaleMode::TensorFloor, true),
+        (ScaleMode::TokenBlock, false),
+        (ScaleMode::PerToken, false),
+        (ScaleMode::TensorFloor, false),
+    ] {
         for wide in [false, true] {
             let gen = |rng: &mut ChaCha8Rng, heads| {
                 if wide {
@@ -342,14 +381,27 @@ fn fused_qkv_case(gpu: &Gpu, rng: &mut ChaCha8Rng, amax: &AmaxScratch, d: usize)
                 .iter()
                 .zip(&dev)
                 .zip(&ops)
-                .map(|(((_, _, had), x), op)| QuantInput::new(x.ptr(), *had, op.view()))
+                .enumerate()
+                .map(|(i, (((_, _, had), x), op))| {
+                    let mut out = op.view();
+                    if i == 1 && !k_dim {
+                        out.dim = 0;
+                    }
+                    QuantInput::new(x.ptr(), *had, out)
+                })
                 .collect();
             quantize_e4m3_fused(gpu, stream(), &plan, &launch, mode, None, Some(amax)).unwrap();
             for (i, ((x, heads, had), op)) in inputs.iter().zip(&ops).enumerate() {
                 let xr = rotated(x, d, *had);
                 let cpu = quant::quantize_e4m3("x", &xr, &shape.cu_seqlens, *heads, d, mode).unwrap();
-                let tag = format!("d={d} {mode:?} wide={wide} input {i} ({heads} heads, hadamard={had})");
-                check_operand(&tag, &shape, *heads, op, &cpu);
+                let tag = format!(
+                    "d={d} {mode:?} wide={wide} k_dim={k_dim} input {i} ({heads} heads, hadamard={had})"
+                );
+                if i == 1 && !k_dim {
+                    check_operand_no_dim(&tag, *heads, op, &cpu, 0x7F);
+                } else {
+                    check_operand(&tag, &shape, *heads, op, &cpu);
+                }
             }
         }
     }
@@ -410,6 +462,18 @@ fn caller_buffer_case(gpu: &Gpu, rng: &mut ChaCha8Rng, attn: &Attention, d: usiz
         // Q's dim-major copy is in the v4 backward's permuted order (BWD_QPERM, the default):
         // put it back in token order first (permuted_dim_copy_is_the_plain_one_... checks the
         // permutation itself)
+        // K has no dim-major copy when the v4 backward transposes it (BWD_KD_XPOSE, the default)
+        assert_eq!(
+            op.dim == 0,
+            name == "k" && attn.bwd_kd_xpose(),
+            "d={d} {name}: dim-major copy carved iff its reader needs it"
+        );
+        let tok = part(op.tok, n_tok);
+        let tag = format!("d={d} {name} in the caller's buffer");
+        if op.dim == 0 {
+            check_tok_exps(&tag, tok, &exps, &cpu);
+            continue;
+        }
         let mut dim = part(op.dim, n_dim).to_vec();
         if name == "q" && attn.bwd_qperm() {
             let permuted = dim.clone();
@@ -417,15 +481,7 @@ fn caller_buffer_case(gpu: &Gpu, rng: &mut ChaCha8Rng, attn: &Attention, d: usiz
                 dim[x / 32 * 32 + dim_token(x % 32)] = b;
             }
         }
-        let codes = [part(op.tok, n_tok), &dim[..]];
-        check_operand_bytes(
-            &format!("d={d} {name} in the caller's buffer"),
-            &shape,
-            op.heads,
-            codes,
-            &exps,
-            &cpu,
-        );
+        check_operand_bytes(&tag, &shape, op.heads, [tok, &dim[..]], &exps, &cpu);
     }
 }
 

@@ -36,8 +36,8 @@ use super::buffer::DeviceBuf;
 use super::error::{GpuError, GpuResult};
 use super::plan::Plan;
 use super::quant::{
-    quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, Carver, DeltaOut, Nvfp4Ref, Operand, OperandRef,
-    QuantInput, PART_ALIGN,
+    e4m3_bytes_with, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, Carver, DeltaOut, Nvfp4Ref, Operand,
+    OperandRef, QuantInput, PART_ALIGN,
 };
 use super::runtime::{launch, launch_chained, Gpu, RawStream, Variant};
 use super::sched::{BWD_KT, BWD_QT, FWD_QT};
@@ -612,12 +612,15 @@ pub struct Attention {
     opts: AttnOptions,
     amax: AmaxScratch,
     /// The development switches, read once here (not per call): `FLAMIA_ATTN_PROMOTE`,
-    /// `FLAMIA_ATTN_FWD`, `FLAMIA_FWD_STAGES`, `FLAMIA_ATTN_BWD`, `FLAMIA_BWD_STAGES`.
+    /// `FLAMIA_ATTN_FWD`, `FLAMIA_FWD_STAGES`, `FLAMIA_ATTN_BWD`, `FLAMIA_BWD_STAGES`,
+    /// `FLAMIA_BWD_KD_XPOSE` (it decides the saved operands' layout, so it may not change
+    /// between a forward and its backward).
     promote: u32,
     fwd_v3: bool,
     fwd_stages: u32,
     bwd_v3: bool,
     bwd_stages: u32,
+    kd_xpose_off: bool,
 }
 
 impl Attention {
@@ -640,6 +643,7 @@ impl Attention {
             fwd_stages: forward_v4_stages(),
             bwd_v3: backward_v3_forced(),
             bwd_stages: backward_v4_stages(),
+            kd_xpose_off: super::env_off("FLAMIA_BWD_KD_XPOSE"),
         })
     }
 
@@ -685,6 +689,9 @@ impl Attention {
         if !bwd_redux() {
             v.0 = v.0.define("BWD_REDUX", 0);
         }
+        if self.bwd_kd_xpose() {
+            v.0 = v.0.define("BWD_KD_XPOSE", 1);
+        }
         if bwd_cols_tma(hd, self.bwd_key_blocks()) {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
@@ -716,7 +723,7 @@ impl Attention {
         let mut c = Carver::new(base);
         let saved = Saved {
             q: c.operand(plan, s.heads_q),
-            k: c.operand(plan, s.heads_kv),
+            k: c.operand_with(plan, s.heads_kv, !self.bwd_kd_xpose()),
             v: c.operand(plan, s.heads_kv),
             q4: nv.then(|| c.nvfp4(plan, s.heads_q)),
             k4: nv.then(|| c.nvfp4(plan, s.heads_kv)),
@@ -864,6 +871,28 @@ impl Attention {
     /// its order (`dim_token` in `cuda/quant.cu`).
     pub fn bwd_qperm(&self) -> bool {
         self.uses_backward_v4() && !super::env_off("FLAMIA_BWD_QPERM")
+    }
+
+    /// Whether the v4 backward transposes K into its dQ products' dim-major operand in shared
+    /// memory (`BWD_KD_XPOSE`), so the quantiser writes no dim-major K and [`Saved`] holds none
+    /// (`k.dim` 0): a sixth of the Q/K/V quantiser's bytes. On with the v4 backward unless
+    /// `FLAMIA_BWD_KD_XPOSE=0` (A/B and the bitwise test), read when this value was made.
+    pub fn bwd_kd_xpose(&self) -> bool {
+        self.uses_backward_v4() && !self.kd_xpose_off
+    }
+
+    /// Bytes the Q/K/V quantiser moves for `plan` under these options ([`e4m3_bytes_with`]: no
+    /// dim-major K with [`Attention::bwd_kd_xpose`]).
+    pub fn input_quant_bytes(&self, plan: &Plan) -> usize {
+        let s = plan.shape();
+        e4m3_bytes_with(
+            plan,
+            &[
+                (s.heads_q, true),
+                (s.heads_kv, !self.bwd_kd_xpose()),
+                (s.heads_kv, true),
+            ],
+        )
     }
 
     /// True when the backward runs the v4 fused kernel (E4M3 operands, no FP32 promotion of dP or
@@ -1119,7 +1148,12 @@ impl Attention {
             let p = BwdV4Params {
                 k_map: tma::token_major(saved.k.tok, t, s.heads_kv, hd, BWD_KT as u32)?,
                 v_map: tma::token_major(saved.v.tok, t, s.heads_kv, hd, BWD_KT as u32)?,
-                kd_map: tma::dim_major(saved.k.dim, s.heads_kv, hd, plan.tpad())?,
+                // (BWD_KD_XPOSE: no dim-major K, the kernel transposes the token-major tile)
+                kd_map: if self.bwd_kd_xpose() {
+                    TmaMap::default()
+                } else {
+                    tma::dim_major(saved.k.dim, s.heads_kv, hd, plan.tpad())?
+                },
                 q_map: tma::token_major(saved.q.tok, t, s.heads_q, hd, BWD_QT as u32)?,
                 do_map: tma::token_major(a.do_tok, t, s.heads_q, hd, BWD_QT as u32)?,
                 qd_map: tma::dim_major_64(saved.q.dim, s.heads_q, hd, plan.tpad())?,
@@ -1366,7 +1400,8 @@ mod tests {
             }
             // the key-permuted packing of dV's and dK's A fragments (FLAMIA_BWD_QPERM=1), block and
             // row dS exponents, without and with the four-code conversions (BWD_CVT4) and the
-            // redux block maxima (BWD_REDUX)
+            // redux block maxima (BWD_REDUX); the last one with K transposed in shared memory
+            // (BWD_KD_XPOSE), as the runtime's defaults build it
             for row_ds in [false, true] {
                 let (v, _) = with_early_factors(
                     backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true),
@@ -1378,7 +1413,7 @@ mod tests {
                     plain,
                     v.clone().define("BWD_CVT4", 0),
                     v.clone().define("BWD_REDUX", 0),
-                    v,
+                    v.define("BWD_KD_XPOSE", 1),
                 ] {
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));

@@ -73,7 +73,7 @@ pub struct BenchRow {
     pub tokens: usize,
     pub reps: usize,
     pub quant_ms: f64,
-    /// The E4M3 quantiser's bytes read + written ([`super::quant::e4m3_bytes`] of Q, K, V) per
+    /// The E4M3 quantiser's bytes read + written ([`super::Attention::input_quant_bytes`]) per
     /// `quant_ms`, in GB/s (NVFP4 launches, where the path has them, are in the time, not the bytes).
     pub quant_gbs: f64,
     pub fwd_ms: f64,
@@ -247,7 +247,7 @@ pub fn run_workload(
         tokens: t,
         reps,
         quant_ms,
-        quant_gbs: super::quant::e4m3_bytes(&plan, &[HEADS, kv_heads, kv_heads]) as f64 / quant_ms / 1e6,
+        quant_gbs: attn.input_quant_bytes(&plan) as f64 / quant_ms / 1e6,
         fwd_ms,
         bwd_ms,
         dograd_ms,

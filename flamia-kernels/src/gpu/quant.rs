@@ -38,7 +38,8 @@ pub const NVFP4_HEAD_DIM: usize = 128;
 pub struct OperandRef {
     /// `(tokens, heads, d)` codes.
     pub tok: u64,
-    /// `(heads, d, Tpad)` codes.
+    /// `(heads, d, Tpad)` codes, or 0: the operand has no dim-major copy (the quantiser writes
+    /// none; K when the v4 backward transposes it in shared memory, `BWD_KD_XPOSE`).
     pub dim: u64,
     /// `(tokens, heads)` exponents (i8).
     pub exps: u64,
@@ -190,10 +191,15 @@ impl Carver {
 
     /// The next E4M3 operand of `heads` heads.
     pub fn operand(&mut self, plan: &Plan, heads: usize) -> OperandRef {
+        self.operand_with(plan, heads, true)
+    }
+
+    /// The next E4M3 operand of `heads` heads, with its dim-major copy or without (`dim` 0).
+    pub fn operand_with(&mut self, plan: &Plan, heads: usize, dim_major: bool) -> OperandRef {
         let [tok, dim, exps] = OperandRef::sizes(plan, heads);
         OperandRef {
             tok: self.part(tok),
-            dim: self.part(dim),
+            dim: if dim_major { self.part(dim) } else { 0 },
             exps: self.part(exps),
             heads,
         }
@@ -351,10 +357,19 @@ fn persistent_grid(gpu: &Gpu, f: &cudarc::driver::CudaFunction, items: usize) ->
 /// read; token-major codes, dim-major codes with their padding and exponents written), D and its
 /// O read not included.
 pub fn e4m3_bytes(plan: &Plan, heads: &[usize]) -> usize {
+    let all: Vec<(usize, bool)> = heads.iter().map(|&h| (h, true)).collect();
+    e4m3_bytes_with(plan, &all)
+}
+
+/// [`e4m3_bytes`] for inputs of `(heads, dim-major copy written)`.
+pub fn e4m3_bytes_with(plan: &Plan, inputs: &[(usize, bool)]) -> usize {
     let (t, d) = (plan.shape().tokens(), plan.shape().head_dim);
-    heads
+    inputs
         .iter()
-        .map(|&h| t * h * d * 2 + OperandRef::sizes(plan, h).iter().sum::<usize>())
+        .map(|&(h, dim)| {
+            let [tok, dimb, exps] = OperandRef::sizes(plan, h);
+            t * h * d * 2 + tok + if dim { dimb } else { 0 } + exps
+        })
         .sum()
 }
 
