@@ -182,14 +182,18 @@
 #endif
 #define BWD_FOLD (BWD_PRODUCER_FOLD && BWD_KEY_BLOCKS)
 // BWD_KD_XPOSE 1 (the host's default for the v4 backward; FLAMIA_BWD_KD_XPOSE=0 for A/B): the
-// dQ products' B operand, K dim-major (row = dim, 128 keys, 128-byte swizzle), is transposed in
-// shared memory from the item's token-major K tile by the producer warpgroup's idle warp 3
-// (bwd_kd_transposer) instead of being TMA-loaded from a dim-major copy in global memory, so the
-// Q/K/V quantiser writes no dim-major K (a sixth of its bytes) and the forward's saved operands
-// hold none. The warp holds the K/V slot until it has read K (kv_empty counts it: 9 arrivals) and
-// fills sm.kd once the previous item's last dQ has read it (kd_empty); keys past the document are
-// zeros. The consumers wait for kd_full after their item's first step, not before it (the first
-// dQ runs after the second step, BWD_DEFER_DQ), so the transposition is off their path.
+// dQ products' B operand, K dim-major (row = dim, 128 keys, 128-byte swizzle), is made in shared
+// memory from the token-major K tile instead of being TMA-loaded from a dim-major copy in global
+// memory, so the Q/K/V quantiser writes no dim-major K (a sixth of its bytes) and the forward's
+// saved operands hold none. The producer TMA-loads the item's token-major K tile a second time
+// (k_map; an L2 hit beside the K/V slot's load) where the dim-major one went, once the previous
+// item's last dQ has read sm.kd (kd_empty), onto kdt_full: at d = 128 into sm.kd itself, which
+// the producer warpgroup's idle warp 3 (bwd_kd_transposer) then transposes in place (4 x 4-byte
+// blocks swapped pairwise across the diagonal); at d = 64 into a staging tile (sm.kdt: the two
+// layouts differ in shape) transposed into sm.kd. Keys past the document become zeros; the warp
+// fences the async proxy and arrives on kd_full, which the consumers wait for at the item's start
+// as before: the transposition runs during the previous item's end, and the consumers' code is
+// the TMA-loaded copy's.
 #ifndef BWD_KD_XPOSE
 #define BWD_KD_XPOSE 0
 #endif
@@ -325,6 +329,9 @@ struct BwdV4Smem {
   u8 k[BKT * HEAD_DIM];                // row = key (tok_off)
   u8 v[BKT * HEAD_DIM];
   u8 kd[HEAD_DIM * BKT];               // row = dim, 128 keys
+#if BWD_KD_XPOSE && HEAD_DIM == 64
+  u8 kdt[BKT * HEAD_DIM];              // BWD_KD_XPOSE's staging: the token-major K tile again (tok_off)
+#endif
   u8 q[BWD_STAGES][BQT * HEAD_DIM];    // row = query
   u8 dO[BWD_STAGES][BQT * HEAD_DIM];
   u8 qd[BWD_STAGES][HEAD_DIM * BQT];   // 64-byte swizzle, row = dim, 64 queries
@@ -353,6 +360,9 @@ struct BwdV4Smem {
   BwdDqJob job[BWD_DQ_BUFS][2];        // [buffer][warpgroup] the dQ partial now in dqs[buffer][warpgroup]
   BwdTile cur[2];                      // [warpgroup] its item's tile (h in pad_a), for the hand-off: thread 0's
   u64 kv_full, kv_empty, kd_full, kd_empty, s_full[BWD_STAGES], s_empty[BWD_STAGES];
+#if BWD_KD_XPOSE
+  u64 kdt_full;                        // the token-major K tile for the transposer has landed
+#endif
   u64 dq_full[BWD_DQ_BUFS][2], dq_empty[BWD_DQ_BUFS][2];  // dqs handed to the reducer / read by TMA
   u64 ds_ready[BWD_DS_BUFS];           // both warpgroups' dS codes and exponents of a step written
 };
@@ -378,12 +388,6 @@ __device__ __forceinline__ float lds_volatile(const float* p) {
   asm volatile("ld.volatile.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(smem_u32(p)));
   return v;
 }
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
-// The bulk operations of all groups have finished reading their shared-memory sources.
-__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
@@ -611,6 +615,9 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
     if (code < 0) {
       if (lane == 0) sched_done(P.counter);
+#if BWD_KD_XPOSE
+      if (lane == 0) mbar_arrive(smem_u32(&sm.kdt_full));  // (the transposer reads code -1 and stops)
+#endif
       return;
     }
     int next = 0;
@@ -619,15 +626,24 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
     // dim-major K (the dQ products' B operand) once the previous item's last dQ has read it
     // (waiting for that before the factors above delays K/V: measured slower, session 6 call 6)
-#if !BWD_KD_XPOSE
     mbar_wait(smem_u32(&sm.kd_empty), (ni & 1) ^ 1);
     if (lane == 0) {
+#if BWD_KD_XPOSE
+      // the token-major K tile again, for the transposer
+      const u32 kdbar = smem_u32(&sm.kdt_full);
+      mbar_expect_tx(kdbar, HEAD_DIM * BKT);
+#if HEAD_DIM == 64
+      tma_load_3d(smem_u32(sm.kdt), &P.k_map, kdbar, 0, hk, t.doc0 + t.k0);
+#else
+      tma_load_3d(smem_u32(sm.kd), &P.k_map, kdbar, 0, hk, t.doc0 + t.k0);  // (transposed in place)
+#endif
+#else
       const u32 kdbar = smem_u32(&sm.kd_full);
       mbar_expect_tx(kdbar, HEAD_DIM * BKT);
       tma_load_2d(smem_u32(sm.kd), &P.kd_map, kdbar, t.pad0 + t.k0, hk * HEAD_DIM);
+#endif
       mbar_arrive(kdbar);
     }
-#endif
     for (int st = 1; st < n; ++st) load_stage(st);
 #if BWD_LATE_CLAIM
 #ifdef BWD_PROF_PHASES
@@ -640,45 +656,71 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 }
 
 #if BWD_KD_XPOSE
-// BWD_KD_XPOSE's warp (warp 3 of the producer warpgroup, 24 registers): per item, once its K/V
-// tiles have landed (kv_full) and the previous item's last dQ has read sm.kd (kd_empty), writes
-// sm.kd[dim][key] = K[key][dim] from the token-major tile (tok_off), zeros for keys past the
-// document, then releases its hold on the K/V slot (kv_empty) and publishes sm.kd (kd_full) after
-// a proxy fence (the dQ products read it through the async proxy). Lane l owns dword column
-// j = l % (HEAD_DIM / 4) (dims 4j..4j+3) and at its pass i the 4-key group
-// kg = ((32 / NJ) i + l / NJ + l) % 32: 4 loads of 4 bytes, a 4 x 4 byte transpose, 4 stores.
-// That rotation makes every load and store of a pass hit 32 distinct banks at d = 128 (two lanes
-// per bank at d = 64), checked by simulating the banks of both layouts.
+// BWD_KD_XPOSE's warp (warp 3 of the producer warpgroup, 24 registers): per item, once the
+// token-major K tile has landed for it (kdt_full, issued after the previous item's last dQ), the
+// dim-major tile sm.kd[dim][key] = K[key][dim] (sw128_off), zeros for keys past the document, a
+// proxy fence (the dQ products read it through the async proxy), then kd_full.
+// d = 128, in place: 4 x 4-byte block (R, C) (keys 4R.., dims 4C..; sw128_off(4R + a, 4C)) and
+// block (C, R) trade places transposed (the dim-major tile's block (C, R) lies where the token
+// tile's block (C, R) does). Pass p < 15 pairs offset k = p + 1: lane l < 32 - k takes (l, l + k),
+// the others (l - 32 + k, l); pass 15 offset 16 (lanes < 16) and diagonal blocks 0..15 (the
+// rest), pass 16 diagonal blocks 16..31: 528 units, two lanes per bank at worst (bank model).
+// d = 64, from the staging tile sm.kdt (tok_off): lane l owns dword column j = l % 16 and at its
+// pass i the 4-key group ((2 i + l / 16 + l) % 32), two lanes per bank.
+__device__ __forceinline__ u32 kd_key_mask(u32 x, int key, int nk) { return key < nk ? x : 0u; }
 __device__ __forceinline__ void bwd_kd_transposer(BwdV4Smem& sm) {
-  constexpr int NJ = HEAD_DIM / 4;  // dword columns of a token row
-  const int lane = threadIdx.x & 31, j = lane % NJ, l0 = lane / NJ + lane;
-  const u8* k = sm.k;
+  const int lane = threadIdx.x & 31;
   u8* kd = sm.kd;
   for (int ni = 0;; ++ni) {
-    mbar_wait(smem_u32(&sm.kv_full), ni & 1);
+    mbar_wait(smem_u32(&sm.kdt_full), ni & 1);
     const BwdItemTail& tail = sm.tail[ni % BWD_TAILS];
     if (tail.code < 0) return;
     const int nk = tail.tile.len - tail.tile.k0;  // keys of the tile inside the document (may exceed 128)
-    mbar_wait(smem_u32(&sm.kd_empty), (ni & 1) ^ 1);
+#if HEAD_DIM == 128
+#pragma unroll 1
+    for (int p = 0; p < 17; ++p) {
+      const int k = p + 1;
+      int R, C;
+      if (p < 15) {
+        R = lane < 32 - k ? lane : lane - 32 + k;
+        C = lane < 32 - k ? lane + k : lane;
+      } else {
+        R = p == 15 ? (lane < 16 ? lane : lane - 16) : lane + 16;
+        C = p == 15 && lane < 16 ? lane + 16 : R;
+      }
+      if (p == 16 && lane >= 16) continue;
+      u32 a[4], b[4], o[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        a[r] = kd_key_mask(*reinterpret_cast<const u32*>(kd + sw128_off(4 * R + r, 4 * C)), 4 * R + r, nk);
+        b[r] = kd_key_mask(*reinterpret_cast<const u32*>(kd + sw128_off(4 * C + r, 4 * R)), 4 * C + r, nk);
+      }
+      // (a diagonal block: b is a, so both stores below write the same transposed words)
+      transpose_bytes_4x4(a, o);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) *reinterpret_cast<u32*>(kd + sw128_off(4 * C + r, 4 * R)) = o[r];
+      transpose_bytes_4x4(b, o);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) *reinterpret_cast<u32*>(kd + sw128_off(4 * R + r, 4 * C)) = o[r];
+    }
+#else
+    constexpr int NJ = HEAD_DIM / 4;  // dword columns of a token row
+    const int j = lane % NJ, l0 = lane / NJ + lane;
 #pragma unroll 2
     for (int i = 0; i < NJ; ++i) {
       const int kg = ((32 / NJ) * i + l0) & 31;
       u32 x[4], o[4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int key = 4 * kg + r;
-        x[r] = key < nk ? *reinterpret_cast<const u32*>(k + tok_off(key, 4 * j)) : 0u;
-      }
+      for (int r = 0; r < 4; ++r)
+        x[r] = kd_key_mask(*reinterpret_cast<const u32*>(sm.kdt + tok_off(4 * kg + r, 4 * j)), 4 * kg + r, nk);
       transpose_bytes_4x4(x, o);
 #pragma unroll
       for (int r = 0; r < 4; ++r) *reinterpret_cast<u32*>(kd + sw128_off(4 * j + r, 4 * kg)) = o[r];
     }
-    fence_async_smem();  // the stores -> the async proxy (wgmma), before the arrivals publish them
+#endif
+    fence_async_smem();  // the stores -> the async proxy (wgmma), before the arrival publishes them
     __syncwarp();
-    if (lane == 0) {
-      mbar_arrive(smem_u32(&sm.kv_empty));
-      mbar_arrive(smem_u32(&sm.kd_full));
-    }
+    if (lane == 0) mbar_arrive(smem_u32(&sm.kd_full));
   }
 }
 #endif
@@ -1541,9 +1583,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; ++i) dk[i] = dv[i] = 0.f;
     const BwdTile tl = tail.tile;
-#if !BWD_KD_XPOSE
     mbar_wait(smem_u32(&sm.kd_full), ni & 1);  // the item's dim-major K (issued before the last item's end)
-#endif
     const int n = bwd_steps(tl, a.causal), qstart = a.causal ? tl.k0 : 0;
     // Interior steps: no key past the document and, causal, every key row sees every query.
     // Causal, they never hold a key past the document (a tile's steps from its own first query
@@ -1562,11 +1602,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
         dq(C.nstep - 1, q0);
         return;
       }
-      if (pend_q0 >= 0) {
-        dq(C.nstep - 2, pend_q0);
-      } else if (BWD_KD_XPOSE) {  // the item's first step: its dim-major K before its first dQ
-        mbar_wait(smem_u32(&sm.kd_full), ni & 1);
-      }
+      if (pend_q0 >= 0) dq(C.nstep - 2, pend_q0);
       pend_q0 = q0;
     };
 #if BWD_WALK_UP
@@ -1755,8 +1791,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&sm.kv_full), 32);
-    mbar_init(smem_u32(&sm.kv_empty), 8 + BWD_KD_XPOSE);  // (+ the transposer: it reads K)
+    mbar_init(smem_u32(&sm.kv_empty), 8);
     mbar_init(smem_u32(&sm.kd_full), 1);
+#if BWD_KD_XPOSE
+    mbar_init(smem_u32(&sm.kdt_full), 1);
+#endif
     mbar_init(smem_u32(&sm.kd_empty), 8);
     for (int s = 0; s < BWD_STAGES; ++s) {
       mbar_init(smem_u32(&sm.s_full[s]), 32);

@@ -58,12 +58,27 @@
 static_assert(128 * FWD_PROD_REGS + 256 * FWD_CONS_REGS <= 168 * 384, "attn_fwd_v4: register split over the CTA's 168 x 384");
 #define QT 128  // query rows of a work item (two consumer warpgroups x 64)
 #define QSLOTS 3
+// FWD_QD_WRITE 1 (the host's default when the v4 backward follows; FLAMIA_FWD_QD=0 for A/B): the
+// forward writes Q's dim-major copy (the v4 backward's dK operand, (heads, d, Tpad) with documents
+// padded to 64 positions, zeros) instead of the quantiser: every item's Q tile passes through
+// shared memory here anyway, once. Warp 1 of the producer warpgroup (fwd_qd_writer) transposes
+// it into a [d][64]-position staging tile pair (the 64-byte swizzle of the backward's qd map) and
+// bulk-stores the one or two 64-position boxes inside the document's padded span. FWD_QD_PERM:
+// positions permuted within each 32-token block as the backward's BWD_QPERM reads them
+// (dim_token in quant.cu: position 4m + c holds token 16 (m >> 2) + 2 (m & 3) + {0, 1, 8, 9}[c]).
+#ifndef FWD_QD_WRITE
+#define FWD_QD_WRITE 0
+#endif
+#ifndef FWD_QD_PERM
+#define FWD_QD_PERM 0
+#endif
 
 // Mirrors FwdV4Params in src/gpu/attention.rs.
 struct FwdV4Params {
   TmaMap q_map;  // q_tok as (HEAD_DIM bytes, Hq, T), box (HEAD_DIM, 1, 128)
   TmaMap k_map;  // k_tok as (HEAD_DIM bytes, Hkv, T), box (HEAD_DIM, 1, 128)
   TmaMap v_map;  // v_dim as (Tpad, Hkv * HEAD_DIM), box (128 tokens, HEAD_DIM dims)
+  TmaMap qd_map; // FWD_QD_WRITE: q_dim as (Tpad, Hq * HEAD_DIM), box (64 tokens, HEAD_DIM dims), 64-byte swizzle
   AttnParams a;
   const int* items;  // work items, longest first: tile * hq + head
   const int* tiles;  // int4 per 128-token query tile (WorkTile)
@@ -84,6 +99,9 @@ struct ItemSlot {
 
 struct FwdV4Smem {
   u8 q[QSLOTS][QT * HEAD_DIM];
+#if FWD_QD_WRITE
+  u8 qd[2][HEAD_DIM * 64];  // Q dim-major staging, two 64-position boxes (sw64_off)
+#endif
   u8 k[FWD_STAGES][KT * HEAD_DIM];
   u8 v[FWD_STAGES][HEAD_DIM * KT];
   float kf[FWD_STAGES][KT];  // 2^eK per key (0: no key)
@@ -328,6 +346,62 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
 }
 #endif
 
+#if FWD_QD_WRITE
+// FWD_QD_WRITE's warp: per item, once its Q tile has landed (q_full), the tile's rows inside the
+// document transposed into sm.qd (zeros past it), the Q slot released (q_empty counts this warp),
+// and the boxes inside the document's padded span stored to q_dim. Lane l owns dim quad
+// jj = l % NJ and, at pass p of a box, position word u = ((32 / NJ) p + l / NJ + l) % 16: each load
+// of a pass hits 32 distinct banks at d = 128 (two lanes per bank at 64), each store two lanes per
+// bank (a bank model of both layouts and both orders).
+__device__ __forceinline__ void fwd_qd_writer(const FwdV4Params& P, FwdV4Smem& sm) {
+  constexpr int NJ = HEAD_DIM / 4;
+  const int lane = threadIdx.x & 31, jj = lane % NJ, l0 = lane / NJ + lane;
+  if (lane == 0) tma_prefetch(&P.qd_map);
+  int qb = 0;
+  u32 qph = 0;
+  for (;;) {
+    mbar_wait(smem_u32(&sm.q_full[qb]), qph);
+    const ItemSlot& it = sm.item[qb];
+    if (it.code < 0) break;
+    const WorkTile t = it.tile;
+    const int h = it.h;
+    const int rows = min(QT, t.len - t.q0);                         // Q rows inside the document
+    const int boxes = (min(QT, ((t.len + 63) & ~63) - t.q0) + 63) / 64;  // 64-position boxes to store
+    if (lane == 0) bulk_wait_read_all();  // the previous item's stores have read the staging tiles
+    __syncwarp();
+    const u8* qs = sm.q[qb];
+    for (int b = 0; b < boxes; ++b) {
+#pragma unroll 2
+      for (int p = 0; p < NJ / 2; ++p) {
+        const int u = ((32 / NJ) * p + l0) & 15;
+        u32 x[4], o[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+#if FWD_QD_PERM
+          const int row = 64 * b + 32 * (u >> 3) + 16 * ((u >> 2) & 1) + 2 * (u & 3) + (c & 1) + 8 * (c >> 1);
+#else
+          const int row = 64 * b + 4 * u + c;
+#endif
+          x[c] = row < rows ? *reinterpret_cast<const u32*>(qs + tok_off(row, 4 * jj)) : 0u;
+        }
+        transpose_bytes_4x4(x, o);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) *reinterpret_cast<u32*>(sm.qd[b] + sw64_off(4 * jj + i, 4 * u)) = o[i];
+      }
+    }
+    fence_async_smem();  // the staging writes -> the async proxy (the bulk stores read them)
+    __syncwarp();
+    if (lane == 0) {
+      mbar_arrive(smem_u32(&sm.q_empty[qb]));
+      for (int b = 0; b < boxes; ++b) tma_store_2d(&P.qd_map, smem_u32(sm.qd[b]), t.pad0 + t.q0 + 64 * b, h * HEAD_DIM);
+      bulk_commit();
+    }
+    if (++qb == QSLOTS) { qb = 0; qph ^= 1; }
+  }
+  if (lane == 0) bulk_wait_all();  // (the stores complete before the CTA's shared memory goes)
+}
+#endif
+
 // FWD_PINGPONG = 1: the two consumer warpgroups take turns issuing their S products (named
 // barriers 1 and 2, FA3's warp-scheduler barrier), so one warpgroup's softmax runs while the other's
 // products are in the tensor cores. Warpgroup 1 starts by passing the turn; warpgroup 0 absorbs
@@ -530,7 +604,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_co
   if (threadIdx.x == 0) {
     for (int b = 0; b < QSLOTS; ++b) {
       mbar_init(smem_u32(&sm.q_full[b]), 32);
-      mbar_init(smem_u32(&sm.q_empty[b]), 256);
+      mbar_init(smem_u32(&sm.q_empty[b]), 256 + FWD_QD_WRITE);  // (+ lane 0 of the Q writer)
     }
     for (int s = 0; s < FWD_STAGES; ++s) {
       mbar_init(smem_u32(&sm.kv_full[s]), 32);
@@ -544,6 +618,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_co
   if (wg == 0) {
     regs_dealloc<FWD_PROD_REGS>();
     if (threadIdx.x < 32) fwd_producer(P, sm);
+#if FWD_QD_WRITE
+    else if (threadIdx.x < 64) fwd_qd_writer(P, sm);
+#endif
   } else {
     regs_alloc<FWD_CONS_REGS>();
 #if FWD_CW_CONST

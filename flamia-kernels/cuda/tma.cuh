@@ -70,6 +70,19 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaMap* map, u32 bar,
       : "memory");
 }
 
+// Box of a 2-D map at (x innermost, y) <- smem `src` (a bulk store: commit, then wait below).
+__device__ __forceinline__ void tma_store_2d(const TmaMap* map, u32 src, int x, int y) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"((u64)map), "r"(src),
+               "r"(x), "r"(y)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+// The bulk operations of all groups have finished reading their shared-memory sources.
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
 // setmaxnreg: the producer warpgroup gives registers back, the consumers take them (all threads of
 // the warpgroup execute it).
 template <int R>

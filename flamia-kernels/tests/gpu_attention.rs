@@ -355,6 +355,34 @@ fn dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn q_dim_major_copy_written_by_the_forward_gives_bitwise_the_same() {
+    // FLAMIA_FWD_QD=1 (the default) has the v4 forward write Q's dim-major copy (the backward's
+    // dK operand) from the Q tiles it loads, instead of the quantiser: the same bytes (gpu_quant's
+    // quantize_inputs_fills_a_caller_owned_buffer_part_by_part checks them against the CPU
+    // reference), so bitwise the same outputs. The forward's knob cases (both head dims, causal
+    // and not, tensor-wide scales), per-token scales, the plain order (FLAMIA_BWD_QPERM=0), and
+    // more items than SMs (each CTA's Q slots and staging tiles turn over).
+    knob_keeps_every_bit("FLAMIA_FWD_QD", &["0"], &FORWARD_KNOB_CASES);
+    let gpu = gpu();
+    for hd in [128, 64] {
+        let shape = VarlenShape::from_lens(&[8192, 4000, 300, 65, 1], 4, 2, hd).unwrap();
+        for plain in [false, true] {
+            let _order = plain.then(|| EnvGuard::set("FLAMIA_BWD_QPERM", "0"));
+            with_seeds(
+                &format!("FLAMIA_FWD_QD, d = {hd}, plain order {plain}"),
+                |mut rng| {
+                    let mut opts = AttnOptions::new(AttnPath::Mxfp8);
+                    opts.precision.per_token_scales = plain;
+                    let call = gauss_call(&mut rng, &shape, opts);
+                    same_bits_whatever(&gpu, &call, "FLAMIA_FWD_QD", &["0"]);
+                },
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn one_plan_and_workspace_serve_call_after_call() {
     // No memset runs between the chained launches: the v4 kernels' work counter resets itself
     // at the end of each launch (sched_done) and bwd_dv_fold zeroes the backward's semaphores.

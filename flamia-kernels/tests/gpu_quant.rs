@@ -103,7 +103,7 @@ fn check_operand_bytes(
     cpu: &quant::E4m3Tensor,
 ) {
     check_tok_exps(tag, tok, exps, cpu);
-    check_dim_bytes(tag, shape, heads, dim, cpu);
+    check_dim_bytes(tag, shape, heads, dim, cpu, true);
 }
 
 /// The token-major codes and exponents bit for bit the CPU reference's.
@@ -137,8 +137,17 @@ fn check_tok_exps(tag: &str, tok: &[u8], exps: &[i8], cpu: &quant::E4m3Tensor) {
     );
 }
 
-/// The dim-major codes (documents padded to 64 positions, zeros) from the CPU reference's.
-fn check_dim_bytes(tag: &str, shape: &VarlenShape, heads: usize, dim: &[u8], cpu: &quant::E4m3Tensor) {
+/// The dim-major codes (documents padded to 64 positions, zeros) from the CPU reference's, and
+/// (`tail`) the zeros past the last document's padded span (which the quantiser writes; the
+/// forward's copy of Q leaves them: no 64-position box of the backward reaches them).
+fn check_dim_bytes(
+    tag: &str,
+    shape: &VarlenShape,
+    heads: usize,
+    dim: &[u8],
+    cpu: &quant::E4m3Tensor,
+    tail: bool,
+) {
     let d = shape.head_dim;
     let tables = PlanTables::new(shape, true);
     let tpad = tables.tpad;
@@ -163,7 +172,7 @@ fn check_dim_bytes(tag: &str, shape: &VarlenShape, heads: usize, dim: &[u8], cpu
     }
     // the layout's end past the last document (Tpad is a multiple of 128, the quantiser's
     // chunks): zeros too (a 128-key TMA box of the last document reads them)
-    for row in 0..heads * d {
+    for row in (0..heads * d).filter(|_| tail) {
         bad_dim += dim[row * tpad + pad..(row + 1) * tpad]
             .iter()
             .filter(|&&b| b != 0)
@@ -448,6 +457,24 @@ fn caller_buffer_case(gpu: &Gpu, rng: &mut ChaCha8Rng, attn: &Attention, d: usiz
     let dev: Vec<_> = x.iter().map(|x| upload_bf16(gpu, x)).collect();
     attn.quantize_inputs(stream(), &plan, dev[0].ptr(), dev[1].ptr(), dev[2].ptr(), &saved)
         .unwrap();
+    // Q's dim-major copy: the forward's when it writes it (FWD_QD_WRITE, the default): untouched by
+    // the quantiser, then written by the forward (checked below with the rest)
+    let [_, n_qdim, _] = OperandRef::sizes(&plan, hq);
+    let q_dim = |host: &[u8]| host[(saved.q.dim - base) as usize..][..n_qdim].to_vec();
+    if attn.fwd_writes_qd() {
+        let written = q_dim(&buf.to_host().unwrap())
+            .iter()
+            .filter(|&&b| b != 0x7F)
+            .count();
+        assert_eq!(
+            written, 0,
+            "d={d}: the quantiser wrote {written} bytes of Q's dim-major copy"
+        );
+    }
+    let o = DeviceBuf::<u16>::zeros(gpu, t * hq * d).unwrap();
+    let lse = DeviceBuf::<f32>::zeros(gpu, t * hq).unwrap();
+    attn.forward_quantized(stream(), &plan, &saved, o.ptr(), lse.ptr())
+        .unwrap();
     let host = buf.to_host().unwrap();
     for (name, x, op, rotate) in [
         ("q", &x[0], saved.q, had),
@@ -481,7 +508,19 @@ fn caller_buffer_case(gpu: &Gpu, rng: &mut ChaCha8Rng, attn: &Attention, d: usiz
                 dim[x / 32 * 32 + dim_token(x % 32)] = b;
             }
         }
-        check_operand_bytes(&tag, &shape, op.heads, [tok, &dim[..]], &exps, &cpu);
+        if name == "q" && attn.fwd_writes_qd() {
+            check_tok_exps(&tag, tok, &exps, &cpu);
+            check_dim_bytes(
+                &format!("{tag}, Q's copy by the forward"),
+                &shape,
+                op.heads,
+                &dim,
+                &cpu,
+                false,
+            );
+        } else {
+            check_operand_bytes(&tag, &shape, op.heads, [tok, &dim[..]], &exps, &cpu);
+        }
     }
 }
 

@@ -72,9 +72,11 @@ fn stages_from_env(var: &str, allowed: std::ops::RangeInclusive<u32>, default: u
 /// V tile (128 x hd each) and 1 KB of key exponents, barriers and 1 KB of alignment slack (the
 /// kernel's static_assert checks it). Per-token scales add the interior tiles' per-key P folds
 /// (0.5 KB per stage).
-fn smem_fwd4(stages: u32, hd: u32, per_token: bool) -> u32 {
+/// Writing Q's dim-major copy (`qd_write`, `FWD_QD_WRITE`) adds its staging tiles, 64 x hd x 2.
+fn smem_fwd4(stages: u32, hd: u32, per_token: bool, qd_write: bool) -> u32 {
     let fold = if per_token { stages.div_ceil(2) } else { 0 };
-    (3 * hd / 8 + (hd / 4 + 1) * stages + 4 + fold) * 1024
+    let qd = if qd_write { hd / 8 } else { 0 };
+    (3 * hd / 8 + (hd / 4 + 1) * stages + 4 + fold + qd) * 1024
 }
 
 /// Which forward kernel runs: the v4 warp-specialised kernel (default for the E4M3-score paths)
@@ -85,9 +87,17 @@ pub fn forward_v3_forced() -> bool {
 }
 
 /// Defines of the v4 forward: per-key scale columns (per-token scales) or per-32-key-group
-/// folds (token-block and tensor-wide scales), the ring depth and the smem budget (returned too).
-fn forward_v4_variant(per_token: bool, stages: u32, hd: u32, cw_const: bool) -> (Variant, u32) {
-    let smem = smem_fwd4(stages, hd, per_token);
+/// folds (token-block and tensor-wide scales), the ring depth, the consumer copies, whether it
+/// writes Q's dim-major copy (`qd`: `Some(permuted)`, [`Attention::fwd_writes_qd`]) and the smem
+/// budget (returned too).
+fn forward_v4_variant(
+    per_token: bool,
+    stages: u32,
+    hd: u32,
+    cw_const: bool,
+    qd: Option<bool>,
+) -> (Variant, u32) {
+    let smem = smem_fwd4(stages, hd, per_token, qd.is_some());
     let mut v = Variant::new()
         .define("HEAD_DIM", hd)
         .define("PER_TOKEN_COLS", per_token as u32)
@@ -95,6 +105,9 @@ fn forward_v4_variant(per_token: bool, stages: u32, hd: u32, cw_const: bool) -> 
         .define("SMEM_FWD4_BUDGET", smem);
     if cw_const {
         v = v.define("FWD_CW_CONST", 1);
+    }
+    if let Some(perm) = qd {
+        v = v.define("FWD_QD_WRITE", 1).define("FWD_QD_PERM", perm as u32);
     }
     (v, smem)
 }
@@ -269,6 +282,17 @@ fn with_early_factors((v, smem): (Variant, u32), on: bool) -> (Variant, u32) {
         v.define("BWD_EARLY_FACTORS", 1).define("SMEM_BWD4_BUDGET", smem),
         smem,
     )
+}
+
+/// `v` with `BWD_KD_XPOSE` ([`Attention::bwd_kd_xpose`]) when `on`: at head dim 64 its 8 KB staging
+/// tile (the token-major K tile again: the two layouts differ in shape), at 128 nothing (the tile
+/// is transposed in place, in the slack of the budget: one barrier).
+fn with_kd_xpose((v, smem): (Variant, u32), hd: u32, on: bool) -> (Variant, u32) {
+    if !on {
+        return (v, smem);
+    }
+    let smem = smem + if hd == 64 { 8 * 1024 } else { 0 };
+    (v.define("BWD_KD_XPOSE", 1).define("SMEM_BWD4_BUDGET", smem), smem)
 }
 
 /// `FLAMIA_BWD_DQ_BUFS=2` (an A/B knob, default 1): two FP32 dQ partial buffers per consumer
@@ -453,6 +477,7 @@ struct FwdV4Params {
     q_map: TmaMap,
     k_map: TmaMap,
     v_map: TmaMap,
+    qd_map: TmaMap,
     a: AttnParams,
     items: u64,
     tiles: u64,
@@ -613,14 +638,15 @@ pub struct Attention {
     amax: AmaxScratch,
     /// The development switches, read once here (not per call): `FLAMIA_ATTN_PROMOTE`,
     /// `FLAMIA_ATTN_FWD`, `FLAMIA_FWD_STAGES`, `FLAMIA_ATTN_BWD`, `FLAMIA_BWD_STAGES`,
-    /// `FLAMIA_BWD_KD_XPOSE` (it decides the saved operands' layout, so it may not change
-    /// between a forward and its backward).
+    /// `FLAMIA_BWD_KD_XPOSE` and `FLAMIA_FWD_QD` (they decide the saved operands' layout and
+    /// writer, so they may not change between a forward and its backward).
     promote: u32,
     fwd_v3: bool,
     fwd_stages: u32,
     bwd_v3: bool,
     bwd_stages: u32,
     kd_xpose_off: bool,
+    qd_fwd_off: bool,
 }
 
 impl Attention {
@@ -644,6 +670,7 @@ impl Attention {
             bwd_v3: backward_v3_forced(),
             bwd_stages: backward_v4_stages(),
             kd_xpose_off: super::env_off("FLAMIA_BWD_KD_XPOSE"),
+            qd_fwd_off: super::env_off("FLAMIA_FWD_QD"),
         })
     }
 
@@ -689,13 +716,11 @@ impl Attention {
         if !bwd_redux() {
             v.0 = v.0.define("BWD_REDUX", 0);
         }
-        if self.bwd_kd_xpose() {
-            v.0 = v.0.define("BWD_KD_XPOSE", 1);
-        }
         if bwd_cols_tma(hd, self.bwd_key_blocks()) {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
+        let v = with_kd_xpose(v, hd, self.bwd_kd_xpose());
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
@@ -807,7 +832,12 @@ impl Attention {
         let had = self.opts.precision.hadamard;
         let m = self.scale_mode();
         let g = &self.gpu;
-        let qi = QuantInput::new(q, had, saved.q).with_dim_perm(self.bwd_qperm());
+        // (Q's dim-major copy: the forward's, when it writes it)
+        let mut qo = saved.q;
+        if self.fwd_writes_qd() {
+            qo.dim = 0;
+        }
+        let qi = QuantInput::new(q, had, qo).with_dim_perm(self.bwd_qperm());
         let ki = QuantInput::new(k, had, saved.k);
         let vi = QuantInput::new(v, false, saved.v);
         quantize_e4m3_fused(g, stream, plan, &[qi, ki, vi], m, None, Some(&self.amax))?;
@@ -881,14 +911,26 @@ impl Attention {
         self.uses_backward_v4() && !self.kd_xpose_off
     }
 
+    /// Whether the v4 forward writes Q's dim-major copy (the v4 backward's dK operand) from the Q
+    /// tiles it loads anyway (`FWD_QD_WRITE`: the producer warpgroup's idle warp transposes each
+    /// item's tile in shared memory and bulk-stores it), so the quantiser writes none: a sixth of
+    /// its bytes. Needs both v4 kernels; on unless `FLAMIA_FWD_QD=0` (A/B and the bitwise test),
+    /// read when this value was made. [`Saved`]'s Q copy is then complete only after
+    /// [`Attention::forward_quantized`].
+    pub fn fwd_writes_qd(&self) -> bool {
+        // (five K/V stages, FLAMIA_FWD_STAGES=5, leave no room for the staging tiles at d = 128)
+        self.uses_forward_v4() && self.uses_backward_v4() && !self.qd_fwd_off && self.fwd_stages <= 4
+    }
+
     /// Bytes the Q/K/V quantiser moves for `plan` under these options ([`e4m3_bytes_with`]: no
-    /// dim-major K with [`Attention::bwd_kd_xpose`]).
+    /// dim-major K with [`Attention::bwd_kd_xpose`], no dim-major Q with
+    /// [`Attention::fwd_writes_qd`]).
     pub fn input_quant_bytes(&self, plan: &Plan) -> usize {
         let s = plan.shape();
         e4m3_bytes_with(
             plan,
             &[
-                (s.heads_q, true),
+                (s.heads_q, !self.fwd_writes_qd()),
                 (s.heads_kv, !self.bwd_kd_xpose()),
                 (s.heads_kv, true),
             ],
@@ -935,6 +977,11 @@ impl Attention {
             q_map: tma::token_major(saved.q.tok, t, s.heads_q, hd, FWD_QT as u32)?,
             k_map: tma::token_major(saved.k.tok, t, s.heads_kv, hd, 128)?,
             v_map: tma::dim_major(saved.v.dim, s.heads_kv, hd, plan.tpad())?,
+            qd_map: if self.fwd_writes_qd() {
+                tma::dim_major_64(saved.q.dim, s.heads_q, hd, plan.tpad())?
+            } else {
+                TmaMap::default()
+            },
             a,
             items: plan.fwd_items.ptr(),
             tiles: plan.fwd_tiles.ptr(),
@@ -943,7 +990,8 @@ impl Attention {
         };
         let per_token = self.scale_mode() == ScaleMode::PerToken;
         let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
-        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw);
+        let qd = self.fwd_writes_qd().then(|| self.bwd_qperm());
+        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, qd);
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         if launch_memsets() {
             self.memset32(stream, plan.counter.ptr(), 2, "work counter")?;
@@ -1282,7 +1330,8 @@ impl Attention {
         if self.uses_forward_v4() {
             let per_token = self.scale_mode() == ScaleMode::PerToken;
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const)
-            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false);
+            let qd = self.fwd_writes_qd().then(|| self.bwd_qperm());
+            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false, qd);
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
@@ -1318,7 +1367,8 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, forward_v4_variant,
-        fwd_cw_const, parse_promote, smem_bwd4, with_dq_bufs, with_early_factors, FWD_CW_MIN_TILES, SMEM_MAX,
+        fwd_cw_const, parse_promote, smem_bwd4, with_dq_bufs, with_early_factors, with_kd_xpose,
+        FWD_CW_MIN_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
@@ -1403,17 +1453,18 @@ mod tests {
             // redux block maxima (BWD_REDUX); the last one with K transposed in shared memory
             // (BWD_KD_XPOSE), as the runtime's defaults build it
             for row_ds in [false, true] {
-                let (v, _) = with_early_factors(
+                let (v, smem) = with_early_factors(
                     backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true),
                     bwd_early_factors(hd, row_ds),
                 );
                 let v = v.define("BWD_QPERM", 1);
+                let (xposed, _) = with_kd_xpose((v.clone(), smem), hd, true);
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
                 for v in [
                     plain,
                     v.clone().define("BWD_CVT4", 0),
                     v.clone().define("BWD_REDUX", 0),
-                    v.define("BWD_KD_XPOSE", 1),
+                    xposed,
                 ] {
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
@@ -1427,8 +1478,9 @@ mod tests {
                 .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
             // the forward's per-warpgroup consumer copies (long items, fwd_cw_const), both
             // producers (token-block and per-token scales)
+            // (with Q's dim-major copy written, FWD_QD_WRITE, in the backward's permuted order)
             for per_token in [false, true] {
-                let (v, _) = forward_v4_variant(per_token, 3, hd, true);
+                let (v, _) = forward_v4_variant(per_token, 4, hd, true, Some(true));
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
@@ -1440,7 +1492,9 @@ mod tests {
                 (false, 5),
                 (true, 5),
             ] {
-                let (v, _) = forward_v4_variant(per_token, stages, hd, false);
+                // (the default depth, 4, also writing Q's dim-major copy in plain order)
+                let qd = (stages == 4).then_some(false);
+                let (v, _) = forward_v4_variant(per_token, stages, hd, false, qd);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
