@@ -3,7 +3,7 @@
 # (compute-sanitizer on it when it fails), the GPU correctness tests with their measured
 # GPU-vs-CPU gaps (--nocapture), then `flamia bench attention` A B A: v4 backward, v3.1 backward
 # (FLAMIA_ATTN_BWD=v3, same binary), v4 again; optionally the BF16 anchors between.
-# Stage here:  bash bench/device_bwd4.sh --stage   (copies target/release/flamia and the test
+# Stage here:  bash bench/device_bwd4.sh --stage   (builds, then copies target/release/flamia and the test
 # executables into .device-carry/bwd4/), carry that folder, run from the repo root on the device:
 #   bash bench/device_bwd4.sh        (logs under $OUT)
 # Knobs: TESTS=0 skips the tests; SMOKE_ONLY=1 stops after the smoke test; BENCH_ARGS narrows the
@@ -12,6 +12,10 @@
 set -u
 C=.device-carry/bwd4
 if [ "${1:-}" = "--stage" ]; then
+  # build first: a stale `flamia` embeds stale kernel sources (session 22 measured one by mistake)
+  . "$(dirname "$0")/../scripts/env.sh"
+  cargo build --release -q -p flamia-trainer && cargo test --release -q --no-run -p flamia-kernels -p flamia-trainer \
+    2>/dev/null || { echo "--stage: the build failed"; exit 1; }
   rm -rf $C && mkdir -p $C
   cp target/release/flamia $C/
   for t in gpu_quant gpu_attention bridge_cuda model_cuda; do

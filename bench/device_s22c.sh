@@ -8,13 +8,16 @@
 # qd0 (FLAMIA_FWD_QD=0) / old (both 0) on five d = 128 workloads and base / old on two d = 64 ones.
 # Stage: bash bench/device_bwd4.sh --stage && strip .device-carry/bwd4/* && bash bench/device_ab.sh
 #   --stage xp0=@FLAMIA_BWD_KD_XPOSE=0 qd0=@FLAMIA_FWD_QD=0 old=@FLAMIA_BWD_KD_XPOSE=0,FLAMIA_FWD_QD=0;
-#   carry .device-carry/bwd4 and .device-carry/var.
+#   carry .device-carry/bwd4 and .device-carry/var. `bash bench/device_s22c.sh ab`: the A/B alone
+#   (call 2's A/B ran a stale `flamia`, built before these changes: device_bwd4.sh --stage builds now).
 set -u
+mode=${1:-all}
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
+if [ "$mode" != ab ]; then
 echo "=== the two bitwise tests, gpu_quant"; date
 for t in dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same q_dim_major_copy_written_by_the_forward_gives_bitwise_the_same; do
   timeout 150 $C/gpu_attention --ignored --exact $t 2>&1 | grep -E "test result|panicked|differs"
@@ -24,6 +27,7 @@ echo "=== mutations"; date
 for m in qd-fwd-nozero kd-xpose-inplace qd-fwd-noperm; do
   ONLY=$m OUT=$O/mut timeout 150 bash bench/gpu_mutations.sh 2>&1 | tail -2
 done
+fi
 echo "=== A/B, d = 128"; date
 TESTS=0 WL="--workload 256x256 --workload 64x1024 --workload 16x4096 --workload 1x65536 --workload 8192+224x256" \
   OUT=$O/ab timeout 220 bash bench/device_ab.sh 2>&1 | tail -3
@@ -31,4 +35,4 @@ echo "=== A/B, d = 64"; date
 VARS=old TESTS=0 WL="--head-dim 64 --workload 256x256 --workload 16x4096" \
   OUT=$O/ab64 timeout 60 bash bench/device_ab.sh 2>&1 | tail -3
 date
-} 2>&1 | tee "$O/s22c.log"
+} 2>&1 | tee "$O/s22c-$mode.log"
