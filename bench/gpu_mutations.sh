@@ -120,10 +120,10 @@ mutate sched-noreset sched.cuh '1i #define SCHED_PROF_NORESET' \
 # change against the one-CTA fold, FLAMIA_BWD_FOLD_WARP=0).
 mutate fold-warp-suffix attn_bwd_v4.cu 's/  if (lane == 31) run = -1000;/  run = -1000;/' \
   launch_chain_knobs_keep_every_bit
-# 20. The dim-major K transposed in shared memory (BWD_KD_XPOSE, the default): at d = 128 (in place)
+# 20. The dim-major K transposed in shared memory (BWD_KD_XPOSE, the default; xpose.cuh): at d = 128 (in place)
 # each pair's first block written back transposed where it came from instead of across the
 # diagonal, so the dQ products read K's codes at the wrong keys.
-mutate kd-xpose-inplace attn_bwd_v4.cu 's/for (int r = 0; r < 4; ++r) \*reinterpret_cast<u32\*>(kd + sw128_off(4 \* C + r, 4 \* R)) = o\[r\];/for (int r = 0; r < 4; ++r) *reinterpret_cast<u32*>(kd + sw128_off(4 * R + r, 4 * C)) = o[r];/' \
+mutate kd-xpose-inplace xpose.cuh 's/for (int r = 0; r < 4; ++r) \*reinterpret_cast<u32\*>(t + sw128_off(4 \* C + r, 4 \* R)) = o\[r\];/for (int r = 0; r < 4; ++r) *reinterpret_cast<u32*>(t + sw128_off(4 * R + r, 4 * C)) = o[r];/' \
   dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same
 # 21. Q's dim-major copy written by the forward (FWD_QD_WRITE, the default): the tokens past the
 # document not zeroed (the next document's codes land in the padding the layout keeps zero).

@@ -38,6 +38,7 @@
 #include "attn_common.cuh"
 #include "tma.cuh"
 #include "sched.cuh"
+#include "xpose.cuh"
 
 #ifndef BWD_STAGES
 #define BWD_STAGES 3  // the host's default (src/gpu/attention.rs backward_v4_stages)
@@ -658,65 +659,20 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #if BWD_KD_XPOSE
 // BWD_KD_XPOSE's warp (warp 3 of the producer warpgroup, 24 registers): per item, once the
 // token-major K tile has landed for it (kdt_full, issued after the previous item's last dQ), the
-// dim-major tile sm.kd[dim][key] = K[key][dim] (sw128_off), zeros for keys past the document, a
-// proxy fence (the dQ products read it through the async proxy), then kd_full.
-// d = 128, in place: 4 x 4-byte block (R, C) (keys 4R.., dims 4C..; sw128_off(4R + a, 4C)) and
-// block (C, R) trade places transposed (the dim-major tile's block (C, R) lies where the token
-// tile's block (C, R) does). Pass p < 15 pairs offset k = p + 1: lane l < 32 - k takes (l, l + k),
-// the others (l - 32 + k, l); pass 15 offset 16 (lanes < 16) and diagonal blocks 0..15 (the
-// rest), pass 16 diagonal blocks 16..31: 528 units, two lanes per bank at worst (bank model).
-// d = 64, from the staging tile sm.kdt (tok_off): lane l owns dword column j = l % 16 and at its
-// pass i the 4-key group ((2 i + l / 16 + l) % 32), two lanes per bank.
-__device__ __forceinline__ u32 kd_key_mask(u32 x, int key, int nk) { return key < nk ? x : 0u; }
+// dim-major tile sm.kd[dim][key] = K[key][dim] (xpose.cuh: in place at d = 128, from the staging
+// tile sm.kdt at 64), zeros for keys past the document, a proxy fence (the dQ products read it
+// through the async proxy), then kd_full.
 __device__ __forceinline__ void bwd_kd_transposer(BwdV4Smem& sm) {
   const int lane = threadIdx.x & 31;
-  u8* kd = sm.kd;
   for (int ni = 0;; ++ni) {
     mbar_wait(smem_u32(&sm.kdt_full), ni & 1);
     const BwdItemTail& tail = sm.tail[ni % BWD_TAILS];
     if (tail.code < 0) return;
     const int nk = tail.tile.len - tail.tile.k0;  // keys of the tile inside the document (may exceed 128)
 #if HEAD_DIM == 128
-#pragma unroll 1
-    for (int p = 0; p < 17; ++p) {
-      const int k = p + 1;
-      int R, C;
-      if (p < 15) {
-        R = lane < 32 - k ? lane : lane - 32 + k;
-        C = lane < 32 - k ? lane + k : lane;
-      } else {
-        R = p == 15 ? (lane < 16 ? lane : lane - 16) : lane + 16;
-        C = p == 15 && lane < 16 ? lane + 16 : R;
-      }
-      if (p == 16 && lane >= 16) continue;
-      u32 a[4], b[4], o[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        a[r] = kd_key_mask(*reinterpret_cast<const u32*>(kd + sw128_off(4 * R + r, 4 * C)), 4 * R + r, nk);
-        b[r] = kd_key_mask(*reinterpret_cast<const u32*>(kd + sw128_off(4 * C + r, 4 * R)), 4 * C + r, nk);
-      }
-      // (a diagonal block: b is a, so both stores below write the same transposed words)
-      transpose_bytes_4x4(a, o);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) *reinterpret_cast<u32*>(kd + sw128_off(4 * C + r, 4 * R)) = o[r];
-      transpose_bytes_4x4(b, o);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) *reinterpret_cast<u32*>(kd + sw128_off(4 * R + r, 4 * C)) = o[r];
-    }
+    xpose_sw128_in_place(sm.kd, nk, lane);
 #else
-    constexpr int NJ = HEAD_DIM / 4;  // dword columns of a token row
-    const int j = lane % NJ, l0 = lane / NJ + lane;
-#pragma unroll 2
-    for (int i = 0; i < NJ; ++i) {
-      const int kg = ((32 / NJ) * i + l0) & 31;
-      u32 x[4], o[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        x[r] = kd_key_mask(*reinterpret_cast<const u32*>(sm.kdt + tok_off(4 * kg + r, 4 * j)), 4 * kg + r, nk);
-      transpose_bytes_4x4(x, o);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) *reinterpret_cast<u32*>(kd + sw128_off(4 * j + r, 4 * kg)) = o[r];
-    }
+    xpose_tok_to_sw128(sm.kdt, sm.kd, nk, lane);
 #endif
     fence_async_smem();  // the stores -> the async proxy (wgmma), before the arrival publishes them
     __syncwarp();

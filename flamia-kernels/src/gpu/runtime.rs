@@ -22,6 +22,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("sched.cuh", include_str!("../../cuda/sched.cuh")),
     ("softmax.cuh", include_str!("../../cuda/softmax.cuh")),
     ("epilogue.cuh", include_str!("../../cuda/epilogue.cuh")),
+    ("xpose.cuh", include_str!("../../cuda/xpose.cuh")),
     ("quant.cu", include_str!("../../cuda/quant.cu")),
     ("attn_fwd.cu", include_str!("../../cuda/attn_fwd.cu")),
     ("attn_fwd_v4.cu", include_str!("../../cuda/attn_fwd_v4.cu")),
