@@ -28,7 +28,6 @@
 #include "sched.cuh"
 #include "softmax.cuh"
 #include "epilogue.cuh"
-#include "xpose.cuh"
 
 // FWD_CW_CONST 1: the consumer body inlined once per warpgroup (consumer_copies, tma.cuh), the
 // warpgroup index a compile-time constant in each copy, so ptxas keeps the wgmma descriptors and
@@ -73,21 +72,6 @@ static_assert(128 * FWD_PROD_REGS + 256 * FWD_CONS_REGS <= 168 * 384, "attn_fwd_
 #ifndef FWD_QD_PERM
 #define FWD_QD_PERM 0
 #endif
-// FWD_VT 1 (host knob FLAMIA_FWD_VT; prepared in session 22, not yet measured, default off): V's
-// dim-major tile (PV's B operand) made in shared memory from the token-major V tile, so the
-// quantiser writes no dim-major V. Per key tile the producer TMA-loads V token-major (vt_map)
-// onto vt_full[s] (in place into sm.v[s] at d = 128, into the staging tile sm.vt[s] at 64) and
-// warp 2 of the producer warpgroup (fwd_v_transposer, xpose.cuh) transposes it, zeros for keys
-// past the document, then arrives on kv_full[s] (33 arrivals). Unlike K in the backward this runs
-// per key-tile visit (a V tile is visited (n + 1) / 2 times in an n-tile causal document: 256.5 at
-// 1x65536, 1.5 at 256x256), so the host builds it only for plans of short documents. The lean
-// (token-block) producer only.
-#ifndef FWD_VT
-#define FWD_VT 0
-#endif
-#if FWD_VT && PER_TOKEN_COLS
-#error "FWD_VT: the lean (token-block) producer only"
-#endif
 
 // Mirrors FwdV4Params in src/gpu/attention.rs.
 struct FwdV4Params {
@@ -95,7 +79,6 @@ struct FwdV4Params {
   TmaMap k_map;  // k_tok as (HEAD_DIM bytes, Hkv, T), box (HEAD_DIM, 1, 128)
   TmaMap v_map;  // v_dim as (Tpad, Hkv * HEAD_DIM), box (128 tokens, HEAD_DIM dims)
   TmaMap qd_map; // FWD_QD_WRITE: q_dim as (Tpad, Hq * HEAD_DIM), box (64 tokens, HEAD_DIM dims), 64-byte swizzle
-  TmaMap vt_map; // FWD_VT: v_tok as (HEAD_DIM bytes, Hkv, T), box (HEAD_DIM, 1, 128)
   AttnParams a;
   const int* items;  // work items, longest first: tile * hq + head
   const int* tiles;  // int4 per 128-token query tile (WorkTile)
@@ -129,13 +112,6 @@ struct FwdV4Smem {
 #endif
   ItemSlot item[QSLOTS];
   u64 q_full[QSLOTS], q_empty[QSLOTS], kv_full[FWD_STAGES], kv_empty[FWD_STAGES];
-#if FWD_VT
-  u64 vt_full[FWD_STAGES];   // the stage's token-major V tile has landed (for the transposer)
-  int vn[FWD_STAGES];        // keys of the stage's tile inside the document; -1: no more tiles
-#if HEAD_DIM == 64
-  u8 vt[FWD_STAGES][KT * HEAD_DIM];  // staging: the token-major V tile
-#endif
-#endif
 };
 #ifdef SMEM_FWD4_BUDGET
 static_assert(sizeof(FwdV4Smem) + 1024 <= SMEM_FWD4_BUDGET, "attn_fwd_v4: dynamic shared memory budget too small");
@@ -145,11 +121,7 @@ static_assert(sizeof(FwdV4Smem) + 1024 <= SMEM_FWD4_BUDGET, "attn_fwd_v4: dynami
 __device__ __forceinline__ void prefetch_maps(const FwdV4Params& P) {
   tma_prefetch(&P.q_map);
   tma_prefetch(&P.k_map);
-#if FWD_VT
-  tma_prefetch(&P.vt_map);
-#else
   tma_prefetch(&P.v_map);
-#endif
 }
 
 // Key tiles an item visits (causal: up to the tile's last query).
@@ -243,17 +215,6 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
     }
     if (code < 0) {
       if (lane == 4) sched_done(P.counter);
-#if FWD_VT
-      {  // the transposer's stop: the next stage, once free, with no keys
-        const u32 nkv = ring >> 8;
-        const int s = nkv < FWD_STAGES ? nkv : nkv - FWD_STAGES;
-        mbar_wait(smem_u32(&sm.kv_empty[s]), nkv < FWD_STAGES ? 1 : 0);
-        if (lane == 0) {
-          sm.vn[s] = -1;
-          mbar_arrive(smem_u32(&sm.vt_full[s]));
-        }
-      }
-#endif
       return;
     }
     ring = nq + 1 == 2 * QSLOTS ? ring & ~0xffu : ring + 1;
@@ -272,23 +233,9 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
       const u32 bar = smem_u32(&sm.kv_full[s]);
       const int doc0 = it.tile.doc0, hk = it.hk;  // after the wait (its memory clobber): not kept live
       if (lane == 0) {
-#if FWD_VT
-        // V token-major for the transposer (its own barrier), K onto kv_full
-        sm.vn[s] = it.tile.len - kt * KT;
-        const u32 vbar = smem_u32(&sm.vt_full[s]);
-        mbar_arrive_expect_tx(vbar, KT * HEAD_DIM);
-#if HEAD_DIM == 64
-        tma_load_3d(smem_u32(sm.vt[s]), &P.vt_map, vbar, 0, hk, doc0 + kt * KT);
-#else
-        tma_load_3d(smem_u32(sm.v[s]), &P.vt_map, vbar, 0, hk, doc0 + kt * KT);  // (transposed in place)
-#endif
-        mbar_arrive_expect_tx(bar, KT * HEAD_DIM);
-        tma_load_3d(smem_u32(sm.k[s]), &P.k_map, bar, 0, hk, doc0 + kt * KT);
-#else
         mbar_arrive_expect_tx(bar, 2 * KT * HEAD_DIM);
         tma_load_3d(smem_u32(sm.k[s]), &P.k_map, bar, 0, hk, doc0 + kt * KT);
         tma_load_2d(smem_u32(sm.v[s]), &P.v_map, bar, it.tile.pad0 + kt * KT, hk * HEAD_DIM);
-#endif
       } else {
         mbar_arrive(bar);
       }
@@ -452,31 +399,6 @@ __device__ __forceinline__ void fwd_qd_writer(const FwdV4Params& P, FwdV4Smem& s
     if (++qb == QSLOTS) { qb = 0; qph ^= 1; }
   }
   if (lane == 0) bulk_wait_all();  // (the stores complete before the CTA's shared memory goes)
-}
-#endif
-
-#if FWD_VT
-// FWD_VT's warp: each stage's token-major V tile (vt_full) into the dim-major one (xpose.cuh),
-// zeros for keys past the document, published on kv_full after a proxy fence; stops at a stage
-// whose key count is -1 (the producer's last signal).
-__device__ __forceinline__ void fwd_v_transposer(FwdV4Smem& sm) {
-  const int lane = threadIdx.x & 31;
-  int s = 0;
-  u32 ph = 0;
-  for (;;) {
-    mbar_wait(smem_u32(&sm.vt_full[s]), ph);
-    const int nk = sm.vn[s];
-    if (nk < 0) return;
-#if HEAD_DIM == 128
-    xpose_sw128_in_place(sm.v[s], nk, lane);
-#else
-    xpose_tok_to_sw128(sm.vt[s], sm.v[s], nk, lane);
-#endif
-    fence_async_smem();
-    __syncwarp();
-    if (lane == 0) mbar_arrive(smem_u32(&sm.kv_full[s]));
-    if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
-  }
 }
 #endif
 
@@ -685,10 +607,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_co
       mbar_init(smem_u32(&sm.q_empty[b]), 256 + FWD_QD_WRITE);  // (+ lane 0 of the Q writer)
     }
     for (int s = 0; s < FWD_STAGES; ++s) {
-      mbar_init(smem_u32(&sm.kv_full[s]), 32 + FWD_VT);  // (+ the V transposer)
-#if FWD_VT
-      mbar_init(smem_u32(&sm.vt_full[s]), 1);
-#endif
+      mbar_init(smem_u32(&sm.kv_full[s]), 32);
       mbar_init(smem_u32(&sm.kv_empty[s]), 8);
     }
     mbar_init_fence();
@@ -701,9 +620,6 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_co
     if (threadIdx.x < 32) fwd_producer(P, sm);
 #if FWD_QD_WRITE
     else if (threadIdx.x < 64) fwd_qd_writer(P, sm);
-#endif
-#if FWD_VT
-    else if (threadIdx.x >= 64 && threadIdx.x < 96) fwd_v_transposer(sm);
 #endif
   } else {
     regs_alloc<FWD_CONS_REGS>();

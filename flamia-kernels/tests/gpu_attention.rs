@@ -383,26 +383,6 @@ fn q_dim_major_copy_written_by_the_forward_gives_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn v_dim_major_tiles_transposed_in_the_forward_give_bitwise_the_same() {
-    // FLAMIA_FWD_VT=1 has the v4 forward make each key tile's dim-major V (PV's B operand) in
-    // shared memory from the token-major tile (xpose.cuh; keys past the document zero) instead of
-    // TMA-loading the quantiser's dim-major copy, which it then does not write: the same codes in
-    // the same places, so bitwise the same outputs. The forward's knob cases with token-block and
-    // tensor-wide scales (per-token scales keep the quantiser's copy), and more items than SMs
-    // (each CTA's stages turn over many times). (Prepared in session 22; off by default.)
-    knob_keeps_every_bit("FLAMIA_FWD_VT", &["1"], &FORWARD_KNOB_CASES);
-    let gpu = gpu();
-    for hd in [128, 64] {
-        let shape = VarlenShape::from_lens(&[8192, 4000, 300, 65, 1], 4, 2, hd).unwrap();
-        with_seeds(&format!("FLAMIA_FWD_VT, d = {hd}"), |mut rng| {
-            let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
-            same_bits_whatever(&gpu, &call, "FLAMIA_FWD_VT", &["1"]);
-        });
-    }
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn one_plan_and_workspace_serve_call_after_call() {
     // No memset runs between the chained launches: the v4 kernels' work counter resets itself
     // at the end of each launch (sched_done) and bwd_dv_fold zeroes the backward's semaphores.

@@ -72,14 +72,11 @@ fn stages_from_env(var: &str, allowed: std::ops::RangeInclusive<u32>, default: u
 /// V tile (128 x hd each) and 1 KB of key exponents, barriers and 1 KB of alignment slack (the
 /// kernel's static_assert checks it). Per-token scales add the interior tiles' per-key P folds
 /// (0.5 KB per stage).
-/// Writing Q's dim-major copy (`qd_write`, `FWD_QD_WRITE`) adds its staging tiles, 64 x hd x 2;
-/// V transposed in shared memory (`vt`, `FWD_VT`) a staging tile per stage at head dim 64 (at
-/// 128 it runs in place).
-fn smem_fwd4(stages: u32, hd: u32, per_token: bool, qd_write: bool, vt: bool) -> u32 {
+/// Writing Q's dim-major copy (`qd_write`, `FWD_QD_WRITE`) adds its staging tiles, 64 x hd x 2.
+fn smem_fwd4(stages: u32, hd: u32, per_token: bool, qd_write: bool) -> u32 {
     let fold = if per_token { stages.div_ceil(2) } else { 0 };
     let qd = if qd_write { hd / 8 } else { 0 };
-    let vt = if vt && hd == 64 { 8 * stages } else { 0 };
-    (3 * hd / 8 + (hd / 4 + 1) * stages + 4 + fold + qd + vt) * 1024
+    (3 * hd / 8 + (hd / 4 + 1) * stages + 4 + fold + qd) * 1024
 }
 
 /// Which forward kernel runs: the v4 warp-specialised kernel (default for the E4M3-score paths)
@@ -99,9 +96,8 @@ fn forward_v4_variant(
     hd: u32,
     cw_const: bool,
     qd: Option<bool>,
-    vt: bool,
 ) -> (Variant, u32) {
-    let smem = smem_fwd4(stages, hd, per_token, qd.is_some(), vt);
+    let smem = smem_fwd4(stages, hd, per_token, qd.is_some());
     let mut v = Variant::new()
         .define("HEAD_DIM", hd)
         .define("PER_TOKEN_COLS", per_token as u32)
@@ -112,9 +108,6 @@ fn forward_v4_variant(
     }
     if let Some(perm) = qd {
         v = v.define("FWD_QD_WRITE", 1).define("FWD_QD_PERM", perm as u32);
-    }
-    if vt {
-        v = v.define("FWD_VT", 1);
     }
     (v, smem)
 }
@@ -485,7 +478,6 @@ struct FwdV4Params {
     k_map: TmaMap,
     v_map: TmaMap,
     qd_map: TmaMap,
-    vt_map: TmaMap,
     a: AttnParams,
     items: u64,
     tiles: u64,
@@ -646,8 +638,8 @@ pub struct Attention {
     amax: AmaxScratch,
     /// The development switches, read once here (not per call): `FLAMIA_ATTN_PROMOTE`,
     /// `FLAMIA_ATTN_FWD`, `FLAMIA_FWD_STAGES`, `FLAMIA_ATTN_BWD`, `FLAMIA_BWD_STAGES`,
-    /// `FLAMIA_BWD_KD_XPOSE`, `FLAMIA_FWD_QD` and `FLAMIA_FWD_VT` (they decide the saved operands'
-    /// layout and writer, so they may not change between a forward and its backward).
+    /// `FLAMIA_BWD_KD_XPOSE` and `FLAMIA_FWD_QD` (they decide the saved operands' layout and
+    /// writer, so they may not change between a forward and its backward).
     promote: u32,
     fwd_v3: bool,
     fwd_stages: u32,
@@ -655,7 +647,6 @@ pub struct Attention {
     bwd_stages: u32,
     kd_xpose_off: bool,
     qd_fwd_off: bool,
-    fwd_vt: Option<bool>,
 }
 
 impl Attention {
@@ -680,11 +671,6 @@ impl Attention {
             bwd_stages: backward_v4_stages(),
             kd_xpose_off: super::env_off("FLAMIA_BWD_KD_XPOSE"),
             qd_fwd_off: super::env_off("FLAMIA_FWD_QD"),
-            fwd_vt: match std::env::var("FLAMIA_FWD_VT").as_deref().map(str::trim) {
-                Ok("1") => Some(true),
-                Ok("0") => Some(false),
-                _ => None,
-            },
         })
     }
 
@@ -763,7 +749,7 @@ impl Attention {
         let saved = Saved {
             q: c.operand(plan, s.heads_q),
             k: c.operand_with(plan, s.heads_kv, !self.bwd_kd_xpose()),
-            v: c.operand_with(plan, s.heads_kv, !self.fwd_vt(plan)),
+            v: c.operand(plan, s.heads_kv),
             q4: nv.then(|| c.nvfp4(plan, s.heads_q)),
             k4: nv.then(|| c.nvfp4(plan, s.heads_kv)),
             storage: None,
@@ -936,20 +922,9 @@ impl Attention {
         self.uses_forward_v4() && self.uses_backward_v4() && !self.qd_fwd_off && self.fwd_stages <= 4
     }
 
-    /// Whether the v4 forward of `plan` makes V's dim-major tiles in shared memory from the
-    /// token-major ones (`FWD_VT`), so the quantiser writes no dim-major V and [`Saved`] holds none.
-    /// It transposes per key-tile visit ((n + 1) / 2 visits per tile of an n-tile causal document),
-    /// so it can pay only where documents are short; prepared in session 22 and not yet measured:
-    /// off unless `FLAMIA_FWD_VT=1` (token-block and tensor-wide scales, with both v4 kernels).
-    pub fn fwd_vt(&self, _plan: &Plan) -> bool {
-        let possible =
-            self.uses_forward_v4() && self.uses_backward_v4() && self.scale_mode() != ScaleMode::PerToken;
-        possible && self.fwd_vt == Some(true)
-    }
-
     /// Bytes the Q/K/V quantiser moves for `plan` under these options ([`e4m3_bytes_with`]: no
     /// dim-major K with [`Attention::bwd_kd_xpose`], no dim-major Q with
-    /// [`Attention::fwd_writes_qd`], no dim-major V with [`Attention::fwd_vt`]).
+    /// [`Attention::fwd_writes_qd`]).
     pub fn input_quant_bytes(&self, plan: &Plan) -> usize {
         let s = plan.shape();
         e4m3_bytes_with(
@@ -957,7 +932,7 @@ impl Attention {
             &[
                 (s.heads_q, !self.fwd_writes_qd()),
                 (s.heads_kv, !self.bwd_kd_xpose()),
-                (s.heads_kv, !self.fwd_vt(plan)),
+                (s.heads_kv, true),
             ],
         )
     }
@@ -1001,17 +976,7 @@ impl Attention {
         let p = FwdV4Params {
             q_map: tma::token_major(saved.q.tok, t, s.heads_q, hd, FWD_QT as u32)?,
             k_map: tma::token_major(saved.k.tok, t, s.heads_kv, hd, 128)?,
-            // (FWD_VT: no dim-major V, the kernel transposes the token-major tiles)
-            v_map: if self.fwd_vt(plan) {
-                TmaMap::default()
-            } else {
-                tma::dim_major(saved.v.dim, s.heads_kv, hd, plan.tpad())?
-            },
-            vt_map: if self.fwd_vt(plan) {
-                tma::token_major(saved.v.tok, t, s.heads_kv, hd, 128)?
-            } else {
-                TmaMap::default()
-            },
+            v_map: tma::dim_major(saved.v.dim, s.heads_kv, hd, plan.tpad())?,
             qd_map: if self.fwd_writes_qd() {
                 tma::dim_major_64(saved.q.dim, s.heads_q, hd, plan.tpad())?
             } else {
@@ -1026,7 +991,7 @@ impl Attention {
         let per_token = self.scale_mode() == ScaleMode::PerToken;
         let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
         let qd = self.fwd_writes_qd().then(|| self.bwd_qperm());
-        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, qd, self.fwd_vt(plan));
+        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, qd);
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         if launch_memsets() {
             self.memset32(stream, plan.counter.ptr(), 2, "work counter")?;
@@ -1366,7 +1331,7 @@ impl Attention {
             let per_token = self.scale_mode() == ScaleMode::PerToken;
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const)
             let qd = self.fwd_writes_qd().then(|| self.bwd_qperm());
-            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false, qd, false);
+            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false, qd);
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
@@ -1515,7 +1480,7 @@ mod tests {
             // producers (token-block and per-token scales)
             // (with Q's dim-major copy written, FWD_QD_WRITE, in the backward's permuted order)
             for per_token in [false, true] {
-                let (v, _) = forward_v4_variant(per_token, 4, hd, true, Some(true), false);
+                let (v, _) = forward_v4_variant(per_token, 4, hd, true, Some(true));
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
@@ -1529,14 +1494,10 @@ mod tests {
             ] {
                 // (the default depth, 4, also writing Q's dim-major copy in plain order)
                 let qd = (stages == 4).then_some(false);
-                let (v, _) = forward_v4_variant(per_token, stages, hd, false, qd, false);
+                let (v, _) = forward_v4_variant(per_token, stages, hd, false, qd);
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
-            // V transposed in shared memory (FWD_VT, FLAMIA_FWD_VT=1), the lean producer only
-            let (v, _) = forward_v4_variant(false, 4, hd, false, Some(true), true);
-            compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
-                .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
         }
         // the v3.1 kernels refuse another head dim at compile time
         let v = attention_variant(false, 0).define("HEAD_DIM", 64);
