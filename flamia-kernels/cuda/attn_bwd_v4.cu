@@ -182,7 +182,8 @@
 #define BWD_PRODUCER_FOLD (HEAD_DIM == 64 && BWD_KEY_BLOCKS)
 #endif
 #define BWD_FOLD (BWD_PRODUCER_FOLD && BWD_KEY_BLOCKS)
-// BWD_KD_XPOSE 1 (the host's default for the v4 backward; FLAMIA_BWD_KD_XPOSE=0 for A/B): the
+// BWD_KD_XPOSE 1 (host knob FLAMIA_BWD_KD_XPOSE=1; off by default: session 22 measured the Q/K/V
+// quantiser -10% with it but this kernel +2..+6% at short and mid lengths, the call no faster): the
 // dQ products' B operand, K dim-major (row = dim, 128 keys, 128-byte swizzle), is made in shared
 // memory from the token-major K tile instead of being TMA-loaded from a dim-major copy in global
 // memory, so the Q/K/V quantiser writes no dim-major K (a sixth of its bytes) and the forward's

@@ -58,7 +58,8 @@
 static_assert(128 * FWD_PROD_REGS + 256 * FWD_CONS_REGS <= 168 * 384, "attn_fwd_v4: register split over the CTA's 168 x 384");
 #define QT 128  // query rows of a work item (two consumer warpgroups x 64)
 #define QSLOTS 3
-// FWD_QD_WRITE 1 (the host's default when the v4 backward follows; FLAMIA_FWD_QD=0 for A/B): the
+// FWD_QD_WRITE 1 (host knob FLAMIA_FWD_QD=1 when the v4 backward follows; off by default: session
+// 22 measured the quantiser -10% with it but this kernel +6..+14% on short documents): the
 // forward writes Q's dim-major copy (the v4 backward's dK operand, (heads, d, Tpad) with documents
 // padded to 64 positions, zeros) instead of the quantiser: every item's Q tile passes through
 // shared memory here anyway, once. Warp 1 of the producer warpgroup (fwd_qd_writer) transposes

@@ -319,11 +319,11 @@ fn step_constants_by_bulk_copy_give_bitwise_the_same() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same() {
-    // FLAMIA_BWD_KD_XPOSE=1 (the default) has the v4 backward's idle producer warp transpose each
+    // FLAMIA_BWD_KD_XPOSE=1 (off by default) has the v4 backward's idle producer warp transpose each
     // item's token-major K tile into the dQ products' dim-major operand in shared memory (keys
     // past the document zero), so the quantiser writes no dim-major K and the saved operands
-    // have none (their k.dim is 0: a kernel reading it would fault); =0 TMA-loads the quantiser's
-    // dim-major copy. The same codes in the same places: bitwise the same gradients. The code-path
+    // have none (their k.dim is 0: a kernel reading it would fault); unset, the kernel TMA-loads
+    // the quantiser's dim-major copy. The same codes in the same places: bitwise the same gradients. The code-path
     // cases (documents ending mid-tile, a one-token one, both head dims, causal and not, row dS),
     // tensor-wide and per-token scales, then on three CTAs, so each CTA runs many items and the
     // K/V slot, the dim-major tile and their barriers turn over many times.
@@ -331,7 +331,7 @@ fn dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same() {
     let lens: &[usize] = &[300, 1, 65, 1100];
     knob_keeps_every_bit(
         "FLAMIA_BWD_KD_XPOSE",
-        &["0"],
+        &["1"],
         &[
             (128, lens, true, AttnPath::LeakyFp8),
             (64, lens, true, AttnPath::LeakyFp8),
@@ -347,7 +347,7 @@ fn dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same() {
                 let mut opts = AttnOptions::new(AttnPath::Mxfp8);
                 opts.precision.per_token_scales = hd == 128;
                 let call = gauss_call(&mut rng, &shape, opts);
-                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_KD_XPOSE", &["0"]);
+                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_KD_XPOSE", &["1"]);
             },
         );
     }
@@ -356,13 +356,13 @@ fn dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn q_dim_major_copy_written_by_the_forward_gives_bitwise_the_same() {
-    // FLAMIA_FWD_QD=1 (the default) has the v4 forward write Q's dim-major copy (the backward's
+    // FLAMIA_FWD_QD=1 (off by default) has the v4 forward write Q's dim-major copy (the backward's
     // dK operand) from the Q tiles it loads, instead of the quantiser: the same bytes (gpu_quant's
     // quantize_inputs_fills_a_caller_owned_buffer_part_by_part checks them against the CPU
     // reference), so bitwise the same outputs. The forward's knob cases (both head dims, causal
     // and not, tensor-wide scales), per-token scales, the plain order (FLAMIA_BWD_QPERM=0), and
     // more items than SMs (each CTA's Q slots and staging tiles turn over).
-    knob_keeps_every_bit("FLAMIA_FWD_QD", &["0"], &FORWARD_KNOB_CASES);
+    knob_keeps_every_bit("FLAMIA_FWD_QD", &["1"], &FORWARD_KNOB_CASES);
     let gpu = gpu();
     for hd in [128, 64] {
         let shape = VarlenShape::from_lens(&[8192, 4000, 300, 65, 1], 4, 2, hd).unwrap();
@@ -374,7 +374,7 @@ fn q_dim_major_copy_written_by_the_forward_gives_bitwise_the_same() {
                     let mut opts = AttnOptions::new(AttnPath::Mxfp8);
                     opts.precision.per_token_scales = plain;
                     let call = gauss_call(&mut rng, &shape, opts);
-                    same_bits_whatever(&gpu, &call, "FLAMIA_FWD_QD", &["0"]);
+                    same_bits_whatever(&gpu, &call, "FLAMIA_FWD_QD", &["1"]);
                 },
             );
         }

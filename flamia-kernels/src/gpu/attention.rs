@@ -645,8 +645,8 @@ pub struct Attention {
     fwd_stages: u32,
     bwd_v3: bool,
     bwd_stages: u32,
-    kd_xpose_off: bool,
-    qd_fwd_off: bool,
+    kd_xpose_on: bool,
+    qd_fwd_on: bool,
 }
 
 impl Attention {
@@ -669,8 +669,8 @@ impl Attention {
             fwd_stages: forward_v4_stages(),
             bwd_v3: backward_v3_forced(),
             bwd_stages: backward_v4_stages(),
-            kd_xpose_off: super::env_off("FLAMIA_BWD_KD_XPOSE"),
-            qd_fwd_off: super::env_off("FLAMIA_FWD_QD"),
+            kd_xpose_on: super::env_on("FLAMIA_BWD_KD_XPOSE"),
+            qd_fwd_on: super::env_on("FLAMIA_FWD_QD"),
         })
     }
 
@@ -906,20 +906,22 @@ impl Attention {
     /// Whether the v4 backward transposes K into its dQ products' dim-major operand in shared
     /// memory (`BWD_KD_XPOSE`), so the quantiser writes no dim-major K and [`Saved`] holds none
     /// (`k.dim` 0): a sixth of the Q/K/V quantiser's bytes. On with the v4 backward unless
-    /// `FLAMIA_BWD_KD_XPOSE=0` (A/B and the bitwise test), read when this value was made.
+    /// Off unless `FLAMIA_BWD_KD_XPOSE=1` (read when this value was made): session 22 measured the
+    /// Q/K/V quantiser -10% with it but the backward +2..+6% at short and mid lengths (docs/perf.md).
     pub fn bwd_kd_xpose(&self) -> bool {
-        self.uses_backward_v4() && !self.kd_xpose_off
+        self.uses_backward_v4() && self.kd_xpose_on
     }
 
     /// Whether the v4 forward writes Q's dim-major copy (the v4 backward's dK operand) from the Q
     /// tiles it loads anyway (`FWD_QD_WRITE`: the producer warpgroup's idle warp transposes each
     /// item's tile in shared memory and bulk-stores it), so the quantiser writes none: a sixth of
-    /// its bytes. Needs both v4 kernels; on unless `FLAMIA_FWD_QD=0` (A/B and the bitwise test),
-    /// read when this value was made. [`Saved`]'s Q copy is then complete only after
+    /// its bytes. Needs both v4 kernels; off unless `FLAMIA_FWD_QD=1` (read when this value was
+    /// made): session 22 measured the quantiser -10% with it but the forward +6..+14% on short
+    /// documents (docs/perf.md). [`Saved`]'s Q copy is then complete only after
     /// [`Attention::forward_quantized`].
     pub fn fwd_writes_qd(&self) -> bool {
         // (five K/V stages, FLAMIA_FWD_STAGES=5, leave no room for the staging tiles at d = 128)
-        self.uses_forward_v4() && self.uses_backward_v4() && !self.qd_fwd_off && self.fwd_stages <= 4
+        self.uses_forward_v4() && self.uses_backward_v4() && self.qd_fwd_on && self.fwd_stages <= 4
     }
 
     /// Bytes the Q/K/V quantiser moves for `plan` under these options ([`e4m3_bytes_with`]: no
