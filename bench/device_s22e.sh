@@ -1,7 +1,6 @@
 #!/bin/bash
-# Prepared in session 22 for the next session (~1.5 minutes; not run: the device time ran out): where
-# BWD_KD_XPOSE's and
-# FWD_QD_WRITE's cost goes at 256x256: the backward's clocks per phase and per item
+# Prepared in session 22 for the next session (~1.5 minutes; not run: the device time ran out):
+# where BWD_KD_XPOSE's and FWD_QD_WRITE's cost goes at 256x256: the backward's clocks per phase and per item
 # (BWD_PROF_PHASES, CTAs 0-1) and the forward's waits per item and key tile (FWD_PROF_TIMERS),
 # each knob off and on.
 # Stage: bash bench/device_bwd4.sh --stage && strip .device-carry/bwd4/* && bash bench/device_s22e.sh --stage;
