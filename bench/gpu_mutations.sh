@@ -120,15 +120,16 @@ mutate sched-noreset sched.cuh '1i #define SCHED_PROF_NORESET' \
 # change against the one-CTA fold, FLAMIA_BWD_FOLD_WARP=0).
 mutate fold-warp-suffix attn_bwd_v4.cu 's/  if (lane == 31) run = -1000;/  run = -1000;/' \
   launch_chain_knobs_keep_every_bit
-# 20. The dim-major K transposed in shared memory (BWD_KD_XPOSE, FLAMIA_BWD_KD_XPOSE=1; xpose.cuh): at d = 128 (in place)
-# each pair's first block written back transposed where it came from instead of across the
-# diagonal, so the dQ products read K's codes at the wrong keys.
-mutate kd-xpose-inplace xpose.cuh 's/for (int r = 0; r < 4; ++r) \*reinterpret_cast<u32\*>(t + sw128_off(4 \* C + r, 4 \* R)) = o\[r\];/for (int r = 0; r < 4; ++r) *reinterpret_cast<u32*>(t + sw128_off(4 * R + r, 4 * C)) = o[r];/' \
+# 20. The dim-major K transposed in shared memory (BWD_KD_XPOSE, FLAMIA_BWD_KD_XPOSE=1; xpose.cuh): the
+# two byte selectors of a lane's dims 2g and 2g + 1 swapped, so the dQ products read K's codes at the
+# wrong dims (prepared with the ldmatrix version in session 22, not yet run on a GPU).
+mutate kd-xpose-inplace xpose.cuh 's/const u32 s0 = swap ? 0x2064u : 0x6420u, s1 = swap ? 0x3175u : 0x7531u;/const u32 s1 = swap ? 0x2064u : 0x6420u, s0 = swap ? 0x3175u : 0x7531u;/' \
   dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same
-# 21. Q's dim-major copy written by the forward (FWD_QD_WRITE, FLAMIA_FWD_QD=1): the tokens past the
-# document not zeroed (the next document's codes land in the padding the layout keeps zero).
-mutate qd-fwd-nozero attn_fwd_v4.cu 's/x\[c\] = row < rows ? \*reinterpret_cast<const u32\*>(qs + tok_off(row, 4 \* jj)) : 0u;/x[c] = *reinterpret_cast<const u32*>(qs + tok_off(row, 4 * jj));/' \
+# 21. The ldmatrix transposes (xpose.cuh; the forward's Q copy under FLAMIA_FWD_QD=1, K under
+# FLAMIA_BWD_KD_XPOSE=1): tokens past the document not zeroed (the next document's codes land in the
+# padding the layout keeps zero: gpu_quant's caller-buffer test checks it with the forward's copy).
+mutate qd-fwd-nozero xpose.cuh 's/< nk ? 0xffu : 0u/< (1 << 20) ? 0xffu : 0u/' \
   gpu_quant:quantize_inputs_fills_a_caller_owned_buffer_part_by_part
-# 22. The same copy in plain order where the backward reads the permuted one (FWD_QD_PERM ignored).
-mutate qd-fwd-noperm attn_fwd_v4.cu 's/^#if FWD_QD_PERM$/#if 0/' \
+# 22. The forward's Q copy in plain order where the backward reads the permuted one.
+mutate qd-fwd-noperm attn_fwd_v4.cu 's/a, c, a, c + 1, rows, FWD_QD_PERM, lane);/a, c, a, c + 1, rows, false, lane);/' \
   q_dim_major_copy_written_by_the_forward_gives_bitwise_the_same

@@ -28,6 +28,7 @@
 #include "sched.cuh"
 #include "softmax.cuh"
 #include "epilogue.cuh"
+#include "xpose.cuh"
 
 // FWD_CW_CONST 1: the consumer body inlined once per warpgroup (consumer_copies, tma.cuh), the
 // warpgroup index a compile-time constant in each copy, so ptxas keeps the wgmma descriptors and
@@ -349,14 +350,11 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
 
 #if FWD_QD_WRITE
 // FWD_QD_WRITE's warp: per item, once its Q tile has landed (q_full), the tile's rows inside the
-// document transposed into sm.qd (zeros past it), the Q slot released (q_empty counts this warp),
-// and the boxes inside the document's padded span stored to q_dim. Lane l owns dim quad
-// jj = l % NJ and, at pass p of a box, position word u = ((32 / NJ) p + l / NJ + l) % 16: each load
-// of a pass hits 32 distinct banks at d = 128 (two lanes per bank at 64), each store two lanes per
-// bank (a bank model of both layouts and both orders).
+// document transposed into sm.qd (zeros past it; xpose.cuh's ldmatrix / stmatrix blocks, since
+// the session 22 measurement of the 4-byte version: not yet run on a GPU), the Q slot released
+// (q_empty counts this warp), and the boxes inside the document's padded span stored to q_dim.
 __device__ __forceinline__ void fwd_qd_writer(const FwdV4Params& P, FwdV4Smem& sm) {
-  constexpr int NJ = HEAD_DIM / 4;
-  const int lane = threadIdx.x & 31, jj = lane % NJ, l0 = lane / NJ + lane;
+  const int lane = threadIdx.x & 31;
   if (lane == 0) tma_prefetch(&P.qd_map);
   int qb = 0;
   u32 qph = 0;
@@ -370,26 +368,14 @@ __device__ __forceinline__ void fwd_qd_writer(const FwdV4Params& P, FwdV4Smem& s
     const int boxes = (min(QT, ((t.len + 63) & ~63) - t.q0) + 63) / 64;  // 64-position boxes to store
     if (lane == 0) bulk_wait_read_all();  // the previous item's stores have read the staging tiles
     __syncwarp();
-    const u8* qs = sm.q[qb];
-    for (int b = 0; b < boxes; ++b) {
-#pragma unroll 2
-      for (int p = 0; p < NJ / 2; ++p) {
-        const int u = ((32 / NJ) * p + l0) & 15;
-        u32 x[4], o[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-#if FWD_QD_PERM
-          const int row = 64 * b + 32 * (u >> 3) + 16 * ((u >> 2) & 1) + 2 * (u & 3) + (c & 1) + 8 * (c >> 1);
-#else
-          const int row = 64 * b + 4 * u + c;
-#endif
-          x[c] = row < rows ? *reinterpret_cast<const u32*>(qs + tok_off(row, 4 * jj)) : 0u;
-        }
-        transpose_bytes_4x4(x, o);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) *reinterpret_cast<u32*>(sm.qd[b] + sw64_off(4 * jj + i, 4 * u)) = o[i];
-      }
-    }
+    // 16 x 16-byte blocks two at a time (xpose.cuh): token block a of the tile, dim blocks c, c + 1
+    const auto tok = [](int row, int byte) { return tok_off(row, byte); };
+    const auto pos = [](int dim, int p) { return (p >> 6) * (HEAD_DIM * 64) + sw64_off(dim, p & 63); };
+#pragma unroll 1
+    for (int a = 0; a < 4 * boxes; ++a)
+#pragma unroll 1
+      for (int c = 0; c < HEAD_DIM / 16; c += 2)
+        xpose_blocks_ldsm(sm.q[qb], sm.qd[0], tok, pos, a, c, a, c + 1, rows, FWD_QD_PERM, lane);
     fence_async_smem();  // the staging writes -> the async proxy (the bulk stores read them)
     __syncwarp();
     if (lane == 0) {

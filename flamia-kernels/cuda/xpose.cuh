@@ -9,39 +9,65 @@
 
 __device__ __forceinline__ u32 xpose_key_mask(u32 x, int key, int nk) { return key < nk ? x : 0u; }
 
-// HEAD_DIM == 128: both layouts are 128 x 128 bytes with the same swizzle, so the transpose runs
-// in place: 4 x 4-byte block (R, C) (tokens 4R.., dims 4C..; sw128_off(4R + a, 4C)) and block
-// (C, R) trade places transposed (the dim-major tile's block (C, R) lies where the token tile's
-// block (C, R) does). Pass p < 15 pairs offset k = p + 1: lane l < 32 - k takes (l, l + k), the
-// others (l - 32 + k, l); pass 15 offset 16 (lanes < 16) and diagonal blocks 0..15 (the rest),
-// pass 16 diagonal blocks 16..31: 528 units, two lanes per bank at worst (a bank model).
-__device__ __forceinline__ void xpose_sw128_in_place(u8* t, int nk, int lane) {
-#pragma unroll 1
-  for (int p = 0; p < 17; ++p) {
-    const int k = p + 1;
-    int R, C;
-    if (p < 15) {
-      R = lane < 32 - k ? lane : lane - 32 + k;
-      C = lane < 32 - k ? lane + k : lane;
-    } else {
-      R = p == 15 ? (lane < 16 ? lane : lane - 16) : lane + 16;
-      C = p == 15 && lane < 16 ? lane + 16 : R;
-    }
-    if (p == 16 && lane >= 16) continue;
-    u32 a[4], b[4], o[4];
+// Two 16 x 16-byte blocks of a tile transposed through the warp's ldmatrix / stmatrix (16-bit
+// transposes of 8 x 8 matrices; a PRMT per word finishes the bytes): 1 + 1 shared-memory
+// instructions per 512 bytes instead of 64 four-byte ones. Block X = tokens 16 x1.., dims 16 x2..
+// of the token-major tile (address soff(token, byte)) goes to dims 16 x2.., positions 16 x1.. of
+// the dim-major one (doff(dim, position)); block Y likewise with (y1, y2). Position p of a
+// 16-position group holds token p, or with `perm` the token BWD_QPERM's order puts there
+// (positions 4m + c: token 2m + {0, 1, 8, 9}[c], quant.cu dim_token). Matrix rows (16 bytes):
+// ldmatrix's M0 / M1 of a block hold tokens K0 = {0,1,4,5,10,11,14,15} / K1 = the other eight
+// (with perm: 0..7 / 8..15), so that after .trans lane t (q = t % 4, g = t / 4) holds the tokens
+// of positions 4q..4q+3 for dims 2g and 2g+1 across its two registers; stmatrix's N0 / N1 rows
+// are dims 2g + s / 2g + 1 - s, s = g / 4. Both choices put a matrix's 8 rows on 8 distinct
+// 16-byte bank groups of the 128- and 64-byte swizzles (no conflicts). Tokens at or past `nk`
+// become zeros. `python3 scripts/xpose_model.py` models the instructions' fragment layouts and
+// checks the tiles bit for bit (session 22; not yet run on a GPU).
+template <class SrcOff, class DstOff>
+__device__ __forceinline__ void xpose_blocks_ldsm(const u8* src, u8* dst, SrcOff soff, DstOff doff, int x1, int x2, int y1,
+                                                  int y2, int nk, bool perm, int lane) {
+  const int j = lane >> 3, r = lane & 7, q = lane & 3, g = lane >> 2;
+  const int kap = perm ? r + 8 * (j & 1) : (r & 1) + 4 * (r >> 1) + 2 * (((r >> 2) & 1) ^ (j & 1));  // M_j's row r
+  const int xa = j < 2 ? x1 : y1, xb = j < 2 ? x2 : y2;
+  u32 m[4];
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(m[0]), "=r"(m[1]), "=r"(m[2]), "=r"(m[3])
+               : "r"(smem_u32(src + soff(16 * xa + kap, 16 * xb)))
+               : "memory");
+  const bool swap = !perm && (q >> 1);  // plain order, q >= 2: the word's first tokens are M1's
+  const u32 s0 = swap ? 0x2064u : 0x6420u, s1 = swap ? 0x3175u : 0x7531u;  // dims 2g, 2g + 1
+  const int sg = (g >> 2) & 1;
+  u32 o[4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      a[r] = xpose_key_mask(*reinterpret_cast<const u32*>(t + sw128_off(4 * R + r, 4 * C)), 4 * R + r, nk);
-      b[r] = xpose_key_mask(*reinterpret_cast<const u32*>(t + sw128_off(4 * C + r, 4 * R)), 4 * C + r, nk);
-    }
-    // (a diagonal block: b is a, so both stores below write the same transposed words)
-    transpose_bytes_4x4(a, o);
+  for (int b = 0; b < 2; ++b) {
+    const int t0 = 16 * (b ? y1 : x1) + (perm ? 2 * q : 4 * q);  // the word's first token
+    u32 keep = 0u;  // bytes of tokens inside the document (with perm the tokens are t0, +1, +8, +9)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) *reinterpret_cast<u32*>(t + sw128_off(4 * C + r, 4 * R)) = o[r];
-    transpose_bytes_4x4(b, o);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) *reinterpret_cast<u32*>(t + sw128_off(4 * R + r, 4 * C)) = o[r];
+    for (int c = 0; c < 4; ++c) keep |= (t0 + (perm ? (c & 1) + 8 * (c >> 1) : c) < nk ? 0xffu : 0u) << (8 * c);
+    const u32 w0 = __byte_perm(m[2 * b], m[2 * b + 1], s0) & keep, w1 = __byte_perm(m[2 * b], m[2 * b + 1], s1) & keep;
+    o[2 * b] = sg ? w1 : w0;
+    o[2 * b + 1] = sg ? w0 : w1;
   }
+  const int rho = 2 * r + (((r >> 2) & 1) ^ (j & 1));  // N_j's row r: its dim
+  const u32 d = smem_u32(dst + doff(16 * xb + rho, 16 * xa));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(d), "r"(o[0]), "r"(o[1]), "r"(o[2]),
+               "r"(o[3])
+               : "memory");
+}
+
+// HEAD_DIM == 128: both layouts are 128 x 128 bytes with the same swizzle, so the transpose runs
+// in place: block (a, b) (tokens 16a.., dims 16b..) and block (b, a) trade places transposed
+// (the dim-major tile's block lies where the token tile's mirrored block does), 28 pairs, then the
+// 8 diagonal blocks two at a time: 32 ldmatrix + 32 stmatrix per 16 KB (each pair read whole
+// before it is written: one instruction of each per pair).
+__device__ __forceinline__ void xpose_sw128_in_place(u8* t, int nk, int lane) {
+  const auto sw = [](int row, int byte) { return sw128_off(row, byte); };
+#pragma unroll 1
+  for (int a = 0; a < 8; ++a)
+#pragma unroll 1
+    for (int b = a + 1; b < 8; ++b) xpose_blocks_ldsm(t, t, sw, sw, a, b, b, a, nk, false, lane);
+#pragma unroll 1
+  for (int a = 0; a < 8; a += 2) xpose_blocks_ldsm(t, t, sw, sw, a, a, a + 1, a + 1, nk, false, lane);
 }
 
 // Any HEAD_DIM, from a separate token-major tile `src` (128 tokens) into `dst`: lane l owns dword

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Model of xpose.cuh's ldmatrix transposes (xpose_blocks_ldsm): ldmatrix.x4.trans + PRMT +
+stmatrix.x4 with the instructions' fragment layouts as the PTX ISA gives them (ldmatrix: lanes
+8j..8j+7 give matrix j's row addresses; with .trans lane t holds the transpose's row t/4, 16-bit
+columns 2(t%4), +1; stmatrix: lane t's register j is matrix j's row t/4, columns 2(t%4), +1).
+Checks bit for bit, with tokens at or past nk zero, and that every matrix's 8 rows hit distinct
+bank groups:
+  - xpose_sw128_in_place: a 128 x 128-byte tile, 128-byte swizzle both ways (the v4 backward's
+    dim-major K, BWD_KD_XPOSE);
+  - the forward's Q writer (FWD_QD_WRITE): a 128-token tile (token-major, the swizzle of its
+    width) into two [d][64-position] tiles with the 64-byte swizzle, plain and BWD_QPERM order,
+    d = 128 and 64.
+Run: python3 scripts/xpose_model.py (no GPU; exit status 1 on any mismatch)."""
+import random
+
+def sw128(r, k): return r * 128 + (k ^ ((r & 7) << 4))
+def sw64(r, k): return r * 64 + (k ^ (((r >> 1) & 3) << 4))
+
+def prmt(a, b, sel):
+    bs = [(a >> (8 * i)) & 255 for i in range(4)] + [(b >> (8 * i)) & 255 for i in range(4)]
+    return sum(bs[(sel >> (4 * i)) & 7] << (8 * i) for i in range(4))
+
+def banks(addrs):
+    worst = 0
+    for j in range(4):
+        bs = {}
+        for r in range(8):
+            a = addrs[8 * j + r]
+            for w in range(4):
+                bs.setdefault((a // 4 + w) % 32, set()).add(a // 4 + w)
+        worst = max(worst, max(len(v) for v in bs.values()))
+    return worst
+
+def blocks(src, dst, soff, doff, x1, x2, y1, y2, nk, perm):
+    """xpose_blocks_ldsm for the whole warp; returns the worst bank ways of its two instructions."""
+    la, sa, regs = [0] * 32, [0] * 32, [[0] * 4 for _ in range(32)]
+    for t in range(32):
+        j, r = t >> 3, t & 7
+        kap = r + 8 * (j & 1) if perm else (r & 1) + 4 * (r >> 1) + 2 * (((r >> 2) & 1) ^ (j & 1))
+        xa, xb = (x1, x2) if j < 2 else (y1, y2)
+        la[t] = soff(16 * xa + kap, 16 * xb)
+        rho = 2 * r + (((r >> 2) & 1) ^ (j & 1))
+        sa[t] = doff(16 * xb + rho, 16 * xa)
+    for t in range(32):  # ldmatrix .x4 .trans
+        q, g = t & 3, t >> 2
+        for j in range(4):
+            ra, rb = la[8 * j + 2 * q], la[8 * j + 2 * q + 1]
+            regs[t][j] = (src[ra + 2 * g] | src[ra + 2 * g + 1] << 8) | (src[rb + 2 * g] | src[rb + 2 * g + 1] << 8) << 16
+    out = [[0] * 4 for _ in range(32)]
+    for t in range(32):
+        q, g = t & 3, t >> 2
+        swap = (not perm) and (q >> 1)
+        s0, s1 = (0x2064, 0x3175) if swap else (0x6420, 0x7531)
+        sg = (g >> 2) & 1
+        for b in range(2):
+            t0 = 16 * (y1 if b else x1) + (2 * q if perm else 4 * q)
+            keep = 0
+            for c in range(4):
+                tok = t0 + ((c & 1) + 8 * (c >> 1) if perm else c)
+                keep |= (0xff if tok < nk else 0) << (8 * c)
+            w0 = prmt(regs[t][2 * b], regs[t][2 * b + 1], s0) & keep
+            w1 = prmt(regs[t][2 * b], regs[t][2 * b + 1], s1) & keep
+            out[t][2 * b], out[t][2 * b + 1] = (w1, w0) if sg else (w0, w1)
+    for t in range(32):  # stmatrix .x4
+        q, g = t & 3, t >> 2
+        for j in range(4):
+            a = sa[8 * j + g] + 4 * q
+            for i in range(4):
+                dst[a + i] = (out[t][j] >> (8 * i)) & 255
+    return max(banks(la), banks(sa))
+
+def qperm(p):  # the token at position p of a 16-position group, BWD_QPERM order
+    return (p - p % 16) + 2 * ((p % 16) >> 2) + [0, 1, 8, 9][p % 4]
+
+ok = True
+def report(what, bad, ways):
+    global ok
+    print(f"{what}: wrong bytes {bad}, worst bank ways {ways}")
+    ok = ok and bad == 0 and ways == 1
+
+for nk in (128, 100, 65, 1, 0, 200):  # the backward's K tile, in place
+    mem = [random.randrange(256) for _ in range(16384)]
+    src = list(mem)
+    iters = [(a, b, b, a) for a in range(8) for b in range(a + 1, 8)] + [(d, d, d + 1, d + 1) for d in range(0, 8, 2)]
+    ways = max(blocks(mem, mem, sw128, sw128, *it, nk, False) for it in iters)
+    bad = sum((src[sw128(k, d)] if k < nk else 0) != mem[sw128(d, k)] for k in range(128) for d in range(128))
+    report(f"K in place, nk {nk}", bad, ways)
+
+for hd in (128, 64):  # the forward's Q writer
+    tok = sw128 if hd == 128 else sw64
+    for perm in (False, True):
+        for nk in (128, 100, 65, 7):
+            q = [random.randrange(256) for _ in range(128 * hd)]
+            dst = [0x7f] * (2 * hd * 64)
+            doff = lambda dim, pos: (pos // 64) * hd * 64 + sw64(dim, pos % 64)
+            blk = [(a, b) for a in range(8) for b in range(hd // 16)]
+            ways = max(blocks(q, dst, tok, doff, *blk[i], *blk[i + 1], nk, perm) for i in range(0, len(blk), 2))
+            bad = 0
+            for pos in range(128):
+                t = qperm(pos) if perm else pos
+                for d in range(hd):
+                    want = q[tok(t, d)] if t < nk else 0
+                    bad += dst[doff(d, pos)] != want
+            report(f"Q writer d {hd} perm {perm} rows {nk}", bad, ways)
+raise SystemExit(0 if ok else 1)
