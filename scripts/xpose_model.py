@@ -6,7 +6,7 @@ columns 2(t%4), +1; stmatrix: lane t's register j is matrix j's row t/4, columns
 Checks bit for bit, with tokens at or past nk zero, and that every matrix's 8 rows hit distinct
 bank groups:
   - xpose_sw128_in_place: a 128 x 128-byte tile, 128-byte swizzle both ways (the v4 backward's
-    dim-major K, BWD_KD_XPOSE);
+    dim-major K, BWD_KD_XPOSE), and at d = 64 from a 128 x 64-byte staging tile (64-byte swizzle);
   - the forward's Q writer (FWD_QD_WRITE): a 128-token tile (token-major, the swizzle of its
     width) into two [d][64-position] tiles with the 64-byte swizzle, plain and BWD_QPERM order,
     d = 128 and 64.
@@ -85,6 +85,14 @@ for nk in (128, 100, 65, 1, 0, 200):  # the backward's K tile, in place
     ways = max(blocks(mem, mem, sw128, sw128, *it, nk, False) for it in iters)
     bad = sum((src[sw128(k, d)] if k < nk else 0) != mem[sw128(d, k)] for k in range(128) for d in range(128))
     report(f"K in place, nk {nk}", bad, ways)
+
+for nk in (128, 100, 65, 1):  # the backward's K tile at d = 64: staging (sw64) -> sw128
+    src = [random.randrange(256) for _ in range(128 * 64)]
+    dst = [0x7f] * (64 * 128)
+    blk = [(a, b) for a in range(8) for b in range(4)]
+    ways = max(blocks(src, dst, sw64, sw128, *blk[i], *blk[i + 1], nk, False) for i in range(0, len(blk), 2))
+    bad = sum((src[sw64(k, d)] if k < nk else 0) != dst[sw128(d, k)] for k in range(128) for d in range(64))
+    report(f"K at d = 64 from staging, nk {nk}", bad, ways)
 
 for hd in (128, 64):  # the forward's Q writer
     tok = sw128 if hd == 128 else sw64

@@ -673,7 +673,7 @@ __device__ __forceinline__ void bwd_kd_transposer(BwdV4Smem& sm) {
 #if HEAD_DIM == 128
     xpose_sw128_in_place(sm.kd, nk, lane);
 #else
-    xpose_tok_to_sw128(sm.kdt, sm.kd, nk, lane);
+    xpose_sw64_to_sw128(sm.kdt, sm.kd, nk, lane);
 #endif
     fence_async_smem();  // the stores -> the async proxy (wgmma), before the arrival publishes them
     __syncwarp();

@@ -1,13 +1,12 @@
 // Transposes of E4M3 code tiles in shared memory by one warp: a token-major tile (row = token,
-// HEAD_DIM bytes, the swizzle of that width: tok_off) into the dim-major layout the FP8 wgmma
-// takes as a K-major operand over tokens (row = dim, 128 tokens, 128-byte swizzle: sw128_off),
-// tokens at or past `nk` written as zeros. User: the v4 backward's dim-major K (BWD_KD_XPOSE; the
-// forward's V through it, FWD_VT, measured +16..+74% forward in session 22 and removed). The caller
-// fences the async proxy and publishes.
+// HEAD_DIM bytes, the swizzle of that width: tok_off) into a dim-major one (row = dim, tokens along
+// the row: what the FP8 wgmma takes as a K-major operand over tokens, or a TMA box of the
+// dim-major layout in global memory), tokens at or past `nk` written as zeros. Users: the v4 backward's dim-major K (BWD_KD_XPOSE) and
+// the v4 forward's copy of Q (FWD_QD_WRITE), both off by default (session 22; the forward's V
+// through it, FWD_VT, measured +16..+74% forward and was removed). The caller fences the async
+// proxy and publishes.
 #pragma once
 #include "tma.cuh"
-
-__device__ __forceinline__ u32 xpose_key_mask(u32 x, int key, int nk) { return key < nk ? x : 0u; }
 
 // Two 16 x 16-byte blocks of a tile transposed through the warp's ldmatrix / stmatrix (16-bit
 // transposes of 8 x 8 matrices; a PRMT per word finishes the bytes): 1 + 1 shared-memory
@@ -70,20 +69,13 @@ __device__ __forceinline__ void xpose_sw128_in_place(u8* t, int nk, int lane) {
   for (int a = 0; a < 8; a += 2) xpose_blocks_ldsm(t, t, sw, sw, a, a, a + 1, a + 1, nk, false, lane);
 }
 
-// Any HEAD_DIM, from a separate token-major tile `src` (128 tokens) into `dst`: lane l owns dword
-// column j = l % (HEAD_DIM / 4) and at its pass i the 4-token group ((32 / NJ) i + l / NJ + l) % 32
-// (NJ = HEAD_DIM / 4): 32 distinct banks per access at d = 128, two lanes per bank at 64.
-__device__ __forceinline__ void xpose_tok_to_sw128(const u8* src, u8* dst, int nk, int lane) {
-  constexpr int NJ = HEAD_DIM / 4;  // dword columns of a token row
-  const int j = lane % NJ, l0 = lane / NJ + lane;
-#pragma unroll 2
-  for (int i = 0; i < NJ; ++i) {
-    const int kg = ((32 / NJ) * i + l0) & 31;
-    u32 x[4], o[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) x[r] = xpose_key_mask(*reinterpret_cast<const u32*>(src + tok_off(4 * kg + r, 4 * j)), 4 * kg + r, nk);
-    transpose_bytes_4x4(x, o);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) *reinterpret_cast<u32*>(dst + sw128_off(4 * j + r, 4 * kg)) = o[r];
-  }
+// HEAD_DIM == 64: from a separate 128 x 64-byte token-major staging tile (64-byte swizzle) into
+// the 64 x 128-byte dim-major tile: 32 blocks, two per instruction pair.
+__device__ __forceinline__ void xpose_sw64_to_sw128(const u8* src, u8* dst, int nk, int lane) {
+  const auto s64 = [](int row, int byte) { return sw64_off(row, byte); };
+  const auto s128 = [](int row, int byte) { return sw128_off(row, byte); };
+#pragma unroll 1
+  for (int a = 0; a < 8; ++a)
+#pragma unroll 1
+    for (int c = 0; c < 4; c += 2) xpose_blocks_ldsm(src, dst, s64, s128, a, c, a, c + 1, nk, false, lane);
 }
