@@ -190,9 +190,10 @@
 // saved operands hold none. The producer TMA-loads the item's token-major K tile a second time
 // (k_map; an L2 hit beside the K/V slot's load) where the dim-major one went, once the previous
 // item's last dQ has read sm.kd (kd_empty), onto kdt_full: at d = 128 into sm.kd itself, which
-// the producer warpgroup's idle warp 3 (bwd_kd_transposer) then transposes in place (4 x 4-byte
-// blocks swapped pairwise across the diagonal); at d = 64 into a staging tile (sm.kdt: the two
-// layouts differ in shape) transposed into sm.kd. Keys past the document become zeros; the warp
+// the producer warpgroup's idle warp 3 (bwd_kd_transposer) then transposes in place (16 x 16-byte
+// blocks swapped pairwise across the diagonal by ldmatrix.trans / stmatrix, xpose.cuh; session 22
+// measured a 4 x 4-byte LDS/STS version); at d = 64 into a staging tile (sm.kdt: the two layouts
+// differ in shape) transposed into sm.kd. Keys past the document become zeros; the warp
 // fences the async proxy and arrives on kd_full, which the consumers wait for at the item's start
 // as before: the transposition runs during the previous item's end, and the consumers' code is
 // the TMA-loaded copy's.
