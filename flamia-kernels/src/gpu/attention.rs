@@ -905,8 +905,8 @@ impl Attention {
 
     /// Whether the v4 backward transposes K into its dQ products' dim-major operand in shared
     /// memory (`BWD_KD_XPOSE`), so the quantiser writes no dim-major K and [`Saved`] holds none
-    /// (`k.dim` 0): a sixth of the Q/K/V quantiser's bytes. On with the v4 backward unless
-    /// Off unless `FLAMIA_BWD_KD_XPOSE=1` (read when this value was made): session 22 measured the
+    /// (`k.dim` 0): a sixth of the Q/K/V quantiser's bytes. With the v4 backward only, and off
+    /// unless `FLAMIA_BWD_KD_XPOSE=1` (read when this value was made): session 22 measured the
     /// Q/K/V quantiser -10% with it but the backward +2..+6% at short and mid lengths (docs/perf.md).
     pub fn bwd_kd_xpose(&self) -> bool {
         self.uses_backward_v4() && self.kd_xpose_on
@@ -1452,8 +1452,8 @@ mod tests {
             }
             // the key-permuted packing of dV's and dK's A fragments (FLAMIA_BWD_QPERM=1), block and
             // row dS exponents, without and with the four-code conversions (BWD_CVT4) and the
-            // redux block maxima (BWD_REDUX); the last one with K transposed in shared memory
-            // (BWD_KD_XPOSE), as the runtime's defaults build it
+            // redux block maxima (BWD_REDUX), and the defaults with K transposed in shared memory
+            // (BWD_KD_XPOSE, FLAMIA_BWD_KD_XPOSE=1)
             for row_ds in [false, true] {
                 let (v, smem) = with_early_factors(
                     backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true),
@@ -1466,6 +1466,7 @@ mod tests {
                     plain,
                     v.clone().define("BWD_CVT4", 0),
                     v.clone().define("BWD_REDUX", 0),
+                    v,
                     xposed,
                 ] {
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
