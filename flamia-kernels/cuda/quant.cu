@@ -107,7 +107,7 @@ __device__ __forceinline__ void st_codes(V* p, V v) {
 struct QuantTensor {
   const u16* x;  // BF16 [T, heads, d]
   u8* tok;       // [T, heads, d]
-  u8* dim;       // [heads, d, Tpad], or null: no dim-major copy (K under BWD_KD_XPOSE)
+  u8* dim;       // [heads, d, Tpad], or null: no dim-major copy (K or Q under the session 22 knobs)
   i8* exps;      // [T, heads]
   int heads;
   int hadamard;
@@ -537,9 +537,10 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     continue;
 #endif
     if (!dim) {
-      // no dim-major copy of this input (a null `dim`: the v4 backward transposes K in shared
-      // memory, BWD_KD_XPOSE); the barrier the copy has, so tile[buf] is never rewritten two
-      // items on while a slow warp still reads it
+      // no dim-major copy of this input (a null `dim`: K or Q under FLAMIA_BWD_KD_XPOSE /
+      // FLAMIA_FWD_QD); the barrier the copy has, so tile[buf] is never rewritten two items on
+      // while a slow warp still reads it. (This tail repeats the loop's end on purpose: folding
+      // the copy into an `if (dim)` before one shared tail made ptxas spill 48 B at d = 128.)
       __syncthreads();
       cc = ncc;
       cj = ncj;

@@ -36,7 +36,7 @@ use super::buffer::DeviceBuf;
 use super::error::{GpuError, GpuResult};
 use super::plan::Plan;
 use super::quant::{
-    e4m3_bytes_with, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, Carver, DeltaOut, Nvfp4Ref, Operand,
+    e4m3_bytes, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, Carver, DeltaOut, Nvfp4Ref, Operand,
     OperandRef, QuantInput, PART_ALIGN,
 };
 use super::runtime::{launch, launch_chained, Gpu, RawStream, Variant};
@@ -924,12 +924,18 @@ impl Attention {
         self.uses_forward_v4() && self.uses_backward_v4() && self.qd_fwd_on && self.fwd_stages <= 4
     }
 
-    /// Bytes the Q/K/V quantiser moves for `plan` under these options ([`e4m3_bytes_with`]: no
+    /// [`forward_v4_variant`]'s `qd`: `Some(permuted)` when the forward writes Q's dim-major copy,
+    /// in the order the backward reads it ([`Attention::bwd_qperm`]).
+    fn fwd_qd_order(&self) -> Option<bool> {
+        self.fwd_writes_qd().then(|| self.bwd_qperm())
+    }
+
+    /// Bytes the Q/K/V quantiser moves for `plan` under these options ([`e4m3_bytes`]: no
     /// dim-major K with [`Attention::bwd_kd_xpose`], no dim-major Q with
     /// [`Attention::fwd_writes_qd`]).
     pub fn input_quant_bytes(&self, plan: &Plan) -> usize {
         let s = plan.shape();
-        e4m3_bytes_with(
+        e4m3_bytes(
             plan,
             &[
                 (s.heads_q, !self.fwd_writes_qd()),
@@ -992,8 +998,7 @@ impl Attention {
         };
         let per_token = self.scale_mode() == ScaleMode::PerToken;
         let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
-        let qd = self.fwd_writes_qd().then(|| self.bwd_qperm());
-        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, qd);
+        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, self.fwd_qd_order());
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         if launch_memsets() {
             self.memset32(stream, plan.counter.ptr(), 2, "work counter")?;
@@ -1332,8 +1337,7 @@ impl Attention {
         if self.uses_forward_v4() {
             let per_token = self.scale_mode() == ScaleMode::PerToken;
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const)
-            let qd = self.fwd_writes_qd().then(|| self.bwd_qperm());
-            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false, qd);
+            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false, self.fwd_qd_order());
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));

@@ -38,8 +38,9 @@ pub const NVFP4_HEAD_DIM: usize = 128;
 pub struct OperandRef {
     /// `(tokens, heads, d)` codes.
     pub tok: u64,
-    /// `(heads, d, Tpad)` codes, or 0: the operand has no dim-major copy (the quantiser writes
-    /// none; K when the v4 backward transposes it in shared memory, `BWD_KD_XPOSE`).
+    /// `(heads, d, Tpad)` codes, or 0: the quantiser writes no dim-major copy (K when the v4
+    /// backward makes it in shared memory, Q when the v4 forward writes it: `Attention::bwd_kd_xpose`,
+    /// `Attention::fwd_writes_qd`).
     pub dim: u64,
     /// `(tokens, heads)` exponents (i8).
     pub exps: u64,
@@ -353,16 +354,10 @@ fn persistent_grid(gpu: &Gpu, f: &cudarc::driver::CudaFunction, items: usize) ->
     ))
 }
 
-/// Bytes one E4M3 launch moves for inputs of `heads` heads each at the plan's head dim (BF16
-/// read; token-major codes, dim-major codes with their padding and exponents written), D and its
-/// O read not included.
-pub fn e4m3_bytes(plan: &Plan, heads: &[usize]) -> usize {
-    let all: Vec<(usize, bool)> = heads.iter().map(|&h| (h, true)).collect();
-    e4m3_bytes_with(plan, &all)
-}
-
-/// [`e4m3_bytes`] for inputs of `(heads, dim-major copy written)`.
-pub fn e4m3_bytes_with(plan: &Plan, inputs: &[(usize, bool)]) -> usize {
+/// Bytes one E4M3 launch moves for inputs of `(heads, dim-major copy written)` at the plan's head
+/// dim (BF16 read; token-major codes, the dim-major codes with their padding where written, and
+/// exponents written), D and its O read not included.
+pub fn e4m3_bytes(plan: &Plan, inputs: &[(usize, bool)]) -> usize {
     let (t, d) = (plan.shape().tokens(), plan.shape().head_dim);
     inputs
         .iter()
