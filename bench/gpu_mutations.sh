@@ -133,3 +133,8 @@ mutate qd-fwd-nozero xpose.cuh 's/< nk ? 0xffu : 0u/< (1 << 20) ? 0xffu : 0u/' \
 # 22. The forward's Q copy in plain order where the backward reads the permuted one.
 mutate qd-fwd-noperm attn_fwd_v4.cu 's/a, c, a, c + 1, rows, FWD_QD_PERM, lane);/a, c, a, c + 1, rows, false, lane);/' \
   q_dim_major_copy_written_by_the_forward_gives_bitwise_the_same
+# 23. The consumers' K transpose (FLAMIA_BWD_KD_XPOSE=2, xpose_kd_half): each warpgroup writes the
+# first half of the dims, so the second warpgroup's dQ products read the previous item's rows (or
+# zeros) for theirs.
+mutate kd-half-dims xpose.cuh 's/b = half \* (HEAD_DIM \/ 32) + 2 \* (p % PC)/b = 2 * (p % PC)/g' \
+  dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same

@@ -196,7 +196,17 @@
 // differ in shape) transposed into sm.kd. Keys past the document become zeros; the warp
 // fences the async proxy and arrives on kd_full, which the consumers wait for at the item's start
 // as before: the transposition runs during the previous item's end, and the consumers' code is
-// the TMA-loaded copy's.
+// the TMA-loaded copy's. Session 23 measured this +3..+7% backward at short and mid lengths with
+// the ldmatrix routine as with the 4-byte one: ~1,900 clocks per item at 256x256 either way, the
+// one 24-register warp's serial load -> store chain (32 of them) after the second TMA's landing,
+// exposed at the consumers' item start.
+// BWD_KD_XPOSE 2 (FLAMIA_BWD_KD_XPOSE=2): the consumers make it themselves at their item's start
+// from the K/V slot's token-major K tile (xpose_kd_half: warpgroup c the HEAD_DIM / 2 dims its
+// own dQ products read, each warp NP pairs with all loads in flight before the first store, out
+// of place), no second TMA, no kd_full / kd_empty: sm.kd's rows of warpgroup c are read only by
+// warpgroup c's dQ products, whose last of the previous item has completed (wg_wait 0) before the
+// item's end, and the stores reach the first dQ through the first step's proxy fence and ds_ready
+// arrival (every consumer thread's, dead steps included), which that dQ waits for.
 #ifndef BWD_KD_XPOSE
 #define BWD_KD_XPOSE 0
 #endif
@@ -332,7 +342,7 @@ struct BwdV4Smem {
   u8 k[BKT * HEAD_DIM];                // row = key (tok_off)
   u8 v[BKT * HEAD_DIM];
   u8 kd[HEAD_DIM * BKT];               // row = dim, 128 keys
-#if BWD_KD_XPOSE && HEAD_DIM == 64
+#if BWD_KD_XPOSE == 1 && HEAD_DIM == 64
   u8 kdt[BKT * HEAD_DIM];              // BWD_KD_XPOSE's staging: the token-major K tile again (tok_off)
 #endif
   u8 q[BWD_STAGES][BQT * HEAD_DIM];    // row = query
@@ -363,7 +373,7 @@ struct BwdV4Smem {
   BwdDqJob job[BWD_DQ_BUFS][2];        // [buffer][warpgroup] the dQ partial now in dqs[buffer][warpgroup]
   BwdTile cur[2];                      // [warpgroup] its item's tile (h in pad_a), for the hand-off: thread 0's
   u64 kv_full, kv_empty, kd_full, kd_empty, s_full[BWD_STAGES], s_empty[BWD_STAGES];
-#if BWD_KD_XPOSE
+#if BWD_KD_XPOSE == 1
   u64 kdt_full;                        // the token-major K tile for the transposer has landed
 #endif
   u64 dq_full[BWD_DQ_BUFS][2], dq_empty[BWD_DQ_BUFS][2];  // dqs handed to the reducer / read by TMA
@@ -618,7 +628,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
     if (code < 0) {
       if (lane == 0) sched_done(P.counter);
-#if BWD_KD_XPOSE
+#if BWD_KD_XPOSE == 1
       if (lane == 0) mbar_arrive(smem_u32(&sm.kdt_full));  // (the transposer reads code -1 and stops)
 #endif
       return;
@@ -627,6 +637,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #if !BWD_LATE_CLAIM
     if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;
 #endif
+#if BWD_KD_XPOSE != 2  // (2: the consumers make the dim-major K from the K/V slot's)
     // dim-major K (the dQ products' B operand) once the previous item's last dQ has read it
     // (waiting for that before the factors above delays K/V: measured slower, session 6 call 6)
     mbar_wait(smem_u32(&sm.kd_empty), (ni & 1) ^ 1);
@@ -647,6 +658,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
       mbar_arrive(kdbar);
     }
+#endif
     for (int st = 1; st < n; ++st) load_stage(st);
 #if BWD_LATE_CLAIM
 #ifdef BWD_PROF_PHASES
@@ -658,7 +670,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
   }
 }
 
-#if BWD_KD_XPOSE
+#if BWD_KD_XPOSE == 1
 // BWD_KD_XPOSE's warp (warp 3 of the producer warpgroup, 24 registers): per item, once the
 // token-major K tile has landed for it (kdt_full, issued after the previous item's last dQ), the
 // dim-major tile sm.kd[dim][key] = K[key][dim] (xpose.cuh: in place at d = 128, from the staging
@@ -1541,7 +1553,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; ++i) dk[i] = dv[i] = 0.f;
     const BwdTile tl = tail.tile;
+#if BWD_KD_XPOSE == 2
+    // this warpgroup's dims of the item's dim-major K, from the K/V slot's token-major tile
+    // (published to the first dQ by the first step's fence and ds_ready arrival)
+    xpose_kd_half(sm.k, sm.kd, cw, C.w(), tl.len - tl.k0, C.lane());
+#else
     mbar_wait(smem_u32(&sm.kd_full), ni & 1);  // the item's dim-major K (issued before the last item's end)
+#endif
     const int n = bwd_steps(tl, a.causal), qstart = a.causal ? tl.k0 : 0;
     // Interior steps: no key past the document and, causal, every key row sees every query.
     // Causal, they never hold a key past the document (a tile's steps from its own first query
@@ -1628,9 +1646,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     __syncwarp();
     if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty));
     if (BWD_DEFER_DQ && pend_q0 >= 0) dq(C.nstep - 1, pend_q0);
+#if BWD_KD_XPOSE != 2
     // the item's dim-major K is read (each warp's own dQ waits): the producer may load the next
     __syncwarp();
     if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kd_empty));
+#endif
     bwd_item_end(P, C, tail, dk, dv);
     BWD_PHASE(12);
 #ifdef BWD_PROF_PHASES
@@ -1751,7 +1771,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     mbar_init(smem_u32(&sm.kv_full), 32);
     mbar_init(smem_u32(&sm.kv_empty), 8);
     mbar_init(smem_u32(&sm.kd_full), 1);
-#if BWD_KD_XPOSE
+#if BWD_KD_XPOSE == 1
     mbar_init(smem_u32(&sm.kdt_full), 1);
 #endif
     mbar_init(smem_u32(&sm.kd_empty), 8);
@@ -1774,7 +1794,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     regs_dealloc<24>();
     if (threadIdx.x < 32) bwd_producer(P, sm);
     else if (threadIdx.x == 32 || threadIdx.x == 64) bwd_reducer(P, sm, (threadIdx.x >> 5) - 1);
-#if BWD_KD_XPOSE
+#if BWD_KD_XPOSE == 1
     else if (threadIdx.x >= 96) bwd_kd_transposer(sm);
 #endif
   } else {

@@ -1,7 +1,7 @@
 // Transposes of E4M3 code tiles in shared memory by one warp: a token-major tile (row = token,
 // HEAD_DIM bytes, the swizzle of that width: tok_off) into a dim-major one (row = dim, tokens along
 // the row: what the FP8 wgmma takes as a K-major operand over tokens, or a TMA box of the
-// dim-major layout in global memory), tokens at or past `nk` written as zeros. Users: the v4 backward's dim-major K (BWD_KD_XPOSE) and
+// dim-major layout in global memory), tokens at or past `nk` written as zeros. Users: the v4 backward's dim-major K (BWD_KD_XPOSE 1: a producer warp; 2: the consumers) and
 // the v4 forward's copy of Q (FWD_QD_WRITE), both off by default (session 22; the forward's V
 // through it, FWD_VT, measured +16..+74% forward and was removed). The caller fences the async
 // proxy and publishes.
@@ -22,17 +22,25 @@
 // 16-byte bank groups of the 128- and 64-byte swizzles (no conflicts). Tokens at or past `nk`
 // become zeros. `python3 scripts/xpose_model.py` models the instructions' fragment layouts and
 // checks the tiles bit for bit (session 22; not yet run on a GPU).
-template <class SrcOff, class DstOff>
-__device__ __forceinline__ void xpose_blocks_ldsm(const u8* src, u8* dst, SrcOff soff, DstOff doff, int x1, int x2, int y1,
-                                                  int y2, int nk, bool perm, int lane) {
-  const int j = lane >> 3, r = lane & 7, q = lane & 3, g = lane >> 2;
+// The routine in two halves, so that a caller can have several pairs' loads in flight before the
+// first store (xpose_kd_half): xpose_ldsm_load reads blocks X and Y, xpose_ldsm_store writes them.
+template <class SrcOff>
+__device__ __forceinline__ void xpose_ldsm_load(const u8* src, SrcOff soff, int x1, int x2, int y1, int y2, bool perm, int lane,
+                                                u32 (&m)[4]) {
+  const int j = lane >> 3, r = lane & 7;
   const int kap = perm ? r + 8 * (j & 1) : (r & 1) + 4 * (r >> 1) + 2 * (((r >> 2) & 1) ^ (j & 1));  // M_j's row r
   const int xa = j < 2 ? x1 : y1, xb = j < 2 ? x2 : y2;
-  u32 m[4];
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(m[0]), "=r"(m[1]), "=r"(m[2]), "=r"(m[3])
                : "r"(smem_u32(src + soff(16 * xa + kap, 16 * xb)))
                : "memory");
+}
+
+template <class DstOff>
+__device__ __forceinline__ void xpose_ldsm_store(u8* dst, DstOff doff, int x1, int x2, int y1, int y2, int nk, bool perm, int lane,
+                                                 const u32 (&m)[4]) {
+  const int j = lane >> 3, r = lane & 7, q = lane & 3, g = lane >> 2;
+  const int xa = j < 2 ? x1 : y1, xb = j < 2 ? x2 : y2;
   const bool swap = !perm && (q >> 1);  // plain order, q >= 2: the word's first tokens are M1's
   const u32 s0 = swap ? 0x2064u : 0x6420u, s1 = swap ? 0x3175u : 0x7531u;  // dims 2g, 2g + 1
   const int sg = (g >> 2) & 1;
@@ -52,6 +60,39 @@ __device__ __forceinline__ void xpose_blocks_ldsm(const u8* src, u8* dst, SrcOff
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(d), "r"(o[0]), "r"(o[1]), "r"(o[2]),
                "r"(o[3])
                : "memory");
+}
+
+template <class SrcOff, class DstOff>
+__device__ __forceinline__ void xpose_blocks_ldsm(const u8* src, u8* dst, SrcOff soff, DstOff doff, int x1, int x2, int y1,
+                                                  int y2, int nk, bool perm, int lane) {
+  u32 m[4];
+  xpose_ldsm_load(src, soff, x1, x2, y1, y2, perm, lane, m);
+  xpose_ldsm_store(dst, doff, x1, x2, y1, y2, nk, perm, lane, m);
+}
+
+// BWD_KD_XPOSE 2 (the v4 backward's consumers, at their item's start): consumer warpgroup
+// `half`'s HEAD_DIM / 2 dims of the dim-major K tile (row = dim, 128 keys, 128-byte swizzle:
+// exactly the rows its dQ products read) from the token-major K tile (tok_off), out of place,
+// by warp w of its four: pair p (blocks X = tokens 16a.., dims 16(half HEAD_DIM / 32 + 2c)..,
+// Y = the next 16 dims; a = p / (HEAD_DIM / 64), c = p % (HEAD_DIM / 64)) for the warp's NP =
+// HEAD_DIM / 32 pairs p = NP w.., all NP loads issued before the first store (no dependency
+// between the pairs: the loads' latencies overlap). 4 + 4 shared-memory instructions per warp
+// at d = 128, 2 + 2 at 64.
+__device__ __forceinline__ void xpose_kd_half(const u8* src, u8* dst, int half, int w, int nk, int lane) {
+  constexpr int NP = HEAD_DIM / 32, PC = HEAD_DIM / 64;  // pairs per warp, pairs per token block
+  const auto so = [](int row, int byte) { return tok_off(row, byte); };
+  const auto d128 = [](int row, int byte) { return sw128_off(row, byte); };
+  u32 m[NP][4];
+#pragma unroll
+  for (int i = 0; i < NP; ++i) {
+    const int p = NP * w + i, a = p / PC, b = half * (HEAD_DIM / 32) + 2 * (p % PC);
+    xpose_ldsm_load(src, so, a, b, a, b + 1, false, lane, m[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < NP; ++i) {
+    const int p = NP * w + i, a = p / PC, b = half * (HEAD_DIM / 32) + 2 * (p % PC);
+    xpose_ldsm_store(dst, d128, a, b, a, b + 1, nk, false, lane, m[i]);
+  }
 }
 
 // HEAD_DIM == 128: both layouts are 128 x 128 bytes with the same swizzle, so the transpose runs

@@ -284,15 +284,29 @@ fn with_early_factors((v, smem): (Variant, u32), on: bool) -> (Variant, u32) {
     )
 }
 
-/// `v` with `BWD_KD_XPOSE` ([`Attention::bwd_kd_xpose`]) when `on`: at head dim 64 its 8 KB staging
-/// tile (the token-major K tile again: the two layouts differ in shape), at 128 nothing (the tile
-/// is transposed in place, in the slack of the budget: one barrier).
-fn with_kd_xpose((v, smem): (Variant, u32), hd: u32, on: bool) -> (Variant, u32) {
-    if !on {
+/// `v` with `BWD_KD_XPOSE` = `mode` ([`Attention::bwd_kd_xpose`]; 0 leaves `v` as it is). Mode 1
+/// (the producer warpgroup's idle warp): at head dim 64 its 8 KB staging tile (the token-major K
+/// tile again: the two layouts differ in shape), at 128 nothing (the tile is transposed in place,
+/// in the slack of the budget: one barrier). Mode 2 (the consumers, from the K/V slot's tile):
+/// no shared memory of its own.
+fn with_kd_xpose((v, smem): (Variant, u32), hd: u32, mode: u32) -> (Variant, u32) {
+    if mode == 0 {
         return (v, smem);
     }
-    let smem = smem + if hd == 64 { 8 * 1024 } else { 0 };
-    (v.define("BWD_KD_XPOSE", 1).define("SMEM_BWD4_BUDGET", smem), smem)
+    let smem = smem + if hd == 64 && mode == 1 { 8 * 1024 } else { 0 };
+    (
+        v.define("BWD_KD_XPOSE", mode).define("SMEM_BWD4_BUDGET", smem),
+        smem,
+    )
+}
+
+/// `FLAMIA_BWD_KD_XPOSE`: `1` or `2` pick [`with_kd_xpose`]'s mode; unset, `0` or anything else 0.
+fn kd_xpose_mode() -> u32 {
+    match std::env::var("FLAMIA_BWD_KD_XPOSE").as_deref().map(str::trim) {
+        Ok("1") => 1,
+        Ok("2") => 2,
+        _ => 0,
+    }
 }
 
 /// `FLAMIA_BWD_DQ_BUFS=2` (an A/B knob, default 1): two FP32 dQ partial buffers per consumer
@@ -645,7 +659,7 @@ pub struct Attention {
     fwd_stages: u32,
     bwd_v3: bool,
     bwd_stages: u32,
-    kd_xpose_on: bool,
+    kd_xpose_mode: u32,
     qd_fwd_on: bool,
 }
 
@@ -669,7 +683,7 @@ impl Attention {
             fwd_stages: forward_v4_stages(),
             bwd_v3: backward_v3_forced(),
             bwd_stages: backward_v4_stages(),
-            kd_xpose_on: super::env_on("FLAMIA_BWD_KD_XPOSE"),
+            kd_xpose_mode: kd_xpose_mode(),
             qd_fwd_on: super::env_on("FLAMIA_FWD_QD"),
         })
     }
@@ -720,7 +734,7 @@ impl Attention {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
-        let v = with_kd_xpose(v, hd, self.bwd_kd_xpose());
+        let v = with_kd_xpose(v, hd, self.bwd_kd_xpose_mode());
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
@@ -906,10 +920,21 @@ impl Attention {
     /// Whether the v4 backward transposes K into its dQ products' dim-major operand in shared
     /// memory (`BWD_KD_XPOSE`), so the quantiser writes no dim-major K and [`Saved`] holds none
     /// (`k.dim` 0): a sixth of the Q/K/V quantiser's bytes. With the v4 backward only, and off
-    /// unless `FLAMIA_BWD_KD_XPOSE=1` (read when this value was made): session 22 measured the
-    /// Q/K/V quantiser -10% with it but the backward +2..+6% at short and mid lengths (docs/perf.md).
+    /// unless `FLAMIA_BWD_KD_XPOSE` is `1` or `2` (read when this value was made): session 22
+    /// measured the Q/K/V quantiser -10% with mode 1 but the backward +2..+6% at short and mid
+    /// lengths (docs/perf.md); mode 2 has the consumers transpose it.
     pub fn bwd_kd_xpose(&self) -> bool {
-        self.uses_backward_v4() && self.kd_xpose_on
+        self.bwd_kd_xpose_mode() != 0
+    }
+
+    /// Who transposes K when [`Attention::bwd_kd_xpose`]: 1 a producer warp, 2 the consumer
+    /// warpgroups at their item's start (`BWD_KD_XPOSE`); 0 when it is off.
+    pub fn bwd_kd_xpose_mode(&self) -> u32 {
+        if self.uses_backward_v4() {
+            self.kd_xpose_mode
+        } else {
+            0
+        }
     }
 
     /// Whether the v4 forward writes Q's dim-major copy (the v4 backward's dK operand) from the Q
@@ -1457,14 +1482,15 @@ mod tests {
             // the key-permuted packing of dV's and dK's A fragments (FLAMIA_BWD_QPERM=1), block and
             // row dS exponents, without and with the four-code conversions (BWD_CVT4) and the
             // redux block maxima (BWD_REDUX), and the defaults with K transposed in shared memory
-            // (BWD_KD_XPOSE, FLAMIA_BWD_KD_XPOSE=1)
+            // (BWD_KD_XPOSE, FLAMIA_BWD_KD_XPOSE=1 and 2)
             for row_ds in [false, true] {
                 let (v, smem) = with_early_factors(
                     backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true),
                     bwd_early_factors(hd, row_ds),
                 );
                 let v = v.define("BWD_QPERM", 1);
-                let (xposed, _) = with_kd_xpose((v.clone(), smem), hd, true);
+                let (xposed, _) = with_kd_xpose((v.clone(), smem), hd, 1);
+                let (xposed2, _) = with_kd_xpose((v.clone(), smem), hd, 2);
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
                 for v in [
                     plain,
@@ -1472,6 +1498,7 @@ mod tests {
                     v.clone().define("BWD_REDUX", 0),
                     v,
                     xposed,
+                    xposed2,
                 ] {
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
