@@ -138,7 +138,3 @@ mutate qd-fwd-noperm attn_fwd_v4.cu 's/a, c, a, c + 1, rows, FWD_QD_PERM, lane);
 # zeros) for theirs.
 mutate kd-half-dims xpose.cuh 's/b = half \* (HEAD_DIM \/ 32) + 2 \* (p % PC)/b = 2 * (p % PC)/g' \
   dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same
-# 24. The backward's per-step Q / dO transposes (FLAMIA_BWD_QD_XPOSE=1): the dim-major tiles in the
-# plain order where the dK and dV products read BWD_QPERM's.
-mutate qd-step-noperm attn_bwd_v4.cu 's/, BWD_QPERM, lane, m\([01]\));/, false, lane, m\1);/g' \
-  dim_major_q_and_do_made_per_step_give_bitwise_the_same

@@ -210,21 +210,6 @@
 #ifndef BWD_KD_XPOSE
 #define BWD_KD_XPOSE 0
 #endif
-// BWD_QD_XPOSE 1 (FLAMIA_BWD_QD_XPOSE=1; session 23, A/B): the stage's dim-major Q and dO tiles
-// (the dK and dV products' B operands: row = dim, 64 queries, 64-byte swizzle, BWD_QPERM's order)
-// made per step in shared memory from the stage's token-major tiles, so neither quantiser writes a
-// dim-major copy of Q or dO (a tenth of the Q/K/V quantiser's bytes, a sixth of dO's) and the
-// producer loads half the bytes per step. The producer TMA-loads the token-major tiles onto the
-// stage's st_full (with the step's rows inside the document in st_rows) and arrives on s_full as
-// before; the producer warpgroup's warp 3 (bwd_qd_transposer, so not with BWD_KD_XPOSE 1) waits
-// for st_full, transposes both tiles (xpose.cuh, positions past the document zero), fences the
-// async proxy and arrives on s_full too (33 arrivals). The consumers' code is unchanged.
-#ifndef BWD_QD_XPOSE
-#define BWD_QD_XPOSE 0
-#endif
-#if BWD_QD_XPOSE && BWD_KD_XPOSE == 1
-#error "BWD_QD_XPOSE and BWD_KD_XPOSE 1 both need the producer warpgroup's warp 3"
-#endif
 // BWD_COLS_TMA (the host defines it; src/gpu/attention.rs bwd_cols_tma): each step's per-query
 // constants (BwdCols) come by one bulk copy from the table bwd_cols wrote before the launch
 // ([query head][padded position / 2] column pairs), instead of the producer loading q_exp, do_exp,
@@ -388,10 +373,6 @@ struct BwdV4Smem {
   BwdDqJob job[BWD_DQ_BUFS][2];        // [buffer][warpgroup] the dQ partial now in dqs[buffer][warpgroup]
   BwdTile cur[2];                      // [warpgroup] its item's tile (h in pad_a), for the hand-off: thread 0's
   u64 kv_full, kv_empty, kd_full, kd_empty, s_full[BWD_STAGES], s_empty[BWD_STAGES];
-#if BWD_QD_XPOSE
-  u64 st_full[BWD_STAGES];             // the stage's token-major Q and dO have landed (for the transposer)
-  int st_rows[BWD_STAGES];             // the stage's query rows inside the document; -1: no more stages
-#endif
 #if BWD_KD_XPOSE == 1
   u64 kdt_full;                        // the token-major K tile for the transposer has landed
 #endif
@@ -473,10 +454,8 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
     tma_prefetch(&P.q_map);
     tma_prefetch(&P.do_map);
-#if !BWD_QD_XPOSE
     tma_prefetch(&P.qd_map);
     tma_prefetch(&P.dod_map);
-#endif
   }
   int s = 0;
   u32 ph = 0;
@@ -506,21 +485,6 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         PROD_ACC(st == 0 ? 1 : 5, t_se);
         const u32 bar = smem_u32(&sm.s_full[s]);
         if (lane == 0) {
-#if BWD_QD_XPOSE
-          // the token-major tiles for the transposer (it arrives on s_full once it has made the
-          // dim-major ones), the step's constants on s_full
-          const u32 tbar = smem_u32(&sm.st_full[s]);
-          sm.st_rows[s] = t.len - q0;
-          mbar_expect_tx(tbar, 2 * BQT * HEAD_DIM);
-          tma_load_3d(smem_u32(sm.q[s]), &P.q_map, tbar, 0, h, t.doc0 + q0);
-          tma_load_3d(smem_u32(sm.dO[s]), &P.do_map, tbar, 0, h, t.doc0 + q0);
-          mbar_arrive(tbar);
-#if BWD_COLS_TMA
-          mbar_expect_tx(bar, (u32)sizeof(BwdCols));
-          bulk_load(smem_u32(&sm.cols[s]), P.colc + ((long long)h * (P.tpad / 2) + (t.pad0 + q0) / 2) * sizeof(BwdColPair),
-                    (u32)sizeof(BwdCols), bar);
-#endif
-#else
 #if BWD_COLS_TMA
           mbar_expect_tx(bar, 4 * BQT * HEAD_DIM + (u32)sizeof(BwdCols));
           bulk_load(smem_u32(&sm.cols[s]), P.colc + ((long long)h * (P.tpad / 2) + (t.pad0 + q0) / 2) * sizeof(BwdColPair),
@@ -532,7 +496,6 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
           tma_load_3d(smem_u32(sm.dO[s]), &P.do_map, bar, 0, h, t.doc0 + q0);
           tma_load_2d(smem_u32(sm.qd[s]), &P.qd_map, bar, t.pad0 + q0, h * HEAD_DIM);
           tma_load_2d(smem_u32(sm.dOd[s]), &P.dod_map, bar, t.pad0 + q0, h * HEAD_DIM);
-#endif
         }
         return bar;
       };
@@ -667,13 +630,6 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       if (lane == 0) sched_done(P.counter);
 #if BWD_KD_XPOSE == 1
       if (lane == 0) mbar_arrive(smem_u32(&sm.kdt_full));  // (the transposer reads code -1 and stops)
-#endif
-#if BWD_QD_XPOSE
-      if (lane == 0) {  // the next stage in the ring order, once free, tells the transposer to stop
-        mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
-        sm.st_rows[s] = -1;
-        mbar_arrive(smem_u32(&sm.st_full[s]));
-      }
 #endif
       return;
     }
@@ -1807,47 +1763,6 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
 #undef PROD_T
 #undef PROD_ACC
 
-#if BWD_QD_XPOSE
-// BWD_QD_XPOSE's warp (warp 3 of the producer warpgroup, 24 registers): the stages in the
-// producer's ring order; per stage, once its token-major Q and dO have landed (st_full), their
-// dim-major tiles (xpose.cuh, BWD_QPERM's order, positions at or past the document's end zero:
-// the quantiser's copy is padded with zeros there), a proxy fence (the dK and dV products read
-// them through the async proxy), then its arrival on s_full. st_rows -1: no more stages.
-__device__ __forceinline__ void bwd_qd_transposer(BwdV4Smem& sm) {
-  const int lane = threadIdx.x & 31;
-  const auto tok = [](int row, int byte) { return tok_off(row, byte); };
-  const auto pos = [](int dim, int p) { return sw64_off(dim, p); };
-  int s = 0;
-  u32 ph = 0;
-  for (;;) {
-    mbar_wait(smem_u32(&sm.st_full[s]), ph);
-    const int rows = sm.st_rows[s];
-    if (rows < 0) return;
-#pragma unroll 1
-    for (int x = 0; x < 2; ++x) {
-      const u8* src = x ? sm.dO[s] : sm.q[s];
-      u8* dst = x ? sm.dOd[s] : sm.qd[s];
-      // 16 x 16-byte blocks two at a time: token block a, dim blocks c, c + 1; two pairs' loads
-      // in flight before their stores
-#pragma unroll 1
-      for (int a = 0; a < BQT / 16; ++a)
-#pragma unroll 1
-        for (int c = 0; c < HEAD_DIM / 16; c += 4) {
-          u32 m0[4], m1[4];
-          xpose_ldsm_load(src, tok, a, c, a, c + 1, BWD_QPERM, lane, m0);
-          xpose_ldsm_load(src, tok, a, c + 2, a, c + 3, BWD_QPERM, lane, m1);
-          xpose_ldsm_store(dst, pos, a, c, a, c + 1, rows, BWD_QPERM, lane, m0);
-          xpose_ldsm_store(dst, pos, a, c + 2, a, c + 3, rows, BWD_QPERM, lane, m1);
-        }
-    }
-    fence_async_smem();  // the stores -> the async proxy (wgmma), before the arrival publishes them
-    __syncwarp();
-    if (lane == 0) mbar_arrive(smem_u32(&sm.s_full[s]));
-    if (++s == BWD_STAGES) { s = 0; ph ^= 1; }
-  }
-}
-#endif
-
 extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_constant__ BwdV4Params P) {
   extern __shared__ u8 smem_raw[];
   BwdV4Smem& sm = *reinterpret_cast<BwdV4Smem*>(smem_aligned_1024(smem_raw));
@@ -1861,10 +1776,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
 #endif
     mbar_init(smem_u32(&sm.kd_empty), 8);
     for (int s = 0; s < BWD_STAGES; ++s) {
-      mbar_init(smem_u32(&sm.s_full[s]), 32 + BWD_QD_XPOSE);  // (+ the transposer's arrival)
-#if BWD_QD_XPOSE
-      mbar_init(smem_u32(&sm.st_full[s]), 1);
-#endif
+      mbar_init(smem_u32(&sm.s_full[s]), 32);
       mbar_init(smem_u32(&sm.s_empty[s]), 8);
     }
     for (int b = 0; b < BWD_DS_BUFS; ++b) mbar_init(smem_u32(&sm.ds_ready[b]), 256);
@@ -1884,9 +1796,6 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     else if (threadIdx.x == 32 || threadIdx.x == 64) bwd_reducer(P, sm, (threadIdx.x >> 5) - 1);
 #if BWD_KD_XPOSE == 1
     else if (threadIdx.x >= 96) bwd_kd_transposer(sm);
-#endif
-#if BWD_QD_XPOSE
-    else if (threadIdx.x >= 96) bwd_qd_transposer(sm);
 #endif
   } else {
     regs_alloc<240>();

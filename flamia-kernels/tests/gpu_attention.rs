@@ -356,47 +356,6 @@ fn dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn dim_major_q_and_do_made_per_step_give_bitwise_the_same() {
-    // FLAMIA_BWD_QD_XPOSE=1 (off by default) has the v4 backward's idle producer warp make each
-    // step's dim-major Q and dO tiles (the dK and dV products' B operands, BWD_QPERM's order) from
-    // the stage's token-major ones, positions past the document zero, so neither quantiser writes
-    // a dim-major copy; unset, the kernel TMA-loads the quantisers' copies. The same codes in the
-    // same places: bitwise the same gradients. The code-path cases, tensor-wide and per-token
-    // scales, with K transposed by the consumers too (FLAMIA_BWD_KD_XPOSE=2), then on three CTAs,
-    // so each CTA's ring turns over many times across items.
-    backward_knob_values_keep_every_bit("FLAMIA_BWD_QD_XPOSE", &["1"], &CODE_KNOB_CASES);
-    let lens: &[usize] = &[300, 1, 65, 1100];
-    knob_keeps_every_bit(
-        "FLAMIA_BWD_QD_XPOSE",
-        &["1"],
-        &[
-            (128, lens, true, AttnPath::LeakyFp8),
-            (64, lens, true, AttnPath::LeakyFp8),
-        ],
-    );
-    {
-        let _kd = EnvGuard::set("FLAMIA_BWD_KD_XPOSE", "2");
-        backward_knob_values_keep_every_bit("FLAMIA_BWD_QD_XPOSE", &["1"], &CODE_KNOB_CASES[..1]);
-        backward_knob_values_keep_every_bit("FLAMIA_BWD_QD_XPOSE", &["1"], &CODE_KNOB_CASES[3..4]);
-    }
-    let gpu = gpu();
-    let _ctas = EnvGuard::set("FLAMIA_BWD_CTAS", "3");
-    for hd in [128, 64] {
-        let shape = VarlenShape::from_lens(&[1100, 2048, 517, 64, 1], 4, 2, hd).unwrap();
-        with_seeds(
-            &format!("FLAMIA_BWD_QD_XPOSE on three CTAs, d = {hd}"),
-            |mut rng| {
-                let mut opts = AttnOptions::new(AttnPath::Mxfp8);
-                opts.precision.per_token_scales = hd == 128;
-                let call = gauss_call(&mut rng, &shape, opts);
-                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_QD_XPOSE", &["1"]);
-            },
-        );
-    }
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn q_dim_major_copy_written_by_the_forward_gives_bitwise_the_same() {
     // FLAMIA_FWD_QD=1 (off by default) has the v4 forward write Q's dim-major copy (the backward's
     // dK operand) from the Q tiles it loads, instead of the quantiser: the same bytes (gpu_quant's

@@ -660,7 +660,6 @@ pub struct Attention {
     bwd_v3: bool,
     bwd_stages: u32,
     kd_xpose_mode: u32,
-    qd_xpose_on: bool,
     qd_fwd_on: bool,
 }
 
@@ -685,7 +684,6 @@ impl Attention {
             bwd_v3: backward_v3_forced(),
             bwd_stages: backward_v4_stages(),
             kd_xpose_mode: kd_xpose_mode(),
-            qd_xpose_on: super::env_on("FLAMIA_BWD_QD_XPOSE"),
             qd_fwd_on: super::env_on("FLAMIA_FWD_QD"),
         })
     }
@@ -736,10 +734,7 @@ impl Attention {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
-        let mut v = with_kd_xpose(v, hd, self.bwd_kd_xpose_mode());
-        if self.bwd_qd_xpose() {
-            v.0 = v.0.define("BWD_QD_XPOSE", 1);
-        }
+        let v = with_kd_xpose(v, hd, self.bwd_kd_xpose_mode());
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
@@ -851,9 +846,9 @@ impl Attention {
         let had = self.opts.precision.hadamard;
         let m = self.scale_mode();
         let g = &self.gpu;
-        // (Q's dim-major copy: the forward's, when it writes it; none when the backward makes it)
+        // (Q's dim-major copy: the forward's, when it writes it)
         let mut qo = saved.q;
-        if self.fwd_writes_qd() || self.bwd_qd_xpose() {
+        if self.fwd_writes_qd() {
             qo.dim = 0;
         }
         let qi = QuantInput::new(q, had, qo).with_dim_perm(self.bwd_qperm());
@@ -932,15 +927,6 @@ impl Attention {
         self.bwd_kd_xpose_mode() != 0
     }
 
-    /// Whether the v4 backward makes each step's dim-major Q and dO tiles (its dK and dV products'
-    /// B operands) in shared memory from the token-major ones (`BWD_QD_XPOSE`), so neither
-    /// quantiser writes a dim-major copy of Q or dO. Off unless `FLAMIA_BWD_QD_XPOSE=1` (read
-    /// when this value was made; session 23's A/B); not with `FLAMIA_BWD_KD_XPOSE=1`, whose
-    /// transposer warp it would need.
-    pub fn bwd_qd_xpose(&self) -> bool {
-        self.uses_backward_v4() && self.qd_xpose_on && self.kd_xpose_mode != 1
-    }
-
     /// Who transposes K when [`Attention::bwd_kd_xpose`]: 1 a producer warp, 2 the consumer
     /// warpgroups at their item's start (`BWD_KD_XPOSE`); 0 when it is off.
     pub fn bwd_kd_xpose_mode(&self) -> u32 {
@@ -960,11 +946,7 @@ impl Attention {
     /// [`Attention::forward_quantized`].
     pub fn fwd_writes_qd(&self) -> bool {
         // (five K/V stages, FLAMIA_FWD_STAGES=5, leave no room for the staging tiles at d = 128)
-        self.uses_forward_v4()
-            && self.uses_backward_v4()
-            && self.qd_fwd_on
-            && self.fwd_stages <= 4
-            && !self.bwd_qd_xpose()
+        self.uses_forward_v4() && self.uses_backward_v4() && self.qd_fwd_on && self.fwd_stages <= 4
     }
 
     /// [`forward_v4_variant`]'s `qd`: `Some(permuted)` when the forward writes Q's dim-major copy,
@@ -981,7 +963,7 @@ impl Attention {
         e4m3_bytes(
             plan,
             &[
-                (s.heads_q, !self.fwd_writes_qd() && !self.bwd_qd_xpose()),
+                (s.heads_q, !self.fwd_writes_qd()),
                 (s.heads_kv, !self.bwd_kd_xpose()),
                 (s.heads_kv, true),
             ],
@@ -1085,12 +1067,7 @@ impl Attention {
             o,
             delta: ws.delta.ptr(),
         };
-        // (no dim-major copy when the backward makes it per step)
-        let mut out = OperandRef::from(&ws.d_o);
-        if self.bwd_qd_xpose() {
-            out.dim = 0;
-        }
-        let input = QuantInput::new(d_o, false, out).with_dim_perm(self.bwd_qperm());
+        let input = QuantInput::new(d_o, false, &ws.d_o).with_dim_perm(self.bwd_qperm());
         quantize_e4m3_fused(
             &self.gpu,
             stream,
@@ -1505,7 +1482,7 @@ mod tests {
             // the key-permuted packing of dV's and dK's A fragments (FLAMIA_BWD_QPERM=1), block and
             // row dS exponents, without and with the four-code conversions (BWD_CVT4) and the
             // redux block maxima (BWD_REDUX), and the defaults with K transposed in shared memory
-            // (BWD_KD_XPOSE, FLAMIA_BWD_KD_XPOSE=1 and 2), with Q and dO too (BWD_QD_XPOSE)
+            // (BWD_KD_XPOSE, FLAMIA_BWD_KD_XPOSE=1 and 2)
             for row_ds in [false, true] {
                 let (v, smem) = with_early_factors(
                     backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true),
@@ -1521,8 +1498,7 @@ mod tests {
                     v.clone().define("BWD_REDUX", 0),
                     v,
                     xposed,
-                    xposed2.clone(),
-                    xposed2.define("BWD_QD_XPOSE", 1),
+                    xposed2,
                 ] {
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
