@@ -182,7 +182,7 @@
 #define BWD_PRODUCER_FOLD (HEAD_DIM == 64 && BWD_KEY_BLOCKS)
 #endif
 #define BWD_FOLD (BWD_PRODUCER_FOLD && BWD_KEY_BLOCKS)
-// BWD_KD_XPOSE 1 (host knob FLAMIA_BWD_KD_XPOSE=1; off by default: session 22 measured the Q/K/V
+// BWD_KD_XPOSE 1 (host knob FLAMIA_BWD_KD_XPOSE=1, A/B only: session 22 measured the Q/K/V
 // quantiser -10% with it but this kernel +2..+6% at short and mid lengths, the call no faster): the
 // dQ products' B operand, K dim-major (row = dim, 128 keys, 128-byte swizzle), is made in shared
 // memory from the token-major K tile instead of being TMA-loaded from a dim-major copy in global
@@ -200,7 +200,10 @@
 // the ldmatrix routine as with the 4-byte one: ~1,900 clocks per item at 256x256 either way, the
 // one 24-register warp's serial load -> store chain (32 of them) after the second TMA's landing,
 // exposed at the consumers' item start.
-// BWD_KD_XPOSE 2 (FLAMIA_BWD_KD_XPOSE=2): the consumers make it themselves at their item's start
+// BWD_KD_XPOSE 2 (the host's default since session 23; FLAMIA_BWD_KD_XPOSE=0 builds 0, the
+// quantiser's copy TMA-loaded: the quantiser -10%, this kernel +1..+2% at short lengths, the
+// training call -1.2..-1.4% at 256x256 / 64x1024, -2.1% at d = 64, docs/perf.md "Session 23"):
+// the consumers make it themselves at their item's start
 // from the K/V slot's token-major K tile (xpose_kd_half: warpgroup c the HEAD_DIM / 2 dims its
 // own dQ products read, each warp NP pairs with all loads in flight before the first store, out
 // of place), no second TMA, no kd_full / kd_empty: sm.kd's rows of warpgroup c are read only by

@@ -421,13 +421,14 @@ fn fused_qkv_case(gpu: &Gpu, rng: &mut ChaCha8Rng, amax: &AmaxScratch, d: usize)
 fn quantize_inputs_fills_a_caller_owned_buffer_part_by_part() {
     // What the trainer's bridge does: one uninitialised device buffer per forward call
     // (poisoned here), sized by `saved_bytes`, handed in as a raw pointer.
-    // Then with K's dim-major copy left out (FLAMIA_BWD_KD_XPOSE=1) and Q's written by the forward
+    // First with K's dim-major copy written by the quantiser (FLAMIA_BWD_KD_XPOSE=0), then left
+    // out (the default: the backward transposes K) and Q's written by the forward
     // (FLAMIA_FWD_QD=1): the quantiser must leave Q's untouched and the forward write it byte for
     // byte the reference's (both knobs are read when the Attention is made).
     let gpu = gpu();
     let mut rng = rng("caller_buffer");
     for knobs in [false, true] {
-        let _k = knobs.then(|| EnvGuard::set("FLAMIA_BWD_KD_XPOSE", "1"));
+        let _k = (!knobs).then(|| EnvGuard::set("FLAMIA_BWD_KD_XPOSE", "0"));
         let _q = knobs.then(|| EnvGuard::set("FLAMIA_FWD_QD", "1"));
         let attn = Attention::new(gpu.clone(), AttnOptions::new(AttnPath::Mxfp8)).unwrap();
         assert_eq!(

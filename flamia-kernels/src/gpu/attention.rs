@@ -300,12 +300,13 @@ fn with_kd_xpose((v, smem): (Variant, u32), hd: u32, mode: u32) -> (Variant, u32
     )
 }
 
-/// `FLAMIA_BWD_KD_XPOSE`: `1` or `2` pick [`with_kd_xpose`]'s mode; unset, `0` or anything else 0.
+/// `FLAMIA_BWD_KD_XPOSE`: [`with_kd_xpose`]'s mode, 2 (the consumers) unless it is exactly `0`
+/// (the quantiser's dim-major copy, TMA-loaded) or `1` (the producer warp; A/B only).
 fn kd_xpose_mode() -> u32 {
     match std::env::var("FLAMIA_BWD_KD_XPOSE").as_deref().map(str::trim) {
+        Ok("0") => 0,
         Ok("1") => 1,
-        Ok("2") => 2,
-        _ => 0,
+        _ => 2,
     }
 }
 
@@ -919,10 +920,11 @@ impl Attention {
 
     /// Whether the v4 backward transposes K into its dQ products' dim-major operand in shared
     /// memory (`BWD_KD_XPOSE`), so the quantiser writes no dim-major K and [`Saved`] holds none
-    /// (`k.dim` 0): a sixth of the Q/K/V quantiser's bytes. With the v4 backward only, and off
-    /// unless `FLAMIA_BWD_KD_XPOSE` is `1` or `2` (read when this value was made): session 22
-    /// measured the Q/K/V quantiser -10% with mode 1 but the backward +2..+6% at short and mid
-    /// lengths (docs/perf.md); mode 2 has the consumers transpose it.
+    /// (`k.dim` 0): a sixth of the Q/K/V quantiser's bytes. With the v4 backward only; on unless
+    /// `FLAMIA_BWD_KD_XPOSE=0` (read when this value was made). Session 23 (docs/perf.md): the
+    /// consumers' transpose (mode 2, the default) took the quantiser -10% for +1..+2% backward,
+    /// training call -1.2..-1.4% at 256x256 and 64x1024 (d = 128), -2.1% at d = 64; the
+    /// producer warp's (mode 1, `=1`) cost the backward +3..+5% and the call gained nothing.
     pub fn bwd_kd_xpose(&self) -> bool {
         self.bwd_kd_xpose_mode() != 0
     }
