@@ -300,13 +300,35 @@ fn with_kd_xpose((v, smem): (Variant, u32), hd: u32, mode: u32) -> (Variant, u32
     )
 }
 
-/// `FLAMIA_BWD_KD_XPOSE`: [`with_kd_xpose`]'s mode, 2 (the consumers) unless it is exactly `0`
-/// (the quantiser's dim-major copy, TMA-loaded) or `1` (the producer warp; A/B only).
-fn kd_xpose_mode() -> u32 {
+/// `FLAMIA_BWD_KD_XPOSE`: [`with_kd_xpose`]'s mode when it is exactly `0` (the quantiser's
+/// dim-major copy, TMA-loaded), `1` (the producer warp; A/B only) or `2` (the consumers); `None`
+/// (unset or anything else): [`kd_xpose_auto`] per plan.
+fn kd_xpose_env() -> Option<u32> {
     match std::env::var("FLAMIA_BWD_KD_XPOSE").as_deref().map(str::trim) {
-        Ok("0") => 0,
-        Ok("1") => 1,
-        _ => 2,
+        Ok("0") => Some(0),
+        Ok("1") => Some(1),
+        Ok("2") => Some(2),
+        _ => None,
+    }
+}
+
+/// The consumers' K transpose (`BWD_KD_XPOSE` 2) pays below this many key tiles per query tile
+/// on average (the plan's [`FwdSchedule::mean_key_tiles`], a measure of the backward's steps
+/// per item too). Session 23, H200, d = 128, training call against the quantiser's copy in two
+/// calls: -1.2 / -1.4% at 256x256 (1.5 tiles), -1.6 / -1.2% at 64x1024 (4.5), -0.8 / -0.2% at
+/// 8192+224x256 (8), 0.0 / 0.0% at 16x4096 (16.5), +0.9 / +1.1% at 1x65536 (256.5): it saves
+/// the quantiser ~10% (0.05 ms) per call and costs the backward ~0.8% per step (the longer item
+/// start and ptxas's different spills), so long documents lose. d = 64: -2.1 / -2.3% at
+/// 256x256, -0.7 / -0.5% at 16x4096.
+const KD_XPOSE_MAX_TILES: f64 = 32.0;
+
+/// `BWD_KD_XPOSE`'s mode for a plan with `mean_tiles` key tiles per query tile (unless
+/// `FLAMIA_BWD_KD_XPOSE` says): 2 below [`KD_XPOSE_MAX_TILES`], else 0.
+fn kd_xpose_auto(mean_tiles: f64) -> u32 {
+    if mean_tiles < KD_XPOSE_MAX_TILES {
+        2
+    } else {
+        0
     }
 }
 
@@ -660,7 +682,7 @@ pub struct Attention {
     fwd_stages: u32,
     bwd_v3: bool,
     bwd_stages: u32,
-    kd_xpose_mode: u32,
+    kd_xpose_env: Option<u32>,
     qd_fwd_on: bool,
 }
 
@@ -684,7 +706,7 @@ impl Attention {
             fwd_stages: forward_v4_stages(),
             bwd_v3: backward_v3_forced(),
             bwd_stages: backward_v4_stages(),
-            kd_xpose_mode: kd_xpose_mode(),
+            kd_xpose_env: kd_xpose_env(),
             qd_fwd_on: super::env_on("FLAMIA_FWD_QD"),
         })
     }
@@ -712,7 +734,8 @@ impl Attention {
     /// The v4 backward's variant and smem budget for this call's options at head dim `hd`, with
     /// the test knobs of the environment (`FLAMIA_BWD_JITTER`, `FLAMIA_BWD_SKIP_DEAD`); `walk_up`:
     /// the plan has tiles that walk up.
-    fn backward_v4_kernel(&self, hd: u32, walk_up: bool) -> GpuResult<(Variant, u32)> {
+    /// `kd_mode`: [`Attention::bwd_kd_xpose_mode`].
+    fn backward_v4_kernel(&self, hd: u32, walk_up: bool, kd_mode: u32) -> GpuResult<(Variant, u32)> {
         let mut v = backward_v4_variant(
             self.bwd_stages,
             hd,
@@ -735,7 +758,7 @@ impl Attention {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
-        let v = with_kd_xpose(v, hd, self.bwd_kd_xpose_mode());
+        let v = with_kd_xpose(v, hd, kd_mode);
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
@@ -763,7 +786,7 @@ impl Attention {
         let mut c = Carver::new(base);
         let saved = Saved {
             q: c.operand(plan, s.heads_q),
-            k: c.operand_with(plan, s.heads_kv, !self.bwd_kd_xpose()),
+            k: c.operand_with(plan, s.heads_kv, !self.bwd_kd_xpose(plan)),
             v: c.operand(plan, s.heads_kv),
             q4: nv.then(|| c.nvfp4(plan, s.heads_q)),
             k4: nv.then(|| c.nvfp4(plan, s.heads_kv)),
@@ -920,23 +943,25 @@ impl Attention {
 
     /// Whether the v4 backward transposes K into its dQ products' dim-major operand in shared
     /// memory (`BWD_KD_XPOSE`), so the quantiser writes no dim-major K and [`Saved`] holds none
-    /// (`k.dim` 0): a sixth of the Q/K/V quantiser's bytes. With the v4 backward only; on unless
-    /// `FLAMIA_BWD_KD_XPOSE=0` (read when this value was made). Session 23 (docs/perf.md): the
-    /// consumers' transpose (mode 2, the default) took the quantiser -10% for +1..+2% backward,
-    /// training call -1.2..-1.4% at 256x256 and 64x1024 (d = 128), -2.1% at d = 64; the
+    /// (`k.dim` 0): a sixth of the Q/K/V quantiser's bytes. With the v4 backward only, for plans
+    /// of short and mid-length documents ([`KD_XPOSE_MAX_TILES`]) unless `FLAMIA_BWD_KD_XPOSE`
+    /// says (read when this value was made). Session 23 (docs/perf.md): the consumers'
+    /// transpose (mode 2) took the quantiser -10% for +1..+2% backward, training call
+    /// -1.2..-1.6% at 256x256 and 64x1024 (d = 128), -2.1% at d = 64, +0.9% at 1x65536; the
     /// producer warp's (mode 1, `=1`) cost the backward +3..+5% and the call gained nothing.
-    pub fn bwd_kd_xpose(&self) -> bool {
-        self.bwd_kd_xpose_mode() != 0
+    /// A forward and its backward must see the same plan (they do: [`Saved`] is carved per plan).
+    pub fn bwd_kd_xpose(&self, plan: &Plan) -> bool {
+        self.bwd_kd_xpose_mode(plan) != 0
     }
 
-    /// Who transposes K when [`Attention::bwd_kd_xpose`]: 1 a producer warp, 2 the consumer
-    /// warpgroups at their item's start (`BWD_KD_XPOSE`); 0 when it is off.
-    pub fn bwd_kd_xpose_mode(&self) -> u32 {
-        if self.uses_backward_v4() {
-            self.kd_xpose_mode
-        } else {
-            0
+    /// Who transposes K for `plan` when [`Attention::bwd_kd_xpose`]: 1 a producer warp, 2 the
+    /// consumer warpgroups at their item's start (`BWD_KD_XPOSE`); 0 when it is off.
+    pub fn bwd_kd_xpose_mode(&self, plan: &Plan) -> u32 {
+        if !self.uses_backward_v4() {
+            return 0;
         }
+        self.kd_xpose_env
+            .unwrap_or_else(|| kd_xpose_auto(plan.tables.fwd.mean_key_tiles()))
     }
 
     /// Whether the v4 forward writes Q's dim-major copy (the v4 backward's dK operand) from the Q
@@ -966,7 +991,7 @@ impl Attention {
             plan,
             &[
                 (s.heads_q, !self.fwd_writes_qd()),
-                (s.heads_kv, !self.bwd_kd_xpose()),
+                (s.heads_kv, !self.bwd_kd_xpose(plan)),
                 (s.heads_kv, true),
             ],
         )
@@ -1210,7 +1235,8 @@ impl Attention {
         if memsets {
             self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
         }
-        let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up())?;
+        let kd_mode = self.bwd_kd_xpose_mode(plan);
+        let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up(), kd_mode)?;
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
@@ -1231,7 +1257,7 @@ impl Attention {
                 k_map: tma::token_major(saved.k.tok, t, s.heads_kv, hd, BWD_KT as u32)?,
                 v_map: tma::token_major(saved.v.tok, t, s.heads_kv, hd, BWD_KT as u32)?,
                 // (BWD_KD_XPOSE: no dim-major K, the kernel transposes the token-major tile)
-                kd_map: if self.bwd_kd_xpose() {
+                kd_map: if self.bwd_kd_xpose(plan) {
                     TmaMap::default()
                 } else {
                     tma::dim_major(saved.k.dim, s.heads_kv, hd, plan.tpad())?
@@ -1370,7 +1396,9 @@ impl Attention {
             out.push(("attn_fwd_v4".to_string(), r, l));
         }
         if self.uses_backward_v4() {
-            let (v4, smem) = self.backward_v4_kernel(hd32, super::sched::bwd_up_tiles() > 0)?;
+            // (the short documents' build: K transposed by the consumers, kd_xpose_auto)
+            let kd_mode = self.kd_xpose_env.unwrap_or(2);
+            let (v4, smem) = self.backward_v4_kernel(hd32, super::sched::bwd_up_tiles() > 0, kd_mode)?;
             let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_bwd_v4".to_string(), r, l));
@@ -1400,8 +1428,8 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, forward_v4_variant,
-        fwd_cw_const, parse_promote, smem_bwd4, with_dq_bufs, with_early_factors, with_kd_xpose,
-        FWD_CW_MIN_TILES, SMEM_MAX,
+        fwd_cw_const, kd_xpose_auto, parse_promote, smem_bwd4, with_dq_bufs, with_early_factors,
+        with_kd_xpose, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
@@ -1551,6 +1579,17 @@ mod tests {
         assert!(e.contains("FLAMIA_BWD_STAGES=2"), "{e}");
         // one buffer: the variant as it was
         assert_eq!(with_dq_bufs(bwd(3, 128), 128, 1).unwrap().1, bwd(3, 128).1);
+    }
+
+    #[test]
+    fn k_transposed_by_the_consumers_only_for_short_and_mid_documents() {
+        // the plans' mean key tiles per query tile: 256x256, 64x1024, 16x4096, 4x16384, 1x65536
+        assert_eq!(kd_xpose_auto(1.5), 2);
+        assert_eq!(kd_xpose_auto(4.5), 2);
+        assert_eq!(kd_xpose_auto(16.5), 2);
+        assert_eq!(kd_xpose_auto(KD_XPOSE_MAX_TILES), 0);
+        assert_eq!(kd_xpose_auto(64.5), 0);
+        assert_eq!(kd_xpose_auto(256.5), 0);
     }
 
     #[test]
