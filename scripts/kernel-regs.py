@@ -243,9 +243,12 @@ def bwd_per_step(a):
         stg = sum(1 for op in body if op.startswith("STG"))
         kind = "masked (diagonal) steps" if masked else "interior steps"
         note = f"; the range also holds {stg} global stores of out-of-line code, so it over-counts" if stg else ""
+        # spilled values carried around the loop (LDL.LU at their use, STL after their update)
+        local = sum(1 for op in body if op.startswith(("LDL", "STL")))
         print(f"attn_bwd_v4 step loop [{lo:#x}, {hi:#x}], {kind}: {len(body)} SASS instructions per consumer thread "
               f"per step (64 queries x 64 keys per warpgroup: {len(body) / 32:.1f} per score){note}")
-        print("   " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f", other {other}")
+        print("   " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f", other {other}"
+              + f" (of which local-memory LDL/STL {local})")
 
 
 def per_score(a):

@@ -1558,8 +1558,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     const BwdTile tl = tail.tile;
 #if BWD_KD_XPOSE == 2
     // this warpgroup's dims of the item's dim-major K, from the K/V slot's token-major tile
-    // (published to the first dQ by the first step's fence and ds_ready arrival)
-    xpose_kd_half(sm.k, sm.kd, cw, C.w(), tl.len - tl.k0, C.lane());
+    // (published to the first dQ by the first step's fence and ds_ready arrival). The lane and
+    // the tiles' addresses opaque: otherwise the compiler hoists the transpose's lane-dependent
+    // addresses out of the item loop, and ptxas kept them across the step loops by spilling 6
+    // of dK/dV's accumulators per interior step at d = 128 (LDL/STL, `scripts/kernel-regs.py`
+    // SASS; 2 with them opaque, 1 without the transpose; none at d = 64 either way).
+    xpose_kd_half(sm.k + opaque_u32(0u), sm.kd + opaque_u32(0u), cw, C.w(), tl.len - tl.k0, (int)opaque_u32(C.lane()));
 #else
     mbar_wait(smem_u32(&sm.kd_full), ni & 1);  // the item's dim-major K (issued before the last item's end)
 #endif
