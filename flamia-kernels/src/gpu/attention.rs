@@ -117,7 +117,7 @@ fn forward_v4_variant(
 /// per key tile with the full token-block producer of session 13, 621 -> 619 with the lean one
 /// that replaced it, twice the consumer code). Session 13 measured it -5.3% at 1x65536 (mean
 /// 256.5), -4.2% at 4x16384 (64.5), -5.1% lognormal, -0.6% at 16x4096 (16.5), but +4.3% at 256x256 (1) and
-/// +2.0% at 8192+224x256 (8): the longer consumer code costs per item, so short items lose. At
+/// +2.0% at 8192+224x256 (5.4): the longer consumer code costs per item, so short items lose. At
 /// head dim 64 it lost on 8 of 9 workloads (+2..+11%).
 const FWD_CW_MIN_TILES: f64 = 16.0;
 
@@ -316,7 +316,7 @@ fn kd_xpose_env() -> Option<u32> {
 /// on average (the plan's [`FwdSchedule::mean_key_tiles`], a measure of the backward's steps
 /// per item too). Session 23, H200, d = 128, training call against the quantiser's copy in two
 /// calls: -1.2 / -1.4% at 256x256 (1.5 tiles), -1.6 / -1.2% at 64x1024 (4.5), -0.8 / -0.2% at
-/// 8192+224x256 (8), 0.0 / 0.0% at 16x4096 (16.5), +0.9 / +1.1% at 1x65536 (256.5): it saves
+/// 8192+224x256 (5.4), 0.0 / 0.0% at 16x4096 (16.5), +0.9 / +1.1% at 1x65536 (256.5): it saves
 /// the quantiser ~10% (0.05 ms) per call and costs the backward ~0.8% per step (the longer item
 /// start and ptxas's different spills), so long documents lose. d = 64: -2.1 / -2.3% at
 /// 256x256, -0.7 / -0.5% at 16x4096.
