@@ -423,30 +423,43 @@ fn quantize_inputs_fills_a_caller_owned_buffer_part_by_part() {
     // (poisoned here), sized by `saved_bytes`, handed in as a raw pointer.
     // First with K's dim-major copy written by the quantiser (FLAMIA_BWD_KD_XPOSE=0), then left
     // out (the default for these short documents: the backward's consumers transpose K) and Q's
-    // written by the forward (FLAMIA_FWD_QD=1): the quantiser must leave Q's untouched and the
-    // forward write it byte for byte the reference's (both knobs are read when the Attention is
-    // made).
+    // written by the forward (FLAMIA_FWD_QD=1; =auto: at d = 64 alone for these short
+    // documents): the quantiser must leave Q's untouched and the forward write it byte for byte
+    // the reference's (both knobs are read when the Attention is made).
     let gpu = gpu();
     let mut rng = rng("caller_buffer");
-    for knobs in [false, true] {
-        let _k = (!knobs).then(|| EnvGuard::set("FLAMIA_BWD_KD_XPOSE", "0"));
-        let _q = knobs.then(|| EnvGuard::set("FLAMIA_FWD_QD", "1"));
+    for (kd, qd) in [("0", "0"), ("", "1"), ("", "auto")] {
+        let _k = (!kd.is_empty()).then(|| EnvGuard::set("FLAMIA_BWD_KD_XPOSE", kd));
+        let _q = EnvGuard::set("FLAMIA_FWD_QD", qd);
         let attn = Attention::new(gpu.clone(), AttnOptions::new(AttnPath::Mxfp8)).unwrap();
-        assert_eq!(attn.fwd_writes_qd(), knobs, "the knob as set");
         for d in HEAD_DIMS {
-            caller_buffer_case(&gpu, &mut rng, &attn, d, knobs);
+            let qd_written = qd == "1" || (qd == "auto" && d == 64);
+            caller_buffer_case(&gpu, &mut rng, &attn, d, kd.is_empty(), qd_written);
         }
     }
 }
 
 /// [`quantize_inputs_fills_a_caller_owned_buffer_part_by_part`] at head dim `d`.
-/// `kd_xposed`: whether the backward transposes K for this plan (no dim-major K carved).
-fn caller_buffer_case(gpu: &Gpu, rng: &mut ChaCha8Rng, attn: &Attention, d: usize, kd_xposed: bool) {
+/// `kd_xposed`: whether the backward transposes K for this plan (no dim-major K carved);
+/// `qd_written`: whether the forward writes Q's dim-major copy for it.
+fn caller_buffer_case(
+    gpu: &Gpu,
+    rng: &mut ChaCha8Rng,
+    attn: &Attention,
+    d: usize,
+    kd_xposed: bool,
+    qd_written: bool,
+) {
     let (hq, hkv) = (4, 2);
     let shape = VarlenShape::from_lens(&LENS, hq, hkv, d).unwrap();
     let t = shape.tokens();
     let plan = Plan::new(gpu, &shape, true).unwrap();
     assert_eq!(attn.bwd_kd_xpose(&plan), kd_xposed, "d={d}: K transposed as set");
+    assert_eq!(
+        attn.fwd_writes_qd(&plan),
+        qd_written,
+        "d={d}: Q's copy by the forward as set"
+    );
     let had = attn.options().precision.hadamard;
     let bytes = attn.saved_bytes(&plan);
     let buf = DeviceBuf::<u8>::from_host(gpu, &vec![0x7Fu8; bytes]).unwrap();
@@ -473,7 +486,7 @@ fn caller_buffer_case(gpu: &Gpu, rng: &mut ChaCha8Rng, attn: &Attention, d: usiz
     // the quantiser, then written by the forward (checked below with the rest)
     let [_, n_qdim, _] = OperandRef::sizes(&plan, hq);
     let q_dim = |host: &[u8]| host[(saved.q.dim - base) as usize..][..n_qdim].to_vec();
-    if attn.fwd_writes_qd() {
+    if qd_written {
         let written = q_dim(&buf.to_host().unwrap())
             .iter()
             .filter(|&&b| b != 0x7F)
@@ -520,7 +533,7 @@ fn caller_buffer_case(gpu: &Gpu, rng: &mut ChaCha8Rng, attn: &Attention, d: usiz
                 dim[x / 32 * 32 + dim_token(x % 32)] = b;
             }
         }
-        if name == "q" && attn.fwd_writes_qd() {
+        if name == "q" && qd_written {
             check_tok_exps(&tag, tok, &exps, &cpu);
             check_dim_bytes(
                 &format!("{tag}, Q's copy by the forward"),

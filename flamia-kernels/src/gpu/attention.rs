@@ -312,6 +312,41 @@ fn kd_xpose_env() -> Option<u32> {
     }
 }
 
+/// `FLAMIA_FWD_QD`: whether the v4 forward writes Q's dim-major copy ([`Attention::fwd_writes_qd`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QdFwd {
+    /// Unset or anything else: the quantiser writes it.
+    Off,
+    /// `1`: the forward, for every plan.
+    On,
+    /// `auto` (session 23's candidate default, not yet measured as one): the forward at head dim
+    /// 64 for plans of short and mid-length documents ([`KD_XPOSE_MAX_TILES`]), where session 23
+    /// measured the training call another -1.3 / -1.4% at 256x256 / 16x4096 on top of the
+    /// consumers' K transpose (at d = 128 it gained nothing: the forward's extra stores cost as
+    /// much as the quantiser saves).
+    Auto,
+}
+
+impl QdFwd {
+    fn from_env() -> QdFwd {
+        match std::env::var("FLAMIA_FWD_QD").as_deref().map(str::trim) {
+            Ok("1") => QdFwd::On,
+            Ok("auto") => QdFwd::Auto,
+            _ => QdFwd::Off,
+        }
+    }
+
+    /// Whether the forward writes Q's copy at head dim `hd` with `mean_tiles` key tiles per
+    /// query tile.
+    fn writes(self, hd: usize, mean_tiles: f64) -> bool {
+        match self {
+            QdFwd::Off => false,
+            QdFwd::On => true,
+            QdFwd::Auto => hd == 64 && mean_tiles < KD_XPOSE_MAX_TILES,
+        }
+    }
+}
+
 /// The consumers' K transpose (`BWD_KD_XPOSE` 2) pays below this many key tiles per query tile
 /// on average (the plan's [`FwdSchedule::mean_key_tiles`], a measure of the backward's steps
 /// per item too). Session 23, H200, d = 128, training call against the quantiser's copy in two
@@ -683,7 +718,7 @@ pub struct Attention {
     bwd_v3: bool,
     bwd_stages: u32,
     kd_xpose_env: Option<u32>,
-    qd_fwd_on: bool,
+    qd_fwd: QdFwd,
 }
 
 impl Attention {
@@ -707,7 +742,7 @@ impl Attention {
             bwd_v3: backward_v3_forced(),
             bwd_stages: backward_v4_stages(),
             kd_xpose_env: kd_xpose_env(),
-            qd_fwd_on: super::env_on("FLAMIA_FWD_QD"),
+            qd_fwd: QdFwd::from_env(),
         })
     }
 
@@ -872,7 +907,7 @@ impl Attention {
         let g = &self.gpu;
         // (Q's dim-major copy: the forward's, when it writes it)
         let mut qo = saved.q;
-        if self.fwd_writes_qd() {
+        if self.fwd_writes_qd(plan) {
             qo.dim = 0;
         }
         let qi = QuantInput::new(q, had, qo).with_dim_perm(self.bwd_qperm());
@@ -967,19 +1002,25 @@ impl Attention {
     /// Whether the v4 forward writes Q's dim-major copy (the v4 backward's dK operand) from the Q
     /// tiles it loads anyway (`FWD_QD_WRITE`: the producer warpgroup's idle warp transposes each
     /// item's tile in shared memory and bulk-stores it), so the quantiser writes none: a sixth of
-    /// its bytes. Needs both v4 kernels; off unless `FLAMIA_FWD_QD=1` (read when this value was
-    /// made): session 22 measured the quantiser -10% with it but the forward +6..+14% on short
-    /// documents (docs/perf.md). [`Saved`]'s Q copy is then complete only after
+    /// its bytes, for `plan`. Needs both v4 kernels; off unless `FLAMIA_FWD_QD` is `1` (every plan)
+    /// or `auto` (d = 64, short and mid-length documents) (read when this value was made):
+    /// sessions 22-23 measured the quantiser -10% with it but the forward +4..+14% on short
+    /// documents at d = 128 (docs/perf.md). [`Saved`]'s Q copy is then complete only after
     /// [`Attention::forward_quantized`].
-    pub fn fwd_writes_qd(&self) -> bool {
+    pub fn fwd_writes_qd(&self, plan: &Plan) -> bool {
         // (five K/V stages, FLAMIA_FWD_STAGES=5, leave no room for the staging tiles at d = 128)
-        self.uses_forward_v4() && self.uses_backward_v4() && self.qd_fwd_on && self.fwd_stages <= 4
+        self.uses_forward_v4()
+            && self.uses_backward_v4()
+            && self.fwd_stages <= 4
+            && self
+                .qd_fwd
+                .writes(plan.shape().head_dim, plan.tables.fwd.mean_key_tiles())
     }
 
     /// [`forward_v4_variant`]'s `qd`: `Some(permuted)` when the forward writes Q's dim-major copy,
     /// in the order the backward reads it ([`Attention::bwd_qperm`]).
-    fn fwd_qd_order(&self) -> Option<bool> {
-        self.fwd_writes_qd().then(|| self.bwd_qperm())
+    fn fwd_qd_order(&self, writes: bool) -> Option<bool> {
+        writes.then(|| self.bwd_qperm())
     }
 
     /// Bytes the Q/K/V quantiser moves for `plan` under these options ([`e4m3_bytes`]: no
@@ -990,7 +1031,7 @@ impl Attention {
         e4m3_bytes(
             plan,
             &[
-                (s.heads_q, !self.fwd_writes_qd()),
+                (s.heads_q, !self.fwd_writes_qd(plan)),
                 (s.heads_kv, !self.bwd_kd_xpose(plan)),
                 (s.heads_kv, true),
             ],
@@ -1033,11 +1074,12 @@ impl Attention {
         let s = plan.shape();
         let (t, hd) = (s.tokens(), s.head_dim);
         let nitems = plan.tables.fwd.items.len();
+        let qd = self.fwd_writes_qd(plan);
         let p = FwdV4Params {
             q_map: tma::token_major(saved.q.tok, t, s.heads_q, hd, FWD_QT as u32)?,
             k_map: tma::token_major(saved.k.tok, t, s.heads_kv, hd, 128)?,
             v_map: tma::dim_major(saved.v.dim, s.heads_kv, hd, plan.tpad())?,
-            qd_map: if self.fwd_writes_qd() {
+            qd_map: if qd {
                 tma::dim_major_64(saved.q.dim, s.heads_q, hd, plan.tpad())?
             } else {
                 TmaMap::default()
@@ -1050,7 +1092,7 @@ impl Attention {
         };
         let per_token = self.scale_mode() == ScaleMode::PerToken;
         let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
-        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, self.fwd_qd_order());
+        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, self.fwd_qd_order(qd));
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         if launch_memsets() {
             self.memset32(stream, plan.counter.ptr(), 2, "work counter")?;
@@ -1390,7 +1432,10 @@ impl Attention {
         if self.uses_forward_v4() {
             let per_token = self.scale_mode() == ScaleMode::PerToken;
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const)
-            let (v4, smem) = forward_v4_variant(per_token, self.fwd_stages, hd32, false, self.fwd_qd_order());
+            // (and the short documents' Q copy choice, QdFwd::writes)
+            let qd = self.uses_backward_v4() && self.fwd_stages <= 4 && self.qd_fwd.writes(hd, 1.5);
+            let (v4, smem) =
+                forward_v4_variant(per_token, self.fwd_stages, hd32, false, self.fwd_qd_order(qd));
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
