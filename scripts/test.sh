@@ -13,4 +13,10 @@ if ! compgen -G "$FLAMIA_VENV/lib/python3*/site-packages/nvidia/cu13/lib/libnvrt
     exit 1
 fi
 cargo fmt --all -- --check
+# the model of xpose.cuh's ldmatrix transposes (fragment layouts, swizzles, block coverage): < 1 s
+if ! out=$(python3 scripts/xpose_model.py); then
+    echo "$out" >&2
+    echo "test.sh: scripts/xpose_model.py found a wrong byte or a bank conflict in xpose.cuh's transposes" >&2
+    exit 1
+fi
 cargo test --workspace --no-fail-fast "$@"

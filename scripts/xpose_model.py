@@ -7,6 +7,8 @@ Checks bit for bit, with tokens at or past nk zero, and that every matrix's 8 ro
 bank groups:
   - xpose_sw128_in_place: a 128 x 128-byte tile, 128-byte swizzle both ways (the v4 backward's
     dim-major K, BWD_KD_XPOSE), and at d = 64 from a 128 x 64-byte staging tile (64-byte swizzle);
+  - xpose_kd_half (BWD_KD_XPOSE 2): the same K tile made by both consumer warpgroups' warps, each
+    warpgroup its half of the dims, every block exactly once, d = 128 and 64;
   - the forward's Q writer (FWD_QD_WRITE): a 128-token tile (token-major, the swizzle of its
     width) into two [d][64-position] tiles with the 64-byte swizzle, plain and BWD_QPERM order,
     d = 128 and 64.
@@ -93,6 +95,24 @@ for nk in (128, 100, 65, 1):  # the backward's K tile at d = 64: staging (sw64) 
     ways = max(blocks(src, dst, sw64, sw128, *blk[i], *blk[i + 1], nk, False) for i in range(0, len(blk), 2))
     bad = sum((src[sw64(k, d)] if k < nk else 0) != dst[sw128(d, k)] for k in range(128) for d in range(64))
     report(f"K at d = 64 from staging, nk {nk}", bad, ways)
+
+for hd in (128, 64):  # the backward's K by its consumers (xpose_kd_half): both warpgroups' 4 warps
+    tok = sw128 if hd == 128 else sw64
+    NP, PC = hd // 32, hd // 64
+    for nk in (128, 100, 65, 1):
+        src = [random.randrange(256) for _ in range(128 * hd)]
+        dst = [0x7f] * (hd * 128)
+        ways, seen = 0, []
+        for half in range(2):
+            for w in range(4):
+                for i in range(NP):
+                    p = NP * w + i
+                    a, b = p // PC, half * (hd // 32) + 2 * (p % PC)
+                    seen += [(a, b), (a, b + 1)]
+                    ways = max(ways, blocks(src, dst, tok, sw128, a, b, a, b + 1, nk, False))
+        bad = sum((src[tok(k, d)] if k < nk else 0) != dst[sw128(d, k)] for k in range(128) for d in range(hd))
+        bad += len(seen) - len(set(seen))  # every block once
+        report(f"K by the consumers d {hd}, nk {nk}", bad, ways)
 
 for hd in (128, 64):  # the forward's Q writer
     tok = sw128 if hd == 128 else sw64

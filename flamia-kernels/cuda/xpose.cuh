@@ -1,10 +1,12 @@
-// Transposes of E4M3 code tiles in shared memory by one warp: a token-major tile (row = token,
+// Transposes of E4M3 code tiles in shared memory by warps: a token-major tile (row = token,
 // HEAD_DIM bytes, the swizzle of that width: tok_off) into a dim-major one (row = dim, tokens along
 // the row: what the FP8 wgmma takes as a K-major operand over tokens, or a TMA box of the
-// dim-major layout in global memory), tokens at or past `nk` written as zeros. Users: the v4 backward's dim-major K (BWD_KD_XPOSE 1: a producer warp; 2: the consumers) and
-// the v4 forward's copy of Q (FWD_QD_WRITE), both off by default (session 22; the forward's V
-// through it, FWD_VT, measured +16..+74% forward and was removed). The caller fences the async
-// proxy and publishes.
+// dim-major layout in global memory), tokens at or past `nk` written as zeros. Users: the v4
+// backward's dim-major K (BWD_KD_XPOSE 2, the consumers, per plan by default since session 23;
+// 1, a producer warp, A/B only) and the v4 forward's copy of Q (FWD_QD_WRITE, off by default).
+// Measured and removed: the forward's V per key-tile visit (FWD_VT, session 22, forward
+// +16..+74%) and the backward's Q and dO per step by one producer warp (BWD_QD_XPOSE, session 23,
+// backward +7..+42%). The caller fences the async proxy and publishes.
 #pragma once
 #include "tma.cuh"
 
@@ -21,9 +23,10 @@
 // are dims 2g + s / 2g + 1 - s, s = g / 4. Both choices put a matrix's 8 rows on 8 distinct
 // 16-byte bank groups of the 128- and 64-byte swizzles (no conflicts). Tokens at or past `nk`
 // become zeros. `python3 scripts/xpose_model.py` models the instructions' fragment layouts and
-// checks the tiles bit for bit (session 22; not yet run on a GPU).
-// The routine in two halves, so that a caller can have several pairs' loads in flight before the
-// first store (xpose_kd_half): xpose_ldsm_load reads blocks X and Y, xpose_ldsm_store writes them.
+// checks the tiles bit for bit (session 22; on the GPU bitwise the quantiser's copies since
+// session 23). In two halves, so that a caller can have several pairs' loads in flight before
+// the first store (xpose_kd_half): xpose_ldsm_load reads blocks X and Y into m, xpose_ldsm_store
+// writes them; xpose_blocks_ldsm does both.
 template <class SrcOff>
 __device__ __forceinline__ void xpose_ldsm_load(const u8* src, SrcOff soff, int x1, int x2, int y1, int y2, bool perm, int lane,
                                                 u32 (&m)[4]) {
