@@ -7,11 +7,14 @@
 //                         step a 64-query tile of Q, dO (token-major) and Q, dO (dim-major,
 //                         64-byte swizzle) into a BWD_STAGES-deep ring, with the step's per-query
 //                         constants (scales, LSE, D) computed on the way, and per item its K, V
-//                         (token-major) and K (dim-major) tiles and per-key factors. Items are
-//                         pipelined: the next item's first stage goes out while this item runs,
-//                         its K and V once this item's last step has read K and V (kv_empty), its
-//                         dim-major K once this item's last dQ has read that (kd_empty), so the
-//                         loads overlap the item's last dQ and its end. Registers cut to 24.
+//                         (token-major) and K (dim-major: BWD_KD_XPOSE 0) tiles and per-key
+//                         factors. Items are pipelined: the next item's first stage goes out while
+//                         this item runs, its K and V once this item's last step has read K and V
+//                         (kv_empty), its dim-major K once this item's last dQ has read that
+//                         (kd_empty), so the loads overlap the item's last dQ and its end. With
+//                         BWD_KD_XPOSE 2 (the host's choice for short and mid-length documents)
+//                         the consumers make the dim-major K tile from the token-major one at the
+//                         item's start instead. Registers cut to 24.
 //   warpgroup 0, warps 1-2  dQ reducers (lane 0, one per consumer warpgroup): take the step's FP32
 //                         dQ partial out of shared memory in order (below), so the consumers never
 //                         wait on another CTA's progress, only for their partial buffer.
