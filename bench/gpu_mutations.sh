@@ -136,5 +136,5 @@ mutate qd-fwd-noperm attn_fwd_v4.cu 's/a, c, a, c + 1, rows, FWD_QD_PERM, lane);
 # 23. The consumers' K transpose (FLAMIA_BWD_KD_XPOSE=2, xpose_kd_half): each warpgroup writes the
 # first half of the dims, so the second warpgroup's dQ products read the previous item's rows (or
 # zeros) for theirs.
-mutate kd-half-dims xpose.cuh 's/b = half \* (HEAD_DIM \/ 32) + 2 \* (p % PC)/b = 2 * (p % PC)/g' \
+mutate kd-half-dims xpose.cuh 's/return half \* (HEAD_DIM \/ 32) + 2 \* /return 2 * /' \
   dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same

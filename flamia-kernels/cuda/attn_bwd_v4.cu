@@ -203,11 +203,11 @@
 // the ldmatrix routine as with the 4-byte one: ~1,900 clocks per item at 256x256 either way, the
 // one 24-register warp's serial load -> store chain (32 of them) after the second TMA's landing,
 // exposed at the consumers' item start.
-// BWD_KD_XPOSE 2 (the host's default since session 23; FLAMIA_BWD_KD_XPOSE=0 builds 0, the
-// quantiser's copy TMA-loaded: the quantiser -10%, this kernel +1..+2% at short lengths, the
-// training call -1.2..-1.4% at 256x256 / 64x1024, -2.1% at d = 64, docs/perf.md "Session 23"):
-// the consumers make it themselves at their item's start
-// from the K/V slot's token-major K tile (xpose_kd_half: warpgroup c the HEAD_DIM / 2 dims its
+// BWD_KD_XPOSE 2 (the host's choice since session 23 for plans under 32 key tiles per query
+// tile, attention.rs kd_xpose_auto; FLAMIA_BWD_KD_XPOSE=0|1|2 forces: against the quantiser's
+// copy the quantiser -10%, this kernel +1..+2% at short lengths, the training call -1.2..-1.6%
+// at 256x256 / 64x1024, -2.1% at d = 64, +0.9% at 1x65536, docs/perf.md "Session 23"): the
+// consumers make it themselves at their item's start from the K/V slot's token-major K tile (xpose_kd_half: warpgroup c the HEAD_DIM / 2 dims its
 // own dQ products read, each warp NP pairs with all loads in flight before the first store, out
 // of place), no second TMA, no kd_full / kd_empty: sm.kd's rows of warpgroup c are read only by
 // warpgroup c's dQ products, whose last of the previous item has completed (wg_wait 0) before the

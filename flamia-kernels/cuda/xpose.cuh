@@ -85,17 +85,14 @@ __device__ __forceinline__ void xpose_kd_half(const u8* src, u8* dst, int half, 
   constexpr int NP = HEAD_DIM / 32, PC = HEAD_DIM / 64;  // pairs per warp, pairs per token block
   const auto so = [](int row, int byte) { return tok_off(row, byte); };
   const auto d128 = [](int row, int byte) { return sw128_off(row, byte); };
+  // pair i of the warp: token block a, dim blocks b and b + 1
+  const auto a_of = [&](int i) { return (NP * w + i) / PC; };
+  const auto b_of = [&](int i) { return half * (HEAD_DIM / 32) + 2 * ((NP * w + i) % PC); };
   u32 m[NP][4];
 #pragma unroll
-  for (int i = 0; i < NP; ++i) {
-    const int p = NP * w + i, a = p / PC, b = half * (HEAD_DIM / 32) + 2 * (p % PC);
-    xpose_ldsm_load(src, so, a, b, a, b + 1, false, lane, m[i]);
-  }
+  for (int i = 0; i < NP; ++i) xpose_ldsm_load(src, so, a_of(i), b_of(i), a_of(i), b_of(i) + 1, false, lane, m[i]);
 #pragma unroll
-  for (int i = 0; i < NP; ++i) {
-    const int p = NP * w + i, a = p / PC, b = half * (HEAD_DIM / 32) + 2 * (p % PC);
-    xpose_ldsm_store(dst, d128, a, b, a, b + 1, nk, false, lane, m[i]);
-  }
+  for (int i = 0; i < NP; ++i) xpose_ldsm_store(dst, d128, a_of(i), b_of(i), a_of(i), b_of(i) + 1, nk, false, lane, m[i]);
 }
 
 // HEAD_DIM == 128: both layouts are 128 x 128 bytes with the same swizzle, so the transpose runs

@@ -992,11 +992,15 @@ impl Attention {
     /// Who transposes K for `plan` when [`Attention::bwd_kd_xpose`]: 1 a producer warp, 2 the
     /// consumer warpgroups at their item's start (`BWD_KD_XPOSE`); 0 when it is off.
     pub fn bwd_kd_xpose_mode(&self, plan: &Plan) -> u32 {
+        self.kd_xpose_mode_at(plan.tables.fwd.mean_key_tiles())
+    }
+
+    /// [`Attention::bwd_kd_xpose_mode`] for a plan of `mean_tiles` key tiles per query tile.
+    fn kd_xpose_mode_at(&self, mean_tiles: f64) -> u32 {
         if !self.uses_backward_v4() {
             return 0;
         }
-        self.kd_xpose_env
-            .unwrap_or_else(|| kd_xpose_auto(plan.tables.fwd.mean_key_tiles()))
+        self.kd_xpose_env.unwrap_or_else(|| kd_xpose_auto(mean_tiles))
     }
 
     /// Whether the v4 forward writes Q's dim-major copy (the v4 backward's dK operand) from the Q
@@ -1008,13 +1012,17 @@ impl Attention {
     /// documents at d = 128 (docs/perf.md). [`Saved`]'s Q copy is then complete only after
     /// [`Attention::forward_quantized`].
     pub fn fwd_writes_qd(&self, plan: &Plan) -> bool {
+        self.fwd_writes_qd_at(plan.shape().head_dim, plan.tables.fwd.mean_key_tiles())
+    }
+
+    /// [`Attention::fwd_writes_qd`] at head dim `hd` for a plan of `mean_tiles` key tiles per
+    /// query tile.
+    fn fwd_writes_qd_at(&self, hd: usize, mean_tiles: f64) -> bool {
         // (five K/V stages, FLAMIA_FWD_STAGES=5, leave no room for the staging tiles at d = 128)
         self.uses_forward_v4()
             && self.uses_backward_v4()
             && self.fwd_stages <= 4
-            && self
-                .qd_fwd
-                .writes(plan.shape().head_dim, plan.tables.fwd.mean_key_tiles())
+            && self.qd_fwd.writes(hd, mean_tiles)
     }
 
     /// [`forward_v4_variant`]'s `qd`: `Some(permuted)` when the forward writes Q's dim-major copy,
@@ -1431,9 +1439,9 @@ impl Attention {
         let mut out = Vec::new();
         if self.uses_forward_v4() {
             let per_token = self.scale_mode() == ScaleMode::PerToken;
-            // (the short items' build: FWD_CW_CONST off, fwd_cw_const)
-            // (and the short documents' Q copy choice, QdFwd::writes)
-            let qd = self.uses_backward_v4() && self.fwd_stages <= 4 && self.qd_fwd.writes(hd, 1.5);
+            // (the short items' build: FWD_CW_CONST off, fwd_cw_const, and their Q copy choice;
+            // 1.5 key tiles per query tile: 256-token documents)
+            let qd = self.fwd_writes_qd_at(hd, 1.5);
             let (v4, smem) =
                 forward_v4_variant(per_token, self.fwd_stages, hd32, false, self.fwd_qd_order(qd));
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
@@ -1441,8 +1449,8 @@ impl Attention {
             out.push(("attn_fwd_v4".to_string(), r, l));
         }
         if self.uses_backward_v4() {
-            // (the short documents' build: K transposed by the consumers, kd_xpose_auto)
-            let kd_mode = self.kd_xpose_env.unwrap_or(2);
+            // (the short documents' build, as for the forward's above)
+            let kd_mode = self.kd_xpose_mode_at(1.5);
             let (v4, smem) = self.backward_v4_kernel(hd32, super::sched::bwd_up_tiles() > 0, kd_mode)?;
             let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
