@@ -138,3 +138,12 @@ mutate qd-fwd-noperm attn_fwd_v4.cu 's/a, c, a, c + 1, rows, FWD_QD_PERM, lane);
 # zeros) for theirs.
 mutate kd-half-dims xpose.cuh 's/return half \* (HEAD_DIM \/ 32) + 2 \* /return 2 * /' \
   dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same
+# 24. The consumers' V transpose (BWD_VT_XPOSE, xpose_vt_half): both warpgroups transpose the
+# first 64-key half, so the second warpgroup's dP products read untransposed bytes for theirs.
+mutate vt-half-keys xpose.cuh 's/u8\* t = v + half \* (64 \* HEAD_DIM);/u8* t = v;/' \
+  v_token_major_made_by_the_consumers_gives_bitwise_the_same
+# 25. The same transpose without its barrier between the warpgroup's loads and its stores (in
+# place, the layouts differ in shape): a race, caught when a warp's stores overtake another
+# warp's loads (xpose_model.py shows the bytes it breaks).
+mutate vt-no-barrier xpose.cuh 's/^  named_sync(bar, 128);$/  (void)bar;/' \
+  v_token_major_made_by_the_consumers_gives_bitwise_the_same

@@ -9,6 +9,10 @@ bank groups:
     dim-major K, BWD_KD_XPOSE), and at d = 64 from a 128 x 64-byte staging tile (64-byte swizzle);
   - xpose_kd_half (BWD_KD_XPOSE 2): the same K tile made by both consumer warpgroups' warps, each
     warpgroup its half of the dims, every block exactly once, d = 128 and 64;
+  - xpose_vt_half (BWD_VT_XPOSE): the backward's V tile the other way round, each warpgroup its
+    64-key half from dim-major (64-byte swizzle) into its token-major rows (the swizzle of d's
+    width) in place, its loads before its stores, the two halves in either order (a warpgroup
+    that wrote into the other's half would break it), every block once, d = 128 and 64;
   - the forward's Q writer (FWD_QD_WRITE): a 128-token tile (token-major, the swizzle of its
     width) into two [d][64-position] tiles with the 64-byte swizzle, plain and BWD_QPERM order,
     d = 128 and 64.
@@ -113,6 +117,27 @@ for hd in (128, 64):  # the backward's K by its consumers (xpose_kd_half): both 
         bad = sum((src[tok(k, d)] if k < nk else 0) != dst[sw128(d, k)] for k in range(128) for d in range(hd))
         bad += len(seen) - len(set(seen))  # every block once
         report(f"K by the consumers d {hd}, nk {nk}", bad, ways)
+
+for hd in (128, 64):  # the backward's V by its consumers (xpose_vt_half), in place per half
+    tok = sw128 if hd == 128 else sw64
+    NP = hd // 32
+    for order in ((0, 1), (1, 0)):  # each warpgroup's loads see only what the other left
+        # dim-major halves: half c = [hd dims][64 keys], 64-byte swizzle, at byte hd * 64 c
+        orig = [random.randrange(256) for _ in range(hd * 128)]
+        mem = list(orig)
+        ways, seen = 0, []
+        for half in order:
+            snap = list(mem)  # the warpgroup's barrier: its loads before its stores
+            base = half * 64 * hd
+            src = lambda r, k, base=base: base + sw64(r, k)
+            dst = lambda r, k, base=base: base + tok(r, k)
+            for w in range(4):
+                for i in range(NP):
+                    seen += [(half, 2 * i, w), (half, 2 * i + 1, w)]
+                    ways = max(ways, blocks(snap, mem, src, dst, 2 * i, w, 2 * i + 1, w, hd, False))
+        bad = sum(orig[(k // 64) * 64 * hd + sw64(d, k % 64)] != mem[tok(k, d)] for k in range(128) for d in range(hd))
+        bad += len(seen) - len(set(seen)) + (len(seen) != 128 * hd // 256)
+        report(f"V by the consumers d {hd}, in place, halves in order {order}", bad, ways)
 
 for hd in (128, 64):  # the forward's Q writer
     tok = sw128 if hd == 128 else sw64

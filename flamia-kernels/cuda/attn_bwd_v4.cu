@@ -216,6 +216,17 @@
 #ifndef BWD_KD_XPOSE
 #define BWD_KD_XPOSE 0
 #endif
+// BWD_VT_XPOSE 1 (host knob FLAMIA_BWD_VT_XPOSE=0|1, attention.rs vt_xpose_auto): the K/V
+// slot's V tile is TMA-loaded from V's dim-major copy (the forward's operand; v_map then maps
+// v_dim with 64-key boxes of the 64-byte swizzle, one per consumer warpgroup) and each consumer
+// warpgroup transposes its half in place into the token-major rows its dP products read at its
+// item's start (xpose_vt_half), so the Q/K/V quantiser writes no token-major V (a sixth of its
+// bytes; with BWD_KD_XPOSE 2 a fifth of what is left) and the forward's saved operands hold
+// none. Costs per item: 4 + 4 shared-memory instructions per warp (2 + 2 at d = 64), two
+// barriers of the warpgroup's 128 threads and a proxy fence before its first dP product.
+#ifndef BWD_VT_XPOSE
+#define BWD_VT_XPOSE 0
+#endif
 // BWD_COLS_TMA (the host defines it; src/gpu/attention.rs bwd_cols_tma): each step's per-query
 // constants (BwdCols) come by one bulk copy from the table bwd_cols wrote before the launch
 // ([query head][padded position / 2] column pairs), instead of the producer loading q_exp, do_exp,
@@ -245,7 +256,7 @@ struct BwdTile {
 struct BwdV4Params {
   // (token rows of HEAD_DIM bytes with the swizzle of that width: tok_off / desc_tok)
   TmaMap k_map;    // k_tok (HEAD_DIM B, Hkv, T), box (HEAD_DIM, 1, 128)
-  TmaMap v_map;    // v_tok, same
+  TmaMap v_map;    // v_tok, same; BWD_VT_XPOSE: v_dim as qd_map (box 64 tokens, HEAD_DIM dims, 64-byte swizzle)
   TmaMap kd_map;   // k_dim (Tpad, Hkv * HEAD_DIM), box (128 tokens, HEAD_DIM dims)
   TmaMap q_map;    // q_tok (HEAD_DIM B, Hq, T), box (HEAD_DIM, 1, 64)
   TmaMap do_map;   // do_tok, same
@@ -580,7 +591,13 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         if (code >= 0) {
           mbar_expect_tx(kvbar, 2 * BKT * HEAD_DIM);
           tma_load_3d(smem_u32(sm.k), &P.k_map, kvbar, 0, hk, t.doc0 + t.k0);
+#if BWD_VT_XPOSE
+          // (dim-major, one 64-key half per consumer warpgroup: xpose_vt_half)
+          tma_load_2d(smem_u32(sm.v), &P.v_map, kvbar, t.pad0 + t.k0, hk * HEAD_DIM);
+          tma_load_2d(smem_u32(sm.v) + 64 * HEAD_DIM, &P.v_map, kvbar, t.pad0 + t.k0 + 64, hk * HEAD_DIM);
+#else
           tma_load_3d(smem_u32(sm.v), &P.v_map, kvbar, 0, hk, t.doc0 + t.k0);
+#endif
         }
       }
     };
@@ -1569,6 +1586,16 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     xpose_kd_half(sm.k + opaque_u32(0u), sm.kd + opaque_u32(0u), cw, C.w(), tl.len - tl.k0, (int)opaque_u32(C.lane()));
 #else
     mbar_wait(smem_u32(&sm.kd_full), ni & 1);  // the item's dim-major K (issued before the last item's end)
+#endif
+#if BWD_VT_XPOSE
+    // this warpgroup's 64 keys of the item's token-major V, in place from the dim-major half the
+    // producer loaded for it (its loads before its stores: barrier 8 + cw over its 128 threads),
+    // published to its first dP product by a proxy fence and the same barrier. Warpgroup, warp
+    // and lane opaque, as for K above (with them plain, the interior step loop's LDL/STL went
+    // 4 -> 6 at d = 128).
+    xpose_vt_half(sm.v + opaque_u32(0u), (int)opaque_u32(cw), (int)opaque_u32(C.w()), (int)opaque_u32(C.lane()), 8 + cw);
+    fence_async_smem();
+    named_sync(8 + cw, 128);
 #endif
     const int n = bwd_steps(tl, a.causal), qstart = a.causal ? tl.k0 : 0;
     // Interior steps: no key past the document and, causal, every key row sees every query.

@@ -106,7 +106,7 @@ __device__ __forceinline__ void st_codes(V* p, V v) {
 // One input tensor and its operand.
 struct QuantTensor {
   const u16* x;  // BF16 [T, heads, d]
-  u8* tok;       // [T, heads, d]
+  u8* tok;       // [T, heads, d], or null: no token-major copy (V under the v4 backward's BWD_VT_XPOSE)
   u8* dim;       // [heads, d, Tpad], or null: no dim-major copy (K or Q under the session 22 knobs)
   i8* exps;      // [T, heads]
   int heads;
@@ -522,6 +522,9 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       uint2* dst = reinterpret_cast<uint2*>(t.tok + row * HEAD_DIM + 8 * q);
 #ifdef QUANT_PROF_NOTOK
       if (codes[0] == 0x12345678u)  // (keeps the codes alive; practically never true)
+#else
+      // (a null `tok`: no token-major copy of this input, V under BWD_VT_XPOSE; CTA-uniform)
+      if (t.tok != nullptr)
 #endif
 #pragma unroll
       for (int k = 0; k < NK; ++k) st_codes(dst + 4 * k, make_uint2(codes[2 * k], codes[2 * k + 1]));

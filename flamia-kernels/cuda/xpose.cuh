@@ -3,7 +3,9 @@
 // the row: what the FP8 wgmma takes as a K-major operand over tokens, or a TMA box of the
 // dim-major layout in global memory), tokens at or past `nk` written as zeros. Users: the v4
 // backward's dim-major K (BWD_KD_XPOSE 2, the consumers, per plan by default since session 23;
-// 1, a producer warp, A/B only) and the v4 forward's copy of Q (FWD_QD_WRITE, off by default).
+// 1, a producer warp, A/B only), the same backward's token-major V the other way round
+// (BWD_VT_XPOSE, xpose_vt_half) and the v4 forward's copy of Q (FWD_QD_WRITE: d = 64, short and
+// mid-length documents).
 // Measured and removed: the forward's V per key-tile visit (FWD_VT, session 22, forward
 // +16..+74%) and the backward's Q and dO per step by one producer warp (BWD_QD_XPOSE, session 23,
 // backward +7..+42%). The caller fences the async proxy and publishes.
@@ -93,6 +95,34 @@ __device__ __forceinline__ void xpose_kd_half(const u8* src, u8* dst, int half, 
   for (int i = 0; i < NP; ++i) xpose_ldsm_load(src, so, a_of(i), b_of(i), a_of(i), b_of(i) + 1, false, lane, m[i]);
 #pragma unroll
   for (int i = 0; i < NP; ++i) xpose_ldsm_store(dst, d128, a_of(i), b_of(i), a_of(i), b_of(i) + 1, nk, false, lane, m[i]);
+}
+
+// BWD_VT_XPOSE (the v4 backward's consumers, at their item's start): the K/V slot's V tile
+// arrives dim-major, as two 64-key halves (the producer's two TMA boxes of the 64-byte swizzle:
+// half c = [HEAD_DIM dims][keys 64c..64c+63] at byte HEAD_DIM * 64 c), and each consumer
+// warpgroup transposes its own half IN PLACE into its 64 rows of the token-major tile (row =
+// key, tok_off) that its dP products read: half c occupies exactly the bytes of token-major rows
+// 64c.., so the two warpgroups never touch each other's bytes and sync only among their own 128
+// threads (`bar`: between every load and any store, the layouts differ in shape). Warp w of
+// warpgroup `half`: key block w (16 keys) for all HEAD_DIM dims, NP = HEAD_DIM / 32 pairs (blocks
+// X = dims 32i.., Y = the next 16 dims). No masking: the keys past the document are whatever the
+// padded dim-major layout holds there (zeros up to the document's next multiple of 64 positions,
+// then the next document's codes), where the token-major copy held the next document's tokens:
+// both only ever meet a masked score (P = +0). 4 + 4 shared-memory instructions per warp at
+// d = 128, 2 + 2 at 64. The caller fences the async proxy and publishes (the stores must reach
+// this warpgroup's dP products). `python3 scripts/xpose_model.py` checks the bytes and that a
+// warpgroup's loads and stores stay inside its half.
+__device__ __forceinline__ void xpose_vt_half(u8* v, int half, int w, int lane, int bar) {
+  constexpr int NP = HEAD_DIM / 32;
+  u8* t = v + half * (64 * HEAD_DIM);
+  const auto s64 = [](int row, int byte) { return sw64_off(row, byte); };
+  const auto to = [](int row, int byte) { return tok_off(row, byte); };
+  u32 m[NP][4];
+#pragma unroll
+  for (int i = 0; i < NP; ++i) xpose_ldsm_load(t, s64, 2 * i, w, 2 * i + 1, w, false, lane, m[i]);
+  named_sync(bar, 128);
+#pragma unroll
+  for (int i = 0; i < NP; ++i) xpose_ldsm_store(t, to, 2 * i, w, 2 * i + 1, w, HEAD_DIM, false, lane, m[i]);
 }
 
 // HEAD_DIM == 128: both layouts are 128 x 128 bytes with the same swizzle, so the transpose runs

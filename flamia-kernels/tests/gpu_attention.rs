@@ -358,15 +358,59 @@ fn dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn v_token_major_made_by_the_consumers_gives_bitwise_the_same() {
+    // FLAMIA_BWD_VT_XPOSE=1 (unset: the default for short and mid-length documents, all of
+    // these) has the v4 backward TMA-load V's dim-major copy (the forward's operand) into its
+    // K/V slot and its consumer warpgroups transpose it in place into the token-major tile of
+    // their dP products at each item's start, so the quantiser writes no token-major V and the
+    // saved operands have none (v.tok 0: a kernel reading it would fault); =0, the kernel
+    // TMA-loads the quantiser's token-major copy. The same codes for every key inside the
+    // document: bitwise the same gradients (keys past it hold other bytes in the two tiles, and
+    // only ever meet masked scores). With K's transpose both ways (FLAMIA_BWD_KD_XPOSE 0 / 2):
+    // the code-path cases (documents ending mid-tile, a one-token one, both head dims, causal
+    // and not, row dS), tensor-wide and per-token scales, then on three CTAs so that each CTA's
+    // K/V slot turns over many times.
+    for kd in ["0", "2"] {
+        let _kd = EnvGuard::set("FLAMIA_BWD_KD_XPOSE", kd);
+        backward_knob_values_keep_every_bit("FLAMIA_BWD_VT_XPOSE", &["0", "1"], &CODE_KNOB_CASES);
+    }
+    let lens: &[usize] = &[300, 1, 65, 1100];
+    knob_keeps_every_bit(
+        "FLAMIA_BWD_VT_XPOSE",
+        &["0", "1"],
+        &[
+            (128, lens, true, AttnPath::LeakyFp8),
+            (64, lens, true, AttnPath::LeakyFp8),
+        ],
+    );
+    let gpu = gpu();
+    let _ctas = EnvGuard::set("FLAMIA_BWD_CTAS", "3");
+    for hd in [128, 64] {
+        let shape = VarlenShape::from_lens(&[1100, 2048, 517, 64, 1], 4, 2, hd).unwrap();
+        with_seeds(
+            &format!("FLAMIA_BWD_VT_XPOSE on three CTAs, d = {hd}"),
+            |mut rng| {
+                let mut opts = AttnOptions::new(AttnPath::Mxfp8);
+                opts.precision.per_token_scales = hd == 128;
+                let call = gauss_call(&mut rng, &shape, opts);
+                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_VT_XPOSE", &["0", "1"]);
+            },
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn q_dim_major_copy_written_by_the_forward_gives_bitwise_the_same() {
-    // FLAMIA_FWD_QD=1 (off by default; =auto: at d = 64 for short and mid-length documents, these
-    // shapes' d = 64 cases) has the v4 forward write Q's dim-major copy (the backward's
-    // dK operand) from the Q tiles it loads, instead of the quantiser: the same bytes (gpu_quant's
+    // FLAMIA_FWD_QD unset (the default: at d = 64 for short and mid-length documents, these
+    // shapes' d = 64 cases) against =0 (never) and =1 (every plan): the v4 forward writes Q's
+    // dim-major copy (the backward's dK operand) from the Q tiles it loads, instead of the
+    // quantiser: the same bytes (gpu_quant's
     // quantize_inputs_fills_a_caller_owned_buffer_part_by_part checks them against the CPU
     // reference), so bitwise the same outputs. The forward's knob cases (both head dims, causal
     // and not, tensor-wide scales), per-token scales, the plain order (FLAMIA_BWD_QPERM=0), and
     // more items than SMs (each CTA's Q slots and staging tiles turn over).
-    knob_keeps_every_bit("FLAMIA_FWD_QD", &["1", "auto"], &FORWARD_KNOB_CASES);
+    knob_keeps_every_bit("FLAMIA_FWD_QD", &["0", "1"], &FORWARD_KNOB_CASES);
     let gpu = gpu();
     for hd in [128, 64] {
         let shape = VarlenShape::from_lens(&[8192, 4000, 300, 65, 1], 4, 2, hd).unwrap();
@@ -378,7 +422,7 @@ fn q_dim_major_copy_written_by_the_forward_gives_bitwise_the_same() {
                     let mut opts = AttnOptions::new(AttnPath::Mxfp8);
                     opts.precision.per_token_scales = plain;
                     let call = gauss_call(&mut rng, &shape, opts);
-                    same_bits_whatever(&gpu, &call, "FLAMIA_FWD_QD", &["1", "auto"]);
+                    same_bits_whatever(&gpu, &call, "FLAMIA_FWD_QD", &["0", "1"]);
                 },
             );
         }

@@ -106,6 +106,40 @@ fn check_operand_bytes(
     check_dim_bytes(tag, shape, heads, dim, cpu, true);
 }
 
+/// [`check_operand`] of an operand quantised without its token-major copy (`tok` 0 in its
+/// [`OperandRef`]): the dim-major codes and the exponents as the reference, the token-major
+/// buffer untouched (still all `poison`).
+fn check_operand_no_tok(
+    tag: &str,
+    shape: &VarlenShape,
+    heads: usize,
+    gpu_op: &Operand,
+    cpu: &quant::E4m3Tensor,
+    poison: u8,
+) {
+    let exps = gpu_op.exps.to_host().unwrap();
+    check_exps(tag, &exps, cpu);
+    check_dim_bytes(tag, shape, heads, &gpu_op.dim.to_host().unwrap(), cpu, true);
+    let written = gpu_op
+        .tok
+        .to_host()
+        .unwrap()
+        .iter()
+        .filter(|&&b| b != poison)
+        .count();
+    assert_eq!(
+        written, 0,
+        "{tag} ({heads} heads): {written} bytes of the token-major buffer written"
+    );
+}
+
+/// The exponents bit for bit the CPU reference's.
+fn check_exps(tag: &str, exps: &[i8], cpu: &quant::E4m3Tensor) {
+    assert_eq!(exps.len(), cpu.exps.len(), "{tag}: sizes");
+    let bad = exps.iter().zip(&cpu.exps).filter(|(a, b)| a != b).count();
+    assert_eq!(bad, 0, "{tag}: {bad} exponents differ from the CPU reference");
+}
+
 /// The token-major codes and exponents bit for bit the CPU reference's.
 fn check_tok_exps(tag: &str, tok: &[u8], exps: &[i8], cpu: &quant::E4m3Tensor) {
     assert_eq!(
@@ -357,8 +391,9 @@ fn fused_qkv_case(gpu: &Gpu, rng: &mut ChaCha8Rng, amax: &AmaxScratch, d: usize)
     let shape = VarlenShape::from_lens(&LENS, hq, hkv, d).unwrap();
     let t = shape.tokens();
     let plan = Plan::new(gpu, &shape, true).unwrap();
-    // (k_dim false: K quantised without its dim-major copy, as for the v4 backward's
-    // BWD_KD_XPOSE; its buffer must stay poisoned and every other byte stay the same)
+    // (k_dim false: K quantised without its dim-major copy and V without its token-major one, as
+    // for the v4 backward's BWD_KD_XPOSE and BWD_VT_XPOSE; those buffers must stay poisoned and
+    // every other byte stay the same)
     for (mode, k_dim) in [
         (ScaleMode::TokenBlock, true),
         (ScaleMode::PerToken, true),
@@ -396,6 +431,9 @@ fn fused_qkv_case(gpu: &Gpu, rng: &mut ChaCha8Rng, amax: &AmaxScratch, d: usize)
                     if i == 1 && !k_dim {
                         out.dim = 0;
                     }
+                    if i == 2 && !k_dim {
+                        out.tok = 0;
+                    }
                     QuantInput::new(x.ptr(), *had, out)
                 })
                 .collect();
@@ -408,6 +446,8 @@ fn fused_qkv_case(gpu: &Gpu, rng: &mut ChaCha8Rng, amax: &AmaxScratch, d: usize)
                 );
                 if i == 1 && !k_dim {
                     check_operand_no_dim(&tag, *heads, op, &cpu, 0x7F);
+                } else if i == 2 && !k_dim {
+                    check_operand_no_tok(&tag, &shape, *heads, op, &cpu, 0x7F);
                 } else {
                     check_operand(&tag, &shape, *heads, op, &cpu);
                 }
@@ -421,26 +461,29 @@ fn fused_qkv_case(gpu: &Gpu, rng: &mut ChaCha8Rng, amax: &AmaxScratch, d: usize)
 fn quantize_inputs_fills_a_caller_owned_buffer_part_by_part() {
     // What the trainer's bridge does: one uninitialised device buffer per forward call
     // (poisoned here), sized by `saved_bytes`, handed in as a raw pointer.
-    // First with K's dim-major copy written by the quantiser (FLAMIA_BWD_KD_XPOSE=0), then left
-    // out (the default for these short documents: the backward's consumers transpose K) and Q's
-    // written by the forward (FLAMIA_FWD_QD=1; =auto: at d = 64 alone for these short
-    // documents): the quantiser must leave Q's untouched and the forward write it byte for byte
+    // First with K's dim-major and V's token-major copies written by the quantiser
+    // (FLAMIA_BWD_KD_XPOSE=0, FLAMIA_BWD_VT_XPOSE=0), then left out (the default for these short
+    // documents: the backward's consumers transpose K and V) and Q's
+    // written by the forward (FLAMIA_FWD_QD=1; unset, the default: at d = 64 alone for these
+    // short documents): the quantiser must leave Q's untouched and the forward write it byte for byte
     // the reference's (both knobs are read when the Attention is made).
     let gpu = gpu();
     let mut rng = rng("caller_buffer");
-    for (kd, qd) in [("0", "0"), ("", "1"), ("", "auto")] {
+    for (kd, qd) in [("0", "0"), ("", "1"), ("", "")] {
         let _k = (!kd.is_empty()).then(|| EnvGuard::set("FLAMIA_BWD_KD_XPOSE", kd));
-        let _q = EnvGuard::set("FLAMIA_FWD_QD", qd);
+        let _v = (!kd.is_empty()).then(|| EnvGuard::set("FLAMIA_BWD_VT_XPOSE", kd));
+        let _q = (!qd.is_empty()).then(|| EnvGuard::set("FLAMIA_FWD_QD", qd));
         let attn = Attention::new(gpu.clone(), AttnOptions::new(AttnPath::Mxfp8)).unwrap();
         for d in HEAD_DIMS {
-            let qd_written = qd == "1" || (qd == "auto" && d == 64);
+            let qd_written = qd == "1" || (qd.is_empty() && d == 64);
             caller_buffer_case(&gpu, &mut rng, &attn, d, kd.is_empty(), qd_written);
         }
     }
 }
 
 /// [`quantize_inputs_fills_a_caller_owned_buffer_part_by_part`] at head dim `d`.
-/// `kd_xposed`: whether the backward transposes K for this plan (no dim-major K carved);
+/// `kd_xposed`: whether the backward transposes K for this plan (no dim-major K carved) and,
+/// the same per-plan choice, V (no token-major V carved: `Attention::bwd_vt_xpose`);
 /// `qd_written`: whether the forward writes Q's dim-major copy for it.
 fn caller_buffer_case(
     gpu: &Gpu,
@@ -455,6 +498,7 @@ fn caller_buffer_case(
     let t = shape.tokens();
     let plan = Plan::new(gpu, &shape, true).unwrap();
     assert_eq!(attn.bwd_kd_xpose(&plan), kd_xposed, "d={d}: K transposed as set");
+    assert_eq!(attn.bwd_vt_xpose(&plan), kd_xposed, "d={d}: V transposed as set");
     assert_eq!(
         attn.fwd_writes_qd(&plan),
         qd_written,
@@ -520,8 +564,19 @@ fn caller_buffer_case(
             name == "k" && kd_xposed,
             "d={d} {name}: dim-major copy carved iff its reader needs it"
         );
-        let tok = part(op.tok, n_tok);
+        // V has no token-major copy when the v4 backward transposes it (BWD_VT_XPOSE, the default)
+        assert_eq!(
+            op.tok == 0,
+            name == "v" && kd_xposed,
+            "d={d} {name}: token-major copy carved iff its reader needs it"
+        );
         let tag = format!("d={d} {name} in the caller's buffer");
+        if op.tok == 0 {
+            check_exps(&tag, &exps, &cpu);
+            check_dim_bytes(&tag, &shape, op.heads, part(op.dim, n_dim), &cpu, true);
+            continue;
+        }
+        let tok = part(op.tok, n_tok);
         if op.dim == 0 {
             check_tok_exps(&tag, tok, &exps, &cpu);
             continue;

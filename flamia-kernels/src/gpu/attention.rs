@@ -312,27 +312,54 @@ fn kd_xpose_env() -> Option<u32> {
     }
 }
 
+/// `FLAMIA_BWD_VT_XPOSE`: `Some(on)` when it is exactly `0` (the quantiser's token-major V,
+/// TMA-loaded) or `1` (the consumers transpose the dim-major tile, `BWD_VT_XPOSE`); `None` (unset
+/// or anything else): [`vt_xpose_auto`] per plan.
+fn vt_xpose_env() -> Option<bool> {
+    match std::env::var("FLAMIA_BWD_VT_XPOSE").as_deref().map(str::trim) {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    }
+}
+
+/// Whether the v4 backward's consumers make V's token-major tile (`BWD_VT_XPOSE`) for a plan
+/// with `mean_tiles` key tiles per query tile, unless `FLAMIA_BWD_VT_XPOSE` says: with K's
+/// transpose, below [`KD_XPOSE_MAX_TILES`] (the same trade: the quantiser's bytes against a
+/// longer item start). Session 24, H200, same call, training call with it against without:
+/// -1.3% at 256x256, -0.6% at 64x1024, -0.2% at 16x4096, -0.8% at 8192+224x256 (d = 128;
+/// quantiser -8..-9%, backward +0.4..+0.8%); d = 64 within noise (+0.1% / +0.3%); forced on at
+/// 1x65536 +1.0% (the backward's item start again).
+fn vt_xpose_auto(mean_tiles: f64) -> bool {
+    mean_tiles < KD_XPOSE_MAX_TILES
+}
+
 /// `FLAMIA_FWD_QD`: whether the v4 forward writes Q's dim-major copy ([`Attention::fwd_writes_qd`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum QdFwd {
-    /// Unset or anything else: the quantiser writes it.
+    /// `0`: the quantiser writes it, for every plan.
     Off,
     /// `1`: the forward, for every plan.
     On,
-    /// `auto` (session 23's candidate default, not yet measured as one): the forward at head dim
-    /// 64 for plans of short and mid-length documents ([`KD_XPOSE_MAX_TILES`]), where session 23
-    /// measured the training call another -1.3 / -1.4% at 256x256 / 16x4096 on top of the
-    /// consumers' K transpose (at d = 128 it gained nothing: the forward's extra stores cost as
-    /// much as the quantiser saves).
+    /// Unset or anything else (the default since session 24): the forward at head dim 64 for
+    /// plans of short and mid-length documents ([`KD_XPOSE_MAX_TILES`]), the quantiser
+    /// elsewhere. Measured on the H200 with the consumers' K transpose on: training call
+    /// -1.3 / -1.4% at 256x256 / 16x4096 (session 23), -1.0% at 256x256, -0.3% at 64x1024,
+    /// -1.1% at 16x4096, 1x65536 untouched (session 24, d = 64). At d = 128 it gained nothing
+    /// (the forward's extra stores cost as much as the quantiser saves: +4..+12% forward).
     Auto,
 }
 
 impl QdFwd {
     fn from_env() -> QdFwd {
-        match std::env::var("FLAMIA_FWD_QD").as_deref().map(str::trim) {
-            Ok("1") => QdFwd::On,
-            Ok("auto") => QdFwd::Auto,
-            _ => QdFwd::Off,
+        Self::parse(std::env::var("FLAMIA_FWD_QD").ok().as_deref())
+    }
+
+    fn parse(v: Option<&str>) -> QdFwd {
+        match v.map(str::trim) {
+            Some("0") => QdFwd::Off,
+            Some("1") => QdFwd::On,
+            _ => QdFwd::Auto,
         }
     }
 
@@ -718,6 +745,7 @@ pub struct Attention {
     bwd_v3: bool,
     bwd_stages: u32,
     kd_xpose_env: Option<u32>,
+    vt_xpose_env: Option<bool>,
     qd_fwd: QdFwd,
 }
 
@@ -742,6 +770,7 @@ impl Attention {
             bwd_v3: backward_v3_forced(),
             bwd_stages: backward_v4_stages(),
             kd_xpose_env: kd_xpose_env(),
+            vt_xpose_env: vt_xpose_env(),
             qd_fwd: QdFwd::from_env(),
         })
     }
@@ -769,8 +798,14 @@ impl Attention {
     /// The v4 backward's variant and smem budget for this call's options at head dim `hd`, with
     /// the test knobs of the environment (`FLAMIA_BWD_JITTER`, `FLAMIA_BWD_SKIP_DEAD`); `walk_up`:
     /// the plan has tiles that walk up.
-    /// `kd_mode`: [`Attention::bwd_kd_xpose_mode`].
-    fn backward_v4_kernel(&self, hd: u32, walk_up: bool, kd_mode: u32) -> GpuResult<(Variant, u32)> {
+    /// `kd_mode`: [`Attention::bwd_kd_xpose_mode`]; `vt`: [`Attention::bwd_vt_xpose`].
+    fn backward_v4_kernel(
+        &self,
+        hd: u32,
+        walk_up: bool,
+        kd_mode: u32,
+        vt: bool,
+    ) -> GpuResult<(Variant, u32)> {
         let mut v = backward_v4_variant(
             self.bwd_stages,
             hd,
@@ -793,7 +828,10 @@ impl Attention {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
-        let v = with_kd_xpose(v, hd, kd_mode);
+        let mut v = with_kd_xpose(v, hd, kd_mode);
+        if vt {
+            v.0 = v.0.define("BWD_VT_XPOSE", 1);
+        }
         with_dq_bufs(v, hd, bwd_dq_bufs())
     }
 
@@ -821,8 +859,8 @@ impl Attention {
         let mut c = Carver::new(base);
         let saved = Saved {
             q: c.operand(plan, s.heads_q),
-            k: c.operand_with(plan, s.heads_kv, !self.bwd_kd_xpose(plan)),
-            v: c.operand(plan, s.heads_kv),
+            k: c.operand_with(plan, s.heads_kv, true, !self.bwd_kd_xpose(plan)),
+            v: c.operand_with(plan, s.heads_kv, !self.bwd_vt_xpose(plan), true),
             q4: nv.then(|| c.nvfp4(plan, s.heads_q)),
             k4: nv.then(|| c.nvfp4(plan, s.heads_kv)),
             storage: None,
@@ -1003,13 +1041,29 @@ impl Attention {
         self.kd_xpose_env.unwrap_or_else(|| kd_xpose_auto(mean_tiles))
     }
 
+    /// Whether the v4 backward TMA-loads V's dim-major copy (the forward's operand) into its K/V
+    /// slot and its consumers transpose it in place into the token-major tile of their dP
+    /// products at each item's start (`BWD_VT_XPOSE`), so the quantiser writes no token-major V
+    /// and [`Saved`] holds none (`v.tok` 0). With the v4 backward only, for plans of short and
+    /// mid-length documents ([`vt_xpose_auto`]) unless `FLAMIA_BWD_VT_XPOSE=0|1` says (read when
+    /// this value was made). Session 24 (docs/perf.md): quantiser -8..-9%, training call
+    /// -0.2..-1.3% at d = 128.
+    pub fn bwd_vt_xpose(&self, plan: &Plan) -> bool {
+        self.vt_xpose_at(plan.tables.fwd.mean_key_tiles())
+    }
+
+    /// [`Attention::bwd_vt_xpose`] for a plan of `mean_tiles` key tiles per query tile.
+    fn vt_xpose_at(&self, mean_tiles: f64) -> bool {
+        self.uses_backward_v4() && self.vt_xpose_env.unwrap_or_else(|| vt_xpose_auto(mean_tiles))
+    }
+
     /// Whether the v4 forward writes Q's dim-major copy (the v4 backward's dK operand) from the Q
     /// tiles it loads anyway (`FWD_QD_WRITE`: the producer warpgroup's idle warp transposes each
     /// item's tile in shared memory and bulk-stores it), so the quantiser writes none: a sixth of
-    /// its bytes, for `plan`. Needs both v4 kernels; off unless `FLAMIA_FWD_QD` is `1` (every plan)
-    /// or `auto` (d = 64, short and mid-length documents) (read when this value was made):
-    /// sessions 22-23 measured the quantiser -10% with it but the forward +4..+14% on short
-    /// documents at d = 128 (docs/perf.md). [`Saved`]'s Q copy is then complete only after
+    /// its bytes, for `plan`. Needs both v4 kernels; by default at d = 64 for short and
+    /// mid-length documents only ([`QdFwd::Auto`]); `FLAMIA_FWD_QD=1` every plan, `=0` none
+    /// (read when this value was made): sessions 22-23 measured the quantiser -10% with it but
+    /// the forward +4..+14% on short documents at d = 128 (docs/perf.md). [`Saved`]'s Q copy is then complete only after
     /// [`Attention::forward_quantized`].
     pub fn fwd_writes_qd(&self, plan: &Plan) -> bool {
         self.fwd_writes_qd_at(plan.shape().head_dim, plan.tables.fwd.mean_key_tiles())
@@ -1033,15 +1087,15 @@ impl Attention {
 
     /// Bytes the Q/K/V quantiser moves for `plan` under these options ([`e4m3_bytes`]: no
     /// dim-major K with [`Attention::bwd_kd_xpose`], no dim-major Q with
-    /// [`Attention::fwd_writes_qd`]).
+    /// [`Attention::fwd_writes_qd`], no token-major V with [`Attention::bwd_vt_xpose`]).
     pub fn input_quant_bytes(&self, plan: &Plan) -> usize {
         let s = plan.shape();
         e4m3_bytes(
             plan,
             &[
-                (s.heads_q, !self.fwd_writes_qd(plan)),
-                (s.heads_kv, !self.bwd_kd_xpose(plan)),
-                (s.heads_kv, true),
+                (s.heads_q, true, !self.fwd_writes_qd(plan)),
+                (s.heads_kv, true, !self.bwd_kd_xpose(plan)),
+                (s.heads_kv, !self.bwd_vt_xpose(plan), true),
             ],
         )
     }
@@ -1286,7 +1340,8 @@ impl Attention {
             self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
         }
         let kd_mode = self.bwd_kd_xpose_mode(plan);
-        let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up(), kd_mode)?;
+        let vt = self.bwd_vt_xpose(plan);
+        let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up(), kd_mode, vt)?;
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
@@ -1305,7 +1360,12 @@ impl Attention {
             }
             let p = BwdV4Params {
                 k_map: tma::token_major(saved.k.tok, t, s.heads_kv, hd, BWD_KT as u32)?,
-                v_map: tma::token_major(saved.v.tok, t, s.heads_kv, hd, BWD_KT as u32)?,
+                // (BWD_VT_XPOSE: the dim-major V in 64-key halves, transposed by the kernel)
+                v_map: if vt {
+                    tma::dim_major_64(saved.v.dim, s.heads_kv, hd, plan.tpad())?
+                } else {
+                    tma::token_major(saved.v.tok, t, s.heads_kv, hd, BWD_KT as u32)?
+                },
                 // (BWD_KD_XPOSE: no dim-major K, the kernel transposes the token-major tile)
                 kd_map: if self.bwd_kd_xpose(plan) {
                     TmaMap::default()
@@ -1451,7 +1511,8 @@ impl Attention {
         if self.uses_backward_v4() {
             // (the short documents' build, as for the forward's above)
             let kd_mode = self.kd_xpose_mode_at(1.5);
-            let (v4, smem) = self.backward_v4_kernel(hd32, super::sched::bwd_up_tiles() > 0, kd_mode)?;
+            let vt = self.vt_xpose_at(1.5);
+            let (v4, smem) = self.backward_v4_kernel(hd32, super::sched::bwd_up_tiles() > 0, kd_mode, vt)?;
             let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_bwd_v4".to_string(), r, l));
@@ -1481,8 +1542,8 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, forward_v4_variant,
-        fwd_cw_const, kd_xpose_auto, parse_promote, smem_bwd4, with_dq_bufs, with_early_factors,
-        with_kd_xpose, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
+        fwd_cw_const, kd_xpose_auto, parse_promote, smem_bwd4, vt_xpose_auto, with_dq_bufs,
+        with_early_factors, with_kd_xpose, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
@@ -1643,6 +1704,30 @@ mod tests {
         assert_eq!(kd_xpose_auto(KD_XPOSE_MAX_TILES), 0);
         assert_eq!(kd_xpose_auto(64.5), 0);
         assert_eq!(kd_xpose_auto(256.5), 0);
+    }
+
+    #[test]
+    fn v_transposed_by_the_consumers_only_for_short_and_mid_documents() {
+        assert!(vt_xpose_auto(1.5));
+        assert!(vt_xpose_auto(16.5));
+        assert!(!vt_xpose_auto(KD_XPOSE_MAX_TILES));
+        assert!(!vt_xpose_auto(256.5));
+    }
+
+    #[test]
+    fn q_copy_by_the_forward_by_default_only_at_head_dim_64_for_short_and_mid_documents() {
+        let auto = QdFwd::parse(None);
+        assert_eq!(auto, QdFwd::Auto);
+        assert_eq!(QdFwd::parse(Some("auto")), QdFwd::Auto);
+        assert_eq!(QdFwd::parse(Some(" 0 ")), QdFwd::Off);
+        assert_eq!(QdFwd::parse(Some("1")), QdFwd::On);
+        assert!(auto.writes(64, 1.5));
+        assert!(auto.writes(64, 16.5));
+        assert!(!auto.writes(64, KD_XPOSE_MAX_TILES));
+        assert!(!auto.writes(64, 256.5));
+        assert!(!auto.writes(128, 1.5));
+        assert!(!QdFwd::Off.writes(64, 1.5));
+        assert!(QdFwd::On.writes(128, 256.5));
     }
 
     #[test]

@@ -36,7 +36,9 @@ pub const NVFP4_HEAD_DIM: usize = 128;
 /// head dim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OperandRef {
-    /// `(tokens, heads, d)` codes.
+    /// `(tokens, heads, d)` codes, or 0: the quantiser writes no token-major copy (V when the
+    /// v4 backward makes it from the dim-major one in shared memory: `Attention::bwd_vt_xpose`;
+    /// the exponents are written either way).
     pub tok: u64,
     /// `(heads, d, Tpad)` codes, or 0: the quantiser writes no dim-major copy (K when the v4
     /// backward makes it in shared memory, Q when the v4 forward writes it: `Attention::bwd_kd_xpose`,
@@ -192,14 +194,21 @@ impl Carver {
 
     /// The next E4M3 operand of `heads` heads.
     pub fn operand(&mut self, plan: &Plan, heads: usize) -> OperandRef {
-        self.operand_with(plan, heads, true)
+        self.operand_with(plan, heads, true, true)
     }
 
-    /// The next E4M3 operand of `heads` heads, with its dim-major copy or without (`dim` 0).
-    pub fn operand_with(&mut self, plan: &Plan, heads: usize, dim_major: bool) -> OperandRef {
+    /// The next E4M3 operand of `heads` heads, with its token-major and dim-major copies or
+    /// without (`tok` / `dim` 0); the exponents always.
+    pub fn operand_with(
+        &mut self,
+        plan: &Plan,
+        heads: usize,
+        tok_major: bool,
+        dim_major: bool,
+    ) -> OperandRef {
         let [tok, dim, exps] = OperandRef::sizes(plan, heads);
         OperandRef {
-            tok: self.part(tok),
+            tok: if tok_major { self.part(tok) } else { 0 },
             dim: if dim_major { self.part(dim) } else { 0 },
             exps: self.part(exps),
             heads,
@@ -354,16 +363,16 @@ fn persistent_grid(gpu: &Gpu, f: &cudarc::driver::CudaFunction, items: usize) ->
     ))
 }
 
-/// Bytes one E4M3 launch moves for inputs of `(heads, dim-major copy written)` at the plan's head
-/// dim (BF16 read; token-major codes, the dim-major codes with their padding where written, and
-/// exponents written), D and its O read not included.
-pub fn e4m3_bytes(plan: &Plan, inputs: &[(usize, bool)]) -> usize {
+/// Bytes one E4M3 launch moves for inputs of `(heads, token-major copy written, dim-major copy
+/// written)` at the plan's head dim (BF16 read; the token-major codes and the dim-major codes
+/// with their padding where written, and exponents written), D and its O read not included.
+pub fn e4m3_bytes(plan: &Plan, inputs: &[(usize, bool, bool)]) -> usize {
     let (t, d) = (plan.shape().tokens(), plan.shape().head_dim);
     inputs
         .iter()
-        .map(|&(h, dim)| {
-            let [tok, dimb, exps] = OperandRef::sizes(plan, h);
-            t * h * d * 2 + tok + if dim { dimb } else { 0 } + exps
+        .map(|&(h, tok, dim)| {
+            let [tokb, dimb, exps] = OperandRef::sizes(plan, h);
+            t * h * d * 2 + if tok { tokb } else { 0 } + if dim { dimb } else { 0 } + exps
         })
         .sum()
 }
