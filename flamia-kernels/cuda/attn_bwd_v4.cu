@@ -14,7 +14,9 @@
 //                         (kd_empty), so the loads overlap the item's last dQ and its end. With
 //                         BWD_KD_XPOSE 2 (the host's choice for short and mid-length documents)
 //                         the consumers make the dim-major K tile from the token-major one at the
-//                         item's start instead. Registers cut to 24.
+//                         item's start instead, and with BWD_VT_XPOSE (the same plans) the
+//                         K/V slot gets V's dim-major copy, which the consumers transpose into
+//                         the token-major tile in place. Registers cut to 24.
 //   warpgroup 0, warps 1-2  dQ reducers (lane 0, one per consumer warpgroup): take the step's FP32
 //                         dQ partial out of shared memory in order (below), so the consumers never
 //                         wait on another CTA's progress, only for their partial buffer.
