@@ -331,29 +331,7 @@ fn dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same() {
     // each CTA runs many items and the K/V slot, the dim-major tile and their barriers turn over
     // many times.
     backward_knob_values_keep_every_bit("FLAMIA_BWD_KD_XPOSE", &["0", "1", "2"], &CODE_KNOB_CASES);
-    let lens: &[usize] = &[300, 1, 65, 1100];
-    knob_keeps_every_bit(
-        "FLAMIA_BWD_KD_XPOSE",
-        &["0", "1", "2"],
-        &[
-            (128, lens, true, AttnPath::LeakyFp8),
-            (64, lens, true, AttnPath::LeakyFp8),
-        ],
-    );
-    let gpu = gpu();
-    let _ctas = EnvGuard::set("FLAMIA_BWD_CTAS", "3");
-    for hd in [128, 64] {
-        let shape = VarlenShape::from_lens(&[1100, 2048, 517, 64, 1], 4, 2, hd).unwrap();
-        with_seeds(
-            &format!("FLAMIA_BWD_KD_XPOSE on three CTAs, d = {hd}"),
-            |mut rng| {
-                let mut opts = AttnOptions::new(AttnPath::Mxfp8);
-                opts.precision.per_token_scales = hd == 128;
-                let call = gauss_call(&mut rng, &shape, opts);
-                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_KD_XPOSE", &["0", "1", "2"]);
-            },
-        );
-    }
+    operand_tile_knob_keeps_every_bit("FLAMIA_BWD_KD_XPOSE", &["0", "1", "2"]);
 }
 
 #[test]
@@ -374,10 +352,18 @@ fn v_token_major_made_by_the_consumers_gives_bitwise_the_same() {
         let _kd = EnvGuard::set("FLAMIA_BWD_KD_XPOSE", kd);
         backward_knob_values_keep_every_bit("FLAMIA_BWD_VT_XPOSE", &["0", "1"], &CODE_KNOB_CASES);
     }
+    operand_tile_knob_keeps_every_bit("FLAMIA_BWD_VT_XPOSE", &["0", "1"]);
+}
+
+/// The rest of a backward operand-tile knob's bitwise test (the K and V transposes): tensor-wide
+/// scales on documents ending mid-tile with a one-token one, both head dims, then on three CTAs
+/// (`FLAMIA_BWD_CTAS`, per-token scales at d = 128), so that each CTA runs many items and its K/V
+/// slot and shared tiles turn over many times.
+fn operand_tile_knob_keeps_every_bit(var: &str, values: &[&str]) {
     let lens: &[usize] = &[300, 1, 65, 1100];
     knob_keeps_every_bit(
-        "FLAMIA_BWD_VT_XPOSE",
-        &["0", "1"],
+        var,
+        values,
         &[
             (128, lens, true, AttnPath::LeakyFp8),
             (64, lens, true, AttnPath::LeakyFp8),
@@ -387,15 +373,12 @@ fn v_token_major_made_by_the_consumers_gives_bitwise_the_same() {
     let _ctas = EnvGuard::set("FLAMIA_BWD_CTAS", "3");
     for hd in [128, 64] {
         let shape = VarlenShape::from_lens(&[1100, 2048, 517, 64, 1], 4, 2, hd).unwrap();
-        with_seeds(
-            &format!("FLAMIA_BWD_VT_XPOSE on three CTAs, d = {hd}"),
-            |mut rng| {
-                let mut opts = AttnOptions::new(AttnPath::Mxfp8);
-                opts.precision.per_token_scales = hd == 128;
-                let call = gauss_call(&mut rng, &shape, opts);
-                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_VT_XPOSE", &["0", "1"]);
-            },
-        );
+        with_seeds(&format!("{var} on three CTAs, d = {hd}"), |mut rng| {
+            let mut opts = AttnOptions::new(AttnPath::Mxfp8);
+            opts.precision.per_token_scales = hd == 128;
+            let call = gauss_call(&mut rng, &shape, opts);
+            same_bits_whatever(&gpu, &call, var, values);
+        });
     }
 }
 

@@ -80,17 +80,13 @@ fn check_operand_no_dim(tag: &str, heads: usize, gpu_op: &Operand, cpu: &quant::
     let tok = gpu_op.tok.to_host().unwrap();
     let exps = gpu_op.exps.to_host().unwrap();
     check_tok_exps(tag, &tok, &exps, cpu);
-    let written = gpu_op
-        .dim
-        .to_host()
-        .unwrap()
-        .iter()
-        .filter(|&&b| b != poison)
-        .count();
-    assert_eq!(
-        written, 0,
-        "{tag} ({heads} heads): {written} bytes of the dim-major buffer written"
-    );
+    assert_untouched(&format!("{tag} ({heads} heads), dim-major"), &gpu_op.dim, poison);
+}
+
+/// Every byte of `buf` still `poison` (a copy the quantiser was told not to write).
+fn assert_untouched(tag: &str, buf: &DeviceBuf<u8>, poison: u8) {
+    let written = buf.to_host().unwrap().iter().filter(|&&b| b != poison).count();
+    assert_eq!(written, 0, "{tag}: {written} bytes of the buffer written");
 }
 
 /// [`check_operand`] on host copies of the token-major codes, dim-major codes and exponents.
@@ -120,16 +116,10 @@ fn check_operand_no_tok(
     let exps = gpu_op.exps.to_host().unwrap();
     check_exps(tag, &exps, cpu);
     check_dim_bytes(tag, shape, heads, &gpu_op.dim.to_host().unwrap(), cpu, true);
-    let written = gpu_op
-        .tok
-        .to_host()
-        .unwrap()
-        .iter()
-        .filter(|&&b| b != poison)
-        .count();
-    assert_eq!(
-        written, 0,
-        "{tag} ({heads} heads): {written} bytes of the token-major buffer written"
+    assert_untouched(
+        &format!("{tag} ({heads} heads), token-major"),
+        &gpu_op.tok,
+        poison,
     );
 }
 
