@@ -120,9 +120,10 @@ mutate sched-noreset sched.cuh '1i #define SCHED_PROF_NORESET' \
 # change against the one-CTA fold, FLAMIA_BWD_FOLD_WARP=0).
 mutate fold-warp-suffix attn_bwd_v4.cu 's/  if (lane == 31) run = -1000;/  run = -1000;/' \
   launch_chain_knobs_keep_every_bit
-# 20. The dim-major K transposed in shared memory (BWD_KD_XPOSE, FLAMIA_BWD_KD_XPOSE=1; xpose.cuh): the
-# two byte selectors of a lane's dims 2g and 2g + 1 swapped, so the dQ products read K's codes at the
-# wrong dims (prepared with the ldmatrix version in session 22, not yet run on a GPU).
+# 20. The ldmatrix transposes' stores (xpose_ldsm_store, every transpose of xpose.cuh; the name is
+# from the producer warp's in-place K transpose, removed in session 24): the two byte selectors of
+# a lane's dims 2g and 2g + 1 swapped, so the dQ products read K's codes at the wrong dims under
+# the consumers' transpose (BWD_KD_XPOSE 2, the test's default).
 mutate kd-xpose-inplace xpose.cuh 's/const u32 s0 = swap ? 0x2064u : 0x6420u, s1 = swap ? 0x3175u : 0x7531u;/const u32 s1 = swap ? 0x2064u : 0x6420u, s0 = swap ? 0x3175u : 0x7531u;/' \
   dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same
 # 21. The ldmatrix transposes (xpose.cuh; the forward's Q copy under FLAMIA_FWD_QD=1, K under

@@ -5,8 +5,6 @@ stmatrix.x4 with the instructions' fragment layouts as the PTX ISA gives them (l
 columns 2(t%4), +1; stmatrix: lane t's register j is matrix j's row t/4, columns 2(t%4), +1).
 Checks bit for bit, with tokens at or past nk zero, and that every matrix's 8 rows hit distinct
 bank groups:
-  - xpose_sw128_in_place: a 128 x 128-byte tile, 128-byte swizzle both ways (the v4 backward's
-    dim-major K, BWD_KD_XPOSE), and at d = 64 from a 128 x 64-byte staging tile (64-byte swizzle);
   - xpose_kd_half (BWD_KD_XPOSE 2): the same K tile made by both consumer warpgroups' warps, each
     warpgroup its half of the dims, every block exactly once, d = 128 and 64;
   - xpose_vt_half (BWD_VT_XPOSE): the backward's V tile the other way round, each warpgroup its
@@ -83,22 +81,6 @@ def report(what, bad, ways):
     global ok
     print(f"{what}: wrong bytes {bad}, worst bank ways {ways}")
     ok = ok and bad == 0 and ways == 1
-
-for nk in (128, 100, 65, 1, 0, 200):  # the backward's K tile, in place
-    mem = [random.randrange(256) for _ in range(16384)]
-    src = list(mem)
-    iters = [(a, b, b, a) for a in range(8) for b in range(a + 1, 8)] + [(d, d, d + 1, d + 1) for d in range(0, 8, 2)]
-    ways = max(blocks(mem, mem, sw128, sw128, *it, nk, False) for it in iters)
-    bad = sum((src[sw128(k, d)] if k < nk else 0) != mem[sw128(d, k)] for k in range(128) for d in range(128))
-    report(f"K in place, nk {nk}", bad, ways)
-
-for nk in (128, 100, 65, 1):  # the backward's K tile at d = 64: staging (sw64) -> sw128
-    src = [random.randrange(256) for _ in range(128 * 64)]
-    dst = [0x7f] * (64 * 128)
-    blk = [(a, b) for a in range(8) for b in range(4)]
-    ways = max(blocks(src, dst, sw64, sw128, *blk[i], *blk[i + 1], nk, False) for i in range(0, len(blk), 2))
-    bad = sum((src[sw64(k, d)] if k < nk else 0) != dst[sw128(d, k)] for k in range(128) for d in range(64))
-    report(f"K at d = 64 from staging, nk {nk}", bad, ways)
 
 for hd in (128, 64):  # the backward's K by its consumers (xpose_kd_half): both warpgroups' 4 warps
     tok = sw128 if hd == 128 else sw64

@@ -187,26 +187,14 @@
 #define BWD_PRODUCER_FOLD (HEAD_DIM == 64 && BWD_KEY_BLOCKS)
 #endif
 #define BWD_FOLD (BWD_PRODUCER_FOLD && BWD_KEY_BLOCKS)
-// BWD_KD_XPOSE 1 (host knob FLAMIA_BWD_KD_XPOSE=1, A/B only: session 22 measured the Q/K/V
-// quantiser -10% with it but this kernel +2..+6% at short and mid lengths, the call no faster): the
-// dQ products' B operand, K dim-major (row = dim, 128 keys, 128-byte swizzle), is made in shared
-// memory from the token-major K tile instead of being TMA-loaded from a dim-major copy in global
-// memory, so the Q/K/V quantiser writes no dim-major K (a sixth of its bytes) and the forward's
-// saved operands hold none. The producer TMA-loads the item's token-major K tile a second time
-// (k_map; an L2 hit beside the K/V slot's load) where the dim-major one went, once the previous
-// item's last dQ has read sm.kd (kd_empty), onto kdt_full: at d = 128 into sm.kd itself, which
-// the producer warpgroup's idle warp 3 (bwd_kd_transposer) then transposes in place (16 x 16-byte
-// blocks swapped pairwise across the diagonal by ldmatrix.trans / stmatrix, xpose.cuh; session 22
-// measured a 4 x 4-byte LDS/STS version); at d = 64 into a staging tile (sm.kdt: the two layouts
-// differ in shape) transposed into sm.kd. Keys past the document become zeros; the warp
-// fences the async proxy and arrives on kd_full, which the consumers wait for at the item's start
-// as before: the transposition runs during the previous item's end, and the consumers' code is
-// the TMA-loaded copy's. Session 23 measured this +3..+7% backward at short and mid lengths with
-// the ldmatrix routine as with the 4-byte one: ~1,900 clocks per item at 256x256 either way, the
-// one 24-register warp's serial load -> store chain (32 of them) after the second TMA's landing,
-// exposed at the consumers' item start.
+// BWD_KD_XPOSE: where the dQ products' B operand, K dim-major (row = dim, 128 keys, 128-byte
+// swizzle), comes from. 0: TMA-loaded from the quantiser's dim-major copy (kd_full / kd_empty,
+// after the previous item's last dQ has read sm.kd). (A mode 1, the producer warpgroup's idle
+// warp transposing a second TMA of the token-major tile, measured +3..+7% backward at short and
+// mid lengths in sessions 22-23 (one 24-register warp's serial ldmatrix -> stmatrix chain exposed
+// at every item start) and was removed in session 24; commit 5614198 has it.)
 // BWD_KD_XPOSE 2 (the host's choice since session 23 for plans under 32 key tiles per query
-// tile, attention.rs kd_xpose_auto; FLAMIA_BWD_KD_XPOSE=0|1|2 forces: against the quantiser's
+// tile, attention.rs kd_xpose_auto; FLAMIA_BWD_KD_XPOSE=0|2 forces: against the quantiser's
 // copy the quantiser -10%, this kernel +1..+2% at short lengths, the training call -1.2..-1.6%
 // at 256x256 / 64x1024, -2.1% at d = 64, +0.9% at 1x65536, docs/perf.md "Session 23"): the
 // consumers make it themselves at their item's start from the K/V slot's token-major K tile (xpose_kd_half: warpgroup c the HEAD_DIM / 2 dims its
@@ -217,6 +205,9 @@
 // arrival (every consumer thread's, dead steps included), which that dQ waits for.
 #ifndef BWD_KD_XPOSE
 #define BWD_KD_XPOSE 0
+#endif
+#if BWD_KD_XPOSE != 0 && BWD_KD_XPOSE != 2
+#error "BWD_KD_XPOSE is 0 (the quantiser's copy) or 2 (the consumers' transpose)"
 #endif
 // BWD_VT_XPOSE 1 (host knob FLAMIA_BWD_VT_XPOSE=0|1, attention.rs vt_xpose_auto): the K/V
 // slot's V tile is TMA-loaded from V's dim-major copy (the forward's operand; v_map then maps
@@ -361,9 +352,6 @@ struct BwdV4Smem {
   u8 k[BKT * HEAD_DIM];                // row = key (tok_off)
   u8 v[BKT * HEAD_DIM];
   u8 kd[HEAD_DIM * BKT];               // row = dim, 128 keys
-#if BWD_KD_XPOSE == 1 && HEAD_DIM == 64
-  u8 kdt[BKT * HEAD_DIM];              // BWD_KD_XPOSE's staging: the token-major K tile again (tok_off)
-#endif
   u8 q[BWD_STAGES][BQT * HEAD_DIM];    // row = query
   u8 dO[BWD_STAGES][BQT * HEAD_DIM];
   u8 qd[BWD_STAGES][HEAD_DIM * BQT];   // 64-byte swizzle, row = dim, 64 queries
@@ -392,9 +380,6 @@ struct BwdV4Smem {
   BwdDqJob job[BWD_DQ_BUFS][2];        // [buffer][warpgroup] the dQ partial now in dqs[buffer][warpgroup]
   BwdTile cur[2];                      // [warpgroup] its item's tile (h in pad_a), for the hand-off: thread 0's
   u64 kv_full, kv_empty, kd_full, kd_empty, s_full[BWD_STAGES], s_empty[BWD_STAGES];
-#if BWD_KD_XPOSE == 1
-  u64 kdt_full;                        // the token-major K tile for the transposer has landed
-#endif
   u64 dq_full[BWD_DQ_BUFS][2], dq_empty[BWD_DQ_BUFS][2];  // dqs handed to the reducer / read by TMA
   u64 ds_ready[BWD_DS_BUFS];           // both warpgroups' dS codes and exponents of a step written
 };
@@ -653,9 +638,6 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
     if (code < 0) {
       if (lane == 0) sched_done(P.counter);
-#if BWD_KD_XPOSE == 1
-      if (lane == 0) mbar_arrive(smem_u32(&sm.kdt_full));  // (the transposer reads code -1 and stops)
-#endif
       return;
     }
     int next = 0;
@@ -667,20 +649,9 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     // (waiting for that before the factors above delays K/V: measured slower, session 6 call 6)
     mbar_wait(smem_u32(&sm.kd_empty), (ni & 1) ^ 1);
     if (lane == 0) {
-#if BWD_KD_XPOSE
-      // the token-major K tile again, for the transposer
-      const u32 kdbar = smem_u32(&sm.kdt_full);
-      mbar_expect_tx(kdbar, HEAD_DIM * BKT);
-#if HEAD_DIM == 64
-      tma_load_3d(smem_u32(sm.kdt), &P.k_map, kdbar, 0, hk, t.doc0 + t.k0);
-#else
-      tma_load_3d(smem_u32(sm.kd), &P.k_map, kdbar, 0, hk, t.doc0 + t.k0);  // (transposed in place)
-#endif
-#else
       const u32 kdbar = smem_u32(&sm.kd_full);
       mbar_expect_tx(kdbar, HEAD_DIM * BKT);
       tma_load_2d(smem_u32(sm.kd), &P.kd_map, kdbar, t.pad0 + t.k0, hk * HEAD_DIM);
-#endif
       mbar_arrive(kdbar);
     }
 #endif
@@ -695,30 +666,6 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
   }
 }
 
-#if BWD_KD_XPOSE == 1
-// BWD_KD_XPOSE's warp (warp 3 of the producer warpgroup, 24 registers): per item, once the
-// token-major K tile has landed for it (kdt_full, issued after the previous item's last dQ), the
-// dim-major tile sm.kd[dim][key] = K[key][dim] (xpose.cuh: in place at d = 128, from the staging
-// tile sm.kdt at 64), zeros for keys past the document, a proxy fence (the dQ products read it
-// through the async proxy), then kd_full.
-__device__ __forceinline__ void bwd_kd_transposer(BwdV4Smem& sm) {
-  const int lane = threadIdx.x & 31;
-  for (int ni = 0;; ++ni) {
-    mbar_wait(smem_u32(&sm.kdt_full), ni & 1);
-    const BwdItemTail& tail = sm.tail[ni % BWD_TAILS];
-    if (tail.code < 0) return;
-    const int nk = tail.tile.len - tail.tile.k0;  // keys of the tile inside the document (may exceed 128)
-#if HEAD_DIM == 128
-    xpose_sw128_in_place(sm.kd, nk, lane);
-#else
-    xpose_sw64_to_sw128(sm.kdt, sm.kd, nk, lane);
-#endif
-    fence_async_smem();  // the stores -> the async proxy (wgmma), before the arrival publishes them
-    __syncwarp();
-    if (lane == 0) mbar_arrive(smem_u32(&sm.kd_full));
-  }
-}
-#endif
 
 // BWD_PROF_PHASES (timing only): clocks per phase of a step, summed by thread 0 of each consumer
 // warpgroup of CTAs 0-1 and printed at the end. Phases: 0 between steps, 1 stage wait and the S
@@ -1810,9 +1757,6 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     mbar_init(smem_u32(&sm.kv_full), 32);
     mbar_init(smem_u32(&sm.kv_empty), 8);
     mbar_init(smem_u32(&sm.kd_full), 1);
-#if BWD_KD_XPOSE == 1
-    mbar_init(smem_u32(&sm.kdt_full), 1);
-#endif
     mbar_init(smem_u32(&sm.kd_empty), 8);
     for (int s = 0; s < BWD_STAGES; ++s) {
       mbar_init(smem_u32(&sm.s_full[s]), 32);
@@ -1833,9 +1777,6 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     regs_dealloc<24>();
     if (threadIdx.x < 32) bwd_producer(P, sm);
     else if (threadIdx.x == 32 || threadIdx.x == 64) bwd_reducer(P, sm, (threadIdx.x >> 5) - 1);
-#if BWD_KD_XPOSE == 1
-    else if (threadIdx.x >= 96) bwd_kd_transposer(sm);
-#endif
   } else {
     regs_alloc<240>();
     bwd_consumer(P, sm, wg - 1);

@@ -2,13 +2,15 @@
 // HEAD_DIM bytes, the swizzle of that width: tok_off) into a dim-major one (row = dim, tokens along
 // the row: what the FP8 wgmma takes as a K-major operand over tokens, or a TMA box of the
 // dim-major layout in global memory), tokens at or past `nk` written as zeros. Users: the v4
-// backward's dim-major K (BWD_KD_XPOSE 2, the consumers, per plan by default since session 23;
-// 1, a producer warp, A/B only), the same backward's token-major V the other way round
+// backward's dim-major K (BWD_KD_XPOSE 2, the consumers, per plan by default since session 23),
+// the same backward's token-major V the other way round
 // (BWD_VT_XPOSE, xpose_vt_half) and the v4 forward's copy of Q (FWD_QD_WRITE: d = 64, short and
 // mid-length documents).
 // Measured and removed: the forward's V per key-tile visit (FWD_VT, session 22, forward
-// +16..+74%) and the backward's Q and dO per step by one producer warp (BWD_QD_XPOSE, session 23,
-// backward +7..+42%). The caller fences the async proxy and publishes.
+// +16..+74%), the backward's Q and dO per step by one producer warp (BWD_QD_XPOSE, session 23,
+// backward +7..+42%) and its K per item by one producer warp (BWD_KD_XPOSE 1, sessions 22-23,
+// backward +3..+7%; removed in session 24 with its in-place 128 x 128 and 64-byte staging
+// routines, commit 5614198). The caller fences the async proxy and publishes.
 #pragma once
 #include "tma.cuh"
 
@@ -123,30 +125,4 @@ __device__ __forceinline__ void xpose_vt_half(u8* v, int half, int w, int lane, 
   named_sync(bar, 128);
 #pragma unroll
   for (int i = 0; i < NP; ++i) xpose_ldsm_store(t, to, 2 * i, w, 2 * i + 1, w, HEAD_DIM, false, lane, m[i]);
-}
-
-// HEAD_DIM == 128: both layouts are 128 x 128 bytes with the same swizzle, so the transpose runs
-// in place: block (a, b) (tokens 16a.., dims 16b..) and block (b, a) trade places transposed
-// (the dim-major tile's block lies where the token tile's mirrored block does), 28 pairs, then the
-// 8 diagonal blocks two at a time: 32 ldmatrix + 32 stmatrix per 16 KB (each pair read whole
-// before it is written: one instruction of each per pair).
-__device__ __forceinline__ void xpose_sw128_in_place(u8* t, int nk, int lane) {
-  const auto sw = [](int row, int byte) { return sw128_off(row, byte); };
-#pragma unroll 1
-  for (int a = 0; a < 8; ++a)
-#pragma unroll 1
-    for (int b = a + 1; b < 8; ++b) xpose_blocks_ldsm(t, t, sw, sw, a, b, b, a, nk, false, lane);
-#pragma unroll 1
-  for (int a = 0; a < 8; a += 2) xpose_blocks_ldsm(t, t, sw, sw, a, a, a + 1, a + 1, nk, false, lane);
-}
-
-// HEAD_DIM == 64: from a separate 128 x 64-byte token-major staging tile (64-byte swizzle) into
-// the 64 x 128-byte dim-major tile: 32 blocks, two per instruction pair.
-__device__ __forceinline__ void xpose_sw64_to_sw128(const u8* src, u8* dst, int nk, int lane) {
-  const auto s64 = [](int row, int byte) { return sw64_off(row, byte); };
-  const auto s128 = [](int row, int byte) { return sw128_off(row, byte); };
-#pragma unroll 1
-  for (int a = 0; a < 8; ++a)
-#pragma unroll 1
-    for (int c = 0; c < 4; c += 2) xpose_blocks_ldsm(src, dst, s64, s128, a, c, a, c + 1, nk, false, lane);
 }

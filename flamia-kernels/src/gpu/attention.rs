@@ -284,30 +284,24 @@ fn with_early_factors((v, smem): (Variant, u32), on: bool) -> (Variant, u32) {
     )
 }
 
-/// `v` with `BWD_KD_XPOSE` = `mode` ([`Attention::bwd_kd_xpose`]; 0 leaves `v` as it is). Mode 1
-/// (the producer warpgroup's idle warp): at head dim 64 its 8 KB staging tile (the token-major K
-/// tile again: the two layouts differ in shape), at 128 nothing (the tile is transposed in place,
-/// in the slack of the budget: one barrier). Mode 2 (the consumers, from the K/V slot's tile):
-/// no shared memory of its own.
-fn with_kd_xpose((v, smem): (Variant, u32), hd: u32, mode: u32) -> (Variant, u32) {
-    if mode == 0 {
-        return (v, smem);
+/// `v` with `BWD_KD_XPOSE` 2 when `on` ([`Attention::bwd_kd_xpose`]: the consumers transpose K,
+/// from the K/V slot's tile, no shared memory of their own); `v` as it is when not.
+fn with_kd_xpose(v: Variant, on: bool) -> Variant {
+    if on {
+        v.define("BWD_KD_XPOSE", 2)
+    } else {
+        v
     }
-    let smem = smem + if hd == 64 && mode == 1 { 8 * 1024 } else { 0 };
-    (
-        v.define("BWD_KD_XPOSE", mode).define("SMEM_BWD4_BUDGET", smem),
-        smem,
-    )
 }
 
-/// `FLAMIA_BWD_KD_XPOSE`: [`with_kd_xpose`]'s mode when it is exactly `0` (the quantiser's
-/// dim-major copy, TMA-loaded), `1` (the producer warp; A/B only) or `2` (the consumers); `None`
-/// (unset or anything else): [`kd_xpose_auto`] per plan.
-fn kd_xpose_env() -> Option<u32> {
+/// `FLAMIA_BWD_KD_XPOSE`: `Some(false)` when it is exactly `0` (the quantiser's dim-major copy,
+/// TMA-loaded), `Some(true)` for `1` or `2` (the consumers' transpose; `2` is the kernel's mode
+/// number, which session 23's scripts set; the producer warp's mode 1 was removed in session 24);
+/// `None` (unset or anything else): [`kd_xpose_auto`] per plan.
+fn kd_xpose_env() -> Option<bool> {
     match std::env::var("FLAMIA_BWD_KD_XPOSE").as_deref().map(str::trim) {
-        Ok("0") => Some(0),
-        Ok("1") => Some(1),
-        Ok("2") => Some(2),
+        Ok("0") => Some(false),
+        Ok("1") | Ok("2") => Some(true),
         _ => None,
     }
 }
@@ -384,14 +378,10 @@ impl QdFwd {
 /// 256x256, -0.7 / -0.5% at 16x4096.
 const KD_XPOSE_MAX_TILES: f64 = 32.0;
 
-/// `BWD_KD_XPOSE`'s mode for a plan with `mean_tiles` key tiles per query tile (unless
-/// `FLAMIA_BWD_KD_XPOSE` says): 2 below [`KD_XPOSE_MAX_TILES`], else 0.
-fn kd_xpose_auto(mean_tiles: f64) -> u32 {
-    if mean_tiles < KD_XPOSE_MAX_TILES {
-        2
-    } else {
-        0
-    }
+/// Whether the consumers transpose K (`BWD_KD_XPOSE` 2) for a plan with `mean_tiles` key tiles
+/// per query tile (unless `FLAMIA_BWD_KD_XPOSE` says): below [`KD_XPOSE_MAX_TILES`].
+fn kd_xpose_auto(mean_tiles: f64) -> bool {
+    mean_tiles < KD_XPOSE_MAX_TILES
 }
 
 /// `FLAMIA_BWD_DQ_BUFS=2` (an A/B knob, default 1): two FP32 dQ partial buffers per consumer
@@ -744,7 +734,7 @@ pub struct Attention {
     fwd_stages: u32,
     bwd_v3: bool,
     bwd_stages: u32,
-    kd_xpose_env: Option<u32>,
+    kd_xpose_env: Option<bool>,
     vt_xpose_env: Option<bool>,
     qd_fwd: QdFwd,
 }
@@ -798,14 +788,8 @@ impl Attention {
     /// The v4 backward's variant and smem budget for this call's options at head dim `hd`, with
     /// the test knobs of the environment (`FLAMIA_BWD_JITTER`, `FLAMIA_BWD_SKIP_DEAD`); `walk_up`:
     /// the plan has tiles that walk up.
-    /// `kd_mode`: [`Attention::bwd_kd_xpose_mode`]; `vt`: [`Attention::bwd_vt_xpose`].
-    fn backward_v4_kernel(
-        &self,
-        hd: u32,
-        walk_up: bool,
-        kd_mode: u32,
-        vt: bool,
-    ) -> GpuResult<(Variant, u32)> {
+    /// `kd`: [`Attention::bwd_kd_xpose`]; `vt`: [`Attention::bwd_vt_xpose`].
+    fn backward_v4_kernel(&self, hd: u32, walk_up: bool, kd: bool, vt: bool) -> GpuResult<(Variant, u32)> {
         let mut v = backward_v4_variant(
             self.bwd_stages,
             hd,
@@ -828,7 +812,7 @@ impl Attention {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
-        let mut v = with_kd_xpose(v, hd, kd_mode);
+        let mut v = (with_kd_xpose(v.0, kd), v.1);
         if vt {
             v.0 = v.0.define("BWD_VT_XPOSE", 1);
         }
@@ -1019,26 +1003,18 @@ impl Attention {
     /// (`k.dim` 0): a sixth of the Q/K/V quantiser's bytes. With the v4 backward only, for plans
     /// of short and mid-length documents ([`KD_XPOSE_MAX_TILES`]) unless `FLAMIA_BWD_KD_XPOSE`
     /// says (read when this value was made). Session 23 (docs/perf.md): the consumers'
-    /// transpose (mode 2) took the quantiser -10% for +1..+2% backward, training call
-    /// -1.2..-1.6% at 256x256 and 64x1024 (d = 128), -2.1% at d = 64, +0.9% at 1x65536; the
-    /// producer warp's (mode 1, `=1`) cost the backward +3..+5% and the call gained nothing.
-    /// A forward and its backward must see the same plan (they do: [`Saved`] is carved per plan).
+    /// transpose (`BWD_KD_XPOSE` 2) took the quantiser -10% for +1..+2% backward, training call
+    /// -1.2..-1.6% at 256x256 and 64x1024 (d = 128), -2.1% at d = 64, +0.9% at 1x65536 (a
+    /// producer warp's transpose cost the backward +3..+5% and the call gained nothing: removed
+    /// in session 24). A forward and its backward must see the same plan (they do: [`Saved`] is
+    /// carved per plan).
     pub fn bwd_kd_xpose(&self, plan: &Plan) -> bool {
-        self.bwd_kd_xpose_mode(plan) != 0
+        self.kd_xpose_at(plan.tables.fwd.mean_key_tiles())
     }
 
-    /// Who transposes K for `plan` when [`Attention::bwd_kd_xpose`]: 1 a producer warp, 2 the
-    /// consumer warpgroups at their item's start (`BWD_KD_XPOSE`); 0 when it is off.
-    pub fn bwd_kd_xpose_mode(&self, plan: &Plan) -> u32 {
-        self.kd_xpose_mode_at(plan.tables.fwd.mean_key_tiles())
-    }
-
-    /// [`Attention::bwd_kd_xpose_mode`] for a plan of `mean_tiles` key tiles per query tile.
-    fn kd_xpose_mode_at(&self, mean_tiles: f64) -> u32 {
-        if !self.uses_backward_v4() {
-            return 0;
-        }
-        self.kd_xpose_env.unwrap_or_else(|| kd_xpose_auto(mean_tiles))
+    /// [`Attention::bwd_kd_xpose`] for a plan of `mean_tiles` key tiles per query tile.
+    fn kd_xpose_at(&self, mean_tiles: f64) -> bool {
+        self.uses_backward_v4() && self.kd_xpose_env.unwrap_or_else(|| kd_xpose_auto(mean_tiles))
     }
 
     /// Whether the v4 backward TMA-loads V's dim-major copy (the forward's operand) into its K/V
@@ -1339,9 +1315,9 @@ impl Attention {
         if memsets {
             self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
         }
-        let kd_mode = self.bwd_kd_xpose_mode(plan);
+        let kd = self.bwd_kd_xpose(plan);
         let vt = self.bwd_vt_xpose(plan);
-        let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up(), kd_mode, vt)?;
+        let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up(), kd, vt)?;
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
@@ -1510,9 +1486,9 @@ impl Attention {
         }
         if self.uses_backward_v4() {
             // (the short documents' build, as for the forward's above)
-            let kd_mode = self.kd_xpose_mode_at(1.5);
+            let kd = self.kd_xpose_at(1.5);
             let vt = self.vt_xpose_at(1.5);
-            let (v4, smem) = self.backward_v4_kernel(hd32, super::sched::bwd_up_tiles() > 0, kd_mode, vt)?;
+            let (v4, smem) = self.backward_v4_kernel(hd32, super::sched::bwd_up_tiles() > 0, kd, vt)?;
             let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_bwd_v4".to_string(), r, l));
@@ -1625,16 +1601,16 @@ mod tests {
             }
             // the key-permuted packing of dV's and dK's A fragments (FLAMIA_BWD_QPERM=1), block and
             // row dS exponents, without and with the four-code conversions (BWD_CVT4) and the
-            // redux block maxima (BWD_REDUX), and the defaults with K transposed in shared memory
-            // (BWD_KD_XPOSE, FLAMIA_BWD_KD_XPOSE=1 and 2)
+            // redux block maxima (BWD_REDUX), and the defaults with K and V transposed in shared
+            // memory by the consumers (BWD_KD_XPOSE 2, BWD_VT_XPOSE)
             for row_ds in [false, true] {
-                let (v, smem) = with_early_factors(
+                let (v, _) = with_early_factors(
                     backward_v4_variant(3, hd, row_ds, !row_ds, false, None, true),
                     bwd_early_factors(hd, row_ds),
                 );
                 let v = v.define("BWD_QPERM", 1);
-                let (xposed, _) = with_kd_xpose((v.clone(), smem), hd, 1);
-                let (xposed2, _) = with_kd_xpose((v.clone(), smem), hd, 2);
+                let xposed = with_kd_xpose(v.clone(), true);
+                let xposed2 = with_kd_xpose(v.clone(), true).define("BWD_VT_XPOSE", 1);
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
                 for v in [
                     plain,
@@ -1698,12 +1674,12 @@ mod tests {
     #[test]
     fn k_transposed_by_the_consumers_only_for_short_and_mid_documents() {
         // the plans' mean key tiles per query tile: 256x256, 64x1024, 16x4096, 4x16384, 1x65536
-        assert_eq!(kd_xpose_auto(1.5), 2);
-        assert_eq!(kd_xpose_auto(4.5), 2);
-        assert_eq!(kd_xpose_auto(16.5), 2);
-        assert_eq!(kd_xpose_auto(KD_XPOSE_MAX_TILES), 0);
-        assert_eq!(kd_xpose_auto(64.5), 0);
-        assert_eq!(kd_xpose_auto(256.5), 0);
+        assert!(kd_xpose_auto(1.5));
+        assert!(kd_xpose_auto(4.5));
+        assert!(kd_xpose_auto(16.5));
+        assert!(!kd_xpose_auto(KD_XPOSE_MAX_TILES));
+        assert!(!kd_xpose_auto(64.5));
+        assert!(!kd_xpose_auto(256.5));
     }
 
     #[test]
