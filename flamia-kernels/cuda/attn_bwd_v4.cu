@@ -194,7 +194,7 @@
 // mid lengths in sessions 22-23 (one 24-register warp's serial ldmatrix -> stmatrix chain exposed
 // at every item start) and was removed in session 24; commit 5614198 has it.)
 // BWD_KD_XPOSE 2 (the host's choice since session 23 for plans under 32 key tiles per query
-// tile, attention.rs kd_xpose_auto; FLAMIA_BWD_KD_XPOSE=0|2 forces: against the quantiser's
+// tile, attention.rs short_items; FLAMIA_BWD_KD_XPOSE=0|1|2 forces: against the quantiser's
 // copy the quantiser -10%, this kernel +1..+2% at short lengths, the training call -1.2..-1.6%
 // at 256x256 / 64x1024, -2.1% at d = 64, +0.9% at 1x65536, docs/perf.md "Session 23"): the
 // consumers make it themselves at their item's start from the K/V slot's token-major K tile (xpose_kd_half: warpgroup c the HEAD_DIM / 2 dims its
@@ -209,7 +209,7 @@
 #if BWD_KD_XPOSE != 0 && BWD_KD_XPOSE != 2
 #error "BWD_KD_XPOSE is 0 (the quantiser's copy) or 2 (the consumers' transpose)"
 #endif
-// BWD_VT_XPOSE 1 (host knob FLAMIA_BWD_VT_XPOSE=0|1, attention.rs vt_xpose_auto): the K/V
+// BWD_VT_XPOSE 1 (host knob FLAMIA_BWD_VT_XPOSE=0|1, attention.rs short_items): the K/V
 // slot's V tile is TMA-loaded from V's dim-major copy (the forward's operand; v_map then maps
 // v_dim with 64-key boxes of the 64-byte swizzle, one per consumer warpgroup) and each consumer
 // warpgroup transposes its half in place into the token-major rows its dP products read at its

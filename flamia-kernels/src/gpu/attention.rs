@@ -284,48 +284,46 @@ fn with_early_factors((v, smem): (Variant, u32), on: bool) -> (Variant, u32) {
     )
 }
 
-/// `v` with `BWD_KD_XPOSE` 2 when `on` ([`Attention::bwd_kd_xpose`]: the consumers transpose K,
-/// from the K/V slot's tile, no shared memory of their own); `v` as it is when not.
-fn with_kd_xpose(v: Variant, on: bool) -> Variant {
-    if on {
-        v.define("BWD_KD_XPOSE", 2)
+/// `v` with the consumers' transposes of the K/V slot's tiles (no shared memory of their own):
+/// `BWD_KD_XPOSE` 2 when `kd` ([`Attention::bwd_kd_xpose`]: K's dim-major tile from the
+/// token-major one), `BWD_VT_XPOSE` when `vt` ([`Attention::bwd_vt_xpose`]: V's token-major
+/// tile from the dim-major one).
+fn with_xposes(v: Variant, kd: bool, vt: bool) -> Variant {
+    let v = if kd { v.define("BWD_KD_XPOSE", 2) } else { v };
+    if vt {
+        v.define("BWD_VT_XPOSE", 1)
     } else {
         v
     }
 }
 
-/// `FLAMIA_BWD_KD_XPOSE`: `Some(false)` when it is exactly `0` (the quantiser's dim-major copy,
-/// TMA-loaded), `Some(true)` for `1` or `2` (the consumers' transpose; `2` is the kernel's mode
-/// number, which session 23's scripts set; the producer warp's mode 1 was removed in session 24);
-/// `None` (unset or anything else): [`kd_xpose_auto`] per plan.
+/// An on/off override of a per-plan choice from the environment variable `name`: `Some(false)`
+/// when it is exactly `0`, `Some(true)` when it is one of `on`, `None` (unset or anything else:
+/// the per-plan rule, [`short_items`]).
+fn env_choice(name: &str, on: &[&str]) -> Option<bool> {
+    parse_choice(std::env::var(name).ok().as_deref(), on)
+}
+
+/// [`env_choice`] of the variable's value `v` (`None`: unset).
+fn parse_choice(v: Option<&str>, on: &[&str]) -> Option<bool> {
+    match v.map(str::trim) {
+        Some("0") => Some(false),
+        Some(v) if on.contains(&v) => Some(true),
+        _ => None,
+    }
+}
+
+/// `FLAMIA_BWD_KD_XPOSE`: `0` the quantiser's dim-major K (TMA-loaded), `1` or `2` the consumers'
+/// transpose (`2` is the kernel's mode number, which session 23's scripts set; the producer
+/// warp's mode 1 was removed in session 24); otherwise per plan.
 fn kd_xpose_env() -> Option<bool> {
-    match std::env::var("FLAMIA_BWD_KD_XPOSE").as_deref().map(str::trim) {
-        Ok("0") => Some(false),
-        Ok("1") | Ok("2") => Some(true),
-        _ => None,
-    }
+    env_choice("FLAMIA_BWD_KD_XPOSE", &["1", "2"])
 }
 
-/// `FLAMIA_BWD_VT_XPOSE`: `Some(on)` when it is exactly `0` (the quantiser's token-major V,
-/// TMA-loaded) or `1` (the consumers transpose the dim-major tile, `BWD_VT_XPOSE`); `None` (unset
-/// or anything else): [`vt_xpose_auto`] per plan.
+/// `FLAMIA_BWD_VT_XPOSE`: `0` the quantiser's token-major V (TMA-loaded), `1` the consumers'
+/// transpose of the dim-major tile (`BWD_VT_XPOSE`); otherwise per plan.
 fn vt_xpose_env() -> Option<bool> {
-    match std::env::var("FLAMIA_BWD_VT_XPOSE").as_deref().map(str::trim) {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
-        _ => None,
-    }
-}
-
-/// Whether the v4 backward's consumers make V's token-major tile (`BWD_VT_XPOSE`) for a plan
-/// with `mean_tiles` key tiles per query tile, unless `FLAMIA_BWD_VT_XPOSE` says: with K's
-/// transpose, below [`KD_XPOSE_MAX_TILES`] (the same trade: the quantiser's bytes against a
-/// longer item start). Session 24, H200, same call, training call with it against without:
-/// -1.3% at 256x256, -0.6% at 64x1024, -0.2% at 16x4096, -0.8% at 8192+224x256 (d = 128;
-/// quantiser -8..-9%, backward +0.4..+0.8%); d = 64 within noise (+0.1% / +0.3%); forced on at
-/// 1x65536 +1.0% (the backward's item start again).
-fn vt_xpose_auto(mean_tiles: f64) -> bool {
-    mean_tiles < KD_XPOSE_MAX_TILES
+    env_choice("FLAMIA_BWD_VT_XPOSE", &["1"])
 }
 
 /// `FLAMIA_FWD_QD`: whether the v4 forward writes Q's dim-major copy ([`Attention::fwd_writes_qd`]).
@@ -336,7 +334,7 @@ enum QdFwd {
     /// `1`: the forward, for every plan.
     On,
     /// Unset or anything else (the default since session 24): the forward at head dim 64 for
-    /// plans of short and mid-length documents ([`KD_XPOSE_MAX_TILES`]), the quantiser
+    /// plans of short and mid-length documents ([`short_items`]), the quantiser
     /// elsewhere. Measured on the H200 with the consumers' K transpose on: training call
     /// -1.3 / -1.4% at 256x256 / 16x4096 (session 23), -1.0% at 256x256, -0.3% at 64x1024,
     /// -1.1% at 16x4096, 1x65536 untouched (session 24, d = 64). At d = 128 it gained nothing
@@ -363,24 +361,30 @@ impl QdFwd {
         match self {
             QdFwd::Off => false,
             QdFwd::On => true,
-            QdFwd::Auto => hd == 64 && mean_tiles < KD_XPOSE_MAX_TILES,
+            QdFwd::Auto => hd == 64 && short_items(mean_tiles),
         }
     }
 }
 
-/// The consumers' K transpose (`BWD_KD_XPOSE` 2) pays below this many key tiles per query tile
-/// on average (the plan's [`FwdSchedule::mean_key_tiles`], a measure of the backward's steps
-/// per item too). Session 23, H200, d = 128, training call against the quantiser's copy in two
-/// calls: -1.2 / -1.4% at 256x256 (1.5 tiles), -1.6 / -1.2% at 64x1024 (4.5), -0.8 / -0.2% at
-/// 8192+224x256 (5.4), 0.0 / 0.0% at 16x4096 (16.5), +0.9 / +1.1% at 1x65536 (256.5): it saves
-/// the quantiser ~10% (0.05 ms) per call and costs the backward ~0.8% per step (the longer item
-/// start and ptxas's different spills), so long documents lose. d = 64: -2.1 / -2.3% at
-/// 256x256, -0.7 / -0.5% at 16x4096.
+/// The per-plan operand copies made inside the kernels (the backward's consumers transposing K
+/// and V, the forward writing Q's dim-major copy at head dim 64) pay below this many key tiles
+/// per query tile on average (the plan's [`FwdSchedule::mean_key_tiles`], a measure of the
+/// backward's steps per item too): each saves the quantiser bytes and costs the kernel per item
+/// (and ptxas's different spills per step), so long documents lose. Measured on the H200, d = 128,
+/// training call against the quantiser's copy, same call:
+/// - K (session 23, two calls): -1.2 / -1.4% at 256x256 (1.5 tiles), -1.6 / -1.2% at 64x1024
+///   (4.5), -0.8 / -0.2% at 8192+224x256 (5.4), 0.0 / 0.0% at 16x4096 (16.5), +0.9 / +1.1% at
+///   1x65536 (256.5); quantiser ~-10%, backward ~+0.8% per step. d = 64: -2.1 / -2.3% at
+///   256x256, -0.7 / -0.5% at 16x4096.
+/// - V (session 24): -1.3% at 256x256, -0.6% at 64x1024, -0.2% at 16x4096, -0.8% at
+///   8192+224x256 (quantiser -8..-9%, backward +0.4..+0.8%); d = 64 within noise (+0.1% /
+///   +0.3%); forced on at 1x65536 +1.0%.
+/// - Q by the forward: [`QdFwd::Auto`].
 const KD_XPOSE_MAX_TILES: f64 = 32.0;
 
-/// Whether the consumers transpose K (`BWD_KD_XPOSE` 2) for a plan with `mean_tiles` key tiles
-/// per query tile (unless `FLAMIA_BWD_KD_XPOSE` says): below [`KD_XPOSE_MAX_TILES`].
-fn kd_xpose_auto(mean_tiles: f64) -> bool {
+/// Whether a plan with `mean_tiles` key tiles per query tile gets the operand copies made inside
+/// the kernels ([`KD_XPOSE_MAX_TILES`]) unless the environment says otherwise.
+fn short_items(mean_tiles: f64) -> bool {
     mean_tiles < KD_XPOSE_MAX_TILES
 }
 
@@ -812,11 +816,7 @@ impl Attention {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
-        let mut v = (with_kd_xpose(v.0, kd), v.1);
-        if vt {
-            v.0 = v.0.define("BWD_VT_XPOSE", 1);
-        }
-        with_dq_bufs(v, hd, bwd_dq_bufs())
+        with_dq_bufs((with_xposes(v.0, kd, vt), v.1), hd, bwd_dq_bufs())
     }
 
     fn check_plan(&self, plan: &Plan) -> GpuResult<()> {
@@ -1014,14 +1014,14 @@ impl Attention {
 
     /// [`Attention::bwd_kd_xpose`] for a plan of `mean_tiles` key tiles per query tile.
     fn kd_xpose_at(&self, mean_tiles: f64) -> bool {
-        self.uses_backward_v4() && self.kd_xpose_env.unwrap_or_else(|| kd_xpose_auto(mean_tiles))
+        self.uses_backward_v4() && self.kd_xpose_env.unwrap_or_else(|| short_items(mean_tiles))
     }
 
     /// Whether the v4 backward TMA-loads V's dim-major copy (the forward's operand) into its K/V
     /// slot and its consumers transpose it in place into the token-major tile of their dP
     /// products at each item's start (`BWD_VT_XPOSE`), so the quantiser writes no token-major V
     /// and [`Saved`] holds none (`v.tok` 0). With the v4 backward only, for plans of short and
-    /// mid-length documents ([`vt_xpose_auto`]) unless `FLAMIA_BWD_VT_XPOSE=0|1` says (read when
+    /// mid-length documents ([`short_items`]) unless `FLAMIA_BWD_VT_XPOSE=0|1` says (read when
     /// this value was made). Session 24 (docs/perf.md): quantiser -8..-9%, training call
     /// -0.2..-1.3% at d = 128.
     pub fn bwd_vt_xpose(&self, plan: &Plan) -> bool {
@@ -1030,7 +1030,7 @@ impl Attention {
 
     /// [`Attention::bwd_vt_xpose`] for a plan of `mean_tiles` key tiles per query tile.
     fn vt_xpose_at(&self, mean_tiles: f64) -> bool {
-        self.uses_backward_v4() && self.vt_xpose_env.unwrap_or_else(|| vt_xpose_auto(mean_tiles))
+        self.uses_backward_v4() && self.vt_xpose_env.unwrap_or_else(|| short_items(mean_tiles))
     }
 
     /// Whether the v4 forward writes Q's dim-major copy (the v4 backward's dK operand) from the Q
@@ -1518,8 +1518,8 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, forward_v4_variant,
-        fwd_cw_const, kd_xpose_auto, parse_promote, smem_bwd4, vt_xpose_auto, with_dq_bufs,
-        with_early_factors, with_kd_xpose, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
+        fwd_cw_const, parse_choice, parse_promote, short_items, smem_bwd4, with_dq_bufs, with_early_factors,
+        with_xposes, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
@@ -1609,8 +1609,8 @@ mod tests {
                     bwd_early_factors(hd, row_ds),
                 );
                 let v = v.define("BWD_QPERM", 1);
-                let xposed = with_kd_xpose(v.clone(), true);
-                let xposed2 = with_kd_xpose(v.clone(), true).define("BWD_VT_XPOSE", 1);
+                let xposed = with_xposes(v.clone(), true, false);
+                let xposed2 = with_xposes(v.clone(), true, true);
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
                 for v in [
                     plain,
@@ -1672,22 +1672,21 @@ mod tests {
     }
 
     #[test]
-    fn k_transposed_by_the_consumers_only_for_short_and_mid_documents() {
+    fn k_and_v_transposed_by_the_consumers_only_for_short_and_mid_documents() {
         // the plans' mean key tiles per query tile: 256x256, 64x1024, 16x4096, 4x16384, 1x65536
-        assert!(kd_xpose_auto(1.5));
-        assert!(kd_xpose_auto(4.5));
-        assert!(kd_xpose_auto(16.5));
-        assert!(!kd_xpose_auto(KD_XPOSE_MAX_TILES));
-        assert!(!kd_xpose_auto(64.5));
-        assert!(!kd_xpose_auto(256.5));
-    }
-
-    #[test]
-    fn v_transposed_by_the_consumers_only_for_short_and_mid_documents() {
-        assert!(vt_xpose_auto(1.5));
-        assert!(vt_xpose_auto(16.5));
-        assert!(!vt_xpose_auto(KD_XPOSE_MAX_TILES));
-        assert!(!vt_xpose_auto(256.5));
+        assert!(short_items(1.5));
+        assert!(short_items(4.5));
+        assert!(short_items(16.5));
+        assert!(!short_items(KD_XPOSE_MAX_TILES));
+        assert!(!short_items(64.5));
+        assert!(!short_items(256.5));
+        // the environment's overrides: 0 off, the listed values on, anything else per plan
+        assert_eq!(parse_choice(Some("0"), &["1"]), Some(false));
+        assert_eq!(parse_choice(Some(" 1 "), &["1"]), Some(true));
+        assert_eq!(parse_choice(Some("2"), &["1"]), None);
+        assert_eq!(parse_choice(Some("2"), &["1", "2"]), Some(true));
+        assert_eq!(parse_choice(Some("yes"), &["1", "2"]), None);
+        assert_eq!(parse_choice(None, &["1"]), None);
     }
 
     #[test]
