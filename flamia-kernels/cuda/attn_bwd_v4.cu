@@ -299,15 +299,6 @@ struct BwdItem {
 #define BWD_EARLY_FACTORS 0  // the host defines it (2 KB more shared memory: attention.rs with_early_factors)
 #endif
 #define BWD_TAILS (BWD_EARLY_FACTORS ? 3 : 2)
-#ifndef BWD_STORE_CS
-// dK, dV (the item's end) and dQ (bwd_dq_convert) as streaming stores, and the FP32 dQ sums read
-// as streaming loads (last use): none of them is read again in the call, and evict-first keeps
-// L2 for the Q/dO tiles and dQ rows the walk shares
-#define BWD_STORE_CS 1
-#endif
-#ifndef BWD_KV_PREFETCH
-#define BWD_KV_PREFETCH 1  // the producer prefetches an item's K/V tiles into L2 when it claims it
-#endif
 struct BwdItemTail {
   int code, h;
   BwdTile tile;
@@ -484,24 +475,6 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     }
     const int hk = h / (a.hq / a.hkv);
     const int qstart = a.causal ? t.k0 : 0, n = code >= 0 ? bwd_steps(t, a.causal) : 0;
-#if BWD_KV_PREFETCH
-    // The item's K and V tiles (and dim-major K when it is loaded) into L2 now, right after its
-    // claim: their loads below wait for the previous item's K/V slot (kv_empty, ~12,000 clocks
-    // later at short and mid lengths, session 18's producer clocks), and the consumers, done with
-    // that item's end, then waited ~1,200-1,800 clocks more for these first-touch tiles.
-    if (lane == 0 && code >= 0) {
-      tma_prefetch_l2_3d(&P.k_map, 0, hk, t.doc0 + t.k0);
-#if BWD_VT_XPOSE
-      tma_prefetch_l2_2d(&P.v_map, t.pad0 + t.k0, hk * HEAD_DIM);
-      tma_prefetch_l2_2d(&P.v_map, t.pad0 + t.k0 + 64, hk * HEAD_DIM);
-#else
-      tma_prefetch_l2_3d(&P.v_map, 0, hk, t.doc0 + t.k0);
-#endif
-#if !BWD_KD_XPOSE
-      tma_prefetch_l2_2d(&P.kd_map, t.pad0 + t.k0, hk * HEAD_DIM);
-#endif
-    }
-#endif
     // Step st of this item: Q, dO (both layouts) and the per-query constants into the next stage.
     const auto load_stage = [&](int st) {
 #if BWD_WALK_UP
@@ -1510,8 +1483,8 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
     const int key = tl.k0 + 64 * C.cw + r0 + 8 * r;
     const bool ok = key < tl.len;
     const long long row = ((long long)(tl.doc0 + (ok ? key : 0)) * a.hkv + hk) * HEAD_DIM;
-    store_frag_row_bf16<HEAD_DIM / 2, BWD_STORE_CS != 0>(dk, r, 1.f, a.dk + row, ok);
-    store_frag_row_bf16<HEAD_DIM / 2, BWD_STORE_CS != 0>(dv, r, 1.f, a.dv + row, ok);
+    store_frag_row_bf16(dk, r, 1.f, a.dk + row, ok);
+    store_frag_row_bf16(dv, r, 1.f, a.dv + row, ok);
   }
 }
 
@@ -1976,17 +1949,10 @@ extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvert
   const int tok = p.pad_tok ? p.pad_tok[r / p.hc] : (int)(r / p.hc);
   const bool ok = r0 < rows && tok >= 0;
   const long long o = (long long)max(tok, 0) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
-  const float4* src = reinterpret_cast<const float4*>(acc + r * HEAD_DIM) + lane;
-  const float4 v = BWD_STORE_CS ? __ldcs(src) : *src;
+  const float4 v = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
   const float f = p.scale * exp2i(-fold_exp(p.q_exp[o]));
   float x[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
   if (p.hadamard) hadamard_hd(x);
-  if (ok) {
-    uint2* dst = reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM) + lane;
-    const uint2 w = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
-    if (BWD_STORE_CS)
-      __stcs(dst, w);
-    else
-      *dst = w;
-  }
+  if (ok)
+    reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
 }

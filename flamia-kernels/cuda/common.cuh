@@ -188,9 +188,8 @@ __device__ __forceinline__ void quad_transpose(u32 (&w)[4], int q) {
 // (N = 2R: 128 or 64 columns), times f, as N BF16 at `out` (the row's start), 16 bytes per store:
 // the quad's 4-byte column pairs of blocks 4J..4J+3 go through quad_transpose so thread q writes
 // block 4J + q whole (full sectors; the fragment layout's 4-byte stores wrote half sectors). All
-// 32 lanes must call it (shuffles); `valid` only gates the stores. STREAM: streaming stores
-// (st.global.cs, evict-first) for outputs nothing in the same call reads back.
-template <int R, bool STREAM = false>
+// 32 lanes must call it (shuffles); `valid` only gates the stores.
+template <int R>
 __device__ __forceinline__ void store_frag_row_bf16(const float (&x)[R], int r, float f, u16* out, bool valid) {
   const int q = threadIdx.x & 3;
 #pragma unroll
@@ -202,13 +201,6 @@ __device__ __forceinline__ void store_frag_row_bf16(const float (&x)[R], int r, 
       w[jj] = pack_bf16x2(x[4 * j + 2 * r] * f, x[4 * j + 2 * r + 1] * f);
     }
     quad_transpose(w, q);
-    uint4* p = reinterpret_cast<uint4*>(out + 8 * (4 * J + q));
-    const uint4 v = make_uint4(w[0], w[1], w[2], w[3]);
-    if (valid) {
-      if (STREAM)
-        __stcs(p, v);
-      else
-        *p = v;
-    }
+    if (valid) *reinterpret_cast<uint4*>(out + 8 * (4 * J + q)) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }

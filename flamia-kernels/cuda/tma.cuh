@@ -54,6 +54,7 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, u32 bar,
       "l"((u64)map), "r"(bar), "r"(x), "r"(y)
       : "memory");
 }
+// Box of a 3-D map at (x innermost, y, z).
 // Plain bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory
 // into shared memory, completing on `bar` (no tensor map).
 __device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
@@ -61,24 +62,12 @@ __device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
-// Box of a 3-D map at (x innermost, y, z).
 __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaMap* map, u32 bar, int x, int y, int z) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
           dst),
       "l"((u64)map), "r"(bar), "r"(x), "r"(y), "r"(z)
       : "memory");
-}
-// The box a tma_load_2d / _3d at the same coordinates would read, fetched into L2 only (no
-// shared memory, no barrier, nothing to wait for): a later load of it then skips DRAM's latency.
-__device__ __forceinline__ void tma_prefetch_l2_2d(const TmaMap* map, int x, int y) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"((u64)map), "r"(x), "r"(y)
-               : "memory");
-}
-__device__ __forceinline__ void tma_prefetch_l2_3d(const TmaMap* map, int x, int y, int z) {
-  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"((u64)map), "r"(x), "r"(y),
-               "r"(z)
-               : "memory");
 }
 
 // Box of a 2-D map at (x innermost, y) <- smem `src` (a bulk store: commit, then wait below).
