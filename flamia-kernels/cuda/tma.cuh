@@ -54,7 +54,6 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, u32 bar,
       "l"((u64)map), "r"(bar), "r"(x), "r"(y)
       : "memory");
 }
-// Box of a 3-D map at (x innermost, y, z).
 // Plain bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory
 // into shared memory, completing on `bar` (no tensor map).
 __device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
@@ -62,6 +61,7 @@ __device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
+// Box of a 3-D map at (x innermost, y, z).
 __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaMap* map, u32 bar, int x, int y, int z) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
