@@ -1,0 +1,51 @@
+#!/bin/bash
+# Prepared in session 25 for the next session (~4 minutes, H200): where the head-dim-64 forward's
+# long-document time went (session 25's call 4: 1x65536 21.2 ms against 18.3 in session 19's
+# call 3 on e2325f5's sources; d = 128 unchanged). One call, alternately: the current binary
+# (new), e2325f5's binary (old), new with FLAMIA_PDL=0 (plain launches), new with
+# FLAMIA_FWD_STAGES=3 and =5; d = 64 on 1x65536, 4x16384 and 32x2048, then d = 128 at 1x65536 as
+# the control. If old is faster, bisect the commits between e2325f5 and bf9b140 (the launch
+# chain) first; if pdl0 recovers it, look at the forward's pdl_trigger placement at d = 64.
+# Stage (here, ~2 minutes for old: the dependencies are shared through target/):
+#   mkdir -p .device-carry/bis && R=$PWD
+#   git worktree add -f /tmp/wt19 e2325f5 && (cd /tmp/wt19 && source $R/scripts/env.sh && \
+#     CARGO_TARGET_DIR=$R/target cargo build --release -p flamia-trainer) && cp target/release/flamia .device-carry/bis/old
+#   git worktree remove --force /tmp/wt19
+#   Cargo names a workspace crate's artifacts by a hash that does not depend on the checkout's path
+#   and records their inputs relative to the package: after that build, main's `cargo build` takes
+#   the old checkout's artifacts as fresh (session 25 got a binary with e2325f5's kernels that way).
+#   So touch main's sources first, then rebuild and check the embedded kernels:
+#   find . -path ./target -prune -o -path ./.venv -prune -o -path ./.git -prune -o \( -name '*.rs' -o \
+#     -name '*.cu' -o -name '*.cuh' -o -name Cargo.toml \) -print0 | xargs -0 touch
+#   source scripts/env.sh && cargo build --release -p flamia-trainer && cp target/release/flamia .device-carry/bis/new
+#   grep -ac fwd_qd_writer .device-carry/bis/new .device-carry/bis/old   (new: > 0, old: 0)
+#   strip .device-carry/bis/*     (~30 MB each; carry .device-carry/bis only: 64 MiB cap)
+set -u
+. "$(dirname "$0")/device-env.sh"
+O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
+D=.device-carry/bis
+run() {  # name, env..., then the bench arguments after --
+  local name=$1; shift; local envs=()
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
+  echo "--- $name"
+  env "${envs[@]}" timeout 60 "$D/$([ "$name" = old ] && echo old || echo new)" bench attention "$@" 2>&1 | grep -E "^[0-9]"
+}
+{
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
+for r in 1 2; do
+  echo "=== d = 64, round $r"; date
+  for v in new old pdl0 st3 st5; do
+    case $v in
+      pdl0) e=(FLAMIA_PDL=0) ;; st3) e=(FLAMIA_FWD_STAGES=3) ;; st5) e=(FLAMIA_FWD_STAGES=5) ;; *) e=(X=1) ;;
+    esac
+    run $v "${e[@]}" -- --head-dim 64 --workload 1x65536 --workload 4x16384 --workload 32x2048
+  done
+  echo "=== d = 128 control, round $r"
+  for v in new old pdl0; do
+    case $v in pdl0) e=(FLAMIA_PDL=0) ;; *) e=(X=1) ;; esac
+    run $v "${e[@]}" -- --workload 1x65536
+  done
+done
+nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader
+date
+} 2>&1 | tee "$O/s26.log"
