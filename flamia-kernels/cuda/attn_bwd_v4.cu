@@ -1405,11 +1405,13 @@ __device__ __forceinline__ void hadamard_frag_rows(float (&d)[R]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int m = 1; m <= 2; m <<= 1) {
-    const bool upper = lane & m;
+    // upper ? o - d : d + o, as one FFMA: fma(-1, d, o) rounds o - d once, fma(1, d, o) d + o
+    // (the same bits; a select and an add per element before)
+    const float sign = (lane & m) ? -1.f : 1.f;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const float o = __shfl_xor_sync(0xffffffffu, d[i], m);
-      d[i] = upper ? (o - d[i]) : (d[i] + o);
+      d[i] = fmaf(sign, d[i], o);
     }
   }
 #pragma unroll
