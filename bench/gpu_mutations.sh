@@ -148,3 +148,7 @@ mutate vt-half-keys xpose.cuh 's/u8\* t = v + half \* (64 \* HEAD_DIM);/u8* t = 
 # warp's loads (xpose_model.py shows the bytes it breaks).
 mutate vt-no-barrier xpose.cuh 's/^  named_sync(bar, 128);$/  (void)bar;/' \
   v_token_major_made_by_the_consumers_gives_bitwise_the_same
+# 26. dK's Hadamard at the item's end with the cross-lane stages' sign the wrong way round (the
+# FFMA form of session 25: upper lanes d + o, lower o - d): a wrong rotation of every dK row.
+mutate hadamard-sign attn_bwd_v4.cu 's/const float sign = (lane \& m) ? -1.f : 1.f;/const float sign = (lane \& m) ? 1.f : -1.f;/' \
+  mxfp8_causal_gqa_is_as_accurate_as_the_reference
