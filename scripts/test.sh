@@ -19,4 +19,10 @@ if ! out=$(python3 scripts/xpose_model.py); then
     echo "test.sh: scripts/xpose_model.py found a wrong byte or a bank conflict in xpose.cuh's transposes" >&2
     exit 1
 fi
+# the model of common.cuh's BF16 row stores of accumulator fragments (16- and 8-byte): < 1 s
+if ! out=$(python3 scripts/store_model.py); then
+    echo "$out" >&2
+    echo "test.sh: scripts/store_model.py found a wrong or missing column in common.cuh's BF16 row stores" >&2
+    exit 1
+fi
 cargo test --workspace --no-fail-fast "$@"

@@ -299,6 +299,14 @@ struct BwdItem {
 #define BWD_EARLY_FACTORS 0  // the host defines it (2 KB more shared memory: attention.rs with_early_factors)
 #endif
 #define BWD_TAILS (BWD_EARLY_FACTORS ? 3 : 2)
+#ifndef BWD_ST8
+// dK and dV out by 8-byte predicated stores after one exchange per word pair
+// (store_frag_row_bf16_x8, session 25: 200 SASS fewer per item end at d = 128 than the 16-byte
+// stores' quad transposes, 100 at 64; the same bytes). Not in the d = 128 build without the
+// upward walk (long documents: ptxas then keeps 4 LDL/STL in the interior step instead of 2, and
+// a long item's end is a sliver of it).
+#define BWD_ST8 (BWD_WALK_UP || HEAD_DIM != 128)
+#endif
 struct BwdItemTail {
   int code, h;
   BwdTile tile;
@@ -1485,8 +1493,13 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
     const int key = tl.k0 + 64 * C.cw + r0 + 8 * r;
     const bool ok = key < tl.len;
     const long long row = ((long long)(tl.doc0 + (ok ? key : 0)) * a.hkv + hk) * HEAD_DIM;
+#if BWD_ST8
+    store_frag_row_bf16_x8(dk, r, 1.f, a.dk + row, ok);
+    store_frag_row_bf16_x8(dv, r, 1.f, a.dv + row, ok);
+#else
     store_frag_row_bf16(dk, r, 1.f, a.dk + row, ok);
     store_frag_row_bf16(dv, r, 1.f, a.dv + row, ok);
+#endif
   }
 }
 

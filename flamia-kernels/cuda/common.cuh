@@ -204,3 +204,28 @@ __device__ __forceinline__ void store_frag_row_bf16(const float (&x)[R], int r, 
     if (valid) *reinterpret_cast<uint4*>(out + 8 * (4 * J + q)) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
+
+// As store_frag_row_bf16, 8 bytes per store: per pair of 8-column blocks (2k, 2k + 1) one word
+// goes to lane ^ 1, after which an even q holds columns 16k + 2q .. + 3 (its own and its
+// partner's word of block 2k) and an odd q columns 16k + 2q + 6 .. + 9 (its partner's and its own
+// of block 2k + 1), so a quad still writes each 32-byte sector whole: per two words one shuffle
+// and three selects instead of two and six, and one 8-byte store instead of half a 16-byte one.
+// The stores are predicated, at immediate offsets from one address (written as `if (valid) *p =`,
+// ptxas branched around each store and recomputed its address inside: ~12 instructions each).
+template <int K, int R>
+__device__ __forceinline__ void store_bf16_x8_pair(const float (&x)[R], int r, float f, u64 o, bool b0, u32 valid) {
+  const u32 a = pack_bf16x2(x[8 * K + 2 * r] * f, x[8 * K + 2 * r + 1] * f);          // block 2K
+  const u32 b = pack_bf16x2(x[8 * K + 4 + 2 * r] * f, x[8 * K + 4 + 2 * r + 1] * f);  // block 2K + 1
+  const u32 v = __shfl_xor_sync(0xffffffffu, b0 ? a : b, 1);
+  const u32 lo = b0 ? v : a, hi = b0 ? b : v;
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p st.global.v2.b32 [%0+%4], {%1, %2};\n}\n" ::"l"(o),
+               "r"(lo), "r"(hi), "r"(valid), "n"(32 * K)
+               : "memory");
+  if constexpr (K + 1 < R / 8) store_bf16_x8_pair<K + 1>(x, r, f, o, b0, valid);
+}
+template <int R>
+__device__ __forceinline__ void store_frag_row_bf16_x8(const float (&x)[R], int r, float f, u16* out, bool valid) {
+  const int q = threadIdx.x & 3;
+  const bool b0 = q & 1;
+  store_bf16_x8_pair<0>(x, r, f, reinterpret_cast<u64>(out + 2 * q + (b0 ? 6 : 0)), b0, (u32)valid);
+}
