@@ -6,9 +6,11 @@
 # FLAMIA_FWD_STAGES=3 and =5; d = 64 on 1x65536, 4x16384 and 32x2048, then d = 128 at 1x65536 as
 # the control. If old is faster, bisect the commits between e2325f5 and bf9b140 (the launch
 # chain) first; if pdl0 recovers it, look at the forward's pdl_trigger placement at d = 64.
-# Then session 25's item-end change (dK's cross-lane Hadamard stages as FFMAs, commit 0ff8549,
-# bitwise the same by construction): four accuracy / repeatability tests on new, its mutation
-# hadamard-sign, and an A/B against hfma0 (the sources before it, bc4413d) at short lengths.
+# Then session 25's item-end changes: dK's cross-lane Hadamard stages as FFMAs (commit 0ff8549,
+# on, bitwise the same by construction) and dK/dV's 8-byte stores (BWD_ST8, off until this call;
+# the variant st8 turns it on): four accuracy / repeatability tests on new and on st8, the
+# mutations hadamard-sign and st8-swap, and an A/B new / st8 / hfma0 (bc4413d's sources: before
+# both) at short lengths.
 # Stage (here, ~2 minutes for old: the dependencies are shared through target/):
 #   mkdir -p .device-carry/bis && R=$PWD
 #   git worktree add -f /tmp/wt19 e2325f5 && (cd /tmp/wt19 && source $R/scripts/env.sh && \
@@ -24,7 +26,9 @@
 #   grep -ac fwd_qd_writer .device-carry/bis/new .device-carry/bis/old   (new: > 0, old: 0)
 #   cp target/release/deps/gpu_attention-<newest> .device-carry/bis/gpu_attention
 #   strip .device-carry/bis/*     (~30 MB each)
-#   bash bench/device_ab.sh --stage hfma0=bc4413d
+#   bash bench/device_ab.sh --stage hfma0=bc4413d && mkdir .device-carry/var/st8 &&
+#     cp flamia-kernels/cuda/*.cu* .device-carry/var/st8/ && sed -i \
+#     's|^#define BWD_ST8 0$|#define BWD_ST8 (BWD_WALK_UP \|\| HEAD_DIM != 128)|' .device-carry/var/st8/attn_bwd_v4.cu
 #   carry .device-carry/bis and .device-carry/var (61 MB of the 64 MiB cap)
 set -u
 . "$(dirname "$0")/device-env.sh"
@@ -52,15 +56,19 @@ for r in 1 2; do
     run $v "${e[@]}" -- --workload 1x65536
   done
 done
-echo "=== the FFMA Hadamard: tests on new, mutation, A/B against hfma0"; date
-for t in mxfp8_causal_gqa_is_as_accurate_as_the_reference head_dim_64_is_as_accurate_as_the_reference \
-  repeated_runs_are_bitwise_identical precision_options_and_no_hadamard_are_as_accurate_as_the_reference; do
-  timeout 90 $D/gpu_attention --ignored --exact $t 2>&1 | grep -E "test result|panicked"
+echo "=== the item end: tests on new and st8, mutations, A/B new / st8 / hfma0"; date
+for v in new st8; do
+  e=(X=1); [ $v = st8 ] && e=(FLAMIA_CUDA_DIR=.device-carry/var/st8)
+  for t in mxfp8_causal_gqa_is_as_accurate_as_the_reference head_dim_64_is_as_accurate_as_the_reference \
+    repeated_runs_are_bitwise_identical precision_options_and_no_hadamard_are_as_accurate_as_the_reference; do
+    env "${e[@]}" timeout 90 $D/gpu_attention --ignored --exact $t 2>&1 | grep -E "test result|panicked" | sed "s/^/$v: /"
+  done
 done
-ONLY=hadamard-sign T=$D/gpu_attention OUT=$O/mut timeout 120 bash bench/gpu_mutations.sh 2>&1 | tail -1
+ONLY=hadamard-sign T=$D/gpu_attention OUT=$O/mut timeout 100 bash bench/gpu_mutations.sh 2>&1 | tail -1
+ONLY=st8-swap SRC=.device-carry/var/st8 T=$D/gpu_attention OUT=$O/mut timeout 150 bash bench/gpu_mutations.sh 2>&1 | tail -2
 for r in 1 2; do
-  for v in new hfma0; do
-    e=(X=1); [ $v = hfma0 ] && e=(FLAMIA_CUDA_DIR=.device-carry/var/hfma0)
+  for v in new st8 hfma0; do
+    e=(X=1); [ $v != new ] && e=(FLAMIA_CUDA_DIR=.device-carry/var/$v)
     run $v "${e[@]}" -- --workload 256x256 --workload 64x1024 --workload 32x2048
     run $v "${e[@]}" -- --head-dim 64 --workload 256x256
   done

@@ -154,5 +154,6 @@ mutate hadamard-sign attn_bwd_v4.cu 's/const float sign = (lane \& m) ? -1.f : 1
   mxfp8_causal_gqa_is_as_accurate_as_the_reference
 # 27. dK and dV's 8-byte stores (BWD_ST8, store_frag_row_bf16_x8) with the two words of each store
 # swapped: columns 16k + 2q .. + 3 come out as + 2, + 3, + 0, + 1 (scripts/store_model.py's case).
+# (BWD_ST8 is off by default until measured: run with SRC= the st8 variant's sources.)
 mutate st8-swap common.cuh 's/const u32 lo = b0 ? v : a, hi = b0 ? b : v;/const u32 hi = b0 ? v : a, lo = b0 ? b : v;/' \
   mxfp8_causal_gqa_is_as_accurate_as_the_reference head_dim_64_is_as_accurate_as_the_reference
