@@ -304,8 +304,10 @@ struct BwdItem {
 // (store_frag_row_bf16_x8, session 25: 200 SASS fewer per item end at d = 128 than the 16-byte
 // stores' quad transposes, 100 at 64; the same bytes). Not in the d = 128 build without the
 // upward walk (long documents: ptxas then keeps 4 LDL/STL in the interior step instead of 2, and
-// a long item's end is a sliver of it).
-#define BWD_ST8 (BWD_WALK_UP || HEAD_DIM != 128)
+// a long item's end is a sliver of it). Prepared in session 25, not yet run on a GPU: off until
+// bench/device_s26.sh's tests and A/B (its variant st8 turns it on as below).
+#define BWD_ST8 0
+// #define BWD_ST8 (BWD_WALK_UP || HEAD_DIM != 128)
 #endif
 struct BwdItemTail {
   int code, h;
