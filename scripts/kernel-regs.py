@@ -14,6 +14,9 @@ checked here before a device call.
                                                         # loops, by class
     python3 scripts/kernel-regs.py --bwd-per-step       # v4 backward: SASS instructions per step
                                                         # of its step loops, by class
+    python3 scripts/kernel-regs.py --bwd-per-item       # v4 backward: SASS instructions per item
+                                                        # outside the steps (K/V wait, transposes,
+                                                        # the item's end), MHA and GQA, by class
 """
 import argparse
 import ctypes
@@ -79,7 +82,13 @@ def main():
                     help="v4 backward: the SASS instructions of each step loop (interior and masked: the loops "
                          "whose body holds one step's wgmma: at least 16, 12 at HEAD_DIM=64) per consumer thread per step, "
                          "by class")
+    ap.add_argument("--bwd-per-item", action="store_true",
+                    help="v4 backward: census builds without steps (BWD_CENSUS_ITEM: 2 = MHA, no GQA sums; 1 = "
+                         "with them; their results are wrong): the SASS instructions of the consumer's item loop "
+                         "per consumer thread per item, by class")
     a = ap.parse_args()
+    if a.bwd_per_item:
+        return bwd_per_item(a)
     if a.per_score:
         return per_score(a)
     if a.bwd_per_step:
@@ -249,6 +258,38 @@ def bwd_per_step(a):
               f"per step (64 queries x 64 keys per warpgroup: {len(body) / 32:.1f} per score){note}")
         print("   " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f", other {other}"
               + f" (of which local-memory LDL/STL {local})")
+
+
+def bwd_per_item(a):
+    libdir = os.path.dirname(find("nvidia/cu13/lib/libnvrtc.so.13"))
+    ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
+    for mode, tag in (("2", "MHA"), ("1", "GQA sums included")):
+        ins = sass_lines(lib, a.dir, "attn_bwd_v4.cu", a.defines + [f"BWD_CENSUS_ITEM={mode}"], "attn_bwd_v4")
+        # the consumer's item loop: the innermost back edges whose range holds the item end's dK/dV
+        # global stores (at least 8 per thread: 2 rows x 2 tensors x 2+ stores); one per consumer copy
+        ranges = []
+        for addr, op, text in ins:
+            if op != "BRA":
+                continue
+            for w in text.replace(",", " ").split():
+                if w.startswith("0x"):
+                    try:
+                        t = int(w, 16)
+                    except ValueError:
+                        continue
+                    if t < addr and sum(1 for a2, o2, _ in ins if t <= a2 <= addr and o2.startswith("STG")) >= 8:
+                        ranges.append((t, addr))
+        ranges = [r for r in ranges if not any(o != r and r[0] <= o[0] and o[1] <= r[1] for o in ranges)]
+        if not ranges:
+            sys.exit("no item loop with the item end's stores found in the attn_bwd_v4 census SASS")
+        for lo, hi in sorted(set(ranges)):
+            body = [op for addr, op, _ in ins if lo <= addr <= hi]
+            counts, other = class_counts(body)
+            stg = sum(1 for op in body if op.startswith("STG"))
+            print(f"attn_bwd_v4 item loop [{lo:#x}, {hi:#x}] ({tag}): {len(body)} SASS instructions per consumer "
+                  f"thread per item outside the steps ({stg} global stores)")
+            print("   " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f", other {other}")
 
 
 def per_score(a):

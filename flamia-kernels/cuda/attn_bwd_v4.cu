@@ -1433,7 +1433,11 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
                                              float (&dk)[HEAD_DIM / 2], float (&dv)[HEAD_DIM / 2]) {
   const AttnParams& a = P.a;
   const BwdTile& tl = it.tile;
+#if defined(BWD_CENSUS_ITEM) && BWD_CENSUS_ITEM == 2  // (census of the MHA path: no GQA sums)
+  const int h = it.h, group = 1, hk = h, gi = 0;
+#else
   const int h = it.h, group = a.hq / a.hkv, hk = h / group, gi = h - hk * group;
+#endif
   // Each head's sums in their final units first (dV's fold c_j is per query head), then the
   // group's heads are added in head order.
   const int r0 = 16 * C.w() + C.g();
@@ -1541,6 +1545,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     float dk[HEAD_DIM / 2], dv[HEAD_DIM / 2];
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; ++i) dk[i] = dv[i] = 0.f;
+#ifdef BWD_CENSUS_ITEM  // (the sums unknown to the compiler, as the steps would leave them)
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 2; ++i) {
+      dk[i] = __uint_as_float(opaque_u32((u32)i));
+      dv[i] = __uint_as_float(opaque_u32((u32)i + 64u));
+    }
+#endif
     const BwdTile tl = tail.tile;
 #if BWD_KD_XPOSE == 2
     // this warpgroup's dims of the item's dim-major K, from the K/V slot's token-major tile
@@ -1563,7 +1574,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     fence_async_smem();
     named_sync(8 + cw, 128);
 #endif
+#ifdef BWD_CENSUS_ITEM  // census build (scripts/kernel-regs.py --bwd-per-item): no steps, wrong results
+    const int n = 0, qstart = 0;
+#else
     const int n = bwd_steps(tl, a.causal), qstart = a.causal ? tl.k0 : 0;
+#endif
     // Interior steps: no key past the document and, causal, every key row sees every query.
     // Causal, they never hold a key past the document (a tile's steps from its own first query
     // on are masked, and a partial tile has at most two); without the mask, a partial tile's
