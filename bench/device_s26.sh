@@ -10,7 +10,10 @@
 # on, bitwise the same by construction) and dK/dV's 8-byte stores (BWD_ST8, off until this call;
 # the variant st8 turns it on): four accuracy / repeatability tests on new and on st8, the
 # mutations hadamard-sign and st8-swap, and an A/B new / st8 / hfma0 (bc4413d's sources: before
-# both) at short lengths.
+# both) at short lengths. Last, why the consumers wait ~1,100 clocks per item for K/V (session 25:
+# not DRAM latency, an L2 prefetch did not move it): the phases (BWD_PROF_PHASES) at 32x2048 and
+# 256x256 as built, without the dQ stores and reduces (BWD_PROF_NORED: is the K/V TMA queued
+# behind them?) and without the item end's stores (BWD_PROF_NOSTORE); timing builds, wrong results.
 # Stage (here, ~2 minutes for old: the dependencies are shared through target/):
 #   mkdir -p .device-carry/bis && R=$PWD
 #   git worktree add -f /tmp/wt19 e2325f5 && (cd /tmp/wt19 && source $R/scripts/env.sh && \
@@ -28,9 +31,17 @@
 #   strip .device-carry/bis/*     (~30 MB each)
 #   bash bench/device_ab.sh --stage hfma0=bc4413d && mkdir .device-carry/var/st8 &&
 #     cp flamia-kernels/cuda/*.cu* .device-carry/var/st8/ && sed -i \
-#     's|^#define BWD_ST8 0$|#define BWD_ST8 (BWD_WALK_UP \|\| HEAD_DIM != 128)|' .device-carry/var/st8/attn_bwd_v4.cu
+#     's|^#define BWD_ST8 0$|#define BWD_ST8 (BWD_WALK_UP \|\| HEAD_DIM != 128)|' .device-carry/var/st8/attn_bwd_v4.cu &&
+#     for v in prof:BWD_PROF_PHASES pnored:BWD_PROF_PHASES,BWD_PROF_NORED pnostore:BWD_PROF_PHASES,BWD_PROF_NOSTORE; do
+#       n=${v%%:*}; mkdir .device-carry/var/$n && cp flamia-kernels/cuda/*.cu* .device-carry/var/$n/ &&
+#       for d in $(echo ${v#*:} | tr , ' '); do sed -i "1i #define $d 1" .device-carry/var/$n/attn_bwd_v4.cu; done; done
 #   carry .device-carry/bis and .device-carry/var (61 MB of the 64 MiB cap)
+# Two calls' worth (~11 minutes in all): `bash bench/device_s26.sh d64` (the forward's bisect and
+# the d = 128 control, ~4.5 minutes), then `bash bench/device_s26.sh end` (the item end's tests,
+# mutations, A/B and the K/V-wait phases, ~6.5 minutes).
 set -u
+mode=${1:-}
+[ "$mode" = d64 ] || [ "$mode" = end ] || { echo "usage: bash bench/device_s26.sh d64|end"; exit 2; }
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 D=.device-carry/bis
@@ -42,6 +53,7 @@ run() {  # name, env..., then the bench arguments after --
 }
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
+if [ $mode = d64 ]; then
 for r in 1 2; do
   echo "=== d = 64, round $r"; date
   for v in new old pdl0 st3 st5; do
@@ -56,6 +68,8 @@ for r in 1 2; do
     run $v "${e[@]}" -- --workload 1x65536
   done
 done
+fi
+if [ $mode = end ]; then
 echo "=== the item end: tests on new and st8, mutations, A/B new / st8 / hfma0"; date
 for v in new st8; do
   e=(X=1); [ $v = st8 ] && e=(FLAMIA_CUDA_DIR=.device-carry/var/st8)
@@ -73,6 +87,14 @@ for r in 1 2; do
     run $v "${e[@]}" -- --head-dim 64 --workload 256x256
   done
 done
+echo "=== K/V wait: phases as built, without the dQ reduces, without the item end's stores"; date
+for v in prof pnored pnostore; do
+  for wl in 32x2048 256x256; do
+    echo "--- $v $wl"
+    FLAMIA_CUDA_DIR=.device-carry/var/$v timeout 40 $D/new bench attention --workload $wl 2>&1 | grep -E "bwd4 (phases|producer)" | tail -6
+  done
+done
+fi
 nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader
 date
-} 2>&1 | tee "$O/s26.log"
+} 2>&1 | tee "$O/s26-$mode.log"
