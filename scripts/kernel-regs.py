@@ -266,11 +266,15 @@ def bwd_per_item(a):
     lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
     for mode, tag in (("2", "MHA"), ("1", "GQA sums included")):
         ins = sass_lines(lib, a.dir, "attn_bwd_v4.cu", a.defines + [f"BWD_CENSUS_ITEM={mode}"], "attn_bwd_v4")
-        # the consumer's item loop: the innermost back edges whose range holds the item end's dK/dV
-        # global stores (at least 8 per thread: 2 rows x 2 tensors x 2+ stores); one per consumer copy
+        # the consumer's item loop (census builds hold the consumers' code alone): the first back
+        # edge after the item end's last global store that jumps to before its first one (later
+        # back edges come from out-of-line blocks, e.g. the shuffles' divergent fallbacks)
+        stg = [addr for addr, op, _ in ins if op.startswith("STG")]
+        if len(stg) < 8:
+            sys.exit("the item end's global stores were not found in the attn_bwd_v4 census SASS")
         ranges = []
         for addr, op, text in ins:
-            if op != "BRA":
+            if op != "BRA" or addr <= max(stg):
                 continue
             for w in text.replace(",", " ").split():
                 if w.startswith("0x"):
@@ -278,11 +282,11 @@ def bwd_per_item(a):
                         t = int(w, 16)
                     except ValueError:
                         continue
-                    if t < addr and sum(1 for a2, o2, _ in ins if t <= a2 <= addr and o2.startswith("STG")) >= 8:
+                    if t < min(stg):
                         ranges.append((t, addr))
-        ranges = [r for r in ranges if not any(o != r and r[0] <= o[0] and o[1] <= r[1] for o in ranges)]
         if not ranges:
-            sys.exit("no item loop with the item end's stores found in the attn_bwd_v4 census SASS")
+            sys.exit("no item loop around the item end's stores found in the attn_bwd_v4 census SASS")
+        ranges = [min(ranges, key=lambda r: r[1])]
         for lo, hi in sorted(set(ranges)):
             body = [op for addr, op, _ in ins if lo <= addr <= hi]
             counts, other = class_counts(body)

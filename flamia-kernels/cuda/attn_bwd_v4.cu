@@ -1584,7 +1584,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     // on are masked, and a partial tile has at most two); without the mask, a partial tile's
     // steps are all masked.
     const int lim = tl.len - 1 - tl.k0 - 64 * cw;  // this warpgroup's last key in the document
+#ifdef BWD_CENSUS_ITEM
+    const int nint = 0;
+#else
     const int nint = a.causal ? max(0, n - 1 - cw) : (lim >= 63 ? n : 0);
+#endif
     int pend_q0 = -1;  // query tile of the step whose dQ is still to do (BWD_DEFER_DQ)
     if (C.t() == 0) {
       sm.cur[cw] = tl;
@@ -1784,7 +1788,11 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
 extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_constant__ BwdV4Params P) {
   extern __shared__ u8 smem_raw[];
   BwdV4Smem& sm = *reinterpret_cast<BwdV4Smem*>(smem_aligned_1024(smem_raw));
-  const int wg = threadIdx.x >> 7;
+  // warp-uniform to ptxas (a __shfl_sync broadcast): the consumers' wgmma descriptors, built
+  // from their warpgroup's index, then live in uniform registers (session 25: 1,184 -> 1,132 SASS
+  // per interior step at d = 128, the step loops' LDL/STL 10 -> 0; threadIdx-derived, every
+  // descriptor went through R2UR per use and ptxas spilled around them)
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&sm.kv_full), 32);
     mbar_init(smem_u32(&sm.kv_empty), 8);
@@ -1807,8 +1815,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
   pdl_trigger();
   if (wg == 0) {
     regs_dealloc<24>();
+#ifndef BWD_CENSUS_ITEM  // (census builds: the consumers' code alone)
     if (threadIdx.x < 32) bwd_producer(P, sm);
     else if (threadIdx.x == 32 || threadIdx.x == 64) bwd_reducer(P, sm, (threadIdx.x >> 5) - 1);
+#endif
   } else {
     regs_alloc<240>();
     bwd_consumer(P, sm, wg - 1);

@@ -583,11 +583,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
 extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_constant__ FwdV4Params P) {
   extern __shared__ u8 smem_raw[];
   FwdV4Smem& sm = *reinterpret_cast<FwdV4Smem*>(smem_aligned_1024(smem_raw));
-#if FWD_CW_CONST
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);  // warp-uniform to ptxas
-#else
-  const int wg = threadIdx.x >> 7;
-#endif
   if (threadIdx.x == 0) {
     for (int b = 0; b < QSLOTS; ++b) {
       mbar_init(smem_u32(&sm.q_full[b]), 32);
