@@ -1790,7 +1790,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
   extern __shared__ u8 smem_raw[];
   BwdV4Smem& sm = *reinterpret_cast<BwdV4Smem*>(smem_aligned_1024(smem_raw));
   // warp-uniform to ptxas (a __shfl_sync broadcast): the consumers' wgmma descriptors, built
-  // from their warpgroup's index, then live in uniform registers (session 25: 1,184 -> 1,132 SASS
+  // from their warpgroup's index, then live in uniform registers (session 25: 1,184 -> 1,120 SASS
   // per interior step at d = 128, the step loops' LDL/STL 10 -> 0; threadIdx-derived, every
   // descriptor went through R2UR per use and ptxas spilled around them)
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
