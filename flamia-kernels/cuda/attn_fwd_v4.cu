@@ -583,7 +583,10 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
 extern "C" __global__ void __launch_bounds__(384, 1) attn_fwd_v4(const __grid_constant__ FwdV4Params P) {
   extern __shared__ u8 smem_raw[];
   FwdV4Smem& sm = *reinterpret_cast<FwdV4Smem*>(smem_aligned_1024(smem_raw));
-  const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);  // warp-uniform to ptxas
+  // warp-uniform to ptxas (a __shfl_sync broadcast): the consumer copies' branch is uniform, and
+  // the single body's wgmma descriptors live in uniform registers (session 25: 621 -> 605 SASS
+  // per interior key tile at d = 128, 560 -> 548 at 64; the copies have 619)
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
   if (threadIdx.x == 0) {
     for (int b = 0; b < QSLOTS; ++b) {
       mbar_init(smem_u32(&sm.q_full[b]), 32);
