@@ -2,7 +2,8 @@
 # Prepared in session 25 for the next session (~4 minutes, H200): where the head-dim-64 forward's
 # long-document time went (session 25's call 4: 1x65536 21.2 ms against 18.3 in session 19's
 # call 3 on e2325f5's sources; d = 128 unchanged). One call, alternately: the current binary
-# (new), e2325f5's binary (old), new with FLAMIA_PDL=0 (plain launches), new with
+# (new), e2325f5's binary (old), new with the forward's index from threadIdx again (fwg0: session
+# 25's uniform index changed this build after the regression), new with FLAMIA_PDL=0 (plain launches), new with
 # FLAMIA_FWD_STAGES=3 and =5; d = 64 on 1x65536, 4x16384 and 32x2048, then d = 128 at 1x65536 as
 # the control. If old is faster, bisect the commits between e2325f5 and bf9b140 (the launch
 # chain) first; if pdl0 recovers it, look at the forward's pdl_trigger placement at d = 64.
@@ -75,9 +76,10 @@ nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 if [ $mode = d64 ]; then
 for r in 1 2; do
   echo "=== d = 64, round $r"; date
-  for v in new old pdl0 st3 st5; do
+  for v in new old fwg0 pdl0 st3 st5; do
     case $v in
-      pdl0) e=(FLAMIA_PDL=0) ;; st3) e=(FLAMIA_FWD_STAGES=3) ;; st5) e=(FLAMIA_FWD_STAGES=5) ;; *) e=(X=1) ;;
+      pdl0) e=(FLAMIA_PDL=0) ;; st3) e=(FLAMIA_FWD_STAGES=3) ;; st5) e=(FLAMIA_FWD_STAGES=5) ;;
+      fwg0) e=(FLAMIA_CUDA_DIR=.device-carry/var/fwg0) ;; *) e=(X=1) ;;
     esac
     run $v "${e[@]}" -- --head-dim 64 --workload 1x65536 --workload 4x16384 --workload 32x2048
   done
