@@ -12,9 +12,11 @@
 # wgmma descriptors in uniform registers; backward 1,184 -> 1,130 SASS per interior step and its
 # step loops' LDL/STL 10 -> 0, forward single body 621 -> 605 per key tile), dK's cross-lane
 # Hadamard stages as FFMAs (0ff8549, bitwise the same by construction) and, off by default,
-# dK/dV's 8-byte stores (BWD_ST8; the variant st8 turns it on). Four accuracy / repeatability
-# tests on new and st8, the mutations hadamard-sign and st8-swap, an A/B new / wg0 (the backward's
-# index from threadIdx again) / fwg0 (the forward's single body likewise) / st8 at short lengths,
+# dK/dV's 8-byte stores (BWD_ST8; the variant st8 turns it on) and the dS tile by stmatrix with
+# K's dim-major tile in the matching key order (BWD_DS_STSM; the variant stsm). Four accuracy /
+# repeatability tests on new, st8 and stsm, the mutations hadamard-sign, st8-swap and ds-stsm-sel,
+# an A/B new / wg0 (the backward's index from threadIdx again) / fwg0 (the forward's single body
+# likewise) / st8 / stsm at short lengths,
 # and FLAMIA_FWD_CW=0 against new on long documents (the single uniform body may now beat the
 # consumer copies, 619 per key tile). Last, why the consumers wait ~1,100 clocks per item for K/V
 # (session 25: not DRAM latency, an L2 prefetch did not move it): the phases (BWD_PROF_PHASES) at
@@ -45,20 +47,21 @@ if [ "${1:-}" = --stage ]; then
   strip $B/*
   [ "$(grep -ac fwd_qd_writer $B/new)" -gt 0 ] && [ "$(grep -ac fwd_qd_writer $B/old)" = 0 ] \
     || { echo "device_s26 --stage: new/old binaries are not main's / e2325f5's"; exit 1; }
-  for n in wg0 fwg0 st8 prof pnored pnostore; do mkdir $V/$n && cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $V/$n/; done
+  for n in wg0 fwg0 st8 stsm prof pnored pnostore; do mkdir $V/$n && cp flamia-kernels/cuda/*.cu flamia-kernels/cuda/*.cuh $V/$n/; done
   sed -i 's|^  const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);$|  const int wg = threadIdx.x >> 7;|' $V/wg0/attn_bwd_v4.cu
   sed -i 's|^  const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);.*$|  const int wg = FWD_CW_CONST ? __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0) : (int)(threadIdx.x >> 7);|' $V/fwg0/attn_fwd_v4.cu
   sed -i 's|^#define BWD_ST8 0$|#define BWD_ST8 (BWD_WALK_UP \|\| HEAD_DIM != 128)|' $V/st8/attn_bwd_v4.cu
+  sed -i 's|^#define BWD_DS_STSM 0$|#define BWD_DS_STSM (BWD_KD_XPOSE == 2 \&\& BWD_CVT4 \&\& !BWD_ROW_DS)|' $V/stsm/attn_bwd_v4.cu
   sed -i '1i #define BWD_PROF_PHASES 1' $V/prof/attn_bwd_v4.cu $V/pnored/attn_bwd_v4.cu $V/pnostore/attn_bwd_v4.cu
   sed -i '1i #define BWD_PROF_NORED 1' $V/pnored/attn_bwd_v4.cu
   sed -i '1i #define BWD_PROF_NOSTORE 1' $V/pnostore/attn_bwd_v4.cu
-  for n in wg0 fwg0 st8; do cmp -s $V/$n/attn_bwd_v4.cu flamia-kernels/cuda/attn_bwd_v4.cu \
+  for n in wg0 fwg0 st8 stsm; do cmp -s $V/$n/attn_bwd_v4.cu flamia-kernels/cuda/attn_bwd_v4.cu \
     && cmp -s $V/$n/attn_fwd_v4.cu flamia-kernels/cuda/attn_fwd_v4.cu && { echo "variant $n unchanged (sed out of date)"; exit 1; }; done
   du -sh $B $V; exit 0
 fi
 # Two calls' worth (~11 minutes in all): `bash bench/device_s26.sh d64` (the forward's bisect and
-# the d = 128 control, ~4.5 minutes), then `bash bench/device_s26.sh end` (the item end's tests,
-# mutations, A/B and the K/V-wait phases, ~6.5 minutes).
+# the d = 128 control, ~4.5 minutes), then `bash bench/device_s26.sh end` (the new kernel changes' tests,
+# mutations, A/B and the K/V-wait phases, ~9 minutes).
 set -u
 mode=${1:-}
 [ "$mode" = d64 ] || [ "$mode" = end ] || { echo "usage: bash bench/device_s26.sh d64|end"; exit 2; }
@@ -92,8 +95,8 @@ done
 fi
 if [ $mode = end ]; then
 echo "=== the item end: tests on new and st8, mutations, A/B new / st8 / hfma0"; date
-for v in new st8; do
-  e=(X=1); [ $v = st8 ] && e=(FLAMIA_CUDA_DIR=.device-carry/var/st8)
+for v in new st8 stsm; do
+  e=(X=1); [ $v != new ] && e=(FLAMIA_CUDA_DIR=.device-carry/var/$v)
   for t in mxfp8_causal_gqa_is_as_accurate_as_the_reference head_dim_64_is_as_accurate_as_the_reference \
     repeated_runs_are_bitwise_identical precision_options_and_no_hadamard_are_as_accurate_as_the_reference; do
     env "${e[@]}" timeout 90 $D/gpu_attention --ignored --exact $t 2>&1 | grep -E "test result|panicked" | sed "s/^/$v: /"
@@ -101,8 +104,9 @@ for v in new st8; do
 done
 ONLY=hadamard-sign T=$D/gpu_attention OUT=$O/mut timeout 100 bash bench/gpu_mutations.sh 2>&1 | tail -1
 ONLY=st8-swap SRC=.device-carry/var/st8 T=$D/gpu_attention OUT=$O/mut timeout 150 bash bench/gpu_mutations.sh 2>&1 | tail -2
+ONLY=ds-stsm-sel SRC=.device-carry/var/stsm T=$D/gpu_attention OUT=$O/mut timeout 150 bash bench/gpu_mutations.sh 2>&1 | tail -2
 for r in 1 2; do
-  for v in new wg0 fwg0 st8; do
+  for v in new wg0 fwg0 st8 stsm; do
     e=(X=1); [ $v != new ] && e=(FLAMIA_CUDA_DIR=.device-carry/var/$v)
     run $v "${e[@]}" -- --workload 256x256 --workload 64x1024 --workload 32x2048
     run $v "${e[@]}" -- --head-dim 64 --workload 256x256

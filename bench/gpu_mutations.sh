@@ -157,3 +157,9 @@ mutate hadamard-sign attn_bwd_v4.cu 's/const float sign = (lane \& m) ? -1.f : 1
 # (BWD_ST8 is off by default until measured: run with SRC= the st8 variant's sources.)
 mutate st8-swap common.cuh 's/const u32 lo = b0 ? v : a, hi = b0 ? b : v;/const u32 hi = b0 ? v : a, lo = b0 ? b : v;/' \
   mxfp8_causal_gqa_is_as_accurate_as_the_reference head_dim_64_is_as_accurate_as_the_reference
+# 28. The dS tile by stmatrix (BWD_DS_STSM) with the wrong PRMT for the even query blocks (queries
+# 2q and 2q + 1 swapped between the two 16-bit elements): dQ's products pair codes with the wrong queries
+# (scripts/store_model.py's case, by a selector). (Off by default until measured: SRC= the stsm
+# variant's sources.)
+mutate ds-stsm-sel attn_bwd_v4.cu 's/ds_stsm(ds + 4096 \* kk, __byte_perm(a\[kk\]\[0\], a\[kk\]\[1\], 0x5140)/ds_stsm(ds + 4096 * kk, __byte_perm(a[kk][0], a[kk][1], 0x4051)/' \
+  mxfp8_causal_gqa_is_as_accurate_as_the_reference head_dim_64_is_as_accurate_as_the_reference

@@ -36,7 +36,8 @@ def banks(addrs):
     return worst
 
 def blocks(src, dst, soff, doff, x1, x2, y1, y2, nk, perm):
-    """xpose_blocks_ldsm for the whole warp; returns the worst bank ways of its two instructions."""
+    """xpose_blocks_ldsm for the whole warp (perm: the position order, 0 / False plain, 1 / True
+    XPOSE_QPERM, 2 XPOSE_ILEAVE); returns the worst bank ways of its two instructions."""
     la, sa, regs = [0] * 32, [0] * 32, [[0] * 4 for _ in range(32)]
     for t in range(32):
         j, r = t >> 3, t & 7
@@ -54,13 +55,13 @@ def blocks(src, dst, soff, doff, x1, x2, y1, y2, nk, perm):
     for t in range(32):
         q, g = t & 3, t >> 2
         swap = (not perm) and (q >> 1)
-        s0, s1 = (0x2064, 0x3175) if swap else (0x6420, 0x7531)
+        s0, s1 = (0x6240, 0x7351) if perm == 2 else (0x2064, 0x3175) if swap else (0x6420, 0x7531)
         sg = (g >> 2) & 1
         for b in range(2):
             t0 = 16 * (y1 if b else x1) + (2 * q if perm else 4 * q)
             keep = 0
             for c in range(4):
-                tok = t0 + ((c & 1) + 8 * (c >> 1) if perm else c)
+                tok = t0 + ((c >> 1) + 8 * (c & 1) if perm == 2 else (c & 1) + 8 * (c >> 1) if perm else c)
                 keep |= (0xff if tok < nk else 0) << (8 * c)
             w0 = prmt(regs[t][2 * b], regs[t][2 * b + 1], s0) & keep
             w1 = prmt(regs[t][2 * b], regs[t][2 * b + 1], s1) & keep
@@ -76,15 +77,19 @@ def blocks(src, dst, soff, doff, x1, x2, y1, y2, nk, perm):
 def qperm(p):  # the token at position p of a 16-position group, BWD_QPERM order
     return (p - p % 16) + 2 * ((p % 16) >> 2) + [0, 1, 8, 9][p % 4]
 
+def ileave(p):  # the token at position p of a 16-position group, XPOSE_ILEAVE order (BWD_DS_STSM)
+    return (p - p % 16) + ((p % 16) >> 1) + 8 * (p % 2)
+
 ok = True
 def report(what, bad, ways):
     global ok
     print(f"{what}: wrong bytes {bad}, worst bank ways {ways}")
     ok = ok and bad == 0 and ways == 1
 
-for hd in (128, 64):  # the backward's K by its consumers (xpose_kd_half): both warpgroups' 4 warps
+for hd, order in ((128, 0), (64, 0), (128, 2), (64, 2)):  # the backward's K by its consumers (xpose_kd_half)
     tok = sw128 if hd == 128 else sw64
     NP, PC = hd // 32, hd // 64
+    pos_tok = ileave if order == 2 else (lambda p: p)
     for nk in (128, 100, 65, 1):
         src = [random.randrange(256) for _ in range(128 * hd)]
         dst = [0x7f] * (hd * 128)
@@ -95,10 +100,10 @@ for hd in (128, 64):  # the backward's K by its consumers (xpose_kd_half): both 
                     p = NP * w + i
                     a, b = p // PC, half * (hd // 32) + 2 * (p % PC)
                     seen += [(a, b), (a, b + 1)]
-                    ways = max(ways, blocks(src, dst, tok, sw128, a, b, a, b + 1, nk, False))
-        bad = sum((src[tok(k, d)] if k < nk else 0) != dst[sw128(d, k)] for k in range(128) for d in range(hd))
+                    ways = max(ways, blocks(src, dst, tok, sw128, a, b, a, b + 1, nk, order))
+        bad = sum((src[tok(pos_tok(p), d)] if pos_tok(p) < nk else 0) != dst[sw128(d, p)] for p in range(128) for d in range(hd))
         bad += len(seen) - len(set(seen))  # every block once
-        report(f"K by the consumers d {hd}, nk {nk}", bad, ways)
+        report(f"K by the consumers d {hd}, nk {nk}{', XPOSE_ILEAVE order' if order == 2 else ''}", bad, ways)
 
 for hd in (128, 64):  # the backward's V by its consumers (xpose_vt_half), in place per half
     tok = sw128 if hd == 128 else sw64

@@ -299,6 +299,16 @@ struct BwdItem {
 #define BWD_EARLY_FACTORS 0  // the host defines it (2 KB more shared memory: attention.rs with_early_factors)
 #endif
 #define BWD_TAILS (BWD_EARLY_FACTORS ? 3 : 2)
+#ifndef BWD_DS_STSM
+// dS tile for dQ by stmatrix (ds_codes, session 25, prepared and off until measured): per
+// 32-query slice one PRMT per 8-query block puts a thread's codes of keys g and g + 8 side by
+// side (16-bit elements), and one stmatrix.x4.trans writes the slice's four blocks as query rows,
+// instead of 16 byte stores with their shifts; each 16-key group of the tile, and so of K's
+// dim-major tile (xpose_kd_half, XPOSE_ILEAVE), then holds its keys in the order 0, 8, 1, 9, ...
+// (the same keys inside each k32 slice of the dQ products: the same bits, as BWD_QPERM's query
+// order). Only with the consumers' K transpose, the four-code conversions and block dS.
+#define BWD_DS_STSM 0
+#endif
 #ifndef BWD_ST8
 // dK and dV out by 8-byte predicated stores after one exchange per word pair
 // (store_frag_row_bf16_x8, session 25: 200 SASS fewer per item end at d = 128 than the 16-byte
@@ -753,6 +763,9 @@ __device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
 #ifndef BWD_CVT4
 #define BWD_CVT4 BWD_QPERM
 #endif
+#if BWD_DS_STSM && !(BWD_KD_XPOSE == 2 && BWD_CVT4 && !BWD_ROW_DS)
+#error "BWD_DS_STSM needs BWD_KD_XPOSE 2 (K's dim-major tile in its key order), BWD_CVT4 and block dS"
+#endif
 #if BWD_CVT4 && !BWD_QPERM
 #error "BWD_CVT4 packs the key-permuted fragments (BWD_QPERM)"
 #endif
@@ -776,8 +789,23 @@ __device__ __forceinline__ void dkv_afrag(const float (&v)[32], u32 (&a)[2][4]) 
 #endif
 }
 
+__device__ __forceinline__ void ds_stsm(const u8* row, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(row)), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
 __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u8* ds) {
-#if BWD_CVT4
+#if BWD_DS_STSM
+  // `ds`: this lane's stmatrix row (ds_row): slice kk's blocks 4 kk + m as matrices m; block jj's
+  // element (g, 2q | 2q + 1) = codes (key g, key g + 8) of query 2q | 2q + 1, from the low (jj
+  // even) or high half of a[kk][2 (jj >> 1)] (key g) and a[kk][2 (jj >> 1) + 1] (key g + 8)
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    slice_afrag_cvt4(v, kk, a[kk]);
+    ds_stsm(ds + 4096 * kk, __byte_perm(a[kk][0], a[kk][1], 0x5140), __byte_perm(a[kk][0], a[kk][1], 0x7362),
+            __byte_perm(a[kk][2], a[kk][3], 0x5140), __byte_perm(a[kk][2], a[kk][3], 0x7362));
+  }
+#elif BWD_CVT4
   // the tile's block jj of slice kk: R0 = the low or high half of a[kk][2 (jj >> 1)], R8 of
   // a[kk][2 (jj >> 1) + 1]
 #pragma unroll
@@ -809,6 +837,11 @@ __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u
 // keys): byte (query 2q, key 64c + 16w + g), core-matrix column 4c + w, row 2q, byte g.
 __device__ __forceinline__ u8* ds_byte(BwdV4Smem& sm, const BwdConsumer& C, int buf) {
   return sm.ds[buf] + (4 * C.cw + C.w()) * 128 + 32 * C.qd() + C.g();
+}
+// BWD_DS_STSM: this lane's row of the step's dS tile for stmatrix: matrix lane / 8 (query block),
+// row lane % 8 (query), the warp's core-matrix column 4 cw + w (its 16 keys).
+__device__ __forceinline__ u8* ds_row(BwdV4Smem& sm, const BwdConsumer& C, int buf) {
+  return sm.ds[buf] + 1024 * (C.lane() >> 3) + (4 * C.cw + C.w()) * 128 + 16 * (C.lane() & 7);
 }
 
 // The dQ products' exponents of this warp pair's 32-key block (2 cw + w / 2) in the step's dS
@@ -1209,7 +1242,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
   store_ds_exps(sm, C, buf, ex[0], ex[1]);
   BWD_PHASE(3);
-  ds_codes(dp, ads, ds_byte(sm, C, buf));
+  ds_codes(dp, ads, BWD_DS_STSM ? ds_row(sm, C, buf) : ds_byte(sm, C, buf));
 #endif
   BWD_PHASE(4);
   // dV += P~^T dO (one chained product over the 64 queries; 2^c applied at the item's end)
@@ -1259,9 +1292,15 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 __device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
   const int cw = C.cw, w = C.w(), s = C.s, buf = C.nstep % BWD_DS_BUFS;
   mbar_wait(smem_u32(&sm.s_full[s]), C.ph);
+#if BWD_DS_STSM
+  u8* ds = ds_row(sm, C, buf);
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) ds_stsm(ds + 4096 * kk, 0u, 0u, 0u, 0u);
+#else
   u8* ds = ds_byte(sm, C, buf);
 #pragma unroll
   for (int j = 0; j < 8; ++j) ds_store_block(ds + 1024 * j, 0u, 0u);
+#endif
   store_ds_exps(sm, C, buf, 0, 0);
   named_sync(2 + 2 * cw + (w >> 1), 64);
   if (C.lane() == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
@@ -1561,7 +1600,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     // addresses out of the item loop, and ptxas kept them across the step loops by spilling 6
     // of dK/dV's accumulators per interior step at d = 128 (LDL/STL, `scripts/kernel-regs.py`
     // SASS; 2 with them opaque, 1 without the transpose; none at d = 64 either way).
-    xpose_kd_half(sm.k + opaque_u32(0u), sm.kd + opaque_u32(0u), cw, C.w(), tl.len - tl.k0, (int)opaque_u32(C.lane()));
+    xpose_kd_half(sm.k + opaque_u32(0u), sm.kd + opaque_u32(0u), cw, C.w(), tl.len - tl.k0, (int)opaque_u32(C.lane()),
+                  BWD_DS_STSM ? XPOSE_ILEAVE : XPOSE_PLAIN);
 #else
     mbar_wait(smem_u32(&sm.kd_full), ni & 1);  // the item's dim-major K (issued before the last item's end)
 #endif

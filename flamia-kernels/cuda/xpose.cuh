@@ -31,11 +31,17 @@
 // session 23). In two halves, so that a caller can have several pairs' loads in flight before
 // the first store (xpose_kd_half): xpose_ldsm_load reads blocks X and Y into m, xpose_ldsm_store
 // writes them; xpose_blocks_ldsm does both.
+// Position orders of a 16-position group (`order`): XPOSE_PLAIN position p holds token p;
+// XPOSE_QPERM BWD_QPERM's (above); XPOSE_ILEAVE position 2i holds token i and 2i + 1 token i + 8
+// (BWD_DS_STSM's key order: a consumer thread's keys g and g + 8 of the dS tile side by side).
+#define XPOSE_PLAIN 0
+#define XPOSE_QPERM 1
+#define XPOSE_ILEAVE 2
 template <class SrcOff>
-__device__ __forceinline__ void xpose_ldsm_load(const u8* src, SrcOff soff, int x1, int x2, int y1, int y2, bool perm, int lane,
+__device__ __forceinline__ void xpose_ldsm_load(const u8* src, SrcOff soff, int x1, int x2, int y1, int y2, int order, int lane,
                                                 u32 (&m)[4]) {
   const int j = lane >> 3, r = lane & 7;
-  const int kap = perm ? r + 8 * (j & 1) : (r & 1) + 4 * (r >> 1) + 2 * (((r >> 2) & 1) ^ (j & 1));  // M_j's row r
+  const int kap = order ? r + 8 * (j & 1) : (r & 1) + 4 * (r >> 1) + 2 * (((r >> 2) & 1) ^ (j & 1));  // M_j's row r
   const int xa = j < 2 ? x1 : y1, xb = j < 2 ? x2 : y2;
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(m[0]), "=r"(m[1]), "=r"(m[2]), "=r"(m[3])
@@ -44,20 +50,27 @@ __device__ __forceinline__ void xpose_ldsm_load(const u8* src, SrcOff soff, int 
 }
 
 template <class DstOff>
-__device__ __forceinline__ void xpose_ldsm_store(u8* dst, DstOff doff, int x1, int x2, int y1, int y2, int nk, bool perm, int lane,
+__device__ __forceinline__ void xpose_ldsm_store(u8* dst, DstOff doff, int x1, int x2, int y1, int y2, int nk, int order, int lane,
                                                  const u32 (&m)[4]) {
   const int j = lane >> 3, r = lane & 7, q = lane & 3, g = lane >> 2;
   const int xa = j < 2 ? x1 : y1, xb = j < 2 ? x2 : y2;
-  const bool swap = !perm && (q >> 1);  // plain order, q >= 2: the word's first tokens are M1's
-  const u32 s0 = swap ? 0x2064u : 0x6420u, s1 = swap ? 0x3175u : 0x7531u;  // dims 2g, 2g + 1
+  const bool swap = !order && (q >> 1);  // plain order, q >= 2: the word's first tokens are M1's
+  // dims 2g, 2g + 1: plain / XPOSE_QPERM bytes (M0 t, M0 t + 1, M1 t, M1 t + 1); XPOSE_ILEAVE
+  // (M0 t, M1 t, M0 t + 1, M1 t + 1), M1's rows being tokens 8.. there
+  const u32 s0 = order == XPOSE_ILEAVE ? 0x6240u : swap ? 0x2064u : 0x6420u;
+  const u32 s1 = order == XPOSE_ILEAVE ? 0x7351u : swap ? 0x3175u : 0x7531u;
   const int sg = (g >> 2) & 1;
   u32 o[4];
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
-    const int t0 = 16 * (b ? y1 : x1) + (perm ? 2 * q : 4 * q);  // the word's first token
-    u32 keep = 0u;  // bytes of tokens inside the document (with perm the tokens are t0, +1, +8, +9)
+    const int t0 = 16 * (b ? y1 : x1) + (order ? 2 * q : 4 * q);  // the word's first token
+    u32 keep = 0u;  // bytes of tokens inside the document (XPOSE_QPERM: tokens t0, +1, +8, +9;
+                    // XPOSE_ILEAVE: t0, +8, +1, +9)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) keep |= (t0 + (perm ? (c & 1) + 8 * (c >> 1) : c) < nk ? 0xffu : 0u) << (8 * c);
+    for (int c = 0; c < 4; ++c) {
+      const int tok = t0 + (order == XPOSE_QPERM ? (c & 1) + 8 * (c >> 1) : order == XPOSE_ILEAVE ? (c >> 1) + 8 * (c & 1) : c);
+      keep |= (tok < nk ? 0xffu : 0u) << (8 * c);
+    }
     const u32 w0 = __byte_perm(m[2 * b], m[2 * b + 1], s0) & keep, w1 = __byte_perm(m[2 * b], m[2 * b + 1], s1) & keep;
     o[2 * b] = sg ? w1 : w0;
     o[2 * b + 1] = sg ? w0 : w1;
@@ -71,10 +84,10 @@ __device__ __forceinline__ void xpose_ldsm_store(u8* dst, DstOff doff, int x1, i
 
 template <class SrcOff, class DstOff>
 __device__ __forceinline__ void xpose_blocks_ldsm(const u8* src, u8* dst, SrcOff soff, DstOff doff, int x1, int x2, int y1,
-                                                  int y2, int nk, bool perm, int lane) {
+                                                  int y2, int nk, int order, int lane) {
   u32 m[4];
-  xpose_ldsm_load(src, soff, x1, x2, y1, y2, perm, lane, m);
-  xpose_ldsm_store(dst, doff, x1, x2, y1, y2, nk, perm, lane, m);
+  xpose_ldsm_load(src, soff, x1, x2, y1, y2, order, lane, m);
+  xpose_ldsm_store(dst, doff, x1, x2, y1, y2, nk, order, lane, m);
 }
 
 // BWD_KD_XPOSE 2 (the v4 backward's consumers, at their item's start): consumer warpgroup
@@ -85,7 +98,7 @@ __device__ __forceinline__ void xpose_blocks_ldsm(const u8* src, u8* dst, SrcOff
 // HEAD_DIM / 32 pairs p = NP w.., all NP loads issued before the first store (no dependency
 // between the pairs: the loads' latencies overlap). 4 + 4 shared-memory instructions per warp
 // at d = 128, 2 + 2 at 64.
-__device__ __forceinline__ void xpose_kd_half(const u8* src, u8* dst, int half, int w, int nk, int lane) {
+__device__ __forceinline__ void xpose_kd_half(const u8* src, u8* dst, int half, int w, int nk, int lane, int order) {
   constexpr int NP = HEAD_DIM / 32, PC = HEAD_DIM / 64;  // pairs per warp, pairs per token block
   const auto so = [](int row, int byte) { return tok_off(row, byte); };
   const auto d128 = [](int row, int byte) { return sw128_off(row, byte); };
@@ -94,9 +107,9 @@ __device__ __forceinline__ void xpose_kd_half(const u8* src, u8* dst, int half, 
   const auto b_of = [&](int i) { return half * (HEAD_DIM / 32) + 2 * ((NP * w + i) % PC); };
   u32 m[NP][4];
 #pragma unroll
-  for (int i = 0; i < NP; ++i) xpose_ldsm_load(src, so, a_of(i), b_of(i), a_of(i), b_of(i) + 1, false, lane, m[i]);
+  for (int i = 0; i < NP; ++i) xpose_ldsm_load(src, so, a_of(i), b_of(i), a_of(i), b_of(i) + 1, order, lane, m[i]);
 #pragma unroll
-  for (int i = 0; i < NP; ++i) xpose_ldsm_store(dst, d128, a_of(i), b_of(i), a_of(i), b_of(i) + 1, nk, false, lane, m[i]);
+  for (int i = 0; i < NP; ++i) xpose_ldsm_store(dst, d128, a_of(i), b_of(i), a_of(i), b_of(i) + 1, nk, order, lane, m[i]);
 }
 
 // BWD_VT_XPOSE (the v4 backward's consumers, at their item's start): the K/V slot's V tile
