@@ -19,10 +19,11 @@
 // instructions per 512 bytes instead of 64 four-byte ones. Block X = tokens 16 x1.., dims 16 x2..
 // of the token-major tile (address soff(token, byte)) goes to dims 16 x2.., positions 16 x1.. of
 // the dim-major one (doff(dim, position)); block Y likewise with (y1, y2). Position p of a
-// 16-position group holds token p, or with `perm` the token BWD_QPERM's order puts there
-// (positions 4m + c: token 2m + {0, 1, 8, 9}[c], quant.cu dim_token). Matrix rows (16 bytes):
+// 16-position group holds token p, or in `order` XPOSE_QPERM the token BWD_QPERM's order puts
+// there (positions 4m + c: token 2m + {0, 1, 8, 9}[c], quant.cu dim_token), in XPOSE_ILEAVE
+// token p / 2 + 8 (p % 2) (BWD_DS_STSM's key order). Matrix rows (16 bytes):
 // ldmatrix's M0 / M1 of a block hold tokens K0 = {0,1,4,5,10,11,14,15} / K1 = the other eight
-// (with perm: 0..7 / 8..15), so that after .trans lane t (q = t % 4, g = t / 4) holds the tokens
+// (XPOSE_QPERM and XPOSE_ILEAVE: 0..7 / 8..15), so that after .trans lane t (q = t % 4, g = t / 4) holds the tokens
 // of positions 4q..4q+3 for dims 2g and 2g+1 across its two registers; stmatrix's N0 / N1 rows
 // are dims 2g + s / 2g + 1 - s, s = g / 4. Both choices put a matrix's 8 rows on 8 distinct
 // 16-byte bank groups of the 128- and 64-byte swizzles (no conflicts). Tokens at or past `nk`
