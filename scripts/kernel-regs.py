@@ -36,6 +36,13 @@ def find(pattern):
     return hits[0]
 
 
+def load_nvrtc():
+    libdir = os.path.dirname(find("nvidia/cu13/lib/libnvrtc.so.13"))
+    # NVRTC dlopens its builtins library by name: load it first from the same directory.
+    ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
+    return ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
+
+
 def nvrtc_ptx(lib, src_dir, name, defines):
     headers = sorted(f for f in os.listdir(src_dir) if f.endswith(".cuh"))
     texts = [open(os.path.join(src_dir, h), "rb").read() for h in headers]
@@ -93,10 +100,7 @@ def main():
         return per_score(a)
     if a.bwd_per_step:
         return bwd_per_step(a)
-    libdir = os.path.dirname(find("nvidia/cu13/lib/libnvrtc.so.13"))
-    # NVRTC dlopens its builtins library by name: load it first from the same directory.
-    ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
-    lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
+    lib = load_nvrtc()
     ptxas = find("torch/bin/ptxas")
     cuobjdump = find("triton/backends/nvidia/bin/cuobjdump") if a.sass else None
     for name in a.sources:
@@ -185,9 +189,8 @@ def sass_lines(lib, src_dir, name, defines, function):
     return out
 
 
-def loops_with(ins, n_gmma):
-    """(start, end) address ranges of the innermost backward branches whose body holds at least
-    n_gmma GMMAs."""
+def back_edges(ins):
+    """(target, address) of every backward branch of the SASS."""
     out = []
     for addr, op, text in ins:
         if op != "BRA":
@@ -199,8 +202,16 @@ def loops_with(ins, n_gmma):
                 t = int(w, 16)
             except ValueError:
                 continue
-            if t < addr and sum(1 for a2, o2, _ in ins if t <= a2 <= addr and "GMMA" in o2) >= n_gmma:
+            if t < addr:
                 out.append((t, addr))
+    return out
+
+
+def loops_with(ins, n_gmma):
+    """(start, end) address ranges of the innermost backward branches whose body holds at least
+    n_gmma GMMAs."""
+    out = [(t, addr) for t, addr in back_edges(ins)
+           if sum(1 for a2, o2, _ in ins if t <= a2 <= addr and "GMMA" in o2) >= n_gmma]
     # innermost first, no duplicates of the same body start
     out.sort(key=lambda r: r[1] - r[0])
     seen, keep = set(), []
@@ -230,9 +241,7 @@ def class_counts(body):
 
 
 def bwd_per_step(a):
-    libdir = os.path.dirname(find("nvidia/cu13/lib/libnvrtc.so.13"))
-    ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
-    lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
+    lib = load_nvrtc()
     ins = sass_lines(lib, a.dir, "attn_bwd_v4.cu", a.defines, "attn_bwd_v4")
     # one step's wgmma: S^T and dP^T 2 x HEAD_DIM / 32 (K slices of the head dim), dQ 4, dV and dK
     # at least 4 (more when split into pieces)
@@ -261,9 +270,7 @@ def bwd_per_step(a):
 
 
 def bwd_per_item(a):
-    libdir = os.path.dirname(find("nvidia/cu13/lib/libnvrtc.so.13"))
-    ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
-    lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
+    lib = load_nvrtc()
     for mode, tag in (("2", "MHA"), ("1", "GQA sums included")):
         ins = sass_lines(lib, a.dir, "attn_bwd_v4.cu", a.defines + [f"BWD_CENSUS_ITEM={mode}"], "attn_bwd_v4")
         # the consumer's item loop (census builds hold the consumers' code alone): the first back
@@ -272,34 +279,20 @@ def bwd_per_item(a):
         stg = [addr for addr, op, _ in ins if op.startswith("STG")]
         if len(stg) < 8:
             sys.exit("the item end's global stores were not found in the attn_bwd_v4 census SASS")
-        ranges = []
-        for addr, op, text in ins:
-            if op != "BRA" or addr <= max(stg):
-                continue
-            for w in text.replace(",", " ").split():
-                if w.startswith("0x"):
-                    try:
-                        t = int(w, 16)
-                    except ValueError:
-                        continue
-                    if t < min(stg):
-                        ranges.append((t, addr))
+        ranges = [(t, addr) for t, addr in back_edges(ins) if addr > max(stg) and t < min(stg)]
         if not ranges:
             sys.exit("no item loop around the item end's stores found in the attn_bwd_v4 census SASS")
-        ranges = [min(ranges, key=lambda r: r[1])]
-        for lo, hi in sorted(set(ranges)):
-            body = [op for addr, op, _ in ins if lo <= addr <= hi]
-            counts, other = class_counts(body)
-            stg = sum(1 for op in body if op.startswith("STG"))
-            print(f"attn_bwd_v4 item loop [{lo:#x}, {hi:#x}] ({tag}): {len(body)} SASS instructions per consumer "
-                  f"thread per item outside the steps ({stg} global stores)")
-            print("   " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f", other {other}")
+        lo, hi = min(ranges, key=lambda r: r[1])
+        body = [op for addr, op, _ in ins if lo <= addr <= hi]
+        counts, other = class_counts(body)
+        n_stg = sum(1 for op in body if op.startswith("STG"))
+        print(f"attn_bwd_v4 item loop [{lo:#x}, {hi:#x}] ({tag}): {len(body)} SASS instructions per consumer "
+              f"thread per item outside the steps ({n_stg} global stores)")
+        print("   " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f", other {other}")
 
 
 def per_score(a):
-    libdir = os.path.dirname(find("nvidia/cu13/lib/libnvrtc.so.13"))
-    ctypes.CDLL(os.path.join(libdir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
-    lib = ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
+    lib = load_nvrtc()
     for path, extra in (("interior", ["FWD_INTERIOR_ONLY=1"]), ("masked", ["FWD_MASKED_ONLY=1"]),
                         ("interior", ["FWD_INTERIOR_ONLY=1", "PER_TOKEN_COLS=1"]),
                         ("masked", ["FWD_MASKED_ONLY=1", "PER_TOKEN_COLS=1"])):
