@@ -154,12 +154,16 @@ mutate hadamard-sign attn_bwd_v4.cu 's/const float sign = (lane \& m) ? -1.f : 1
   mxfp8_causal_gqa_is_as_accurate_as_the_reference
 # 27. dK and dV's 8-byte stores (BWD_ST8, store_frag_row_bf16_x8) with the two words of each store
 # swapped: columns 16k + 2q .. + 3 come out as + 2, + 3, + 0, + 1 (scripts/store_model.py's case).
-# (BWD_ST8 is off by default until measured: run with SRC= the st8 variant's sources.)
+# (On by default since session 26 for the walk-up and d = 64 builds, which those tests run.)
 mutate st8-swap common.cuh 's/const u32 lo = b0 ? v : a, hi = b0 ? b : v;/const u32 hi = b0 ? v : a, lo = b0 ? b : v;/' \
   mxfp8_causal_gqa_is_as_accurate_as_the_reference head_dim_64_is_as_accurate_as_the_reference
 # 28. The dS tile by stmatrix (BWD_DS_STSM) with the wrong PRMT for the even query blocks (queries
 # 2q and 2q + 1 swapped between the two 16-bit elements): dQ's products pair codes with the wrong queries
-# (scripts/store_model.py's case, by a selector). (Off by default until measured: SRC= the stsm
-# variant's sources.)
+# (scripts/store_model.py's case, by a selector). (The host's default with block dS since session 26.)
 mutate ds-stsm-sel attn_bwd_v4.cu 's/ds_stsm(ds + 4096 \* kk, __byte_perm(a\[kk\]\[0\], a\[kk\]\[1\], 0x5140)/ds_stsm(ds + 4096 * kk, __byte_perm(a[kk][0], a[kk][1], 0x4051)/' \
   mxfp8_causal_gqa_is_as_accurate_as_the_reference head_dim_64_is_as_accurate_as_the_reference
+# 29. The quantiser's interleaved dim-major K (QUANT_ILEAVE_MASK, the long documents' operand of
+# BWD_DS_STSM) with the token pairs of each group swapped (position 2i token i ^ 1): dQ's products
+# pair the dS tile's keys with other keys' K codes.
+mutate quant-ileave quant.cu 's/return (r >> 1) + 8 \* (r \& 1);/return ((r >> 1) ^ 1) + 8 * (r \& 1);/' \
+  ds_tile_by_stmatrix_gives_bitwise_the_same gpu_quant:permuted_dim_copy_is_the_plain_one_reordered_in_every_block

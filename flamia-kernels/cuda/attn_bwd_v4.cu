@@ -300,13 +300,17 @@ struct BwdItem {
 #endif
 #define BWD_TAILS (BWD_EARLY_FACTORS ? 3 : 2)
 #ifndef BWD_DS_STSM
-// dS tile for dQ by stmatrix (ds_codes, session 25, prepared and off until measured): per
+// BWD_DS_STSM 1 (the host's default since session 26 with block dS and the four-code conversions,
+// attention.rs bwd_ds_stsm; FLAMIA_BWD_DS_STSM=0 builds 0): the dS tile for dQ (ds_codes): per
 // 32-query slice one PRMT per 8-query block puts a thread's codes of keys g and g + 8 side by
 // side (16-bit elements), and one stmatrix.x4.trans writes the slice's four blocks as query rows,
 // instead of 16 byte stores with their shifts; each 16-key group of the tile, and so of K's
-// dim-major tile (xpose_kd_half, XPOSE_ILEAVE), then holds its keys in the order 0, 8, 1, 9, ...
-// (the same keys inside each k32 slice of the dQ products: the same bits, as BWD_QPERM's query
-// order). Only with the consumers' K transpose, the four-code conversions and block dS.
+// dim-major tile, then holds its keys in the order 0, 8, 1, 9, ... (the same keys inside each
+// k32 slice of the dQ products: the same bits, as BWD_QPERM's query order). K's dim-major tile
+// in that order comes from the consumers' transpose (BWD_KD_XPOSE 2: xpose_kd_half, XPOSE_ILEAVE)
+// or from the quantiser (BWD_KD_XPOSE 0: the host has it write K's dim-major copy in that order,
+// QUANT_ILEAVE_MASK). Session 26 (H200, same call, two rounds, BWD_KD_XPOSE 2 plans): backward
+// -2.1..-3.5% at 32x2048, -1.0..-2.2% at 64x1024 and 256x256 (docs/perf.md).
 #define BWD_DS_STSM 0
 #endif
 #ifndef BWD_ST8
@@ -314,10 +318,9 @@ struct BwdItem {
 // (store_frag_row_bf16_x8, session 25: 200 SASS fewer per item end at d = 128 than the 16-byte
 // stores' quad transposes, 100 at 64; the same bytes). Not in the d = 128 build without the
 // upward walk (long documents: ptxas then keeps 4 LDL/STL in the interior step instead of 2, and
-// a long item's end is a sliver of it). Prepared in session 25, not yet run on a GPU: off until
-// bench/device_s26.sh's tests and A/B (its variant st8 turns it on as below).
-#define BWD_ST8 0
-// #define BWD_ST8 (BWD_WALK_UP || HEAD_DIM != 128)
+// a long item's end is a sliver of it). On since session 26 (H200, same call, two rounds:
+// backward -1.1..-2.3% at 32x2048, within noise at 64x1024 and 256x256; the GPU tests pass).
+#define BWD_ST8 (BWD_WALK_UP || HEAD_DIM != 128)
 #endif
 struct BwdItemTail {
   int code, h;
@@ -763,8 +766,8 @@ __device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
 #ifndef BWD_CVT4
 #define BWD_CVT4 BWD_QPERM
 #endif
-#if BWD_DS_STSM && !(BWD_KD_XPOSE == 2 && BWD_CVT4 && !BWD_ROW_DS)
-#error "BWD_DS_STSM needs BWD_KD_XPOSE 2 (K's dim-major tile in its key order), BWD_CVT4 and block dS"
+#if BWD_DS_STSM && !(BWD_CVT4 && !BWD_ROW_DS)
+#error "BWD_DS_STSM needs BWD_CVT4 and block dS"
 #endif
 #if BWD_CVT4 && !BWD_QPERM
 #error "BWD_CVT4 packs the key-permuted fragments (BWD_QPERM)"

@@ -72,6 +72,13 @@
 #ifndef QUANT_PERM_MASK
 #define QUANT_PERM_MASK 0
 #endif
+// QUANT_ILEAVE_MASK: bit i set = input i's dim-major copy has the tokens of each 16-token group
+// interleaved, position 2i token i and 2i + 1 token i + 8 (ileave_token; QuantInput::dim_order
+// DimOrder::KeyIleave: K for the v4 backward with BWD_DS_STSM, whose dQ products read their
+// dS tile in that key order). Disjoint from QUANT_PERM_MASK.
+#ifndef QUANT_ILEAVE_MASK
+#define QUANT_ILEAVE_MASK 0
+#endif
 // Shared-memory layouts without bank conflicts (session 17, "SWZ"; the dO quantiser's ncu had
 // counted 2 wavefronts per access where 1 would do on two accesses): the code tile's swizzle
 // (tile_word / swz_row) takes row bit 4 into its bit 3, so the permuted inputs' (QUANT_PERM_MASK)
@@ -349,6 +356,10 @@ __device__ __forceinline__ float delta_dot(const u32 (&codes)[2 * NK], const uin
 __device__ __forceinline__ int dim_token_s(int s) { return 16 * (s >> 1) + 4 * (s & 1); }
 __device__ __forceinline__ int dim_token_r(int r) { return 8 * ((r & 3) >> 1) + 2 * (r >> 2) + (r & 1); }
 __device__ __forceinline__ int dim_token(int s, int r) { return dim_token_s(s) + dim_token_r(r); }
+// The interleaved order (QUANT_ILEAVE_MASK): position k of a 16-token group holds token
+// (k >> 1) + 8 (k & 1); for k = 8s + r that is dim_token_s(s) + ileave_token_r(r), the same
+// octet part as dim_token's (so the same bank pattern: the r part sets rows bits 0, 1 and 3).
+__device__ __forceinline__ int ileave_token_r(int r) { return (r >> 1) + 8 * (r & 1); }
 
 // Where the next block lies in the chunk items: chunk c, head slot s, slot j of the chunk, and
 // the chunk's four block indices cb (plan entries; -1: no block at that slot).
@@ -568,6 +579,13 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #pragma unroll
         for (int r = 0; r < 8; ++r) {
           const int rr = dim_token_r(r);
+          wd[r] = tl[(pb ^ swz_row(rr)) + 32 * rr];
+        }
+      } else if ((QUANT_ILEAVE_MASK >> it.ti) & 1) {
+        const int pb = tile_word(dim_token_s(s), g);
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          const int rr = ileave_token_r(r);
           wd[r] = tl[(pb ^ swz_row(rr)) + 32 * rr];
         }
       } else {

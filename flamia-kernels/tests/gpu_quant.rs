@@ -11,7 +11,8 @@ use flamia_kernels::formats::{e4m3_decode, pow2_f32};
 use flamia_kernels::gpu::plan::PlanTables;
 use flamia_kernels::gpu::quant::OperandRef;
 use flamia_kernels::gpu::quant::{
-    quantize_e4m3, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, DeltaOut, QuantInput, NVFP4_HEAD_DIM,
+    quantize_e4m3, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, DeltaOut, DimOrder, QuantInput,
+    NVFP4_HEAD_DIM,
 };
 use flamia_kernels::gpu::{Attention, DeviceBuf, Gpu, GpuError, Nvfp4Operand, Operand, Plan, Saved};
 use flamia_kernels::hadamard::rotate_rows;
@@ -302,56 +303,64 @@ fn poisoned_cases() {
     }
 }
 
-/// The token of a 32-token block at position `k` of a permuted dim-major copy (`dim_token` in
-/// `cuda/quant.cu`; the v4 backward's Q and dO, `BWD_QPERM`).
-fn dim_token(k: usize) -> usize {
-    16 * (k >> 4) + 8 * ((k & 3) >> 1) + 2 * ((k >> 2) & 3) + (k & 1)
+/// The token of a 32-token block at position `k` of a dim-major copy in `order` (`dim_token` and
+/// `ileave_token_r` in `cuda/quant.cu`; the v4 backward's Q and dO with `BWD_QPERM`, its K with
+/// `BWD_DS_STSM`).
+fn block_token(order: DimOrder, k: usize) -> usize {
+    match order {
+        DimOrder::Plain => k,
+        DimOrder::QueryPerm => 16 * (k >> 4) + 8 * ((k & 3) >> 1) + 2 * ((k >> 2) & 3) + (k & 1),
+        DimOrder::KeyIleave => 16 * (k >> 4) + ((k & 15) >> 1) + 8 * (k & 1),
+    }
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn permuted_dim_copy_is_the_plain_one_reordered_in_every_block() {
-    // QuantInput::dim_perm: the same token-major codes and exponents, and at every position k
+    // QuantInput::dim_order: the same token-major codes and exponents, and at every position k
     // of every 32-token block of the dim-major copy (padding included) the plain copy's token
-    // dim_token(k) of that block.
-    let perm: Vec<usize> = (0..32).map(dim_token).collect();
-    let mut sorted = perm.clone();
-    sorted.sort_unstable();
-    assert_eq!(sorted, (0..32).collect::<Vec<_>>(), "dim_token is a permutation");
+    // block_token(order, k) of that block; both orders, both head dims.
     let gpu = gpu();
     let mut rng = rng("dim_perm");
     let heads = 2;
-    for d in HEAD_DIMS {
-        let shape = VarlenShape::from_lens(&LENS, heads, heads, d).unwrap();
-        let plan = Plan::new(&gpu, &shape, true).unwrap();
-        let x = awkward_tensor_d(&mut rng, shape.tokens(), heads, d, 12);
-        let dx = upload_bf16(&gpu, &x);
-        let run = |on: bool| {
-            let op = poisoned_operand(&gpu, &plan, heads);
-            let input = QuantInput::new(dx.ptr(), false, op.view()).with_dim_perm(on);
-            quantize_e4m3_fused(&gpu, stream(), &plan, &[input], ScaleMode::TokenBlock, None, None).unwrap();
-            (
-                op.tok.to_host().unwrap(),
-                op.dim.to_host().unwrap(),
-                op.exps.to_host().unwrap(),
-            )
-        };
-        let (plain, permuted) = (run(false), run(true));
-        let tag = format!("d={d}");
-        assert_eq!(plain.0, permuted.0, "{tag}: token-major codes");
-        assert_eq!(plain.2, permuted.2, "{tag}: exponents");
-        let tpad = plan.tpad();
-        let mut bad = 0;
-        for row in 0..heads * d {
-            for x in 0..tpad {
-                let want = plain.1[row * tpad + x / 32 * 32 + perm[x % 32]];
-                bad += (permuted.1[row * tpad + x] != want) as usize;
+    for order in [DimOrder::QueryPerm, DimOrder::KeyIleave] {
+        let perm: Vec<usize> = (0..32).map(|k| block_token(order, k)).collect();
+        let mut sorted = perm.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..32).collect::<Vec<_>>(), "{order:?} is a permutation");
+        for d in HEAD_DIMS {
+            let shape = VarlenShape::from_lens(&LENS, heads, heads, d).unwrap();
+            let plan = Plan::new(&gpu, &shape, true).unwrap();
+            let x = awkward_tensor_d(&mut rng, shape.tokens(), heads, d, 12);
+            let dx = upload_bf16(&gpu, &x);
+            let run = |order: DimOrder| {
+                let op = poisoned_operand(&gpu, &plan, heads);
+                let input = QuantInput::new(dx.ptr(), false, op.view()).with_dim_order(order);
+                quantize_e4m3_fused(&gpu, stream(), &plan, &[input], ScaleMode::TokenBlock, None, None)
+                    .unwrap();
+                (
+                    op.tok.to_host().unwrap(),
+                    op.dim.to_host().unwrap(),
+                    op.exps.to_host().unwrap(),
+                )
+            };
+            let (plain, permuted) = (run(DimOrder::Plain), run(order));
+            let tag = format!("{order:?}, d={d}");
+            assert_eq!(plain.0, permuted.0, "{tag}: token-major codes");
+            assert_eq!(plain.2, permuted.2, "{tag}: exponents");
+            let tpad = plan.tpad();
+            let mut bad = 0;
+            for row in 0..heads * d {
+                for x in 0..tpad {
+                    let want = plain.1[row * tpad + x / 32 * 32 + perm[x % 32]];
+                    bad += (permuted.1[row * tpad + x] != want) as usize;
+                }
             }
+            assert_eq!(
+                bad, 0,
+                "{tag}: {bad} bytes of the permuted dim-major copy misplaced"
+            );
         }
-        assert_eq!(
-            bad, 0,
-            "{tag}: {bad} bytes of the permuted dim-major copy misplaced"
-        );
     }
 }
 
@@ -537,9 +546,9 @@ fn caller_buffer_case(
         let exps: Vec<i8> = part(op.exps, n_exps).iter().map(|&b| b as i8).collect();
         let xr = rotated(x, d, rotate);
         let cpu = quant::quantize_e4m3(name, &xr, &shape.cu_seqlens, op.heads, d, attn.scale_mode()).unwrap();
-        // Q's dim-major copy is in the v4 backward's permuted order (BWD_QPERM, the default):
-        // put it back in token order first (permuted_dim_copy_is_the_plain_one_... checks the
-        // permutation itself)
+        // Q's dim-major copy is in the v4 backward's permuted order (BWD_QPERM, the default) and
+        // K's in its interleaved one (BWD_DS_STSM, the default): put them back in token order
+        // first (permuted_dim_copy_is_the_plain_one_... checks the permutations themselves)
         // K has no dim-major copy when the v4 backward transposes it (BWD_KD_XPOSE, the default)
         assert_eq!(
             op.dim == 0,
@@ -564,11 +573,14 @@ fn caller_buffer_case(
             continue;
         }
         let mut dim = part(op.dim, n_dim).to_vec();
-        if name == "q" && attn.bwd_qperm() {
-            let permuted = dim.clone();
-            for (x, &b) in permuted.iter().enumerate() {
-                dim[x / 32 * 32 + dim_token(x % 32)] = b;
-            }
+        let order = match name {
+            "q" => attn.q_dim_order(),
+            "k" => attn.k_dim_order(),
+            _ => DimOrder::Plain,
+        };
+        let permuted = dim.clone();
+        for (x, &b) in permuted.iter().enumerate() {
+            dim[x / 32 * 32 + block_token(order, x % 32)] = b;
         }
         if name == "q" && qd_written {
             check_tok_exps(&tag, tok, &exps, &cpu);

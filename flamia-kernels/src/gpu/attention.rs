@@ -36,8 +36,8 @@ use super::buffer::DeviceBuf;
 use super::error::{GpuError, GpuResult};
 use super::plan::Plan;
 use super::quant::{
-    e4m3_bytes, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, Carver, DeltaOut, Nvfp4Ref, Operand,
-    OperandRef, QuantInput, PART_ALIGN,
+    e4m3_bytes, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, Carver, DeltaOut, DimOrder, Nvfp4Ref,
+    Operand, OperandRef, QuantInput, PART_ALIGN,
 };
 use super::runtime::{launch, launch_chained, Gpu, RawStream, Variant};
 use super::sched::{BWD_KT, BWD_QT, FWD_QT};
@@ -809,6 +809,9 @@ impl Attention {
                 v.0 = v.0.define("BWD_CVT4", 0);
             }
         }
+        if self.bwd_ds_stsm() {
+            v.0 = v.0.define("BWD_DS_STSM", 1);
+        }
         if !bwd_redux() {
             v.0 = v.0.define("BWD_REDUX", 0);
         }
@@ -932,8 +935,8 @@ impl Attention {
         if self.fwd_writes_qd(plan) {
             qo.dim = 0;
         }
-        let qi = QuantInput::new(q, had, qo).with_dim_perm(self.bwd_qperm());
-        let ki = QuantInput::new(k, had, saved.k);
+        let qi = QuantInput::new(q, had, qo).with_dim_order(self.q_dim_order());
+        let ki = QuantInput::new(k, had, saved.k).with_dim_order(self.k_dim_order());
         let vi = QuantInput::new(v, false, saved.v);
         quantize_e4m3_fused(g, stream, plan, &[qi, ki, vi], m, None, Some(&self.amax))?;
         if let (Some(q4), Some(k4)) = (saved.q4, saved.k4) {
@@ -996,6 +999,41 @@ impl Attention {
     /// its order (`dim_token` in `cuda/quant.cu`).
     pub fn bwd_qperm(&self) -> bool {
         self.uses_backward_v4() && !super::env_off("FLAMIA_BWD_QPERM")
+    }
+
+    /// The order of Q's and dO's dim-major copies ([`Attention::bwd_qperm`]).
+    pub fn q_dim_order(&self) -> DimOrder {
+        if self.bwd_qperm() {
+            DimOrder::QueryPerm
+        } else {
+            DimOrder::Plain
+        }
+    }
+
+    /// Whether the v4 backward writes its dS tile for dQ by `stmatrix` with the keys of each
+    /// 16-key group in the order 0, 8, 1, 9, ... (`BWD_DS_STSM`), so K's dim-major operand (the
+    /// consumers' transpose, or the quantiser's copy: [`Attention::k_dim_order`]) holds its keys
+    /// in that order too; bitwise the same gradients (GPU test
+    /// `ds_tile_by_stmatrix_gives_bitwise_the_same`). With the four-code conversions and block dS
+    /// exponents (row dS writes its tile the old way); on by default since session 26 (backward
+    /// -1..-3.5% at short and mid lengths, docs/perf.md), `FLAMIA_BWD_DS_STSM=0` is the old tile
+    /// (A/B and that test).
+    pub fn bwd_ds_stsm(&self) -> bool {
+        self.bwd_qperm()
+            && bwd_cvt4()
+            && !self.opts.precision.row_ds_exponents
+            && !super::env_off("FLAMIA_BWD_DS_STSM")
+    }
+
+    /// The order of K's dim-major copy: interleaved for the backward's stmatrix dS tile
+    /// ([`Attention::bwd_ds_stsm`]), else plain. Public so a caller reading [`Saved`]'s K copy
+    /// knows its order.
+    pub fn k_dim_order(&self) -> DimOrder {
+        if self.bwd_ds_stsm() {
+            DimOrder::KeyIleave
+        } else {
+            DimOrder::Plain
+        }
     }
 
     /// Whether the v4 backward transposes K into its dQ products' dim-major operand in shared
@@ -1174,7 +1212,7 @@ impl Attention {
             o,
             delta: ws.delta.ptr(),
         };
-        let input = QuantInput::new(d_o, false, &ws.d_o).with_dim_perm(self.bwd_qperm());
+        let input = QuantInput::new(d_o, false, &ws.d_o).with_dim_order(self.q_dim_order());
         quantize_e4m3_fused(
             &self.gpu,
             stream,
@@ -1612,6 +1650,12 @@ mod tests {
                 let xposed = with_xposes(v.clone(), true, false);
                 let xposed2 = with_xposes(v.clone(), true, true);
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
+                // (the dS tile by stmatrix, BWD_DS_STSM, the default with block dS: K's
+                // dim-major tile from the quantiser and from the consumers' transpose)
+                let stsm = (!row_ds)
+                    .then(|| [v.clone(), xposed2.clone()].map(|v| v.define("BWD_DS_STSM", 1)))
+                    .into_iter()
+                    .flatten();
                 for v in [
                     plain,
                     v.clone().define("BWD_CVT4", 0),
@@ -1619,7 +1663,10 @@ mod tests {
                     v,
                     xposed,
                     xposed2,
-                ] {
+                ]
+                .into_iter()
+                .chain(stsm)
+                {
                     compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
                 }

@@ -273,11 +273,23 @@ pub struct QuantInput {
     pub x: u64,
     pub hadamard: bool,
     pub out: OperandRef,
-    /// The dim-major copy's tokens permuted within each 32-token block (`dim_token` in
-    /// `cuda/quant.cu`): Q and dO for the v4 backward with `BWD_QPERM`, whose dK and dV products
-    /// then pack their A fragments without shuffles. Off: the plain layout every other reader
-    /// expects.
-    pub dim_perm: bool,
+    /// The order of the tokens inside each 32-token block of the dim-major copy.
+    pub dim_order: DimOrder,
+}
+
+/// The order of a dim-major copy's tokens inside each 32-token block ([`QuantInput::dim_order`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DimOrder {
+    /// Token order: the layout every reader but the v4 backward's expects.
+    #[default]
+    Plain,
+    /// Position k holds token `dim_token(k)` (`cuda/quant.cu`): Q and dO for the v4 backward
+    /// with `BWD_QPERM`, whose dK and dV products then pack their A fragments without shuffles.
+    QueryPerm,
+    /// Each 16-token group interleaved, position 2i token i and 2i + 1 token i + 8
+    /// (`ileave_token_r`): K for the v4 backward with `BWD_DS_STSM`, whose dQ products read
+    /// their dS tile with the keys in that order.
+    KeyIleave,
 }
 
 impl QuantInput {
@@ -287,13 +299,13 @@ impl QuantInput {
             x,
             hadamard,
             out: out.into(),
-            dim_perm: false,
+            dim_order: DimOrder::Plain,
         }
     }
 
-    /// This input with its dim-major copy permuted ([`QuantInput::dim_perm`]) or not.
-    pub fn with_dim_perm(mut self, on: bool) -> QuantInput {
-        self.dim_perm = on;
+    /// This input with its dim-major copy in `order` ([`QuantInput::dim_order`]).
+    pub fn with_dim_order(mut self, order: DimOrder) -> QuantInput {
+        self.dim_order = order;
         self
     }
 }
@@ -400,13 +412,21 @@ pub fn quantize_e4m3_fused(
     gpu.bind()?;
     let t = plan.shape().tokens();
     let mut variant = quant_variant(plan.shape().head_dim, mode, delta.is_some());
-    let perm_mask: u32 = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, x)| (x.dim_perm as u32) << i)
-        .sum();
-    if perm_mask != 0 {
-        variant = variant.define("QUANT_PERM_MASK", perm_mask);
+    let order_mask = |order: DimOrder| -> u32 {
+        inputs
+            .iter()
+            .enumerate()
+            .map(|(i, x)| ((x.dim_order == order) as u32) << i)
+            .sum()
+    };
+    for (order, define) in [
+        (DimOrder::QueryPerm, "QUANT_PERM_MASK"),
+        (DimOrder::KeyIleave, "QUANT_ILEAVE_MASK"),
+    ] {
+        let mask = order_mask(order);
+        if mask != 0 {
+            variant = variant.define(define, mask);
+        }
     }
     let mut p = QuantParams {
         blocks: plan.blocks.ptr(),
