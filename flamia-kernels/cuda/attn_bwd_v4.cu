@@ -319,7 +319,9 @@ struct BwdItem {
 // stores' quad transposes, 100 at 64; the same bytes). Not in the d = 128 build without the
 // upward walk (long documents: ptxas then keeps 4 LDL/STL in the interior step instead of 2, and
 // a long item's end is a sliver of it). On since session 26 (H200, same call, two rounds:
-// backward -1.1..-2.3% at 32x2048, within noise at 64x1024 and 256x256; the GPU tests pass).
+// backward -1.1..-2.3% at 32x2048 without BWD_DS_STSM, within noise at 64x1024 and 256x256; with
+// BWD_DS_STSM, on against off within noise either way, and the d = 128 walk-up build then keeps 3
+// of dV's accumulators in local memory across the steps, at no measured cost).
 #define BWD_ST8 (BWD_WALK_UP || HEAD_DIM != 128)
 #endif
 struct BwdItemTail {
