@@ -167,3 +167,12 @@ mutate ds-stsm-sel attn_bwd_v4.cu 's/ds_stsm(ds + 4096 \* kk, __byte_perm(a\[kk\
 # pair the dS tile's keys with other keys' K codes.
 mutate quant-ileave quant.cu 's/return (r >> 1) + 8 \* (r \& 1);/return ((r >> 1) ^ 1) + 8 * (r \& 1);/' \
   ds_tile_by_stmatrix_gives_bitwise_the_same gpu_quant:permuted_dim_copy_is_the_plain_one_reordered_in_every_block
+# 30. The dQ partial by stmatrix (BWD_DQ_STSM, prepared, the test turns it on) with each lane's
+# matrix address missing its dim-parity chunk (b): both parities' matrices land on one chunk,
+# half of every partial lost. 31. Its converter with the lane ^ 1 butterfly after the thread's
+# two instead of before (another order of the same sums: other bits, scripts/dq_stsm_model.py's
+# broken case).
+mutate dq-stsm-addr attn_bwd_v4.cu 's/+ (((m \& 1) ^ i) << 4);/+ (i << 4);/' \
+  dq_partials_by_stmatrix_give_bitwise_the_same
+mutate dq-stsm-order attn_bwd_v4.cu 's/^  across(1);$/  (void)0;/; s/for (int m = 2; m < HEAD_DIM \/ 4; m <<= 1) across(m);/for (int m = 1; m < HEAD_DIM \/ 4; m <<= 1) across(m);/' \
+  dq_partials_by_stmatrix_give_bitwise_the_same

@@ -13,16 +13,15 @@ if ! compgen -G "$FLAMIA_VENV/lib/python3*/site-packages/nvidia/cu13/lib/libnvrt
     exit 1
 fi
 cargo fmt --all -- --check
-# the model of xpose.cuh's ldmatrix transposes (fragment layouts, swizzles, block coverage): < 1 s
-if ! out=$(python3 scripts/xpose_model.py); then
-    echo "$out" >&2
-    echo "test.sh: scripts/xpose_model.py found a wrong byte or a bank conflict in xpose.cuh's transposes" >&2
-    exit 1
-fi
-# the model of common.cuh's BF16 row stores of accumulator fragments (16- and 8-byte): < 1 s
-if ! out=$(python3 scripts/store_model.py); then
-    echo "$out" >&2
-    echo "test.sh: scripts/store_model.py found a wrong or missing column in common.cuh's BF16 row stores" >&2
-    exit 1
-fi
+# the layout models of the kernels' shared-memory transposes and stores (no GPU, < 1 s each)
+model() {  # script, what a failure means
+    if ! out=$(python3 "scripts/$1"); then
+        echo "$out" >&2
+        echo "test.sh: scripts/$1 found $2" >&2
+        exit 1
+    fi
+}
+model xpose_model.py "a wrong byte or a bank conflict in xpose.cuh's transposes"
+model store_model.py "a wrong or missing column in common.cuh's BF16 row stores"
+model dq_stsm_model.py "a wrong position, a bank conflict or other bits in BWD_DQ_STSM's dQ partial or its converter"
 cargo test --workspace --no-fail-fast "$@"

@@ -324,6 +324,19 @@ struct BwdItem {
 // of dV's accumulators in local memory across the steps, at no measured cost).
 #define BWD_ST8 (BWD_WALK_UP || HEAD_DIM != 128)
 #endif
+#ifndef BWD_DQ_STSM
+// BWD_DQ_STSM 1 (session 26, prepared: the host defines it for FLAMIA_BWD_DQ_STSM=1, off until
+// measured): the FP32 dQ partial into shared memory by one stmatrix.x4 per 8-dim block (each
+// FP32 as a pair of b16: thread (g, q) supplies row g, 4-byte column q of each 8 x 16-byte
+// matrix) instead of 16 8-byte stores and the 32 FSELs that kept them free of bank conflicts
+// (bwd_dq_store). Each 8-dim block of the partial, and so of dq_acc, then holds its dims in
+// the order 0, 2, 4, 6, 1, 3, 5, 7 (position 4b + q: dim 2q + b), which bwd_dq_convert undoes:
+// its Hadamard takes the stages in the same dim-bit order (bit 0 across lanes first), so the
+// same sums in the same order: bitwise the same dQ (GPU test
+// dq_partials_by_stmatrix_give_bitwise_the_same; scripts/dq_stsm_model.py checks the bytes and
+// the bits without a GPU). Census (kernel-regs.py --bwd-per-step): see docs/perf.md "Session 26".
+#define BWD_DQ_STSM 0
+#endif
 struct BwdItemTail {
   int code, h;
   BwdTile tile;
@@ -1315,7 +1328,16 @@ __device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
   ++C.nstep;
 }
 
-// The consumer thread's part of its warpgroup's FP32 dQ partial, into buffer db: row 16w + g + 8r,
+// stmatrix.x4 of four FP32 values as b16 pairs (BWD_DQ_STSM): row address `a` of this lane's
+// matrix; v0..v3 are this thread's elements of matrices 0..3.
+__device__ __forceinline__ void dq_stsm(u32 a, float v0, float v1, float v2, float v3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(__float_as_uint(v0)),
+               "r"(__float_as_uint(v1)), "r"(__float_as_uint(v2)), "r"(__float_as_uint(v3))
+               : "memory");
+}
+
+// The consumer thread's part of its warpgroup's FP32 dQ partial, into buffer db (BWD_DQ_STSM: by
+// stmatrix, each 8-dim block's dims in the order 0, 2, 4, 6, 1, 3, 5, 7; else as follows): row 16w + g + 8r,
 // 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g). Rows g and g ^ 1 of a
 // half-warp would write the same 32-byte pair of chunks (2-way bank conflicts on every store:
 // ncu, session 9), so odd rows write block j ^ 2 in store j: a half-warp's rows 0..3 then cover
@@ -1330,6 +1352,19 @@ __device__ __forceinline__ void bwd_dq_store(const BwdV4Params& P, BwdV4Smem& sm
   (void)P;
   (void)n;
 #endif
+#if BWD_DQ_STSM
+  // lane l: row l & 7 of matrix l >> 3 = (row half r, dim parity b) = (m >> 1, m & 1); block j's
+  // matrix m is row 16w + (l & 7) + 8r, 16-byte chunk 2(j % 4) + b (positions 4b .. 4b + 3 of
+  // the block: dims 2q + b), swizzled by the row's low three bits: chunk (2(j % 4) + b) ^ (l & 7)
+  // = 2(j % 4) ^ (b ^ (l & 7)), so block j's address is block 0's XOR 32(j % 4) (dqs is
+  // 1024-byte aligned: the XOR stays inside the 128-byte row)
+  (void)qd;
+  const int l = C.lane(), m = l >> 3, i = l & 7;
+  const u32 a = smem_u32(sm.dqs[db][cw][0]) + (16 * w + i + 8 * (m >> 1)) * 128 + (((m & 1) ^ i) << 4);
+#pragma unroll
+  for (int j = 0; j < NQ / 4; ++j)
+    dq_stsm((a ^ (32u * (j & 3))) + 8192 * (j >> 2), dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+#else
   u8* base = sm.dqs[db][cw][0] + (16 * w + C.g()) * 128 + 8 * (qd & 1);
   const int sw = 2 * (C.g() & 1);
 #pragma unroll
@@ -1342,6 +1377,7 @@ __device__ __forceinline__ void bwd_dq_store(const BwdV4Params& P, BwdV4Smem& sm
       *reinterpret_cast<float2*>(dst + 1024 * r) = v;
     }
   }
+#endif
 }
 
 // dQ of step n (query tile q0) of a consumer warpgroup: both warpgroups' dS codes of that step
@@ -2023,6 +2059,31 @@ struct DqConvertParams {
   int hadamard;
   int hc, hq, h0;
 };
+#if BWD_DQ_STSM
+// hadamard_hd on a row whose lane holds dims 8 (lane / 2) + 2e + (lane & 1) in x[e] (BWD_DQ_STSM):
+// the same butterflies in the same dim-bit order (bit 0: lanes ^ 1; bits 1, 2: x[e] pairs; bits
+// 3..: lanes ^ 2, ^ 4, ...), each the lower dim's value plus / minus the upper's, so every
+// result has hadamard_hd's bits.
+__device__ __forceinline__ void hadamard_hd_dq_stsm(float (&x)[4]) {
+  const int lane = threadIdx.x & 31;
+  const auto across = [&](int m) {
+    const bool upper = lane & m;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float o = __shfl_xor_sync(0xffffffffu, x[j], m);
+      x[j] = upper ? (o - x[j]) : (x[j] + o);
+    }
+  };
+  across(1);
+  float a0 = x[0] + x[1], a1 = x[0] - x[1], a2 = x[2] + x[3], a3 = x[2] - x[3];
+  x[0] = a0 + a2; x[1] = a1 + a3; x[2] = a0 - a2; x[3] = a1 - a3;
+#pragma unroll
+  for (int m = 2; m < HEAD_DIM / 4; m <<= 1) across(m);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[j] *= INV_SQRT_HD;
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvertParams p) {
   pdl_wait();  // (chained launch: the fused kernel's dQ accumulator)
   pdl_trigger();
@@ -2040,7 +2101,21 @@ extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvert
   const float4 v = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
   const float f = p.scale * exp2i(-fold_exp(p.q_exp[o]));
   float x[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
+#if BWD_DQ_STSM
+  // positions 4 lane .. + 3 hold dims 8 (lane / 2) + 2e + (lane & 1), e = 0..3 (bwd_dq_store's
+  // stmatrix order): the Hadamard's stages in hadamard_hd's dim-bit order (bit 0 across lanes
+  // ^ 1, bits 1 and 2 inside the thread, bits 3.. across lanes ^ 2, ^ 4, ...), the same sums;
+  // then each lane pair trades halves so that a lane holds dims 4 lane .. + 3
+  if (p.hadamard) hadamard_hd_dq_stsm(x);
+  const bool odd = lane & 1;
+  const float s0 = __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[2], 1);
+  const float s1 = __shfl_xor_sync(0xffffffffu, odd ? x[1] : x[3], 1);
+  const float y[4] = {odd ? s0 : x[0], odd ? x[2] : s0, odd ? s1 : x[1], odd ? x[3] : s1};
+  if (ok)
+    reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3]));
+#else
   if (p.hadamard) hadamard_hd(x);
   if (ok)
     reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
+#endif
 }

@@ -239,6 +239,16 @@ fn bwd_cvt4() -> bool {
     !super::env_off("FLAMIA_BWD_CVT4")
 }
 
+/// The v4 backward's FP32 dQ partial stored into shared memory by one `stmatrix.x4` per 8-dim
+/// block (`BWD_DQ_STSM`: 32 FSEL and 16 8-byte stores -> 8 `stmatrix` per step at d = 128), each
+/// block's dims in the order 0, 2, 4, 6, 1, 3, 5, 7 in the partial and in the FP32 accumulator,
+/// which `bwd_dq_convert` undoes with the Hadamard's butterflies in the same order: bitwise the
+/// same dQ (GPU test `dq_partials_by_stmatrix_give_bitwise_the_same`). Prepared in session 26,
+/// off until measured: `FLAMIA_BWD_DQ_STSM=1` turns it on.
+fn bwd_dq_stsm() -> bool {
+    super::env_on("FLAMIA_BWD_DQ_STSM")
+}
+
 /// The v4 backward's dS block maxima reduced over the warp by one `redux.sync` on the maximum's
 /// bits and over the thread's 16 values as a tree (`BWD_REDUX`: 1,204 -> 1,186 SASS per interior
 /// step at d = 128, 907 -> 891 at 64; bitwise the same gradients). On by default since session 17
@@ -814,6 +824,9 @@ impl Attention {
         }
         if !bwd_redux() {
             v.0 = v.0.define("BWD_REDUX", 0);
+        }
+        if bwd_dq_stsm() {
+            v.0 = v.0.define("BWD_DQ_STSM", 1);
         }
         if bwd_cols_tma(hd, self.bwd_key_blocks()) {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
@@ -1652,10 +1665,12 @@ mod tests {
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
                 // (the dS tile by stmatrix, BWD_DS_STSM, the default with block dS: K's
                 // dim-major tile from the quantiser and from the consumers' transpose)
+                // (and the dQ partial by stmatrix, BWD_DQ_STSM, prepared: with each)
                 let stsm = (!row_ds)
                     .then(|| [v.clone(), xposed2.clone()].map(|v| v.define("BWD_DS_STSM", 1)))
                     .into_iter()
-                    .flatten();
+                    .flatten()
+                    .chain([v.clone(), xposed2.clone()].map(|v| v.define("BWD_DQ_STSM", 1)));
                 for v in [
                     plain,
                     v.clone().define("BWD_CVT4", 0),
