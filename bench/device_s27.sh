@@ -10,9 +10,12 @@
 #    four, two rounds (training call and backward).
 # 3. The d = 64 standing: anchors.py with ANCHOR_HEAD_DIM=64 beside ours (the forward's fix and
 #    stsm landed since session 25's 1.00-1.22x).
+# `suite` (~6 minutes, a call of its own): the whole gpu_attention and gpu_quant suites first, for
+# the exp2i_inrange change (bwd_step's and the dQ products' 2^e without the clamp) that landed
+# without a GPU.
 # Stage here: `bash bench/device_bwd4.sh --stage`, `cp -r .whl .device-carry/bwd4/`,
 #   `tar -C .device-carry -czf .device-carry/z/bwd4.tgz bwd4`            (carry .device-carry/z)
-# Device: tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s27.sh [tests|ab|d64]
+# Device: tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s27.sh suite|tests|ab|d64 (all = tests + ab)
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
@@ -20,6 +23,11 @@ O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:-all}
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
+if [ "$mode" = suite ]; then
+  echo "=== the whole GPU suite (session 26's exp2i_inrange change landed without a GPU)"; date
+  timeout 460 $C/gpu_attention --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED|^test "
+  timeout 60 $C/gpu_quant --ignored 2>&1 | grep -E "test result|panicked"
+fi
 if [ "$mode" = all ] || [ "$mode" = tests ]; then
   echo "=== BWD_DQ_STSM: its bitwise test, four tests with it on, two mutations"; date
   timeout 200 $C/gpu_attention --ignored --exact dq_partials_by_stmatrix_give_bitwise_the_same 2>&1 | grep -E "test result|panicked"

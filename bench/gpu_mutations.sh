@@ -8,7 +8,8 @@
 #   bash bench/device_bwd4.sh --stage        (carry .device-carry/bwd4)
 #   bash bench/gpu_mutations.sh              (about 3 minutes; logs under $OUT)
 # Locally, `bash bench/gpu_mutations.sh --check` only applies the mutations and compiles them
-# with NVRTC (scripts/kernel-regs.py), no GPU. ONLY=name runs one mutation. SRC=dir mutates another source set (default the
+# with NVRTC (scripts/kernel-regs.py), no GPU; `--patterns` only applies them (scripts/test.sh
+# runs it: a kernel change that moves a mutation's pattern fails CI, not the next device call). ONLY=name runs one mutation. SRC=dir mutates another source set (default the
 # tree's flamia-kernels/cuda), e.g. the committed sources while the tree holds a kernel variant.
 set -u
 SRC=${SRC:-flamia-kernels/cuda}
@@ -16,12 +17,17 @@ T=${T:-.device-carry/bwd4/gpu_attention}
 O=${OUT:-/tmp/flamia-mut}; mkdir -p "$O"
 . "$(dirname "$0")/device-env.sh"  # SP, LD_LIBRARY_PATH
 check=0; [ "${1:-}" = "--check" ] && check=1
+[ "${1:-}" = "--patterns" ] && check=2  # apply only: every pattern still found (scripts/test.sh)
+fails=0
 mutate() {  # name, file, sed expression, tests...
   local name=$1 file=$2 expr=$3; shift 3
   if [ -n "${ONLY:-}" ] && [ "$name" != "$ONLY" ]; then return 0; fi
   local d="${MUT_SRC:-/tmp/flamia-mut-src}/$name"; rm -rf "$d"; mkdir -p "$d"; cp "$SRC"/*.cu "$SRC"/*.cuh "$d/"
   sed -i "$expr" "$d/$file"
-  if cmp -s "$d/$file" "$SRC/$file"; then echo "$name: pattern not found in $file (script out of date)"; return 1; fi
+  if cmp -s "$d/$file" "$SRC/$file"; then
+    echo "$name: pattern not found in $file (script out of date)"; fails=$((fails + 1)); return 1
+  fi
+  if [ $check = 2 ]; then rm -rf "$d"; return 0; fi
   if [ $check = 1 ]; then
     local src=$file; [ "${file%.cuh}" != "$file" ] && src=attn_fwd_v4.cu  # a header: compile its user
     python3 scripts/kernel-regs.py --dir "$d" -D MODE=1 "$src" 2>&1 | grep -E "error|Used" | tail -1 | sed "s/^/$name: /"
@@ -121,10 +127,11 @@ mutate sched-noreset sched.cuh '1i #define SCHED_PROF_NORESET' \
 mutate fold-warp-suffix attn_bwd_v4.cu 's/  if (lane == 31) run = -1000;/  run = -1000;/' \
   launch_chain_knobs_keep_every_bit
 # 20. The ldmatrix transposes' stores (xpose_ldsm_store, every transpose of xpose.cuh; the name is
-# from the producer warp's in-place K transpose, removed in session 24): the two byte selectors of
-# a lane's dims 2g and 2g + 1 swapped, so the dQ products read K's codes at the wrong dims under
-# the consumers' transpose (BWD_KD_XPOSE 2, the test's default).
-mutate kd-xpose-inplace xpose.cuh 's/const u32 s0 = swap ? 0x2064u : 0x6420u, s1 = swap ? 0x3175u : 0x7531u;/const u32 s1 = swap ? 0x2064u : 0x6420u, s0 = swap ? 0x3175u : 0x7531u;/' \
+# from the producer warp's in-place K transpose, removed in session 24): dims 2g take dim 2g + 1's
+# byte selector (in every position order; session 26 moved the pattern to session 25's
+# order-taking selectors), so the dQ products read K's codes at the wrong dims under the
+# consumers' transpose (BWD_KD_XPOSE 2, the test's default).
+mutate kd-xpose-inplace xpose.cuh 's/const u32 s0 = order == XPOSE_ILEAVE ? 0x6240u : swap ? 0x2064u : 0x6420u;/const u32 s0 = order == XPOSE_ILEAVE ? 0x7351u : swap ? 0x3175u : 0x7531u;/' \
   dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same
 # 21. The ldmatrix transposes (xpose.cuh; the forward's Q copy under FLAMIA_FWD_QD=1, K under
 # FLAMIA_BWD_KD_XPOSE=1): tokens past the document not zeroed (the next document's codes land in the
@@ -176,3 +183,5 @@ mutate dq-stsm-addr attn_bwd_v4.cu 's/+ (((m \& 1) ^ i) << 4);/+ (i << 4);/' \
   dq_partials_by_stmatrix_give_bitwise_the_same
 mutate dq-stsm-order attn_bwd_v4.cu 's/^  across(1);$/  (void)0;/; s/for (int m = 2; m < HEAD_DIM \/ 4; m <<= 1) across(m);/for (int m = 1; m < HEAD_DIM \/ 4; m <<= 1) across(m);/' \
   dq_partials_by_stmatrix_give_bitwise_the_same
+[ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
+exit $((fails > 0))

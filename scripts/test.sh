@@ -24,4 +24,10 @@ model() {  # script, what a failure means
 model xpose_model.py "a wrong byte or a bank conflict in xpose.cuh's transposes"
 model store_model.py "a wrong or missing column in common.cuh's BF16 row stores"
 model dq_stsm_model.py "a wrong position, a bank conflict or other bits in BWD_DQ_STSM's dQ partial or its converter"
+# every GPU mutation's sed pattern still matches the kernel sources (bench/gpu_mutations.sh)
+bash bench/gpu_mutations.sh --patterns >/dev/null || {
+    echo "test.sh: bench/gpu_mutations.sh has mutations whose patterns the kernels no longer contain" \
+        "(run it with --patterns to see which)" >&2
+    exit 1
+}
 cargo test --workspace --no-fail-fast "$@"
