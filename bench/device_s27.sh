@@ -7,12 +7,14 @@
 # 1. Its bitwise test (dq_partials_by_stmatrix_give_bitwise_the_same) and four accuracy /
 #    repeatability tests with FLAMIA_BWD_DQ_STSM=1; its mutations dq-stsm-addr, dq-stsm-order.
 # 2. FLAMIA_BWD_DQ_STSM=1 against the default on the nine workloads at d = 128, and at d = 64 on
-#    four, two rounds (training call and backward).
+#    four, two rounds (training call and backward), each beside `--causally-safe` on three
+#    (issue 13's precision options: +10..+14% in session 25, before row dS's stsm tile).
 # 3. The d = 64 standing: anchors.py with ANCHOR_HEAD_DIM=64 beside ours (the forward's fix and
 #    stsm landed since session 25's 1.00-1.22x).
 # `suite` (~6 minutes, a call of its own): the whole gpu_attention and gpu_quant suites first, for
-# the exp2i_inrange change (bwd_step's and the dQ products' 2^e without the clamp) that landed
-# without a GPU.
+# the changes that landed without a GPU: exp2i_inrange (bwd_step's and the dQ products' 2^e
+# without the clamp) and row dS's dQ copy by stmatrix (BWD_DS_STSM now with row dS too; its
+# mutation ds-stsm-row runs with `tests`).
 # Stage here: `bash bench/device_bwd4.sh --stage`, `cp -r .whl .device-carry/bwd4/`,
 #   `tar -C .device-carry -czf .device-carry/z/bwd4.tgz bwd4`            (carry .device-carry/z)
 # Device: tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s27.sh suite|tests|ab|d64 (all = tests + ab)
@@ -35,7 +37,7 @@ if [ "$mode" = all ] || [ "$mode" = tests ]; then
     repeated_runs_are_bitwise_identical precision_options_and_no_hadamard_are_as_accurate_as_the_reference; do
     FLAMIA_BWD_DQ_STSM=1 timeout 90 $C/gpu_attention --ignored --exact $t 2>&1 | grep -E "test result|panicked" | sed "s/^/dq-stsm: /"
   done
-  for m in dq-stsm-addr dq-stsm-order; do ONLY=$m T=$C/gpu_attention OUT=$O/mut timeout 220 bash bench/gpu_mutations.sh 2>&1 | grep -v "^$"; done
+  for m in dq-stsm-addr dq-stsm-order ds-stsm-row; do ONLY=$m T=$C/gpu_attention OUT=$O/mut timeout 220 bash bench/gpu_mutations.sh 2>&1 | grep -v "^$"; done
 fi
 if [ "$mode" = all ] || [ "$mode" = ab ]; then
   echo "=== FLAMIA_BWD_DQ_STSM=1 against the default"; date
@@ -46,6 +48,9 @@ if [ "$mode" = all ] || [ "$mode" = ab ]; then
       env "${e[@]}" timeout 150 $C/flamia bench attention 2>&1 | grep -E "^[0-9l]"
       env "${e[@]}" timeout 60 $C/flamia bench attention --head-dim 64 --workload 1x65536 --workload 8x8192 \
         --workload 32x2048 --workload 256x256 2>&1 | grep -E "^[0-9]"
+      echo "--- $v --causally-safe"
+      env "${e[@]}" timeout 60 $C/flamia bench attention --causally-safe --workload 1x65536 --workload 16x4096 \
+        --workload 256x256 2>&1 | grep -E "^[0-9]"
     done
   done
 fi

@@ -166,7 +166,7 @@ mutate st8-swap common.cuh 's/const u32 lo = b0 ? v : a, hi = b0 ? b : v;/const 
   mxfp8_causal_gqa_is_as_accurate_as_the_reference head_dim_64_is_as_accurate_as_the_reference
 # 28. The dS tile by stmatrix (BWD_DS_STSM) with the wrong PRMT for the even query blocks (queries
 # 2q and 2q + 1 swapped between the two 16-bit elements): dQ's products pair codes with the wrong queries
-# (scripts/store_model.py's case, by a selector). (The host's default with block dS since session 26.)
+# (scripts/store_model.py's case, by a selector). (The host's default since session 26.)
 mutate ds-stsm-sel attn_bwd_v4.cu 's/ds_stsm(ds + 4096 \* kk, __byte_perm(a\[kk\]\[0\], a\[kk\]\[1\], 0x5140)/ds_stsm(ds + 4096 * kk, __byte_perm(a[kk][0], a[kk][1], 0x4051)/' \
   mxfp8_causal_gqa_is_as_accurate_as_the_reference head_dim_64_is_as_accurate_as_the_reference
 # 29. The quantiser's interleaved dim-major K (QUANT_ILEAVE_MASK, the long documents' operand of
@@ -183,5 +183,9 @@ mutate dq-stsm-addr attn_bwd_v4.cu 's/+ (((m \& 1) ^ i) << 4);/+ (i << 4);/' \
   dq_partials_by_stmatrix_give_bitwise_the_same
 mutate dq-stsm-order attn_bwd_v4.cu 's/^  across(1);$/  (void)0;/; s/for (int m = 2; m < HEAD_DIM \/ 4; m <<= 1) across(m);/for (int m = 1; m < HEAD_DIM \/ 4; m <<= 1) across(m);/' \
   dq_partials_by_stmatrix_give_bitwise_the_same
+# 32. Row dS's dQ copy by stmatrix (row_ds_copies under BWD_DS_STSM, landed later in session 26)
+# with queries 2q and 2q + 1 swapped in every block's element (mutation 28's wrong selector).
+mutate ds-stsm-row attn_bwd_v4.cu 's/cvt_e4m3x2(v\[i + 2\] \* fc.x, v\[i + 3\] \* fc.y), 0x5140);/cvt_e4m3x2(v[i + 2] * fc.x, v[i + 3] * fc.y), 0x4051);/' \
+  ds_tile_by_stmatrix_gives_bitwise_the_same precision_options_and_no_hadamard_are_as_accurate_as_the_reference
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))

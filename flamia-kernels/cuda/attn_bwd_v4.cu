@@ -300,8 +300,9 @@ struct BwdItem {
 #endif
 #define BWD_TAILS (BWD_EARLY_FACTORS ? 3 : 2)
 #ifndef BWD_DS_STSM
-// BWD_DS_STSM 1 (the host's default since session 26 with block dS and the four-code conversions,
-// attention.rs bwd_ds_stsm; FLAMIA_BWD_DS_STSM=0 builds 0): the dS tile for dQ (ds_codes): per
+// BWD_DS_STSM 1 (the host's default since session 26 with the four-code conversions, attention.rs
+// bwd_ds_stsm; FLAMIA_BWD_DS_STSM=0 builds 0): the dS tile for dQ (ds_codes; row dS's dQ copy in
+// row_ds_copies likewise since later in session 26, not yet run on a GPU there): per
 // 32-query slice one PRMT per 8-query block puts a thread's codes of keys g and g + 8 side by
 // side (16-bit elements), and one stmatrix.x4.trans writes the slice's four blocks as query rows,
 // instead of 16 byte stores with their shifts; each 16-key group of the tile, and so of K's
@@ -781,8 +782,8 @@ __device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
 #ifndef BWD_CVT4
 #define BWD_CVT4 BWD_QPERM
 #endif
-#if BWD_DS_STSM && !(BWD_CVT4 && !BWD_ROW_DS)
-#error "BWD_DS_STSM needs BWD_CVT4 and block dS"
+#if BWD_DS_STSM && !BWD_CVT4
+#error "BWD_DS_STSM needs BWD_CVT4"
 #endif
 #if BWD_CVT4 && !BWD_QPERM
 #error "BWD_CVT4 packs the key-permuted fragments (BWD_QPERM)"
@@ -938,6 +939,24 @@ __device__ __forceinline__ void row_ds_copies(BwdV4Smem& sm, const BwdConsumer& 
   sm.fcol[4 * cw + w][lane] = make_float2(exp2i_inrange(-e0), exp2i_inrange(-e1));
   __syncwarp();
   // dQ's codes (v 2^-e per column) -> the dS tile; then dK's copy in place
+#if BWD_DS_STSM
+  {
+    // as ds_codes: block j's element (g, 2q | 2q + 1) = codes (key g, key g + 8) of query
+    // 2q | 2q + 1, one stmatrix.trans per 32-query slice (keys 0, 8, 1, 9, ... per 16-key group)
+    u8* ds = ds_row(sm, C, buf);
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      u32 e[4];
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = 4 * kk + jj, i = 4 * j;
+        const float2 fc = sm.fcol[4 * cw + w][4 * j + q];  // queries 8j + 2q, +1
+        e[jj] = __byte_perm(cvt_e4m3x2(v[i] * fc.x, v[i + 1] * fc.y), cvt_e4m3x2(v[i + 2] * fc.x, v[i + 3] * fc.y), 0x5140);
+      }
+      ds_stsm(ds + 4096 * kk, e[0], e[1], e[2], e[3]);
+    }
+  }
+#else
   {
     u8* ds = ds_byte(sm, C, buf);
 #pragma unroll
@@ -950,6 +969,7 @@ __device__ __forceinline__ void row_ds_copies(BwdV4Smem& sm, const BwdConsumer& 
         ds_store_block(ds + 1024 * j, cvt_e4m3x2(v[i] * f0, v[i + 1] * f1), cvt_e4m3x2(v[i + 2] * f0, v[i + 3] * f1));
       }
   }
+#endif
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl)
 #pragma unroll

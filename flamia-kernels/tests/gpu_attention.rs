@@ -336,13 +336,13 @@ fn dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn ds_tile_by_stmatrix_gives_bitwise_the_same() {
-    // FLAMIA_BWD_DS_STSM=1 (unset: the default with block dS) has the v4 backward write its dS
+    // FLAMIA_BWD_DS_STSM=1 (unset: the default) has the v4 backward write its dS
     // tile for dQ by one PRMT per 8-query block and one stmatrix.trans per 32-query slice, each
     // 16-key group in the key order 0, 8, 1, 9, ..., and K's dim-major operand in the same
     // order: the consumers' transpose (FLAMIA_BWD_KD_XPOSE=2) or the quantiser's copy (=0,
     // DimOrder::KeyIleave). The same keys inside each k32 slice of the dQ products: bitwise the
     // same gradients; =0, the byte stores and the plain order. With K's operand both ways: the
-    // code-path cases (row dS takes the old tile either way), then on three CTAs so that the dS
+    // code-path cases (row dS's dQ copy included), then on three CTAs so that the dS
     // buffers and K's tile turn over many times.
     for kd in ["0", "2"] {
         let _kd = EnvGuard::set("FLAMIA_BWD_KD_XPOSE", kd);

@@ -1027,15 +1027,12 @@ impl Attention {
     /// 16-key group in the order 0, 8, 1, 9, ... (`BWD_DS_STSM`), so K's dim-major operand (the
     /// consumers' transpose, or the quantiser's copy: [`Attention::k_dim_order`]) holds its keys
     /// in that order too; bitwise the same gradients (GPU test
-    /// `ds_tile_by_stmatrix_gives_bitwise_the_same`). With the four-code conversions and block dS
-    /// exponents (row dS writes its tile the old way); on by default since session 26 (backward
-    /// -1..-3.5% at short and mid lengths, docs/perf.md), `FLAMIA_BWD_DS_STSM=0` is the old tile
-    /// (A/B and that test).
+    /// `ds_tile_by_stmatrix_gives_bitwise_the_same`). With the four-code conversions; on by
+    /// default since session 26 (backward -0.5..-5.6%, docs/perf.md; row dS exponents' dQ copy
+    /// too since later in that session, not yet measured there), `FLAMIA_BWD_DS_STSM=0` is the
+    /// old tile (A/B and that test).
     pub fn bwd_ds_stsm(&self) -> bool {
-        self.bwd_qperm()
-            && bwd_cvt4()
-            && !self.opts.precision.row_ds_exponents
-            && !super::env_off("FLAMIA_BWD_DS_STSM")
+        self.bwd_qperm() && bwd_cvt4() && !super::env_off("FLAMIA_BWD_DS_STSM")
     }
 
     /// The order of K's dim-major copy: interleaved for the backward's stmatrix dS tile
@@ -1663,13 +1660,12 @@ mod tests {
                 let xposed = with_xposes(v.clone(), true, false);
                 let xposed2 = with_xposes(v.clone(), true, true);
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
-                // (the dS tile by stmatrix, BWD_DS_STSM, the default with block dS: K's
-                // dim-major tile from the quantiser and from the consumers' transpose)
-                // (and the dQ partial by stmatrix, BWD_DQ_STSM, prepared: with each)
-                let stsm = (!row_ds)
-                    .then(|| [v.clone(), xposed2.clone()].map(|v| v.define("BWD_DS_STSM", 1)))
+                // (the dS tile by stmatrix, BWD_DS_STSM, the default: K's dim-major tile from
+                // the quantiser and from the consumers' transpose; and the dQ partial by
+                // stmatrix, BWD_DQ_STSM, prepared: with each)
+                let stsm = [v.clone(), xposed2.clone()]
+                    .map(|v| v.define("BWD_DS_STSM", 1))
                     .into_iter()
-                    .flatten()
                     .chain([v.clone(), xposed2.clone()].map(|v| v.define("BWD_DQ_STSM", 1)));
                 for v in [
                     plain,
