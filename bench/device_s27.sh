@@ -9,6 +9,9 @@
 # 2. FLAMIA_BWD_DQ_STSM=1 against the default on the nine workloads at d = 128, and at d = 64 on
 #    four, two rounds (training call and backward), each beside `--causally-safe` on three
 #    (issue 13's precision options: +10..+14% in session 25, before row dS's stsm tile).
+#    And FLAMIA_BWD_DV_FIRST=1 (the item end stores dV before dK's Hadamard, prepared the same
+#    day: the stores are ~45% of the item end) on the nine workloads; its bitwise test and
+#    mutation dv-first-rows with `tests`.
 # 3. The d = 64 standing: anchors.py with ANCHOR_HEAD_DIM=64 beside ours (the forward's fix and
 #    stsm landed since session 25's 1.00-1.22x).
 # `suite` (~6 minutes, a call of its own): the whole gpu_attention and gpu_quant suites first, for
@@ -32,20 +35,23 @@ if [ "$mode" = suite ]; then
 fi
 if [ "$mode" = all ] || [ "$mode" = tests ]; then
   echo "=== BWD_DQ_STSM: its bitwise test, four tests with it on, two mutations"; date
-  timeout 200 $C/gpu_attention --ignored --exact dq_partials_by_stmatrix_give_bitwise_the_same 2>&1 | grep -E "test result|panicked"
+  for t in dq_partials_by_stmatrix_give_bitwise_the_same dv_stored_first_gives_bitwise_the_same; do
+    timeout 200 $C/gpu_attention --ignored --exact $t 2>&1 | grep -E "test result|panicked"
+  done
   for t in mxfp8_causal_gqa_is_as_accurate_as_the_reference head_dim_64_is_as_accurate_as_the_reference \
     repeated_runs_are_bitwise_identical precision_options_and_no_hadamard_are_as_accurate_as_the_reference; do
     FLAMIA_BWD_DQ_STSM=1 timeout 90 $C/gpu_attention --ignored --exact $t 2>&1 | grep -E "test result|panicked" | sed "s/^/dq-stsm: /"
   done
-  for m in dq-stsm-addr dq-stsm-order ds-stsm-row; do ONLY=$m T=$C/gpu_attention OUT=$O/mut timeout 220 bash bench/gpu_mutations.sh 2>&1 | grep -v "^$"; done
+  for m in dq-stsm-addr dq-stsm-order ds-stsm-row dv-first-rows; do ONLY=$m T=$C/gpu_attention OUT=$O/mut timeout 220 bash bench/gpu_mutations.sh 2>&1 | grep -v "^$"; done
 fi
 if [ "$mode" = all ] || [ "$mode" = ab ]; then
   echo "=== FLAMIA_BWD_DQ_STSM=1 against the default"; date
   for r in 1 2; do
-    for v in base dqstsm; do
-      e=(X=1); [ $v = dqstsm ] && e=(FLAMIA_BWD_DQ_STSM=1)
+    for v in base dqstsm dvfirst; do
+      e=(X=1); [ $v = dqstsm ] && e=(FLAMIA_BWD_DQ_STSM=1); [ $v = dvfirst ] && e=(FLAMIA_BWD_DV_FIRST=1)
       echo "--- $v"
       env "${e[@]}" timeout 150 $C/flamia bench attention 2>&1 | grep -E "^[0-9l]"
+      [ $v = dvfirst ] && continue
       env "${e[@]}" timeout 60 $C/flamia bench attention --head-dim 64 --workload 1x65536 --workload 8x8192 \
         --workload 32x2048 --workload 256x256 2>&1 | grep -E "^[0-9]"
       echo "--- $v --causally-safe"

@@ -187,5 +187,9 @@ mutate dq-stsm-order attn_bwd_v4.cu 's/^  across(1);$/  (void)0;/; s/for (int m 
 # with queries 2q and 2q + 1 swapped in every block's element (mutation 28's wrong selector).
 mutate ds-stsm-row attn_bwd_v4.cu 's/cvt_e4m3x2(v\[i + 2\] \* fc.x, v\[i + 3\] \* fc.y), 0x5140);/cvt_e4m3x2(v[i + 2] * fc.x, v[i + 3] * fc.y), 0x4051);/' \
   ds_tile_by_stmatrix_gives_bitwise_the_same precision_options_and_no_hadamard_are_as_accurate_as_the_reference
+# 33. The item end's dV-first stores (BWD_DV_FIRST, prepared, the test turns it on) writing dK's
+# unrotated rows as dV's.
+mutate dv-first-rows attn_bwd_v4.cu 's/^  for (int r = 0; r < 2; ++r) store_row(dv, r, a.dv);$/  for (int r = 0; r < 2; ++r) store_row(dk, r, a.dv);/' \
+  dv_stored_first_gives_bitwise_the_same
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))

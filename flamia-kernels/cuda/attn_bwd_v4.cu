@@ -325,6 +325,13 @@ struct BwdItem {
 // of dV's accumulators in local memory across the steps, at no measured cost).
 #define BWD_ST8 (BWD_WALK_UP || HEAD_DIM != 128)
 #endif
+#ifndef BWD_DV_FIRST
+// BWD_DV_FIRST 1 (session 26, prepared: the host defines it for FLAMIA_BWD_DV_FIRST=1, off until
+// measured): the item's end stores dV's rows before dK's Hadamard instead of after it, so their
+// ~32 KB per warpgroup drain while the Hadamard's ~600 instructions run (BWD_PROF_NOSTORE:
+// the stores are ~45% of the item's end). The same bytes.
+#define BWD_DV_FIRST 0
+#endif
 #ifndef BWD_DQ_STSM
 // BWD_DQ_STSM 1 (session 26, prepared: the host defines it for FLAMIA_BWD_DQ_STSM=1, off until
 // measured): the FP32 dQ partial into shared memory by one stmatrix.x4 per 8-dim block (each
@@ -1583,11 +1590,11 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
       return;
     }
   }
-#ifndef BWD_PROF_NOHAD
-  if (a.hadamard) hadamard_frag_rows(dk);
-#endif
 #ifdef BWD_PROF_NOSTORE  // knock-out: one store per thread (the sums keep the work above alive)
   {
+#ifndef BWD_PROF_NOHAD
+    if (a.hadamard) hadamard_frag_rows(dk);
+#endif
     float x = 0.f;
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; ++i) x += dk[i] + dv[i];
@@ -1596,19 +1603,34 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
   }
 #endif
   // BF16 out, 16 bytes per store (store_frag_row_bf16: the 4-byte stores of the fragment layout
-  // cost ~8,000 clocks per item in partial-sector writes)
+  // cost ~8,000 clocks per item in partial-sector writes); BWD_DV_FIRST: dV's before dK's
+  // Hadamard, so they drain under it
+  bool ok[2];
+  long long row[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = tl.k0 + 64 * C.cw + r0 + 8 * r;
-    const bool ok = key < tl.len;
-    const long long row = ((long long)(tl.doc0 + (ok ? key : 0)) * a.hkv + hk) * HEAD_DIM;
+    ok[r] = key < tl.len;
+    row[r] = ((long long)(tl.doc0 + (ok[r] ? key : 0)) * a.hkv + hk) * HEAD_DIM;
+  }
+  const auto store_row = [&](const float(&x)[HEAD_DIM / 2], int r, u16* out) {
 #if BWD_ST8
-    store_frag_row_bf16_x8(dk, r, 1.f, a.dk + row, ok);
-    store_frag_row_bf16_x8(dv, r, 1.f, a.dv + row, ok);
+    store_frag_row_bf16_x8(x, r, 1.f, out + row[r], ok[r]);
 #else
-    store_frag_row_bf16(dk, r, 1.f, a.dk + row, ok);
-    store_frag_row_bf16(dv, r, 1.f, a.dv + row, ok);
+    store_frag_row_bf16(x, r, 1.f, out + row[r], ok[r]);
 #endif
+  };
+#if BWD_DV_FIRST
+#pragma unroll
+  for (int r = 0; r < 2; ++r) store_row(dv, r, a.dv);
+#endif
+#ifndef BWD_PROF_NOHAD
+  if (a.hadamard) hadamard_frag_rows(dk);
+#endif
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    store_row(dk, r, a.dk);
+    if (!BWD_DV_FIRST) store_row(dv, r, a.dv);
   }
 }
 

@@ -386,6 +386,17 @@ fn dq_partials_by_stmatrix_give_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn dv_stored_first_gives_bitwise_the_same() {
+    // FLAMIA_BWD_DV_FIRST=1 has the v4 backward's item end store dV's rows before dK's Hadamard
+    // instead of after it: the same bytes. The code-path cases (documents ending mid-tile, a
+    // one-token one, both head dims, causal and not, row dS), then on three CTAs with GQA and
+    // per-token scales, so the GQA sums' last head stores too.
+    backward_knob_keeps_every_bit("FLAMIA_BWD_DV_FIRST", &CODE_KNOB_CASES);
+    operand_tile_knob_keeps_every_bit("FLAMIA_BWD_DV_FIRST", &["1"]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn v_token_major_made_by_the_consumers_gives_bitwise_the_same() {
     // FLAMIA_BWD_VT_XPOSE=1 (unset: the default for short and mid-length documents, all of
     // these) has the v4 backward TMA-load V's dim-major copy (the forward's operand) into its

@@ -249,6 +249,14 @@ fn bwd_dq_stsm() -> bool {
     super::env_on("FLAMIA_BWD_DQ_STSM")
 }
 
+/// The v4 backward's item end storing dV's rows before dK's Hadamard instead of after it
+/// (`BWD_DV_FIRST`), so their stores drain while the Hadamard runs; the same bytes (GPU test
+/// `dv_stored_first_gives_bitwise_the_same`). Prepared in session 26, off until measured:
+/// `FLAMIA_BWD_DV_FIRST=1` turns it on.
+fn bwd_dv_first() -> bool {
+    super::env_on("FLAMIA_BWD_DV_FIRST")
+}
+
 /// The v4 backward's dS block maxima reduced over the warp by one `redux.sync` on the maximum's
 /// bits and over the thread's 16 values as a tree (`BWD_REDUX`: 1,204 -> 1,186 SASS per interior
 /// step at d = 128, 907 -> 891 at 64; bitwise the same gradients). On by default since session 17
@@ -827,6 +835,9 @@ impl Attention {
         }
         if bwd_dq_stsm() {
             v.0 = v.0.define("BWD_DQ_STSM", 1);
+        }
+        if bwd_dv_first() {
+            v.0 = v.0.define("BWD_DV_FIRST", 1);
         }
         if bwd_cols_tma(hd, self.bwd_key_blocks()) {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
@@ -1666,7 +1677,8 @@ mod tests {
                 let stsm = [v.clone(), xposed2.clone()]
                     .map(|v| v.define("BWD_DS_STSM", 1))
                     .into_iter()
-                    .chain([v.clone(), xposed2.clone()].map(|v| v.define("BWD_DQ_STSM", 1)));
+                    .chain([v.clone(), xposed2.clone()].map(|v| v.define("BWD_DQ_STSM", 1)))
+                    .chain([xposed2.clone().define("BWD_DV_FIRST", 1)]);
                 for v in [
                     plain,
                     v.clone().define("BWD_CVT4", 0),
