@@ -1,5 +1,5 @@
 #!/bin/bash
-# Prepared in session 26 for the next session (~8 minutes, H200): BWD_DQ_STSM, the FP32 dQ
+# Prepared in session 26 for the next session (four calls, ~21 minutes in all, H200): BWD_DQ_STSM, the FP32 dQ
 # partial stored by stmatrix (each 8-dim block's dims 0, 2, 4, 6, 1, 3, 5, 7 in the partial and
 # in dq_acc, undone by bwd_dq_convert with the Hadamard's butterflies in the same order): census
 # 1,093 -> 1,037 SASS per interior step at d = 128 (short plans), 1,083 -> 1,029 (long), d = 64
@@ -20,7 +20,7 @@
 # mutation ds-stsm-row runs with `tests`).
 # Stage here: `bash bench/device_bwd4.sh --stage`, `cp -r .whl .device-carry/bwd4/`,
 #   `tar -C .device-carry -czf .device-carry/z/bwd4.tgz bwd4`            (carry .device-carry/z)
-# Device: tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s27.sh suite|tests|ab|d64 (all = tests + ab)
+# Device: tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s27.sh suite|tests|ab|d64 (one call each: ~6, ~4-5, ~6 and ~5 minutes)
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
