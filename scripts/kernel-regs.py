@@ -89,6 +89,9 @@ def main():
                     help="v4 backward: the SASS instructions of each step loop (interior and masked: the loops "
                          "whose body holds one step's wgmma: at least 16, 12 at HEAD_DIM=64) per consumer thread per step, "
                          "by class")
+    ap.add_argument("--opcodes", action="store_true",
+                    help="with --bwd-per-step: also every opcode of each step loop with its count (session 26 "
+                         "found the dQ store's 32 FSEL and the exponents' 16 VIMNMX that way)")
     ap.add_argument("--bwd-per-item", action="store_true",
                     help="v4 backward: census builds without steps (BWD_CENSUS_ITEM: 2 = MHA, no GQA sums; 1 = "
                          "with them; their results are wrong): the SASS instructions of the consumer's item loop "
@@ -267,6 +270,11 @@ def bwd_per_step(a):
               f"per step (64 queries x 64 keys per warpgroup: {len(body) / 32:.1f} per score){note}")
         print("   " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f", other {other}"
               + f" (of which local-memory LDL/STL {local})")
+        if a.opcodes:
+            ops = {}
+            for op in body:
+                ops[op] = ops.get(op, 0) + 1
+            print("   opcodes: " + ", ".join(f"{op} {n}" for op, n in sorted(ops.items(), key=lambda x: (-x[1], x[0]))))
 
 
 def bwd_per_item(a):
