@@ -344,10 +344,18 @@ fn ds_tile_by_stmatrix_gives_bitwise_the_same() {
     // same gradients; =0, the byte stores and the plain order. With K's operand both ways: the
     // code-path cases (row dS's dQ copy included), then on three CTAs so that the dS
     // buffers and K's tile turn over many times.
-    for kd in ["0", "2"] {
-        let _kd = EnvGuard::set("FLAMIA_BWD_KD_XPOSE", kd);
+    with_k_operand_both_ways(|| {
         backward_knob_values_keep_every_bit("FLAMIA_BWD_DS_STSM", &["0", "1"], &CODE_KNOB_CASES);
         operand_tile_knob_keeps_every_bit("FLAMIA_BWD_DS_STSM", &["0", "1"]);
+    });
+}
+
+/// Runs `f` with K's dim-major operand from the quantiser (`FLAMIA_BWD_KD_XPOSE=0`), then from the
+/// consumers' transpose (`=2`).
+fn with_k_operand_both_ways(f: impl Fn()) {
+    for kd in ["0", "2"] {
+        let _kd = EnvGuard::set("FLAMIA_BWD_KD_XPOSE", kd);
+        f();
     }
 }
 
@@ -409,10 +417,9 @@ fn v_token_major_made_by_the_consumers_gives_bitwise_the_same() {
     // the code-path cases (documents ending mid-tile, a one-token one, both head dims, causal
     // and not, row dS), tensor-wide and per-token scales, then on three CTAs so that each CTA's
     // K/V slot turns over many times.
-    for kd in ["0", "2"] {
-        let _kd = EnvGuard::set("FLAMIA_BWD_KD_XPOSE", kd);
+    with_k_operand_both_ways(|| {
         backward_knob_values_keep_every_bit("FLAMIA_BWD_VT_XPOSE", &["0", "1"], &CODE_KNOB_CASES);
-    }
+    });
     operand_tile_knob_keeps_every_bit("FLAMIA_BWD_VT_XPOSE", &["0", "1"]);
 }
 
