@@ -90,7 +90,7 @@ def main():
                          "whose body holds one step's wgmma: at least 16, 12 at HEAD_DIM=64) per consumer thread per step, "
                          "by class")
     ap.add_argument("--opcodes", action="store_true",
-                    help="with --bwd-per-step: also every opcode of each step loop with its count (session 26 "
+                    help="with --bwd-per-step or --per-score: also every opcode of each loop with its count (session 26 "
                          "found the dQ store's 32 FSEL and the exponents' 16 VIMNMX that way)")
     ap.add_argument("--bwd-per-item", action="store_true",
                     help="v4 backward: census builds without steps (BWD_CENSUS_ITEM: 2 = MHA, no GQA sums; 1 = "
@@ -243,6 +243,14 @@ def class_counts(body):
     return counts, other
 
 
+def print_opcodes(body):
+    """Every opcode of a loop body with its count, most frequent first (--opcodes)."""
+    ops = {}
+    for op in body:
+        ops[op] = ops.get(op, 0) + 1
+    print("   opcodes: " + ", ".join(f"{op} {n}" for op, n in sorted(ops.items(), key=lambda x: (-x[1], x[0]))))
+
+
 def bwd_per_step(a):
     lib = load_nvrtc()
     ins = sass_lines(lib, a.dir, "attn_bwd_v4.cu", a.defines, "attn_bwd_v4")
@@ -271,10 +279,7 @@ def bwd_per_step(a):
         print("   " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f", other {other}"
               + f" (of which local-memory LDL/STL {local})")
         if a.opcodes:
-            ops = {}
-            for op in body:
-                ops[op] = ops.get(op, 0) + 1
-            print("   opcodes: " + ", ".join(f"{op} {n}" for op, n in sorted(ops.items(), key=lambda x: (-x[1], x[0]))))
+            print_opcodes(body)
 
 
 def bwd_per_item(a):
@@ -321,6 +326,8 @@ def per_score(a):
                   f"{n / V4_SCORES_PER_THREAD:.2f} per score (budget ~12)")
             print("   " + ", ".join(f"{k} {v / V4_SCORES_PER_THREAD:.2f}" for k, v in counts.items())
                   + f", other {other / V4_SCORES_PER_THREAD:.2f}")
+            if a.opcodes:
+                print_opcodes(body)
 
 
 if __name__ == "__main__":
