@@ -310,8 +310,9 @@ struct BwdItem {
 // k32 slice of the dQ products: the same bits, as BWD_QPERM's query order). K's dim-major tile
 // in that order comes from the consumers' transpose (BWD_KD_XPOSE 2: xpose_kd_half, XPOSE_ILEAVE)
 // or from the quantiser (BWD_KD_XPOSE 0: the host has it write K's dim-major copy in that order,
-// QUANT_ILEAVE_MASK). Session 26 (H200, same call, two rounds, BWD_KD_XPOSE 2 plans): backward
-// -2.1..-3.5% at 32x2048, -1.0..-2.2% at 64x1024 and 256x256 (docs/perf.md).
+// QUANT_ILEAVE_MASK). Session 26 (H200, same call, two rounds): backward -2.1..-3.5% at 32x2048,
+// -1.0..-2.2% at 64x1024 and 256x256 (BWD_KD_XPOSE 2 plans); -0.5..-5.4% on long documents,
+// -1.7 / -5.6% at d = 64 (BWD_KD_XPOSE 0 plans; docs/perf.md).
 #define BWD_DS_STSM 0
 #endif
 #ifndef BWD_ST8
@@ -328,7 +329,7 @@ struct BwdItem {
 #ifndef BWD_DV_FIRST
 // BWD_DV_FIRST 1 (session 26, prepared: the host defines it for FLAMIA_BWD_DV_FIRST=1, off until
 // measured): the item's end stores dV's rows before dK's Hadamard instead of after it, so their
-// ~32 KB per warpgroup drain while the Hadamard's ~600 instructions run (BWD_PROF_NOSTORE:
+// 16 KB per warpgroup at d = 128 drain while the Hadamard's ~600 instructions run (BWD_PROF_NOSTORE:
 // the stores are ~45% of the item's end). The same bytes.
 #define BWD_DV_FIRST 0
 #endif
