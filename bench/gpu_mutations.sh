@@ -185,7 +185,7 @@ mutate dq-stsm-order attn_bwd_v4.cu 's/^  across(1);$/  (void)0;/; s/for (int m 
   dq_partials_by_stmatrix_give_bitwise_the_same
 # 32. Row dS's dQ copy by stmatrix (row_ds_copies under BWD_DS_STSM, landed later in session 26)
 # with queries 2q and 2q + 1 swapped in every block's element (mutation 28's wrong selector).
-mutate ds-stsm-row attn_bwd_v4.cu 's/cvt_e4m3x2(v\[i + 2\] \* fc.x, v\[i + 3\] \* fc.y), 0x5140);/cvt_e4m3x2(v[i + 2] * fc.x, v[i + 3] * fc.y), 0x4051);/' \
+mutate ds-stsm-row attn_bwd_v4.cu 's/e\[jj\] = __byte_perm(R0, R8, 0x5140);/e[jj] = __byte_perm(R0, R8, 0x4051);/' \
   ds_tile_by_stmatrix_gives_bitwise_the_same precision_options_and_no_hadamard_are_as_accurate_as_the_reference
 # 33. The item end's dV-first stores (BWD_DV_FIRST, prepared, the test turns it on) writing dK's
 # unrotated rows as dV's.

@@ -112,10 +112,7 @@ def stsm_order(p):  # position p of a half -> dim (each 8-dim block: 0, 2, 4, 6,
 def hadamard_plain(rowv, hd):  # hadamard_hd: lane L holds dims 4L + e
     lanes = hd // 4
     x = [[rowv[4 * L + e] for e in range(4)] for L in range(lanes)]
-    for L in range(lanes):
-        a = x[L]
-        a0, a1, a2, a3 = f32(a[0] + a[1]), f32(a[0] - a[1]), f32(a[2] + a[3]), f32(a[2] - a[3])
-        x[L] = [f32(a0 + a2), f32(a1 + a3), f32(a0 - a2), f32(a1 - a3)]
+    x = [inthread(xl) for xl in x]
     m = 1
     while m < lanes:
         x = across(x, m)
@@ -126,6 +123,11 @@ def hadamard_plain(rowv, hd):  # hadamard_hd: lane L holds dims 4L + e
         for e in range(4):
             out[4 * L + e] = f32(x[L][e] * inv)
     return out
+
+
+def inthread(a):  # a thread's two butterflies over x[e], e's bit 0 then bit 1 (hadamard_hd's first lines)
+    a0, a1, a2, a3 = f32(a[0] + a[1]), f32(a[0] - a[1]), f32(a[2] + a[3]), f32(a[2] - a[3])
+    return [f32(a0 + a2), f32(a1 + a3), f32(a0 - a2), f32(a1 - a3)]
 
 
 def across(x, m):
@@ -141,10 +143,7 @@ def hadamard_stsm(rowv, hd, broken=False):  # bwd_dq_convert with BWD_DQ_STSM: p
     x = [[rowv[4 * L + e] for e in range(4)] for L in range(lanes)]  # dims 8(L/2) + 2e + L%2
     if not broken:
         x = across(x, 1)
-    for L in range(lanes):
-        a = x[L]
-        a0, a1, a2, a3 = f32(a[0] + a[1]), f32(a[0] - a[1]), f32(a[2] + a[3]), f32(a[2] - a[3])
-        x[L] = [f32(a0 + a2), f32(a1 + a3), f32(a0 - a2), f32(a1 - a3)]
+    x = [inthread(xl) for xl in x]
     if broken:  # the lane ^ 1 butterfly after the thread's (another order of the same sums)
         x = across(x, 1)
     m = 2

@@ -817,9 +817,7 @@ __device__ __forceinline__ void dkv_afrag(const float (&v)[32], u32 (&a)[2][4]) 
 }
 
 __device__ __forceinline__ void ds_stsm(const u8* row, u32 r0, u32 r1, u32 r2, u32 r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(row)), "r"(r0),
-               "r"(r1), "r"(r2), "r"(r3)
-               : "memory");
+  stsm_x4_trans(smem_u32(row), r0, r1, r2, r3);
 }
 __device__ __forceinline__ void ds_codes(const float (&v)[32], u32 (&a)[2][4], u8* ds) {
 #if BWD_DS_STSM
@@ -946,12 +944,11 @@ __device__ __forceinline__ void row_ds_copies(BwdV4Smem& sm, const BwdConsumer& 
   __syncwarp();
   sm.fcol[4 * cw + w][lane] = make_float2(exp2i_inrange(-e0), exp2i_inrange(-e1));
   __syncwarp();
-  // dQ's codes (v 2^-e per column) -> the dS tile; then dK's copy in place
-#if BWD_DS_STSM
+  // dQ's codes (v 2^-e per column) -> the dS tile (BWD_DS_STSM: as ds_codes, block j's element
+  // (g, 2q | 2q + 1) = codes (key g, key g + 8) of query 2q | 2q + 1, one stmatrix.trans per
+  // 32-query slice; else the byte stores); then dK's copy in place
   {
-    // as ds_codes: block j's element (g, 2q | 2q + 1) = codes (key g, key g + 8) of query
-    // 2q | 2q + 1, one stmatrix.trans per 32-query slice (keys 0, 8, 1, 9, ... per 16-key group)
-    u8* ds = ds_row(sm, C, buf);
+    u8* ds = BWD_DS_STSM ? ds_row(sm, C, buf) : ds_byte(sm, C, buf);
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
       u32 e[4];
@@ -959,25 +956,15 @@ __device__ __forceinline__ void row_ds_copies(BwdV4Smem& sm, const BwdConsumer& 
       for (int jj = 0; jj < 4; ++jj) {
         const int j = 4 * kk + jj, i = 4 * j;
         const float2 fc = sm.fcol[4 * cw + w][4 * j + q];  // queries 8j + 2q, +1
-        e[jj] = __byte_perm(cvt_e4m3x2(v[i] * fc.x, v[i + 1] * fc.y), cvt_e4m3x2(v[i + 2] * fc.x, v[i + 3] * fc.y), 0x5140);
+        const u32 R0 = cvt_e4m3x2(v[i] * fc.x, v[i + 1] * fc.y), R8 = cvt_e4m3x2(v[i + 2] * fc.x, v[i + 3] * fc.y);
+        if (BWD_DS_STSM)
+          e[jj] = __byte_perm(R0, R8, 0x5140);
+        else
+          ds_store_block(ds + 1024 * j, R0, R8);
       }
-      ds_stsm(ds + 4096 * kk, e[0], e[1], e[2], e[3]);
+      if (BWD_DS_STSM) ds_stsm(ds + 4096 * kk, e[0], e[1], e[2], e[3]);
     }
   }
-#else
-  {
-    u8* ds = ds_byte(sm, C, buf);
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk)
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const int j = 4 * kk + jj, i = 4 * j;
-        const float2 fc = sm.fcol[4 * cw + w][4 * j + q];  // queries 8j + 2q, +1
-        const float f0 = fc.x, f1 = fc.y;
-        ds_store_block(ds + 1024 * j, cvt_e4m3x2(v[i] * f0, v[i + 1] * f1), cvt_e4m3x2(v[i + 2] * f0, v[i + 3] * f1));
-      }
-  }
-#endif
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl)
 #pragma unroll
@@ -1358,14 +1345,6 @@ __device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
   ++C.nstep;
 }
 
-// stmatrix.x4 of four FP32 values as b16 pairs (BWD_DQ_STSM): row address `a` of this lane's
-// matrix; v0..v3 are this thread's elements of matrices 0..3.
-__device__ __forceinline__ void dq_stsm(u32 a, float v0, float v1, float v2, float v3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(__float_as_uint(v0)),
-               "r"(__float_as_uint(v1)), "r"(__float_as_uint(v2)), "r"(__float_as_uint(v3))
-               : "memory");
-}
-
 // The consumer thread's part of its warpgroup's FP32 dQ partial, into buffer db (BWD_DQ_STSM: by
 // stmatrix, each 8-dim block's dims in the order 0, 2, 4, 6, 1, 3, 5, 7; else as follows): row 16w + g + 8r,
 // 16-byte chunk (2(j%4) + q/2) XOR g (the 128-byte swizzle: row % 8 = g). Rows g and g ^ 1 of a
@@ -1393,7 +1372,8 @@ __device__ __forceinline__ void bwd_dq_store(const BwdV4Params& P, BwdV4Smem& sm
   const u32 a = smem_u32(sm.dqs[db][cw][0]) + (16 * w + i + 8 * (m >> 1)) * 128 + (((m & 1) ^ i) << 4);
 #pragma unroll
   for (int j = 0; j < NQ / 4; ++j)
-    dq_stsm((a ^ (32u * (j & 3))) + 8192 * (j >> 2), dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    stsm_x4((a ^ (32u * (j & 3))) + 8192 * (j >> 2), __float_as_uint(dq[4 * j]), __float_as_uint(dq[4 * j + 1]),
+            __float_as_uint(dq[4 * j + 2]), __float_as_uint(dq[4 * j + 3]));  // each FP32 as a b16 pair
 #else
   u8* base = sm.dqs[db][cw][0] + (16 * w + C.g()) * 128 + 8 * (qd & 1);
   const int sw = 2 * (C.g() & 1);

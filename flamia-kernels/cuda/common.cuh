@@ -44,6 +44,21 @@ __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.lau
 // ---- shared memory -------------------------------------------------------------------------
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
+// stmatrix.m8n8.x4 (.trans): this lane's row address `a` of matrix lane / 8; r0..r3 are this
+// thread's 16-bit pairs of matrices 0..3 (row lane / 4, elements 2 (lane % 4), + 1; transposed
+// with .trans). One copy of the asm for xpose.cuh's transposes and the backward's dS tile and
+// dQ partial.
+__device__ __forceinline__ void stsm_x4(u32 a, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r0), "r"(r1), "r"(r2),
+               "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ void stsm_x4_trans(u32 a, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // Dynamic shared memory rounded up to 1024 bytes (the host allocates 1024 extra bytes).
 __device__ __forceinline__ u8* smem_aligned_1024(u8* raw) {
   u32 a = smem_u32(raw);

@@ -78,9 +78,7 @@ __device__ __forceinline__ void xpose_ldsm_store(u8* dst, DstOff doff, int x1, i
   }
   const int rho = 2 * r + (((r >> 2) & 1) ^ (j & 1));  // N_j's row r: its dim
   const u32 d = smem_u32(dst + doff(16 * xb + rho, 16 * xa));
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(d), "r"(o[0]), "r"(o[1]), "r"(o[2]),
-               "r"(o[3])
-               : "memory");
+  stsm_x4(d, o[0], o[1], o[2], o[3]);
 }
 
 template <class SrcOff, class DstOff>
