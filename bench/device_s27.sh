@@ -20,6 +20,8 @@
 # mutation ds-stsm-row runs with `tests`).
 # Stage here: `bash bench/device_bwd4.sh --stage`, `cp -r .whl .device-carry/bwd4/`,
 #   `tar -C .device-carry -czf .device-carry/z/bwd4.tgz bwd4`            (carry .device-carry/z)
+# Session 27 added BWD_MASK_BLOCKS (FLAMIA_BWD_MASK_BLOCKS=1, prepared that day): its mutation
+# with `tests`, its A/B on four short/mid workloads with `ab`.
 # Device: tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s27.sh suite|tests|ab|d64 (one call each: ~6, ~4-5, ~6 and ~5 minutes)
 set -u
 C=.device-carry/bwd4
@@ -30,26 +32,34 @@ mode=${1:-all}
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 if [ "$mode" = suite ]; then
   echo "=== the whole GPU suite (session 26's exp2i_inrange change landed without a GPU)"; date
-  timeout 460 $C/gpu_attention --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED|^test "
-  timeout 60 $C/gpu_quant --ignored 2>&1 | grep -E "test result|panicked"
+  timeout 525 $C/gpu_attention --ignored --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED|^test "
+  timeout 45 $C/gpu_quant --ignored 2>&1 | grep -E "test result|panicked"
 fi
 if [ "$mode" = all ] || [ "$mode" = tests ]; then
   echo "=== BWD_DQ_STSM: its bitwise test, four tests with it on, two mutations"; date
-  for t in dq_partials_by_stmatrix_give_bitwise_the_same dv_stored_first_gives_bitwise_the_same; do
-    timeout 200 $C/gpu_attention --ignored --exact $t 2>&1 | grep -E "test result|panicked"
-  done
+  # (their bitwise tests, dq_partials_by_stmatrix_give_bitwise_the_same,
+  # dv_stored_first_gives_bitwise_the_same and diagonal_masks_per_block_give_bitwise_the_same,
+  # run in `suite`)
   for t in mxfp8_causal_gqa_is_as_accurate_as_the_reference head_dim_64_is_as_accurate_as_the_reference \
     repeated_runs_are_bitwise_identical precision_options_and_no_hadamard_are_as_accurate_as_the_reference; do
     FLAMIA_BWD_DQ_STSM=1 timeout 90 $C/gpu_attention --ignored --exact $t 2>&1 | grep -E "test result|panicked" | sed "s/^/dq-stsm: /"
   done
-  for m in dq-stsm-addr dq-stsm-order ds-stsm-row dv-first-rows; do ONLY=$m T=$C/gpu_attention OUT=$O/mut timeout 220 bash bench/gpu_mutations.sh 2>&1 | grep -v "^$"; done
+  for m in dq-stsm-addr dq-stsm-order ds-stsm-row dv-first-rows mask-blocks-diag; do ONLY=$m T=$C/gpu_attention OUT=$O/mut timeout 220 bash bench/gpu_mutations.sh 2>&1 | grep -v "^$"; done
 fi
 if [ "$mode" = all ] || [ "$mode" = ab ]; then
   echo "=== FLAMIA_BWD_DQ_STSM=1 against the default"; date
   for r in 1 2; do
-    for v in base dqstsm dvfirst; do
+    for v in base dqstsm dvfirst maskblk; do
       e=(X=1); [ $v = dqstsm ] && e=(FLAMIA_BWD_DQ_STSM=1); [ $v = dvfirst ] && e=(FLAMIA_BWD_DV_FIRST=1)
+      [ $v = maskblk ] && e=(FLAMIA_BWD_MASK_BLOCKS=1)
       echo "--- $v"
+      if [ $v = maskblk ]; then
+        # (the causal diagonal steps' per-block masks: short documents, where a step in 3-8 is one)
+        env "${e[@]}" timeout 60 $C/flamia bench attention --workload 32x2048 --workload 64x1024 --workload 256x256 \
+          --workload 8x8192 2>&1 | grep -E "^[0-9]"
+        env "${e[@]}" timeout 60 $C/flamia bench attention --head-dim 64 --workload 32x2048 --workload 256x256 2>&1 | grep -E "^[0-9]"
+        continue
+      fi
       env "${e[@]}" timeout 150 $C/flamia bench attention 2>&1 | grep -E "^[0-9l]"
       [ $v = dvfirst ] && continue
       env "${e[@]}" timeout 60 $C/flamia bench attention --head-dim 64 --workload 1x65536 --workload 8x8192 \

@@ -174,22 +174,18 @@ mutate ds-stsm-sel attn_bwd_v4.cu 's/ds_stsm(ds + 4096 \* kk, __byte_perm(a\[kk\
 # pair the dS tile's keys with other keys' K codes.
 mutate quant-ileave quant.cu 's/return (r >> 1) + 8 \* (r \& 1);/return ((r >> 1) ^ 1) + 8 * (r \& 1);/' \
   ds_tile_by_stmatrix_gives_bitwise_the_same gpu_quant:permuted_dim_copy_is_the_plain_one_reordered_in_every_block
-# 30. The dQ partial by stmatrix (BWD_DQ_STSM, prepared, the test turns it on) with each lane's
+# 30. The dQ partial by stmatrix (BWD_DQ_STSM, the default since session 27) with each lane's
 # matrix address missing its dim-parity chunk (b): both parities' matrices land on one chunk,
 # half of every partial lost. 31. Its converter with the lane ^ 1 butterfly after the thread's
 # two instead of before (another order of the same sums: other bits, scripts/dq_stsm_model.py's
 # broken case).
 mutate dq-stsm-addr attn_bwd_v4.cu 's/+ (((m \& 1) ^ i) << 4);/+ (i << 4);/' \
-  dq_partials_by_stmatrix_give_bitwise_the_same
+  dq_partials_by_stmatrix_give_bitwise_the_same mxfp8_causal_gqa_is_as_accurate_as_the_reference
 mutate dq-stsm-order attn_bwd_v4.cu 's/^  across(1);$/  (void)0;/; s/for (int m = 2; m < HEAD_DIM \/ 4; m <<= 1) across(m);/for (int m = 1; m < HEAD_DIM \/ 4; m <<= 1) across(m);/' \
   dq_partials_by_stmatrix_give_bitwise_the_same
 # 32. Row dS's dQ copy by stmatrix (row_ds_copies under BWD_DS_STSM, landed later in session 26)
 # with queries 2q and 2q + 1 swapped in every block's element (mutation 28's wrong selector).
 mutate ds-stsm-row attn_bwd_v4.cu 's/e\[jj\] = __byte_perm(R0, R8, 0x5140);/e[jj] = __byte_perm(R0, R8, 0x4051);/' \
   ds_tile_by_stmatrix_gives_bitwise_the_same precision_options_and_no_hadamard_are_as_accurate_as_the_reference
-# 33. The item end's dV-first stores (BWD_DV_FIRST, prepared, the test turns it on) writing dK's
-# unrotated rows as dV's.
-mutate dv-first-rows attn_bwd_v4.cu 's/^  for (int r = 0; r < 2; ++r) store_row(dv, r, a.dv);$/  for (int r = 0; r < 2; ++r) store_row(dk, r, a.dv);/' \
-  dv_stored_first_gives_bitwise_the_same
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))

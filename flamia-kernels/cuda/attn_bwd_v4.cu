@@ -326,24 +326,19 @@ struct BwdItem {
 // of dV's accumulators in local memory across the steps, at no measured cost).
 #define BWD_ST8 (BWD_WALK_UP || HEAD_DIM != 128)
 #endif
-#ifndef BWD_DV_FIRST
-// BWD_DV_FIRST 1 (session 26, prepared: the host defines it for FLAMIA_BWD_DV_FIRST=1, off until
-// measured): the item's end stores dV's rows before dK's Hadamard instead of after it, so their
-// 16 KB per warpgroup at d = 128 drain while the Hadamard's ~600 instructions run (BWD_PROF_NOSTORE:
-// the stores are ~45% of the item's end). The same bytes.
-#define BWD_DV_FIRST 0
-#endif
 #ifndef BWD_DQ_STSM
-// BWD_DQ_STSM 1 (session 26, prepared: the host defines it for FLAMIA_BWD_DQ_STSM=1, off until
-// measured): the FP32 dQ partial into shared memory by one stmatrix.x4 per 8-dim block (each
-// FP32 as a pair of b16: thread (g, q) supplies row g, 4-byte column q of each 8 x 16-byte
-// matrix) instead of 16 8-byte stores and the 32 FSELs that kept them free of bank conflicts
-// (bwd_dq_store). Each 8-dim block of the partial, and so of dq_acc, then holds its dims in
+// BWD_DQ_STSM 1 (the host's default since session 27, attention.rs bwd_dq_stsm;
+// FLAMIA_BWD_DQ_STSM=0 builds 0; bwd_dq_convert is built with the same value): the FP32 dQ
+// partial into shared memory by one stmatrix.x4 per 8-dim block (each FP32 as a pair of b16:
+// thread (g, q) supplies row g, 4-byte column q of each 8 x 16-byte matrix) instead of 16
+// 8-byte stores and the 32 FSELs that kept them free of bank conflicts (bwd_dq_store). Each 8-dim block of the partial, and so of dq_acc, then holds its dims in
 // the order 0, 2, 4, 6, 1, 3, 5, 7 (position 4b + q: dim 2q + b), which bwd_dq_convert undoes:
 // its Hadamard takes the stages in the same dim-bit order (bit 0 across lanes first), so the
 // same sums in the same order: bitwise the same dQ (GPU test
 // dq_partials_by_stmatrix_give_bitwise_the_same; scripts/dq_stsm_model.py checks the bytes and
 // the bits without a GPU). Census (kernel-regs.py --bwd-per-step): see docs/perf.md "Session 26".
+// Session 27 (H200, same call, two rounds): backward -1.6% at 1x65536, -3.6% at 8x8192,
+// -0.3..-2.0% on the other d = 128 workloads; d = 64 within noise (+0.4..-0.1%).
 #define BWD_DQ_STSM 0
 #endif
 struct BwdItemTail {
@@ -1584,8 +1579,8 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
   }
 #endif
   // BF16 out, 16 bytes per store (store_frag_row_bf16: the 4-byte stores of the fragment layout
-  // cost ~8,000 clocks per item in partial-sector writes); BWD_DV_FIRST: dV's before dK's
-  // Hadamard, so they drain under it
+  // cost ~8,000 clocks per item in partial-sector writes). (dV's stored before dK's Hadamard, to
+  // drain under it, measured within noise in session 27 and removed.)
   bool ok[2];
   long long row[2];
 #pragma unroll
@@ -1601,17 +1596,13 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
     store_frag_row_bf16(x, r, 1.f, out + row[r], ok[r]);
 #endif
   };
-#if BWD_DV_FIRST
-#pragma unroll
-  for (int r = 0; r < 2; ++r) store_row(dv, r, a.dv);
-#endif
 #ifndef BWD_PROF_NOHAD
   if (a.hadamard) hadamard_frag_rows(dk);
 #endif
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     store_row(dk, r, a.dk);
-    if (!BWD_DV_FIRST) store_row(dv, r, a.dv);
+    store_row(dv, r, a.dv);
   }
 }
 

@@ -362,23 +362,24 @@ fn with_k_operand_both_ways(f: impl Fn()) {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn dq_partials_by_stmatrix_give_bitwise_the_same() {
-    // FLAMIA_BWD_DQ_STSM=1 has the v4 backward's consumers store each step's FP32 dQ partial by
-    // stmatrix, each 8-dim block's dims in the order 0, 2, 4, 6, 1, 3, 5, 7 in the partial and in
-    // the accumulator, and bwd_dq_convert undo it with the Hadamard's butterflies in the same
-    // order: the same sums in the same order, so bitwise the same dQ (and dK, dV untouched). The
+    // BWD_DQ_STSM (the default; FLAMIA_BWD_DQ_STSM=0 turns it off) has the v4 backward's
+    // consumers store each step's FP32 dQ partial by stmatrix, each 8-dim block's dims in the
+    // order 0, 2, 4, 6, 1, 3, 5, 7 in the partial and in the accumulator, and bwd_dq_convert
+    // (built with the same value: session 26's host built it without, caught here) undo it
+    // with the Hadamard's butterflies in the same order: the same sums in the same order, so bitwise the same dQ (and dK, dV untouched). The
     // code-path cases (row dS, both head dims, causal and not), with and without the Hadamard,
     // then on three CTAs and with the first partials added to a zeroed accumulator instead of
     // stored (FLAMIA_BWD_DQ_STORE=0), so the partial buffers and both reduce paths turn over.
-    backward_knob_values_keep_every_bit("FLAMIA_BWD_DQ_STSM", &["1"], &CODE_KNOB_CASES);
+    backward_knob_values_keep_every_bit("FLAMIA_BWD_DQ_STSM", &["0"], &CODE_KNOB_CASES);
     let gpu = gpu();
     let shape = VarlenShape::from_lens(&[1100, 2048, 517, 64, 1], 4, 2, 128).unwrap();
     with_seeds("FLAMIA_BWD_DQ_STSM without the Hadamard", |mut rng| {
         let mut opts = AttnOptions::new(AttnPath::Mxfp8);
         opts.precision.hadamard = false;
         let call = gauss_call(&mut rng, &shape, opts);
-        same_bits_whatever(&gpu, &call, "FLAMIA_BWD_DQ_STSM", &["1"]);
+        same_bits_whatever(&gpu, &call, "FLAMIA_BWD_DQ_STSM", &["0"]);
     });
-    operand_tile_knob_keeps_every_bit("FLAMIA_BWD_DQ_STSM", &["1"]);
+    operand_tile_knob_keeps_every_bit("FLAMIA_BWD_DQ_STSM", &["0"]);
     let _zeroed = EnvGuard::set("FLAMIA_BWD_DQ_STORE", "0");
     for hd in [128, 64] {
         let shape = VarlenShape::from_lens(&[1100, 2048, 517, 64, 1], 4, 2, hd).unwrap();
@@ -386,21 +387,10 @@ fn dq_partials_by_stmatrix_give_bitwise_the_same() {
             &format!("FLAMIA_BWD_DQ_STSM, zeroed accumulator, d = {hd}"),
             |mut rng| {
                 let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
-                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_DQ_STSM", &["1"]);
+                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_DQ_STSM", &["0"]);
             },
         );
     }
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn dv_stored_first_gives_bitwise_the_same() {
-    // FLAMIA_BWD_DV_FIRST=1 has the v4 backward's item end store dV's rows before dK's Hadamard
-    // instead of after it: the same bytes. The code-path cases (documents ending mid-tile, a
-    // one-token one, both head dims, causal and not, row dS), then on three CTAs with GQA and
-    // per-token scales, so the GQA sums' last head stores too.
-    backward_knob_keeps_every_bit("FLAMIA_BWD_DV_FIRST", &CODE_KNOB_CASES);
-    operand_tile_knob_keeps_every_bit("FLAMIA_BWD_DV_FIRST", &["1"]);
 }
 
 #[test]

@@ -243,18 +243,11 @@ fn bwd_cvt4() -> bool {
 /// block (`BWD_DQ_STSM`: 32 FSEL and 16 8-byte stores -> 8 `stmatrix` per step at d = 128), each
 /// block's dims in the order 0, 2, 4, 6, 1, 3, 5, 7 in the partial and in the FP32 accumulator,
 /// which `bwd_dq_convert` undoes with the Hadamard's butterflies in the same order: bitwise the
-/// same dQ (GPU test `dq_partials_by_stmatrix_give_bitwise_the_same`). Prepared in session 26,
-/// off until measured: `FLAMIA_BWD_DQ_STSM=1` turns it on.
+/// same dQ (GPU test `dq_partials_by_stmatrix_give_bitwise_the_same`). On by default since
+/// session 27 (backward -0.3..-3.6% on the nine workloads at d = 128, within noise at 64;
+/// docs/perf.md); `FLAMIA_BWD_DQ_STSM=0` keeps the 8-byte stores (A/B and the bitwise test).
 fn bwd_dq_stsm() -> bool {
-    super::env_on("FLAMIA_BWD_DQ_STSM")
-}
-
-/// The v4 backward's item end storing dV's rows before dK's Hadamard instead of after it
-/// (`BWD_DV_FIRST`), so their stores drain while the Hadamard runs; the same bytes (GPU test
-/// `dv_stored_first_gives_bitwise_the_same`). Prepared in session 26, off until measured:
-/// `FLAMIA_BWD_DV_FIRST=1` turns it on.
-fn bwd_dv_first() -> bool {
-    super::env_on("FLAMIA_BWD_DV_FIRST")
+    !super::env_off("FLAMIA_BWD_DQ_STSM")
 }
 
 /// The v4 backward's dS block maxima reduced over the warp by one `redux.sync` on the maximum's
@@ -836,9 +829,6 @@ impl Attention {
         if bwd_dq_stsm() {
             v.0 = v.0.define("BWD_DQ_STSM", 1);
         }
-        if bwd_dv_first() {
-            v.0 = v.0.define("BWD_DV_FIRST", 1);
-        }
         if bwd_cols_tma(hd, self.bwd_key_blocks()) {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
@@ -1378,7 +1368,13 @@ impl Attention {
         let vt = self.bwd_vt_xpose(plan);
         let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up(), kd, vt)?;
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
-        let convert = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_dq_convert", 0)?;
+        // (BWD_DQ_STSM: the converter undoes the partials' dim order, so it is built with them)
+        let cv = if bwd_dq_stsm() {
+            v.clone().define("BWD_DQ_STSM", 1)
+        } else {
+            v.clone()
+        };
+        let convert = self.gpu.function("attn_bwd_v4.cu", &cv, "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
         let hkc = s.heads_kv / bw.chunks;
         // dQ accumulator rows: padded positions when each query tile's first partial is stored
@@ -1673,12 +1669,11 @@ mod tests {
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
                 // (the dS tile by stmatrix, BWD_DS_STSM, the default: K's dim-major tile from
                 // the quantiser and from the consumers' transpose; and the dQ partial by
-                // stmatrix, BWD_DQ_STSM, prepared: with each)
+                // stmatrix, BWD_DQ_STSM, the default: with each)
                 let stsm = [v.clone(), xposed2.clone()]
                     .map(|v| v.define("BWD_DS_STSM", 1))
                     .into_iter()
-                    .chain([v.clone(), xposed2.clone()].map(|v| v.define("BWD_DQ_STSM", 1)))
-                    .chain([xposed2.clone().define("BWD_DV_FIRST", 1)]);
+                    .chain([v.clone(), xposed2.clone()].map(|v| v.define("BWD_DQ_STSM", 1)));
                 for v in [
                     plain,
                     v.clone().define("BWD_CVT4", 0),
