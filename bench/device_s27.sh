@@ -20,7 +20,9 @@
 # mutation ds-stsm-row runs with `tests`).
 # Stage here: `bash bench/device_bwd4.sh --stage`, `cp -r .whl .device-carry/bwd4/`,
 #   `tar -C .device-carry -czf .device-carry/z/bwd4.tgz bwd4`            (carry .device-carry/z)
-# Session 27 added BWD_MASK_BLOCKS (FLAMIA_BWD_MASK_BLOCKS=1, prepared that day): its mutation
+# Session 27 ran `suite` as is and the rest as inline commands (docs/perf.md "Session 27"); since
+# then BWD_DQ_STSM is the default and BWD_DV_FIRST / BWD_MASK_BLOCKS are gone, so `tests` and
+# `ab` no longer test what they name; `d64` is still to run. It added BWD_MASK_BLOCKS: its mutation
 # with `tests`, its A/B on four short/mid workloads with `ab`.
 # Device: tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s27.sh suite|tests|ab|d64 (one call each: ~6, ~4-5, ~6 and ~5 minutes)
 set -u
