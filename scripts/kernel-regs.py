@@ -11,7 +11,8 @@ checked here before a device call.
     python3 scripts/kernel-regs.py --dir old/cuda       # sources from another directory (A/B)
     python3 scripts/kernel-regs.py --per-score          # v4 forward: SASS instructions per score
                                                         # of the interior and the masked key-tile
-                                                        # loops, by class
+                                                        # loops, by class (--full: both loops of
+                                                        # the one production build)
     python3 scripts/kernel-regs.py --bwd-per-step       # v4 backward: SASS instructions per step
                                                         # of its step loops, by class
     python3 scripts/kernel-regs.py --bwd-per-item       # v4 backward: SASS instructions per item
@@ -85,6 +86,11 @@ def main():
                          "masked tile loop (FWD_INTERIOR_ONLY / FWD_MASKED_ONLY: census builds, their "
                          "results are wrong) and print the SASS instructions of that key-tile loop per "
                          "score, by instruction class")
+    ap.add_argument("--full", action="store_true",
+                    help="with --per-score: count both key-tile loops in the one full build of each scale mode "
+                         "(no census defines), each loop named interior or masked by its -inf selects, so a "
+                         "change to one loop that moves ptxas's code for the other shows (session 27: code "
+                         "added to the backward's masked step cost its interior step 19 SASS)")
     ap.add_argument("--bwd-per-step", action="store_true",
                     help="v4 backward: the SASS instructions of each step loop (interior and masked: the loops "
                          "whose body holds one step's wgmma: at least 16, 12 at HEAD_DIM=64) per consumer thread per step, "
@@ -306,9 +312,13 @@ def bwd_per_item(a):
 
 def per_score(a):
     lib = load_nvrtc()
-    for path, extra in (("interior", ["FWD_INTERIOR_ONLY=1"]), ("masked", ["FWD_MASKED_ONLY=1"]),
-                        ("interior", ["FWD_INTERIOR_ONLY=1", "PER_TOKEN_COLS=1"]),
-                        ("masked", ["FWD_MASKED_ONLY=1", "PER_TOKEN_COLS=1"])):
+    if a.full:
+        builds = (("", []), ("", ["PER_TOKEN_COLS=1"]))
+    else:
+        builds = (("interior", ["FWD_INTERIOR_ONLY=1"]), ("masked", ["FWD_MASKED_ONLY=1"]),
+                  ("interior", ["FWD_INTERIOR_ONLY=1", "PER_TOKEN_COLS=1"]),
+                  ("masked", ["FWD_MASKED_ONLY=1", "PER_TOKEN_COLS=1"]))
+    for path, extra in builds:
         ins = sass_lines(lib, a.dir, "attn_fwd_v4.cu", extra + a.defines, "attn_fwd_v4")
         # the key-tile loops: the innermost backward branches around one tile's S and PV wgmma
         # (HEAD_DIM / 32 + 4); one per consumer copy (FWD_CW_CONST inlines one per warpgroup)
@@ -321,7 +331,12 @@ def per_score(a):
             body = [op for addr, op, _ in ins if lo <= addr <= hi]
             counts, other = class_counts(body)
             n = len(body)
-            copy = f", copy {c}" if len(loops) > 1 else ""
+            copy = f", copy {c}" if len(loops) > 1 and not a.full else ""
+            if a.full:
+                # the masks' selects of -inf (one per score) name the masked loop; an interior loop
+                # has at most a few (a row with no key yet)
+                ninf = sum(1 for addr, _, t in ins if lo <= addr <= hi and "-INF" in t)
+                path = f"[{lo:#x}, {hi:#x}] {'masked' if ninf > 16 else 'interior'}"
             print(f"attn_fwd_v4 {path} key-tile loop ({tag}{copy}): {n} SASS instructions per thread per tile = "
                   f"{n / V4_SCORES_PER_THREAD:.2f} per score (budget ~12)")
             print("   " + ", ".join(f"{k} {v / V4_SCORES_PER_THREAD:.2f}" for k, v in counts.items())
