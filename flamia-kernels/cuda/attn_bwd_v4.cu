@@ -331,8 +331,9 @@ struct BwdItem {
 // FLAMIA_BWD_DQ_STSM=0 builds 0; bwd_dq_convert is built with the same value): the FP32 dQ
 // partial into shared memory by one stmatrix.x4 per 8-dim block (each FP32 as a pair of b16:
 // thread (g, q) supplies row g, 4-byte column q of each 8 x 16-byte matrix) instead of 16
-// 8-byte stores and the 32 FSELs that kept them free of bank conflicts (bwd_dq_store). Each 8-dim block of the partial, and so of dq_acc, then holds its dims in
-// the order 0, 2, 4, 6, 1, 3, 5, 7 (position 4b + q: dim 2q + b), which bwd_dq_convert undoes:
+// 8-byte stores and the 32 FSELs that kept them free of bank conflicts (bwd_dq_store). Each
+// 8-dim block of the partial, and so of dq_acc, then holds its dims in the order 0, 2, 4, 6, 1,
+// 3, 5, 7 (position 4b + q: dim 2q + b), which bwd_dq_convert undoes:
 // its Hadamard takes the stages in the same dim-bit order (bit 0 across lanes first), so the
 // same sums in the same order: bitwise the same dQ (GPU test
 // dq_partials_by_stmatrix_give_bitwise_the_same; scripts/dq_stsm_model.py checks the bytes and

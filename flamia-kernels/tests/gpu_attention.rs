@@ -366,8 +366,8 @@ fn dq_partials_by_stmatrix_give_bitwise_the_same() {
     // consumers store each step's FP32 dQ partial by stmatrix, each 8-dim block's dims in the
     // order 0, 2, 4, 6, 1, 3, 5, 7 in the partial and in the accumulator, and bwd_dq_convert
     // (built with the same value: session 26's host built it without, caught here) undo it
-    // with the Hadamard's butterflies in the same order: the same sums in the same order, so bitwise the same dQ (and dK, dV untouched). The
-    // code-path cases (row dS, both head dims, causal and not), with and without the Hadamard,
+    // with the Hadamard's butterflies in the same order: the same sums in the same order, so
+    // bitwise the same dQ (and dK, dV untouched). The code-path cases (row dS, both head dims, causal and not), with and without the Hadamard,
     // then on three CTAs and with the first partials added to a zeroed accumulator instead of
     // stored (FLAMIA_BWD_DQ_STORE=0), so the partial buffers and both reduce paths turn over.
     backward_knob_values_keep_every_bit("FLAMIA_BWD_DQ_STSM", &["0"], &CODE_KNOB_CASES);

@@ -250,6 +250,17 @@ fn bwd_dq_stsm() -> bool {
     !super::env_off("FLAMIA_BWD_DQ_STSM")
 }
 
+/// `v` with [`bwd_dq_stsm`]'s `BWD_DQ_STSM`: the fused backward and `bwd_dq_convert` both take
+/// their variant through here, so the partials' dim order and the converter's always agree
+/// (session 26 built the converter without it: wrong dQ, caught by the bitwise GPU test).
+fn with_dq_stsm(v: Variant) -> Variant {
+    if bwd_dq_stsm() {
+        v.define("BWD_DQ_STSM", 1)
+    } else {
+        v
+    }
+}
+
 /// The v4 backward's dS block maxima reduced over the warp by one `redux.sync` on the maximum's
 /// bits and over the thread's 16 values as a tree (`BWD_REDUX`: 1,204 -> 1,186 SASS per interior
 /// step at d = 128, 907 -> 891 at 64; bitwise the same gradients). On by default since session 17
@@ -826,9 +837,7 @@ impl Attention {
         if !bwd_redux() {
             v.0 = v.0.define("BWD_REDUX", 0);
         }
-        if bwd_dq_stsm() {
-            v.0 = v.0.define("BWD_DQ_STSM", 1);
-        }
+        v.0 = with_dq_stsm(v.0);
         if bwd_cols_tma(hd, self.bwd_key_blocks()) {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
@@ -1368,13 +1377,9 @@ impl Attention {
         let vt = self.bwd_vt_xpose(plan);
         let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up(), kd, vt)?;
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
-        // (BWD_DQ_STSM: the converter undoes the partials' dim order, so it is built with them)
-        let cv = if bwd_dq_stsm() {
-            v.clone().define("BWD_DQ_STSM", 1)
-        } else {
-            v.clone()
-        };
-        let convert = self.gpu.function("attn_bwd_v4.cu", &cv, "bwd_dq_convert", 0)?;
+        let convert = self
+            .gpu
+            .function("attn_bwd_v4.cu", &with_dq_stsm(v), "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
         let hkc = s.heads_kv / bw.chunks;
         // dQ accumulator rows: padded positions when each query tile's first partial is stored
