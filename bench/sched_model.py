@@ -20,6 +20,8 @@ kernel is memory-bound in that order.
 
     python3 bench/sched_model.py                      # the table of session 11 (docs/perf.md)
     python3 bench/sched_model.py --workload 16x4096 --L 3
+    python3 bench/sched_model.py --fwd --workload 4x16384      # the forward's head groups (session 28)
+    python3 bench/sched_model.py --l2 50 --heads 8 --group 2    # the backward's, per 8-head chunk
 """
 import argparse
 import heapq
@@ -43,9 +45,13 @@ def steps(n, k0):
     return -(-(n - k0) // BQT)
 
 
+GROUP = None  # --group: query heads per group of the downward list (sched.rs HEAD_GROUP)
+
+
 def order(tiles, heads, up):
-    """BwdSchedule's list: (tile, head) longest first, the heads of a tile adjacent; or every
-    document walking up: documents longest first, each head's key tiles highest first."""
+    """BwdSchedule's list: (tile, head) longest first, the heads of a tile adjacent (in groups of
+    GROUP heads, each group longest first, when set); or every document walking up: documents
+    longest first, each head's key tiles highest first."""
     if up:
         docs = {}
         for i, t in enumerate(tiles):
@@ -53,7 +59,29 @@ def order(tiles, heads, up):
         return [(i, h) for d in sorted(docs, key=lambda d: (-tiles[docs[d][0]][1], d))
                 for h in range(heads) for i in reversed(docs[d])]
     o = sorted(range(len(tiles)), key=lambda i: (-steps(tiles[i][1], tiles[i][2]), i))
-    return [(t, h) for t in o for h in range(heads)]
+    g = GROUP or heads
+    return [(t, h) for g0 in range(0, heads, g) for t in o for h in range(g0, min(heads, g0 + g))]
+
+
+def fwd_dram(lens, heads, ctas, group, l2_mb, d=128):
+    """The forward's list (FwdSchedule, longest first, in groups of `group` heads) on `ctas`
+    persistent CTAs, one time unit per key tile: (makespan, GB of K and dim-major V read from
+    DRAM through an LRU cache of `l2_mb` MB, 2 x 128 x d bytes per key tile)."""
+    tiles = [(doc, n, q0) for doc, n in enumerate(lens) for q0 in range(0, n, 128)]
+    cost = [-(-min(n, q0 + 128) // 128) for _, n, q0 in tiles]
+    o = sorted(range(len(tiles)), key=lambda t: (-cost[t], t))
+    items = [(t, h) for g0 in range(0, heads, group) for t in o for h in range(g0, min(heads, g0 + group))]
+    q = [(0.0, c) for c in range(ctas)]
+    heapq.heapify(q)
+    trace, end = [], 0.0
+    for t, h in items:
+        s, c = heapq.heappop(q)
+        doc = tiles[t][0]
+        trace += [(s + k, ("kv", h, doc, k), 2 * 128 * d, False) for k in range(cost[t])]
+        end = max(end, s + cost[t])
+        heapq.heappush(q, (s + cost[t], c))
+    rd, _ = dram_bytes(trace, l2_mb * 2**20)
+    return end, rd / 1e9
 
 
 def run(lens, heads, ctas, up, claim_at_start, T=1.0, L=1.0, r=0.2, E=0.5, trace=None):
@@ -125,7 +153,19 @@ def main():
     ap.add_argument("--bw", type=float, default=3.5, help="DRAM TB/s for --l2 (H200 copy: about 4.2)")
     ap.add_argument("--step-us", type=float, default=2.92,
                     help="one step per SM, us (session 11: 93.1 ms / 31,837 steps per SM at 1x65536)")
+    ap.add_argument("--group", type=int, help="query heads per group of the downward list (default: all)")
+    ap.add_argument("--fwd", action="store_true",
+                    help="the forward's list per head group (16, 8, 4, 2, 1): makespan and K/V GB from DRAM through --l2 MB (default 50)")
     a = ap.parse_args()
+    global GROUP
+    GROUP = a.group
+    if a.fwd:
+        print("workload   group  makespan  K/V from DRAM GB")
+        for w in a.workload or ["1x65536", "4x16384", "8x8192", "16x4096"]:
+            for g in (16, 8, 4, 2, 1):
+                end, gb = fwd_dram(WORKLOADS[w], a.heads, a.ctas, g, a.l2 or 50)
+                print(f"{w:<10} {g:5d} {end:9.0f} {gb:16.2f}")
+        return
     if a.l2:
         print("workload   walk  claim   DRAM read GB  written GB   DRAM ms   steps ms")
         for w in a.workload or ["64x1024", "16x4096", "8x8192", "1x65536"]:

@@ -395,6 +395,35 @@ fn dq_partials_by_stmatrix_give_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn head_groups_of_the_work_lists_give_bitwise_the_same() {
+    // The work lists' head groups (FLAMIA_FWD_HEAD_GROUP / FLAMIA_BWD_HEAD_GROUP; unset: two
+    // heads, or larger where a long document would wait, src/gpu/sched.rs) only reorder the
+    // items: the forward's are independent, and the backward adds each query tile's dQ partials
+    // in its semaphore's key order and a GQA group's dK/dV partials in head order, whatever order
+    // the items run in. So bitwise the same output and gradients with one head per group, two,
+    // and every head at once: both walks, GQA and not, both head dims, and on three CTAs.
+    let gpu = gpu();
+    let lens: &[usize] = &[1100, 2048, 517, 64, 1];
+    for (up, ctas) in [("0", None), ("9", None), ("0", Some("3"))] {
+        let _up = EnvGuard::set("FLAMIA_BWD_UP_TILES", up);
+        let _ctas = ctas.map(|c| EnvGuard::set("FLAMIA_BWD_CTAS", c));
+        for (hq, hkv, hd) in [(4, 2, 128), (4, 4, 64), (8, 2, 128)] {
+            let shape = VarlenShape::from_lens(lens, hq, hkv, hd).unwrap();
+            with_seeds(
+                &format!("head groups, up to {up} tiles up, {hq}/{hkv} heads, d = {hd}, CTAs {ctas:?}"),
+                |mut rng| {
+                    let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+                    for var in ["FLAMIA_FWD_HEAD_GROUP", "FLAMIA_BWD_HEAD_GROUP"] {
+                        same_bits_whatever(&gpu, &call, var, &["1", "2", "64"]);
+                    }
+                },
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn v_token_major_made_by_the_consumers_gives_bitwise_the_same() {
     // FLAMIA_BWD_VT_XPOSE=1 (unset: the default for short and mid-length documents, all of
     // these) has the v4 backward TMA-load V's dim-major copy (the forward's operand) into its

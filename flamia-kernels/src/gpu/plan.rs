@@ -46,8 +46,14 @@ pub struct PlanTables {
 }
 
 impl PlanTables {
-    /// Builds the tables; `causal` orders tiles by the key (or query) tiles they visit.
+    /// Builds the tables; `causal` orders tiles by the key (or query) tiles they visit; the work
+    /// lists' head groups are chosen for an H100/H200's 132 SMs ([`PlanTables::for_ctas`]).
     pub fn new(shape: &VarlenShape, causal: bool) -> Self {
+        Self::for_ctas(shape, causal, 132)
+    }
+
+    /// [`PlanTables::new`] for persistent kernels of `ctas` CTAs (the GPU's SMs).
+    pub fn for_ctas(shape: &VarlenShape, causal: bool, ctas: usize) -> Self {
         let mut blocks = Vec::new();
         let mut tiles = Vec::new();
         let mut pad = 0usize;
@@ -100,8 +106,14 @@ impl PlanTables {
             tpad,
             chunks: chunk_tab,
             pad_tok,
-            fwd: FwdSchedule::new(shape, &pad_starts, causal),
-            bwd: BwdSchedule::new(shape, &pad_starts, causal, bwd_scratch_budget(), bwd_up_tiles()),
+            fwd: FwdSchedule::for_ctas(shape, &pad_starts, causal, ctas),
+            bwd: BwdSchedule::with_head_groups(
+                shape,
+                &pad_starts,
+                causal,
+                bwd_scratch_budget(),
+                bwd_up_tiles(),
+            ),
         }
     }
 }
@@ -163,7 +175,7 @@ impl Plan {
                 i32::MAX as usize / 256
             )));
         }
-        let tables = PlanTables::new(shape, causal);
+        let tables = PlanTables::for_ctas(shape, causal, gpu.sm_count().max(1) as usize);
         let flat = |v: &[[i32; 4]]| v.iter().flatten().copied().collect::<Vec<i32>>();
         let blocks = DeviceBuf::from_host(gpu, &flat(&tables.blocks))?;
         let chunks = DeviceBuf::from_host(gpu, &flat(&tables.chunks))?;

@@ -8,6 +8,16 @@
 //! kernel's atomic counter: the long documents' tiles start first and the short ones fill the
 //! tail.
 //!
+//! Both lists take the query heads in groups ([`HEAD_GROUP`] = 2 heads, whole GQA groups): every
+//! item of heads 0-1 longest first, then heads 2-3, and so on. With ~130 CTAs in flight, a tile's
+//! 16 heads side by side span every head's K/V (forward) or Q/dO/dQ rows (backward), and read
+//! each tile ~2x from DRAM; two heads keep them in L2 (forward -3..-9%, backward -4..-8% at long
+//! documents, docs/perf.md "Session 28"). The forward takes larger groups where two heads would
+//! make a long document's items wait for the earlier groups ([`HEAD_GROUP_SLACK`] of a list
+//! makespan model); the backward groups only its downward walks, and only where a larger
+//! group's rows would not fit L2 ([`BWD_GROUP_BYTES`]): a smaller group has more of one head's
+//! key tiles in flight, a longer pipeline on each query tile's semaphore.
+//!
 //! The v4 backward's unit of work is one 128-key tile of one document for one query head; its cost
 //! is the number of 64-query steps it walks (causal: from the tile to the document end). Items are
 //! sorted by descending cost with ties in document and tile order, the query heads of one tile
@@ -56,13 +66,99 @@ fn key_tiles(len: usize, q0: usize, causal: bool) -> usize {
 }
 
 /// Work items `tile * heads + head` of `tiles` ordered by descending `cost[tile]`, ties in tile
-/// order, the heads of one tile adjacent and ascending.
-fn longest_first(mut tiles: Vec<usize>, cost: &[usize], heads: usize) -> Vec<i32> {
+/// order, the heads of one tile adjacent and ascending; with `group < heads`, group by group of
+/// `group` heads (each group longest first), so fewer heads' K/V (forward) or Q/dO/dQ rows
+/// (backward) are in flight at once and more of each is read from L2 ([`HEAD_GROUP`]).
+fn longest_first(mut tiles: Vec<usize>, cost: &[usize], heads: usize, group: usize) -> Vec<i32> {
     tiles.sort_by_key(|&t| (std::cmp::Reverse(cost[t]), t));
-    tiles
-        .iter()
-        .flat_map(|&t| (0..heads).map(move |h| (t * heads + h) as i32))
+    let (tiles, group) = (&tiles, group.clamp(1, heads.max(1)));
+    (0..heads)
+        .step_by(group)
+        .flat_map(|g0| {
+            tiles
+                .iter()
+                .flat_map(move |&t| (g0..(g0 + group).min(heads)).map(move |h| (t * heads + h) as i32))
+        })
         .collect()
+}
+
+/// Query heads per group the work lists aim for ([`longest_first`]): with ~130 CTAs in flight,
+/// groups of 2 heads read each K/V tile (forward) and Q/dO/dQ tile (backward's downward walk)
+/// from L2 where a tile's 16 heads side by side read them ~2x from DRAM (docs/perf.md "Session
+/// 28": forward -3% at 1x65536, -9% at 4x16384; backward -4% / -8%).
+pub const HEAD_GROUP: usize = 2;
+
+/// Bytes of Q/dO/dQ rows the backward's downward-walking items of one head group may span before
+/// smaller groups are taken: a smaller group has more of one head's key tiles in flight, each
+/// waiting at every query tile for the lower key tiles' dQ partials (a longer semaphore
+/// pipeline), which only pays where the larger group's rows would not stay in the 50 MB L2
+/// (docs/perf.md "Session 28": two heads -3% at 4x16384 d = 64 (64 MiB), +3% at the lognormal
+/// workload's 4-head chunks at d = 64 (29 MiB)).
+pub const BWD_GROUP_BYTES: usize = 64 << 20;
+
+/// The backward's head group for `one` (its list with every head at once): whole GQA groups,
+/// at least [`HEAD_GROUP`] heads, doubling while twice the group's downward-walk bytes (Q and dO
+/// tiles in both layouts and the FP32 dQ rows: 8 bytes per token and dim, over the documents
+/// that walk down) stay within [`BWD_GROUP_BYTES`], at most a chunk's heads.
+fn bwd_head_group(one: &BwdSchedule, shape: &VarlenShape) -> usize {
+    let (hq, hkv) = (shape.heads_q, shape.heads_kv);
+    let down: usize = (one.tiles.iter())
+        .filter(|t| t[7] == 0 && t[3] == 0)
+        .map(|t| t[1] as usize)
+        .sum();
+    let per_head = down * 8 * shape.head_dim;
+    let chunk = one.chunk_heads(hq);
+    let mut g = whole_gqa_groups(Some(HEAD_GROUP), hq, hkv);
+    while g < chunk && 2 * g * per_head <= BWD_GROUP_BYTES {
+        g = whole_gqa_groups(Some(2 * g), hq, hkv);
+    }
+    g.min(chunk)
+}
+
+/// How much longer than every head's at once ([`list_makespan`]) a list of smaller head groups
+/// may run before larger groups are taken: where one document's long items would wait for the
+/// earlier groups (a long document among short ones), groups cost a tail.
+const HEAD_GROUP_SLACK: f64 = 0.01;
+
+/// Makespan of items of `costs` taken in list order by `ctas` persistent CTAs, each by the CTA
+/// that frees first, one unit more per item (its prologue and epilogue).
+fn list_makespan(costs: impl IntoIterator<Item = usize>, ctas: usize) -> usize {
+    use std::cmp::Reverse;
+    let mut free: std::collections::BinaryHeap<Reverse<usize>> =
+        std::iter::repeat_n(Reverse(0), ctas.max(1)).collect();
+    let mut end = 0;
+    for c in costs {
+        let Reverse(t) = free.pop().unwrap_or(Reverse(0));
+        end = end.max(t + c + 1);
+        free.push(Reverse(t + c + 1));
+    }
+    end
+}
+
+/// The forward's query heads per group: `FLAMIA_FWD_HEAD_GROUP` when set (an A/B knob), else
+/// the smallest of [`HEAD_GROUP`], doubling, whose list's `makespan` is within
+/// [`HEAD_GROUP_SLACK`] of every head's at once; rounded up to whole GQA groups, so the query
+/// heads sharing a KV head stay adjacent (their K/V in L2).
+fn fwd_head_group(heads_q: usize, heads_kv: usize, makespan: impl Fn(usize) -> usize) -> usize {
+    if let Some(g) = super::env_number::<usize>("FLAMIA_FWD_HEAD_GROUP") {
+        return whole_gqa_groups(Some(g), heads_q, heads_kv);
+    }
+    let bound = makespan(heads_q) as f64 * (1.0 + HEAD_GROUP_SLACK);
+    let mut g = whole_gqa_groups(Some(HEAD_GROUP), heads_q, heads_kv);
+    while g < heads_q && makespan(g) as f64 > bound {
+        g = whole_gqa_groups(Some(2 * g), heads_q, heads_kv);
+    }
+    g
+}
+
+/// `group` query heads (every head when `None` or 0) rounded up to whole GQA groups, at most
+/// `heads_q`.
+fn whole_gqa_groups(group: Option<usize>, heads_q: usize, heads_kv: usize) -> usize {
+    let per_kv = (heads_q / heads_kv.max(1)).max(1);
+    group
+        .filter(|&g| g > 0)
+        .map_or(heads_q, |g| g.div_ceil(per_kv) * per_kv)
+        .min(heads_q)
 }
 
 /// The v4 forward's work list.
@@ -75,12 +171,34 @@ pub struct FwdSchedule {
     pub items: Vec<i32>,
     /// Key tiles the query tiles visit, summed over the tiles (one head).
     pub key_tiles: usize,
+    /// Query heads per group of `items` ([`longest_first`]).
+    pub head_group: usize,
 }
 
 impl FwdSchedule {
     /// Tiles and items of `shape`; `pad_starts` are the documents' starts in the dim-major
     /// copies (the plan's padded layout).
     pub fn new(shape: &VarlenShape, pad_starts: &[usize], causal: bool) -> Self {
+        Self::grouped(shape, pad_starts, causal, shape.heads_q)
+    }
+
+    /// [`FwdSchedule::new`] with the items in head groups ([`fwd_head_group`]) for a launch of `ctas`
+    /// persistent CTAs.
+    pub fn for_ctas(shape: &VarlenShape, pad_starts: &[usize], causal: bool, ctas: usize) -> Self {
+        let build = |g| Self::grouped(shape, pad_starts, causal, g);
+        let makespan = |g| {
+            let s = build(g);
+            list_makespan(
+                (0..s.items.len()).map(|i| s.item_cost(i, shape.heads_q, causal)),
+                ctas,
+            )
+        };
+        build(fwd_head_group(shape.heads_q, shape.heads_kv, makespan))
+    }
+
+    /// [`FwdSchedule::new`] with the items in groups of `head_group` query heads
+    /// ([`longest_first`]).
+    pub fn grouped(shape: &VarlenShape, pad_starts: &[usize], causal: bool, head_group: usize) -> Self {
         let mut tiles = Vec::new();
         let mut cost = Vec::new();
         for (d, w) in shape.cu_seqlens.windows(2).enumerate() {
@@ -90,12 +208,13 @@ impl FwdSchedule {
                 cost.push(key_tiles(len, q0, causal));
             }
         }
-        let items = longest_first((0..cost.len()).collect(), &cost, shape.heads_q);
+        let items = longest_first((0..cost.len()).collect(), &cost, shape.heads_q, head_group);
         let key_tiles = cost.iter().sum();
         FwdSchedule {
             tiles,
             items,
             key_tiles,
+            head_group: head_group.clamp(1, shape.heads_q),
         }
     }
 
@@ -218,6 +337,8 @@ pub struct BwdSchedule {
     pub query_tiles: usize,
     /// Query-head chunks, one launch each ([`bwd_head_chunks`]).
     pub chunks: usize,
+    /// Query heads per group of the downward-walking items ([`longest_first`]), at most a chunk's.
+    pub head_group: usize,
 }
 
 impl BwdSchedule {
@@ -231,6 +352,45 @@ impl BwdSchedule {
         causal: bool,
         scratch_budget: Option<usize>,
         up_tiles: usize,
+    ) -> Self {
+        let heads = shape.heads_q;
+        Self::grouped(shape, pad_starts, causal, scratch_budget, up_tiles, heads)
+    }
+
+    /// [`BwdSchedule::new`] with the downward-walking items in head groups: the largest whole GQA
+    /// groups, from [`HEAD_GROUP`] heads up, whose downward walks span at most
+    /// [`BWD_GROUP_BYTES`] of Q/dO/dQ rows, every head of a chunk at once where those fit
+    /// (`FLAMIA_BWD_HEAD_GROUP` sets the group: an A/B knob).
+    pub fn with_head_groups(
+        shape: &VarlenShape,
+        pad_starts: &[usize],
+        causal: bool,
+        scratch_budget: Option<usize>,
+        up_tiles: usize,
+    ) -> Self {
+        let build = |g| Self::grouped(shape, pad_starts, causal, scratch_budget, up_tiles, g);
+        let (hq, hkv) = (shape.heads_q, shape.heads_kv);
+        if let Some(g) = super::env_number::<usize>("FLAMIA_BWD_HEAD_GROUP") {
+            return build(whole_gqa_groups(Some(g), hq, hkv));
+        }
+        let one = build(hq);
+        let g = bwd_head_group(&one, shape);
+        if g >= one.chunk_heads(hq) {
+            one
+        } else {
+            build(g)
+        }
+    }
+
+    /// [`BwdSchedule::new`] with the downward-walking items in groups of `head_group` query heads
+    /// ([`longest_first`]; within a chunk when the groups are smaller than it).
+    pub fn grouped(
+        shape: &VarlenShape,
+        pad_starts: &[usize],
+        causal: bool,
+        scratch_budget: Option<usize>,
+        up_tiles: usize,
+        head_group: usize,
     ) -> Self {
         let mut tiles = Vec::new();
         let mut cost = Vec::new();
@@ -267,7 +427,7 @@ impl BwdSchedule {
         });
         let chunks = bwd_head_chunks(qt0 * BWD_QT, tiles.len(), hq, hkv, budget);
         let down = (0..tiles.len()).filter(|&t| tiles[t][7] == 0).collect();
-        let mut all = longest_first(down, &cost, hq);
+        let mut all = longest_first(down, &cost, hq, head_group);
         up_docs.sort_by_key(|&(len, first, _)| (std::cmp::Reverse(len), first));
         // each head's key tiles of a document together: they share its Q/dO tiles and dQ rows
         // (bench/sched_model.py --l2: at 16x4096 2.0 GB of DRAM traffic against 21.8 with the
@@ -284,6 +444,7 @@ impl BwdSchedule {
             items,
             query_tiles: qt0,
             chunks,
+            head_group: head_group.clamp(1, hc),
         }
     }
 
@@ -345,6 +506,97 @@ mod tests {
                 assert_eq!(c.iter().map(|x| x % 4).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
             }
         }
+    }
+
+    #[test]
+    fn head_groups_take_every_item_once_each_group_longest_first() {
+        let shape = VarlenShape::from_lens(&[100, 1000, 129, 256], 8, 4, 128).unwrap();
+        let one = FwdSchedule::new(&shape, &pads(&shape), true);
+        assert_eq!(FwdSchedule::grouped(&shape, &pads(&shape), true, 8), one);
+        for group in [1, 2, 4] {
+            let s = FwdSchedule::grouped(&shape, &pads(&shape), true, group);
+            let mut seen = s.items.clone();
+            seen.sort();
+            assert_eq!(seen, (0..13 * 8).collect::<Vec<i32>>());
+            for (g, items) in s.items.chunks(13 * group).enumerate() {
+                // the group's heads only, each tile's heads adjacent, the tiles longest first
+                assert!(items.iter().all(|&it| it as usize % 8 / group == g));
+                let costs: Vec<usize> = items
+                    .iter()
+                    .map(|&it| {
+                        key_tiles(
+                            s.tiles[it as usize / 8][1] as usize,
+                            s.tiles[it as usize / 8][3] as usize,
+                            true,
+                        )
+                    })
+                    .collect();
+                assert!(costs.windows(2).all(|w| w[0] >= w[1]), "group {g}: {costs:?}");
+                for c in items.chunks(group) {
+                    assert!(c.iter().all(|x| x / 8 == c[0] / 8));
+                }
+            }
+        }
+        // rounded up to whole GQA groups (2 query heads per KV head here), at most every head
+        assert_eq!(whole_gqa_groups(Some(1), 8, 4), 2);
+        assert_eq!(whole_gqa_groups(Some(3), 8, 4), 4);
+        assert_eq!(whole_gqa_groups(Some(64), 8, 4), 8);
+        assert_eq!(whole_gqa_groups(Some(0), 8, 4), 8);
+        assert_eq!(whole_gqa_groups(None, 8, 8), 8);
+        assert_eq!(whole_gqa_groups(Some(1), 8, 8), 1);
+    }
+
+    #[test]
+    fn head_groups_are_two_heads_where_they_keep_rows_in_l2_and_no_document_waits() {
+        let group = |lens: &[usize], hq, hkv, hd| {
+            let shape = VarlenShape::from_lens(lens, hq, hkv, hd).unwrap();
+            let p = pads(&shape);
+            let f = FwdSchedule::for_ctas(&shape, &p, true, 132);
+            let b = BwdSchedule::with_head_groups(&shape, &p, true, None, BWD_UP_TILES);
+            (f.head_group, b.head_group, b.chunk_heads(hq))
+        };
+        // long documents of one length: two heads (GQA: whole groups of 4 query heads); the
+        // backward in chunks of 8 heads (two launches, the scratch budget)
+        assert_eq!(group(&[65536], 16, 16, 128), (2, 2, 8));
+        assert_eq!(group(&[16384; 4], 16, 16, 128), (2, 2, 8));
+        assert_eq!(group(&[16384; 4], 16, 16, 64), (2, 2, 8));
+        assert_eq!(group(&[16384; 4], 32, 8, 128), (4, 4, 4));
+        // short documents all walk up: the backward's list is one group
+        assert_eq!(group(&[256; 256], 16, 16, 128), (2, 16, 16));
+        // the lognormal workload: one 14,975-token document walks down, in 4-head chunks; its
+        // rows for 4 heads (29 MiB at d = 64, 58 MiB at 128) stay in L2, so the whole chunk
+        let lognormal = crate::gpu::bench::workload("lognormal").unwrap();
+        assert_eq!(group(&lognormal, 16, 16, 64), (2, 4, 4));
+        assert_eq!(group(&lognormal, 16, 16, 128), (2, 4, 4));
+        let shape = VarlenShape::from_lens(&lognormal, 16, 16, 64).unwrap();
+        let b = BwdSchedule::with_head_groups(&shape, &pads(&shape), true, None, BWD_UP_TILES);
+        assert_eq!(
+            b,
+            BwdSchedule::new(&shape, &pads(&shape), true, None, BWD_UP_TILES)
+        );
+        // one 8,192-token document among 224 of 256 tokens: in groups of two heads its longest
+        // query tiles (64 key tiles) would start after 7/8 of the forward's work (+5% makespan)
+        let mixed: Vec<usize> = std::iter::once(8192)
+            .chain(std::iter::repeat_n(256, 224))
+            .collect();
+        let (f, _, _) = group(&mixed, 16, 16, 128);
+        assert!(f > 2, "{f}");
+        let shape = VarlenShape::from_lens(&mixed, 16, 16, 128).unwrap();
+        let makespan = |g| {
+            let s = FwdSchedule::grouped(&shape, &pads(&shape), true, g);
+            list_makespan((0..s.items.len()).map(|i| s.item_cost(i, 16, true)), 132)
+        };
+        assert!(makespan(2) as f64 > 1.03 * makespan(16) as f64);
+        assert!(makespan(f) as f64 <= 1.01 * makespan(16) as f64);
+    }
+
+    #[test]
+    fn list_makespan_takes_each_item_on_the_first_free_cta() {
+        // one unit of overhead per item
+        assert_eq!(list_makespan([4, 1, 1, 1], 2), 6);
+        assert_eq!(list_makespan([1, 1, 1, 4], 2), 7);
+        assert_eq!(list_makespan([3; 6], 3), 8);
+        assert_eq!(list_makespan([], 3), 0);
     }
 
     #[test]
@@ -511,8 +763,10 @@ mod tests {
         // only ever waits for items listed before it, so even one CTA finishes.
         let lens = [100, 1000, 129, 600, 2100, 64, 300];
         let shape = VarlenShape::from_lens(&lens, 4, 2, 128).unwrap();
-        for (causal, up_tiles) in [(true, 0), (true, 5), (true, 100), (false, 5)] {
-            let s = BwdSchedule::new(&shape, &pads(&shape), causal, Some(BWD_SCRATCH_BUDGET), up_tiles);
+        let cases = [(true, 0), (true, 5), (true, 100), (false, 5)];
+        for ((causal, up_tiles), group) in cases.into_iter().flat_map(|c| [4, 2, 1].map(|g| (c, g))) {
+            let budget = Some(BWD_SCRATCH_BUDGET);
+            let s = BwdSchedule::grouped(&shape, &pads(&shape), causal, budget, up_tiles, group);
             // a GQA group's query heads (2 per KV head here) listed in ascending order per key
             // tile: the order the kernel sums their dK/dV partials in
             let mut last: std::collections::HashMap<(usize, usize), usize> = Default::default();
