@@ -2,18 +2,21 @@
 # Prepared in session 28 for the next session (H200). Stage as device_s28.sh says (strip, drop
 # bridge_cuda / model_cuda, copy .whl in, tar to .device-carry/z/bwd4.tgz, carry .device-carry/z).
 # Device: tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && mv .device-carry/bwd4/.whl .whl &&
-#   bash bench/device_s29.sh va|d64
+#   bash bench/device_s29.sh va|d64|pt
 # `va` (~8 minutes): the forward's head groups at lognormal and 256x256, the two workloads whose
 #   forward lost with two-head groups in session 28 (default against FLAMIA_FWD_HEAD_GROUP=64,
 #   d = 128 and 64, two rounds), then the standing on session 28's tree (bench/vs-anchors.sh:
 #   ours, anchors.py, cuDNN FP8, ours again).
 # `d64` (~5 minutes): the d = 64 standing (ANCHOR_HEAD_DIM=64 anchors beside ours).
+# `pt` (~4 minutes): FWD_PT_PREFIX (session 28, CPU only: the per-token masked key tile from
+#   prefix maxima, 1,469 -> 1,093 SASS per tile): its bitwise GPU test, then `--causally-safe`
+#   with FLAMIA_FWD_PT_PREFIX=1 against without, and the default beside them, two rounds.
 # The whole GPU suite: bench/device_suite.sh 1 and 2 (a call each).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s29.sh va|d64}
+mode=${1:?usage: device_s29.sh va|d64|pt}
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 if [ "$mode" = va ]; then
@@ -33,8 +36,20 @@ if [ "$mode" = va ]; then
 elif [ "$mode" = d64 ]; then
   echo "=== the d = 64 standing against the anchors"; date
   ANCHOR_HEAD_DIM=64 B=$C/flamia O=$O/va64 timeout 560 bash bench/vs-anchors.sh --head-dim 64 2>&1 | tail -16
+elif [ "$mode" = pt ]; then
+  echo "=== FWD_PT_PREFIX: bitwise test"; date
+  timeout 150 $C/gpu_attention --ignored --exact per_token_masked_tiles_from_prefix_maxima_give_bitwise_the_same \
+    --test-threads=1 2>&1 | grep -E "^test |test result|panicked|left|right"
+  for r in 1 2; do
+    for v in default safe safe-prefix; do
+      e=(X=1); a=(); [ $v != default ] && a=(--causally-safe)
+      [ $v = safe-prefix ] && e=(FLAMIA_FWD_PT_PREFIX=1)
+      echo "--- $v r$r"
+      env "${e[@]}" timeout 90 $C/flamia bench attention "${a[@]}" 2>&1 | grep -E "^[0-9]|^lognormal"
+    done
+  done
 else
-  echo "device_s29.sh: the mode is va or d64, not '$mode'" >&2; exit 2
+  echo "device_s29.sh: the mode is va, d64 or pt, not '$mode'" >&2; exit 2
 fi
 nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader
 date

@@ -155,3 +155,90 @@ fn block_exponent_is_the_smallest_exponent_that_does_not_clip() {
         x *= 1.37;
     }
 }
+
+/// `exp2i` of `cuda/attn_common.cuh`: 2^n with n clamped to [-126, 127], built from bits.
+fn exp2i(n: i32) -> f32 {
+    f32::from_bits(((n.clamp(-126, 127) + 127) as u32) << 23)
+}
+
+/// The GPU's FMUL with flush-to-zero (`ftz`) or with subnormals kept.
+fn mul(a: f32, b: f32, ftz: bool) -> f32 {
+    let r = a * b;
+    if ftz && r.abs() < f32::MIN_POSITIVE {
+        0.0
+    } else {
+        r
+    }
+}
+
+/// Cases (p, eV of the key, Ev of the row, E0 of the tile) with the key visible to the row
+/// (eV <= Ev) and E0 <= Ev <= E0 + `spread`; p an ex2 output in (0, 1], over every exponent.
+fn fold_cases(spread: i32, n: usize) -> impl Iterator<Item = (f32, i32, i32, i32)> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..n).map(move |i| {
+        let r = next();
+        let mant = 1.0 + (r >> 40) as f32 / (1u64 << 24) as f32;
+        let e = -(((r >> 8) % 131) as i32); // 2^0 .. 2^-130 (subnormal p too)
+        let p = if i % 7 == 0 {
+            1.0
+        } else {
+            (mant * 2f32.powi(e)).min(1.0)
+        };
+        let e0 = ((r >> 16) % 255) as i32 - 127;
+        let ev_row = e0 + ((r >> 24) % (spread as u64 + 1)) as i32;
+        let ev = if i % 5 == 0 {
+            ev_row
+        } else {
+            ev_row - ((r >> 32) % 260) as i32
+        };
+        (p, ev, ev_row, e0)
+    })
+}
+
+/// FWD_PT_PREFIX (`cuda/softmax.cuh`): the per-token masked tile folds V's exponent in two
+/// products, (p * 2^(eV + 8 - E0)) * 2^(E0 - Ev), where today's loop takes p * 2^(eV - Ev + 8).
+/// The E4M3 codes of P' must be the same, with subnormals kept or flushed, wherever the tile's
+/// eV spread (max eV - E0, which bounds Ev - E0) is at most 119; at 120 the first factor,
+/// 2^128, is out of FP32's range (exp2i clamps it to 2^127, a plain product would overflow):
+/// why the kernel falls back to today's loop there.
+#[test]
+fn two_product_v_fold_gives_the_same_e4m3_codes_within_the_spread_limit() {
+    for ftz in [false, true] {
+        let mut checked = 0;
+        for (p, ev, ev_row, e0) in fold_cases(119, 400_000) {
+            let p = mul(p, 1.0, ftz);
+            let old = mul(p, exp2i(ev - ev_row + 8), ftz);
+            let new = mul(mul(p, exp2i(ev + 8 - e0), ftz), exp2i(e0 - ev_row), ftz);
+            assert!(new.is_finite(), "p {p:e}, eV {ev}, Ev {ev_row}, E0 {e0}: {new}");
+            assert_eq!(
+                e4m3_encode(old),
+                e4m3_encode(new),
+                "ftz {ftz}: p {p:e}, eV {ev}, Ev {ev_row}, E0 {e0}: {old:e} vs {new:e}"
+            );
+            if old >= 2f32.powi(-10) {
+                assert_eq!(
+                    old.to_bits(),
+                    new.to_bits(),
+                    "p {p:e}, eV {ev}, Ev {ev_row}, E0 {e0}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 10_000, "{checked} cases with a non-zero code");
+    }
+    // past the limit: eV = Ev = E0 + 120, p = 0.99: the first factor clamps to 2^127
+    let (p, e0, ev) = (0.99f32, 0, 120);
+    let new = (p * exp2i(ev + 8 - e0)) * exp2i(e0 - ev);
+    let old = p * exp2i(8);
+    assert_ne!(
+        e4m3_encode(old),
+        e4m3_encode(new),
+        "the fallback would not be needed at 120"
+    );
+}
