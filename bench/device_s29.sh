@@ -3,10 +3,11 @@
 # bridge_cuda / model_cuda, copy .whl in, tar to .device-carry/z/bwd4.tgz, carry .device-carry/z).
 # Device: tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && mv .device-carry/bwd4/.whl .whl &&
 #   bash bench/device_s29.sh va|d64|pt
-# `va` (~8 minutes): the forward's head groups at lognormal and 256x256, the two workloads whose
-#   forward lost with two-head groups in session 28 (default against FLAMIA_FWD_HEAD_GROUP=64,
-#   d = 128 and 64, two rounds), then the standing on session 28's tree (bench/vs-anchors.sh:
-#   ours, anchors.py, cuDNN FP8, ours again).
+# `va` (~8 minutes): the forward's head groups at lognormal (+2.3% forward at d = 64 with
+#   groups in session 28), 64x1024 (the shortest that groups, FWD_GROUP_MIN_TILES) and 256x256
+#   (which no longer groups: the two runs should agree), default against
+#   FLAMIA_FWD_HEAD_GROUP=64, d = 128 and 64, two rounds; then the standing on session 28's tree
+#   (bench/vs-anchors.sh: ours, anchors.py, cuDNN FP8, ours again).
 # `d64` (~5 minutes): the d = 64 standing (ANCHOR_HEAD_DIM=64 anchors beside ours).
 # `pt` (~4 minutes): FWD_PT_PREFIX (session 28, CPU only: the per-token masked key tile from
 #   prefix maxima, 1,469 -> 1,093 SASS per tile): its bitwise GPU test, then `--causally-safe`

@@ -12,9 +12,11 @@
 //! item of heads 0-1 longest first, then heads 2-3, and so on. With ~130 CTAs in flight, a tile's
 //! 16 heads side by side span every head's K/V (forward) or Q/dO/dQ rows (backward), and read
 //! each tile ~2x from DRAM; two heads keep them in L2 (forward -3..-9%, backward -4..-8% at long
-//! documents, docs/perf.md "Session 28"). The forward takes larger groups where two heads would
-//! make a long document's items wait for the earlier groups ([`HEAD_GROUP_SLACK`] of a list
-//! makespan model); the backward groups only its downward walks, and only where a larger
+//! documents, docs/perf.md "Session 28"). The forward keeps every head at once where its query
+//! tiles visit few key tiles ([`FWD_GROUP_MIN_TILES`]: nothing to share, and two heads read 128
+//! bytes of each token's 2 KB rows), and takes larger groups where two heads would make a long
+//! document's items wait for the earlier groups ([`HEAD_GROUP_SLACK`] of a list makespan
+//! model); the backward groups only its downward walks, and only where a larger
 //! group's rows would not fit L2 ([`BWD_GROUP_BYTES`]): a smaller group has more of one head's
 //! key tiles in flight, a longer pipeline on each query tile's semaphore.
 //!
@@ -135,6 +137,18 @@ fn list_makespan(costs: impl IntoIterator<Item = usize>, ctas: usize) -> usize {
     end
 }
 
+/// Mean key tiles per query tile below which the forward keeps every head at once: a query
+/// tile's K/V is then read by about one item, so groups save no DRAM reads, and with fewer heads
+/// in flight each Q/K/V/O box covers 128 bytes of every token's 2 KB row instead of the whole
+/// rows side by side (docs/perf.md "Session 28": two-head groups measured the forward +6% at
+/// 256x256, mean 1.5; -1.5% at 64x1024, 4.5; -3..-8% from 32x2048, 8.5, up).
+pub const FWD_GROUP_MIN_TILES: f64 = 4.0;
+
+/// Whether `FLAMIA_FWD_HEAD_GROUP` sets the forward's head group.
+fn fwd_head_group_set() -> bool {
+    super::env_number::<usize>("FLAMIA_FWD_HEAD_GROUP").is_some()
+}
+
 /// The forward's query heads per group: `FLAMIA_FWD_HEAD_GROUP` when set (an A/B knob), else
 /// the smallest of [`HEAD_GROUP`], doubling, whose list's `makespan` is within
 /// [`HEAD_GROUP_SLACK`] of every head's at once; rounded up to whole GQA groups, so the query
@@ -186,6 +200,10 @@ impl FwdSchedule {
     /// persistent CTAs.
     pub fn for_ctas(shape: &VarlenShape, pad_starts: &[usize], causal: bool, ctas: usize) -> Self {
         let build = |g| Self::grouped(shape, pad_starts, causal, g);
+        let one = build(shape.heads_q);
+        if one.mean_key_tiles() < FWD_GROUP_MIN_TILES && !fwd_head_group_set() {
+            return one;
+        }
         let makespan = |g| {
             let s = build(g);
             list_makespan(
@@ -561,10 +579,15 @@ mod tests {
         assert_eq!(group(&[16384; 4], 16, 16, 128), (2, 2, 8));
         assert_eq!(group(&[16384; 4], 16, 16, 64), (2, 2, 8));
         assert_eq!(group(&[16384; 4], 32, 8, 128), (4, 4, 4));
-        // short documents all walk up: the backward's list is one group
-        assert_eq!(group(&[256; 256], 16, 16, 128), (2, 16, 16));
-        // the lognormal workload: one 14,975-token document walks down, in 4-head chunks; its
-        // rows for 4 heads (29 MiB at d = 64, 58 MiB at 128) stay in L2, so the whole chunk
+        // short documents all walk up: the backward's list is one group; the forward's query
+        // tiles of 256 tokens (1.5 key tiles each) read their K/V once whatever the order
+        assert_eq!(group(&[256; 256], 16, 16, 128), (16, 16, 16));
+        // 1,024-token documents (4.5 key tiles per query tile) group, 512-token ones (2.5) not
+        assert_eq!(group(&[1024; 64], 16, 16, 128), (2, 16, 16));
+        assert_eq!(group(&[512; 128], 16, 16, 128), (16, 16, 16));
+        // the lognormal workload (21 key tiles per query tile: the forward groups): one
+        // 14,975-token document walks down, in 4-head chunks; its rows for 4 heads (29 MiB at
+        // d = 64, 58 MiB at 128) stay in L2, so the backward takes the whole chunk
         let lognormal = crate::gpu::bench::workload("lognormal").unwrap();
         assert_eq!(group(&lognormal, 16, 16, 64), (2, 4, 4));
         assert_eq!(group(&lognormal, 16, 16, 128), (2, 4, 4));
