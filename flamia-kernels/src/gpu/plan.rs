@@ -113,6 +113,7 @@ impl PlanTables {
                 causal,
                 bwd_scratch_budget(),
                 bwd_up_tiles(),
+                ctas,
             ),
         }
     }

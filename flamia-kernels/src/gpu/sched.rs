@@ -16,7 +16,8 @@
 //! tiles visit few key tiles ([`FWD_GROUP_MIN_TILES`]: nothing to share, and two heads read 128
 //! bytes of each token's 2 KB rows), and takes larger groups where two heads would make a long
 //! document's items wait for the earlier groups ([`HEAD_GROUP_SLACK`] of a list makespan
-//! model); the backward groups only its downward walks, and only where a larger
+//! model); the backward groups only its downward walks, with enough heads that no (document,
+//! head) has more than [`BWD_CHAIN_TILES`] key tiles in flight, and only where a larger
 //! group's rows would not fit L2 ([`BWD_GROUP_BYTES`]): a smaller group has more of one head's
 //! key tiles in flight, a longer pipeline on each query tile's semaphore.
 //!
@@ -98,19 +99,26 @@ pub const HEAD_GROUP: usize = 2;
 /// workload's 4-head chunks at d = 64 (29 MiB)).
 pub const BWD_GROUP_BYTES: usize = 64 << 20;
 
-/// The backward's head group for `one` (its list with every head at once): whole GQA groups,
-/// at least [`HEAD_GROUP`] heads, doubling while twice the group's downward-walk bytes (Q and dO
-/// tiles in both layouts and the FP32 dQ rows: 8 bytes per token and dim, over the documents
-/// that walk down) stay within [`BWD_GROUP_BYTES`], at most a chunk's heads.
-fn bwd_head_group(one: &BwdSchedule, shape: &VarlenShape) -> usize {
+/// Key tiles of one (document, head) the backward's downward walk may have in flight before
+/// larger head groups are taken: they all start on the document's last query tile and wait
+/// there, and at each query tile after, for the lower key tiles' dQ partials, so the pipeline
+/// grows with them (docs/perf.md "Session 28": at 1x65536, 66 per chain with two heads measured
+/// 0.6% slower than 33 with four; at the lognormal workload's one long document, +3% at d = 64).
+pub const BWD_CHAIN_TILES: usize = 40;
+
+/// The backward's head group for `one` (its list with every head at once) on `ctas` CTAs: whole
+/// GQA groups, at least [`HEAD_GROUP`] heads and enough that `ctas` items spread over the
+/// downward-walking documents hold at most [`BWD_CHAIN_TILES`] key tiles per (document, head);
+/// doubling while twice the group's downward-walk bytes (Q and dO tiles in both layouts and the
+/// FP32 dQ rows: 8 bytes per token and dim, over the documents that walk down) stay within
+/// [`BWD_GROUP_BYTES`]; at most a chunk's heads.
+fn bwd_head_group(one: &BwdSchedule, shape: &VarlenShape, ctas: usize) -> usize {
     let (hq, hkv) = (shape.heads_q, shape.heads_kv);
-    let down: usize = (one.tiles.iter())
-        .filter(|t| t[7] == 0 && t[3] == 0)
-        .map(|t| t[1] as usize)
-        .sum();
-    let per_head = down * 8 * shape.head_dim;
+    let firsts = || one.tiles.iter().filter(|t| t[7] == 0 && t[3] == 0);
+    let per_head = firsts().map(|t| t[1] as usize).sum::<usize>() * 8 * shape.head_dim;
+    let chains = ctas.div_ceil(BWD_CHAIN_TILES * firsts().count().max(1));
     let chunk = one.chunk_heads(hq);
-    let mut g = whole_gqa_groups(Some(HEAD_GROUP), hq, hkv);
+    let mut g = whole_gqa_groups(Some(HEAD_GROUP.max(chains)), hq, hkv);
     while g < chunk && 2 * g * per_head <= BWD_GROUP_BYTES {
         g = whole_gqa_groups(Some(2 * g), hq, hkv);
     }
@@ -375,16 +383,16 @@ impl BwdSchedule {
         Self::grouped(shape, pad_starts, causal, scratch_budget, up_tiles, heads)
     }
 
-    /// [`BwdSchedule::new`] with the downward-walking items in head groups: the largest whole GQA
-    /// groups, from [`HEAD_GROUP`] heads up, whose downward walks span at most
-    /// [`BWD_GROUP_BYTES`] of Q/dO/dQ rows, every head of a chunk at once where those fit
-    /// (`FLAMIA_BWD_HEAD_GROUP` sets the group: an A/B knob).
+    /// [`BwdSchedule::new`] with the downward-walking items in head groups for launches of
+    /// `ctas` persistent CTAs ([`bwd_head_group`]; `FLAMIA_BWD_HEAD_GROUP` sets the group: an A/B
+    /// knob).
     pub fn with_head_groups(
         shape: &VarlenShape,
         pad_starts: &[usize],
         causal: bool,
         scratch_budget: Option<usize>,
         up_tiles: usize,
+        ctas: usize,
     ) -> Self {
         let build = |g| Self::grouped(shape, pad_starts, causal, scratch_budget, up_tiles, g);
         let (hq, hkv) = (shape.heads_q, shape.heads_kv);
@@ -392,7 +400,7 @@ impl BwdSchedule {
             return build(whole_gqa_groups(Some(g), hq, hkv));
         }
         let one = build(hq);
-        let g = bwd_head_group(&one, shape);
+        let g = bwd_head_group(&one, shape, ctas);
         if g >= one.chunk_heads(hq) {
             one
         } else {
@@ -570,12 +578,13 @@ mod tests {
             let shape = VarlenShape::from_lens(lens, hq, hkv, hd).unwrap();
             let p = pads(&shape);
             let f = FwdSchedule::for_ctas(&shape, &p, true, 132);
-            let b = BwdSchedule::with_head_groups(&shape, &p, true, None, BWD_UP_TILES);
+            let b = BwdSchedule::with_head_groups(&shape, &p, true, None, BWD_UP_TILES, 132);
             (f.head_group, b.head_group, b.chunk_heads(hq))
         };
         // long documents of one length: two heads (GQA: whole groups of 4 query heads); the
-        // backward in chunks of 8 heads (two launches, the scratch budget)
-        assert_eq!(group(&[65536], 16, 16, 128), (2, 2, 8));
+        // backward in chunks of 8 heads (two launches, the scratch budget), four heads for one
+        // document (33 of its key tiles per head in flight, not 66)
+        assert_eq!(group(&[65536], 16, 16, 128), (2, 4, 8));
         assert_eq!(group(&[16384; 4], 16, 16, 128), (2, 2, 8));
         assert_eq!(group(&[16384; 4], 16, 16, 64), (2, 2, 8));
         assert_eq!(group(&[16384; 4], 32, 8, 128), (4, 4, 4));
@@ -592,7 +601,7 @@ mod tests {
         assert_eq!(group(&lognormal, 16, 16, 64), (2, 4, 4));
         assert_eq!(group(&lognormal, 16, 16, 128), (2, 4, 4));
         let shape = VarlenShape::from_lens(&lognormal, 16, 16, 64).unwrap();
-        let b = BwdSchedule::with_head_groups(&shape, &pads(&shape), true, None, BWD_UP_TILES);
+        let b = BwdSchedule::with_head_groups(&shape, &pads(&shape), true, None, BWD_UP_TILES, 132);
         assert_eq!(
             b,
             BwdSchedule::new(&shape, &pads(&shape), true, None, BWD_UP_TILES)
