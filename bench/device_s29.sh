@@ -12,7 +12,7 @@
 # `pt` (~4 minutes): FWD_PT_PREFIX (session 28, CPU only: the per-token masked key tile from
 #   prefix maxima, 1,469 -> 1,093 SASS per tile): its bitwise GPU test, then `--causally-safe`
 #   with FLAMIA_FWD_PT_PREFIX=1 against without, and the default beside them, two rounds.
-# The whole GPU suite: bench/device_suite.sh 1 and 2 (a call each).
+# The whole GPU suite: bench/device_suite.sh 1, 2 and 3 (a call each).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
