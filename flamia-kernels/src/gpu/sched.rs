@@ -152,27 +152,6 @@ fn list_makespan(costs: impl IntoIterator<Item = usize>, ctas: usize) -> usize {
 /// 256x256, mean 1.5; -1.5% at 64x1024, 4.5; -3..-8% from 32x2048, 8.5, up).
 pub const FWD_GROUP_MIN_TILES: f64 = 4.0;
 
-/// Whether `FLAMIA_FWD_HEAD_GROUP` sets the forward's head group.
-fn fwd_head_group_set() -> bool {
-    super::env_number::<usize>("FLAMIA_FWD_HEAD_GROUP").is_some()
-}
-
-/// The forward's query heads per group: `FLAMIA_FWD_HEAD_GROUP` when set (an A/B knob), else
-/// the smallest of [`HEAD_GROUP`], doubling, whose list's `makespan` is within
-/// [`HEAD_GROUP_SLACK`] of every head's at once; rounded up to whole GQA groups, so the query
-/// heads sharing a KV head stay adjacent (their K/V in L2).
-fn fwd_head_group(heads_q: usize, heads_kv: usize, makespan: impl Fn(usize) -> usize) -> usize {
-    if let Some(g) = super::env_number::<usize>("FLAMIA_FWD_HEAD_GROUP") {
-        return whole_gqa_groups(Some(g), heads_q, heads_kv);
-    }
-    let bound = makespan(heads_q) as f64 * (1.0 + HEAD_GROUP_SLACK);
-    let mut g = whole_gqa_groups(Some(HEAD_GROUP), heads_q, heads_kv);
-    while g < heads_q && makespan(g) as f64 > bound {
-        g = whole_gqa_groups(Some(2 * g), heads_q, heads_kv);
-    }
-    g
-}
-
 /// `group` query heads (every head when `None` or 0) rounded up to whole GQA groups, at most
 /// `heads_q`.
 fn whole_gqa_groups(group: Option<usize>, heads_q: usize, heads_kv: usize) -> usize {
@@ -204,22 +183,32 @@ impl FwdSchedule {
         Self::grouped(shape, pad_starts, causal, shape.heads_q)
     }
 
-    /// [`FwdSchedule::new`] with the items in head groups ([`fwd_head_group`]) for a launch of `ctas`
-    /// persistent CTAs.
+    /// [`FwdSchedule::new`] with the items in head groups for a launch of `ctas` persistent CTAs:
+    /// `FLAMIA_FWD_HEAD_GROUP` when set (an A/B knob); else every head at once below
+    /// [`FWD_GROUP_MIN_TILES`], otherwise the smallest of [`HEAD_GROUP`], doubling, whose list's
+    /// [`list_makespan`] is within [`HEAD_GROUP_SLACK`] of every head's at once; rounded up to
+    /// whole GQA groups, so the query heads sharing a KV head stay adjacent (their K/V in L2).
     pub fn for_ctas(shape: &VarlenShape, pad_starts: &[usize], causal: bool, ctas: usize) -> Self {
         let build = |g| Self::grouped(shape, pad_starts, causal, g);
-        let one = build(shape.heads_q);
-        if one.mean_key_tiles() < FWD_GROUP_MIN_TILES && !fwd_head_group_set() {
+        let (hq, hkv) = (shape.heads_q, shape.heads_kv);
+        if let Some(g) = super::env_number::<usize>("FLAMIA_FWD_HEAD_GROUP") {
+            return build(whole_gqa_groups(Some(g), hq, hkv));
+        }
+        let one = build(hq);
+        if one.mean_key_tiles() < FWD_GROUP_MIN_TILES {
             return one;
         }
-        let makespan = |g| {
+        let makespan = |s: &Self| list_makespan((0..s.items.len()).map(|i| s.item_cost(i, hq, causal)), ctas);
+        let bound = makespan(&one) as f64 * (1.0 + HEAD_GROUP_SLACK);
+        let mut g = whole_gqa_groups(Some(HEAD_GROUP), hq, hkv);
+        while g < hq {
             let s = build(g);
-            list_makespan(
-                (0..s.items.len()).map(|i| s.item_cost(i, shape.heads_q, causal)),
-                ctas,
-            )
-        };
-        build(fwd_head_group(shape.heads_q, shape.heads_kv, makespan))
+            if makespan(&s) as f64 <= bound {
+                return s;
+            }
+            g = whole_gqa_groups(Some(2 * g), hq, hkv);
+        }
+        one
     }
 
     /// [`FwdSchedule::new`] with the items in groups of `head_group` query heads
