@@ -13,6 +13,8 @@
 #   prefix maxima, 1,469 -> 1,093 SASS per tile): its bitwise GPU test, then `--causally-safe`
 #   with FLAMIA_FWD_PT_PREFIX=1 against without, and the default beside them, two rounds.
 # The whole GPU suite: bench/device_suite.sh 1, 2 and 3 (a call each).
+# Run in session 29 (docs/perf.md "Session 29"). `pt`'s variant measured no gain and was removed
+# (eb76e61 has it), so `pt` now fails at its first step on binaries built after that.
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"

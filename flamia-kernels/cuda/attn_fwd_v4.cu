@@ -111,11 +111,6 @@ struct FwdV4Smem {
 #if PER_TOKEN_COLS
   float vf[FWD_STAGES][KT];  // 2^(eV - evt + 8) per key (0: no key): the interior tiles' P fold
   int evt[FWD_STAGES];       // max eV of the tile's keys
-#if FWD_PT_PREFIX
-  int evp[FWD_STAGES][KT];    // max eV over keys 0..c: the masked tiles' Ev per row (softmax.cuh)
-  float vf0[FWD_STAGES][KT];  // 2^(eV_c + 8 - E0), E0 = eV of key 0 (0: no key)
-  int e0[FWD_STAGES];         // E0, or FWD_PT_FALLBACK where the tile's max eV - E0 > 119
-#endif
 #endif
   ItemSlot item[QSLOTS];
   u64 q_full[QSLOTS], q_empty[QSLOTS], kv_full[FWD_STAGES], kv_empty[FWD_STAGES];
@@ -333,29 +328,6 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
 #pragma unroll
         for (int j = 0; j < 4; ++j) sm.vf[s][4 * lane + j] = ev[j] > -1000 ? exp2i(ev[j] - evt + 8) : 0.f;
         if (lane == 0) sm.evt[s] = evt;
-#if FWD_PT_PREFIX
-        // prefix maximum of eV over the tile's keys (key 4 lane + j): within the lane, then an
-        // inclusive scan over the lanes; keys past the document hold -1000 and move nothing
-        int pre[4];
-        pre[0] = ev[0];
-#pragma unroll
-        for (int j = 1; j < 4; ++j) pre[j] = max(pre[j - 1], ev[j]);
-        int run = pre[3];
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-          const int x = __shfl_up_sync(0xffffffffu, run, o);
-          run = lane >= o ? max(run, x) : run;
-        }
-        int before = __shfl_up_sync(0xffffffffu, run, 1);
-        before = lane == 0 ? -1000 : before;
-        const int e0 = __shfl_sync(0xffffffffu, ev[0], 0);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          sm.evp[s][4 * lane + j] = max(before, pre[j]);
-          sm.vf0[s][4 * lane + j] = ev[j] > -1000 ? exp2i(ev[j] + 8 - e0) : 0.f;
-        }
-        if (lane == 0) sm.e0[s] = evt - e0 <= 119 ? e0 : FWD_PT_FALLBACK;
-#endif
       }
       const u32 bar = smem_u32(&sm.kv_full[s]);
       if (lane == 0) {
@@ -478,12 +450,7 @@ __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[D
   fence_regs(sc);
   float alpha_o[2];
 #if PER_TOKEN_COLS
-#if FWD_PT_PREFIX
-  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], sm.vf[s], sm.evt[s], R0, mk, alpha_o,
-                       PtPrefix{sm.evp[s], sm.vf0[s], MASKED ? sm.e0[s] : FWD_PT_FALLBACK});
-#else
   softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], sm.vf[s], sm.evt[s], R0, mk, alpha_o);
-#endif
 #else
   softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], nullptr, 0, R0, mk, alpha_o);
 #endif

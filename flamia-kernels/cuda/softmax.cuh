@@ -25,35 +25,6 @@
 #ifndef PER_TOKEN_COLS
 #define PER_TOKEN_COLS 0
 #endif
-// FWD_PT_PREFIX (per-token scales only; an A/B knob, FLAMIA_FWD_PT_PREFIX=1): the masked key tile
-// takes each row's Ev = max eV over its visible keys from the producer's prefix maximum of eV
-// (visibility is a prefix of the columns: Ev_r = evp[last(r)], one load a row instead of a
-// compare, a select and a max per score and the quad shuffles), and folds V's exponent in two
-// products, P' = (p * 2^(eV_c + 8 - E0)) * 2^(E0 - Ev_r) with E0 the eV of the tile's first key
-// (the producer's vf0 per key; no row that sees any key misses key 0, so no future key moves
-// E0). Bitwise today's P' codes: where the exact P' >= 2^-10, both products are exact (the first
-// is >= P' and <= 2^127 while the tile's eV spread max - E0 <= 119, 2^(E0 - Ev_r) is in range);
-// below 2^-10 both forms give values under 2^-10, E4M3 zero either way. A tile whose spread
-// passes 119 (the first product could overflow) takes today's loop (e0 = FWD_PT_FALLBACK): the
-// same bits, so the choice, which depends on future keys' exponents, leaks nothing.
-#ifndef FWD_PT_PREFIX
-#define FWD_PT_PREFIX 0
-#endif
-#define FWD_PT_FALLBACK (-100000)
-// FWD_PT_CENSUS_FAST (instruction census builds only, scripts/kernel-regs.py: wrong results on a
-// tile that needs the fallback): the fast path alone, so its loop is counted without the other.
-#ifdef FWD_PT_CENSUS_FAST
-#define FWD_PT_FAST(e0) true
-#else
-#define FWD_PT_FAST(e0) ((e0) != FWD_PT_FALLBACK)
-#endif
-
-// FWD_PT_PREFIX's per-tile data (shared memory of the K/V stage).
-struct PtPrefix {
-  const int* evp;    // max eV over keys 0..c
-  const float* vf0;  // 2^(eV_c + 8 - E0) per key (0: no key)
-  int e0;            // E0, or FWD_PT_FALLBACK
-};
 #define KT 128  // keys per tile (the m64n128 score fragment above)
 
 // Visibility of (row R of the 128-row query tile, key column c of the 128-key tile).
@@ -96,8 +67,7 @@ __device__ __forceinline__ void update_max(RowState& st, const float (&tmax)[2],
 // max eV, which on an interior tile (every row sees every key) are exactly each row's Ev and fold.
 template <bool MASKED>
 __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const float* kf, const int* ev, const float* vf,
-                                             int evt, int R0, const TileMask& mk, float (&alpha_o)[2],
-                                             const PtPrefix& pt = PtPrefix{nullptr, nullptr, FWD_PT_FALLBACK}) {
+                                             int evt, int R0, const TileMask& mk, float (&alpha_o)[2]) {
   const int q = threadIdx.x & 3;
   float alpha[2], mref[2];
   int Ev[2];
@@ -194,39 +164,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
       const float p = fast_exp2(fmaf(s[i], st.qf[r], -mref[r]));
       ps[r] += p;
       s[i] = p * vf[c];
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) st.l[r] = fmaf(st.l[r], alpha[r], ps[r]);
-  } else if (FWD_PT_PREFIX && MASKED && FWD_PT_FAST(pt.e0)) {  // uniform over the tile
-    int lq[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int l = mk.last(R0 + 8 * r);
-      Ev[r] = l >= 0 ? pt.evp[l] : -1000;
-      lq[r] = l - 2 * q;
-    }
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
-      const bool ok = 8 * (i >> 2) + (i & 1) <= lq[r];
-      const float y = s[i] * kf[c];
-      s[i] = y;
-      tmax[r] = fmaxf(tmax[r], ok ? y : NEG_INF);
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) tmax[r] = tmax[r] == NEG_INF ? NEG_INF : tmax[r] * st.qf[r];
-    update_max(st, tmax, alpha, mref);
-    // 2^(E0 - Ev_r): in [2^-119, 1] for a row that sees a key; a row that sees none has p = 0
-    // (its 2^127, clamped, multiplies zeros)
-    const float rowf[2] = {exp2i(pt.e0 - Ev[0]), exp2i(pt.e0 - Ev[1])};
-    float ps[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
-      float p = fast_exp2(fmaf(s[i], st.qf[r], -mref[r]));
-      p = (8 * (i >> 2) + (i & 1) <= lq[r]) ? p : 0.f;
-      ps[r] += p;
-      s[i] = (p * pt.vf0[c]) * rowf[r];
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) st.l[r] = fmaf(st.l[r], alpha[r], ps[r]);

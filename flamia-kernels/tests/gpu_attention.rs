@@ -395,52 +395,6 @@ fn dq_partials_by_stmatrix_give_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn per_token_masked_tiles_from_prefix_maxima_give_bitwise_the_same() {
-    // FLAMIA_FWD_PT_PREFIX=1 (cuda/softmax.cuh FWD_PT_PREFIX, per-token scales): the forward's
-    // masked key tiles take each row's Ev from the producer's prefix maximum of eV and fold V's
-    // exponent in two products around the tile's first key; the same P' codes as today's loop
-    // (formats.rs `two_product_v_fold_...` checks the arithmetic on the CPU), so bitwise the
-    // same O, LSE and gradients. Documents ending mid-tile, a one-token one and partial query
-    // tiles (the second warpgroup's every tile masked), both head dims, causal and not; then V
-    // rows whose exponents alternate around each key tile's first key by 2^100 (the fast path at
-    // a large spread) and by 2^125 (past 119: the fallback to today's loop).
-    let gpu = gpu();
-    for hd in [128, 64] {
-        for causal in [true, false] {
-            let shape = VarlenShape::from_lens(&[300, 1, 65, 1100, 200], 4, 2, hd).unwrap();
-            with_seeds(
-                &format!("FLAMIA_FWD_PT_PREFIX, d = {hd}, causal {causal}"),
-                |mut rng| {
-                    let mut opts = AttnOptions::new(AttnPath::Mxfp8);
-                    opts.causal = causal;
-                    opts.precision.per_token_scales = true;
-                    let call = gauss_call(&mut rng, &shape, opts);
-                    same_bits_whatever(&gpu, &call, "FLAMIA_FWD_PT_PREFIX", &["1"]);
-                    for spread in [100, 125] {
-                        let mut c = call.clone();
-                        let row = c.shape.heads_kv * c.shape.head_dim;
-                        for w in c.shape.cu_seqlens.clone().windows(2) {
-                            for (i, v) in c.v[w[0] * row..w[1] * row].chunks_mut(row).enumerate() {
-                                // key 0 of every tile (even) low, the odd keys high
-                                let e = if i % 2 == 0 {
-                                    -(spread / 2)
-                                } else {
-                                    spread - spread / 2
-                                };
-                                let f = (e as f32).exp2();
-                                v.iter_mut().for_each(|x| *x *= f);
-                            }
-                        }
-                        same_bits_whatever(&gpu, &c, "FLAMIA_FWD_PT_PREFIX", &["1"]);
-                    }
-                },
-            );
-        }
-    }
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn head_groups_of_the_work_lists_give_bitwise_the_same() {
     // The work lists' head groups (FLAMIA_FWD_HEAD_GROUP / FLAMIA_BWD_HEAD_GROUP; unset: two
     // heads, or larger where a long document would wait, src/gpu/sched.rs) only reorder the

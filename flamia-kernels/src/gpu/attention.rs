@@ -73,11 +73,8 @@ fn stages_from_env(var: &str, allowed: std::ops::RangeInclusive<u32>, default: u
 /// kernel's static_assert checks it). Per-token scales add the interior tiles' per-key P folds
 /// (0.5 KB per stage).
 /// Writing Q's dim-major copy (`qd_write`, `FWD_QD_WRITE`) adds its staging tiles, 64 x hd x 2.
-/// `FWD_PT_PREFIX` ([`fwd_pt_prefix`]) adds the masked tiles' prefix maxima and folds (1 KB per
-/// stage) and their E0 (1 KB in all).
-fn smem_fwd4(stages: u32, hd: u32, per_token: bool, qd_write: bool, pt_prefix: bool) -> u32 {
-    let fold =
-        if per_token { stages.div_ceil(2) } else { 0 } + if per_token && pt_prefix { stages + 1 } else { 0 };
+fn smem_fwd4(stages: u32, hd: u32, per_token: bool, qd_write: bool) -> u32 {
+    let fold = if per_token { stages.div_ceil(2) } else { 0 };
     let qd = if qd_write { hd / 8 } else { 0 };
     (3 * hd / 8 + (hd / 4 + 1) * stages + 4 + fold + qd) * 1024
 }
@@ -100,26 +97,7 @@ fn forward_v4_variant(
     cw_const: bool,
     qd: Option<bool>,
 ) -> (Variant, u32) {
-    forward_v4_variant_with(per_token, stages, hd, cw_const, qd, fwd_pt_prefix())
-}
-
-/// `FLAMIA_FWD_PT_PREFIX=1` (an A/B knob, off by default until measured): the per-token masked
-/// key tile from the producer's prefix maximum of eV and a two-product V fold (`FWD_PT_PREFIX`,
-/// `cuda/softmax.cuh`), bitwise the same P' codes.
-pub fn fwd_pt_prefix() -> bool {
-    super::env_on("FLAMIA_FWD_PT_PREFIX")
-}
-
-/// [`forward_v4_variant`] with `FWD_PT_PREFIX` given (built only with per-token scales).
-fn forward_v4_variant_with(
-    per_token: bool,
-    stages: u32,
-    hd: u32,
-    cw_const: bool,
-    qd: Option<bool>,
-    pt_prefix: bool,
-) -> (Variant, u32) {
-    let smem = smem_fwd4(stages, hd, per_token, qd.is_some(), pt_prefix);
+    let smem = smem_fwd4(stages, hd, per_token, qd.is_some());
     let mut v = Variant::new()
         .define("HEAD_DIM", hd)
         .define("PER_TOKEN_COLS", per_token as u32)
@@ -130,9 +108,6 @@ fn forward_v4_variant_with(
     }
     if let Some(perm) = qd {
         v = v.define("FWD_QD_WRITE", 1).define("FWD_QD_PERM", perm as u32);
-    }
-    if per_token && pt_prefix {
-        v = v.define("FWD_PT_PREFIX", 1);
     }
     (v, smem)
 }
@@ -1603,8 +1578,8 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, forward_v4_variant,
-        forward_v4_variant_with, fwd_cw_const, parse_choice, parse_promote, short_items, smem_bwd4,
-        with_dq_bufs, with_early_factors, with_xposes, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
+        fwd_cw_const, parse_choice, parse_promote, short_items, smem_bwd4, with_dq_bufs, with_early_factors,
+        with_xposes, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
@@ -1730,14 +1705,6 @@ mod tests {
             // (with Q's dim-major copy written, FWD_QD_WRITE, in the backward's permuted order)
             for per_token in [false, true] {
                 let (v, _) = forward_v4_variant(per_token, 4, hd, true, Some(true));
-                compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
-                    .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
-            }
-            // the per-token masked tile from prefix maxima (FLAMIA_FWD_PT_PREFIX), both builds
-            // of the consumers, at the deepest ring (its shared memory the largest)
-            for (cw, stages, qd) in [(true, 4, Some(true)), (false, 5, None)] {
-                let (v, _) = forward_v4_variant_with(true, stages, hd, cw, qd, true);
-                assert!(v.key().contains("FWD_PT_PREFIX=1"), "{}", v.key());
                 compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
             }
