@@ -14,7 +14,8 @@
 //! each tile ~2x from DRAM; two heads keep them in L2 (forward -3..-9%, backward -4..-8% at long
 //! documents, docs/perf.md "Session 28"). The forward keeps every head at once where its query
 //! tiles visit few key tiles ([`FWD_GROUP_MIN_TILES`]: nothing to share, and two heads read 128
-//! bytes of each token's 2 KB rows), and takes larger groups where two heads would make a long
+//! bytes of each token's 2 KB rows), takes at least [`FWD_GROUP_ROW_BYTES`] of each token's K/V
+//! code row (four heads at d = 64), and takes larger groups where two heads would make a long
 //! document's items wait for the earlier groups ([`HEAD_GROUP_SLACK`] of a list makespan
 //! model); the backward groups only its downward walks, with enough heads that no (document,
 //! head) has more than [`BWD_CHAIN_TILES`] key tiles in flight, and only where a larger
@@ -152,6 +153,13 @@ fn list_makespan(costs: impl IntoIterator<Item = usize>, ctas: usize) -> usize {
 /// 256x256, mean 1.5; -1.5% at 64x1024, 4.5; -3..-8% from 32x2048, 8.5, up).
 pub const FWD_GROUP_MIN_TILES: f64 = 4.0;
 
+/// Bytes of each token's K (and V) code row the forward's head group spans at least: two heads
+/// at d = 128, four at d = 64. At d = 64 two heads read 128 contiguous bytes of every token's row
+/// and measured the forward +0..+7% slower than four (docs/perf.md "Session 29": lognormal 1.78
+/// -> 1.67 ms, 64x1024 0.435 -> 0.430, level at 1x65536 and 4x16384), while at d = 128 four heads
+/// were +0..+4% slower than two at 64x1024..4x16384.
+pub const FWD_GROUP_ROW_BYTES: usize = 256;
+
 /// `group` query heads (every head when `None` or 0) rounded up to whole GQA groups, at most
 /// `heads_q`.
 fn whole_gqa_groups(group: Option<usize>, heads_q: usize, heads_kv: usize) -> usize {
@@ -185,7 +193,8 @@ impl FwdSchedule {
 
     /// [`FwdSchedule::new`] with the items in head groups for a launch of `ctas` persistent CTAs:
     /// `FLAMIA_FWD_HEAD_GROUP` when set (an A/B knob); else every head at once below
-    /// [`FWD_GROUP_MIN_TILES`], otherwise the smallest of [`HEAD_GROUP`], doubling, whose list's
+    /// [`FWD_GROUP_MIN_TILES`], otherwise the smallest of [`HEAD_GROUP`] (at least
+    /// [`FWD_GROUP_ROW_BYTES`] of each token's K row: four heads at d = 64), doubling, whose list's
     /// [`list_makespan`] is within [`HEAD_GROUP_SLACK`] of every head's at once; rounded up to
     /// whole GQA groups, so the query heads sharing a KV head stay adjacent (their K/V in L2).
     pub fn for_ctas(shape: &VarlenShape, pad_starts: &[usize], causal: bool, ctas: usize) -> Self {
@@ -200,7 +209,8 @@ impl FwdSchedule {
         }
         let makespan = |s: &Self| list_makespan((0..s.items.len()).map(|i| s.item_cost(i, hq, causal)), ctas);
         let bound = makespan(&one) as f64 * (1.0 + HEAD_GROUP_SLACK);
-        let mut g = whole_gqa_groups(Some(HEAD_GROUP), hq, hkv);
+        let first = HEAD_GROUP.max(FWD_GROUP_ROW_BYTES.div_ceil(shape.head_dim.max(1)));
+        let mut g = whole_gqa_groups(Some(first), hq, hkv);
         while g < hq {
             let s = build(g);
             if makespan(&s) as f64 <= bound {
@@ -575,7 +585,11 @@ mod tests {
         // document (33 of its key tiles per head in flight, not 66)
         assert_eq!(group(&[65536], 16, 16, 128), (2, 4, 8));
         assert_eq!(group(&[16384; 4], 16, 16, 128), (2, 2, 8));
-        assert_eq!(group(&[16384; 4], 16, 16, 64), (2, 2, 8));
+        // (d = 64: the forward's groups of four heads read 256 bytes of each token's K/V row)
+        assert_eq!(group(&[16384; 4], 16, 16, 64), (4, 2, 8));
+        assert_eq!(group(&[65536], 16, 16, 64), (4, 4, 8));
+        assert_eq!(group(&[1024; 64], 16, 16, 64), (4, 16, 16));
+        assert_eq!(group(&[16384; 4], 32, 8, 64), (4, 4, 4));
         assert_eq!(group(&[16384; 4], 32, 8, 128), (4, 4, 4));
         // short documents all walk up: the backward's list is one group; the forward's query
         // tiles of 256 tokens (1.5 key tiles each) read their K/V once whatever the order
@@ -587,7 +601,7 @@ mod tests {
         // 14,975-token document walks down, in 4-head chunks; its rows for 4 heads (29 MiB at
         // d = 64, 58 MiB at 128) stay in L2, so the backward takes the whole chunk
         let lognormal = crate::gpu::bench::workload("lognormal").unwrap();
-        assert_eq!(group(&lognormal, 16, 16, 64), (2, 4, 4));
+        assert_eq!(group(&lognormal, 16, 16, 64), (4, 4, 4));
         assert_eq!(group(&lognormal, 16, 16, 128), (2, 4, 4));
         let shape = VarlenShape::from_lens(&lognormal, 16, 16, 64).unwrap();
         let b = BwdSchedule::with_head_groups(&shape, &pads(&shape), true, None, BWD_UP_TILES, 132);
