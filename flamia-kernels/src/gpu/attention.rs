@@ -1581,8 +1581,8 @@ mod tests {
         fwd_cw_const, parse_choice, parse_promote, short_items, smem_bwd4, with_dq_bufs, with_early_factors,
         with_xposes, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
-    use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
+    use crate::gpu::runtime::{compile_ptx, Variant};
 
     #[test]
     fn the_backwards_producer_options_fit_the_shared_memory_they_are_built_for() {
@@ -1610,18 +1610,51 @@ mod tests {
         assert!(!bwd_cols_tma(64, true));
     }
 
+    /// Compiles every `(source, variant)` of `jobs` for sm_90a on as many threads as the machine
+    /// has cores (NVRTC compiles separate programs concurrently; on CI's two cores the compile
+    /// test takes half the time), then fails with every variant that did not compile.
+    fn compile_all(jobs: &[(&'static str, Variant)]) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(jobs.len())
+            .max(1);
+        let next = AtomicUsize::new(0);
+        let failures = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    while let Some((src, v)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        if let Err(e) = compile_ptx(src, v, "sm_90a") {
+                            failures.lock().unwrap().push(format!("{src} [{}]: {e}", v.key()));
+                        }
+                    }
+                });
+            }
+        });
+        let failures = failures.into_inner().unwrap();
+        assert!(
+            failures.is_empty(),
+            "{} of {} variants did not compile:\n{}",
+            failures.len(),
+            jobs.len(),
+            failures.join("\n")
+        );
+    }
+
     #[test]
     fn every_attention_variant_compiles_within_its_shared_memory_budget() {
         if !nvrtc_or_skip("every_attention_variant_compiles_within_its_shared_memory_budget") {
             return;
         }
+        let mut jobs: Vec<(&'static str, Variant)> = Vec::new();
         // The variants the runtime builds: E4M3 or NVFP4 scores, FP32 promotion off or on for
         // dP and S. The budgets' static_asserts and ptxas run inside NVRTC for sm_90a.
         for nvfp4 in [false, true] {
             for promote in [0, 3] {
                 let v = attention_variant(nvfp4, promote);
                 for src in ["attn_fwd.cu", "attn_bwd.cu"] {
-                    compile_ptx(src, &v, "sm_90a").unwrap_or_else(|e| panic!("{src} [{}]: {e}", v.key()));
+                    jobs.push((src, v.clone()));
                 }
             }
         }
@@ -1654,8 +1687,7 @@ mod tests {
                         vec![v.define("BWD_COLS_TMA", 1)]
                     };
                     for v in vs {
-                        compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
-                            .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
+                        jobs.push(("attn_bwd_v4.cu", v));
                     }
                 }
             }
@@ -1690,23 +1722,20 @@ mod tests {
                 .into_iter()
                 .chain(stsm)
                 {
-                    compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
-                        .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
+                    jobs.push(("attn_bwd_v4.cu", v));
                 }
             }
             // two dQ buffers per warpgroup (FLAMIA_BWD_DQ_BUFS=2): three stages at d = 64, two at 128
             let stages = if hd == 64 { 3 } else { 2 };
             let v = backward_v4_variant(stages, hd, false, true, false, None, true);
             let (v, _) = with_dq_bufs(with_early_factors(v, true), hd, 2).unwrap();
-            compile_ptx("attn_bwd_v4.cu", &v, "sm_90a")
-                .unwrap_or_else(|e| panic!("attn_bwd_v4.cu [{}]: {e}", v.key()));
+            jobs.push(("attn_bwd_v4.cu", v));
             // the forward's per-warpgroup consumer copies (long items, fwd_cw_const), both
             // producers (token-block and per-token scales)
             // (with Q's dim-major copy written, FWD_QD_WRITE, in the backward's permuted order)
             for per_token in [false, true] {
                 let (v, _) = forward_v4_variant(per_token, 4, hd, true, Some(true));
-                compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
-                    .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
+                jobs.push(("attn_fwd_v4.cu", v));
             }
             for (per_token, stages) in [
                 (false, 2),
@@ -1719,10 +1748,10 @@ mod tests {
                 // (the default depth, 4, also writing Q's dim-major copy in plain order)
                 let qd = (stages == 4).then_some(false);
                 let (v, _) = forward_v4_variant(per_token, stages, hd, false, qd);
-                compile_ptx("attn_fwd_v4.cu", &v, "sm_90a")
-                    .unwrap_or_else(|e| panic!("attn_fwd_v4.cu [{}]: {e}", v.key()));
+                jobs.push(("attn_fwd_v4.cu", v));
             }
         }
+        compile_all(&jobs);
         // the v3.1 kernels refuse another head dim at compile time
         let v = attention_variant(false, 0).define("HEAD_DIM", 64);
         assert!(compile_ptx("attn_fwd.cu", &v, "sm_90a").is_err());
