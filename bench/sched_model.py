@@ -21,6 +21,7 @@ kernel is memory-bound in that order.
     python3 bench/sched_model.py                      # the table of session 11 (docs/perf.md)
     python3 bench/sched_model.py --workload 16x4096 --L 3
     python3 bench/sched_model.py --fwd --workload 4x16384      # the forward's head groups (session 28)
+    python3 bench/sched_model.py --fwd --hd 64 --workload lognormal   # (session 29: level, 0.14 GB)
     python3 bench/sched_model.py --l2 50 --heads 8 --group 2    # the backward's, per 8-head chunk
 """
 import argparse
@@ -30,6 +31,11 @@ BQT, BKT = 64, 128
 WORKLOADS = {
     "1x65536": [65536], "4x16384": [16384] * 4, "8x8192": [8192] * 8, "16x4096": [4096] * 16,
     "32x2048": [2048] * 32, "64x1024": [1024] * 64, "256x256": [256] * 256,
+    "8192+224x256": [8192] + [256] * 224,
+    # flamia-kernels/src/gpu/bench.rs LOGNORMAL (anchors.py's, torch seed 1234)
+    "lognormal": [1159, 1777, 325, 1422, 525, 2006, 1446, 2519, 796, 14975, 1239, 803, 910, 211, 936,
+                  3171, 801, 2281, 1083, 193, 858, 3129, 483, 2346, 1381, 1224, 389, 1328, 2928, 437,
+                  2878, 928, 1609, 322, 226, 6492],
 }
 
 
@@ -154,6 +160,7 @@ def main():
     ap.add_argument("--step-us", type=float, default=2.92,
                     help="one step per SM, us (session 11: 93.1 ms / 31,837 steps per SM at 1x65536)")
     ap.add_argument("--group", type=int, help="query heads per group of the downward list (default: all)")
+    ap.add_argument("--hd", type=int, default=128, help="head dim for --fwd's K/V bytes (128 or 64)")
     ap.add_argument("--fwd", action="store_true",
                     help="the forward's list per head group (16, 8, 4, 2, 1): makespan and K/V GB from DRAM through --l2 MB (default 50)")
     a = ap.parse_args()
@@ -163,7 +170,7 @@ def main():
         print("workload   group  makespan  K/V from DRAM GB")
         for w in a.workload or ["1x65536", "4x16384", "8x8192", "16x4096"]:
             for g in (16, 8, 4, 2, 1):
-                end, gb = fwd_dram(WORKLOADS[w], a.heads, a.ctas, g, a.l2 or 50)
+                end, gb = fwd_dram(WORKLOADS[w], a.heads, a.ctas, g, a.l2 or 50, a.hd)
                 print(f"{w:<10} {g:5d} {end:9.0f} {gb:16.2f}")
         return
     if a.l2:
