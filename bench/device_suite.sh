@@ -1,16 +1,16 @@
 #!/bin/bash
 # The whole GPU suite in device calls of under 600 s: `bash bench/device_suite.sh K` runs part K
-# of PARTS (default 3) of gpu_attention's GPU tests (sorted by name, split evenly by count), the
-# last part gpu_quant too. Since session 27 the suite takes more than one call (33 of its 36
-# tests finished in 525 s); two halves took 8-9 minutes each, and session 28 added two tests,
-# hence three parts. Binaries staged by `bash bench/device_bwd4.sh --stage` (T overrides the test
+# of PARTS (default 2) of gpu_attention's GPU tests (sorted by name, split evenly by count), the
+# last part gpu_quant too. Session 27's suite did not fit one call (33 of its 36 tests in 525 s),
+# session 28 split it in three; in session 29 all 36 took about 390 s (11 contract tests 57 s,
+# the other 25 330 s) and gpu_quant 7 s, so two parts leave each call half its time spare. Binaries staged by `bash bench/device_bwd4.sh --stage` (T overrides the test
 # binary's directory); `--list` prints a part without running it (no GPU needed).
 set -u
 C=${T:-.device-carry/bwd4}
 [ -e "$(dirname "$0")/device-env.sh" ] && . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-P=${PARTS:-3}
-part=${1:?usage: device_suite.sh K [--list]  (K = 1..PARTS, PARTS=3 unless set)}
+P=${PARTS:-2}
+part=${1:?usage: device_suite.sh K [--list]  (K = 1..PARTS, PARTS=2 unless set)}
 if ! [[ "$part" =~ ^[0-9]+$ ]] || [ "$part" -lt 1 ] || [ "$part" -gt "$P" ]; then
   echo "device_suite.sh: the part is 1..$P (PARTS=$P), not '$part'" >&2; exit 2
 fi
