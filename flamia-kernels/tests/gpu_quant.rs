@@ -736,3 +736,26 @@ fn delta_case(gpu: &Gpu, rng: &mut ChaCha8Rng, d: usize) {
         }
     }
 }
+
+/// The PTX the on-disk kernel cache serves (`gpu::kcache`) is what the driver loads: a module
+/// compiled into a fresh cache, read back from it (a hit), loaded, with its kernels there.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn a_module_from_the_disk_cache_loads_with_its_kernels() {
+    use flamia_kernels::gpu::runtime::compile_ptx_cached;
+    use flamia_kernels::gpu::Variant;
+    let gpu = gpu();
+    let dir = tempfile::tempdir().unwrap();
+    let v = Variant::new().define("HEAD_DIM", 128);
+    let (_, hit) = compile_ptx_cached(Some(dir.path()), "quant.cu", &v, gpu.arch()).unwrap();
+    assert!(!hit, "a fresh cache cannot hold the module");
+    let (ptx, hit) = compile_ptx_cached(Some(dir.path()), "quant.cu", &v, gpu.arch()).unwrap();
+    assert!(hit, "the second compile must come from the cache");
+    let m = gpu
+        .context()
+        .load_module(ptx)
+        .expect("the driver loads the cached PTX");
+    for name in ["quant_e4m3", "quant_amax", "quant_nvfp4"] {
+        m.load_function(name).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+    }
+}

@@ -2,7 +2,8 @@
 //!
 //! - [`runtime`]: embedded CUDA sources (`flamia-kernels/cuda/`), NVRTC compilation for the
 //!   device's architecture, our `#include`s resolved from the embedded headers, `-D` variants,
-//!   modules cached per (source, variant, arch), raw launches on a caller's stream.
+//!   modules cached per (source, variant, arch), raw launches on a caller's stream; [`kcache`]:
+//!   the compiled PTX on disk for later processes (`FLAMIA_KERNEL_CACHE`).
 //! - [`plan`]: per-batch tables (32-token quantiser blocks, 64-token attention tiles, padding).
 //! - [`quant`]: fused quantisers, bitwise equal to [`crate::quant`] (+ [`crate::hadamard`]).
 //! - [`attention`]: forward and backward ([`Attention`]), on raw device pointers + a stream.
@@ -20,6 +21,7 @@ pub mod bench;
 pub mod buffer;
 pub mod error;
 pub mod host;
+pub mod kcache;
 pub mod plan;
 pub mod quant;
 pub mod runtime;

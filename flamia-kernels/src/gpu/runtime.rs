@@ -1,11 +1,13 @@
 //! Kernel runtime: the CUDA sources embedded in the crate, NVRTC compilation for the device's
 //! architecture (`sm_90a` on Hopper), our own `#include "x.cuh"` resolved from the embedded headers,
-//! variants as `-D` defines, and one loaded module per (source, variant, arch).
+//! variants as `-D` defines, and one loaded module per (source, variant, arch), its PTX kept on
+//! disk for the next process (`kcache`).
 //!
 //! Nothing here needs CUDA at build time: the driver and NVRTC are loaded at run time (cudarc's
 //! dynamic loading) and their absence is a typed [`GpuError`], never a panic.
 
 use super::error::{DriverContext, GpuError, GpuResult};
+use super::kcache;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -180,10 +182,82 @@ pub fn compile_ptx(source: &str, variant: &Variant, arch: &'static str) -> GpuRe
     if !nvrtc_available() {
         return Err(GpuError::NoNvrtc);
     }
-    let text = resolve_includes(source)?;
+    compile_resolved(
+        source,
+        variant,
+        arch,
+        resolve_includes(source)?,
+        nvrtc_options(variant),
+    )
+}
+
+/// NVRTC's options for `variant`: its defines, C++17, line info.
+fn nvrtc_options(variant: &Variant) -> Vec<String> {
     let mut options = variant.options();
     options.push("-std=c++17".into());
     options.push("-lineinfo".into());
+    options
+}
+
+/// The NVRTC library's (major, minor) version; (0, 0) when it cannot say.
+fn nvrtc_version() -> (i32, i32) {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes two ints through valid pointers; callers checked that the
+    // library loads.
+    let ok = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if ok == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        (major, minor)
+    } else {
+        (0, 0)
+    }
+}
+
+/// [`compile_ptx`] through the on-disk cache in `dir` ([`super::kcache`]; `None`: no cache):
+/// the PTX of an earlier compile of the same source text, options, arch and NVRTC when the cache
+/// holds it (and `true`), else compiled and stored (and `false`).
+pub fn compile_ptx_cached(
+    dir: Option<&std::path::Path>,
+    source: &str,
+    variant: &Variant,
+    arch: &'static str,
+) -> GpuResult<(Ptx, bool)> {
+    cached_compile(dir, source, variant, arch, true)
+}
+
+/// [`compile_ptx_cached`]; `read` false compiles even when the cache holds an entry (and replaces
+/// it: an entry the driver refused).
+fn cached_compile(
+    dir: Option<&std::path::Path>,
+    source: &str,
+    variant: &Variant,
+    arch: &'static str,
+    read: bool,
+) -> GpuResult<(Ptx, bool)> {
+    let Some(dir) = dir else {
+        return Ok((compile_ptx(source, variant, arch)?, false));
+    };
+    if !nvrtc_available() {
+        return Err(GpuError::NoNvrtc);
+    }
+    let text = resolve_includes(source)?;
+    let options = nvrtc_options(variant);
+    let (file, header) = kcache::entry(source, arch, nvrtc_version(), &options, &text);
+    if let Some(ptx) = kcache::lookup(dir, &file, &header).filter(|_| read) {
+        return Ok((Ptx::from_src(ptx), true));
+    }
+    let ptx = compile_resolved(source, variant, arch, text, options)?;
+    kcache::store(dir, &file, &header, &ptx.to_src());
+    Ok((ptx, false))
+}
+
+/// NVRTC on `text` (`source` with its includes resolved) for `arch` with `options`.
+fn compile_resolved(
+    source: &str,
+    variant: &Variant,
+    arch: &'static str,
+    text: String,
+    options: Vec<String>,
+) -> GpuResult<Ptx> {
     let opts = CompileOptions {
         arch: Some(arch),
         options: options.clone(),
@@ -279,18 +353,25 @@ impl Gpu {
         self.sm_count
     }
 
-    /// The module of (`source`, `variant`) for this GPU's arch, compiled on first use.
+    /// The module of (`source`, `variant`) for this GPU's arch, compiled on first use (its PTX
+    /// from the on-disk cache when an earlier process compiled it: [`super::kcache`]).
     pub fn module(&self, source: &str, variant: &Variant) -> GpuResult<Arc<CudaModule>> {
         let key: ModuleKey = (source.to_string(), variant.clone(), self.arch);
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = modules.get(&key) {
             return Ok(m.clone());
         }
-        let ptx = compile_ptx(source, variant, self.arch)?;
-        let m = self
-            .ctx
-            .load_module(ptx)
-            .ctx(&format!("cuModuleLoadData({source} [{}])", variant.key()))?;
+        let dir = kcache::cache_dir();
+        let (ptx, cached) = compile_ptx_cached(dir.as_deref(), source, variant, self.arch)?;
+        let m = match self.ctx.load_module(ptx) {
+            // (a cached entry the driver refuses, e.g. a damaged file: compiled again, replaced)
+            Err(_) if cached => {
+                let (ptx, _) = cached_compile(dir.as_deref(), source, variant, self.arch, false)?;
+                self.ctx.load_module(ptx)
+            }
+            loaded => loaded,
+        }
+        .ctx(&format!("cuModuleLoadData({source} [{}])", variant.key()))?;
         modules.insert(key, m.clone());
         Ok(m)
     }
@@ -574,6 +655,62 @@ pub(crate) mod tests {
                 compile_ptx(name, &v, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
             }
         }
+    }
+
+    #[test]
+    fn the_disk_cache_serves_a_compiled_module_and_misses_on_another_variant() {
+        if !nvrtc_or_skip("the_disk_cache_serves_a_compiled_module_and_misses_on_another_variant") {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let d = Some(dir.path());
+        let v = Variant::new().define("MODE", 0);
+        let t = std::time::Instant::now();
+        let (first, hit) = compile_ptx_cached(d, "quant.cu", &v, "sm_90a").unwrap();
+        let first = first.to_src();
+        assert!(!hit);
+        let compiled = t.elapsed();
+        assert_eq!(first, compile_ptx("quant.cu", &v, "sm_90a").unwrap().to_src());
+        let entries = || {
+            let mut n: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            n.sort();
+            n
+        };
+        let files = entries();
+        assert_eq!(files.len(), 1, "{files:?}");
+        // the second compile reads the entry: a mark put into its PTX comes back
+        let text = std::fs::read_to_string(&files[0]).unwrap();
+        std::fs::write(&files[0], format!("{text}// marked\n")).unwrap();
+        let t = std::time::Instant::now();
+        let (second, hit) = compile_ptx_cached(d, "quant.cu", &v, "sm_90a").unwrap();
+        let second = second.to_src();
+        assert!(hit);
+        eprintln!("quant.cu: NVRTC {compiled:?}, from the cache {:?}", t.elapsed());
+        assert_eq!(second, format!("{first}// marked\n"));
+        // another variant is another entry, compiled
+        let w = Variant::new().define("MODE", 1);
+        let (other, hit) = compile_ptx_cached(d, "quant.cu", &w, "sm_90a").unwrap();
+        assert!(!hit && !other.to_src().contains("// marked"));
+        assert_eq!(entries().len(), 2);
+        // not reading (an entry the driver refused): compiled again and the entry replaced
+        let (again, hit) = cached_compile(d, "quant.cu", &v, "sm_90a", false).unwrap();
+        assert!(!hit);
+        assert_eq!(again.to_src(), first);
+        assert_eq!(
+            compile_ptx_cached(d, "quant.cu", &v, "sm_90a")
+                .unwrap()
+                .0
+                .to_src(),
+            first
+        );
+        // no cache: NVRTC, nothing written
+        let (none, hit) = compile_ptx_cached(None, "quant.cu", &v, "sm_90a").unwrap();
+        assert!(!hit);
+        assert_eq!(none.to_src(), first);
+        assert_eq!(entries().len(), 2);
     }
 
     #[test]
