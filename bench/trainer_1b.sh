@@ -96,5 +96,25 @@ if [ "${OOM_CHECK:-1}" = 1 ]; then  # expected to fail: a clear out-of-memory er
   grep -A2 "out of memory during" /tmp/t1b-bf16-65536-long-none-oom.log | head -4
   grep -c "panicked" /tmp/t1b-bf16-65536-long-none-oom.log | sed 's/^/panics: /'
 fi
+# Per step, each mxfp8 run against the bf16 run of the same rows, documents and settings (the
+# same data step by step): a medians-only table hides a step that one path spent compiling a
+# kernel variant or that held other documents (session 29: 1.062x by medians, 1.14-1.19x by step).
+[ -f "$O/trainer_1b_metrics.jsonl" ] && "$PY" - "$O/trainer_1b_metrics.jsonl" <<'PY'
+import json, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    runs.setdefault(r["run"], {})[r["step"]] = r["tps"]
+for name, fp8 in runs.items():
+    if not name.startswith("mxfp8-") or "bf16-" + name[6:] not in runs:
+        continue
+    bf = runs["bf16-" + name[6:]]
+    steps = sorted(s for s in fp8 if s in bf and s > 1)
+    ratios = [fp8[s] / bf[s] for s in steps]
+    if not ratios:
+        continue
+    per = "  ".join(f"{s}: {fp8[s]:,.0f}/{bf[s]:,.0f} = {x:.3f}" for s, x in zip(steps, ratios))
+    print(f"per step, mxfp8/bf16 tok/s, {name[6:]}: {per}  (median {statistics.median(ratios):.3f})")
+PY
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv
 } 2>&1 | tee "$O/trainer_1b.log"
