@@ -83,16 +83,31 @@ pub fn lookup(dir: &Path, file: &str, header: &str) -> Option<String> {
 /// runtime builds (about 90, the compile test's count) and a few kernel revisions.
 pub const MAX_ENTRIES: usize = 256;
 
-/// Removes the oldest `.ptx` entries of `dir` (by modification time) beyond the newest `keep`.
+/// Age past which a temporary file of [`store`] is a crashed writer's and [`prune`] removes it.
+const STALE_TMP: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Removes the oldest `.ptx` entries of `dir` (by modification time) beyond the newest `keep`,
+/// and temporary files of [`store`] older than an hour (a writer killed before its rename).
 pub fn prune(dir: &Path, keep: usize) {
     let Ok(read) = std::fs::read_dir(dir) else {
         return;
     };
-    let mut entries: Vec<_> = read
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".ptx"))
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .collect();
+    let now = std::time::SystemTime::now();
+    let mut entries = Vec::new();
+    for e in read.filter_map(Result::ok) {
+        let Some(modified) = e.metadata().ok().and_then(|m| m.modified().ok()) else {
+            continue;
+        };
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".ptx") {
+            entries.push((modified, e.path()));
+        } else if name.starts_with('.')
+            && name.ends_with(".tmp")
+            && now.duration_since(modified).is_ok_and(|age| age > STALE_TMP)
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
     if entries.len() <= keep {
         return;
     }
@@ -173,13 +188,19 @@ mod tests {
             f.set_modified(t0 + std::time::Duration::from_secs(i)).unwrap();
         }
         std::fs::write(d.join("notes.txt"), "").unwrap(); // (not an entry: kept)
+                                                          // a crashed writer's temporary file two hours old goes, a fresh one (a writer now) stays
+        let stale = std::fs::File::create(d.join(".k9.ptx.1.0.tmp")).unwrap();
+        stale
+            .set_modified(t0 - std::time::Duration::from_secs(7200))
+            .unwrap();
+        std::fs::write(d.join(".k8.ptx.2.0.tmp"), "").unwrap();
         prune(d, 2);
         let mut names: Vec<_> = std::fs::read_dir(d)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         names.sort();
-        assert_eq!(names, ["k3.ptx", "k4.ptx", "notes.txt"]);
+        assert_eq!(names, [".k8.ptx.2.0.tmp", "k3.ptx", "k4.ptx", "notes.txt"]);
     }
 
     #[test]
