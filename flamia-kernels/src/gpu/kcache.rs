@@ -187,8 +187,9 @@ mod tests {
             let f = std::fs::File::create(d.join(format!("k{i}.ptx"))).unwrap();
             f.set_modified(t0 + std::time::Duration::from_secs(i)).unwrap();
         }
-        std::fs::write(d.join("notes.txt"), "").unwrap(); // (not an entry: kept)
-                                                          // a crashed writer's temporary file two hours old goes, a fresh one (a writer now) stays
+        // not an entry: kept
+        std::fs::write(d.join("notes.txt"), "").unwrap();
+        // a crashed writer's temporary file two hours old goes, a fresh one (a writer now) stays
         let stale = std::fs::File::create(d.join(".k9.ptx.1.0.tmp")).unwrap();
         stale
             .set_modified(t0 - std::time::Duration::from_secs(7200))

@@ -242,7 +242,7 @@ fn cached_compile(
     let text = resolve_includes(source)?;
     let options = nvrtc_options(variant);
     let (file, header) = kcache::entry(source, arch, nvrtc_version(), &options, &text);
-    if let Some(ptx) = kcache::lookup(dir, &file, &header).filter(|_| read) {
+    if let Some(ptx) = read.then(|| kcache::lookup(dir, &file, &header)).flatten() {
         return Ok((Ptx::from_src(ptx), true));
     }
     let ptx = compile_resolved(source, variant, arch, text, options)?;
