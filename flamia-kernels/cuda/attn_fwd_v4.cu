@@ -74,6 +74,17 @@ static_assert(128 * FWD_PROD_REGS + 256 * FWD_CONS_REGS <= 168 * 384, "attn_fwd_
 #ifndef FWD_QD_PERM
 #define FWD_QD_PERM 0
 #endif
+// FWD_O_TMA 1 (the host's default where the staging tiles fit: attention.rs fwd_o_tma;
+// FLAMIA_FWD_O_TMA=0|1 for A/B): a consumer warpgroup whose 64 rows all lie in the document
+// ends its item by writing O into its staging tiles (stmatrix) and one bulk tensor store per 64
+// dims (store_o_lse_tma, epilogue.cuh), instead of 16-byte global stores from registers: the
+// item's end no longer waits for its O bytes to leave the SM (~25 bytes per clock per SM to L2:
+// 32 KB per 128-query item at d = 128, ~1,300 clocks), which the next item's key tiles now hide.
+// Warpgroups with rows past the document keep the direct stores. Shared memory: 64 x HEAD_DIM x 2
+// bytes per warpgroup.
+#ifndef FWD_O_TMA
+#define FWD_O_TMA 0
+#endif
 
 // Mirrors FwdV4Params in src/gpu/attention.rs.
 struct FwdV4Params {
@@ -81,6 +92,7 @@ struct FwdV4Params {
   TmaMap k_map;  // k_tok as (HEAD_DIM bytes, Hkv, T), box (HEAD_DIM, 1, 128)
   TmaMap v_map;  // v_dim as (Tpad, Hkv * HEAD_DIM), box (128 tokens, HEAD_DIM dims)
   TmaMap qd_map; // FWD_QD_WRITE: q_dim as (Tpad, Hq * HEAD_DIM), box (64 tokens, HEAD_DIM dims), 64-byte swizzle
+  TmaMap o_map;  // FWD_O_TMA: O as (HEAD_DIM BF16, Hq, T), box (64, 1, 64), 128-byte swizzle
   AttnParams a;
   const int* items;  // work items, longest first: tile * hq + head
   const int* tiles;  // int4 per 128-token query tile (WorkTile)
@@ -101,6 +113,9 @@ struct ItemSlot {
 
 struct FwdV4Smem {
   u8 q[QSLOTS][QT * HEAD_DIM];
+#if FWD_O_TMA
+  u8 os[2][HEAD_DIM / 64][64 * 128];  // [warpgroup][64 dims] O staging, 64 rows x 128 bytes, 128-byte swizzle
+#endif
 #if FWD_QD_WRITE
   u8 qd[2][HEAD_DIM * 64];  // Q dim-major staging, two 64-position boxes (sw64_off)
 #endif
@@ -500,6 +515,9 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
     const ItemSlot& it = sm.item[qb];
     if (it.code < 0) {
       if (cw == 0) turn_take(cw);  // absorb warpgroup 1's last pass: the barriers end balanced
+#if FWD_O_TMA
+      if (t == 0) bulk_wait_all();  // (the O stores complete before the CTA's shared memory goes)
+#endif
 #ifdef FWD_PROF_TIMERS
       report();
 #endif
@@ -569,7 +587,13 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
     }
     FWD_T(te);
-    store_o_lse(o, st, a.o, a.lse, (long long)tile.doc0 + tile.q0 + R0, a.hq, h, R0 < rows, R0 + 8 < rows);
+#if FWD_O_TMA
+    if (64 * cw + 64 <= rows)
+      store_o_lse_tma(o, st, a.lse, (long long)tile.doc0 + tile.q0 + R0, a.hq, h, smem_u32(sm.os[cw]), &P.o_map,
+                      tile.doc0 + tile.q0 + 64 * cw, 3 + cw);
+    else
+#endif
+      store_o_lse(o, st, a.o, a.lse, (long long)tile.doc0 + tile.q0 + R0, a.hq, h, R0 < rows, R0 + 8 < rows);
     FWD_ACC(3, te);
 #ifdef FWD_PROF_TIMERS
     ++nitems;

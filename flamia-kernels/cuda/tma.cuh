@@ -76,6 +76,12 @@ __device__ __forceinline__ void tma_store_2d(const TmaMap* map, u32 src, int x, 
                "r"(x), "r"(y)
                : "memory");
 }
+// Box of a 3-D map at (x innermost, y, z) <- smem `src`.
+__device__ __forceinline__ void tma_store_3d(const TmaMap* map, u32 src, int x, int y, int z) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"((u64)map),
+               "r"(src), "r"(x), "r"(y), "r"(z)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 template <int N>

@@ -72,11 +72,25 @@ fn stages_from_env(var: &str, allowed: std::ops::RangeInclusive<u32>, default: u
 /// V tile (128 x hd each) and 1 KB of key exponents, barriers and 1 KB of alignment slack (the
 /// kernel's static_assert checks it). Per-token scales add the interior tiles' per-key P folds
 /// (0.5 KB per stage).
-/// Writing Q's dim-major copy (`qd_write`, `FWD_QD_WRITE`) adds its staging tiles, 64 x hd x 2.
-fn smem_fwd4(stages: u32, hd: u32, per_token: bool, qd_write: bool) -> u32 {
+/// Writing Q's dim-major copy (`qd_write`, `FWD_QD_WRITE`) adds its staging tiles, 64 x hd x 2;
+/// O by bulk tensor stores (`o_tma`, `FWD_O_TMA`) its staging tiles, 128 x hd BF16.
+fn smem_fwd4(stages: u32, hd: u32, per_token: bool, qd_write: bool, o_tma: bool) -> u32 {
     let fold = if per_token { stages.div_ceil(2) } else { 0 };
     let qd = if qd_write { hd / 8 } else { 0 };
-    (3 * hd / 8 + (hd / 4 + 1) * stages + 4 + fold + qd) * 1024
+    let os = if o_tma { hd / 4 } else { 0 };
+    (3 * hd / 8 + (hd / 4 + 1) * stages + 4 + fold + qd + os) * 1024
+}
+
+/// Whether the v4 forward writes O through shared memory and bulk tensor stores (`FWD_O_TMA`,
+/// `cuda/attn_fwd_v4.cu`): wherever its staging tiles fit beside the ring (not with five K/V
+/// stages, nor with Q's dim-major staging, at d = 128), unless `FLAMIA_FWD_O_TMA=0` (A/B; the
+/// outputs are bitwise the same either way: GPU test `forward_o_by_tma_gives_bitwise_the_same`).
+fn fwd_o_tma(stages: u32, hd: u32, per_token: bool, qd_write: bool) -> bool {
+    let wanted = !matches!(
+        std::env::var("FLAMIA_FWD_O_TMA").as_deref().map(str::trim),
+        Ok("0")
+    );
+    wanted && smem_fwd4(stages, hd, per_token, qd_write, true) <= SMEM_MAX
 }
 
 /// Which forward kernel runs: the v4 warp-specialised kernel (default for the E4M3-score paths)
@@ -96,8 +110,9 @@ fn forward_v4_variant(
     hd: u32,
     cw_const: bool,
     qd: Option<bool>,
+    o_tma: bool,
 ) -> (Variant, u32) {
-    let smem = smem_fwd4(stages, hd, per_token, qd.is_some());
+    let smem = smem_fwd4(stages, hd, per_token, qd.is_some(), o_tma);
     let mut v = Variant::new()
         .define("HEAD_DIM", hd)
         .define("PER_TOKEN_COLS", per_token as u32)
@@ -108,6 +123,9 @@ fn forward_v4_variant(
     }
     if let Some(perm) = qd {
         v = v.define("FWD_QD_WRITE", 1).define("FWD_QD_PERM", perm as u32);
+    }
+    if o_tma {
+        v = v.define("FWD_O_TMA", 1);
     }
     (v, smem)
 }
@@ -593,6 +611,7 @@ struct FwdV4Params {
     k_map: TmaMap,
     v_map: TmaMap,
     qd_map: TmaMap,
+    o_map: TmaMap,
     a: AttnParams,
     items: u64,
     tiles: u64,
@@ -1171,6 +1190,8 @@ impl Attention {
         let (t, hd) = (s.tokens(), s.head_dim);
         let nitems = plan.tables.fwd.items.len();
         let qd = self.fwd_writes_qd(plan);
+        let per_token = self.scale_mode() == ScaleMode::PerToken;
+        let o_tma = fwd_o_tma(self.fwd_stages, hd as u32, per_token, qd);
         let p = FwdV4Params {
             q_map: tma::token_major(saved.q.tok, t, s.heads_q, hd, FWD_QT as u32)?,
             k_map: tma::token_major(saved.k.tok, t, s.heads_kv, hd, 128)?,
@@ -1180,15 +1201,26 @@ impl Attention {
             } else {
                 TmaMap::default()
             },
+            o_map: if o_tma {
+                tma::bf16_rows(a.o, t, s.heads_q, hd, 64)?
+            } else {
+                TmaMap::default()
+            },
             a,
             items: plan.fwd_items.ptr(),
             tiles: plan.fwd_tiles.ptr(),
             counter: plan.counter.ptr(),
             nitems: nitems as i32,
         };
-        let per_token = self.scale_mode() == ScaleMode::PerToken;
         let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
-        let (v, smem) = forward_v4_variant(per_token, self.fwd_stages, hd as u32, cw, self.fwd_qd_order(qd));
+        let (v, smem) = forward_v4_variant(
+            per_token,
+            self.fwd_stages,
+            hd as u32,
+            cw,
+            self.fwd_qd_order(qd),
+            o_tma,
+        );
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         if launch_memsets() {
             self.memset32(stream, plan.counter.ptr(), 2, "work counter")?;
@@ -1538,8 +1570,15 @@ impl Attention {
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const, and their Q copy choice;
             // 1.5 key tiles per query tile: 256-token documents)
             let qd = self.fwd_writes_qd_at(hd, 1.5);
-            let (v4, smem) =
-                forward_v4_variant(per_token, self.fwd_stages, hd32, false, self.fwd_qd_order(qd));
+            let o_tma = fwd_o_tma(self.fwd_stages, hd32, per_token, qd);
+            let (v4, smem) = forward_v4_variant(
+                per_token,
+                self.fwd_stages,
+                hd32,
+                false,
+                self.fwd_qd_order(qd),
+                o_tma,
+            );
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
@@ -1578,8 +1617,8 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, forward_v4_variant,
-        fwd_cw_const, parse_choice, parse_promote, short_items, smem_bwd4, with_dq_bufs, with_early_factors,
-        with_xposes, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
+        fwd_cw_const, fwd_o_tma, parse_choice, parse_promote, short_items, smem_bwd4, smem_fwd4,
+        with_dq_bufs, with_early_factors, with_xposes, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::tests::nvrtc_or_skip;
     use crate::gpu::runtime::{compile_ptx, Variant};
@@ -1608,6 +1647,25 @@ mod tests {
         // the bulk-copied step constants everywhere but where the producer folds them
         assert!(bwd_cols_tma(128, true) && bwd_cols_tma(128, false) && bwd_cols_tma(64, false));
         assert!(!bwd_cols_tma(64, true));
+    }
+
+    #[test]
+    fn the_forwards_o_staging_is_on_wherever_it_fits() {
+        // d = 128: beside four K/V stages (184 + 32 KB), not beside five nor beside Q's
+        // dim-major staging; d = 64 everywhere
+        for per_token in [false, true] {
+            assert!(fwd_o_tma(4, 128, per_token, false));
+            assert!(fwd_o_tma(2, 128, per_token, false));
+            assert!(!fwd_o_tma(5, 128, per_token, false));
+            assert!(!fwd_o_tma(4, 128, per_token, true));
+            for stages in 2..=5 {
+                assert!(fwd_o_tma(stages, 64, per_token, true));
+            }
+        }
+        assert_eq!(
+            smem_fwd4(4, 128, false, false, true) - smem_fwd4(4, 128, false, false, false),
+            32 * 1024
+        );
     }
 
     /// Compiles every `(source, variant)` of `jobs` for sm_90a on as many threads as the machine
@@ -1733,8 +1791,12 @@ mod tests {
             // the forward's per-warpgroup consumer copies (long items, fwd_cw_const), both
             // producers (token-block and per-token scales)
             // (with Q's dim-major copy written, FWD_QD_WRITE, in the backward's permuted order)
+            // (and O by bulk tensor stores where they fit: fwd_o_tma)
             for per_token in [false, true] {
-                let (v, _) = forward_v4_variant(per_token, 4, hd, true, Some(true));
+                let o_tma = smem_fwd4(4, hd, per_token, true, true) <= SMEM_MAX;
+                let (v, _) = forward_v4_variant(per_token, 4, hd, true, Some(true), o_tma);
+                jobs.push(("attn_fwd_v4.cu", v));
+                let (v, _) = forward_v4_variant(per_token, 4, hd, true, None, true);
                 jobs.push(("attn_fwd_v4.cu", v));
             }
             for (per_token, stages) in [
@@ -1747,7 +1809,7 @@ mod tests {
             ] {
                 // (the default depth, 4, also writing Q's dim-major copy in plain order)
                 let qd = (stages == 4).then_some(false);
-                let (v, _) = forward_v4_variant(per_token, stages, hd, false, qd);
+                let (v, _) = forward_v4_variant(per_token, stages, hd, false, qd, false);
                 jobs.push(("attn_fwd_v4.cu", v));
             }
         }

@@ -24,6 +24,8 @@ impl std::fmt::Debug for TmaMap {
 pub enum Elem {
     /// E4M3 codes (bytes).
     U8,
+    /// BF16 (the forward's output O).
+    Bf16,
     /// FP32 (the backward's dQ accumulator).
     F32,
 }
@@ -32,6 +34,7 @@ impl Elem {
     fn bytes(self) -> u64 {
         match self {
             Elem::U8 => 1,
+            Elem::Bf16 => 2,
             Elem::F32 => 4,
         }
     }
@@ -92,6 +95,7 @@ pub fn encode(
     let ones = vec![1u32; rank];
     let dtype = match elem {
         Elem::U8 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        Elem::Bf16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         Elem::F32 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
     };
     let sw = match swizzle {
@@ -178,13 +182,24 @@ pub fn dim_major_64(ptr: u64, heads: usize, hd: usize, tpad: usize) -> GpuResult
 /// FP32 rows `(tokens, heads, hd)`: box = 32 values x `rows` tokens of one head, 128-byte
 /// swizzle (the backward's dQ partial tiles, added with a bulk tensor reduction).
 pub fn f32_rows(ptr: u64, tokens: usize, heads: usize, hd: usize, rows: u32) -> GpuResult<TmaMap> {
-    let row = 4 * hd as u64;
+    value_rows(ptr, Elem::F32, tokens, heads, hd, rows)
+}
+
+/// BF16 rows `(tokens, heads, hd)`: box = 64 values x `rows` tokens of one head, 128-byte
+/// swizzle (the forward's O tiles, bulk-stored: `FWD_O_TMA`).
+pub fn bf16_rows(ptr: u64, tokens: usize, heads: usize, hd: usize, rows: u32) -> GpuResult<TmaMap> {
+    value_rows(ptr, Elem::Bf16, tokens, heads, hd, rows)
+}
+
+/// Rows of `elem` values `(tokens, heads, hd)`, boxes of one 128-byte swizzle span x `rows`.
+fn value_rows(ptr: u64, elem: Elem, tokens: usize, heads: usize, hd: usize, rows: u32) -> GpuResult<TmaMap> {
+    let row = elem.bytes() * hd as u64;
     encode(
         ptr,
-        Elem::F32,
+        elem,
         &[hd as u64, heads as u64, tokens as u64],
         &[row, heads as u64 * row],
-        &[32, 1, rows],
+        &[(Swizzle::B128.span() / elem.bytes()) as u32, 1, rows],
         Swizzle::B128,
     )
 }

@@ -1,0 +1,57 @@
+#!/bin/bash
+# Session 30 (H200; staged as device_bwd4.sh --stage, carried as .device-carry/z/bwd4.tgz).
+#   a: the disk cache's GPU test (first run on a GPU), the 11 contract tests, the nine workloads
+#      (d = 128) twice: today's standing per part (quant, fwd, bwd, dO quant, dq).
+#   b: the forward's O by bulk tensor stores (FWD_O_TMA): its bitwise test and the contract tests
+#      it touches, then A/B against FLAMIA_FWD_O_TMA=0, three rounds at d = 128, two at 64.
+set -u
+C=.device-carry/bwd4
+. "$(dirname "$0")/device-env.sh"
+O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
+mode=${1:?usage: device_s30.sh a|b}
+CONTRACT=(causal_leakage_has_the_reference_properties documents_are_isolated_bitwise repeated_runs_are_bitwise_identical
+  mxfp8_causal_gqa_is_as_accurate_as_the_reference long_documents_gqa_are_as_accurate_as_the_reference
+  head_dim_64_documents_are_isolated_and_default_mxfp8_is_causal_before_the_block
+  head_dim_64_is_bitwise_repeatable_whatever_the_reduce_order_and_chunking head_dim_64_is_as_accurate_as_the_reference
+  precision_options_and_no_hadamard_are_as_accurate_as_the_reference nvfp4_is_as_accurate_as_the_reference
+  walking_up_is_accurate_repeatable_and_ordered)
+{
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
+date
+case $mode in
+a)
+  echo "=== kcache GPU test (fresh cache dir)"
+  export FLAMIA_KERNEL_CACHE=/tmp/flamia-kcache-s30; rm -rf "$FLAMIA_KERNEL_CACHE"
+  timeout 100 $C/gpu_quant --ignored --exact --test-threads=1 a_module_from_the_disk_cache_loads_with_its_kernels 2>&1 \
+    | grep -E "^test |test result|panicked|cache"
+  echo "=== contract tests"
+  timeout 200 $C/gpu_attention --ignored --exact --test-threads=1 "${CONTRACT[@]}" 2>&1 | grep -E "^test |test result|panicked"
+  ls "$FLAMIA_KERNEL_CACHE" | wc -l
+  for r in 1 2; do
+    echo "=== nine workloads, round $r"
+    timeout 100 $C/flamia bench attention 2>&1 | grep -E "^[0-9]|^lognormal|^workload"
+  done
+  ;;
+b)
+  timeout 300 $C/gpu_attention --ignored --exact --test-threads=1 forward_o_by_tma_gives_bitwise_the_same \
+    documents_are_isolated_bitwise causal_leakage_has_the_reference_properties repeated_runs_are_bitwise_identical \
+    head_dim_64_documents_are_isolated_and_default_mxfp8_is_causal_before_the_block 2>&1 | grep -E "^test |test result|panicked"
+  for r in 1 2 3; do
+    for v in otma off; do
+      e=(X=1); [ $v = off ] && e=(FLAMIA_FWD_O_TMA=0)
+      echo "=== d=128 $v round $r"
+      env "${e[@]}" timeout 100 $C/flamia bench attention 2>&1 | grep -E "^[0-9]|^lognormal"
+    done
+  done
+  for r in 1 2; do
+    for v in otma off; do
+      e=(X=1); [ $v = off ] && e=(FLAMIA_FWD_O_TMA=0)
+      echo "=== d=64 $v round $r"
+      env "${e[@]}" timeout 100 $C/flamia bench attention --head-dim 64 --workload 256x256 --workload 64x1024 \
+        --workload 32x2048 --workload 16x4096 --workload lognormal 2>&1 | grep -E "^[0-9]|^lognormal"
+    done
+  done
+  ;;
+esac
+date
+} 2>&1 | tee "$O/s30-$mode.log"
