@@ -4,11 +4,14 @@
 #      (d = 128) twice: today's standing per part (quant, fwd, bwd, dO quant, dq).
 #   b: the forward's O by bulk tensor stores (FWD_O_TMA): its bitwise test and the contract tests
 #      it touches, then A/B against FLAMIA_FWD_O_TMA=0, three rounds at d = 128, two at 64.
+#   c: FWD_O_TMA's default rule (d = 128, short items) against =0 on the nine, two rounds; then
+#      why it lost elsewhere: the single consumer body (FLAMIA_FWD_CW=0) at 1x65536 / 4x16384
+#      with and without it, and d = 64 without Q's copy by the forward (FLAMIA_FWD_QD=0).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s30.sh a|b}
+mode=${1:?usage: device_s30.sh a|b|c}
 CONTRACT=(causal_leakage_has_the_reference_properties documents_are_isolated_bitwise repeated_runs_are_bitwise_identical
   mxfp8_causal_gqa_is_as_accurate_as_the_reference long_documents_gqa_are_as_accurate_as_the_reference
   head_dim_64_documents_are_isolated_and_default_mxfp8_is_causal_before_the_block
@@ -49,6 +52,25 @@ b)
       echo "=== d=64 $v round $r"
       env "${e[@]}" timeout 100 $C/flamia bench attention --head-dim 64 --workload 256x256 --workload 64x1024 \
         --workload 32x2048 --workload 16x4096 --workload lognormal 2>&1 | grep -E "^[0-9]|^lognormal"
+    done
+  done
+  ;;
+c)
+  for r in 1 2; do
+    for v in rule off; do
+      e=(X=1); [ $v = off ] && e=(FLAMIA_FWD_O_TMA=0)
+      echo "=== d=128 $v round $r"
+      env "${e[@]}" timeout 100 $C/flamia bench attention 2>&1 | grep -E "^[0-9]|^lognormal"
+    done
+  done
+  for r in 1 2; do
+    for v in 1 0; do
+      echo "=== d=128 FLAMIA_FWD_CW=0 FLAMIA_FWD_O_TMA=$v round $r"
+      FLAMIA_FWD_CW=0 FLAMIA_FWD_O_TMA=$v timeout 100 $C/flamia bench attention --workload 1x65536 --workload 4x16384 2>&1 | grep -E "^[0-9]"
+      echo "=== d=128 FLAMIA_FWD_CW=1 FLAMIA_FWD_O_TMA=$v round $r"
+      FLAMIA_FWD_CW=1 FLAMIA_FWD_O_TMA=$v timeout 100 $C/flamia bench attention --workload 1x65536 --workload 4x16384 2>&1 | grep -E "^[0-9]"
+      echo "=== d=64 FLAMIA_FWD_QD=0 FLAMIA_FWD_O_TMA=$v round $r"
+      FLAMIA_FWD_QD=0 FLAMIA_FWD_O_TMA=$v timeout 100 $C/flamia bench attention --head-dim 64 --workload 256x256 --workload 64x1024 2>&1 | grep -E "^[0-9]"
     done
   done
   ;;

@@ -82,15 +82,21 @@ fn smem_fwd4(stages: u32, hd: u32, per_token: bool, qd_write: bool, o_tma: bool)
 }
 
 /// Whether the v4 forward writes O through shared memory and bulk tensor stores (`FWD_O_TMA`,
-/// `cuda/attn_fwd_v4.cu`): wherever its staging tiles fit beside the ring (not with five K/V
-/// stages, nor with Q's dim-major staging, at d = 128), unless `FLAMIA_FWD_O_TMA=0` (A/B; the
-/// outputs are bitwise the same either way: GPU test `forward_o_by_tma_gives_bitwise_the_same`).
-fn fwd_o_tma(stages: u32, hd: u32, per_token: bool, qd_write: bool) -> bool {
-    let wanted = !matches!(
-        std::env::var("FLAMIA_FWD_O_TMA").as_deref().map(str::trim),
-        Ok("0")
-    );
-    wanted && smem_fwd4(stages, hd, per_token, qd_write, true) <= SMEM_MAX
+/// `cuda/attn_fwd_v4.cu`). By default at head dim 128 for plans of short items (the build
+/// without the consumer copies, `cw_const` false: [`fwd_cw_const`]): session 30 measured the
+/// forward -4..-6% at 32x2048, 64x1024 and 256x256 with it, but +2.5% at 4x16384 and +5% at
+/// 1x65536 (the consumer-copy builds) and +1.5..+4% at d = 64's 256x256 and 64x1024, where the
+/// forward also bulk-stores Q's dim-major copy (docs/perf.md "Session 30"). `FLAMIA_FWD_O_TMA=1`
+/// turns it on wherever the staging tiles fit beside the ring (not with five K/V stages, nor
+/// beside Q's dim-major staging, at d = 128), `=0` off (A/B; the outputs are bitwise the same
+/// either way: GPU test `forward_o_by_tma_gives_bitwise_the_same`).
+fn fwd_o_tma(stages: u32, hd: u32, per_token: bool, qd_write: bool, cw_const: bool) -> bool {
+    let fits = smem_fwd4(stages, hd, per_token, qd_write, true) <= SMEM_MAX;
+    match std::env::var("FLAMIA_FWD_O_TMA").as_deref().map(str::trim) {
+        Ok("1") => fits,
+        Ok("0") => false,
+        _ => fits && hd == 128 && !cw_const,
+    }
 }
 
 /// Which forward kernel runs: the v4 warp-specialised kernel (default for the E4M3-score paths)
@@ -1191,7 +1197,8 @@ impl Attention {
         let nitems = plan.tables.fwd.items.len();
         let qd = self.fwd_writes_qd(plan);
         let per_token = self.scale_mode() == ScaleMode::PerToken;
-        let o_tma = fwd_o_tma(self.fwd_stages, hd as u32, per_token, qd);
+        let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
+        let o_tma = fwd_o_tma(self.fwd_stages, hd as u32, per_token, qd, cw);
         let p = FwdV4Params {
             q_map: tma::token_major(saved.q.tok, t, s.heads_q, hd, FWD_QT as u32)?,
             k_map: tma::token_major(saved.k.tok, t, s.heads_kv, hd, 128)?,
@@ -1212,7 +1219,6 @@ impl Attention {
             counter: plan.counter.ptr(),
             nitems: nitems as i32,
         };
-        let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
         let (v, smem) = forward_v4_variant(
             per_token,
             self.fwd_stages,
@@ -1570,7 +1576,7 @@ impl Attention {
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const, and their Q copy choice;
             // 1.5 key tiles per query tile: 256-token documents)
             let qd = self.fwd_writes_qd_at(hd, 1.5);
-            let o_tma = fwd_o_tma(self.fwd_stages, hd32, per_token, qd);
+            let o_tma = fwd_o_tma(self.fwd_stages, hd32, per_token, qd, false);
             let (v4, smem) = forward_v4_variant(
                 per_token,
                 self.fwd_stages,
@@ -1650,16 +1656,18 @@ mod tests {
     }
 
     #[test]
-    fn the_forwards_o_staging_is_on_wherever_it_fits() {
-        // d = 128: beside four K/V stages (184 + 32 KB), not beside five nor beside Q's
-        // dim-major staging; d = 64 everywhere
+    fn the_forwards_o_staging_only_at_head_dim_128_for_short_items_where_it_fits() {
+        // d = 128 without the consumer copies: beside four K/V stages (184 + 32 KB), not beside
+        // five nor beside Q's dim-major staging; not with the copies (long items), nor at d = 64
         for per_token in [false, true] {
-            assert!(fwd_o_tma(4, 128, per_token, false));
-            assert!(fwd_o_tma(2, 128, per_token, false));
-            assert!(!fwd_o_tma(5, 128, per_token, false));
-            assert!(!fwd_o_tma(4, 128, per_token, true));
+            assert!(fwd_o_tma(4, 128, per_token, false, false));
+            assert!(fwd_o_tma(2, 128, per_token, false, false));
+            assert!(!fwd_o_tma(5, 128, per_token, false, false));
+            assert!(!fwd_o_tma(4, 128, per_token, true, false));
+            assert!(!fwd_o_tma(4, 128, per_token, false, true));
             for stages in 2..=5 {
-                assert!(fwd_o_tma(stages, 64, per_token, true));
+                assert!(!fwd_o_tma(stages, 64, per_token, true, false));
+                assert!(smem_fwd4(stages, 64, per_token, true, true) <= SMEM_MAX);
             }
         }
         assert_eq!(
