@@ -7,11 +7,15 @@
 #   c: FWD_O_TMA's default rule (d = 128, short items) against =0 on the nine, two rounds; then
 #      why it lost elsewhere: the single consumer body (FLAMIA_FWD_CW=0) at 1x65536 / 4x16384
 #      with and without it, and d = 64 without Q's copy by the forward (FLAMIA_FWD_QD=0).
+#   d: the consumer-copy threshold with FWD_O_TMA (FLAMIA_FWD_CW=0, whose single body now stores O
+#      by TMA, against the default at 16x4096 / 8x8192 / 32x2048, two rounds), then the standing:
+#      bench/vs-anchors.sh (ours, anchors.py, cuDNN FP8 with .whl carried, ours again).
+#   e: the whole GPU suite (device_suite.sh 1 and 2).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s30.sh a|b|c}
+mode=${1:?usage: device_s30.sh a|b|c|d|e}
 CONTRACT=(causal_leakage_has_the_reference_properties documents_are_isolated_bitwise repeated_runs_are_bitwise_identical
   mxfp8_causal_gqa_is_as_accurate_as_the_reference long_documents_gqa_are_as_accurate_as_the_reference
   head_dim_64_documents_are_isolated_and_default_mxfp8_is_causal_before_the_block
@@ -73,6 +77,20 @@ c)
       FLAMIA_FWD_QD=0 FLAMIA_FWD_O_TMA=$v timeout 100 $C/flamia bench attention --head-dim 64 --workload 256x256 --workload 64x1024 2>&1 | grep -E "^[0-9]"
     done
   done
+  ;;
+d)
+  for r in 1 2; do
+    for v in default cw0; do
+      e=(X=1); [ $v = cw0 ] && e=(FLAMIA_FWD_CW=0)
+      echo "=== d=128 $v round $r"
+      env "${e[@]}" timeout 60 $C/flamia bench attention --workload 16x4096 --workload 8x8192 --workload 32x2048 2>&1 | grep -E "^[0-9]"
+    done
+  done
+  B=$C/flamia bash bench/vs-anchors.sh
+  ;;
+e)
+  T=$C bash bench/device_suite.sh 1
+  T=$C bash bench/device_suite.sh 2
   ;;
 esac
 date
