@@ -260,10 +260,11 @@ fn forward_consumer_copies_give_bitwise_the_same() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn forward_o_by_tma_gives_bitwise_the_same() {
-    // FLAMIA_FWD_O_TMA=1 (forced on; by default d = 128 short items only) has a consumer warpgroup whose 64 rows all
-    // lie in the document write O through shared memory (stmatrix) and bulk tensor stores; =0
-    // the 16-byte stores from registers: every output bitwise the same, and the rows of partial
-    // tiles (65 tokens: one warpgroup full, the other one row; 300: a 44-row tail) stay theirs.
+    // FLAMIA_FWD_O_TMA=1 (forced on wherever it fits; by default d = 128 short items only):
+    // a consumer warpgroup whose 64 rows all lie in the document writes O through shared
+    // memory (stmatrix) and bulk tensor stores; =0 the 16-byte stores from registers: every
+    // output bitwise the same, and the rows of partial tiles (65 tokens: one warpgroup full,
+    // the other one row; 300: a 44-row tail) stay theirs.
     knob_keeps_every_bit("FLAMIA_FWD_O_TMA", &["0", "1"], &FORWARD_KNOB_CASES);
 }
 
