@@ -11,11 +11,15 @@
 #      by TMA, against the default at 16x4096 / 8x8192 / 32x2048, two rounds), then the standing:
 #      bench/vs-anchors.sh (ours, anchors.py, cuDNN FP8 with .whl carried, ours again).
 #   e: the whole GPU suite (device_suite.sh 1 and 2).
+#   f: (prepared for session 31, not yet run) the forward's half tiles (FWD_HALF_TILES): their
+#      bitwise test, the two new mutations (fwd-o-tma-rows, fwd-half-limit: each must be caught),
+#      then FLAMIA_FWD_HALF=1 against the default, two rounds, d = 128 on the nine and d = 64 on
+#      five (~4 minutes).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s30.sh a|b|c|d|e}
+mode=${1:?usage: device_s30.sh a|b|c|d|e|f}
 CONTRACT=(causal_leakage_has_the_reference_properties documents_are_isolated_bitwise repeated_runs_are_bitwise_identical
   mxfp8_causal_gqa_is_as_accurate_as_the_reference long_documents_gqa_are_as_accurate_as_the_reference
   head_dim_64_documents_are_isolated_and_default_mxfp8_is_causal_before_the_block
@@ -91,6 +95,22 @@ d)
 e)
   T=$C bash bench/device_suite.sh 1
   T=$C bash bench/device_suite.sh 2
+  ;;
+f)
+  timeout 150 $C/gpu_attention --ignored --exact --test-threads=1 forward_half_tiles_give_bitwise_the_same \
+    2>&1 | grep -E "^test |test result|panicked"
+  T=$C/gpu_attention ONLY=fwd-o-tma-rows bash bench/gpu_mutations.sh 2>&1 | tail -3
+  T=$C/gpu_attention ONLY=fwd-half-limit bash bench/gpu_mutations.sh 2>&1 | tail -3
+  for r in 1 2; do
+    for v in default half; do
+      e=(X=1); [ $v = half ] && e=(FLAMIA_FWD_HALF=1)
+      echo "=== d=128 $v round $r"
+      env "${e[@]}" timeout 100 $C/flamia bench attention 2>&1 | grep -E "^[0-9]|^lognormal"
+      echo "=== d=64 $v round $r"
+      env "${e[@]}" timeout 100 $C/flamia bench attention --head-dim 64 --workload 256x256 --workload 64x1024 \
+        --workload 32x2048 --workload 16x4096 --workload lognormal 2>&1 | grep -E "^[0-9]|^lognormal"
+    done
+  done
   ;;
 esac
 date

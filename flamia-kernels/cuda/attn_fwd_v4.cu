@@ -85,6 +85,16 @@ static_assert(128 * FWD_PROD_REGS + 256 * FWD_CONS_REGS <= 168 * 384, "attn_fwd_
 #ifndef FWD_O_TMA
 #define FWD_O_TMA 0
 #endif
+// FWD_HALF_TILES 1 (prepared in session 30, not yet measured: host knob FLAMIA_FWD_HALF=1; off by
+// default): a masked key tile that no row of the consumer warpgroup sees past its key 63 runs
+// over those 64 keys only (fwd_tile<true, 32>): causal, the first warpgroup's rows q0..q0+63 of
+// a diagonal tile see keys k0..k0+63 at most, so it computed S, the softmax and PV for 64 keys
+// whose P is exactly zero. That is one of the ~4.5 key tiles per item at 64x1024 and most of an
+// item at 256x256: about half that warpgroup's tensor and MUFU work on it. Census: see
+// docs/perf.md "Session 30". Bitwise the same outputs (fwd_tile).
+#ifndef FWD_HALF_TILES
+#define FWD_HALF_TILES 0
+#endif
 
 // Mirrors FwdV4Params in src/gpu/attention.rs.
 struct FwdV4Params {
@@ -430,14 +440,16 @@ __device__ __forceinline__ void p_to_afrag(const float (&sc)[64], u32 (&pa)[4][4
   acc_to_afrag<false>(lo, alo);
   acc_to_afrag<false>(hi, ahi);
 }
+// (a half tile's 64 keys: its first two A fragments, FWD_HALF_TILES)
+__device__ __forceinline__ void p_to_afrag(const float (&sc)[32], u32 (&pa)[2][4]) { acc_to_afrag<false>(sc, pa); }
 
-// acc[64 x N] = A (E4M3 fragments, 4 K slices of 32) * B^T, B a 128-byte-swizzled [N x 128 bytes]
-// tile (N = 2R: the dim-major V tile's HEAD_DIM rows).
-template <int R>
-__device__ __forceinline__ void mma_rs_k128(float (&acc)[R], const u32 (&a)[4][4], u32 b) {
+// acc[64 x N] = A (E4M3 fragments, KS K slices of 32) * B^T, B a 128-byte-swizzled [N x 128 bytes]
+// tile (N = 2R: the dim-major V tile's HEAD_DIM rows), its first 32 KS keys.
+template <int R, int KS>
+__device__ __forceinline__ void mma_rs_k128(float (&acc)[R], const u32 (&a)[KS][4], u32 b) {
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_rs_k32_e4m3(acc, a[kk], desc_sw128(b + 32 * kk), kk > 0);
+  for (int kk = 0; kk < KS; ++kk) wgmma_rs_k32_e4m3(acc, a[kk], desc_sw128(b + 32 * kk), kk > 0);
   wg_commit();
   wg_wait<0>();
   fence_regs(acc);
@@ -451,25 +463,35 @@ __device__ __forceinline__ void mma_rs_k128(float (&acc)[R], const u32 (&a)[4][4
 // fwd-overlap branch, session 14's FWD_OVERLAP (commit 386b083) and FWD_OVERLAP again on the
 // lean producer at 240 / 24 registers (commit 3e3ca3e): +1.4% at 1x65536 d = 128, -0.3..-6.2%
 // elsewhere, no better than the lean producer alone at d = 64.)
-template <bool MASKED>
+// NS = 32 (FWD_HALF_TILES): a masked tile no row of the warpgroup sees past its key 63 (the
+// first warpgroup's diagonal tile, a document ending in the tile's first half) computes S and PV
+// over those 64 keys only (m64n64 S products, two PV slices): the other keys' P would be exact
+// zeros, which add nothing to the row sums or (truncated or not) to PV's FP8 accumulator, so
+// bitwise the same O and LSE (GPU test forward_half_tiles_give_bitwise_the_same).
+template <bool MASKED, int NS = 64>
 __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[DK_SLICES][4], RowState& st, float (&o)[HEAD_DIM / 2],
                                          int R0, const TileMask& mk) {
-  float sc[64];
+  float sc[NS];
   turn_take(R0 >> 6);
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < DK_SLICES; ++kk) wgmma_rs_m64n128k32_e4m3(sc, qa[kk], desc_tok(smem_u32(sm.k[s]) + 32 * kk), kk > 0);
+  for (int kk = 0; kk < DK_SLICES; ++kk) {
+    if constexpr (NS == 64)
+      wgmma_rs_m64n128k32_e4m3(sc, qa[kk], desc_tok(smem_u32(sm.k[s]) + 32 * kk), kk > 0);
+    else
+      wgmma_rs_m64n64k32_e4m3(sc, qa[kk], desc_tok(smem_u32(sm.k[s]) + 32 * kk), kk > 0);
+  }
   wg_commit();
   turn_pass(R0 >> 6);
   wg_wait<0>();
   fence_regs(sc);
   float alpha_o[2];
 #if PER_TOKEN_COLS
-  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], sm.vf[s], sm.evt[s], R0, mk, alpha_o);
+  softmax_tile<MASKED, NS>(sc, st, sm.kf[s], sm.ev[s], sm.vf[s], sm.evt[s], R0, mk, alpha_o);
 #else
-  softmax_tile<MASKED>(sc, st, sm.kf[s], sm.ev[s], nullptr, 0, R0, mk, alpha_o);
+  softmax_tile<MASKED, NS>(sc, st, sm.kf[s], sm.ev[s], nullptr, 0, R0, mk, alpha_o);
 #endif
-  u32 pa[4][4];
+  u32 pa[NS / 16][4];
   p_to_afrag(sc, pa);
   float pv[HEAD_DIM / 2];
   mma_rs_k128(pv, pa, smem_u32(sm.v[s]));
@@ -582,7 +604,15 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       mbar_wait(smem_u32(&sm.kv_full[s]), ph);
       FWD_ACC(1, tk);
       FWD_T(tt);
-      fwd_tile<true>(sm, s, qa, st, o, R0, TileMask{min(KT, tile.len - kt * KT), rows, tile.q0 - kt * KT, a.causal});
+      const TileMask mk{min(KT, tile.len - kt * KT), rows, tile.q0 - kt * KT, a.causal};
+#if FWD_HALF_TILES
+      // no row of this warpgroup sees past the tile's key 63 (its last row's last key; rows past
+      // the document see none); warp-uniform: one value for the whole warpgroup
+      if (mk.last(min(64 * cw + 63, rows - 1)) < 64)
+        fwd_tile<true, 32>(sm, s, qa, st, o, R0, mk);
+      else
+#endif
+        fwd_tile<true>(sm, s, qa, st, o, R0, mk);
       FWD_ACC(2, tt);
       if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
     }

@@ -65,17 +65,22 @@ __device__ __forceinline__ void update_max(RowState& st, const float (&tmax)[2],
 // per key of the tile (shared memory); R0 = row of s[0] in the 128-row query tile.
 // vf / evt (per-token scales only): the producer's per-key fold 2^(eV_c - evt + 8) and the tile's
 // max eV, which on an interior tile (every row sees every key) are exactly each row's Ev and fold.
-template <bool MASKED>
-__device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const float* kf, const int* ev, const float* vf,
+// NS: scores per thread, 64 (the 128-key tile) or 32 (its first 64 keys only: a masked tile no
+// row of the warpgroup sees past key 63, FWD_HALF_TILES; the 32 elements are the first 32 of
+// the full tile's, and the skipped keys would have added exact zeros, so the same bits).
+template <bool MASKED, int NS = 64>
+__device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const float* kf, const int* ev, const float* vf,
                                              int evt, int R0, const TileMask& mk, float (&alpha_o)[2]) {
+  static_assert(NS == 64 || (NS == 32 && MASKED), "softmax_tile: 64 scores, or 32 on a masked tile");
+  constexpr int NG = NS / 16;  // 32-key groups
   const int q = threadIdx.x & 3;
   float alpha[2], mref[2];
   int Ev[2];
 #if !PER_TOKEN_COLS
-  float kg[4];
-  int eg[4];
+  float kg[NG];
+  int eg[NG];
 #pragma unroll
-  for (int G = 0; G < 4; ++G) {
+  for (int G = 0; G < NG; ++G) {
     kg[G] = kf[32 * G];
     eg[G] = ev[32 * G];
   }
@@ -87,24 +92,24 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
     lim[r] = MASKED ? mk.last(R0 + 8 * r) : KT - 1;
     lq[r] = lim[r] - 2 * q;
   }
-  float gm[2][4];
+  float gm[2][NG];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int G = 0; G < 4; ++G) gm[r][G] = NEG_INF;
+    for (int G = 0; G < NG; ++G) gm[r][G] = NEG_INF;
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < NS; ++i) {
     const int r = (i >> 1) & 1, G = i >> 4;
     if (MASKED) s[i] = (8 * (i >> 2) + (i & 1) <= lq[r]) ? s[i] : NEG_INF;  // ex2 gives 0 below
     gm[r][G] = fmaxf(gm[r][G], s[i]);
   }
-  float cf[2][4], tmax[2];
+  float cf[2][NG], tmax[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     tmax[r] = NEG_INF;
     Ev[r] = -1000;
 #pragma unroll
-    for (int G = 0; G < 4; ++G) {
+    for (int G = 0; G < NG; ++G) {
       // floored at 1e-30 so a masked -inf times cf is -inf, never NaN (cf = 0 for a row past the
       // document, a key group past it, or an underflowing product); below 1e-30 every x = s * cf
       // is within 3e-23 of zero either way (|s| <= 448^2 * 128), so no result moves.
@@ -116,17 +121,17 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
     }
   }
   update_max(st, tmax, alpha, mref);
-  float fe[2][4], bias[2][4], ps[2][4];
+  float fe[2][NG], bias[2][NG], ps[2][NG];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int G = 0; G < 4; ++G) {
+    for (int G = 0; G < NG; ++G) {
       fe[r][G] = (float)max(eg[G] - Ev[r] + 8, -20);
       bias[r][G] = fe[r][G] - mref[r];
       ps[r][G] = 0.f;
     }
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < NS; ++i) {
     const int r = (i >> 1) & 1, G = i >> 4;
     const float p = fast_exp2(fmaf(s[i], cf[r][G], bias[r][G]));  // masked: ex2(-inf) = 0
     ps[r][G] += p;
@@ -136,7 +141,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
   for (int r = 0; r < 2; ++r) {
     float sum = 0.f;
 #pragma unroll
-    for (int G = 0; G < 4; ++G) sum = fmaf(ps[r][G], exp2i(-(int)fe[r][G]), sum);
+    for (int G = 0; G < NG; ++G) sum = fmaf(ps[r][G], exp2i(-(int)fe[r][G]), sum);
     st.l[r] = fmaf(st.l[r], alpha[r], sum);
   }
 #else
@@ -148,7 +153,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
   if (!MASKED) {  // interior: Ev = evt for both rows, the fold per key from the producer
     Ev[0] = Ev[1] = evt;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < NS; ++i) {
       const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
       const float y = s[i] * kf[c];
       s[i] = y;
@@ -159,7 +164,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
     update_max(st, tmax, alpha, mref);
     float ps[2] = {0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < NS; ++i) {
       const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
       const float p = fast_exp2(fmaf(s[i], st.qf[r], -mref[r]));
       ps[r] += p;
@@ -173,7 +178,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
 #pragma unroll
   for (int r = 0; r < 2; ++r) lq[r] = (MASKED ? mk.last(R0 + 8 * r) : KT - 1) - 2 * q;
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < NS; ++i) {
     const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
     const bool ok = MASKED ? 8 * (i >> 2) + (i & 1) <= lq[r] : true;
     const float y = s[i] * kf[c];
@@ -188,7 +193,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, const
   update_max(st, tmax, alpha, mref);
   float ps[2] = {0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < NS; ++i) {
     const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
     float p = fast_exp2(fmaf(s[i], st.qf[r], -mref[r]));
     if (MASKED) p = (8 * (i >> 2) + (i & 1) <= lq[r]) ? p : 0.f;
