@@ -26,6 +26,16 @@ CONTRACT=(causal_leakage_has_the_reference_properties documents_are_isolated_bit
   head_dim_64_is_bitwise_repeatable_whatever_the_reduce_order_and_chunking head_dim_64_is_as_accurate_as_the_reference
   precision_options_and_no_hadamard_are_as_accurate_as_the_reference nvfp4_is_as_accurate_as_the_reference
   walking_up_is_accurate_repeatable_and_ordered)
+# One `flamia bench attention` run, its table rows only: label, the environment assignments
+# (space-separated; "-" for none), then the bench's arguments.
+run_bench() {
+  local label=$1 e=$2; shift 2
+  [ "$e" = - ] && e=X=1
+  echo "=== $label"
+  # (the assignments split on purpose)
+  env $e timeout 100 $C/flamia bench attention "$@" 2>&1 | grep -E "^[0-9]|^lognormal"
+}
+D64=(--head-dim 64 --workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096 --workload lognormal)
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
@@ -48,47 +58,34 @@ b)
     documents_are_isolated_bitwise causal_leakage_has_the_reference_properties repeated_runs_are_bitwise_identical \
     head_dim_64_documents_are_isolated_and_default_mxfp8_is_causal_before_the_block 2>&1 | grep -E "^test |test result|panicked"
   for r in 1 2 3; do
-    for v in otma off; do
-      e=(X=1); [ $v = off ] && e=(FLAMIA_FWD_O_TMA=0)
-      echo "=== d=128 $v round $r"
-      env "${e[@]}" timeout 100 $C/flamia bench attention 2>&1 | grep -E "^[0-9]|^lognormal"
-    done
+    run_bench "d=128 otma round $r" -
+    run_bench "d=128 off round $r" FLAMIA_FWD_O_TMA=0
   done
   for r in 1 2; do
-    for v in otma off; do
-      e=(X=1); [ $v = off ] && e=(FLAMIA_FWD_O_TMA=0)
-      echo "=== d=64 $v round $r"
-      env "${e[@]}" timeout 100 $C/flamia bench attention --head-dim 64 --workload 256x256 --workload 64x1024 \
-        --workload 32x2048 --workload 16x4096 --workload lognormal 2>&1 | grep -E "^[0-9]|^lognormal"
-    done
+    run_bench "d=64 otma round $r" - "${D64[@]}"
+    run_bench "d=64 off round $r" FLAMIA_FWD_O_TMA=0 "${D64[@]}"
   done
   ;;
 c)
   for r in 1 2; do
-    for v in rule off; do
-      e=(X=1); [ $v = off ] && e=(FLAMIA_FWD_O_TMA=0)
-      echo "=== d=128 $v round $r"
-      env "${e[@]}" timeout 100 $C/flamia bench attention 2>&1 | grep -E "^[0-9]|^lognormal"
-    done
+    run_bench "d=128 rule round $r" -
+    run_bench "d=128 off round $r" FLAMIA_FWD_O_TMA=0
   done
   for r in 1 2; do
     for v in 1 0; do
-      echo "=== d=128 FLAMIA_FWD_CW=0 FLAMIA_FWD_O_TMA=$v round $r"
-      FLAMIA_FWD_CW=0 FLAMIA_FWD_O_TMA=$v timeout 100 $C/flamia bench attention --workload 1x65536 --workload 4x16384 2>&1 | grep -E "^[0-9]"
-      echo "=== d=128 FLAMIA_FWD_CW=1 FLAMIA_FWD_O_TMA=$v round $r"
-      FLAMIA_FWD_CW=1 FLAMIA_FWD_O_TMA=$v timeout 100 $C/flamia bench attention --workload 1x65536 --workload 4x16384 2>&1 | grep -E "^[0-9]"
-      echo "=== d=64 FLAMIA_FWD_QD=0 FLAMIA_FWD_O_TMA=$v round $r"
-      FLAMIA_FWD_QD=0 FLAMIA_FWD_O_TMA=$v timeout 100 $C/flamia bench attention --head-dim 64 --workload 256x256 --workload 64x1024 2>&1 | grep -E "^[0-9]"
+      for cw in 0 1; do
+        run_bench "d=128 FLAMIA_FWD_CW=$cw FLAMIA_FWD_O_TMA=$v round $r" "FLAMIA_FWD_CW=$cw FLAMIA_FWD_O_TMA=$v" \
+          --workload 1x65536 --workload 4x16384
+      done
+      run_bench "d=64 FLAMIA_FWD_QD=0 FLAMIA_FWD_O_TMA=$v round $r" "FLAMIA_FWD_QD=0 FLAMIA_FWD_O_TMA=$v" \
+        --head-dim 64 --workload 256x256 --workload 64x1024
     done
   done
   ;;
 d)
   for r in 1 2; do
-    for v in default cw0; do
-      e=(X=1); [ $v = cw0 ] && e=(FLAMIA_FWD_CW=0)
-      echo "=== d=128 $v round $r"
-      env "${e[@]}" timeout 60 $C/flamia bench attention --workload 16x4096 --workload 8x8192 --workload 32x2048 2>&1 | grep -E "^[0-9]"
-    done
+    run_bench "d=128 default round $r" - --workload 16x4096 --workload 8x8192 --workload 32x2048
+    run_bench "d=128 cw0 round $r" FLAMIA_FWD_CW=0 --workload 16x4096 --workload 8x8192 --workload 32x2048
   done
   B=$C/flamia bash bench/vs-anchors.sh
   ;;
@@ -102,13 +99,9 @@ f)
   T=$C/gpu_attention ONLY=fwd-o-tma-rows bash bench/gpu_mutations.sh 2>&1 | tail -3
   T=$C/gpu_attention ONLY=fwd-half-limit bash bench/gpu_mutations.sh 2>&1 | tail -3
   for r in 1 2; do
-    for v in default half; do
-      e=(X=1); [ $v = half ] && e=(FLAMIA_FWD_HALF=1)
-      echo "=== d=128 $v round $r"
-      env "${e[@]}" timeout 100 $C/flamia bench attention 2>&1 | grep -E "^[0-9]|^lognormal"
-      echo "=== d=64 $v round $r"
-      env "${e[@]}" timeout 100 $C/flamia bench attention --head-dim 64 --workload 256x256 --workload 64x1024 \
-        --workload 32x2048 --workload 16x4096 --workload lognormal 2>&1 | grep -E "^[0-9]|^lognormal"
+    for v in - FLAMIA_FWD_HALF=1; do
+      run_bench "d=128 $v round $r" $v
+      run_bench "d=64 $v round $r" $v "${D64[@]}"
     done
   done
   ;;
