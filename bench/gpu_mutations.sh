@@ -192,7 +192,7 @@ mutate ds-stsm-row attn_bwd_v4.cu 's/e\[jj\] = __byte_perm(R0, R8, 0x5140);/e[jj
 # other build leaves alone.
 mutate fwd-o-tma-rows attn_fwd_v4.cu 's/if (64 \* cw + 64 <= rows)/if (64 * cw + 1 <= rows)/' \
   documents_are_isolated_bitwise forward_o_by_tma_gives_bitwise_the_same
-# 34. The forward's half tiles (FWD_HALF_TILES, session 30, test under FLAMIA_FWD_HALF=1) for a
+# 34. The forward's half tiles (FWD_HALF_TILES, session 30, test under FLAMIA_FWD_HALF=all) for a
 # warpgroup whose rows see up to key 95: keys 64..95 of such tiles dropped.
 mutate fwd-half-limit attn_fwd_v4.cu 's/if (mk.last(min(64 \* cw + 63, rows - 1)) < 64)/if (mk.last(min(64 * cw + 63, rows - 1)) < 96)/' \
   forward_half_tiles_give_bitwise_the_same

@@ -271,11 +271,12 @@ fn forward_o_by_tma_gives_bitwise_the_same() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn forward_half_tiles_give_bitwise_the_same() {
-    // FLAMIA_FWD_HALF=1 runs a masked key tile that no row of a consumer warpgroup sees past its
-    // key 63 over those 64 keys only (the first warpgroup's diagonal tiles, documents ending in a
-    // tile's first half: 300 and 1 tokens, not 65); the skipped keys' P are exact zeros, so every
-    // output bitwise the same, causal and not, block and per-token scales, both head dims.
-    knob_keeps_every_bit("FLAMIA_FWD_HALF", &["0", "1"], &FORWARD_KNOB_CASES);
+    // FLAMIA_FWD_HALF=all (every build; =1 only the short items' one) runs a masked key tile
+    // that no row of a consumer warpgroup sees past its key 63 over those 64 keys only (the
+    // first warpgroup's diagonal tiles, documents ending in a tile's first half: 300 and 1
+    // tokens, not 65); the skipped keys' P are exact zeros, so every output bitwise the same,
+    // causal and not, block and per-token scales, both head dims.
+    knob_keeps_every_bit("FLAMIA_FWD_HALF", &["0", "all"], &FORWARD_KNOB_CASES);
 }
 
 /// The cases of the forward's build knobs: a 4,096-token document (many interior key tiles)

@@ -102,9 +102,16 @@ fn fwd_o_tma(stages: u32, hd: u32, per_token: bool, qd_write: bool, cw_const: bo
 /// Whether the v4 forward runs a masked key tile that no row of a consumer warpgroup sees past
 /// its key 63 over those 64 keys only (`FWD_HALF_TILES`, `cuda/attn_fwd_v4.cu`; the outputs
 /// bitwise the same, GPU test `forward_half_tiles_give_bitwise_the_same`). Prepared in session
-/// 30 and not yet measured, so off unless `FLAMIA_FWD_HALF=1`.
-fn fwd_half_tiles() -> bool {
-    std::env::var("FLAMIA_FWD_HALF").is_ok_and(|v| v.trim() == "1")
+/// 30 and not yet measured, so off unless `FLAMIA_FWD_HALF=1` (then for plans of short items,
+/// the build without the consumer copies, `cw_const` false: those have the diagonal tiles that
+/// matter, and the copies' build is where `FWD_O_TMA`'s extra code measured slower) or `=all`
+/// (every build: the bitwise test).
+fn fwd_half_tiles(cw_const: bool) -> bool {
+    match std::env::var("FLAMIA_FWD_HALF").as_deref().map(str::trim) {
+        Ok("all") => true,
+        Ok("1") => !cw_const,
+        _ => false,
+    }
 }
 
 /// Which forward kernel runs: the v4 warp-specialised kernel (default for the E4M3-score paths)
@@ -1238,7 +1245,7 @@ impl Attention {
             cw,
             self.fwd_qd_order(qd),
             o_tma,
-            fwd_half_tiles(),
+            fwd_half_tiles(cw),
         );
         let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
         if launch_memsets() {
@@ -1597,7 +1604,7 @@ impl Attention {
                 false,
                 self.fwd_qd_order(qd),
                 o_tma,
-                fwd_half_tiles(),
+                fwd_half_tiles(false),
             );
             let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
