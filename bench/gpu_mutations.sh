@@ -188,10 +188,11 @@ mutate dq-stsm-order attn_bwd_v4.cu 's/^  across(1);$/  (void)0;/; s/for (int m 
 mutate ds-stsm-row attn_bwd_v4.cu 's/e\[jj\] = __byte_perm(R0, R8, 0x5140);/e[jj] = __byte_perm(R0, R8, 0x4051);/' \
   ds_tile_by_stmatrix_gives_bitwise_the_same precision_options_and_no_hadamard_are_as_accurate_as_the_reference
 # 33. The forward's O by bulk tensor stores (FWD_O_TMA, session 30) for a warpgroup with any row in
-# the document: its 64-row box writes the next document's rows (isolation) and rows the knob's
-# other build leaves alone.
+# the document: its 64-row box writes zeros over the next document's first rows. A race with
+# that document's own stores (caught when the box lands last; the three tests give it three
+# chances, run it again if it survives).
 mutate fwd-o-tma-rows attn_fwd_v4.cu 's/if (64 \* cw + 64 <= rows)/if (64 * cw + 1 <= rows)/' \
-  documents_are_isolated_bitwise forward_o_by_tma_gives_bitwise_the_same
+  documents_are_isolated_bitwise forward_o_by_tma_gives_bitwise_the_same mxfp8_causal_gqa_is_as_accurate_as_the_reference
 # 34. The forward's half tiles (FWD_HALF_TILES, session 30, test under FLAMIA_FWD_HALF=all) for a
 # warpgroup whose rows see up to key 95: keys 64..95 of such tiles dropped.
 mutate fwd-half-limit attn_fwd_v4.cu 's/if (mk.last(min(64 \* cw + 63, rows - 1)) < 64)/if (mk.last(min(64 * cw + 63, rows - 1)) < 96)/' \
