@@ -117,13 +117,42 @@ pub fn prune(dir: &Path, keep: usize) {
     }
 }
 
+/// This machine's name as a file-name piece (letters, digits, `-`, `_`; at most 32), "" when
+/// unknown: with the process id it keeps the temporary files of writers on different machines
+/// apart when the cache directory is shared (`FLAMIA_KERNEL_CACHE` on a network filesystem, so
+/// that one node's compile serves every node).
+fn host_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_default();
+        sanitize_tag(&name)
+    })
+}
+
+/// `name` with every character but ASCII letters, digits, `-` and `_` dropped, at most 32 kept.
+fn sanitize_tag(name: &str) -> String {
+    name.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(32)
+        .collect()
+}
+
+/// The temporary file of entry `file` for writer (`host`, `pid`) and its `seq`-th store: a dot
+/// file ending in `.tmp` ([`prune`] removes stale ones), distinct per machine, process and store.
+fn tmp_name(file: &str, host: &str, pid: u32, seq: u64) -> String {
+    format!(".{file}.{host}.{pid}.{seq}.tmp")
+}
+
 /// Writes entry `file` (`header`, then `ptx`) into `dir`, creating it, through a temporary file
 /// renamed into place, then [`prune`]s the directory to [`MAX_ENTRIES`]; false (and nothing left
 /// behind) when any step of the write fails.
 pub fn store(dir: &Path, file: &str, header: &str, ptx: &str) -> bool {
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(".{file}.{}.{seq}.tmp", std::process::id()));
+    let tmp = dir.join(tmp_name(file, host_tag(), std::process::id(), seq));
     let written = std::fs::create_dir_all(dir)
         .and_then(|_| std::fs::write(&tmp, format!("{header}{ptx}")))
         .and_then(|_| std::fs::rename(&tmp, dir.join(file)));
@@ -138,6 +167,23 @@ pub fn store(dir: &Path, file: &str, header: &str, ptx: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn temporary_files_differ_per_machine_process_and_store_and_are_pruned_as_such() {
+        let a = tmp_name("k1.ptx", "node-a", 42, 0);
+        assert_eq!(a, ".k1.ptx.node-a.42.0.tmp");
+        // the same process id on another machine (a shared cache directory), another process,
+        // another store of the same process: all distinct
+        assert_ne!(a, tmp_name("k1.ptx", "node-b", 42, 0));
+        assert_ne!(a, tmp_name("k1.ptx", "node-a", 43, 0));
+        assert_ne!(a, tmp_name("k1.ptx", "node-a", 42, 1));
+        assert_eq!(sanitize_tag("gpu-17.cluster.local\n"), "gpu-17clusterlocal");
+        assert_eq!(sanitize_tag("../x y/"), "xy");
+        assert_eq!(sanitize_tag(&"h".repeat(40)).len(), 32);
+        // what prune takes for a writer's leftover
+        assert!(a.starts_with('.') && a.ends_with(".tmp"));
+        assert!(!host_tag().contains('/'));
+    }
 
     #[test]
     fn the_directory_follows_the_environment() {
