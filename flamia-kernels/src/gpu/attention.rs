@@ -627,6 +627,16 @@ impl BwdScratch {
     }
 }
 
+/// A v4 forward build ([`Attention::forward_v4_build`]).
+struct FwdBuild {
+    variant: Variant,
+    smem: u32,
+    /// writes Q's dim-major copy (`FWD_QD_WRITE`)
+    qd: bool,
+    /// O by bulk tensor stores (`FWD_O_TMA`)
+    o_tma: bool,
+}
+
 /// Mirrors `struct FwdV4Params` of `cuda/attn_fwd_v4.cu` (passed as a `__grid_constant__`, so the
 /// tensor maps live in the parameter space where TMA reads them).
 #[repr(C, align(64))]
@@ -1208,26 +1218,48 @@ impl Attention {
         unsafe { launch(&f, grid, 128, SMEM_FWD[i], stream, &p, "attn_fwd") }
     }
 
+    /// The v4 forward's build for a plan of `mean_tiles` key tiles per query tile at head dim
+    /// `hd`, with the consumer copies or not (`cw`, [`fwd_cw_const`]): whether it writes Q's
+    /// dim-major copy and O by bulk tensor stores, its variant and shared memory.
+    fn forward_v4_build(&self, hd: usize, mean_tiles: f64, cw: bool) -> FwdBuild {
+        let per_token = self.scale_mode() == ScaleMode::PerToken;
+        let qd = self.fwd_writes_qd_at(hd, mean_tiles);
+        let o_tma = fwd_o_tma(self.fwd_stages, hd as u32, per_token, qd, cw);
+        let (variant, smem) = forward_v4_variant(
+            per_token,
+            self.fwd_stages,
+            hd as u32,
+            cw,
+            self.fwd_qd_order(qd),
+            o_tma,
+            fwd_half_tiles(cw),
+        );
+        FwdBuild {
+            variant,
+            smem,
+            qd,
+            o_tma,
+        }
+    }
+
     /// The v4 forward: persistent grid of at most one CTA per SM over the plan's longest-first
     /// work items, TMA maps of this call's code buffers.
     fn forward_v4(&self, stream: RawStream, plan: &Plan, saved: &Saved, a: AttnParams) -> GpuResult<()> {
         let s = plan.shape();
         let (t, hd) = (s.tokens(), s.head_dim);
         let nitems = plan.tables.fwd.items.len();
-        let qd = self.fwd_writes_qd(plan);
-        let per_token = self.scale_mode() == ScaleMode::PerToken;
-        let cw = fwd_cw_const(hd, plan.tables.fwd.mean_key_tiles());
-        let o_tma = fwd_o_tma(self.fwd_stages, hd as u32, per_token, qd, cw);
+        let mean_tiles = plan.tables.fwd.mean_key_tiles();
+        let b = self.forward_v4_build(hd, mean_tiles, fwd_cw_const(hd, mean_tiles));
         let p = FwdV4Params {
             q_map: tma::token_major(saved.q.tok, t, s.heads_q, hd, FWD_QT as u32)?,
             k_map: tma::token_major(saved.k.tok, t, s.heads_kv, hd, 128)?,
             v_map: tma::dim_major(saved.v.dim, s.heads_kv, hd, plan.tpad())?,
-            qd_map: if qd {
+            qd_map: if b.qd {
                 tma::dim_major_64(saved.q.dim, s.heads_q, hd, plan.tpad())?
             } else {
                 TmaMap::default()
             },
-            o_map: if o_tma {
+            o_map: if b.o_tma {
                 tma::bf16_rows(a.o, t, s.heads_q, hd, 64)?
             } else {
                 TmaMap::default()
@@ -1238,16 +1270,9 @@ impl Attention {
             counter: plan.counter.ptr(),
             nitems: nitems as i32,
         };
-        let (v, smem) = forward_v4_variant(
-            per_token,
-            self.fwd_stages,
-            hd as u32,
-            cw,
-            self.fwd_qd_order(qd),
-            o_tma,
-            fwd_half_tiles(cw),
-        );
-        let f = self.gpu.function("attn_fwd_v4.cu", &v, "attn_fwd_v4", smem)?;
+        let f = self
+            .gpu
+            .function("attn_fwd_v4.cu", &b.variant, "attn_fwd_v4", b.smem)?;
         if launch_memsets() {
             self.memset32(stream, plan.counter.ptr(), 2, "work counter")?;
         }
@@ -1255,7 +1280,7 @@ impl Attention {
         // SAFETY: params mirror FwdV4Params; the maps cover the saved code buffers of `plan`'s
         // shape, the tables and counter belong to `plan` (zero between launches: sched_done), o
         // and lse are the caller's (sized by plan); the kernel waits (pdl_wait) before reading.
-        unsafe { launch_chained(&f, grid, 384, smem, stream, &p, "attn_fwd_v4") }
+        unsafe { launch_chained(&f, grid, 384, b.smem, stream, &p, "attn_fwd_v4") }
     }
 
     /// Quantises Q, K, V and runs the forward; returns the quantised operands for the backward.
@@ -1592,21 +1617,12 @@ impl Attention {
         let hd32 = hd as u32;
         let mut out = Vec::new();
         if self.uses_forward_v4() {
-            let per_token = self.scale_mode() == ScaleMode::PerToken;
             // (the short items' build: FWD_CW_CONST off, fwd_cw_const, and their Q copy choice;
             // 1.5 key tiles per query tile: 256-token documents)
-            let qd = self.fwd_writes_qd_at(hd, 1.5);
-            let o_tma = fwd_o_tma(self.fwd_stages, hd32, per_token, qd, false);
-            let (v4, smem) = forward_v4_variant(
-                per_token,
-                self.fwd_stages,
-                hd32,
-                false,
-                self.fwd_qd_order(qd),
-                o_tma,
-                fwd_half_tiles(false),
-            );
-            let f = self.gpu.function("attn_fwd_v4.cu", &v4, "attn_fwd_v4", smem)?;
+            let b = self.forward_v4_build(hd, 1.5, false);
+            let f = self
+                .gpu
+                .function("attn_fwd_v4.cu", &b.variant, "attn_fwd_v4", b.smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_fwd_v4".to_string(), r, l));
         }
