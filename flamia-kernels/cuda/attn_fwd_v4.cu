@@ -85,13 +85,14 @@ static_assert(128 * FWD_PROD_REGS + 256 * FWD_CONS_REGS <= 168 * 384, "attn_fwd_
 #ifndef FWD_O_TMA
 #define FWD_O_TMA 0
 #endif
-// FWD_HALF_TILES 1 (prepared in session 30, not yet measured: host knob FLAMIA_FWD_HALF=1; off by
-// default): a masked key tile that no row of the consumer warpgroup sees past its key 63 runs
+// FWD_HALF_TILES 1 (session 30; the host's default since session 31 for the build without the
+// consumer copies: attention.rs fwd_half_tiles, FLAMIA_FWD_HALF=0|all for A/B): a masked key tile that no row of the consumer warpgroup sees past its key 63 runs
 // over those 64 keys only (fwd_tile<true, 32>): causal, the first warpgroup's rows q0..q0+63 of
 // a diagonal tile see keys k0..k0+63 at most, so it computed S, the softmax and PV for 64 keys
 // whose P is exactly zero. That is one of the ~4.5 key tiles per item at 64x1024 and most of an
 // item at 256x256: about half that warpgroup's tensor and MUFU work on it. Census: see
-// docs/perf.md "Session 30". Bitwise the same outputs (fwd_tile).
+// docs/perf.md "Session 30". Bitwise the same outputs (fwd_tile). Measured (session 31, H200, same
+// call, two rounds): forward -7% at 32x2048, -4% at 64x1024, -5% lognormal, d = 64 256x256 -2%.
 #ifndef FWD_HALF_TILES
 #define FWD_HALF_TILES 0
 #endif

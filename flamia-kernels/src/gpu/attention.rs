@@ -101,16 +101,17 @@ fn fwd_o_tma(stages: u32, hd: u32, per_token: bool, qd_write: bool, cw_const: bo
 
 /// Whether the v4 forward runs a masked key tile that no row of a consumer warpgroup sees past
 /// its key 63 over those 64 keys only (`FWD_HALF_TILES`, `cuda/attn_fwd_v4.cu`; the outputs
-/// bitwise the same, GPU test `forward_half_tiles_give_bitwise_the_same`). Prepared in session
-/// 30 and not yet measured, so off unless `FLAMIA_FWD_HALF=1` (then for plans of short items,
-/// the build without the consumer copies, `cw_const` false: those have the diagonal tiles that
-/// matter, and the copies' build is where `FWD_O_TMA`'s extra code measured slower) or `=all`
-/// (every build: the bitwise test).
+/// bitwise the same, GPU test `forward_half_tiles_give_bitwise_the_same`). On by default for
+/// plans of short items, the build without the consumer copies (`cw_const` false: those have
+/// the diagonal tiles that matter, and the copies' build is where `FWD_O_TMA`'s extra code
+/// measured slower); session 31 on the H200, same call, two rounds: forward -7% at 32x2048,
+/// -4% at 64x1024, -5% lognormal, -2% at 256x256 for d = 64 (docs/perf.md "Session 31").
+/// `FLAMIA_FWD_HALF=0` turns it off, `=all` builds it everywhere (the bitwise test).
 fn fwd_half_tiles(cw_const: bool) -> bool {
     match std::env::var("FLAMIA_FWD_HALF").as_deref().map(str::trim) {
         Ok("all") => true,
-        Ok("1") => !cw_const,
-        _ => false,
+        Ok("0") => false,
+        _ => !cw_const,
     }
 }
 
