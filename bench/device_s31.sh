@@ -4,11 +4,15 @@
 #      consumer copies) in the copies' build too (FLAMIA_FWD_HALF=all) against the default on the
 #      four workloads that build serves, two rounds; then the whole GPU suite on the new default
 #      (device_suite.sh 1 and 2, ~7 minutes).
+#   b: the precision options' cost on this tree (`--causally-safe` beside the default, the nine),
+#      then the trainer end to end: the 1B preset at 16,384-token rows (bench/trainer_1b.sh, 10
+#      steps, short and row-long documents, bf16 and mxfp8) and configs/h200-125m.toml
+#      (bench/trainer_ab.sh, 60 steps), ~9 minutes.
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s31.sh a}
+mode=${1:?usage: device_s31.sh a|b}
 # One `flamia bench attention` run, its table rows only: label, the environment assignments
 # (space-separated; "-" for none), then the bench's arguments.
 run_bench() {
@@ -29,7 +33,15 @@ a)
     run_bench "d=128 FLAMIA_FWD_HALF=all round $r" FLAMIA_FWD_HALF=all "${LONG[@]}"
   done
   ;;
-*) echo "device_s31.sh: unknown mode '$mode' (a)"; exit 2 ;;
+b)
+  run_bench "d=128 default" -
+  run_bench "d=128 --causally-safe" - --causally-safe
+  echo "=== 1B at 16,384-token rows"; date
+  B=$C/flamia ROWS=16384 OOM_CHECK=0 STEPS16=10 timeout 330 bash bench/trainer_1b.sh 2>&1 | tail -16
+  echo "=== 125M, configs/h200-125m.toml"; date
+  B=$C/flamia STEPS=60 timeout 170 bash bench/trainer_ab.sh 2>&1 | tail -8
+  ;;
+*) echo "device_s31.sh: unknown mode '$mode' (a, b)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s31-$mode.log"
