@@ -8,11 +8,14 @@
 #      then the trainer end to end: the 1B preset at 16,384-token rows (bench/trainer_1b.sh, 10
 #      steps, short and row-long documents, bf16 and mxfp8) and configs/h200-125m.toml
 #      (bench/trainer_ab.sh, 60 steps), ~9 minutes.
+#   c: ncu of the Q/K/V quantiser (quant_e4m3, one launch at 1x65536): speed of light, warp
+#      state, scheduler and instruction statistics, DRAM bytes: is it issue- or memory-bound
+#      (docs/perf.md "Next" item 1's census), ~2 minutes.
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s31.sh a|b}
+mode=${1:?usage: device_s31.sh a|b|c}
 # One `flamia bench attention` run, its table rows only: label, the environment assignments
 # (space-separated; "-" for none), then the bench's arguments.
 run_bench() {
@@ -41,7 +44,17 @@ b)
   echo "=== 125M, configs/h200-125m.toml"; date
   B=$C/flamia STEPS=60 timeout 170 bash bench/trainer_ab.sh 2>&1 | tail -8
   ;;
-*) echo "device_s31.sh: unknown mode '$mode' (a, b)"; exit 2 ;;
+c)
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+  echo "=== ncu quant_e4m3 1x65536 ($NCU)"
+  timeout 150 $NCU --clock-control none -k quant_e4m3 --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section InstructionStats \
+    --section MemoryWorkloadAnalysis --section Occupancy \
+    --metrics dram__bytes_read.sum,dram__bytes_write.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg \
+    $C/flamia bench attention --workload 1x65536 > "$O/ncu_quant.txt" 2>&1 || echo "ncu rc=$?"
+  grep -E "quant_e4m3|dram__bytes|inst_executed|cycles_elapsed|Duration|Throughput|Stall|Warp Cycles|Issue Slots|Issued Ipc|No Eligible|Eligible Warps|Active Warps|Achieved Occupancy|Executed Ipc" "$O/ncu_quant.txt" | head -60
+  ;;
+*) echo "device_s31.sh: unknown mode '$mode' (a, b, c)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s31-$mode.log"
