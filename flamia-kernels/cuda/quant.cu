@@ -106,6 +106,19 @@ __device__ __forceinline__ void st_codes(V* p, V v) {
   *p = v;
 #endif
 }
+// QUANT_LEAN 1 (prepared in session 31, not yet run on a GPU: host knob FLAMIA_QUANT_LEAN=1; off
+// by default): the chunk bookkeeping without dynamic selects and reloads. The cursor keeps its
+// chunk's slots as a 4-bit presence mask (the next slot with a block by one __ffs instead of
+// the unrolled search over cb.x..cb.w that ptxas turned into ~88 SASS of compares and branches),
+// the flush takes this chunk's mask from a register (no reload of its int4 from global memory
+// right before the flush's barrier), tests its slot once per thread (k = tid % 8 is the same in
+// every pass) and forms each store's address as one 64-bit add to a per-thread base (the
+// default build recomputes (h d + r) Tpad per pass: ~60 SASS per flush). ncu (session 31): the
+// Q/K/V quantiser issues on 58% of its cycles, 694 instructions per thread per item. The same
+// bytes (gpu_quant with FLAMIA_QUANT_LEAN=1 compares every byte with the CPU reference).
+#ifndef QUANT_LEAN
+#define QUANT_LEAN 0
+#endif
 #define QUANT_INPUTS 3
 // 32-element chunks of a row per thread (element i = 32 k + 8 q + j, k < NK).
 #define NK (HEAD_DIM / 32)
@@ -366,6 +379,7 @@ __device__ __forceinline__ int ileave_token_r(int r) { return (r >> 1) + 8 * (r 
 struct Cursor {
   int c, s, j;
   int4 cb;
+  int pm;  // QUANT_LEAN: bit j set = the chunk's slot j holds a block (chunk_mask)
 };
 
 __device__ __forceinline__ int chunk_block(const int4& cb, int j) {
@@ -376,19 +390,40 @@ __device__ __forceinline__ int4 load_chunk(const QuantParams& p, int c) {
   return __ldg(reinterpret_cast<const int4*>(p.chunks) + c);
 }
 
+// The slots of a chunk that hold a block, as bits 0..3 (QUANT_LEAN).
+__device__ __forceinline__ int chunk_mask(const int4& cb) {
+  return (cb.x >= 0) | (cb.y >= 0) << 1 | (cb.z >= 0) << 2 | (cb.w >= 0) << 3;
+}
+
+// The cursor's chunk: its four block indices, and their presence mask under QUANT_LEAN.
+__device__ __forceinline__ void cursor_load(const QuantParams& p, Cursor& u) {
+  u.cb = load_chunk(p, u.c);
+#if QUANT_LEAN
+  u.pm = chunk_mask(u.cb);
+#endif
+}
+
 // Steps to the next block: the chunk's next slot holding one, else slot 0 of the next item
 // (every chunk's slot 0 holds a block: a chunk starts a 64-position segment of a document;
 // the host checks it).
 __device__ __forceinline__ void cursor_next(const QuantParams& p, Cursor& u, int gb, int gs) {
+#if QUANT_LEAN
+  const int rest = u.pm >> (u.j + 1);  // the slots after j that hold a block
+  if (rest != 0) {
+    u.j += __ffs(rest);
+    return;
+  }
+#else
   int j = u.j + 1;
   while (j < 4 && chunk_block(u.cb, j) < 0) ++j;
   if (j < 4) {
     u.j = j;
     return;
   }
+#endif
   advance(u.c, u.s, gb, gs, p.slots);
   u.j = 0;
-  if (u.c < p.nchunks) u.cb = load_chunk(p, u.c);
+  if (u.c < p.nchunks) cursor_load(p, u);
 }
 
 // Byte offset in the chunk's dim-major staging buffer ([HEAD_DIM rows][128 positions]) of the
@@ -418,10 +453,16 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   __shared__ __align__(16) u8 dimbuf[HEAD_DIM * 128];
   pdl_wait();  // (chained launch: the inputs' producers, the previous call's readers of the codes)
   pdl_trigger();
-  Cursor nu{(int)blockIdx.x / slots, (int)blockIdx.x % slots, 0, make_int4(0, 0, 0, 0)};
+  Cursor nu{(int)blockIdx.x / slots, (int)blockIdx.x % slots, 0, make_int4(0, 0, 0, 0), 0};
   if (nu.c >= p.nchunks) return;
-  nu.cb = load_chunk(p, nu.c);
+  cursor_load(p, nu);
   int cc = nu.c, cj = 0;  // this block's chunk and slot
+#if QUANT_LEAN
+  int cpm = nu.pm;  // and its chunk's mask
+#define QUANT_LEAN_NEXT() cpm = npm
+#else
+#define QUANT_LEAN_NEXT() (void)npm
+#endif
   Item it = make_item(p, load_block(p, nu.cb.x), nu.s);
 #if QUANT_ASYNC
   __shared__ __align__(16) uint4 stage[2][NK][128];
@@ -447,7 +488,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     // the next item's rows are in flight while this one is computed
     const bool has_next = nu.c < p.nchunks;
     const bool flush = !has_next || nu.j == 0;  // this block is its chunk item's last
-    const int ncc = nu.c, ncj = nu.j;
+    const int ncc = nu.c, ncj = nu.j, npm = nu.pm;
     Item nx = it;
     if (has_next) {
       nx = make_item(p, load_block(p, chunk_block(nu.cb, nu.j)), nu.s);
@@ -558,6 +599,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       __syncthreads();
       cc = ncc;
       cj = ncj;
+      QUANT_LEAN_NEXT();
       if (!has_next) break;
       it = nx;
       continue;
@@ -605,6 +647,20 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     if (flush) {
       // every block of the chunk item is in the buffer: each row's 128 positions as one line
       // (lanes 8i .. 8i+7 of a warp: one row), zeros at the slots without a block
+#if QUANT_LEAN
+      // pass i: row 16 i + tid / 8, piece k = tid % 8 (the same slot k / 2 in every pass)
+      const bool hole = ((cpm >> ((tid & 7) >> 1)) & 1) == 0;
+      uint4* dst = reinterpret_cast<uint4*>(t.dim + ((long long)it.h * HEAD_DIM + (tid >> 3)) * p.Tpad + 128LL * cc +
+                                            16 * (tid & 7));
+      const long long pass = p.Tpad;  // 16 rows on: 16 Tpad bytes, Tpad uint4
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < HEAD_DIM * 8 / 128; ++i) {
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (!hole) v = *reinterpret_cast<const uint4*>(dimbuf + flush_off(dimbuf_off(tid >> 3, tid & 7), i));
+        st_codes(dst + pass * i, v);
+      }
+#else
       const int4 cb = load_chunk(p, cc);
       __syncthreads();
 #pragma unroll
@@ -614,14 +670,17 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
         if (chunk_block(cb, k >> 1) < 0) v = make_uint4(0u, 0u, 0u, 0u);
         st_codes(reinterpret_cast<uint4*>(t.dim + ((long long)it.h * HEAD_DIM + r) * p.Tpad + 128LL * cc + 16 * k), v);
       }
+#endif
     }
     cc = ncc;
     cj = ncj;
+    QUANT_LEAN_NEXT();
     if (!has_next) break;
     it = nx;
   }
 }
 
+#undef QUANT_LEAN_NEXT
 
 // Tensor-wide amax (after the rotation) of every input, for MODE 2: grid-stride over the same
 // items; one atomic per warp and input at the end.

@@ -348,15 +348,29 @@ fn quant_stcs() -> bool {
     !super::env_off("FLAMIA_QUANT_STCS")
 }
 
-/// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`] and
-/// [`quant_stcs`].
+/// The E4M3 quantiser's chunk bookkeeping without dynamic selects and reloads, its flush's store
+/// addresses from one per-thread base (`QUANT_LEAN` in `cuda/quant.cu`: fewer instructions per
+/// item, the same bytes). Prepared in session 31 and not yet run on a GPU, so off unless
+/// `FLAMIA_QUANT_LEAN=1` (`gpu_quant` with it compares every byte with the CPU reference).
+fn quant_lean() -> bool {
+    super::env_on("FLAMIA_QUANT_LEAN")
+}
+
+/// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`],
+/// [`quant_stcs`] and [`quant_lean`] (defined only when on: the default build's module key, and
+/// so its disk-cache entry, stay as they were).
 fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
-    Variant::new()
+    let v = Variant::new()
         .define("HEAD_DIM", head_dim)
         .define("MODE", mode_id(mode))
         .define("DELTA", delta as i32)
         .define("QUANT_ASYNC", quant_async() as i32)
-        .define("QUANT_STCS", quant_stcs() as i32)
+        .define("QUANT_STCS", quant_stcs() as i32);
+    if quant_lean() {
+        v.define("QUANT_LEAN", 1)
+    } else {
+        v
+    }
 }
 
 /// The persistent grid of `f` (128 threads per CTA): as many CTAs as the driver says fit on
@@ -577,11 +591,16 @@ mod tests {
                     }
                 }
             }
-            // permuted dim-major copies (QUANT_PERM_MASK: Q of the fused launch, dO with D)
+            // permuted dim-major copies (QUANT_PERM_MASK: Q of the fused launch, dO with D), and
+            // the lean chunk bookkeeping (QUANT_LEAN, FLAMIA_QUANT_LEAN=1) with and without them
             for delta in [false, true] {
-                let v = quant_variant(head_dim, ScaleMode::TokenBlock, delta).define("QUANT_PERM_MASK", 1);
-                compile_ptx("quant.cu", &v, "sm_90a")
-                    .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
+                for (perm, lean) in [(1, 0), (0, 1), (1, 1)] {
+                    let v = quant_variant(head_dim, ScaleMode::TokenBlock, delta)
+                        .define("QUANT_PERM_MASK", perm)
+                        .define("QUANT_LEAN", lean);
+                    compile_ptx("quant.cu", &v, "sm_90a")
+                        .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
+                }
             }
         }
     }

@@ -1,0 +1,45 @@
+#!/bin/bash
+# Session 32 (prepared in session 31; H200; staged as device_bwd4.sh --stage, carried as
+# .device-carry/z/bwd4.tgz).
+#   a: the quantiser's lean chunk bookkeeping (QUANT_LEAN, FLAMIA_QUANT_LEAN=1; the same bytes by
+#      construction, ~150 SASS fewer in the item loop at d = 128): gpu_quant with it (every byte
+#      against the CPU reference), its two mutations (quant-lean-hole, quant-lean-next: each must
+#      be caught), three contract tests with it, then A/B against the default, two rounds, d = 128
+#      on the nine and d = 64 on five (~4 minutes). If the quantiser gains, turn it on
+#      (quant_lean in src/gpu/quant.rs) and rerun gpu_quant without the knob.
+set -u
+C=.device-carry/bwd4
+. "$(dirname "$0")/device-env.sh"
+O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
+mode=${1:?usage: device_s32.sh a}
+run_bench() {
+  local label=$1 e=$2; shift 2
+  [ "$e" = - ] && e=X=1
+  echo "=== $label"
+  # (the assignments split on purpose)
+  env $e timeout 100 $C/flamia bench attention "$@" 2>&1 | grep -E "^[0-9]|^lognormal"
+}
+D64=(--head-dim 64 --workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096 --workload lognormal)
+{
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
+date
+case $mode in
+a)
+  echo "=== gpu_quant, FLAMIA_QUANT_LEAN=1"
+  FLAMIA_QUANT_LEAN=1 timeout 60 $C/gpu_quant --ignored 2>&1 | grep -E "^test |test result|panicked"
+  FLAMIA_QUANT_LEAN=1 T=$C/gpu_attention ONLY=quant-lean-hole bash bench/gpu_mutations.sh 2>&1 | tail -2
+  FLAMIA_QUANT_LEAN=1 T=$C/gpu_attention ONLY=quant-lean-next bash bench/gpu_mutations.sh 2>&1 | tail -2
+  echo "=== contract tests, FLAMIA_QUANT_LEAN=1"
+  FLAMIA_QUANT_LEAN=1 timeout 150 $C/gpu_attention --ignored --exact --test-threads=1 documents_are_isolated_bitwise \
+    repeated_runs_are_bitwise_identical head_dim_64_is_as_accurate_as_the_reference 2>&1 | grep -E "^test |test result|panicked"
+  for r in 1 2; do
+    for v in - FLAMIA_QUANT_LEAN=1; do
+      run_bench "d=128 $v round $r" $v
+      run_bench "d=64 $v round $r" $v "${D64[@]}"
+    done
+  done
+  ;;
+*) echo "device_s32.sh: unknown mode '$mode' (a)"; exit 2 ;;
+esac
+date
+} 2>&1 | tee "$O/s32-$mode.log"
