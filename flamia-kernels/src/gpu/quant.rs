@@ -349,8 +349,9 @@ fn quant_stcs() -> bool {
 }
 
 /// The E4M3 quantiser's chunk bookkeeping without dynamic selects and reloads, its flush's store
-/// addresses from one per-thread base (`QUANT_LEAN` in `cuda/quant.cu`: fewer instructions per
-/// item, the same bytes). Prepared in session 31 and not yet run on a GPU, so off unless
+/// addresses from one per-thread base, an item's input by a dynamic index into its
+/// `__grid_constant__` parameter (`QUANT_LEAN` in `cuda/quant.cu`: fewer instructions per item,
+/// the same bytes). Prepared in session 31 and not yet run on a GPU, so off unless
 /// `FLAMIA_QUANT_LEAN=1` (`gpu_quant` with it compares every byte with the CPU reference).
 fn quant_lean() -> bool {
     super::env_on("FLAMIA_QUANT_LEAN")
