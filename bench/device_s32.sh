@@ -6,7 +6,10 @@
 #      against the CPU reference), its two mutations (quant-lean-hole, quant-lean-next: each must
 #      be caught), three contract tests with it, then A/B against the default, two rounds, d = 128
 #      on the nine and d = 64 on five (~4 minutes). If the quantiser gains, turn it on
-#      (quant_lean in src/gpu/quant.rs) and rerun gpu_quant without the knob.
+#      (quant_lean in src/gpu/quant.rs) and rerun gpu_quant without the knob. Then the forward's
+#      four-head groups at d = 128 (FLAMIA_FWD_HEAD_GROUP=4: lognormal's forward -5% in session
+#      29, 16x4096 / 4x16384 +1..+4%, the rest unmeasured; now with the half tiles) against the
+#      default on the five workloads of the build without the consumer copies, two rounds.
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
@@ -36,6 +39,12 @@ a)
     for v in - FLAMIA_QUANT_LEAN=1; do
       run_bench "d=128 $v round $r" $v
       run_bench "d=64 $v round $r" $v "${D64[@]}"
+    done
+  done
+  SHORT=(--workload 32x2048 --workload 64x1024 --workload 256x256 --workload 8192+224x256 --workload lognormal)
+  for r in 1 2; do
+    for v in - FLAMIA_FWD_HEAD_GROUP=4; do
+      run_bench "d=128 short $v round $r" $v "${SHORT[@]}"
     done
   done
   ;;
