@@ -26,16 +26,7 @@ CONTRACT=(causal_leakage_has_the_reference_properties documents_are_isolated_bit
   head_dim_64_is_bitwise_repeatable_whatever_the_reduce_order_and_chunking head_dim_64_is_as_accurate_as_the_reference
   precision_options_and_no_hadamard_are_as_accurate_as_the_reference nvfp4_is_as_accurate_as_the_reference
   walking_up_is_accurate_repeatable_and_ordered)
-# One `flamia bench attention` run, its table rows only: label, the environment assignments
-# (space-separated; "-" for none), then the bench's arguments.
-run_bench() {
-  local label=$1 e=$2; shift 2
-  [ "$e" = - ] && e=X=1
-  echo "=== $label"
-  # (the assignments split on purpose)
-  env $e timeout 100 $C/flamia bench attention "$@" 2>&1 | grep -E "^[0-9]|^lognormal"
-}
-D64=(--head-dim 64 --workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096 --workload lognormal)
+. "$(dirname "$0")/device-bench.sh"  # run_bench, D64, ab_both_dims
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
@@ -98,12 +89,7 @@ f)
     2>&1 | grep -E "^test |test result|panicked"
   T=$C/gpu_attention ONLY=fwd-o-tma-rows bash bench/gpu_mutations.sh 2>&1 | tail -3
   T=$C/gpu_attention ONLY=fwd-half-limit bash bench/gpu_mutations.sh 2>&1 | tail -3
-  for r in 1 2; do
-    for v in - FLAMIA_FWD_HALF=1; do
-      run_bench "d=128 $v round $r" $v
-      run_bench "d=64 $v round $r" $v "${D64[@]}"
-    done
-  done
+  ab_both_dims FLAMIA_FWD_HALF=1
   ;;
 esac
 date

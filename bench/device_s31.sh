@@ -16,15 +16,7 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:?usage: device_s31.sh a|b|c}
-# One `flamia bench attention` run, its table rows only: label, the environment assignments
-# (space-separated; "-" for none), then the bench's arguments.
-run_bench() {
-  local label=$1 e=$2; shift 2
-  [ "$e" = - ] && e=X=1
-  echo "=== $label"
-  # (the assignments split on purpose)
-  env $e timeout 100 $C/flamia bench attention "$@" 2>&1 | grep -E "^[0-9]|^lognormal"
-}
+. "$(dirname "$0")/device-bench.sh"  # run_bench, D64
 LONG=(--workload 1x65536 --workload 4x16384 --workload 8x8192 --workload 16x4096)
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv

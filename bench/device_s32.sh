@@ -15,14 +15,7 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:?usage: device_s32.sh a}
-run_bench() {
-  local label=$1 e=$2; shift 2
-  [ "$e" = - ] && e=X=1
-  echo "=== $label"
-  # (the assignments split on purpose)
-  env $e timeout 100 $C/flamia bench attention "$@" 2>&1 | grep -E "^[0-9]|^lognormal"
-}
-D64=(--head-dim 64 --workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096 --workload lognormal)
+. "$(dirname "$0")/device-bench.sh"  # run_bench, D64, ab_both_dims
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
@@ -35,12 +28,7 @@ a)
   echo "=== contract tests, FLAMIA_QUANT_LEAN=1"
   FLAMIA_QUANT_LEAN=1 timeout 150 $C/gpu_attention --ignored --exact --test-threads=1 documents_are_isolated_bitwise \
     repeated_runs_are_bitwise_identical head_dim_64_is_as_accurate_as_the_reference 2>&1 | grep -E "^test |test result|panicked"
-  for r in 1 2; do
-    for v in - FLAMIA_QUANT_LEAN=1; do
-      run_bench "d=128 $v round $r" $v
-      run_bench "d=64 $v round $r" $v "${D64[@]}"
-    done
-  done
+  ab_both_dims FLAMIA_QUANT_LEAN=1
   SHORT=(--workload 32x2048 --workload 64x1024 --workload 256x256 --workload 8192+224x256 --workload lognormal)
   for r in 1 2; do
     for v in - FLAMIA_FWD_HEAD_GROUP=4; do

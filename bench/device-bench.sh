@@ -1,0 +1,24 @@
+# Sourced by the session device scripts (device_s30.sh and later), after device-env.sh, with C
+# set to the staged binaries' folder: the helpers their A/B runs share.
+#
+# run_bench LABEL ENV ARGS...: one `flamia bench attention` run, its table rows only; ENV is
+# the environment assignments (space-separated; "-" for none), ARGS the bench's arguments.
+run_bench() {
+  local label=$1 e=$2; shift 2
+  [ "$e" = - ] && e=X=1
+  echo "=== $label"
+  # (the assignments split on purpose)
+  env $e timeout 100 "$C/flamia" bench attention "$@" 2>&1 | grep -E "^[0-9]|^lognormal"
+}
+# The five d = 64 workloads the A/Bs run beside the nine at d = 128.
+D64=(--head-dim 64 --workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096 --workload lognormal)
+# ab_both_dims ENV: two rounds, each the default then ENV, on the nine at d = 128 and on D64.
+ab_both_dims() {
+  local r v
+  for r in 1 2; do
+    for v in - "$1"; do
+      run_bench "d=128 $v round $r" "$v"
+      run_bench "d=64 $v round $r" "$v" "${D64[@]}"
+    done
+  done
+}
