@@ -9,7 +9,9 @@
 #      (quant_lean in src/gpu/quant.rs) and rerun gpu_quant without the knob. Then the forward's
 #      four-head groups at d = 128 (FLAMIA_FWD_HEAD_GROUP=4: lognormal's forward -5% in session
 #      29, 16x4096 / 4x16384 +1..+4%, the rest unmeasured; now with the half tiles) against the
-#      default on the five workloads of the build without the consumer copies, two rounds.
+#      default on the five workloads of the build without the consumer copies, two rounds; and
+#      the consumer copies' threshold again now that only the other build has the half tiles
+#      (FLAMIA_FWD_CW=0 at 16x4096 and 8x8192, the two workloads nearest it, two rounds).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
@@ -33,6 +35,11 @@ a)
   for r in 1 2; do
     for v in - FLAMIA_FWD_HEAD_GROUP=4; do
       run_bench "d=128 short $v round $r" $v "${SHORT[@]}"
+    done
+  done
+  for r in 1 2; do
+    for v in - FLAMIA_FWD_CW=0; do
+      run_bench "d=128 mid $v round $r" $v --workload 16x4096 --workload 8x8192
     done
   done
   ;;
