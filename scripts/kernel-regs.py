@@ -18,8 +18,12 @@ checked here before a device call.
     python3 scripts/kernel-regs.py --bwd-per-item       # v4 backward: SASS instructions per item
                                                         # outside the steps (K/V wait, transposes,
                                                         # the item's end), MHA and GQA, by class
+    python3 scripts/kernel-regs.py -D HEAD_DIM=128 --lines quant_e4m3 quant.cu
+                                                        # a kernel's largest loop (--whole: all of
+                                                        # it) counted per CUDA source line
 """
 import argparse
+import re
 import ctypes
 import glob
 import os
@@ -102,7 +106,17 @@ def main():
                     help="v4 backward: census builds without steps (BWD_CENSUS_ITEM: 2 = MHA, no GQA sums; 1 = "
                          "with them; their results are wrong): the SASS instructions of the consumer's item loop "
                          "per consumer thread per item, by class")
+    ap.add_argument("--lines", metavar="KERNEL",
+                    help="the SASS of KERNEL's largest loop (its longest backward branch; --whole: the whole "
+                         "kernel) counted per CUDA source line (nvdisasm line info), most first, with each "
+                         "line's top opcodes: where a loop's instructions come from (session 31 found the "
+                         "quantiser's chunk bookkeeping, ~150 of its item loop's 1,107 SASS, this way); "
+                         "one source file, e.g. -D HEAD_DIM=128 --lines quant_e4m3 quant.cu")
+    ap.add_argument("--whole", action="store_true", help="with --lines: count the whole kernel, not its largest loop")
+    ap.add_argument("--top", type=int, default=40, help="with --lines: how many source lines to print (default 40)")
     a = ap.parse_args()
+    if a.lines:
+        return per_line(a)
     if a.bwd_per_item:
         return bwd_per_item(a)
     if a.per_score:
@@ -196,6 +210,71 @@ def sass_lines(lib, src_dir, name, defines, function):
     if not out:
         sys.exit(f"{name}: no SASS for kernel {function}")
     return out
+
+
+def per_line(a):
+    """--lines: a kernel's SASS (its largest loop, or --whole) counted per CUDA source line."""
+    if len(a.sources) != 1:
+        sys.exit("--lines takes one source file")
+    name = a.sources[0]
+    lib = load_nvrtc()
+    ptx = nvrtc_ptx(lib, a.dir, name, a.defines)
+    ptxas = find("torch/bin/ptxas")
+    nvdisasm = find("triton/backends/nvidia/bin/nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        open(path, "wb").write(ptx)
+        r = subprocess.run([ptxas, "-arch=sm_90a", "-lineinfo", path, "-o", cubin], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"{name}: ptxas failed\n{r.stderr}")
+        text = subprocess.run([nvdisasm, "--print-line-info", "-c", cubin], capture_output=True, text=True).stdout
+    lines = text.splitlines()
+    head = f".text.{a.lines}:"
+    if head not in lines:
+        sys.exit(f"{name}: no kernel {a.lines} in the module")
+    start = lines.index(head)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("//-----")), len(lines))
+    ins, labels, pending, where = [], {}, [], None  # ins: (address, opcode, rest, (file, line))
+    for line in lines[start + 1:end]:
+        m = re.match(r"(\.L_x_\d+):", line)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = re.match(r'\s*//## File "(.*)", line (\d+)', line)
+        if m:
+            where = (os.path.basename(m.group(1)), int(m.group(2)))
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*)", line)
+        if m:
+            addr = int(m.group(1), 16)
+            ins.append((addr, m.group(3), m.group(4), where))
+            for label in pending:
+                labels[label] = addr
+            pending = []
+    lo, hi = ins[0][0], ins[-1][0]
+    if not a.whole:
+        edges = [(labels[t], addr) for addr, op, rest, _ in ins if op == "BRA"
+                 for t in re.findall(r"\.L_x_\d+", rest) if t in labels and labels[t] < addr]
+        if not edges:
+            sys.exit(f"{a.lines}: no loop (no backward branch); use --whole")
+        lo, hi = max(edges, key=lambda e: e[1] - e[0])
+    counts, ops = {}, {}
+    for addr, op, _, w in ins:
+        if lo <= addr <= hi:
+            counts[w] = counts.get(w, 0) + 1
+            ops.setdefault(w, {})
+            ops[w][op] = ops[w].get(op, 0) + 1
+    sources = {}
+    print(f"{a.lines} ({name} {' '.join(a.defines)}): {'whole kernel' if a.whole else 'largest loop'} "
+          f"[{lo:#x}, {hi:#x}], {sum(counts.values())} SASS")
+    for w, n in sorted(counts.items(), key=lambda x: -x[1])[:a.top]:
+        f, ln = w if w else ("?", 0)
+        if f not in sources:
+            p = os.path.join(a.dir, f)
+            sources[f] = open(p).read().splitlines() if os.path.exists(p) else []
+        src = sources[f][ln - 1].strip()[:60] if 0 < ln <= len(sources[f]) else ""
+        top = ", ".join(f"{o} {c}" for o, c in sorted(ops[w].items(), key=lambda x: -x[1])[:4])
+        print(f"{n:5d}  {f}:{ln}  {src}  | {top}")
 
 
 def back_edges(ins):
