@@ -174,20 +174,25 @@ CLASSES = [("MMA", ("QGMMA", "HGMMA")), ("FFMA", ("FFMA",)), ("FMUL", ("FMUL",))
            ("sync", ("SYNCS", "WARPGROUP", "BAR", "DEPBAR", "WARPSYNC", "BRA"))]
 
 
+def disassembly(lib, src_dir, name, defines, ptxas_flag, tool, tool_args):
+    """The module of `name` (NVRTC PTX -> ptxas with `ptxas_flag`) as the disassembler `tool`
+    (a path below site-packages, run with `tool_args` and the cubin) prints it."""
+    ptx = nvrtc_ptx(lib, src_dir, name, defines)
+    ptxas = find("torch/bin/ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        open(path, "wb").write(ptx)
+        r = subprocess.run([ptxas, "-arch=sm_90a", ptxas_flag, path, "-o", cubin], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"{name}: ptxas failed\n{r.stderr}")
+        return subprocess.run([find(tool)] + tool_args + [cubin], capture_output=True, text=True).stdout
+
+
 def sass_lines(lib, src_dir, name, defines, function):
     """(address, opcode, text) of the SASS of one kernel (`function`) of the module. Addresses are
     per function, so the kernels of one module overlap: counting by address range alone mixed the
     module's small kernels into the ranges of the big one's loops."""
-    ptx = nvrtc_ptx(lib, src_dir, name, defines)
-    ptxas = find("torch/bin/ptxas")
-    cuobjdump = find("triton/backends/nvidia/bin/cuobjdump")
-    with tempfile.TemporaryDirectory() as tmp:
-        path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-        open(path, "wb").write(ptx)
-        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", cubin], capture_output=True, text=True)
-        if r.returncode != 0:
-            sys.exit(f"{name}: ptxas failed\n{r.stderr}")
-        sass = subprocess.run([cuobjdump, "--dump-sass", cubin], capture_output=True, text=True).stdout
+    sass = disassembly(lib, src_dir, name, defines, "-v", "triton/backends/nvidia/bin/cuobjdump", ["--dump-sass"])
     out = []  # (address, opcode, text)
     fn = None
     for line in sass.splitlines():
@@ -217,17 +222,8 @@ def per_line(a):
     if len(a.sources) != 1:
         sys.exit("--lines takes one source file")
     name = a.sources[0]
-    lib = load_nvrtc()
-    ptx = nvrtc_ptx(lib, a.dir, name, a.defines)
-    ptxas = find("torch/bin/ptxas")
-    nvdisasm = find("triton/backends/nvidia/bin/nvdisasm")
-    with tempfile.TemporaryDirectory() as tmp:
-        path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-        open(path, "wb").write(ptx)
-        r = subprocess.run([ptxas, "-arch=sm_90a", "-lineinfo", path, "-o", cubin], capture_output=True, text=True)
-        if r.returncode != 0:
-            sys.exit(f"{name}: ptxas failed\n{r.stderr}")
-        text = subprocess.run([nvdisasm, "--print-line-info", "-c", cubin], capture_output=True, text=True).stdout
+    text = disassembly(load_nvrtc(), a.dir, name, a.defines, "-lineinfo", "triton/backends/nvidia/bin/nvdisasm",
+                       ["--print-line-info", "-c"])
     lines = text.splitlines()
     head = f".text.{a.lines}:"
     if head not in lines:
