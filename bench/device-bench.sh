@@ -22,3 +22,12 @@ ab_both_dims() {
     done
   done
 }
+# ab_rounds LABEL ENV ARGS...: two rounds, each the default then ENV, of one bench run with ARGS.
+ab_rounds() {
+  local label=$1 env=$2 r v; shift 2
+  for r in 1 2; do
+    for v in - "$env"; do
+      run_bench "$label $v round $r" "$v" "$@"
+    done
+  done
+}

@@ -16,17 +16,14 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:?usage: device_s31.sh a|b|c}
-. "$(dirname "$0")/device-bench.sh"  # run_bench, D64
+. "$(dirname "$0")/device-bench.sh"  # run_bench, D64, ab_rounds
 LONG=(--workload 1x65536 --workload 4x16384 --workload 8x8192 --workload 16x4096)
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
 a)
-  for r in 1 2; do
-    run_bench "d=128 default round $r" - "${LONG[@]}"
-    run_bench "d=128 FLAMIA_FWD_HALF=all round $r" FLAMIA_FWD_HALF=all "${LONG[@]}"
-  done
+  ab_rounds d=128 FLAMIA_FWD_HALF=all "${LONG[@]}"
   ;;
 b)
   run_bench "d=128 default" -

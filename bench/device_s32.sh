@@ -17,7 +17,7 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:?usage: device_s32.sh a}
-. "$(dirname "$0")/device-bench.sh"  # run_bench, D64, ab_both_dims
+. "$(dirname "$0")/device-bench.sh"  # run_bench, D64, ab_both_dims, ab_rounds
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
@@ -32,16 +32,8 @@ a)
     repeated_runs_are_bitwise_identical head_dim_64_is_as_accurate_as_the_reference 2>&1 | grep -E "^test |test result|panicked"
   ab_both_dims FLAMIA_QUANT_LEAN=1
   SHORT=(--workload 32x2048 --workload 64x1024 --workload 256x256 --workload 8192+224x256 --workload lognormal)
-  for r in 1 2; do
-    for v in - FLAMIA_FWD_HEAD_GROUP=4; do
-      run_bench "d=128 short $v round $r" $v "${SHORT[@]}"
-    done
-  done
-  for r in 1 2; do
-    for v in - FLAMIA_FWD_CW=0; do
-      run_bench "d=128 mid $v round $r" $v --workload 16x4096 --workload 8x8192
-    done
-  done
+  ab_rounds "d=128 short" FLAMIA_FWD_HEAD_GROUP=4 "${SHORT[@]}"
+  ab_rounds "d=128 mid" FLAMIA_FWD_CW=0 --workload 16x4096 --workload 8x8192
   ;;
 *) echo "device_s32.sh: unknown mode '$mode' (a)"; exit 2 ;;
 esac
