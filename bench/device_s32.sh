@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 32 (prepared in session 31; H200; staged as device_bwd4.sh --stage, carried as
 # .device-carry/z/bwd4.tgz).
-#   a: the quantiser's lean chunk bookkeeping (QUANT_LEAN, FLAMIA_QUANT_LEAN=1; the same bytes by
+#   a: (run in session 32, call 1; QUANT_LEAN is removed since, commit 8202179 has it)
+#      the quantiser's lean chunk bookkeeping (QUANT_LEAN, FLAMIA_QUANT_LEAN=1; the same bytes by
 #      construction, ~150 SASS fewer in the item loop at d = 128): gpu_quant with it (every byte
 #      against the CPU reference), its two mutations (quant-lean-hole, quant-lean-next: each must
 #      be caught), three contract tests with it, then A/B against the default, two rounds, d = 128
@@ -12,11 +13,19 @@
 #      default on the five workloads of the build without the consumer copies, two rounds; and
 #      the consumer copies' threshold again now that only the other build has the half tiles
 #      (FLAMIA_FWD_CW=0 at 16x4096 and 8x8192, the two workloads nearest it, two rounds).
+#   b: the quantiser's L2 prefetch of the block after next (QUANT_L2PF, FLAMIA_QUANT_L2PF=1; the
+#      same bytes): gpu_quant with it, then A/B against the default, two rounds, d = 128 on the
+#      nine and d = 64 on five; then the defaults checked again on four workloads (1x65536,
+#      16x4096, 64x1024, 256x256), each knob against the default in two rounds: the cp.async
+#      staging (QUANT_ASYNC) and plain code stores (QUANT_STCS=0), forward ring depth 3 and 5,
+#      backward ring depth 2, two dQ buffers, no PDL, the step factors after the K/V slot
+#      (BWD_EARLY_FACTORS=0); and at 1x65536 / 4x16384 the upward walk (BWD_UP_TILES=512) and the
+#      dead-step skip (~4 minutes).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s32.sh a}
+mode=${1:?usage: device_s32.sh a|b}
 . "$(dirname "$0")/device-bench.sh"  # run_bench, D64, ab_both_dims, ab_rounds
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -35,7 +44,22 @@ a)
   ab_rounds "d=128 short" FLAMIA_FWD_HEAD_GROUP=4 "${SHORT[@]}"
   ab_rounds "d=128 mid" FLAMIA_FWD_CW=0 --workload 16x4096 --workload 8x8192
   ;;
-*) echo "device_s32.sh: unknown mode '$mode' (a)"; exit 2 ;;
+b)
+  echo "=== gpu_quant, FLAMIA_QUANT_L2PF=1"
+  FLAMIA_QUANT_L2PF=1 timeout 60 $C/gpu_quant --ignored 2>&1 | grep -E "^test |test result|panicked"
+  FLAMIA_QUANT_L2PF=1 timeout 100 $C/gpu_attention --ignored --exact head_dim_64_is_as_accurate_as_the_reference \
+    2>&1 | grep -E "^test |test result|panicked"
+  ab_both_dims FLAMIA_QUANT_L2PF=1
+  FOUR=(--workload 1x65536 --workload 16x4096 --workload 64x1024 --workload 256x256)
+  for k in FLAMIA_QUANT_ASYNC=1 FLAMIA_QUANT_STCS=0 FLAMIA_FWD_STAGES=3 FLAMIA_FWD_STAGES=5 FLAMIA_BWD_STAGES=2 \
+    FLAMIA_BWD_DQ_BUFS=2 FLAMIA_PDL=0 FLAMIA_BWD_EARLY_FACTORS=0; do
+    ab_rounds "four" $k "${FOUR[@]}"
+  done
+  for k in FLAMIA_BWD_UP_TILES=512 FLAMIA_BWD_SKIP_DEAD=1; do
+    ab_rounds "long" $k --workload 1x65536 --workload 4x16384
+  done
+  ;;
+*) echo "device_s32.sh: unknown mode '$mode' (a|b)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s32-$mode.log"

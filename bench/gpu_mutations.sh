@@ -197,13 +197,5 @@ mutate fwd-o-tma-rows attn_fwd_v4.cu 's/if (64 \* cw + 64 <= rows)/if (64 * cw +
 # warpgroup whose rows see up to key 95: keys 64..95 of such tiles dropped.
 mutate fwd-half-limit attn_fwd_v4.cu 's/if (mk.last(min(64 \* cw + 63, rows - 1)) < 64)/if (mk.last(min(64 * cw + 63, rows - 1)) < 96)/' \
   forward_half_tiles_give_bitwise_the_same
-# 35, 36. The quantiser's lean chunk bookkeeping (QUANT_LEAN, session 31): only built under
-# FLAMIA_QUANT_LEAN=1, so run these two with it set (without it they are "NOT caught": the
-# default build does not contain the mutated lines). The flush's holes (chunk slots without a
-# block) no longer zeroed; the cursor skipping the next slot that holds a block.
-mutate quant-lean-hole quant.cu 's/if (!hole) v = /v = /' \
-  gpu_quant:quantiser_overwrites_poisoned_buffers_and_repeats_bitwise
-mutate quant-lean-next quant.cu 's/u.j += __ffs(rest);/u.j += __ffs(rest) + 1;/' \
-  gpu_quant:e4m3_quantiser_is_bitwise_the_cpu_reference
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))

@@ -91,6 +91,19 @@
 // 0.249 ms; bitwise the same bytes (gpu_quant). Measured in the same call and not kept: the plan
 // lookups one item ahead (QUANT_AHEAD: -1.1 / -0.2 / +1.4%) and the block amax by redux.sync
 // (with both: no better than SWZ alone).
+// QUANT_L2PF 1 (session 32, an A/B variant; host knob FLAMIA_QUANT_L2PF=1): while an item
+// computes, its CTA has the next item's rows in flight (registers), and each thread also asks L2
+// to fetch its rows of the block after that one (`prefetch.global.L2`, one 128-byte line per
+// thread of the row's first HEAD_DIM / 64 lanes) when it lies in the same chunk item, so that
+// block's register loads, issued one item later, hit L2 instead of waiting on DRAM; with DELTA
+// also the next item's O rows, which the item loads after its block-amax barrier. Why: ncu
+// (session 31) puts a third of the Q/K/V quantiser's stall cycles on its loads, each scheduler
+// issuing on 58% of its cycles with DRAM at 68.5% of peak, and 29% fewer instructions per item
+// (QUANT_LEAN, session 32) gained nothing: the loads' latency, not issue, is what is left.
+// Prefetches change no byte.
+#ifndef QUANT_L2PF
+#define QUANT_L2PF 0
+#endif
 // QUANT_STCS 1 (the host's default; FLAMIA_QUANT_STCS=0 for A/B): the code stores as streaming
 // stores (st.global.cs, evict-first): the codes of a 65,536-token call (805 MB at d = 128 and 16
 // heads) do not stay in L2 for the attention kernels anyway. Measured (session 21, H200, same
@@ -106,21 +119,6 @@ __device__ __forceinline__ void st_codes(V* p, V v) {
   *p = v;
 #endif
 }
-// QUANT_LEAN 1 (prepared in session 31, not yet run on a GPU: host knob FLAMIA_QUANT_LEAN=1; off
-// by default): the chunk bookkeeping without dynamic selects and reloads. The cursor keeps its
-// chunk's slots as a 4-bit presence mask (the next slot with a block by one __ffs instead of
-// the unrolled search over cb.x..cb.w that ptxas turned into ~88 SASS of compares and branches),
-// the flush takes this chunk's mask from a register (no reload of its int4 from global memory
-// right before the flush's barrier), tests its slot once per thread (k = tid % 8 is the same in
-// every pass) and forms each store's address as one 64-bit add to a per-thread base (the
-// default build recomputes (h d + r) Tpad per pass: ~60 SASS per flush), and an item's input is
-// picked by a dynamic index into the parameter, now __grid_constant__ (QUANT_PARAMS), instead of
-// field-wise selects. Item loop 1,107 -> 937 SASS at d = 128, 742 -> 644 at 64. ncu (session 31): the
-// Q/K/V quantiser issues on 58% of its cycles, 694 instructions per thread per item. The same
-// bytes (gpu_quant with FLAMIA_QUANT_LEAN=1 compares every byte with the CPU reference).
-#ifndef QUANT_LEAN
-#define QUANT_LEAN 0
-#endif
 #define QUANT_INPUTS 3
 // 32-element chunks of a row per thread (element i = 32 k + 8 q + j, k < NK).
 #define NK (HEAD_DIM / 32)
@@ -152,18 +150,8 @@ struct QuantParams {
   int nchunks;                   // Tpad / 128
 };
 
-// Field-wise select (a dynamic index into the parameter struct would copy it to local memory),
-// or under QUANT_LEAN the parameter as __grid_constant__ and a dynamic index into it (constant
-// bank loads: the item loop 57 SASS shorter than the selects at d = 128).
-#if QUANT_LEAN
-#define QUANT_PARAMS const __grid_constant__ QuantParams
-#else
-#define QUANT_PARAMS const QuantParams
-#endif
+// Field-wise select (a dynamic index into the parameter struct would copy it to local memory).
 __device__ __forceinline__ QuantTensor pick_input(const QuantParams& p, int ti) {
-#if QUANT_LEAN
-  return p.in[ti];  // (a __grid_constant__ parameter: one constant-bank load per field)
-#else
   QuantTensor t;
   t.x = ti == 0 ? p.in[0].x : ti == 1 ? p.in[1].x : p.in[2].x;
   t.tok = ti == 0 ? p.in[0].tok : ti == 1 ? p.in[1].tok : p.in[2].tok;
@@ -172,7 +160,6 @@ __device__ __forceinline__ QuantTensor pick_input(const QuantParams& p, int ti) 
   t.heads = ti == 0 ? p.in[0].heads : ti == 1 ? p.in[1].heads : p.in[2].heads;
   t.hadamard = ti == 0 ? p.in[0].hadamard : ti == 1 ? p.in[1].hadamard : p.in[2].hadamard;
   return t;
-#endif
 }
 
 // One work item: a 32-token block (its plan entry), an input and a head of it.
@@ -224,6 +211,18 @@ __device__ __forceinline__ void load_rows(const u16* base, const Item& it, int h
   const uint4* src = reinterpret_cast<const uint4*>(base + (tok * heads + it.h) * HEAD_DIM + 8 * q);
 #pragma unroll
   for (int k = 0; k < NK; ++k) raw[k] = __ldcs(src + 4 * k);
+}
+
+// QUANT_L2PF: ask L2 for the rows of the item's document `shift` tokens on (0: the item's own,
+// 32: the document's next block), this thread's 128-byte line of its row (lanes q < d / 64 of
+// the row's four); rows past the document are not asked for.
+__device__ __forceinline__ void prefetch_rows_l2(const u16* base, const Item& it, int heads, int shift) {
+  const int tt = threadIdx.x >> 2, q = threadIdx.x & 3;
+  const int b = it.b0 + shift + tt;
+  if (q < HEAD_DIM / 64 && b < it.L) {
+    const u16* src = base + ((long long)(it.doc0 + b) * heads + it.h) * HEAD_DIM + 64 * q;
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src));
+  }
 }
 
 // Rows past the document hold another row's values: their amax is masked and their codes zeroed.
@@ -392,7 +391,6 @@ __device__ __forceinline__ int ileave_token_r(int r) { return (r >> 1) + 8 * (r 
 struct Cursor {
   int c, s, j;
   int4 cb;
-  int pm;  // QUANT_LEAN: bit j set = the chunk's slot j holds a block (chunk_mask)
 };
 
 __device__ __forceinline__ int chunk_block(const int4& cb, int j) {
@@ -403,40 +401,19 @@ __device__ __forceinline__ int4 load_chunk(const QuantParams& p, int c) {
   return __ldg(reinterpret_cast<const int4*>(p.chunks) + c);
 }
 
-// The slots of a chunk that hold a block, as bits 0..3 (QUANT_LEAN).
-__device__ __forceinline__ int chunk_mask(const int4& cb) {
-  return (cb.x >= 0) | (cb.y >= 0) << 1 | (cb.z >= 0) << 2 | (cb.w >= 0) << 3;
-}
-
-// The cursor's chunk: its four block indices, and their presence mask under QUANT_LEAN.
-__device__ __forceinline__ void cursor_load(const QuantParams& p, Cursor& u) {
-  u.cb = load_chunk(p, u.c);
-#if QUANT_LEAN
-  u.pm = chunk_mask(u.cb);
-#endif
-}
-
 // Steps to the next block: the chunk's next slot holding one, else slot 0 of the next item
 // (every chunk's slot 0 holds a block: a chunk starts a 64-position segment of a document;
 // the host checks it).
 __device__ __forceinline__ void cursor_next(const QuantParams& p, Cursor& u, int gb, int gs) {
-#if QUANT_LEAN
-  const int rest = u.pm >> (u.j + 1);  // the slots after j that hold a block
-  if (rest != 0) {
-    u.j += __ffs(rest);
-    return;
-  }
-#else
   int j = u.j + 1;
   while (j < 4 && chunk_block(u.cb, j) < 0) ++j;
   if (j < 4) {
     u.j = j;
     return;
   }
-#endif
   advance(u.c, u.s, gb, gs, p.slots);
   u.j = 0;
-  if (u.c < p.nchunks) cursor_load(p, u);
+  if (u.c < p.nchunks) u.cb = load_chunk(p, u.c);
 }
 
 // Byte offset in the chunk's dim-major staging buffer ([HEAD_DIM rows][128 positions]) of the
@@ -452,7 +429,7 @@ __device__ __forceinline__ int flush_off(int fb, int i) {
   return (fb ^ (16 * (i & 1))) + 2048 * i;
 }
 
-extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(QUANT_PARAMS p) {
+extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(const QuantParams p) {
   __shared__ __align__(16) u32 tile[2][32 * 32];
 #if MODE == 0 && !defined(QUANT_PROF_NOBAR)
   __shared__ float wmax[2][4];
@@ -466,16 +443,10 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   __shared__ __align__(16) u8 dimbuf[HEAD_DIM * 128];
   pdl_wait();  // (chained launch: the inputs' producers, the previous call's readers of the codes)
   pdl_trigger();
-  Cursor nu{(int)blockIdx.x / slots, (int)blockIdx.x % slots, 0, make_int4(0, 0, 0, 0), 0};
+  Cursor nu{(int)blockIdx.x / slots, (int)blockIdx.x % slots, 0, make_int4(0, 0, 0, 0)};
   if (nu.c >= p.nchunks) return;
-  cursor_load(p, nu);
+  nu.cb = load_chunk(p, nu.c);
   int cc = nu.c, cj = 0;  // this block's chunk and slot
-#if QUANT_LEAN
-  int cpm = nu.pm;  // and its chunk's mask
-#define QUANT_LEAN_NEXT() cpm = npm
-#else
-#define QUANT_LEAN_NEXT() (void)npm
-#endif
   Item it = make_item(p, load_block(p, nu.cb.x), nu.s);
 #if QUANT_ASYNC
   __shared__ __align__(16) uint4 stage[2][NK][128];
@@ -501,7 +472,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     // the next item's rows are in flight while this one is computed
     const bool has_next = nu.c < p.nchunks;
     const bool flush = !has_next || nu.j == 0;  // this block is its chunk item's last
-    const int ncc = nu.c, ncj = nu.j, npm = nu.pm;
+    const int ncc = nu.c, ncj = nu.j;
     Item nx = it;
     if (has_next) {
       nx = make_item(p, load_block(p, chunk_block(nu.cb, nu.j)), nu.s);
@@ -510,6 +481,14 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       stage_rows(tn.x, nx, tn.heads, stage[buf ^ 1]);
 #else
       load_rows(tn.x, nx, tn.heads, raw);
+#endif
+#if QUANT_L2PF
+      // the block after nx in its chunk item: the document's next 32 tokens when the document
+      // goes on and nx is not the chunk's last slot (the next slot then holds them)
+      if (ncj < 3) prefetch_rows_l2(tn.x, nx, tn.heads, 32);
+#if DELTA
+      prefetch_rows_l2(p.o, nx, p.in[0].heads, 0);
+#endif
 #endif
       cursor_next(p, nu, gb, gs);
     }
@@ -612,7 +591,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       __syncthreads();
       cc = ncc;
       cj = ncj;
-      QUANT_LEAN_NEXT();
       if (!has_next) break;
       it = nx;
       continue;
@@ -660,20 +638,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     if (flush) {
       // every block of the chunk item is in the buffer: each row's 128 positions as one line
       // (lanes 8i .. 8i+7 of a warp: one row), zeros at the slots without a block
-#if QUANT_LEAN
-      // pass i: row 16 i + tid / 8, piece k = tid % 8 (the same slot k / 2 in every pass)
-      const bool hole = ((cpm >> ((tid & 7) >> 1)) & 1) == 0;
-      uint4* dst = reinterpret_cast<uint4*>(t.dim + ((long long)it.h * HEAD_DIM + (tid >> 3)) * p.Tpad + 128LL * cc +
-                                            16 * (tid & 7));
-      const long long pass = p.Tpad;  // 16 rows on: 16 Tpad bytes, Tpad uint4
-      __syncthreads();
-#pragma unroll
-      for (int i = 0; i < HEAD_DIM * 8 / 128; ++i) {
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (!hole) v = *reinterpret_cast<const uint4*>(dimbuf + flush_off(dimbuf_off(tid >> 3, tid & 7), i));
-        st_codes(dst + pass * i, v);
-      }
-#else
       const int4 cb = load_chunk(p, cc);
       __syncthreads();
 #pragma unroll
@@ -683,21 +647,18 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
         if (chunk_block(cb, k >> 1) < 0) v = make_uint4(0u, 0u, 0u, 0u);
         st_codes(reinterpret_cast<uint4*>(t.dim + ((long long)it.h * HEAD_DIM + r) * p.Tpad + 128LL * cc + 16 * k), v);
       }
-#endif
     }
     cc = ncc;
     cj = ncj;
-    QUANT_LEAN_NEXT();
     if (!has_next) break;
     it = nx;
   }
 }
 
-#undef QUANT_LEAN_NEXT
 
 // Tensor-wide amax (after the rotation) of every input, for MODE 2: grid-stride over the same
 // items; one atomic per warp and input at the end.
-extern "C" __global__ void __launch_bounds__(128) quant_amax(QUANT_PARAMS p) {
+extern "C" __global__ void __launch_bounds__(128) quant_amax(const QuantParams p) {
   const int nitems = p.nblocks * p.slots;
   const int tt = threadIdx.x >> 2;
   float m[QUANT_INPUTS] = {0.f, 0.f, 0.f};

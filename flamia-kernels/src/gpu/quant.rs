@@ -348,17 +348,16 @@ fn quant_stcs() -> bool {
     !super::env_off("FLAMIA_QUANT_STCS")
 }
 
-/// The E4M3 quantiser's chunk bookkeeping without dynamic selects and reloads, its flush's store
-/// addresses from one per-thread base, an item's input by a dynamic index into its
-/// `__grid_constant__` parameter (`QUANT_LEAN` in `cuda/quant.cu`: fewer instructions per item,
-/// the same bytes). Prepared in session 31 and not yet run on a GPU, so off unless
-/// `FLAMIA_QUANT_LEAN=1` (`gpu_quant` with it compares every byte with the CPU reference).
-fn quant_lean() -> bool {
-    super::env_on("FLAMIA_QUANT_LEAN")
+/// `FLAMIA_QUANT_L2PF=1` (an A/B knob, off by default): each quantiser thread also asks L2 for
+/// its rows of the block after the next one (and, with D, the next item's O rows), so the
+/// register loads issued one item later hit L2 (`QUANT_L2PF` in `cuda/quant.cu`; the same
+/// bytes).
+fn quant_l2pf() -> bool {
+    super::env_on("FLAMIA_QUANT_L2PF")
 }
 
 /// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`],
-/// [`quant_stcs`] and [`quant_lean`] (defined only when on: the default build's module key, and
+/// [`quant_stcs`] and [`quant_l2pf`] (defined only when on: the default build's module key, and
 /// so its disk-cache entry, stay as they were).
 fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
     let v = Variant::new()
@@ -367,8 +366,8 @@ fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
         .define("DELTA", delta as i32)
         .define("QUANT_ASYNC", quant_async() as i32)
         .define("QUANT_STCS", quant_stcs() as i32);
-    if quant_lean() {
-        v.define("QUANT_LEAN", 1)
+    if quant_l2pf() {
+        v.define("QUANT_L2PF", 1)
     } else {
         v
     }
@@ -593,12 +592,12 @@ mod tests {
                 }
             }
             // permuted dim-major copies (QUANT_PERM_MASK: Q of the fused launch, dO with D), and
-            // the lean chunk bookkeeping (QUANT_LEAN, FLAMIA_QUANT_LEAN=1) with and without them
+            // the L2 prefetches (QUANT_L2PF, FLAMIA_QUANT_L2PF=1) with and without them
             for delta in [false, true] {
-                for (perm, lean) in [(1, 0), (0, 1), (1, 1)] {
+                for (perm, l2pf) in [(1, 0), (0, 1), (1, 1)] {
                     let v = quant_variant(head_dim, ScaleMode::TokenBlock, delta)
                         .define("QUANT_PERM_MASK", perm)
-                        .define("QUANT_LEAN", lean);
+                        .define("QUANT_L2PF", l2pf);
                     compile_ptx("quant.cu", &v, "sm_90a")
                         .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
                 }
