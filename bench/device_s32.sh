@@ -21,11 +21,15 @@
 #      backward ring depth 2, two dQ buffers, no PDL, the step factors after the K/V slot
 #      (BWD_EARLY_FACTORS=0); and at 1x65536 / 4x16384 the upward walk (BWD_UP_TILES=512) and the
 #      dead-step skip (~4 minutes).
+#   c: the backward's upward walk for documents of up to 16,384 tokens (FLAMIA_BWD_UP_TILES=128;
+#      call b: 4x16384 backward -1.5%, call -2%) and 32,768 (=256), against the default (64
+#      tiles), two rounds, on the workloads they change (4x16384, 2x32768, lognormal: one
+#      14,975-token document), d = 128 and 64; the walk's GPU test with 128 (~3 minutes).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s32.sh a|b}
+mode=${1:?usage: device_s32.sh a|b|c}
 . "$(dirname "$0")/device-bench.sh"  # run_bench, D64, ab_both_dims, ab_rounds
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -59,7 +63,15 @@ b)
     ab_rounds "long" $k --workload 1x65536 --workload 4x16384
   done
   ;;
-*) echo "device_s32.sh: unknown mode '$mode' (a|b)"; exit 2 ;;
+c)
+  FLAMIA_BWD_UP_TILES=128 timeout 150 $C/gpu_attention --ignored --exact walking_up_is_accurate_repeatable_and_ordered \
+    repeated_runs_are_bitwise_identical 2>&1 | grep -E "^test |test result|panicked"
+  ab_rounds "d=128" FLAMIA_BWD_UP_TILES=128 --workload 4x16384 --workload 2x32768 --workload lognormal
+  ab_rounds "d=128" FLAMIA_BWD_UP_TILES=256 --workload 2x32768 --workload 4x16384
+  ab_rounds "d=64" FLAMIA_BWD_UP_TILES=128 --head-dim 64 --workload 4x16384 --workload 2x32768 --workload lognormal
+  ab_rounds "d=128 gqa" FLAMIA_BWD_UP_TILES=128 --kv-heads 4 --workload 4x16384 --workload lognormal
+  ;;
+*) echo "device_s32.sh: unknown mode '$mode' (a|b|c)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s32-$mode.log"

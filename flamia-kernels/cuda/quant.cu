@@ -91,19 +91,6 @@
 // 0.249 ms; bitwise the same bytes (gpu_quant). Measured in the same call and not kept: the plan
 // lookups one item ahead (QUANT_AHEAD: -1.1 / -0.2 / +1.4%) and the block amax by redux.sync
 // (with both: no better than SWZ alone).
-// QUANT_L2PF 1 (session 32, an A/B variant; host knob FLAMIA_QUANT_L2PF=1): while an item
-// computes, its CTA has the next item's rows in flight (registers), and each thread also asks L2
-// to fetch its rows of the block after that one (`prefetch.global.L2`, one 128-byte line per
-// thread of the row's first HEAD_DIM / 64 lanes) when it lies in the same chunk item, so that
-// block's register loads, issued one item later, hit L2 instead of waiting on DRAM; with DELTA
-// also the next item's O rows, which the item loads after its block-amax barrier. Why: ncu
-// (session 31) puts a third of the Q/K/V quantiser's stall cycles on its loads, each scheduler
-// issuing on 58% of its cycles with DRAM at 68.5% of peak, and 29% fewer instructions per item
-// (QUANT_LEAN, session 32) gained nothing: the loads' latency, not issue, is what is left.
-// Prefetches change no byte.
-#ifndef QUANT_L2PF
-#define QUANT_L2PF 0
-#endif
 // QUANT_STCS 1 (the host's default; FLAMIA_QUANT_STCS=0 for A/B): the code stores as streaming
 // stores (st.global.cs, evict-first): the codes of a 65,536-token call (805 MB at d = 128 and 16
 // heads) do not stay in L2 for the attention kernels anyway. Measured (session 21, H200, same
@@ -211,18 +198,6 @@ __device__ __forceinline__ void load_rows(const u16* base, const Item& it, int h
   const uint4* src = reinterpret_cast<const uint4*>(base + (tok * heads + it.h) * HEAD_DIM + 8 * q);
 #pragma unroll
   for (int k = 0; k < NK; ++k) raw[k] = __ldcs(src + 4 * k);
-}
-
-// QUANT_L2PF: ask L2 for the rows of the item's document `shift` tokens on (0: the item's own,
-// 32: the document's next block), this thread's 128-byte line of its row (lanes q < d / 64 of
-// the row's four); rows past the document are not asked for.
-__device__ __forceinline__ void prefetch_rows_l2(const u16* base, const Item& it, int heads, int shift) {
-  const int tt = threadIdx.x >> 2, q = threadIdx.x & 3;
-  const int b = it.b0 + shift + tt;
-  if (q < HEAD_DIM / 64 && b < it.L) {
-    const u16* src = base + ((long long)(it.doc0 + b) * heads + it.h) * HEAD_DIM + 64 * q;
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src));
-  }
 }
 
 // Rows past the document hold another row's values: their amax is masked and their codes zeroed.
@@ -481,14 +456,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       stage_rows(tn.x, nx, tn.heads, stage[buf ^ 1]);
 #else
       load_rows(tn.x, nx, tn.heads, raw);
-#endif
-#if QUANT_L2PF
-      // the block after nx in its chunk item: the document's next 32 tokens when the document
-      // goes on and nx is not the chunk's last slot (the next slot then holds them)
-      if (ncj < 3) prefetch_rows_l2(tn.x, nx, tn.heads, 32);
-#if DELTA
-      prefetch_rows_l2(p.o, nx, p.in[0].heads, 0);
-#endif
 #endif
       cursor_next(p, nu, gb, gs);
     }

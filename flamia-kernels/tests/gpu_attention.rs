@@ -177,7 +177,7 @@ fn repeated_runs_are_bitwise_identical() {
 }
 
 /// `FLAMIA_BWD_UP_TILES` values the ordering tests run under: every document walking down, then
-/// the default threshold (sched.rs `BWD_UP_TILES`, documents up to 8,192 tokens walking up). The
+/// the default threshold (sched.rs `BWD_UP_TILES`, documents up to 16,384 tokens walking up). The
 /// two walks sum a query tile's dQ partials in opposite orders, so their bits differ from each
 /// other; each must be repeatable and independent of arrival order on its own.
 fn walks() -> [String; 2] {

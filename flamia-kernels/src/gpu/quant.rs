@@ -348,29 +348,15 @@ fn quant_stcs() -> bool {
     !super::env_off("FLAMIA_QUANT_STCS")
 }
 
-/// `FLAMIA_QUANT_L2PF=1` (an A/B knob, off by default): each quantiser thread also asks L2 for
-/// its rows of the block after the next one (and, with D, the next item's O rows), so the
-/// register loads issued one item later hit L2 (`QUANT_L2PF` in `cuda/quant.cu`; the same
-/// bytes).
-fn quant_l2pf() -> bool {
-    super::env_on("FLAMIA_QUANT_L2PF")
-}
-
-/// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`],
-/// [`quant_stcs`] and [`quant_l2pf`] (defined only when on: the default build's module key, and
-/// so its disk-cache entry, stay as they were).
+/// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`] and
+/// [`quant_stcs`].
 fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
-    let v = Variant::new()
+    Variant::new()
         .define("HEAD_DIM", head_dim)
         .define("MODE", mode_id(mode))
         .define("DELTA", delta as i32)
         .define("QUANT_ASYNC", quant_async() as i32)
-        .define("QUANT_STCS", quant_stcs() as i32);
-    if quant_l2pf() {
-        v.define("QUANT_L2PF", 1)
-    } else {
-        v
-    }
+        .define("QUANT_STCS", quant_stcs() as i32)
 }
 
 /// The persistent grid of `f` (128 threads per CTA): as many CTAs as the driver says fit on
@@ -591,16 +577,11 @@ mod tests {
                     }
                 }
             }
-            // permuted dim-major copies (QUANT_PERM_MASK: Q of the fused launch, dO with D), and
-            // the L2 prefetches (QUANT_L2PF, FLAMIA_QUANT_L2PF=1) with and without them
+            // permuted dim-major copies (QUANT_PERM_MASK: Q of the fused launch, dO with D)
             for delta in [false, true] {
-                for (perm, l2pf) in [(1, 0), (0, 1), (1, 1)] {
-                    let v = quant_variant(head_dim, ScaleMode::TokenBlock, delta)
-                        .define("QUANT_PERM_MASK", perm)
-                        .define("QUANT_L2PF", l2pf);
-                    compile_ptx("quant.cu", &v, "sm_90a")
-                        .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
-                }
+                let v = quant_variant(head_dim, ScaleMode::TokenBlock, delta).define("QUANT_PERM_MASK", 1);
+                compile_ptx("quant.cu", &v, "sm_90a")
+                    .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
             }
         }
     }

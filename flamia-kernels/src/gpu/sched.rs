@@ -31,7 +31,7 @@
 //! GQA group are taken in the order their dK/dV partials are summed.
 //!
 //! A document of at most [`bwd_up_tiles`] key tiles (causal; `FLAMIA_BWD_UP_TILES`, default
-//! [`BWD_UP_TILES`] = 64 tiles, 8,192 tokens) is listed the other way: after every longer document, documents longest first, in a
+//! [`BWD_UP_TILES`] = 128 tiles, 16,384 tokens) is listed the other way: after every longer document, documents longest first, in a
 //! document head by head (ascending: a GQA group's partial-sum order), each head's key tiles
 //! highest first. Its tiles walk their query tiles from the diagonal up and each query tile takes
 //! their dQ partials highest key tile first (kernel `BWD_WALK_UP`), so the key tiles of one
@@ -43,8 +43,12 @@
 //! the items to *start* in list order too, which the kernel's claim at an item's start does not
 //! give (measured 1.8-2.1x slower); the producer's late claim (`BWD_LATE_CLAIM`, the default)
 //! does: backward -17..-22% at 16x4096 .. 64x1024, -5% 8x8192, -6..-7% 256x256 and mixed
-//! lengths; documents of 16,384 tokens gain ~0.5% more walking up and 65,536 lose 14% (the
+//! lengths; documents of 16,384 tokens gained ~0.5% more walking up and 65,536 lose 14% (the
 //! longest tile listed last is the launch's tail), hence 64 tiles (docs/perf.md "Session 12").
+//! Session 32 measured the threshold again on the kernels of today (same call, two rounds):
+//! 128 tiles (16,384 tokens) takes 1.5% off the training call at 4x16384 at d = 128, 8% at
+//! d = 64 and 5.5% with 4 KV heads, 1-6% on lognormal (one 14,975-token document); 256 lost
+//! 1.5% at 2x32768, and 65,536-token documents still lose 7%: hence 128.
 //!
 //! The backward's FP32 dQ accumulator ([tokens x query heads x 128]) and, for GQA, its dK/dV
 //! partial sums grow with the packed row; past [`BWD_SCRATCH_BUDGET`] the query heads are split
@@ -268,8 +272,10 @@ fn query_steps(len: usize, k0: usize, causal: bool) -> usize {
     (len - start).div_ceil(BWD_QT)
 }
 
-/// Default of [`bwd_up_tiles`]: documents of up to 64 key tiles (8,192 tokens) walk up.
-pub const BWD_UP_TILES: usize = 64;
+/// Default of [`bwd_up_tiles`]: documents of up to 128 key tiles (16,384 tokens) walk up (64
+/// until session 32, whose same-call A/B put 128 at -1.5% (d = 128) to -8% (d = 64, GQA) of the
+/// training call at 4x16384 and -1..-6% on lognormal; 256 lost 1.5% at 2x32768).
+pub const BWD_UP_TILES: usize = 128;
 
 /// Largest document, in 128-key tiles, whose key tiles walk up (causal only; the module docs):
 /// `FLAMIA_BWD_UP_TILES` when set (an A/B knob), else [`BWD_UP_TILES`].
@@ -582,27 +588,28 @@ mod tests {
         };
         // long documents of one length: two heads (GQA: whole groups of 4 query heads); the
         // backward in chunks of 8 heads (two launches, the scratch budget), four heads for one
-        // document (33 of its key tiles per head in flight, not 66)
+        // document (33 of its key tiles per head in flight, not 66); documents of 16,384 tokens
+        // walk up (BWD_UP_TILES = 128): one launch, one group, as the short documents below
         assert_eq!(group(&[65536], 16, 16, 128), (2, 4, 8));
-        assert_eq!(group(&[16384; 4], 16, 16, 128), (2, 2, 8));
+        assert_eq!(group(&[16384; 4], 16, 16, 128), (2, 16, 16));
         // (d = 64: the forward's groups of four heads read 256 bytes of each token's K/V row)
-        assert_eq!(group(&[16384; 4], 16, 16, 64), (4, 2, 8));
+        assert_eq!(group(&[16384; 4], 16, 16, 64), (4, 16, 16));
         assert_eq!(group(&[65536], 16, 16, 64), (4, 4, 8));
         assert_eq!(group(&[1024; 64], 16, 16, 64), (4, 16, 16));
-        assert_eq!(group(&[16384; 4], 32, 8, 64), (4, 4, 4));
-        assert_eq!(group(&[16384; 4], 32, 8, 128), (4, 4, 4));
+        assert_eq!(group(&[16384; 4], 32, 8, 64), (4, 8, 8));
+        assert_eq!(group(&[16384; 4], 32, 8, 128), (4, 8, 8));
         // short documents all walk up: the backward's list is one group; the forward's query
         // tiles of 256 tokens (1.5 key tiles each) read their K/V once whatever the order
         assert_eq!(group(&[256; 256], 16, 16, 128), (16, 16, 16));
         // 1,024-token documents (4.5 key tiles per query tile) group, 512-token ones (2.5) not
         assert_eq!(group(&[1024; 64], 16, 16, 128), (2, 16, 16));
         assert_eq!(group(&[512; 128], 16, 16, 128), (16, 16, 16));
-        // the lognormal workload (21 key tiles per query tile: the forward groups): one
-        // 14,975-token document walks down, in 4-head chunks; its rows for 4 heads (29 MiB at
-        // d = 64, 58 MiB at 128) stay in L2, so the backward takes the whole chunk
+        // the lognormal workload (21 key tiles per query tile: the forward groups): every
+        // document walks up (the longest, 14,975 tokens, is 117 key tiles), in two chunks of 8
+        // heads (its padded row's dQ accumulator is past the larger budget), each one group
         let lognormal = crate::gpu::bench::workload("lognormal").unwrap();
-        assert_eq!(group(&lognormal, 16, 16, 64), (4, 4, 4));
-        assert_eq!(group(&lognormal, 16, 16, 128), (2, 4, 4));
+        assert_eq!(group(&lognormal, 16, 16, 64), (4, 8, 8));
+        assert_eq!(group(&lognormal, 16, 16, 128), (2, 8, 8));
         let shape = VarlenShape::from_lens(&lognormal, 16, 16, 64).unwrap();
         let b = BwdSchedule::with_head_groups(&shape, &pads(&shape), true, None, BWD_UP_TILES, 132);
         assert_eq!(
@@ -887,7 +894,7 @@ mod tests {
     #[test]
     fn rows_of_documents_that_all_walk_up_take_the_larger_budget() {
         // 65,536 tokens, 16 heads: 512 MiB of dQ accumulator. Every document walking up (at
-        // most BWD_UP_TILES = 64 key tiles, causal): one launch; a longer document, or no
+        // most BWD_UP_TILES = 128 key tiles, causal): one launch; a longer document, or no
         // causal mask (nothing walks up), or an explicit budget: two
         let chunks = |lens: &[usize], causal: bool, budget: Option<usize>| {
             let shape = VarlenShape::from_lens(lens, 16, 16, 128).unwrap();
@@ -895,9 +902,10 @@ mod tests {
         };
         assert_eq!(chunks(&[256; 256], true, None), 1);
         assert_eq!(chunks(&[8192; 8], true, None), 1);
-        assert_eq!(chunks(&[16384; 4], true, None), 2);
-        let mut mixed = vec![256; 192];
-        mixed.push(16384);
+        assert_eq!(chunks(&[16384; 4], true, None), 1);
+        assert_eq!(chunks(&[32768; 2], true, None), 2);
+        let mut mixed = vec![256; 128];
+        mixed.push(32768);
         assert_eq!(chunks(&mixed, true, None), 2);
         assert_eq!(chunks(&[256; 256], false, None), 2);
         assert_eq!(chunks(&[256; 256], true, Some(BWD_SCRATCH_BUDGET)), 2);
