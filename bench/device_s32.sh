@@ -25,11 +25,15 @@
 #      call b: 4x16384 backward -1.5%, call -2%) and 32,768 (=256), against the default (64
 #      tiles), two rounds, on the workloads they change (4x16384, 2x32768, lognormal: one
 #      14,975-token document), d = 128 and 64; the walk's GPU test with 128 (~3 minutes).
+#   d: with the threshold at 128 (the default since call 3): the new GPU test of a document of
+#      exactly that many key tiles, both walks, and its mutation (bwd4-up-stage: must be
+#      caught), then the standing (bench/vs-anchors.sh with cuDNN FP8 when .whl is carried;
+#      ~7 minutes).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s32.sh a|b|c}
+mode=${1:?usage: device_s32.sh a|b|c|d}
 . "$(dirname "$0")/device-bench.sh"  # run_bench, D64, ab_both_dims, ab_rounds
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -71,7 +75,13 @@ c)
   ab_rounds "d=64" FLAMIA_BWD_UP_TILES=128 --head-dim 64 --workload 4x16384 --workload 2x32768 --workload lognormal
   ab_rounds "d=128 gqa" FLAMIA_BWD_UP_TILES=128 --kv-heads 4 --workload 4x16384 --workload lognormal
   ;;
-*) echo "device_s32.sh: unknown mode '$mode' (a|b|c)"; exit 2 ;;
+d)
+  timeout 150 $C/gpu_attention --ignored --exact documents_at_the_walk_threshold_walking_up_agree_with_walking_down \
+    2>&1 | grep -E "^test |test result|panicked|relative"
+  T=$C/gpu_attention ONLY=bwd4-up-stage bash bench/gpu_mutations.sh 2>&1 | tail -1
+  B=$C/flamia bash bench/vs-anchors.sh
+  ;;
+*) echo "device_s32.sh: unknown mode '$mode' (a|b|c|d)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s32-$mode.log"

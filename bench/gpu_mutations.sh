@@ -75,6 +75,11 @@ mutate bwd4-dead-stale-codes attn_bwd_v4.cu 's/ds_store_block(ds + 1024 \* j, 0u
 # hangs (caught by the timeout, rc 124).
 mutate bwd4-up-ascending-turn attn_bwd_v4.cu 's|j.target = 2 \* (tl.up ? q0 / BKT - tl.k0 / BKT : tl.k0 / BKT);|j.target = 2 * (tl.k0 / BKT);|' \
   walking_up_is_accurate_repeatable_and_ordered
+# 8b. v4 backward, tiles walking up: from the fourth step on, the producer loads the query tile
+# one step behind (a wrong Q / dO for the step the consumers compute). The document of exactly
+# BWD_UP_TILES key tiles must then differ between its two walks (session 32's threshold test).
+mutate bwd4-up-stage attn_bwd_v4.cu 's|const int q0 = t.up ? qstart + BQT \* st :|const int q0 = t.up ? qstart + BQT * (st > 2 ? st - 1 : st) :|' \
+  documents_at_the_walk_threshold_walking_up_agree_with_walking_down
 # 9. v4 backward at d = 64, the producer's fold (BWD_PRODUCER_FOLD, the default there since
 # session 13): nd folded with 2^(eV+eK) instead of 2^eK. The folded form must stay bitwise the
 # per-row one.

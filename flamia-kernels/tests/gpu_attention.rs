@@ -779,6 +779,52 @@ fn walking_up_is_accurate_repeatable_and_ordered() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn documents_at_the_walk_threshold_walking_up_agree_with_walking_down() {
+    // A document of exactly BWD_UP_TILES key tiles (16,384 tokens since session 32) walks up by
+    // default; walking down (FLAMIA_BWD_UP_TILES=0) must give the same forward bit for bit and
+    // the same gradients up to the FP32 order of the dQ and dK/dV sums (the dS codes and their
+    // exponents do not depend on the walk), and each walk must repeat its own bits. Too long for
+    // the CPU reference; the shorter documents' walks are held to it by
+    // walking_up_is_accurate_repeatable_and_ordered. GQA, both head dims.
+    let tiles = flamia_kernels::gpu::sched::BWD_UP_TILES;
+    let gpu = gpu();
+    for hd in [128, 64] {
+        let shape = VarlenShape::from_lens(&[128 * tiles, 300], 2, 1, hd).unwrap();
+        with_seeds(&format!("walk threshold, d = {hd}"), |mut rng| {
+            let call = spread_key_tiles(gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8)));
+            let up = {
+                let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &tiles.to_string());
+                let (a, b) = (gpu_attn(&gpu, &call), gpu_attn(&gpu, &call));
+                assert_same_bits(&a, &b, "walking up, between runs");
+                a
+            };
+            let down = {
+                let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", "0");
+                gpu_attn(&gpu, &call)
+            };
+            for (i, (name, (x, y))) in NAMES
+                .iter()
+                .zip(outputs(&up).into_iter().zip(outputs(&down)))
+                .enumerate()
+            {
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+                if i < 2 {
+                    assert_eq!(
+                        bits(x),
+                        bits(y),
+                        "d = {hd}: {name} depends on the backward's walk"
+                    );
+                    continue;
+                }
+                let r = rel_l2(x, y);
+                assert!(r < 1e-5, "d = {hd}: {name} walking up vs down, relative L2 {r:e} (only the FP32 sum order differs)");
+            }
+        });
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn folded_key_factors_give_bitwise_the_per_row_backward() {
     // With token-block (and tensor-wide) scales the v4 backward folds 2^eK, 2^eV and 2^-c of a
     // thread's 32-key block into its column constants once per step; FLAMIA_BWD_KEY_BLOCKS=0
