@@ -29,11 +29,16 @@
 #      exactly that many key tiles, both walks, and its mutation (bwd4-up-stage: must be
 #      caught), then the standing (bench/vs-anchors.sh with cuDNN FP8 when .whl is carried;
 #      ~7 minutes).
+#   e: the threshold test again (its bound set from call d: 1e-3) and its mutation; the training
+#      call's host time at the short workloads (FLAMIA_BENCH_HOST=1: host enqueue per call and
+#      the call queued back to back beside the table's synchronised figure; 256x256's training
+#      call read 2.41 ms against 2.12 in the same call), three runs; then the walk's contract
+#      tests on the new default (~4 minutes).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s32.sh a|b|c|d}
+mode=${1:?usage: device_s32.sh a|b|c|d|e}
 . "$(dirname "$0")/device-bench.sh"  # run_bench, D64, ab_both_dims, ab_rounds
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -81,7 +86,19 @@ d)
   T=$C/gpu_attention ONLY=bwd4-up-stage bash bench/gpu_mutations.sh 2>&1 | tail -1
   B=$C/flamia bash bench/vs-anchors.sh
   ;;
-*) echo "device_s32.sh: unknown mode '$mode' (a|b|c|d)"; exit 2 ;;
+e)
+  timeout 150 $C/gpu_attention --ignored --exact documents_at_the_walk_threshold_walking_up_agree_with_walking_down \
+    2>&1 | grep -E "^test |test result|panicked|relative"
+  T=$C/gpu_attention ONLY=bwd4-up-stage bash bench/gpu_mutations.sh 2>&1 | tail -1
+  for r in 1 2 3; do
+    run_bench "host $r" FLAMIA_BENCH_HOST=1 --workload 32x2048 --workload 64x1024 --workload 256x256
+    run_bench "host $r, 256x256 first" FLAMIA_BENCH_HOST=1 --workload 256x256 --workload 64x1024
+  done
+  timeout 240 $C/gpu_attention --ignored --exact --test-threads=1 repeated_runs_are_bitwise_identical \
+    dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in head_chunked_backward_is_bitwise_the_one_launch_backward \
+    head_dim_64_is_bitwise_repeatable_whatever_the_reduce_order_and_chunking 2>&1 | grep -E "^test |test result|panicked"
+  ;;
+*) echo "device_s32.sh: unknown mode '$mode' (a|b|c|d|e)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s32-$mode.log"

@@ -816,8 +816,11 @@ fn documents_at_the_walk_threshold_walking_up_agree_with_walking_down() {
                     );
                     continue;
                 }
+                // spread_key_tiles puts a query tile's dQ partials up to 2^15 apart, so the FP32
+                // order alone moves dQ by ~1e-5 (1.4e-5 at d = 128, session 32); a step with the
+                // wrong query tile (mutation bwd4-up-stage) by ~1 (0.96)
                 let r = rel_l2(x, y);
-                assert!(r < 1e-5, "d = {hd}: {name} walking up vs down, relative L2 {r:e} (only the FP32 sum order differs)");
+                assert!(r < 1e-3, "d = {hd}: {name} walking up vs down, relative L2 {r:e} (only the FP32 sum order differs)");
             }
         });
     }

@@ -117,6 +117,30 @@ fn time_ms(gpu: &Gpu, warm: usize, reps: usize, f: &mut dyn FnMut() -> GpuResult
     Ok(out)
 }
 
+/// `FLAMIA_BENCH_HOST=1` (a diagnostic): the host's time to enqueue one call of `f` and the
+/// call's GPU time when `reps` calls are queued back to back (events between them, one
+/// synchronisation at the end), both medians. Where the enqueue takes longer than the GPU's
+/// first kernels, the table's per-call synchronised timing (the anchors' way too) includes host
+/// time that queued calls, as in training, hide.
+fn host_and_queued_ms(gpu: &Gpu, reps: usize, f: &mut dyn FnMut() -> GpuResult<()>) -> GpuResult<(f64, f64)> {
+    let stream = gpu.context().default_stream();
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    stream.synchronize().ctx("cuStreamSynchronize")?;
+    let mut host = Vec::with_capacity(reps);
+    let mut events = vec![stream.record_event(flags).ctx("cuEventRecord")?];
+    for _ in 0..reps {
+        let t = std::time::Instant::now();
+        f()?;
+        host.push(t.elapsed().as_secs_f64() * 1e3);
+        events.push(stream.record_event(flags).ctx("cuEventRecord")?);
+    }
+    let mut queued = Vec::with_capacity(reps);
+    for w in events.windows(2) {
+        queued.push(w[0].elapsed_ms(&w[1]).ctx("cuEventElapsedTime")? as f64);
+    }
+    Ok((median(host), median(queued)))
+}
+
 /// Fills `buf` (BF16) with N(0, 1) on the device.
 fn fill_normal(gpu: &Gpu, buf: &DeviceBuf<u16>, seed: u32) -> GpuResult<()> {
     #[repr(C)]
@@ -238,6 +262,17 @@ pub fn run_workload(
         fwd()?;
         bwd()
     })?);
+    if super::env_on("FLAMIA_BENCH_HOST") {
+        let (host, queued) = host_and_queued_ms(gpu, reps, &mut || {
+            quant()?;
+            fwd()?;
+            bwd()
+        })?;
+        eprintln!(
+            "{name}: training call {train_ms:.3} ms (synchronised per call, the table's), {queued:.3} ms \
+             queued back to back; host enqueue {host:.3} ms a call (medians of {reps})"
+        );
+    }
     let ff = causal_fwd_flops(lens, hd);
     Ok(BenchRow {
         workload: name.to_string(),
