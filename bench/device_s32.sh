@@ -34,11 +34,15 @@
 #      the call queued back to back beside the table's synchronised figure; 256x256's training
 #      call read 2.41 ms against 2.12 in the same call), three runs; then the walk's contract
 #      tests on the new default (~4 minutes).
+#   f: call e found 64x1024's training call 3.7-3.9 ms queued back to back against 3.19
+#      synchronised, when it follows 32x2048 in the run (3.18 / 3.20 when it follows 256x256):
+#      the same three workloads with and without programmatic dependent launch (FLAMIA_PDL=0),
+#      two rounds (~1.5 minutes).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s32.sh a|b|c|d|e}
+mode=${1:?usage: device_s32.sh a|b|c|d|e|f}
 . "$(dirname "$0")/device-bench.sh"  # run_bench, D64, ab_both_dims, ab_rounds
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -98,7 +102,14 @@ e)
     dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in head_chunked_backward_is_bitwise_the_one_launch_backward \
     head_dim_64_is_bitwise_repeatable_whatever_the_reduce_order_and_chunking 2>&1 | grep -E "^test |test result|panicked"
   ;;
-*) echo "device_s32.sh: unknown mode '$mode' (a|b|c|d|e)"; exit 2 ;;
+f)
+  for r in 1 2; do
+    for e in FLAMIA_BENCH_HOST=1 "FLAMIA_BENCH_HOST=1 FLAMIA_PDL=0"; do
+      run_bench "$e round $r" "$e" --workload 32x2048 --workload 64x1024 --workload 256x256
+    done
+  done
+  ;;
+*) echo "device_s32.sh: unknown mode '$mode' (a|b|c|d|e|f)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s32-$mode.log"
