@@ -532,8 +532,8 @@ fn one_plan_and_workspace_serve_call_after_call() {
     // (8,192 tokens x 4 heads: 256 forward items, 256 backward items), so a counter left at its
     // last value hands out no items past each CTA's first; the forward is checked before the
     // backward runs (a backward on stale semaphores could wait forever). Both head dims, causal
-    // walking down and up, and not causal; then with FLAMIA_PDL=0 (plain launches) and
-    // FLAMIA_LAUNCH_MEMSETS=1 (the host's memsets) bitwise the same.
+    // walking down and up, and not causal; then with FLAMIA_PDL=1 (chained launches, off by
+    // default since session 32) and FLAMIA_LAUNCH_MEMSETS=1 (the host's memsets) bitwise the same.
     use flamia_kernels::gpu::{Attention, Plan};
     let gpu = gpu();
     let s = stream();
@@ -566,7 +566,7 @@ fn one_plan_and_workspace_serve_call_after_call() {
             None,
             None,
             None,
-            Some(("FLAMIA_PDL", "0")),
+            Some(("FLAMIA_PDL", "1")),
             Some(("FLAMIA_LAUNCH_MEMSETS", "1")),
         ];
         for (run, knob) in knobs.into_iter().enumerate() {
@@ -605,11 +605,11 @@ fn one_plan_and_workspace_serve_call_after_call() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn launch_chain_knobs_keep_every_bit() {
-    // The chained launches (programmatic dependent launch, FLAMIA_PDL), the host's memsets
+    // The chained launches (programmatic dependent launch, FLAMIA_PDL=1), the host's memsets
     // instead of the kernels' own resets (FLAMIA_LAUNCH_MEMSETS=1) and the dV fold exponents by
     // one CTA per document instead of one warp (FLAMIA_BWD_FOLD_WARP=0; the default for these
     // documents of at most 1,100 tokens): the same gradients bit for bit.
-    backward_knob_values_keep_every_bit("FLAMIA_PDL", &["0"], &CODE_KNOB_CASES);
+    backward_knob_values_keep_every_bit("FLAMIA_PDL", &["1"], &CODE_KNOB_CASES);
     backward_knob_values_keep_every_bit("FLAMIA_LAUNCH_MEMSETS", &["1"], &CODE_KNOB_CASES);
     backward_knob_values_keep_every_bit("FLAMIA_BWD_FOLD_WARP", &["0"], &CODE_KNOB_CASES);
 }
