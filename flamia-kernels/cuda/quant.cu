@@ -37,6 +37,7 @@
 // the emulated NVFP4 score product (input 0 only).
 // The bit-level contract is src/quant.rs; GPU tests compare every byte.
 #include "formats.cuh"
+#include "sched.cuh"  // sched_done (QUANT_DYN)
 
 #ifndef MODE
 #define MODE 0
@@ -91,6 +92,25 @@
 // 0.249 ms; bitwise the same bytes (gpu_quant). Measured in the same call and not kept: the plan
 // lookups one item ahead (QUANT_AHEAD: -1.1 / -0.2 / +1.4%) and the block amax by redux.sync
 // (with both: no better than SWZ alone).
+// QUANT_DYN 1 (session 32, prepared and not yet run on a GPU; host knob FLAMIA_QUANT_DYN=1):
+// a CTA takes its chunk items after the first from a global counter (p.counter, reset by the
+// last CTA: sched_done) instead of a fixed grid-stride share. Why: the share is fixed, so a CTA
+// that starts late (launched into the previous kernel's tail, as under the PDL chain, which
+// measured the training call 2-3% slower at the short workloads in session 32) ends late; and at
+// short documents the Q items cost ~1.3x the K and V ones (Q's two copies against one each), while
+// the grid's stride (924 CTAs = 19.25 x 48 head slots) gives a third of the CTAs two Q items in
+// every four and the rest one: with 27 or 26 items a CTA, the longest share is ~6.6% over the mean
+// at 64x1024 (a model of the shares; the dynamic order leaves about one item's spread). Thread 0
+// claims the next chunk item when the cursor takes the last claim, publishes it through shared
+// memory before the item's last barrier (two slots: MODE 1 / 2 have no block-amax barrier
+// between one item's read and the next item's write), and every thread reads it after that
+// barrier. The same bytes (items are independent; only their CTA changes).
+#ifndef QUANT_DYN
+#define QUANT_DYN 0
+#endif
+#if QUANT_DYN && (defined(QUANT_PROF_NODIM) || QUANT_ASYNC)
+#error "QUANT_DYN: not with QUANT_PROF_NODIM or QUANT_ASYNC (their loop ends have no claim publication)"
+#endif
 // QUANT_STCS 1 (the host's default; FLAMIA_QUANT_STCS=0 for A/B): the code stores as streaming
 // stores (st.global.cs, evict-first): the codes of a 65,536-token call (805 MB at d = 128 and 16
 // heads) do not stay in L2 for the attention kernels anyway. Measured (session 21, H200, same
@@ -135,6 +155,7 @@ struct QuantParams {
   int ninputs;                   // 1 .. QUANT_INPUTS
   int slots;                     // heads of all inputs together
   int nchunks;                   // Tpad / 128
+  int* counter;                  // QUANT_DYN: [2], the chunk items' claim counter (sched_done resets it)
 };
 
 // Field-wise select (a dynamic index into the parameter struct would copy it to local memory).
@@ -391,6 +412,23 @@ __device__ __forceinline__ void cursor_next(const QuantParams& p, Cursor& u, int
   if (u.c < p.nchunks) u.cb = load_chunk(p, u.c);
 }
 
+// QUANT_DYN: as cursor_next, the next chunk item being `nxt` (c * slots + s, claimed); true when
+// the cursor took it and it is an item (then the CTA claims the one after).
+__device__ __forceinline__ bool cursor_next_dyn(const QuantParams& p, Cursor& u, int nxt) {
+  int j = u.j + 1;
+  while (j < 4 && chunk_block(u.cb, j) < 0) ++j;
+  if (j < 4) {
+    u.j = j;
+    return false;
+  }
+  u.c = nxt / p.slots;
+  u.s = nxt - u.c * p.slots;
+  u.j = 0;
+  if (u.c >= p.nchunks) return false;
+  u.cb = load_chunk(p, u.c);
+  return true;
+}
+
 // Byte offset in the chunk's dim-major staging buffer ([HEAD_DIM rows][128 positions]) of the
 // 16-byte piece k (positions 16k .. 16k+15) of row r: pieces XOR-swizzled by the row's dim quad.
 // The piece swizzle of dim quad g, rotated, (g & 3) << 1 | (g >> 2) & 1: the 4 quads of a half
@@ -419,7 +457,19 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   pdl_wait();  // (chained launch: the inputs' producers, the previous call's readers of the codes)
   pdl_trigger();
   Cursor nu{(int)blockIdx.x / slots, (int)blockIdx.x % slots, 0, make_int4(0, 0, 0, 0)};
+#if QUANT_DYN
+  // the claim slots (two: see QUANT_DYN), the parity of the next publication and whether a claim
+  // is in flight, thread 0's claim, the next chunk item (every thread)
+  __shared__ int claim_s[2];
+  int cst = 0, claim = 0, nxt;  // cst: bit 0 the parity, bit 1 a claim in flight (one register)
+  if (nu.c >= p.nchunks) {
+    if (tid == 0) sched_done(p.counter);
+    return;
+  }
+  if (tid == 0) claim = (int)gridDim.x + atomicAdd(p.counter, 1);
+#else
   if (nu.c >= p.nchunks) return;
+#endif
   nu.cb = load_chunk(p, nu.c);
   int cc = nu.c, cj = 0;  // this block's chunk and slot
   Item it = make_item(p, load_block(p, nu.cb.x), nu.s);
@@ -436,7 +486,23 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     load_rows(t0.x, it, t0.heads, raw);
   }
 #endif
+#if QUANT_DYN
+  // the first claim, published at once (its latency overlaps the first rows' loads); the cursor
+  // may take it here already (a one-block chunk), then the next claim is published at once too,
+  // so the loop's first item may take that one (every item reads its own publication)
+  if (tid == 0) claim_s[0] = claim;
+  __syncthreads();
+  nxt = claim_s[0];
+  cst = 1;  // (slot 0 may still be read: the loop's first publication goes to slot 1)
+  if (cursor_next_dyn(p, nu, nxt)) {
+    if (tid == 0) claim_s[1] = (int)gridDim.x + atomicAdd(p.counter, 1);
+    __syncthreads();
+    nxt = claim_s[1];
+    cst = 0;  // (every thread has read slot 0 before this barrier)
+  }
+#else
   cursor_next(p, nu, gb, gs);
+#endif
   for (int buf = 0;; buf ^= 1) {
     const QuantTensor t = pick_input(p, it.ti);
     const int n = min(32, it.L - it.b0);
@@ -457,7 +523,14 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #else
       load_rows(tn.x, nx, tn.heads, raw);
 #endif
+#if QUANT_DYN
+      if (cursor_next_dyn(p, nu, nxt)) {  // (uniform) took the claim: the next one goes out now
+        if (tid == 0) claim = (int)gridDim.x + atomicAdd(p.counter, 1);
+        cst |= 2;
+      }
+#else
       cursor_next(p, nu, gb, gs);
+#endif
     }
 #if QUANT_ASYNC
     // this item's copies (this thread's own slots) have landed; the next item's may still fly
@@ -550,12 +623,23 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     it = nx;
     continue;
 #endif
+#if QUANT_DYN
+    if ((cst & 2) && tid == 0) claim_s[cst & 1] = claim;  // (read by every thread after the next barrier)
+#define QUANT_DYN_READ()      \
+  if (cst & 2) {              \
+    nxt = claim_s[cst & 1];   \
+    cst = (cst & 1) ^ 1;      \
+  }
+#else
+#define QUANT_DYN_READ()
+#endif
     if (!dim) {
       // no dim-major copy of this input (a null `dim`: K or Q under FLAMIA_BWD_KD_XPOSE /
       // FLAMIA_FWD_QD); the barrier the copy has, so tile[buf] is never rewritten two items on
       // while a slow warp still reads it. (This tail repeats the loop's end on purpose: folding
       // the copy into an `if (dim)` before one shared tail made ptxas spill 48 B at d = 128.)
       __syncthreads();
+      QUANT_DYN_READ();
       cc = ncc;
       cj = ncj;
       if (!has_next) break;
@@ -563,6 +647,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       continue;
     }
     __syncthreads();
+    QUANT_DYN_READ();
     // dim-major copy: thread (dim quad g, token octet s) transposes 8 tokens x 4 dims and writes
     // 8 bytes per dim row; lanes s = 0..3 fill one 32-byte sector. g < d / 4: at d = 64 warps 2
     // and 3 skip it (a warp-uniform branch).
@@ -620,7 +705,12 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     if (!has_next) break;
     it = nx;
   }
+#if QUANT_DYN
+  if (tid == 0) sched_done(p.counter);  // (after thread 0's last claim)
+#endif
 }
+
+#undef QUANT_DYN_READ
 
 
 // Tensor-wide amax (after the rotation) of every input, for MODE 2: grid-stride over the same

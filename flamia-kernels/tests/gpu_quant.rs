@@ -366,6 +366,72 @@ fn permuted_dim_copy_is_the_plain_one_reordered_in_every_block() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn claimed_chunk_items_give_bitwise_the_grid_stride_shares() {
+    // FLAMIA_QUANT_DYN=1: the quantiser's CTAs take their chunk items after the first from the
+    // plan's counter. On 1, 3 and 17 CTAs (FLAMIA_QUANT_CTAS: nearly every item then comes from a
+    // claim; on 17, CTA 16's first item is chunk 2 of the second shape, whose only block is the
+    // 129-token document's last token, so its cursor takes the first claim before the loop),
+    // twice on one plan (the counter resets itself), in every scale mode, both head dims, one
+    // input and the fused Q/K/V launch of GQA heads (slots crossing inputs): every byte as the
+    // grid-stride default's on poisoned buffers.
+    let gpu = gpu();
+    let mut rng = rng("quant_dyn");
+    let amax = AmaxScratch::new(&gpu).unwrap();
+    for (d, lens) in HEAD_DIMS
+        .iter()
+        .flat_map(|&d| [(d, &LENS[..]), (d, &[33, 1, 129, 4095][..])])
+    {
+        let (hq, hkv) = (4, 2);
+        let shape = VarlenShape::from_lens(lens, hq, hkv, d).unwrap();
+        let plan = Plan::new(&gpu, &shape, true).unwrap();
+        let t = shape.tokens();
+        let xs = [
+            upload_bf16(&gpu, &awkward_tensor_d(&mut rng, t, hq, d, 6)),
+            upload_bf16(&gpu, &awkward_tensor_d(&mut rng, t, hkv, d, 6)),
+            upload_bf16(&gpu, &awkward_tensor_d(&mut rng, t, hkv, d, 6)),
+        ];
+        for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
+            let run = |n_inputs: usize| {
+                let ops: Vec<Operand> = [hq, hkv, hkv][..n_inputs]
+                    .iter()
+                    .map(|&h| poisoned_operand(&gpu, &plan, h))
+                    .collect();
+                let inputs: Vec<QuantInput> = ops
+                    .iter()
+                    .zip(&xs)
+                    .map(|(op, x)| QuantInput::new(x.ptr(), true, op.view()))
+                    .collect();
+                quantize_e4m3_fused(&gpu, stream(), &plan, &inputs, mode, None, Some(&amax)).unwrap();
+                ops.iter()
+                    .map(|op| {
+                        (
+                            op.tok.to_host().unwrap(),
+                            op.dim.to_host().unwrap(),
+                            op.exps.to_host().unwrap(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            };
+            for n_inputs in [1, 3] {
+                let base = run(n_inputs);
+                let _dyn = EnvGuard::set("FLAMIA_QUANT_DYN", "1");
+                for ctas in ["1", "3", "17"] {
+                    let _ctas = EnvGuard::set("FLAMIA_QUANT_CTAS", ctas);
+                    for call in 1..=2 {
+                        assert!(
+                            run(n_inputs) == base,
+                            "d = {d}, {lens:?}, {mode:?}, {n_inputs} input(s), {ctas} CTAs, call {call}: \
+                             claimed items differ from the grid-stride shares"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn fused_qkv_launch_is_bitwise_the_cpu_reference_for_every_input() {
     let gpu = gpu();
     let mut rng = rng("fused_qkv");

@@ -141,6 +141,30 @@ fn host_and_queued_ms(gpu: &Gpu, reps: usize, f: &mut dyn FnMut() -> GpuResult<(
     Ok((median(host), median(queued)))
 }
 
+/// `FLAMIA_BENCH_HOST=1`: the training call as its `phases` in order, one call per repetition
+/// (synchronised, as the table's), with an event between each two phases: each phase's median
+/// time inside the call, to tell which kernel carries a slow mode of the whole call.
+fn phases_in_call_ms(
+    gpu: &Gpu,
+    reps: usize,
+    phases: &mut [&mut dyn FnMut() -> GpuResult<()>],
+) -> GpuResult<Vec<f64>> {
+    let stream = gpu.context().default_stream();
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let mut times = vec![Vec::with_capacity(reps); phases.len()];
+    for _ in 0..reps {
+        let mut events = vec![stream.record_event(flags).ctx("cuEventRecord")?];
+        for ph in phases.iter_mut() {
+            ph()?;
+            events.push(stream.record_event(flags).ctx("cuEventRecord")?);
+        }
+        for (i, w) in events.windows(2).enumerate() {
+            times[i].push(w[0].elapsed_ms(&w[1]).ctx("cuEventElapsedTime")? as f64);
+        }
+    }
+    Ok(times.into_iter().map(median).collect())
+}
+
 /// Fills `buf` (BF16) with N(0, 1) on the device.
 fn fill_normal(gpu: &Gpu, buf: &DeviceBuf<u16>, seed: u32) -> GpuResult<()> {
     #[repr(C)]
@@ -268,9 +292,18 @@ pub fn run_workload(
             fwd()?;
             bwd()
         })?;
+        let inside = phases_in_call_ms(
+            gpu,
+            reps,
+            &mut [&mut quant, &mut fwd, &mut dograd, &mut || {
+                attn.backward_quantized(s, &plan, &saved, &ws, lse.ptr(), dq.ptr(), dk.ptr(), dv.ptr())
+            }],
+        )?;
         eprintln!(
             "{name}: training call {train_ms:.3} ms (synchronised per call, the table's), {queued:.3} ms \
-             queued back to back; host enqueue {host:.3} ms a call (medians of {reps})"
+             queued back to back; host enqueue {host:.3} ms a call; inside one call: quantiser {:.3}, \
+             forward {:.3}, dO quantiser {:.3}, backward {:.3} ms (medians of {reps})",
+            inside[0], inside[1], inside[2], inside[3]
         );
     }
     let ff = causal_fwd_flops(lens, hd);

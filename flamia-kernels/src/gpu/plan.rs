@@ -129,7 +129,8 @@ pub struct Plan {
     pub(crate) chunks: DeviceBuf<i32>,
     pub(crate) tiles: DeviceBuf<i32>,
     /// v4 forward: 128-token query tiles, work items, and the work counter the v4 kernels' CTAs
-    /// take items from (two words, the claims and the CTAs done; each launch leaves them zero).
+    /// take items from (two words, the claims and the CTAs done; each launch leaves them zero),
+    /// then the E4M3 quantiser's pair (`QUANT_DYN`: [`Plan::quant_counter`]).
     pub(crate) fwd_tiles: DeviceBuf<i32>,
     pub(crate) fwd_items: DeviceBuf<i32>,
     pub(crate) counter: DeviceBuf<i32>,
@@ -183,7 +184,7 @@ impl Plan {
         let tiles = DeviceBuf::from_host(gpu, &flat(&tables.tiles))?;
         let fwd_tiles = DeviceBuf::from_host(gpu, &flat(&tables.fwd.tiles))?;
         let fwd_items = DeviceBuf::from_host(gpu, &tables.fwd.items)?;
-        let counter = DeviceBuf::zeros(gpu, 2)?;
+        let counter = DeviceBuf::zeros(gpu, 4)?;
         let bwd_tiles = DeviceBuf::from_host(
             gpu,
             &tables.bwd.tiles.iter().flatten().copied().collect::<Vec<i32>>(),
@@ -214,6 +215,12 @@ impl Plan {
     /// The packing this plan was built for.
     pub fn shape(&self) -> &VarlenShape {
         &self.shape
+    }
+
+    /// Device address of the E4M3 quantiser's claim counter (words 2 and 3 of the work counter;
+    /// `QUANT_DYN`: the quantiser's CTAs take chunk items from it, and its last CTA zeroes it).
+    pub(crate) fn quant_counter(&self) -> u64 {
+        self.counter.ptr() + 2 * std::mem::size_of::<i32>() as u64
     }
 
     /// Tokens of the dim-major copies, padding included.

@@ -264,6 +264,8 @@ struct QuantParams {
     ninputs: i32,
     slots: i32,
     nchunks: i32,
+    /// `QUANT_DYN`: the plan's quantiser claim counter ([`Plan::quant_counter`]).
+    counter: u64,
 }
 
 /// One input of a fused launch: the BF16 tensor at `x` (`(tokens, out.heads, d)`, `d` the plan's
@@ -348,28 +350,45 @@ fn quant_stcs() -> bool {
     !super::env_off("FLAMIA_QUANT_STCS")
 }
 
-/// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`] and
-/// [`quant_stcs`].
+/// `FLAMIA_QUANT_DYN=1` (an A/B knob, prepared in session 32 and not yet run on a GPU; off by
+/// default): the E4M3 quantiser's CTAs take their chunk items after the first from a counter
+/// instead of a fixed grid-stride share (`QUANT_DYN` in `cuda/quant.cu`; the same bytes). Not with
+/// [`quant_async`] (its staging loop has no claim publication).
+fn quant_dyn() -> bool {
+    super::env_on("FLAMIA_QUANT_DYN") && !quant_async()
+}
+
+/// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`],
+/// [`quant_stcs`] and [`quant_dyn`] (defined only when on: the default build's module key, and so
+/// its disk-cache entry, stay as they were).
 fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
-    Variant::new()
+    let v = Variant::new()
         .define("HEAD_DIM", head_dim)
         .define("MODE", mode_id(mode))
         .define("DELTA", delta as i32)
         .define("QUANT_ASYNC", quant_async() as i32)
-        .define("QUANT_STCS", quant_stcs() as i32)
+        .define("QUANT_STCS", quant_stcs() as i32);
+    if quant_dyn() {
+        v.define("QUANT_DYN", 1)
+    } else {
+        v
+    }
 }
 
 /// The persistent grid of `f` (128 threads per CTA): as many CTAs as the driver says fit on
 /// every SM (the kernel's `__launch_bounds__` ask for 7, 8 with cp.async staging, 5 with D),
-/// at most one per item.
+/// at most one per item, and at most `FLAMIA_QUANT_CTAS` when set (a test knob, at least 1: with
+/// a few CTAs on a small plan, [`quant_dyn`]'s claims hand out most items, as they do on a
+/// 65,536-token row).
 fn persistent_grid(gpu: &Gpu, f: &cudarc::driver::CudaFunction, items: usize) -> GpuResult<(u32, u32, u32)> {
     let threads = 128;
     let per_sm = f
         .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
         .ctx("cuOccupancyMaxActiveBlocksPerMultiprocessor")?
         .max(1) as usize;
+    let cap = super::env_number::<usize>("FLAMIA_QUANT_CTAS").map_or(usize::MAX, |n| n.max(1));
     Ok((
-        (items.max(1).min(gpu.sm_count().max(1) as usize * per_sm)) as u32,
+        (items.max(1).min(gpu.sm_count().max(1) as usize * per_sm).min(cap)) as u32,
         1,
         1,
     ))
@@ -437,6 +456,7 @@ pub fn quantize_e4m3_fused(
         nblocks: plan.tables.blocks.len() as i32,
         ninputs: inputs.len() as i32,
         slots: inputs.iter().map(|i| i.out.heads as i32).sum(),
+        counter: plan.quant_counter(),
         ..Default::default()
     };
     for (dst, i) in p.inputs.iter_mut().zip(inputs) {
@@ -577,11 +597,22 @@ mod tests {
                     }
                 }
             }
-            // permuted dim-major copies (QUANT_PERM_MASK: Q of the fused launch, dO with D)
+            // permuted dim-major copies (QUANT_PERM_MASK: Q of the fused launch, dO with D), and
+            // the claimed chunk items (QUANT_DYN, FLAMIA_QUANT_DYN=1) with and without them, in
+            // every scale mode
             for delta in [false, true] {
                 let v = quant_variant(head_dim, ScaleMode::TokenBlock, delta).define("QUANT_PERM_MASK", 1);
                 compile_ptx("quant.cu", &v, "sm_90a")
                     .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
+                for mode in [ScaleMode::TokenBlock, ScaleMode::PerToken, ScaleMode::TensorFloor] {
+                    for perm in [0, 1] {
+                        let v = quant_variant(head_dim, mode, delta)
+                            .define("QUANT_PERM_MASK", perm)
+                            .define("QUANT_DYN", 1);
+                        compile_ptx("quant.cu", &v, "sm_90a")
+                            .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
+                    }
+                }
             }
         }
     }
