@@ -99,8 +99,8 @@
 // measured the training call 2-3% slower at the short workloads in session 32) ends late; and at
 // short documents the Q items cost ~1.3x the K and V ones (Q's two copies against one each), while
 // the grid's stride (924 CTAs = 19.25 x 48 head slots) gives a third of the CTAs two Q items in
-// every four and the rest one: with 27 or 26 items a CTA, the longest share is ~6.6% over the mean
-// at 64x1024 (a model of the shares; the dynamic order leaves about one item's spread). Thread 0
+// every four and the rest one: with 27 or 26 items a CTA, the longest share is ~7% over the mean
+// at 64x1024 (a model of the shares; claimed in list order, ~2.6%). Thread 0
 // claims the next chunk item when the cursor takes the last claim, publishes it through shared
 // memory before the item's last barrier (two slots: MODE 1 / 2 have no block-amax barrier
 // between one item's read and the next item's write), and every thread reads it after that
