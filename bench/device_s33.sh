@@ -10,7 +10,9 @@
 #      on the nine and d = 64 on five; then the PDL chain with and without it on the three short
 #      workloads (the chain cost 2-3% there in session 32; the fixed grid-stride shares are the
 #      suspect), and the training call's phases inside one call (FLAMIA_BENCH_HOST=1) three times
-#      (the slow modes of 256x256 and of 64x1024 queued) (~5 minutes).
+#      (the slow modes of 256x256 and of 64x1024 queued); then the in-kernel operand copies
+#      (FLAMIA_BWD_KD_XPOSE=2, FLAMIA_BWD_VT_XPOSE=1, both) at 4x16384 and 8x8192, whose plans
+#      are just past KD_XPOSE_MAX_TILES and now walk up (~6 minutes).
 # The whole GPU suite on session 32's defaults: bash bench/device_suite.sh 1, then 2.
 set -u
 C=.device-carry/bwd4
@@ -41,6 +43,11 @@ b)
   done
   for r in 1 2 3; do
     run_bench "phases $r" FLAMIA_BENCH_HOST=1 "${SHORT3[@]}"
+  done
+  # the operand copies made inside the backward (KD_XPOSE_MAX_TILES: plans under 32 key tiles
+  # per query tile) again, now that 16,384-token documents walk up
+  for k in FLAMIA_BWD_KD_XPOSE=2 FLAMIA_BWD_VT_XPOSE=1 "FLAMIA_BWD_KD_XPOSE=2 FLAMIA_BWD_VT_XPOSE=1"; do
+    ab_rounds "mid" "$k" --workload 4x16384 --workload 8x8192
   done
   ;;
 *) echo "device_s33.sh: unknown mode '$mode' (a|b)"; exit 2 ;;
