@@ -369,20 +369,19 @@ fn permuted_dim_copy_is_the_plain_one_reordered_in_every_block() {
 fn claimed_chunk_items_give_bitwise_the_grid_stride_shares() {
     // FLAMIA_QUANT_DYN=1: the quantiser's CTAs take their chunk items after the first from the
     // plan's counter. On 1, 3 and 17 CTAs (FLAMIA_QUANT_CTAS: nearly every item then comes from a
-    // claim; on 17, CTA 16's first item is chunk 2 of the second shape, whose only block is the
-    // 129-token document's last token, so its cursor takes the first claim before the loop),
-    // twice on one plan (the counter resets itself), in every scale mode, both head dims, one
-    // input and the fused Q/K/V launch of GQA heads (slots crossing inputs): every byte as the
-    // grid-stride default's on poisoned buffers.
+    // claim), twice on one plan (the counter resets itself), in every scale mode, both head dims,
+    // one input and the fused Q/K/V launch of GQA heads (slots crossing inputs): every byte as the
+    // grid-stride default's on poisoned buffers. (The cursor taking the first claim before the
+    // loop needs a CTA whose first chunk is the row's last, one-block chunk and whose first claim
+    // is still an item: only on a grid of nearly one CTA per item, by the order of the claims'
+    // atomics, so no test can make it happen on purpose; the kernel publishes that case's next
+    // claim behind its own barrier.)
     let gpu = gpu();
     let mut rng = rng("quant_dyn");
     let amax = AmaxScratch::new(&gpu).unwrap();
-    for (d, lens) in HEAD_DIMS
-        .iter()
-        .flat_map(|&d| [(d, &LENS[..]), (d, &[33, 1, 129, 4095][..])])
-    {
+    for d in HEAD_DIMS {
         let (hq, hkv) = (4, 2);
-        let shape = VarlenShape::from_lens(lens, hq, hkv, d).unwrap();
+        let shape = VarlenShape::from_lens(&LENS, hq, hkv, d).unwrap();
         let plan = Plan::new(&gpu, &shape, true).unwrap();
         let t = shape.tokens();
         let xs = [
@@ -420,7 +419,7 @@ fn claimed_chunk_items_give_bitwise_the_grid_stride_shares() {
                     for call in 1..=2 {
                         assert!(
                             run(n_inputs) == base,
-                            "d = {d}, {lens:?}, {mode:?}, {n_inputs} input(s), {ctas} CTAs, call {call}: \
+                            "d = {d}, {mode:?}, {n_inputs} input(s), {ctas} CTAs, call {call}: \
                              claimed items differ from the grid-stride shares"
                         );
                     }
