@@ -6,7 +6,7 @@
 #   b: the quantiser's claimed chunk items (QUANT_DYN, FLAMIA_QUANT_DYN=1; prepared, never run on
 #      a GPU): its GPU test, the whole gpu_quant with the knob on 3 CTAs (FLAMIA_QUANT_CTAS=3: the
 #      delta test's dO launches claim too), its two mutations (quant-dyn-noreset,
-#      quant-dyn-slot: each must be caught); then A/B against the default, two rounds, d = 128
+#      quant-dyn-skip: each must be caught); then A/B against the default, two rounds, d = 128
 #      on the nine and d = 64 on five; then the PDL chain with and without it on the three short
 #      workloads (the chain cost 2-3% there in session 32; the fixed grid-stride shares are the
 #      suspect), and the training call's phases inside one call (FLAMIA_BENCH_HOST=1) three times
@@ -31,7 +31,7 @@ b)
   timeout 120 $C/gpu_quant --ignored --exact claimed_chunk_items_give_bitwise_the_grid_stride_shares 2>&1 \
     | grep -E "^test |test result|panicked|differ"
   FLAMIA_QUANT_DYN=1 FLAMIA_QUANT_CTAS=3 timeout 120 $C/gpu_quant --ignored 2>&1 | grep -E "^test |test result|panicked"
-  for m in quant-dyn-noreset quant-dyn-slot; do
+  for m in quant-dyn-noreset quant-dyn-skip; do
     T=$C/gpu_attention ONLY=$m bash bench/gpu_mutations.sh 2>&1 | tail -1
   done
   ab_both_dims FLAMIA_QUANT_DYN=1

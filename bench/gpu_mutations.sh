@@ -203,11 +203,12 @@ mutate fwd-o-tma-rows attn_fwd_v4.cu 's/if (64 \* cw + 64 <= rows)/if (64 * cw +
 mutate fwd-half-limit attn_fwd_v4.cu 's/if (mk.last(min(64 \* cw + 63, rows - 1)) < 64)/if (mk.last(min(64 * cw + 63, rows - 1)) < 96)/' \
   forward_half_tiles_give_bitwise_the_same
 # QUANT_DYN (the test sets FLAMIA_QUANT_DYN=1 itself): the claim counter left as the last launch
-# leaves it (a second call claims past the end: items lost), and the published claim read from
-# the other slot (a stale claim taken again, the fresh one lost).
+# leaves it (a second call claims past the end: items lost), and the loop's claims stepping by two
+# (every other item never handed out). (A claim read back from the wrong slot is not among them:
+# it lags one claim behind, so a CTA takes one item twice and still every item it claimed.)
 mutate quant-dyn-noreset quant.cu 's|  if (tid == 0) sched_done(p.counter);  // (after|  if (false) sched_done(p.counter);  // (after|' \
   gpu_quant:claimed_chunk_items_give_bitwise_the_grid_stride_shares
-mutate quant-dyn-slot quant.cu 's|    nxt = claim_s\[cst \& 1\];   \\|    nxt = claim_s[(cst \& 1) ^ 1]; \\|' \
+mutate quant-dyn-skip quant.cu 's|^        if (tid == 0) claim = (int)gridDim.x + atomicAdd(p.counter, 1);|        if (tid == 0) claim = (int)gridDim.x + atomicAdd(p.counter, 2);|' \
   gpu_quant:claimed_chunk_items_give_bitwise_the_grid_stride_shares
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))
