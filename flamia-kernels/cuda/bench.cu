@@ -15,3 +15,19 @@ extern "C" __global__ void fill_normal_bf16(u16* out, long long n, u32 seed, flo
     out[i] = (u16)(pack_bf16x2(z * sigma, 0.f) & 0xffffu);
   }
 }
+
+// The SM clock over a short spin (FLAMIA_BENCH_SAMPLES=1): thread 0 spins for `ns` nanoseconds
+// of the global timer and writes the SM cycles and the nanoseconds that passed, so cycles / ns is
+// the clock (GHz) the SM ran at just then, whatever the driver's sampled clock says.
+extern "C" __global__ void clock_probe(unsigned long long* out, long long ns) {
+  if (threadIdx.x != 0) return;
+  unsigned long long t0, t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  long long c0 = clock64();
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  } while ((long long)(t1 - t0) < ns);
+  long long c1 = clock64();
+  out[0] = (unsigned long long)(c1 - c0);
+  out[1] = t1 - t0;
+}

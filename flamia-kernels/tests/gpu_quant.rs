@@ -367,8 +367,8 @@ fn permuted_dim_copy_is_the_plain_one_reordered_in_every_block() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn claimed_chunk_items_give_bitwise_the_grid_stride_shares() {
-    // FLAMIA_QUANT_DYN=1: the quantiser's CTAs take their chunk items after the first from the
-    // plan's counter. On 1, 3 and 17 CTAs (FLAMIA_QUANT_CTAS: nearly every item then comes from a
+    // QUANT_DYN (the default at d = 128; FLAMIA_QUANT_DYN=1 / =0 force it on / off): the
+    // quantiser's CTAs take their chunk items after the first from the plan's counter. On 1, 3 and 17 CTAs (FLAMIA_QUANT_CTAS: nearly every item then comes from a
     // claim), twice on one plan (the counter resets itself), in every scale mode, both head dims,
     // one input and the fused Q/K/V launch of GQA heads (slots crossing inputs): every byte as the
     // grid-stride default's on poisoned buffers. (The cursor taking the first claim before the
@@ -412,7 +412,10 @@ fn claimed_chunk_items_give_bitwise_the_grid_stride_shares() {
                     .collect::<Vec<_>>()
             };
             for n_inputs in [1, 3] {
-                let base = run(n_inputs);
+                let base = {
+                    let _grid_stride = EnvGuard::set("FLAMIA_QUANT_DYN", "0");
+                    run(n_inputs)
+                };
                 let _dyn = EnvGuard::set("FLAMIA_QUANT_DYN", "1");
                 for ctas in ["1", "3", "17"] {
                     let _ctas = EnvGuard::set("FLAMIA_QUANT_CTAS", ctas);

@@ -102,6 +102,20 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Runs `f` `warm` times, then `reps` times between CUDA events on the default stream.
 fn time_ms(gpu: &Gpu, warm: usize, reps: usize, f: &mut dyn FnMut() -> GpuResult<()>) -> GpuResult<Vec<f64>> {
+    Ok(time_ms_stamped(gpu, warm, reps, f)?
+        .into_iter()
+        .map(|(_, ms)| ms)
+        .collect())
+}
+
+/// [`time_ms`] with each repetition's host wall-clock start (Unix time, ms) beside its time, so
+/// a slow sample can be set against the GPU's clock log (`FLAMIA_BENCH_SAMPLES=1`).
+fn time_ms_stamped(
+    gpu: &Gpu,
+    warm: usize,
+    reps: usize,
+    f: &mut dyn FnMut() -> GpuResult<()>,
+) -> GpuResult<Vec<(f64, f64)>> {
     let stream = gpu.context().default_stream();
     for _ in 0..warm {
         f()?;
@@ -109,12 +123,58 @@ fn time_ms(gpu: &Gpu, warm: usize, reps: usize, f: &mut dyn FnMut() -> GpuResult
     let mut out = Vec::with_capacity(reps);
     let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     for _ in 0..reps {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64() * 1e3)
+            .unwrap_or(0.0);
         let a = stream.record_event(flags).ctx("cuEventRecord")?;
         f()?;
         let b = stream.record_event(flags).ctx("cuEventRecord")?;
-        out.push(a.elapsed_ms(&b).ctx("cuEventElapsedTime")? as f64);
+        out.push((now, a.elapsed_ms(&b).ctx("cuEventElapsedTime")? as f64));
     }
     Ok(out)
+}
+
+/// The SM clock (MHz) right after one call of `f`, by `clock_probe` (bench.cu: SM cycles over
+/// 20 us of the global timer, one thread), per repetition: whether a slow call ran at a lower
+/// clock than the driver's sampled one says (`FLAMIA_BENCH_SAMPLES=1`).
+fn clock_after_mhz(
+    gpu: &Gpu,
+    reps: usize,
+    f: &mut dyn FnMut() -> GpuResult<()>,
+) -> GpuResult<Vec<(f64, f64)>> {
+    let stream = gpu.context().default_stream();
+    let probe = gpu.function("bench.cu", &Variant::new(), "clock_probe", 0)?;
+    let out = DeviceBuf::<u64>::zeros(gpu, 2 * reps)?;
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let mut times = Vec::with_capacity(reps);
+    for i in 0..reps {
+        let a = stream.record_event(flags).ctx("cuEventRecord")?;
+        f()?;
+        let b = stream.record_event(flags).ctx("cuEventRecord")?;
+        let (ptr, ns) = (out.ptr() + 16 * i as u64, 20_000i64);
+        let mut args: [*mut std::ffi::c_void; 2] =
+            [&ptr as *const u64 as *mut _, &ns as *const i64 as *mut _];
+        // SAFETY: the two pointers match clock_probe(u64*, long long); `out` holds 2 x reps words.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                probe.cu_function(),
+                (1, 1, 1),
+                (32, 1, 1),
+                0,
+                std::ptr::null_mut(),
+                &mut args,
+            )
+        }
+        .ctx("cuLaunchKernel(clock_probe)")?;
+        times.push(a.elapsed_ms(&b).ctx("cuEventElapsedTime")? as f64);
+    }
+    let words = out.to_host()?;
+    Ok(times
+        .into_iter()
+        .zip(words.chunks(2))
+        .map(|(ms, w)| (ms, w[0] as f64 / w[1].max(1) as f64 * 1e3))
+        .collect())
 }
 
 /// `FLAMIA_BENCH_HOST=1` (a diagnostic): the host's time to enqueue one call of `f` and the
@@ -281,11 +341,37 @@ pub fn run_workload(
     } else {
         0.0
     };
-    let train_ms = median(time_ms(gpu, 2, reps, &mut || {
+    let train = time_ms_stamped(gpu, 2, reps, &mut || {
         quant()?;
         fwd()?;
         bwd()
-    })?);
+    })?;
+    if super::env_on("FLAMIA_BENCH_SAMPLES") {
+        // a diagnostic of the slow modes: every training call's start and time, in order
+        let t0 = train.first().map_or(0.0, |s| s.0);
+        let list: Vec<String> = train
+            .iter()
+            .map(|(at, ms)| format!("+{:.1}:{ms:.3}", at - t0))
+            .collect();
+        eprintln!(
+            "{name}: train samples from unix ms {t0:.1} (+ms since:ms) {}",
+            list.join(" ")
+        );
+        let clocked = clock_after_mhz(gpu, reps, &mut || {
+            quant()?;
+            fwd()?;
+            bwd()
+        })?;
+        let list: Vec<String> = clocked
+            .iter()
+            .map(|(ms, mhz)| format!("{ms:.3}@{mhz:.0}"))
+            .collect();
+        eprintln!(
+            "{name}: train ms @ SM MHz just after the call: {}",
+            list.join(" ")
+        );
+    }
+    let train_ms = median(train.into_iter().map(|(_, ms)| ms).collect());
     if super::env_on("FLAMIA_BENCH_HOST") {
         let (host, queued) = host_and_queued_ms(gpu, reps, &mut || {
             quant()?;

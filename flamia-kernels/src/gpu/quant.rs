@@ -350,17 +350,30 @@ fn quant_stcs() -> bool {
     !super::env_off("FLAMIA_QUANT_STCS")
 }
 
-/// `FLAMIA_QUANT_DYN=1` (an A/B knob, prepared in session 32 and not yet run on a GPU; off by
-/// default): the E4M3 quantiser's CTAs take their chunk items after the first from a counter
-/// instead of a fixed grid-stride share (`QUANT_DYN` in `cuda/quant.cu`; the same bytes). Not with
-/// [`quant_async`] (its staging loop has no claim publication).
-fn quant_dyn() -> bool {
-    super::env_on("FLAMIA_QUANT_DYN") && !quant_async()
+/// Whether the E4M3 quantiser's CTAs take their chunk items after the first from the plan's
+/// counter instead of a fixed grid-stride share (`QUANT_DYN` in `cuda/quant.cu`; the same bytes,
+/// GPU test `claimed_chunk_items_give_bitwise_the_grid_stride_shares`). On by default at head dim
+/// 128 since session 33 (quantiser -3.6..-4.6% on all nine workloads, 3.35-3.39 TB/s at 1x65536;
+/// the training call within noise); off at 64, where it measured +0.5..+2.1% (docs/perf.md).
+/// `FLAMIA_QUANT_DYN=1` / `=0` force it on / off at either head dim (A/B and the bitwise test).
+/// Never with [`quant_async`] (its staging loop has no claim publication).
+fn quant_dyn(head_dim: usize) -> bool {
+    if quant_async() {
+        return false;
+    }
+    match super::env_number::<u32>("FLAMIA_QUANT_DYN") {
+        Some(1) => true,
+        Some(0) => false,
+        _ => head_dim == QUANT_DYN_HEAD_DIM,
+    }
 }
 
+/// The head dim whose quantiser claims its chunk items by default ([`quant_dyn`]).
+const QUANT_DYN_HEAD_DIM: usize = 128;
+
 /// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`],
-/// [`quant_stcs`] and [`quant_dyn`] (defined only when on: the default build's module key, and so
-/// its disk-cache entry, stay as they were).
+/// [`quant_stcs`] and [`quant_dyn`] (defined only when on, so d = 64's default module key and
+/// disk-cache entry stay as they were).
 fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
     let v = Variant::new()
         .define("HEAD_DIM", head_dim)
@@ -368,7 +381,7 @@ fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
         .define("DELTA", delta as i32)
         .define("QUANT_ASYNC", quant_async() as i32)
         .define("QUANT_STCS", quant_stcs() as i32);
-    if quant_dyn() {
+    if quant_dyn(head_dim) {
         v.define("QUANT_DYN", 1)
     } else {
         v
@@ -585,6 +598,12 @@ mod tests {
                         let v = quant_variant(head_dim, mode, delta)
                             .define("QUANT_ASYNC", asynchronous)
                             .define("QUANT_STCS", stcs);
+                        // (claims never with cp.async staging: quant_dyn)
+                        let v = if asynchronous == 1 {
+                            v.define("QUANT_DYN", 0)
+                        } else {
+                            v
+                        };
                         let ptx = compile_ptx("quant.cu", &v, "sm_90a")
                             .unwrap_or_else(|e| panic!("quant.cu [{}]: {e}", v.key()));
                         // quant_nvfp4 is built at head dim 128 only (quantize_nvfp4 refuses 64)
@@ -598,8 +617,8 @@ mod tests {
                 }
             }
             // permuted dim-major copies (QUANT_PERM_MASK: Q of the fused launch, dO with D), and
-            // the claimed chunk items (QUANT_DYN, FLAMIA_QUANT_DYN=1) with and without them, in
-            // every scale mode
+            // the claimed chunk items (QUANT_DYN, the default at d = 128) with and without them,
+            // in every scale mode
             for delta in [false, true] {
                 let v = quant_variant(head_dim, ScaleMode::TokenBlock, delta).define("QUANT_PERM_MASK", 1);
                 compile_ptx("quant.cu", &v, "sm_90a")
