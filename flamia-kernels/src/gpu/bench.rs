@@ -90,6 +90,10 @@ pub struct BenchRow {
     /// V and the gradient workspace (quantised dO, D, the v4 backward's scratch), MiB.
     pub call_mib: f64,
     pub train_ms: f64,
+    /// The SM clock (MHz) right after the training call's timing loop, by `clock_probe`: under
+    /// the card's power cap the clock falls during a sustained loop, and the call's time with it
+    /// (session 33: 64x1024 at 3.1 ms at 1,874 MHz, 4.0 ms at 1,424).
+    pub train_mhz: f64,
     pub fwd_tflops: f64,
     pub bwd_tflops: f64,
     pub train_tflops: f64,
@@ -135,16 +139,54 @@ fn time_ms_stamped(
     Ok(out)
 }
 
-/// The SM clock (MHz) right after one call of `f`, by `clock_probe` (bench.cu: SM cycles over
-/// 20 us of the global timer, one thread), per repetition: whether a slow call ran at a lower
-/// clock than the driver's sampled one says (`FLAMIA_BENCH_SAMPLES=1`).
+/// `clock_probe` (bench.cu) launched on the default stream into `out[2 i], out[2 i + 1]`: SM
+/// cycles over 20 us of the global timer, one thread, after whatever the stream ran before.
+fn launch_clock_probe(gpu: &Gpu, out: &DeviceBuf<u64>, i: usize) -> GpuResult<()> {
+    let probe = gpu.function("bench.cu", &Variant::new(), "clock_probe", 0)?;
+    let (ptr, ns) = (out.ptr() + 16 * i as u64, 20_000i64);
+    let mut args: [*mut std::ffi::c_void; 2] = [&ptr as *const u64 as *mut _, &ns as *const i64 as *mut _];
+    assert!(2 * i + 1 < out.len(), "clock_probe slot {i} outside its buffer");
+    // SAFETY: the two pointers match clock_probe(u64*, long long); slot i lies in `out` (asserted).
+    unsafe {
+        cudarc::driver::result::launch_kernel(
+            probe.cu_function(),
+            (1, 1, 1),
+            (32, 1, 1),
+            0,
+            std::ptr::null_mut(),
+            &mut args,
+        )
+    }
+    .ctx("cuLaunchKernel(clock_probe)")
+}
+
+/// The SM clocks (MHz) [`launch_clock_probe`] measured in `out`'s slots, in order.
+fn probed_mhz(out: &DeviceBuf<u64>) -> GpuResult<Vec<f64>> {
+    Ok(out
+        .to_host()?
+        .chunks(2)
+        .map(|w| w[0] as f64 / w[1].max(1) as f64 * 1e3)
+        .collect())
+}
+
+/// The SM clock (MHz) right after the stream's work so far, by one [`launch_clock_probe`]:
+/// the clock a timing loop ended at, which the driver's sampled clock reports late (session 33:
+/// nvidia-smi at 20 ms showed 1,965 MHz while the probe measured the calls slowing at ~1,450).
+pub fn sm_mhz_now(gpu: &Gpu) -> GpuResult<f64> {
+    let out = DeviceBuf::<u64>::zeros(gpu, 2)?;
+    launch_clock_probe(gpu, &out, 0)?;
+    Ok(probed_mhz(&out)?[0])
+}
+
+/// Every repetition of `f` timed (synchronised, as [`time_ms`]) with the SM clock (MHz) right
+/// after it by [`launch_clock_probe`] (`FLAMIA_BENCH_SAMPLES=1`): whether a slow call ran at a
+/// lower clock.
 fn clock_after_mhz(
     gpu: &Gpu,
     reps: usize,
     f: &mut dyn FnMut() -> GpuResult<()>,
 ) -> GpuResult<Vec<(f64, f64)>> {
     let stream = gpu.context().default_stream();
-    let probe = gpu.function("bench.cu", &Variant::new(), "clock_probe", 0)?;
     let out = DeviceBuf::<u64>::zeros(gpu, 2 * reps)?;
     let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let mut times = Vec::with_capacity(reps);
@@ -152,29 +194,39 @@ fn clock_after_mhz(
         let a = stream.record_event(flags).ctx("cuEventRecord")?;
         f()?;
         let b = stream.record_event(flags).ctx("cuEventRecord")?;
-        let (ptr, ns) = (out.ptr() + 16 * i as u64, 20_000i64);
-        let mut args: [*mut std::ffi::c_void; 2] =
-            [&ptr as *const u64 as *mut _, &ns as *const i64 as *mut _];
-        // SAFETY: the two pointers match clock_probe(u64*, long long); `out` holds 2 x reps words.
-        unsafe {
-            cudarc::driver::result::launch_kernel(
-                probe.cu_function(),
-                (1, 1, 1),
-                (32, 1, 1),
-                0,
-                std::ptr::null_mut(),
-                &mut args,
-            )
-        }
-        .ctx("cuLaunchKernel(clock_probe)")?;
+        launch_clock_probe(gpu, &out, i)?;
         times.push(a.elapsed_ms(&b).ctx("cuEventElapsedTime")? as f64);
     }
-    let words = out.to_host()?;
-    Ok(times
-        .into_iter()
-        .zip(words.chunks(2))
-        .map(|(ms, w)| (ms, w[0] as f64 / w[1].max(1) as f64 * 1e3))
-        .collect())
+    Ok(times.into_iter().zip(probed_mhz(&out)?).collect())
+}
+
+/// `FLAMIA_BENCH_ENERGY=1` (a diagnostic): `f` queued back to back for about `secs` seconds
+/// (`per_call_ms` sizes the count; one synchronisation at the end), then the SM clock by
+/// [`launch_clock_probe`]. Returns the window's host wall-clock start and end (Unix ms), the
+/// calls and the clock after: a power log sampled beside it (nvidia-smi, `bench/energy.py`) gives
+/// the phase's watts, and watts x ms per call its joules per call, which under the card's power
+/// cap is what sets the clock the call runs at.
+fn sustained_window(
+    gpu: &Gpu,
+    secs: f64,
+    per_call_ms: f64,
+    f: &mut dyn FnMut() -> GpuResult<()>,
+) -> GpuResult<(f64, f64, usize, f64)> {
+    let stream = gpu.context().default_stream();
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64() * 1e3)
+            .unwrap_or(0.0)
+    };
+    let calls = ((secs * 1e3 / per_call_ms.max(1e-3)) as usize).clamp(1, 200_000);
+    stream.synchronize().ctx("cuStreamSynchronize")?;
+    let t0 = unix_ms();
+    for _ in 0..calls {
+        f()?;
+    }
+    let mhz = sm_mhz_now(gpu)?;
+    Ok((t0, unix_ms(), calls, mhz))
 }
 
 /// `FLAMIA_BENCH_HOST=1` (a diagnostic): the host's time to enqueue one call of `f` and the
@@ -372,6 +424,7 @@ pub fn run_workload(
         );
     }
     let train_ms = median(train.into_iter().map(|(_, ms)| ms).collect());
+    let train_mhz = sm_mhz_now(gpu)?;
     if super::env_on("FLAMIA_BENCH_HOST") {
         let (host, queued) = host_and_queued_ms(gpu, reps, &mut || {
             quant()?;
@@ -392,6 +445,37 @@ pub fn run_workload(
             inside[0], inside[1], inside[2], inside[3]
         );
     }
+    if super::env_on("FLAMIA_BENCH_ENERGY") {
+        // each phase alone, then the whole call, ~1.5 s queued back to back apiece (the power
+        // log's samples every 20-100 ms give a window ~15 of them)
+        let secs = super::env_number::<f64>("FLAMIA_BENCH_ENERGY_SECS").unwrap_or(1.5);
+        let labels = [
+            "quantiser",
+            "forward",
+            "dO quantiser",
+            "backward",
+            "training call",
+        ];
+        for (i, phase) in labels.into_iter().enumerate() {
+            let (t0, t1, calls, mhz) = match i {
+                0 => sustained_window(gpu, secs, quant_ms, &mut quant)?,
+                1 => sustained_window(gpu, secs, fwd_ms, &mut fwd)?,
+                2 => sustained_window(gpu, secs, dograd_ms, &mut dograd)?,
+                3 => sustained_window(gpu, secs, dq_ms + dkdv_ms, &mut || {
+                    attn.backward_quantized(s, &plan, &saved, &ws, lse.ptr(), dq.ptr(), dk.ptr(), dv.ptr())
+                })?,
+                _ => sustained_window(gpu, secs, train_ms, &mut || {
+                    quant()?;
+                    fwd()?;
+                    bwd()
+                })?,
+            };
+            eprintln!(
+                "energy window: {name} | {phase} | unix ms {t0:.1} {t1:.1} | calls {calls} | {:.4} ms a call | SM {mhz:.0} MHz after",
+                (t1 - t0) / calls as f64
+            );
+        }
+    }
     let ff = causal_fwd_flops(lens, hd);
     Ok(BenchRow {
         workload: name.to_string(),
@@ -410,6 +494,7 @@ pub fn run_workload(
         bwd_v4: v4,
         call_mib: (attn.saved_bytes(&plan) + ws.bytes()) as f64 / (1 << 20) as f64,
         train_ms,
+        train_mhz,
         fwd_tflops: ff / fwd_ms / 1e9,
         bwd_tflops: 2.5 * ff / bwd_ms / 1e9,
         train_tflops: 3.5 * ff / train_ms / 1e9,

@@ -136,14 +136,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     println!("SM clock before: {clock_before}  (clocks.sm, power.draw, temperature)");
     let mut rows: Vec<BenchRow> = Vec::new();
     println!(
-        "{:<14} {:>5} | {:>9} {:>6} {:>9} {:>9} {:>9} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8}  (ms medians, quantiser GB/s read + written; TFLOP/s; bwd parts alone, ms: v4 = fused kernel in `dq`; MiB the call allocates)",
-        "workload", "docs", "quant", "GB/s", "fwd", "bwd", "train", "fwd", "bwd", "train", "dO quant", "dq", "dkdv", "MiB"
+        "{:<14} {:>5} | {:>9} {:>6} {:>9} {:>9} {:>9} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>5}  (ms medians, quantiser GB/s read + written; TFLOP/s; bwd parts alone, ms: v4 = fused kernel in `dq`; MiB the call allocates; MHz: the SM clock measured on the GPU right after the training call's loop)",
+        "workload", "docs", "quant", "GB/s", "fwd", "bwd", "train", "fwd", "bwd", "train", "dO quant", "dq", "dkdv", "MiB", "MHz"
     );
     for (name, lens) in &chosen {
         let r = run_workload(&gpu, opts, name, lens, a.kv_heads, a.head_dim)
             .with_context(|| format!("workload {name}"))?;
         println!(
-            "{:<14} {:>5} | {:>9.3} {:>6.0} {:>9.3} {:>9.3} {:>9.3} | {:>8.1} {:>8.1} {:>8.1} | {:>8.3} {:>8.3} {:>8.3} | {:>8.0}",
+            "{:<14} {:>5} | {:>9.3} {:>6.0} {:>9.3} {:>9.3} {:>9.3} | {:>8.1} {:>8.1} {:>8.1} | {:>8.3} {:>8.3} {:>8.3} | {:>8.0} {:>5.0}",
             r.workload,
             r.docs,
             r.quant_ms,
@@ -157,7 +157,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             r.dograd_ms,
             r.dq_ms,
             r.dkdv_ms,
-            r.call_mib
+            r.call_mib,
+            r.train_mhz
         );
         rows.push(r);
     }
