@@ -34,12 +34,18 @@ def best(b, keys):
     return min(c, key=lambda kv: kv[1]) if c else None
 
 
+def clocks(row):
+    """The SM clocks after the forward's, the backward's and the training call's loops (MHz)."""
+    # (JSON of a bench before session 33 has none)
+    return ",".join("%.0f" % row[k] if k in row else "-" for k in ("fwd_mhz", "bwd_mhz", "train_mhz"))
+
+
 def runs(w):
     return [r for o in ours for r in o["rows"] if r["workload"] == w]
 
 
 head = ["workload", "ours train ms", "best BF16 train ms", "ours / best", "ours fwd ms", "best BF16 fwd ms",
-        "ours / best", "bwd TFLOP/s", "SM MHz after train"]
+        "ours / best", "bwd TFLOP/s", "SM MHz after fwd,bwd,train"]
 if fp8 is not None:
     head += ["cuDNN FP8 fwd+bwd ms", "ours / FP8", "cuDNN FP8 fwd ms", "ours fwd / FP8"]
 print()
@@ -62,7 +68,7 @@ for r in ours[0]["rows"]:
             cols += ["-", "-"]
     cols.append(" / ".join("%.0f" % x["bwd_tflops"] for x in rs))
     # (JSON of a bench before session 33 has no clock)
-    cols.append(" / ".join("%.0f" % x["train_mhz"] if "train_mhz" in x else "-" for x in rs))
+    cols.append(" / ".join(clocks(x) for x in rs))
     if fp8 is not None:
         f = fp8_rows.get(w)
         if f:
@@ -72,8 +78,9 @@ for r in ours[0]["rows"]:
             cols += ["-", "-", "-", "-"]
     print("| " + " | ".join(cols) + " |")
 print("\nours / best: our slower run's ms over the best BF16 baseline's ms of the same device call (< 1: faster)")
-print("SM MHz after train: the clock measured on the GPU right after our training call's timing loop; under the card's "
-      "power cap a sustained loop runs slower clocks, and the call's time rises as the clock falls")
+print("SM MHz after fwd,bwd,train: the clock measured on the GPU right after our forward's, backward's and training "
+      "call's timing loops; under the card's power cap a sustained loop runs slower clocks, and the time rises as the "
+      "clock falls")
 if fp8 is not None:
     print("ours / FP8: our slower training call over cuDNN FP8's forward + backward (its inputs already FP8 with "
           "per-tensor scales: no quantiser in its time; padded batches; '-' where it skipped or failed)")

@@ -94,6 +94,10 @@ pub struct BenchRow {
     /// the card's power cap the clock falls during a sustained loop, and the call's time with it
     /// (session 33: 64x1024 at 3.1 ms at 1,874 MHz, 4.0 ms at 1,424).
     pub train_mhz: f64,
+    /// The SM clock (MHz) right after the forward's timing loop (`fwd_ms`), as [`Self::train_mhz`].
+    pub fwd_mhz: f64,
+    /// The SM clock (MHz) right after the backward's timing loop (`bwd_ms`), as [`Self::train_mhz`].
+    pub bwd_mhz: f64,
     pub fwd_tflops: f64,
     pub bwd_tflops: f64,
     pub train_tflops: f64,
@@ -385,7 +389,9 @@ pub fn run_workload(
     let reps = ((1000.0 / probe.max(0.01)) as usize).clamp(5, 30);
     let quant_ms = median(time_ms(gpu, 2, reps, &mut quant)?);
     let fwd_ms = median(time_ms(gpu, 2, reps, &mut fwd)?);
+    let fwd_mhz = sm_mhz_now(gpu)?;
     let bwd_ms = median(time_ms(gpu, 2, reps, &mut bwd)?);
+    let bwd_mhz = sm_mhz_now(gpu)?;
     let dograd_ms = median(time_ms(gpu, 2, reps, &mut dograd)?);
     let dq_ms = median(time_ms(gpu, 2, reps, &mut dq_only)?);
     let dkdv_ms = if second.is_some() {
@@ -495,6 +501,8 @@ pub fn run_workload(
         call_mib: (attn.saved_bytes(&plan) + ws.bytes()) as f64 / (1 << 20) as f64,
         train_ms,
         train_mhz,
+        fwd_mhz,
+        bwd_mhz,
         fwd_tflops: ff / fwd_ms / 1e9,
         bwd_tflops: 2.5 * ff / bwd_ms / 1e9,
         train_tflops: 3.5 * ff / train_ms / 1e9,
