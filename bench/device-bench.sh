@@ -31,3 +31,14 @@ ab_rounds() {
     done
   done
 }
+# start_power_log FILE: nvidia-smi samples the SM clock, memory clock, power, temperature and the
+# clock-event reasons every 20 ms into FILE (CSV without header, UTC timestamps: bench/energy.py
+# reads it) in the background; its pid in POWER_LOG_PID (kill it when done).
+start_power_log() {
+  local f=clocks_event_reasons.active
+  nvidia-smi --query-gpu=$f --format=csv,noheader >/dev/null 2>&1 || f=clocks_throttle_reasons.active
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,$f \
+    --format=csv,noheader -lms 20 > "$1" 2>&1 &
+  POWER_LOG_PID=$!
+  echo "power log ($f) into $1 from unix $(date +%s.%N)"
+}

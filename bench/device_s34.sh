@@ -12,6 +12,7 @@
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
+. "$(dirname "$0")/device-bench.sh"  # start_power_log
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:?usage: device_s34.sh a|b}
 start=$(date +%s)
@@ -20,12 +21,7 @@ nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
 a)
-  f=clocks_event_reasons.active
-  nvidia-smi --query-gpu=$f --format=csv,noheader >/dev/null 2>&1 || f=clocks_throttle_reasons.active
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,$f \
-    --format=csv,noheader -lms 20 > "$O/smi.csv" 2>&1 &
-  smi=$!
-  echo "smi sampling ($f) from unix $(date +%s.%N)"
+  start_power_log "$O/smi.csv"
   for r in 1 2 3; do
     echo "=== short3 round $r (unix $(date +%s.%N))"
     FLAMIA_BENCH_SAMPLES=1 timeout 100 $C/flamia bench attention --workload 32x2048 \
@@ -33,7 +29,7 @@ a)
   done
   echo "=== nine (unix $(date +%s.%N))"
   FLAMIA_BENCH_SAMPLES=1 timeout 100 $C/flamia bench attention 2>&1 | grep -E "^[0-9]|^lognormal|samples"
-  kill $smi
+  kill "$POWER_LOG_PID"
   echo "smi samples: $(wc -l < "$O/smi.csv")"
   timeout 60 $C/gpu_quant --ignored 2>&1 | grep -E "^test |test result|panicked"
   left=$((580 - ($(date +%s) - start)))

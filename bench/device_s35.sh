@@ -11,6 +11,7 @@
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
+. "$(dirname "$0")/device-bench.sh"  # start_power_log
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:?usage: device_s35.sh a}
 PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)
@@ -19,16 +20,12 @@ nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
 a)
-  f=clocks_event_reasons.active
-  nvidia-smi --query-gpu=$f --format=csv,noheader >/dev/null 2>&1 || f=clocks_throttle_reasons.active
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,$f \
-    --format=csv,noheader -lms 20 > "$O/smi.csv" 2>&1 &
-  smi=$!
+  start_power_log "$O/smi.csv"
   FLAMIA_BENCH_ENERGY=1 timeout 200 $C/flamia bench attention --workload 1x65536 --workload 4x16384 \
     --workload 64x1024 --workload 256x256 > "$O/energy-128.log" 2>&1
   FLAMIA_BENCH_ENERGY=1 timeout 100 $C/flamia bench attention --head-dim 64 --workload 64x1024 \
     > "$O/energy-64.log" 2>&1
-  kill $smi
+  kill "$POWER_LOG_PID"
   grep -E "^[0-9]|MHz|energy window" "$O/energy-128.log" "$O/energy-64.log"
   cat "$O/energy-128.log" "$O/energy-64.log" > "$O/energy.log"
   $PY bench/energy.py "$O/energy.log" "$O/smi.csv"

@@ -143,25 +143,42 @@ fn time_ms_stamped(
     Ok(out)
 }
 
+/// Launches `bench.cu`'s kernel `name` on the default stream with `grid` x `block` threads and
+/// its parameters as `args` (one pointer per parameter, each to a value of the parameter's type).
+///
+/// # Safety
+/// `args` must match the kernel's parameter list in count, order and types, and every buffer the
+/// kernel writes through them must be large enough for `grid` x `block` threads.
+unsafe fn launch_bench_kernel(
+    gpu: &Gpu,
+    name: &str,
+    grid: u32,
+    block: u32,
+    args: &mut [*mut std::ffi::c_void],
+) -> GpuResult<()> {
+    let f = gpu.function("bench.cu", &Variant::new(), name, 0)?;
+    // SAFETY: the caller's contract above
+    unsafe {
+        cudarc::driver::result::launch_kernel(
+            f.cu_function(),
+            (grid, 1, 1),
+            (block, 1, 1),
+            0,
+            std::ptr::null_mut(),
+            args,
+        )
+    }
+    .ctx(&format!("cuLaunchKernel({name})"))
+}
+
 /// `clock_probe` (bench.cu) launched on the default stream into `out[2 i], out[2 i + 1]`: SM
 /// cycles over 20 us of the global timer, one thread, after whatever the stream ran before.
 fn launch_clock_probe(gpu: &Gpu, out: &DeviceBuf<u64>, i: usize) -> GpuResult<()> {
-    let probe = gpu.function("bench.cu", &Variant::new(), "clock_probe", 0)?;
     let (ptr, ns) = (out.ptr() + 16 * i as u64, 20_000i64);
     let mut args: [*mut std::ffi::c_void; 2] = [&ptr as *const u64 as *mut _, &ns as *const i64 as *mut _];
     assert!(2 * i + 1 < out.len(), "clock_probe slot {i} outside its buffer");
     // SAFETY: the two pointers match clock_probe(u64*, long long); slot i lies in `out` (asserted).
-    unsafe {
-        cudarc::driver::result::launch_kernel(
-            probe.cu_function(),
-            (1, 1, 1),
-            (32, 1, 1),
-            0,
-            std::ptr::null_mut(),
-            &mut args,
-        )
-    }
-    .ctx("cuLaunchKernel(clock_probe)")
+    unsafe { launch_bench_kernel(gpu, "clock_probe", 1, 32, &mut args) }
 }
 
 /// The SM clocks (MHz) [`launch_clock_probe`] measured in `out`'s slots, in order.
@@ -291,7 +308,6 @@ fn fill_normal(gpu: &Gpu, buf: &DeviceBuf<u16>, seed: u32) -> GpuResult<()> {
         sigma: f32,
     }
     // The kernel takes four scalar parameters; pass them one by one.
-    let f = gpu.function("bench.cu", &Variant::new(), "fill_normal_bf16", 0)?;
     let p = P {
         out: buf.ptr(),
         n: buf.len() as i64,
@@ -304,18 +320,9 @@ fn fill_normal(gpu: &Gpu, buf: &DeviceBuf<u16>, seed: u32) -> GpuResult<()> {
         &p.seed as *const u32 as *mut _,
         &p.sigma as *const f32 as *mut _,
     ];
-    // SAFETY: the four pointers match fill_normal_bf16(u16*, long long, u32, float); buf holds n elements.
-    unsafe {
-        cudarc::driver::result::launch_kernel(
-            f.cu_function(),
-            (1024, 1, 1),
-            (256, 1, 1),
-            0,
-            std::ptr::null_mut(),
-            &mut args,
-        )
-    }
-    .ctx("cuLaunchKernel(fill_normal_bf16)")
+    // SAFETY: the four pointers match fill_normal_bf16(u16*, long long, u32, float); the kernel
+    // strides over buf's n elements whatever the grid.
+    unsafe { launch_bench_kernel(gpu, "fill_normal_bf16", 1024, 256, &mut args) }
 }
 
 /// Benchmarks one workload with `opts` (causal), on fresh random inputs: [`HEADS`] query heads
