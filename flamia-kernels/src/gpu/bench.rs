@@ -246,8 +246,10 @@ fn sustained_window(
     for _ in 0..calls {
         f()?;
     }
-    let mhz = sm_mhz_now(gpu)?;
-    Ok((t0, unix_ms(), calls, mhz))
+    stream.synchronize().ctx("cuStreamSynchronize")?;
+    let t1 = unix_ms();
+    // (microseconds after the last call: the clock has no time to move)
+    Ok((t0, t1, calls, sm_mhz_now(gpu)?))
 }
 
 /// `FLAMIA_BENCH_HOST=1` (a diagnostic): the host's time to enqueue one call of `f` and the
