@@ -63,7 +63,10 @@ for r in ours[0]["rows"]:
         hit = best(b, keys)
         if hit:
             name = NAMES[hit[0].replace("_fwd_ms", "").replace("_ms", "")]
-            cols += ["%.3f (%s)" % (hit[1], name), "%.2fx" % (max(mine) / hit[1])]
+            # (the baseline's clock after its loop where anchors.py recorded it: bench/anchors.py)
+            mhz = b.get(hit[0][:-len("_ms")] + "_mhz")
+            at = " @%.0f" % mhz if mhz else ""
+            cols += ["%.3f (%s%s)" % (hit[1], name, at), "%.2fx" % (max(mine) / hit[1])]
         else:
             cols += ["-", "-"]
     cols.append(" / ".join("%.0f" % x["bwd_tflops"] for x in rs))
@@ -79,8 +82,8 @@ for r in ours[0]["rows"]:
     print("| " + " | ".join(cols) + " |")
 print("\nours / best: our slower run's ms over the best BF16 baseline's ms of the same device call (< 1: faster)")
 print("SM MHz after fwd,bwd,train: the clock measured on the GPU right after our forward's, backward's and training "
-      "call's timing loops; under the card's power cap a sustained loop runs slower clocks, and the time rises as the "
-      "clock falls")
+      "call's timing loops (a baseline's '@MHz': the same after its loop); under the card's power cap a sustained loop "
+      "runs slower clocks, and the time rises as the clock falls")
 if fp8 is not None:
     print("ours / FP8: our slower training call over cuDNN FP8's forward + backward (its inputs already FP8 with "
           "per-tensor scales: no quantiser in its time; padded batches; '-' where it skipped or failed)")
