@@ -92,7 +92,8 @@
 // 0.249 ms; bitwise the same bytes (gpu_quant). Measured in the same call and not kept: the plan
 // lookups one item ahead (QUANT_AHEAD: -1.1 / -0.2 / +1.4%) and the block amax by redux.sync
 // (with both: no better than SWZ alone).
-// QUANT_DYN 1 (session 32; the default at head dim 128 since session 33, host knob FLAMIA_QUANT_DYN):
+// QUANT_DYN 1 (session 32; the Q/K/V launch's default at head dim 128 since session 33, host knob
+// FLAMIA_QUANT_DYN):
 // a CTA takes its chunk items after the first from a global counter (p.counter, reset by the
 // last CTA: sched_done) instead of a fixed grid-stride share. Why: the share is fixed, so a CTA
 // that starts late (launched into the previous kernel's tail, as under the PDL chain, which
@@ -108,7 +109,8 @@
 // Measured (session 33, same call, two rounds, d = 128): quantiser -3.6..-4.6% on all nine
 // workloads, 1x65536 included (0.504 -> 0.481 ms, 3.20 -> 3.35-3.39 TB/s), the training call
 // within noise; d = 64 +0.5..+2.1% (its items are half as long, so the claim's round trip weighs
-// more): off there.
+// more) and the dO launch (DELTA) +1.6..+3.7% (5 CTAs per SM; 4 bytes of spills with the claims):
+// off there.
 #ifndef QUANT_DYN
 #define QUANT_DYN 0
 #endif

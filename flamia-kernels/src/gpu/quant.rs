@@ -352,28 +352,30 @@ fn quant_stcs() -> bool {
 
 /// Whether the E4M3 quantiser's CTAs take their chunk items after the first from the plan's
 /// counter instead of a fixed grid-stride share (`QUANT_DYN` in `cuda/quant.cu`; the same bytes,
-/// GPU test `claimed_chunk_items_give_bitwise_the_grid_stride_shares`). On by default at head dim
-/// 128 since session 33 (quantiser -3.6..-4.6% on all nine workloads, 3.35-3.39 TB/s at 1x65536;
-/// the training call within noise); off at 64, where it measured +0.5..+2.1% (docs/perf.md).
-/// `FLAMIA_QUANT_DYN=1` / `=0` force it on / off at either head dim (A/B and the bitwise test).
-/// Never with [`quant_async`] (its staging loop has no claim publication).
-fn quant_dyn(head_dim: usize) -> bool {
+/// GPU test `claimed_chunk_items_give_bitwise_the_grid_stride_shares`). On by default for the
+/// Q/K/V launch at head dim 128 since session 33 (that quantiser -3.6..-4.6% on all nine
+/// workloads, 3.32-3.41 TB/s; the training call within noise). Off for the dO launch (`delta`:
+/// +1.6..+3.7% in the same A/B; its build at 5 CTAs per SM spills 4 bytes with the claims) and at
+/// head dim 64 (+0.5..+2.1%; docs/perf.md "Session 33"). `FLAMIA_QUANT_DYN=1` / `=0` force it on
+/// / off for every launch (A/B and the bitwise test). Never with [`quant_async`] (its staging loop
+/// has no claim publication).
+fn quant_dyn(head_dim: usize, delta: bool) -> bool {
     if quant_async() {
         return false;
     }
     match super::env_number::<u32>("FLAMIA_QUANT_DYN") {
         Some(1) => true,
         Some(0) => false,
-        _ => head_dim == QUANT_DYN_HEAD_DIM,
+        _ => head_dim == QUANT_DYN_HEAD_DIM && !delta,
     }
 }
 
-/// The head dim whose quantiser claims its chunk items by default ([`quant_dyn`]).
+/// The head dim whose Q/K/V quantiser claims its chunk items by default ([`quant_dyn`]).
 const QUANT_DYN_HEAD_DIM: usize = 128;
 
 /// The variant of `quant.cu` for head dim `head_dim` (64 or 128), `mode`, D, [`quant_async`],
-/// [`quant_stcs`] and [`quant_dyn`] (defined only when on, so d = 64's default module key and
-/// disk-cache entry stay as they were).
+/// [`quant_stcs`] and [`quant_dyn`] (defined only when on, so the default module keys and disk-cache
+/// entries of the builds without claims stay as they were).
 fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
     let v = Variant::new()
         .define("HEAD_DIM", head_dim)
@@ -381,7 +383,7 @@ fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
         .define("DELTA", delta as i32)
         .define("QUANT_ASYNC", quant_async() as i32)
         .define("QUANT_STCS", quant_stcs() as i32);
-    if quant_dyn(head_dim) {
+    if quant_dyn(head_dim, delta) {
         v.define("QUANT_DYN", 1)
     } else {
         v
@@ -581,9 +583,33 @@ pub fn quantize_nvfp4(
 
 #[cfg(test)]
 mod tests {
-    use super::{quant_variant, Carver, ScaleMode, NVFP4_HEAD_DIM, PART_ALIGN};
+    use super::{quant_dyn, quant_variant, Carver, ScaleMode, NVFP4_HEAD_DIM, PART_ALIGN};
     use crate::gpu::runtime::compile_ptx;
     use crate::gpu::runtime::tests::nvrtc_or_skip;
+
+    #[test]
+    fn claimed_items_are_the_default_of_the_qkv_launch_at_head_dim_128_only() {
+        // (session 33's A/B: the Q/K/V quantiser -4% with claims at d = 128; the dO launch and
+        // d = 64 slower with them)
+        if ["FLAMIA_QUANT_DYN", "FLAMIA_QUANT_ASYNC"]
+            .iter()
+            .any(|v| std::env::var(v).is_ok())
+        {
+            eprintln!(
+                "skipped: FLAMIA_QUANT_DYN or FLAMIA_QUANT_ASYNC is set, the defaults are not in force"
+            );
+            return;
+        }
+        assert!(quant_dyn(128, false));
+        assert!(
+            !quant_dyn(128, true),
+            "the dO launch (D) keeps the grid-stride shares"
+        );
+        assert!(!quant_dyn(64, false) && !quant_dyn(64, true));
+        let key = |d, delta| quant_variant(d, ScaleMode::TokenBlock, delta).key();
+        assert!(key(128, false).contains("QUANT_DYN=1"));
+        assert!(!key(128, true).contains("QUANT_DYN") && !key(64, false).contains("QUANT_DYN"));
+    }
 
     #[test]
     fn every_quantiser_variant_compiles() {
@@ -617,8 +643,8 @@ mod tests {
                 }
             }
             // permuted dim-major copies (QUANT_PERM_MASK: Q of the fused launch, dO with D), and
-            // the claimed chunk items (QUANT_DYN, the default at d = 128) with and without them,
-            // in every scale mode
+            // the claimed chunk items (QUANT_DYN, the Q/K/V default at d = 128) with and without
+            // them, in every scale mode
             for delta in [false, true] {
                 let v = quant_variant(head_dim, ScaleMode::TokenBlock, delta).define("QUANT_PERM_MASK", 1);
                 compile_ptx("quant.cu", &v, "sm_90a")
