@@ -8,6 +8,8 @@
 #      20 ms beside it; bench/energy.py joins the two: W, mJ per call, the clock after. Four
 #      workloads at d = 128 (1x65536, 4x16384, 64x1024, 256x256) and 64x1024 at d = 64 (~2 minutes).
 #      The table's new MHz column (the clock right after the training call's loop) rides along.
+#      First gpu_quant (10 s) on the final claims default (Q/K/V launch at d = 128 only), which
+#      session 33 settled after its last device call.
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
@@ -20,6 +22,7 @@ nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
 a)
+  timeout 60 $C/gpu_quant --ignored 2>&1 | grep -E "^test |test result|panicked"
   start_power_log "$O/smi.csv"
   FLAMIA_BENCH_ENERGY=1 timeout 200 $C/flamia bench attention --workload 1x65536 --workload 4x16384 \
     --workload 64x1024 --workload 256x256 > "$O/energy-128.log" 2>&1
