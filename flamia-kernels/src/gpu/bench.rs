@@ -108,6 +108,14 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The host's wall clock, Unix time in ms (0 if the clock is before 1970).
+fn unix_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1e3)
+        .unwrap_or(0.0)
+}
+
 /// Runs `f` `warm` times, then `reps` times between CUDA events on the default stream.
 fn time_ms(gpu: &Gpu, warm: usize, reps: usize, f: &mut dyn FnMut() -> GpuResult<()>) -> GpuResult<Vec<f64>> {
     Ok(time_ms_stamped(gpu, warm, reps, f)?
@@ -131,10 +139,7 @@ fn time_ms_stamped(
     let mut out = Vec::with_capacity(reps);
     let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     for _ in 0..reps {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64() * 1e3)
-            .unwrap_or(0.0);
+        let now = unix_ms();
         let a = stream.record_event(flags).ctx("cuEventRecord")?;
         f()?;
         let b = stream.record_event(flags).ctx("cuEventRecord")?;
@@ -234,12 +239,6 @@ fn sustained_window(
     f: &mut dyn FnMut() -> GpuResult<()>,
 ) -> GpuResult<(f64, f64, usize, f64)> {
     let stream = gpu.context().default_stream();
-    let unix_ms = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64() * 1e3)
-            .unwrap_or(0.0)
-    };
     let calls = ((secs * 1e3 / per_call_ms.max(1e-3)) as usize).clamp(1, 200_000);
     stream.synchronize().ctx("cuStreamSynchronize")?;
     let t0 = unix_ms();
