@@ -118,19 +118,21 @@ fn unix_ms() -> f64 {
 
 /// Runs `f` `warm` times, then `reps` times between CUDA events on the default stream.
 fn time_ms(gpu: &Gpu, warm: usize, reps: usize, f: &mut dyn FnMut() -> GpuResult<()>) -> GpuResult<Vec<f64>> {
-    Ok(time_ms_stamped(gpu, warm, reps, f)?
+    Ok(time_ms_stamped(gpu, warm, reps, f, &mut |_| Ok(()))?
         .into_iter()
         .map(|(_, ms)| ms)
         .collect())
 }
 
 /// [`time_ms`] with each repetition's host wall-clock start (Unix time, ms) beside its time, so
-/// a slow sample can be set against the GPU's clock log (`FLAMIA_BENCH_SAMPLES=1`).
+/// a slow sample can be set against the GPU's clock log (`FLAMIA_BENCH_SAMPLES=1`); `after(i)`
+/// is enqueued after repetition i's closing event, outside its time.
 fn time_ms_stamped(
     gpu: &Gpu,
     warm: usize,
     reps: usize,
     f: &mut dyn FnMut() -> GpuResult<()>,
+    after: &mut dyn FnMut(usize) -> GpuResult<()>,
 ) -> GpuResult<Vec<(f64, f64)>> {
     let stream = gpu.context().default_stream();
     for _ in 0..warm {
@@ -138,11 +140,12 @@ fn time_ms_stamped(
     }
     let mut out = Vec::with_capacity(reps);
     let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    for _ in 0..reps {
+    for i in 0..reps {
         let now = unix_ms();
         let a = stream.record_event(flags).ctx("cuEventRecord")?;
         f()?;
         let b = stream.record_event(flags).ctx("cuEventRecord")?;
+        after(i)?;
         out.push((now, a.elapsed_ms(&b).ctx("cuEventElapsedTime")? as f64));
     }
     Ok(out)
@@ -212,18 +215,13 @@ fn clock_after_mhz(
     reps: usize,
     f: &mut dyn FnMut() -> GpuResult<()>,
 ) -> GpuResult<Vec<(f64, f64)>> {
-    let stream = gpu.context().default_stream();
     let out = DeviceBuf::<u64>::zeros(gpu, 2 * reps)?;
-    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let mut times = Vec::with_capacity(reps);
-    for i in 0..reps {
-        let a = stream.record_event(flags).ctx("cuEventRecord")?;
-        f()?;
-        let b = stream.record_event(flags).ctx("cuEventRecord")?;
-        launch_clock_probe(gpu, &out, i)?;
-        times.push(a.elapsed_ms(&b).ctx("cuEventElapsedTime")? as f64);
-    }
-    Ok(times.into_iter().zip(probed_mhz(&out)?).collect())
+    let times = time_ms_stamped(gpu, 0, reps, f, &mut |i| launch_clock_probe(gpu, &out, i))?;
+    Ok(times
+        .into_iter()
+        .map(|(_, ms)| ms)
+        .zip(probed_mhz(&out)?)
+        .collect())
 }
 
 /// `FLAMIA_BENCH_ENERGY=1` (a diagnostic): `f` queued back to back for about `secs` seconds
@@ -407,11 +405,17 @@ pub fn run_workload(
     } else {
         0.0
     };
-    let train = time_ms_stamped(gpu, 2, reps, &mut || {
-        quant()?;
-        fwd()?;
-        bwd()
-    })?;
+    let train = time_ms_stamped(
+        gpu,
+        2,
+        reps,
+        &mut || {
+            quant()?;
+            fwd()?;
+            bwd()
+        },
+        &mut |_| Ok(()),
+    )?;
     if super::env_on("FLAMIA_BENCH_SAMPLES") {
         // a diagnostic of the slow modes: every training call's start and time, in order
         let t0 = train.first().map_or(0.0, |s| s.0);
