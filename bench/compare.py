@@ -27,6 +27,12 @@ if fp8 is not None:
     print("cuDNN FP8 env:", json.dumps(fp8.get("env", {})))
 for o in ours:
     print("ours: %s %s, SM clock before %s, after %s" % (o["device"], o["path"], o["sm_clock_before"], o["sm_clock_after"]))
+    # the quantiser against the device copy of the same run (JSON of a bench before session 34 has none)
+    if "copy_gbs_before" in o and o["rows"]:
+        copy = max(o["copy_gbs_before"], o["copy_gbs_after"])
+        q = [r["quant_gbs"] for r in o["rows"]]
+        print("  quantiser %.0f-%.0f GB/s = %.1f-%.1f%% of the device copy (%.0f before, %.0f after the workloads)"
+              % (min(q), max(q), 100 * min(q) / copy, 100 * max(q) / copy, o["copy_gbs_before"], o["copy_gbs_after"]))
 
 
 def best(b, keys):

@@ -1,51 +1,43 @@
 #!/bin/bash
-# Session 34 (H200; staged as device_bwd4.sh --stage, carried as .device-carry/z/bwd4.tgz).
-#   a: (1) the training call's slow modes against the GPU's clock: nvidia-smi sampling the SM
-#      clock, power and the clock-event reasons every 20 ms in the background while
-#      `flamia bench attention` runs the three short workloads three times and the nine once with
-#      FLAMIA_BENCH_SAMPLES=1 (every training call's start, Unix ms, and time); (2) gpu_quant and
-#      the whole gpu_attention suite on the quantiser's claimed chunk items, the default at
-#      d = 128 since session 33 (~8 minutes in all).
-#   b: the SM clock right after every training call (FLAMIA_BENCH_SAMPLES=1 also runs the call
-#      once more per repetition followed by bench.cu's clock_probe: SM cycles over 20 us of the
-#      global timer), the three short workloads three times (~1 minute; only flamia staged).
+# Session 34 (H200; staged as device_bwd4.sh --stage plus kernel-source variants under $C/cuda-*,
+# carried as .device-carry/z/bwd4.tgz).
+#   a: gpu_quant on the flush without selects (quant.cu: a full chunk's lines stored from one
+#      pointer stepped per pass, the hole test only on chunks with an empty slot); the nine
+#      workloads with the new same-call device copy reference (`device copy before/after`, the
+#      quantiser's share of it); then the quantiser A/B, old sources (FLAMIA_CUDA_DIR=$C/cuda-old)
+#      against the new, two rounds, on 1x65536, 16x4096, 64x1024, 256x256 and d = 64 at 64x1024
+#      and 16x4096.
+#   b: eight Q/K/V quantiser CTAs per SM instead of seven ($C/cuda-c8: QUANT_CTAS_PER_SM 8, 64
+#      registers, 36 bytes of spills) against the default, two rounds, the same workloads.
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
-. "$(dirname "$0")/device-bench.sh"  # start_power_log
+. "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:?usage: device_s34.sh a|b}
-start=$(date +%s)
+W4=(--workload 1x65536 --workload 16x4096 --workload 64x1024 --workload 256x256)
+ab_src() {  # ab_src DIR: two rounds, the sources in DIR against the embedded ones
+  local r
+  for r in 1 2; do
+    run_bench "$1 round $r" "FLAMIA_CUDA_DIR=$C/$1" "${W4[@]}"
+    run_bench "default round $r" - "${W4[@]}"
+    run_bench "d=64 $1 round $r" "FLAMIA_CUDA_DIR=$C/$1" --head-dim 64 --workload 64x1024 --workload 16x4096
+    run_bench "d=64 default round $r" - --head-dim 64 --workload 64x1024 --workload 16x4096
+  done
+}
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
 a)
-  start_power_log "$O/smi.csv"
-  for r in 1 2 3; do
-    echo "=== short3 round $r (unix $(date +%s.%N))"
-    FLAMIA_BENCH_SAMPLES=1 timeout 100 $C/flamia bench attention --workload 32x2048 \
-      --workload 64x1024 --workload 256x256 2>&1 | grep -E "^[0-9]|samples"
-  done
-  echo "=== nine (unix $(date +%s.%N))"
-  FLAMIA_BENCH_SAMPLES=1 timeout 100 $C/flamia bench attention 2>&1 | grep -E "^[0-9]|^lognormal|samples"
-  kill "$POWER_LOG_PID"
-  echo "smi samples: $(wc -l < "$O/smi.csv")"
   timeout 60 $C/gpu_quant --ignored 2>&1 | grep -E "^test |test result|panicked"
-  left=$((580 - ($(date +%s) - start)))
-  echo "=== gpu_attention, all, ${left} s left"
-  timeout $left $C/gpu_attention --ignored --test-threads=1 2>&1 \
-    | grep -E "test result|panicked|FAILED|^test |exceeds|differs"
+  timeout 150 $C/flamia bench attention 2>&1 | grep -vE "^kernel "
+  ab_src cuda-old
   ;;
 b)
-  for r in 1 2 3; do
-    echo "=== short3 round $r"
-    FLAMIA_BENCH_SAMPLES=1 timeout 100 $C/flamia bench attention --workload 32x2048 \
-      --workload 64x1024 --workload 256x256 2>&1 | grep -E "^[0-9]|samples|MHz"
-  done
-  nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_event_reasons.active --format=csv
+  ab_src cuda-c8
   ;;
-*) echo "device_s34.sh: unknown mode '$mode' (a|b)"; exit 2 ;;
+*) echo "device_s34.sh: unknown mode '$mode' (a, b)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s34-$mode.log"

@@ -696,14 +696,26 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     if (flush) {
       // every block of the chunk item is in the buffer: each row's 128 positions as one line
       // (lanes 8i .. 8i+7 of a warp: one row), zeros at the slots without a block
+      // (pass i: rows 16 i + tid / 8, piece k = tid % 8; the row's line starts at dst, 16 rows on
+      // per pass; a full chunk, every slot holding a block, is the CTA-uniform usual case and
+      // takes no selects)
       const int4 cb = load_chunk(p, cc);
+      const int k = tid & 7, fb = dimbuf_off(tid >> 3, k);
+      const long long rstep = 16LL * p.Tpad;
+      u8* dst = t.dim + ((long long)it.h * HEAD_DIM + (tid >> 3)) * p.Tpad + 128LL * cc + 16 * k;
       __syncthreads();
+      if ((cb.y | cb.z | cb.w) >= 0) {  // (slot 0 always holds a block)
 #pragma unroll
-      for (int i = 0; i < HEAD_DIM * 8 / 128; ++i) {
-        const int idx = 128 * i + tid, r = idx >> 3, k = idx & 7;
-        uint4 v = *reinterpret_cast<const uint4*>(dimbuf + flush_off(dimbuf_off(tid >> 3, k), i));
-        if (chunk_block(cb, k >> 1) < 0) v = make_uint4(0u, 0u, 0u, 0u);
-        st_codes(reinterpret_cast<uint4*>(t.dim + ((long long)it.h * HEAD_DIM + r) * p.Tpad + 128LL * cc + 16 * k), v);
+        for (int i = 0; i < HEAD_DIM * 8 / 128; ++i, dst += rstep)
+          st_codes(reinterpret_cast<uint4*>(dst), *reinterpret_cast<const uint4*>(dimbuf + flush_off(fb, i)));
+      } else {
+        const bool none = chunk_block(cb, k >> 1) < 0;
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM * 8 / 128; ++i, dst += rstep) {
+          uint4 v = *reinterpret_cast<const uint4*>(dimbuf + flush_off(fb, i));
+          if (none) v = make_uint4(0u, 0u, 0u, 0u);
+          st_codes(reinterpret_cast<uint4*>(dst), v);
+        }
       }
     }
     cc = ncc;

@@ -198,6 +198,24 @@ fn probed_mhz(out: &DeviceBuf<u64>) -> GpuResult<Vec<f64>> {
         .collect())
 }
 
+/// Bytes each way of [`device_copy_gbs`]'s copy: 1 GiB, more than the Q/K/V quantiser reads at
+/// 65,536 tokens, 16 heads and d = 128 (805 MB), so the rate is the DRAM's, not the L2's.
+pub const COPY_BYTES: usize = 1 << 30;
+
+/// The device's copy rate in GB/s, bytes read + written (as the quantiser's GB/s counts them):
+/// `cuMemcpyDtoDAsync` of `bytes` on the default stream, 3 warm-up copies, the median of 20.
+/// The quantiser's bar (issue 12: >= 80% of the copy bandwidth) is read against this rate from
+/// the same device call, before and after the workloads (the power cap moves both).
+pub fn device_copy_gbs(gpu: &Gpu, bytes: usize) -> GpuResult<f64> {
+    let stream = gpu.context().default_stream();
+    let src = stream.alloc_zeros::<u8>(bytes.max(1)).ctx("cuMemAlloc")?;
+    let mut dst = stream.alloc_zeros::<u8>(bytes.max(1)).ctx("cuMemAlloc")?;
+    let ms = median(time_ms(gpu, 3, 20, &mut || {
+        stream.memcpy_dtod(&src, &mut dst).ctx("cuMemcpyDtoDAsync")
+    })?);
+    Ok(2.0 * bytes.max(1) as f64 / ms / 1e6)
+}
+
 /// The SM clock (MHz) right after the stream's work so far, by one [`launch_clock_probe`]:
 /// the clock a timing loop ended at, which the driver's sampled clock reports late (session 33:
 /// nvidia-smi at 20 ms showed 1,965 MHz while the probe measured the calls slowing at ~1,450).

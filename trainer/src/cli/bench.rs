@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use flamia_kernels::gpu::bench::{run_workload, workload, workloads, BenchRow};
+use flamia_kernels::gpu::bench::{device_copy_gbs, run_workload, workload, workloads, BenchRow, COPY_BYTES};
 use flamia_kernels::gpu::{Attention, Gpu};
 use flamia_kernels::{AttnOptions, AttnPath};
 use std::path::PathBuf;
@@ -134,6 +134,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     );
     let clock_before = sm_clock();
     println!("SM clock before: {clock_before}  (clocks.sm, power.draw, temperature)");
+    let copy_before = device_copy_gbs(&gpu, COPY_BYTES).context("timing the device copy")?;
+    println!(
+        "device copy before: {copy_before:.0} GB/s  (read + written; cuMemcpyDtoD of {} MiB, median of 20: the quantiser's reference)",
+        COPY_BYTES >> 20
+    );
     let mut rows: Vec<BenchRow> = Vec::new();
     println!(
         "{:<14} {:>5} | {:>9} {:>6} {:>9} {:>9} {:>9} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>5}  (ms medians, quantiser GB/s read + written; TFLOP/s; bwd parts alone, ms: v4 = fused kernel in `dq`; MiB the call allocates; MHz: the SM clock measured on the GPU right after the training call's loop)",
@@ -164,6 +169,19 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let clock_after = sm_clock();
     println!("SM clock after:  {clock_after}");
+    let copy_after = device_copy_gbs(&gpu, COPY_BYTES).context("timing the device copy")?;
+    println!("device copy after:  {copy_after:.0} GB/s");
+    let (lo, hi) = rows.iter().fold((f64::INFINITY, 0f64), |(lo, hi), r| {
+        (lo.min(r.quant_gbs), hi.max(r.quant_gbs))
+    });
+    if !rows.is_empty() {
+        let copy = copy_before.max(copy_after);
+        println!(
+            "quantiser: {lo:.0}-{hi:.0} GB/s = {:.1}-{:.1}% of the faster device copy of this call ({copy:.0} GB/s)",
+            100.0 * lo / copy,
+            100.0 * hi / copy
+        );
+    }
     let res = Attention::new(gpu.clone(), opts)?.kernel_resources(a.head_dim)?;
     for (name, regs, local) in &res {
         println!("kernel {name:<14} registers/thread {regs:>3}  local (spill) bytes {local}");
@@ -173,6 +191,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             "device": gpu.name(), "arch": gpu.arch(), "path": path.name(),
             "precision": format!("{:?}", opts.precision),
             "sm_clock_before": clock_before, "sm_clock_after": clock_after,
+            "copy_gbs_before": copy_before, "copy_gbs_after": copy_after,
             "kernels": res.iter().map(|(n, r, l)| serde_json::json!({"kernel": n, "regs": r, "local_bytes": l})).collect::<Vec<_>>(),
             "rows": rows,
         });
