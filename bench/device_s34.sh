@@ -9,22 +9,27 @@
 #      and 16x4096.
 #   b: eight Q/K/V quantiser CTAs per SM instead of seven ($C/cuda-c8: QUANT_CTAS_PER_SM 8, 64
 #      registers, 36 bytes of spills) against the default, two rounds, the same workloads.
+#   c: the forward's product-phase turns (FLAMIA_FWD_TURNS=2: each consumer warpgroup holds the
+#      turn from its PV through the next tile's S issue, so the two softmaxes alternate): the
+#      bitwise test (turns 0 / 1 / 2, both builds), then default against TURNS=2, two rounds,
+#      the same workloads.
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s34.sh a|b}
+mode=${1:?usage: device_s34.sh a|b|c}
 W4=(--workload 1x65536 --workload 16x4096 --workload 64x1024 --workload 256x256)
-ab_src() {  # ab_src DIR: two rounds, the sources in DIR against the embedded ones
+ab_env() {  # ab_env ENV: two rounds, ENV against the default
   local r
   for r in 1 2; do
-    run_bench "$1 round $r" "FLAMIA_CUDA_DIR=$C/$1" "${W4[@]}"
+    run_bench "$1 round $r" "$1" "${W4[@]}"
     run_bench "default round $r" - "${W4[@]}"
-    run_bench "d=64 $1 round $r" "FLAMIA_CUDA_DIR=$C/$1" --head-dim 64 --workload 64x1024 --workload 16x4096
+    run_bench "d=64 $1 round $r" "$1" --head-dim 64 --workload 64x1024 --workload 16x4096
     run_bench "d=64 default round $r" - --head-dim 64 --workload 64x1024 --workload 16x4096
   done
 }
+ab_src() { ab_env "FLAMIA_CUDA_DIR=$C/$1"; }  # ab_src DIR: the sources in DIR against the embedded ones
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
@@ -37,7 +42,12 @@ a)
 b)
   ab_src cuda-c8
   ;;
-*) echo "device_s34.sh: unknown mode '$mode' (a, b)"; exit 2 ;;
+c)
+  timeout 200 $C/gpu_attention --ignored --exact forward_turns_give_bitwise_the_same 2>&1 \
+    | grep -E "^test |test result|panicked|differ"
+  ab_env FLAMIA_FWD_TURNS=2
+  ;;
+*) echo "device_s34.sh: unknown mode '$mode' (a, b, c)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s34-$mode.log"
