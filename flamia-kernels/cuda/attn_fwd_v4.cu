@@ -420,14 +420,12 @@ __device__ __forceinline__ void fwd_qd_writer(const FwdV4Params& P, FwdV4Smem& s
 // products are in the tensor cores. Warpgroup 1 starts by passing the turn; warpgroup 0 absorbs
 // the last pass when the kernel ends. Every key tile takes and passes the turn once, the tiles a
 // warpgroup only passes on (no rows in the document) too. (Measured twice, +4..+13%: a turn
-// that covers S alone is passed at once, so the two softmaxes still run side by side.)
-// FWD_PINGPONG = 2: the turn covers a warpgroup's whole product phase, PV of tile k (issued,
-// waited for, O updated) and S of tile k + 1 (issued): taken before PV, passed after S's issue.
-// The phases of the two warpgroups then alternate on the tensor cores, and each softmax runs
-// while the other warpgroup's PV and S are in them, instead of both softmaxes at once (sharing
-// the SMSPs' issue slots and MUFU, the tensor cores idle meanwhile). Per item and warpgroup
-// n + 1 turns (n key tiles): taken at the item's start before the first S, passed after the
-// last PV.
+// around S alone is passed at once, so the two softmaxes still run side by side. Session 34
+// measured turns around each warpgroup's whole product phase, PV of tile k through S of tile
+// k + 1, so that the softmaxes alternate: forward +15..+21% at both head dims, bitwise the same
+// outputs; commit 8467625 has it. The softmax is latency-bound (~0.3 instructions per clock per
+// warp), so two of them side by side share the SMSPs well, and serialising them costs more than
+// the products they would hide.)
 #ifndef FWD_PINGPONG
 #define FWD_PINGPONG 0
 #endif
@@ -436,13 +434,6 @@ __device__ __forceinline__ void turn_take(int cw) {
 }
 __device__ __forceinline__ void turn_pass(int cw) {
   if (FWD_PINGPONG) named_arrive(2 - cw, 256);
-}
-// The turns of one mode only: S-only turns (1) and product-phase turns (2).
-__device__ __forceinline__ void turn_take_if(int mode, int cw) {
-  if (FWD_PINGPONG == mode) turn_take(cw);
-}
-__device__ __forceinline__ void turn_pass_if(int mode, int cw) {
-  if (FWD_PINGPONG == mode) turn_pass(cw);
 }
 
 // P' (the 64 x 128 score fragment, E4M3-ready) -> PV's four A fragments (32 keys each), the
@@ -488,7 +479,7 @@ template <bool MASKED, int NS = 64>
 __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[DK_SLICES][4], RowState& st, float (&o)[HEAD_DIM / 2],
                                          int R0, const TileMask& mk) {
   float sc[NS];
-  turn_take_if(1, R0 >> 6);
+  turn_take(R0 >> 6);
   wg_fence();
 #pragma unroll
   for (int kk = 0; kk < DK_SLICES; ++kk) {
@@ -510,7 +501,6 @@ __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[D
   u32 pa[NS / 16][4];
   p_to_afrag(sc, pa);
   float pv[HEAD_DIM / 2];
-  turn_take_if(2, R0 >> 6);  // (passed after the next tile's S, or at the item's end)
   mma_rs_k128(pv, pa, smem_u32(sm.v[s]));
   if ((threadIdx.x & 31) == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
 #pragma unroll
@@ -587,16 +577,13 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
 
     const int nkt = fwd_key_tiles(tile, a.causal);
     if (64 * cw >= rows) {  // no row of this warpgroup in the document: only pass the stages on
-      turn_take_if(2, cw);
       for (int kt = 0; kt < nkt; ++kt) {
         mbar_wait(smem_u32(&sm.kv_full[s]), ph);
-        turn_take_if(1, cw);
+        turn_take(cw);
         turn_pass(cw);
-        turn_take_if(2, cw);
         if (lane == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
         if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
       }
-      turn_pass_if(2, cw);
       continue;
     }
     float o[HEAD_DIM / 2];
@@ -610,7 +597,6 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
 #else
     const int nfull = (64 * cw + 64 <= rows) ? min(tile.len / KT, a.causal ? (tile.q0 + 64 * cw + 1) / KT : nkt) : 0;
 #endif
-    turn_take_if(2, cw);  // (the item's first S)
     for (int kt = 0; kt < nfull; ++kt) {
       FWD_T(tk);
       mbar_wait(smem_u32(&sm.kv_full[s]), ph);
@@ -637,7 +623,6 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       FWD_ACC(2, tt);
       if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
     }
-    turn_pass_if(2, cw);  // (after the item's last PV)
     FWD_T(te);
 #if FWD_O_TMA
     if (64 * cw + 64 <= rows)

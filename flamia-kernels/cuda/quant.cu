@@ -403,12 +403,18 @@ __device__ __forceinline__ int4 load_chunk(const QuantParams& p, int c) {
   return __ldg(reinterpret_cast<const int4*>(p.chunks) + c);
 }
 
+// The chunk's next slot after the cursor's holding a block; 4: none.
+__device__ __forceinline__ int next_slot(const Cursor& u) {
+  int j = u.j + 1;
+  while (j < 4 && chunk_block(u.cb, j) < 0) ++j;
+  return j;
+}
+
 // Steps to the next block: the chunk's next slot holding one, else slot 0 of the next item
 // (every chunk's slot 0 holds a block: a chunk starts a 64-position segment of a document;
 // the host checks it).
 __device__ __forceinline__ void cursor_next(const QuantParams& p, Cursor& u, int gb, int gs) {
-  int j = u.j + 1;
-  while (j < 4 && chunk_block(u.cb, j) < 0) ++j;
+  const int j = next_slot(u);
   if (j < 4) {
     u.j = j;
     return;
@@ -421,8 +427,7 @@ __device__ __forceinline__ void cursor_next(const QuantParams& p, Cursor& u, int
 // QUANT_DYN: as cursor_next, the next chunk item being `nxt` (c * slots + s, claimed); true when
 // the cursor took it and it is an item (then the CTA claims the one after).
 __device__ __forceinline__ bool cursor_next_dyn(const QuantParams& p, Cursor& u, int nxt) {
-  int j = u.j + 1;
-  while (j < 4 && chunk_block(u.cb, j) < 0) ++j;
+  const int j = next_slot(u);
   if (j < 4) {
     u.j = j;
     return false;

@@ -279,20 +279,6 @@ fn forward_half_tiles_give_bitwise_the_same() {
     knob_keeps_every_bit("FLAMIA_FWD_HALF", &["0", "all"], &FORWARD_KNOB_CASES);
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn forward_turns_give_bitwise_the_same() {
-    // FLAMIA_FWD_TURNS=1|2 makes the forward's two consumer warpgroups take turns (named
-    // barriers) around their S products or their whole product phases: a schedule only, so
-    // every output bitwise the same, both builds (with and without the consumer copies),
-    // causal and not, block and tensor-wide scales, both head dims.
-    for cw in ["0", "1"] {
-        std::env::set_var("FLAMIA_FWD_CW", cw);
-        knob_keeps_every_bit("FLAMIA_FWD_TURNS", &["0", "1", "2"], &FORWARD_KNOB_CASES);
-    }
-    std::env::remove_var("FLAMIA_FWD_CW");
-}
-
 /// The cases of the forward's build knobs: a 4,096-token document (many interior key tiles)
 /// beside short and one-token ones, both head dims, causal and not, block and tensor-wide scales.
 const FORWARD_KNOB_CASES: [(usize, &[usize], bool, AttnPath); 4] = [

@@ -115,15 +115,6 @@ fn fwd_half_tiles(cw_const: bool) -> bool {
     }
 }
 
-/// The v4 forward's turns between its two consumer warpgroups (`FWD_PINGPONG`,
-/// `cuda/attn_fwd_v4.cu`): 0 none (default), 1 around the S products only, 2 around each
-/// warpgroup's product phase (PV of one key tile and S of the next), so the two softmaxes
-/// alternate instead of running side by side. `FLAMIA_FWD_TURNS=0|1|2` (an A/B knob; the outputs
-/// are bitwise the same whatever it says: GPU test `forward_turns_give_bitwise_the_same`).
-fn fwd_turns() -> u32 {
-    super::env_number::<u32>("FLAMIA_FWD_TURNS").map_or(0, |n| n.min(2))
-}
-
 /// Which forward kernel runs: the v4 warp-specialised kernel (default for the E4M3-score paths)
 /// or the v3.1 kernel (`FLAMIA_ATTN_FWD=v3`, kept for A/B; the NVFP4 path and FP32-promoted
 /// scores always use it).
@@ -1244,10 +1235,6 @@ impl Attention {
             o_tma,
             fwd_half_tiles(cw),
         );
-        let variant = match fwd_turns() {
-            0 => variant,
-            n => variant.define("FWD_PINGPONG", n),
-        };
         FwdBuild {
             variant,
             smem,
