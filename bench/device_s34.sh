@@ -13,12 +13,15 @@
 #      turn from its PV through the next tile's S issue, so the two softmaxes alternate): the
 #      bitwise test (turns 0 / 1 / 2, both builds), then default against TURNS=2, two rounds,
 #      the same workloads.
+#   d: part of the interior tiles' exp2 on the FMA pipe (softmax.cuh FWD_POLY: $C/cuda-poly8 and
+#      $C/cuda-poly16, 8 or 16 of a thread's 64 scores per tile): four accuracy / repeatability
+#      tests on poly16's sources, then the forward against the default, two rounds.
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s34.sh a|b|c}
+mode=${1:?usage: device_s34.sh a|b|c|d}
 W4=(--workload 1x65536 --workload 16x4096 --workload 64x1024 --workload 256x256)
 ab_env() {  # ab_env ENV: two rounds, ENV against the default
   local r
@@ -47,7 +50,20 @@ c)
     | grep -E "^test |test result|panicked|differ"
   ab_env FLAMIA_FWD_TURNS=2
   ;;
-*) echo "device_s34.sh: unknown mode '$mode' (a, b, c)"; exit 2 ;;
+d)
+  FLAMIA_CUDA_DIR=$C/cuda-poly16 timeout 200 $C/gpu_attention --ignored --exact --test-threads=1 \
+    mxfp8_causal_gqa_is_as_accurate_as_the_reference long_documents_gqa_are_as_accurate_as_the_reference \
+    repeated_runs_are_bitwise_identical head_dim_64_is_as_accurate_as_the_reference 2>&1 \
+    | grep -E "^test |test result|panicked|exceeds|differ"
+  W3=(--workload 1x65536 --workload 16x4096 --workload 64x1024)
+  for r in 1 2; do
+    for v in - FLAMIA_CUDA_DIR=$C/cuda-poly8 FLAMIA_CUDA_DIR=$C/cuda-poly16; do
+      run_bench "$v round $r" "$v" "${W3[@]}"
+      run_bench "d=64 $v round $r" "$v" --head-dim 64 --workload 16x4096
+    done
+  done
+  ;;
+*) echo "device_s34.sh: unknown mode '$mode' (a, b, c, d)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s34-$mode.log"
