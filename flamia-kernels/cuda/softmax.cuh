@@ -14,6 +14,11 @@
 //           product then needs one factor 2^(Ev_i - 8) per row); Ev_i = max eV over the groups row i
 //           sees (a masked key never moves it: causal safety). Below -20 every P' rounds to E4M3
 //           zero anyway, and the clamp keeps the row sum exact: l_i += 2^-fe_iG * sum_{j in G} P'_ij.
+// Not kept (session 34, commit 7cabe7c has it): FA4's trick, part of the interior tiles' exp2 by
+// a polynomial on the FMA pipe (degree 4 after a round-to-integer split, within 3 ulp): 8 or 16
+// of a thread's 64 scores measured the forward +2.8% / +3.9% at 1x65536 and slower at 64x1024,
+// with the accuracy tests passing. The softmax's ex2 are not what bounds it (MUFU busy ~1,000 of
+// ~2,700 clocks per tile and SMSP); every instruction added to the tile costs time.
 // Per-token scales (PER_TOKEN_COLS = 1, the per_token_scales option): a factor per key column, the
 // fold per column, the row sum of unfolded P (the v3.1 arithmetic).
 //
@@ -24,15 +29,6 @@
 
 #ifndef PER_TOKEN_COLS
 #define PER_TOKEN_COLS 0
-#endif
-// FWD_POLY n (0, 8 or 16; an A/B variant, off by default): on interior tiles, n of a thread's 64
-// scores per tile take exp2 from a polynomial on the FMA pipe (poly_exp2) instead of MUFU ex2,
-// FA4's trick: the two consumer warpgroups' softmaxes run side by side, and their 2 x 64 ex2 per
-// SMSP and tile (8 clocks each at 16 per SM per clock) are as long as the tile's products. 8: the
-// elements i with i % 8 == 7 (query rows 8..15 of each 16-row slab, odd keys 9..15 of each 16);
-// 16: i % 4 == 3.
-#ifndef FWD_POLY
-#define FWD_POLY 0
 #endif
 #define KT 128  // keys per tile (the m64n128 score fragment above)
 
@@ -56,27 +52,6 @@ struct RowState {
   float qf[2];   // 2^eQ * scale * log2(e)
 };
 
-
-// 2^x on the FMA pipe, for x <= 127 (x below -125 gives 2^-125, where ex2.approx.ftz gives at
-// most that): x = j + f with j = round(x) (the 1.5 * 2^23 shifter), f in [-1/2, 1/2],
-// 2^f = 1 + f q(f) with q a degree-4 Chebyshev fit of (2^f - 1) / f (so exact at integers x;
-// within 3.0 ulp over [-124, 10], ex2.approx's own error being up to ~2.8), 2^j added to the
-// exponent bits (t's low bits are j, and t_bits << 23 wraps to j << 23).
-__device__ __forceinline__ float poly_exp2(float x) {
-  x = fmaxf(x, -125.f);
-  const float t = __fadd_rn(x, 12582912.f);
-  const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
-  float p = __uint_as_float(0x3AAF6433u);
-  p = __fmaf_rn(p, f, __uint_as_float(0x3C1E5FB0u));
-  p = __fmaf_rn(p, f, __uint_as_float(0x3D6357F7u));
-  p = __fmaf_rn(p, f, __uint_as_float(0x3E75FD26u));
-  p = __fmaf_rn(p, f, __uint_as_float(0x3F317218u));
-  p = __fmaf_rn(p, f, 1.f);
-  return __int_as_float(__float_as_int(t) * 0x800000 + __float_as_int(p));
-}
-__device__ __forceinline__ constexpr bool poly_elem(int i) {
-  return FWD_POLY == 16 ? (i & 3) == 3 : FWD_POLY == 8 ? (i & 7) == 7 : false;
-}
 
 // New running max of each row from its tile maximum; alpha = exp2(m_old - m_new); mref = the
 // value subtracted (0 for a row with no visible key yet, so exp2 sees -inf, never NaN).
@@ -163,8 +138,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
     const int r = (i >> 1) & 1, G = i >> 4;
-    const float x = fmaf(s[i], cf[r][G], bias[r][G]);
-    const float p = !MASKED && NS == 64 && poly_elem(i) ? poly_exp2(x) : fast_exp2(x);  // masked: ex2(-inf) = 0
+    const float p = fast_exp2(fmaf(s[i], cf[r][G], bias[r][G]));  // masked: ex2(-inf) = 0
     ps[r][G] += p;
     s[i] = p;
   }
