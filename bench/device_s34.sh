@@ -16,12 +16,15 @@
 #   d: part of the interior tiles' exp2 on the FMA pipe (softmax.cuh FWD_POLY: $C/cuda-poly8 and
 #      $C/cuda-poly16, 8 or 16 of a thread's 64 scores per tile): four accuracy / repeatability
 #      tests on poly16's sources, then the forward against the default, two rounds.
+#   e: the landed tree's kernel sources ($C/cuda-final, FLAMIA_CUDA_DIR: the binary of call 5
+#      embeds the sources before cursor_next / cursor_next_dyn shared next_slot): gpu_quant, the
+#      nine workloads, and the nine with --causally-safe (the precision options' cost today).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s34.sh a|b|c|d}
+mode=${1:?usage: device_s34.sh a|b|c|d|e}
 W4=(--workload 1x65536 --workload 16x4096 --workload 64x1024 --workload 256x256)
 ab_env() {  # ab_env ENV: two rounds, ENV against the default
   local r
@@ -63,7 +66,13 @@ d)
     done
   done
   ;;
-*) echo "device_s34.sh: unknown mode '$mode' (a, b, c, d)"; exit 2 ;;
+e)
+  export FLAMIA_CUDA_DIR=$C/cuda-final
+  timeout 60 $C/gpu_quant --ignored 2>&1 | grep -E "^test |test result|panicked"
+  timeout 150 $C/flamia bench attention 2>&1 | grep -vE "^kernel "
+  timeout 150 $C/flamia bench attention --causally-safe 2>&1 | grep -E "^[0-9]|^lognormal|quantiser:"
+  ;;
+*) echo "device_s34.sh: unknown mode '$mode' (a, b, c, d, e)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s34-$mode.log"
