@@ -91,7 +91,11 @@ mutate bwd4-dq-store-second attn_bwd_v4.cu 's/if (P.dq_first_store \&\& j.target
   first_dq_partials_stored_give_bitwise_the_zeroed_accumulator
 # 11. Quantiser chunks: the flush no longer zeroes the slots without a block (a document's
 # 32-token tail, the layout's last 64 positions), so the poisoned bytes stay there.
-mutate quant-chunk-nozero quant.cu 's/if (chunk_block(cb, k >> 1) < 0) v = make_uint4(0u, 0u, 0u, 0u);//' \
+mutate quant-chunk-nozero quant.cu 's/if (none) v = make_uint4(0u, 0u, 0u, 0u);//' \
+  gpu_quant:quantiser_overwrites_poisoned_buffers_and_repeats_bitwise
+# 11b. The same through the flush's fast path (session 34): every chunk taken for full, so a
+# chunk with an empty slot stores its stale staging bytes there too.
+mutate quant-chunk-allfull quant.cu 's/if ((cb.y | cb.z | cb.w) >= 0) {/if (1) {/' \
   gpu_quant:quantiser_overwrites_poisoned_buffers_and_repeats_bitwise
 # 12. Quantiser chunks: every block's codes gathered into slot 0 of the staging buffer.
 mutate quant-chunk-slot quant.cu 's/ \^ (32 \* cj);/;/' \
