@@ -460,10 +460,12 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   const int w = threadIdx.x >> 5;
 #endif
   const int tid = threadIdx.x, tt = tid >> 2, q = tid & 3;
-  // items (block b, head slot s) = b * slots + s, taken grid-stride: (b, s) advances by the
-  // grid size without a division per item
-  const int slots = p.slots, gb = gridDim.x / slots, gs = gridDim.x - gb * slots;
-  // items (chunk c, head slot s) = c * slots + s, grid-stride; nu: the next block, cu: this one
+  // items (chunk c, head slot s) = c * slots + s; nu: the next block, cu: this one
+  const int slots = p.slots;
+#if !QUANT_DYN
+  // taken grid-stride: (c, s) advances by the grid size without a division per item
+  const int gb = gridDim.x / slots, gs = gridDim.x - gb * slots;
+#endif
   __shared__ __align__(16) u8 dimbuf[HEAD_DIM * 128];
   pdl_wait();  // (chained launch: the inputs' producers, the previous call's readers of the codes)
   pdl_trigger();
