@@ -368,10 +368,11 @@ fn permuted_dim_copy_is_the_plain_one_reordered_in_every_block() {
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn claimed_chunk_items_give_bitwise_the_grid_stride_shares() {
     // QUANT_DYN (the default at d = 128; FLAMIA_QUANT_DYN=1 / =0 force it on / off): the
-    // quantiser's CTAs take their chunk items after the first from the plan's counter. On 1, 3 and 17 CTAs (FLAMIA_QUANT_CTAS: nearly every item then comes from a
-    // claim), twice on one plan (the counter resets itself), in every scale mode, both head dims,
-    // one input and the fused Q/K/V launch of GQA heads (slots crossing inputs): every byte as the
-    // grid-stride default's on poisoned buffers. (The cursor taking the first claim before the
+    // quantiser's CTAs take their chunk items after the first from the plan's counter. On 1, 3
+    // and 17 CTAs (FLAMIA_QUANT_CTAS: nearly every item then comes from a claim), twice on one
+    // plan (the counter resets itself), in every scale mode, both head dims, one input and the
+    // fused Q/K/V launch of GQA heads (slots crossing inputs): every byte as the grid-stride
+    // shares' (FLAMIA_QUANT_DYN=0) on poisoned buffers. (The cursor taking the first claim before the
     // loop needs a CTA whose first chunk is the row's last, one-block chunk and whose first claim
     // is still an item: only on a grid of nearly one CTA per item, by the order of the claims'
     // atomics, so no test can make it happen on purpose; the kernel publishes that case's next
