@@ -236,6 +236,12 @@
 #endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
+// BWD_L2_PROBE 1 (timing only, wrong results: bench/device_s36.sh): odd steps skip their Q / dO
+// TMA loads (the constants still come), so the consumers compute on the stage's stale codes:
+// the same instructions and products with half the per-step L2 -> SM bytes.
+#ifndef BWD_L2_PROBE
+#define BWD_L2_PROBE 0
+#endif
 
 // A 128-key tile: document start, length, padded start, tile offset in the document, the
 // document's first 64-query tile (global index, for the dQ semaphores), this key tile's global
@@ -526,6 +532,15 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
         PROD_ACC(st == 0 ? 1 : 5, t_se);
         const u32 bar = smem_u32(&sm.s_full[s]);
+#if BWD_L2_PROBE  // (timing only, wrong results: only every other step's Q / dO bytes loaded)
+        if (lane == 0 && (st & 1)) {
+#if BWD_COLS_TMA
+          mbar_expect_tx(bar, (u32)sizeof(BwdCols));
+          bulk_load(smem_u32(&sm.cols[s]), P.colc + ((long long)h * (P.tpad / 2) + (t.pad0 + q0) / 2) * sizeof(BwdColPair),
+                    (u32)sizeof(BwdCols), bar);
+#endif
+        } else
+#endif
         if (lane == 0) {
 #if BWD_COLS_TMA
           mbar_expect_tx(bar, 4 * BQT * HEAD_DIM + (u32)sizeof(BwdCols));

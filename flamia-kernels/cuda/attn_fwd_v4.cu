@@ -181,6 +181,17 @@ __device__ __forceinline__ int fwd_key_tiles(const WorkTile& t, int causal) {
 //    (the counter's atomicAdd, one item ahead).
 //  - Both ring positions are in one register: bits 0..7 count Q slots modulo 2 QSLOTS, bits
 //    8..15 K/V stages modulo 2 FWD_STAGES (slot = n % depth, phase = n >= depth).
+// FWD_L2_PROBE (timing only, wrong results: bench/device_s36.sh): the lean producer TMA-loads
+// only some key tiles' K and V (1: the even ones; 2: the first FWD_STAGES of each item) and
+// arrives on the other stages without bytes, so the consumers compute on stale stage contents.
+// Same instructions and products, half (or almost none) of the L2 -> SM bytes: what the K/V
+// traffic costs the forward at the power cap's clock (a cluster multicast would halve it).
+#ifndef FWD_L2_PROBE
+#define FWD_L2_PROBE 0
+#endif
+__device__ __forceinline__ bool fwd_l2_probe_skip(int kt) {
+  return FWD_L2_PROBE == 1 ? (kt & 1) != 0 : FWD_L2_PROBE == 2 ? kt >= FWD_STAGES : false;
+}
 // gridDim.x read where it is used (ptxas hoisted it out of the item loop and spilled it)
 __device__ __forceinline__ int grid_ctas() {
   int n;
@@ -260,7 +271,7 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
       }
       const u32 bar = smem_u32(&sm.kv_full[s]);
       const int doc0 = it.tile.doc0, hk = it.hk;  // after the wait (its memory clobber): not kept live
-      if (lane == 0) {
+      if (lane == 0 && !fwd_l2_probe_skip(kt)) {
         mbar_arrive_expect_tx(bar, 2 * KT * HEAD_DIM);
         tma_load_3d(smem_u32(sm.k[s]), &P.k_map, bar, 0, hk, doc0 + kt * KT);
         tma_load_2d(smem_u32(sm.v[s]), &P.v_map, bar, it.tile.pad0 + kt * KT, hk * HEAD_DIM);

@@ -1,0 +1,52 @@
+#!/bin/bash
+# Session 36 (H200; staged as device_bwd4.sh --stage plus kernel-source variants under $C/cuda-*,
+# carried as .device-carry/z/bwd4.tgz).
+#   a: the forward's interior loop under ncu at 1x65536 (stall samples per SASS line:
+#      scripts/ncu-stalls.py attn_fwd_v4.sass.csv.gz --regions); the two quantiser mutations
+#      session 34 updated and added (quant-chunk-nozero, quant-chunk-allfull) on the GPU; then
+#      what the L2 -> SM bytes cost at the power cap: timing-only builds that skip part of the
+#      K/V loads (FWD_L2_PROBE 1: every other key tile, 2: all but each item's first
+#      FWD_STAGES; $C/cuda-l2a, cuda-l2b) or every other backward step's Q / dO loads
+#      (BWD_L2_PROBE, $C/cuda-l2bwd) against the default, two rounds, with the SM clock after
+#      each phase's loop (the JSON's fwd_mhz / bwd_mhz).
+set -u
+C=.device-carry/bwd4
+. "$(dirname "$0")/device-env.sh"
+. "$(dirname "$0")/device-bench.sh"
+O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
+mode=${1:?usage: device_s36.sh a}
+PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)
+# bench_mhz LABEL ENV ARGS...: run_bench's rows plus each workload's fwd / bwd ms and MHz (JSON)
+bench_mhz() {
+  local label=$1 e=$2; shift 2
+  [ "$e" = - ] && e=X=1
+  echo "=== $label"
+  env $e timeout 120 "$C/flamia" bench attention --json /tmp/b.json "$@" 2>&1 | grep -E "^[0-9]|^lognormal"
+  $PY - <<'PY'
+import json
+d = json.load(open("/tmp/b.json"))
+for r in d.get("rows", d.get("results", [])):
+    print("  mhz", r.get("workload"), "fwd", r.get("fwd_ms"), "@", r.get("fwd_mhz"), "bwd", r.get("bwd_ms"), "@", r.get("bwd_mhz"),
+          "train", r.get("train_ms"), "@", r.get("train_mhz"))
+PY
+}
+{
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
+date
+case $mode in
+a)
+  KERNELS=attn_fwd_v4 B=$C/flamia bash bench/ncu-kernels.sh
+  T=$C/gpu_attention ONLY=quant-chunk-nozero bash bench/gpu_mutations.sh
+  T=$C/gpu_attention ONLY=quant-chunk-allfull bash bench/gpu_mutations.sh
+  W3=(--workload 1x65536 --workload 4x16384 --workload 16x4096)
+  for r in 1 2; do
+    for v in - cuda-l2a cuda-l2b cuda-l2bwd; do
+      e=-; [ $v != - ] && e=FLAMIA_CUDA_DIR=$C/$v
+      bench_mhz "$v round $r" "$e" "${W3[@]}"
+    done
+  done
+  ;;
+*) echo "device_s36.sh: unknown mode '$mode' (a)"; exit 2 ;;
+esac
+date
+} 2>&1 | tee "$O/s36-$mode.log"
