@@ -9,12 +9,16 @@
 #      FWD_STAGES; $C/cuda-l2a, cuda-l2b) or every other backward step's Q / dO loads
 #      (BWD_L2_PROBE, $C/cuda-l2bwd) against the default, two rounds, with the SM clock after
 #      each phase's loop (the JSON's fwd_mhz / bwd_mhz).
+#   b: the forward's deferred O update (FLAMIA_FWD_O_LATE=1: each key tile's O = O alpha + PV
+#      under the next tile's S product, consumers at 240 registers at d = 128; =2 also Q's S
+#      operand from shared memory): the bitwise test, then both against the default, two
+#      rounds, five workloads at d = 128 and two at d = 64.
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s36.sh a}
+mode=${1:?usage: device_s36.sh a|b}
 PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)
 # bench_mhz LABEL ENV ARGS...: run_bench's rows plus each workload's fwd / bwd ms and MHz (JSON)
 bench_mhz() {
@@ -46,7 +50,18 @@ a)
     done
   done
   ;;
-*) echo "device_s36.sh: unknown mode '$mode' (a)"; exit 2 ;;
+b)
+  timeout 240 $C/gpu_attention --ignored --exact --test-threads=1 forward_late_o_update_gives_bitwise_the_same 2>&1 \
+    | grep -E "^test |test result|panicked|differ"
+  W5=(--workload 1x65536 --workload 4x16384 --workload 16x4096 --workload 64x1024 --workload 256x256)
+  for r in 1 2; do
+    for v in - FLAMIA_FWD_O_LATE=1 FLAMIA_FWD_O_LATE=2; do
+      run_bench "$v round $r" "$v" "${W5[@]}"
+      run_bench "d=64 $v round $r" "$v" --head-dim 64 --workload 64x1024 --workload 16x4096
+    done
+  done
+  ;;
+*) echo "device_s36.sh: unknown mode '$mode' (a, b)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s36-$mode.log"
