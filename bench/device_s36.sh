@@ -9,16 +9,21 @@
 #      FWD_STAGES; $C/cuda-l2a, cuda-l2b) or every other backward step's Q / dO loads
 #      (BWD_L2_PROBE, $C/cuda-l2bwd) against the default, two rounds, with the SM clock after
 #      each phase's loop (the JSON's fwd_mhz / bwd_mhz).
-#   b: the forward's deferred O update (FLAMIA_FWD_O_LATE=1: each key tile's O = O alpha + PV
+#   b (commit 661ee81 has the knob and the test): the forward's deferred O update (FLAMIA_FWD_O_LATE=1: each key tile's O = O alpha + PV
 #      under the next tile's S product, consumers at 240 registers at d = 128; =2 also Q's S
 #      operand from shared memory): the bitwise test, then both against the default, two
 #      rounds, five workloads at d = 128 and two at d = 64.
+#   c: what the backward's L2 traffic costs: the dQ reduces left out ($C/cuda-nored:
+#      BWD_PROF_NORED), every other step's Q / dO loads left out ($C/cuda-l2bwd), both
+#      ($C/cuda-nored-l2), against the default, two rounds, 1x65536 and 4x16384 (timing only:
+#      wrong results); and the forward's register split alone (consumers 240, producer 24:
+#      $C/cuda-r240), which FWD_O_LATE needed at d = 128.
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s36.sh a|b}
+mode=${1:?usage: device_s36.sh a|b|c}
 PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)
 # bench_mhz LABEL ENV ARGS...: run_bench's rows plus each workload's fwd / bwd ms and MHz (JSON)
 bench_mhz() {
@@ -61,7 +66,15 @@ b)
     done
   done
   ;;
-*) echo "device_s36.sh: unknown mode '$mode' (a, b)"; exit 2 ;;
+c)
+  for r in 1 2; do
+    for v in - cuda-nored cuda-l2bwd cuda-nored-l2 cuda-r240; do
+      e=-; [ $v != - ] && e=FLAMIA_CUDA_DIR=$C/$v
+      bench_mhz "$v round $r" "$e" --workload 1x65536 --workload 4x16384
+    done
+  done
+  ;;
+*) echo "device_s36.sh: unknown mode '$mode' (a, b, c)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s36-$mode.log"

@@ -481,69 +481,34 @@ __device__ __forceinline__ void mma_rs_k128(float (&acc)[R], const u32 (&a)[KS][
 // fwd-overlap branch, session 14's FWD_OVERLAP (commit 386b083) and FWD_OVERLAP again on the
 // lean producer at 240 / 24 registers (commit 3e3ca3e): +1.4% at 1x65536 d = 128, -0.3..-6.2%
 // elsewhere, no better than the lean producer alone at d = 64.)
+// (Session 36, commit 661ee81: the O update of tile kt deferred under tile kt+1's S product, the
+// PV result carried as pending state, FWD_O_LATE; at d = 128 it needs the consumers at 240
+// registers, or Q's S operand from shared memory besides. ncu had the update at ~170-210 of the
+// tile's ~2,700 clocks right before an S wait of ~290 idle ones. Bitwise the same outputs;
+// forward +2.5% at 1x65536, +13..+15% at 64x1024 and 256x256, d = 64 within 1%: removed.)
 // NS = 32 (FWD_HALF_TILES): a masked tile no row of the warpgroup sees past its key 63 (the
 // first warpgroup's diagonal tile, a document ending in the tile's first half) computes S and PV
 // over those 64 keys only (m64n64 S products, two PV slices): the other keys' P would be exact
 // zeros, which add nothing to the row sums or (truncated or not) to PV's FP8 accumulator, so
 // bitwise the same O and LSE (GPU test forward_half_tiles_give_bitwise_the_same).
-// FWD_O_LATE 1: a tile's O update (O = O alpha_o + PV, one FFMA per O element) runs in the next
-// tile's S product instead of right after its own PV: the PV result and alpha_o are carried as
-// pending state (pv, alpha_o: zero and one before an item's first tile, so that update adds
-// nothing) and applied after the next tile's S is issued, or at the item's end (fwd_o_update).
-// The same FFMAs on the same values in the same order per element: bitwise the same O. ncu at
-// 1x65536 (session 36): the update took ~170-210 clocks of a ~2,700-clock tile right after the PV
-// wait, while the S wait that follows is ~290 clocks of an idle warp. Registers: pv, o, qa and the
-// S accumulator live together during the S product.
-#ifndef FWD_O_LATE
-#define FWD_O_LATE 0
-#endif
-// FWD_Q_SMEM 1: S = Q K^T as an SS product, Q's A operand read from the item's Q slot (held until
-// the item's end) instead of 16 resident A-fragment registers per thread: room for
-// FWD_O_LATE's pending update at d = 128.
-#ifndef FWD_Q_SMEM
-#define FWD_Q_SMEM 0
-#endif
-#if FWD_Q_SMEM
-using QOperand = u32;  // the warpgroup's 64 Q rows in the Q slot (shared address)
-#else
-using QOperand = u32[DK_SLICES][4];  // Q's A fragments
-#endif
-__device__ __forceinline__ void fwd_o_update(float (&o)[HEAD_DIM / 2], const float (&pv)[HEAD_DIM / 2], const float (&alpha_o)[2]) {
-#pragma unroll
-  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = fmaf(o[i], alpha_o[(i >> 1) & 1], pv[i]);
-}
 template <bool MASKED, int NS = 64>
-__device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const QOperand& qa, RowState& st, float (&o)[HEAD_DIM / 2],
-                                         float (&pv_late)[HEAD_DIM / 2], float (&alpha_late)[2], int R0, const TileMask& mk) {
-#if FWD_O_LATE
-  float(&pv)[HEAD_DIM / 2] = pv_late;
-  float(&alpha_o)[2] = alpha_late;
-#else
-  float pv[HEAD_DIM / 2], alpha_o[2];  // (this tile's only: the pending pair stays unused)
-#endif
+__device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[DK_SLICES][4], RowState& st, float (&o)[HEAD_DIM / 2],
+                                         int R0, const TileMask& mk) {
   float sc[NS];
   turn_take(R0 >> 6);
   wg_fence();
 #pragma unroll
   for (int kk = 0; kk < DK_SLICES; ++kk) {
-#if FWD_Q_SMEM
-    const u64 da = desc_tok(qa + 32 * kk);
-    if constexpr (NS == 64)
-      wgmma_ss_m64n128k32_e4m3(sc, da, desc_tok(smem_u32(sm.k[s]) + 32 * kk), kk > 0);
-    else
-      wgmma_ss_m64n64k32_e4m3(sc, da, desc_tok(smem_u32(sm.k[s]) + 32 * kk), kk > 0);
-#else
     if constexpr (NS == 64)
       wgmma_rs_m64n128k32_e4m3(sc, qa[kk], desc_tok(smem_u32(sm.k[s]) + 32 * kk), kk > 0);
     else
       wgmma_rs_m64n64k32_e4m3(sc, qa[kk], desc_tok(smem_u32(sm.k[s]) + 32 * kk), kk > 0);
-#endif
   }
   wg_commit();
   turn_pass(R0 >> 6);
-  if (FWD_O_LATE) fwd_o_update(o, pv, alpha_o);  // the previous tile's, under this S product
   wg_wait<0>();
   fence_regs(sc);
+  float alpha_o[2];
 #if PER_TOKEN_COLS
   softmax_tile<MASKED, NS>(sc, st, sm.kf[s], sm.ev[s], sm.vf[s], sm.evt[s], R0, mk, alpha_o);
 #else
@@ -551,9 +516,11 @@ __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const QOperand& q
 #endif
   u32 pa[NS / 16][4];
   p_to_afrag(sc, pa);
+  float pv[HEAD_DIM / 2];
   mma_rs_k128(pv, pa, smem_u32(sm.v[s]));
   if ((threadIdx.x & 31) == 0) mbar_arrive(smem_u32(&sm.kv_empty[s]));
-  if (!FWD_O_LATE) fwd_o_update(o, pv, alpha_o);
+#pragma unroll
+  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = fmaf(o[i], alpha_o[(i >> 1) & 1], pv[i]);
 }
 
 // FWD_PROF_TIMERS (timing only, bench/device_s13.sh PHASE=c): thread 0 of each consumer
@@ -604,19 +571,14 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
     const int h = it.h;
     const WorkTile tile = it.tile;
     const int rows = min(QT, tile.len - tile.q0);
-    const u8* qs = sm.q[qb] + 64 * cw * HEAD_DIM;
-#if FWD_Q_SMEM
-    const u32 qa = smem_u32(qs);
-    const int qb_item = qb;  // the Q slot, released at the item's end
-#else
     // Q's A fragments (a[kk][r] byte j = Q[row 16w + g + 8(r&1)][32kk + 16(r>>1) + 4q + j])
     u32 qa[DK_SLICES][4];
+    const u8* qs = sm.q[qb] + 64 * cw * HEAD_DIM;
 #pragma unroll
     for (int kk = 0; kk < DK_SLICES; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r)
         qa[kk][r] = *reinterpret_cast<const u32*>(qs + tok_off(16 * w + g + 8 * (r & 1), 32 * kk + 16 * (r >> 1) + 4 * q));
-#endif
     RowState st;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -626,7 +588,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       st.l[r] = 0.f;
       st.evo[r] = 0;
     }
-    if (!FWD_Q_SMEM || 64 * cw >= rows) mbar_arrive(smem_u32(&sm.q_empty[qb]));
+    mbar_arrive(smem_u32(&sm.q_empty[qb]));
     if (++qb == QSLOTS) { qb = 0; qph ^= 1; }
 
     const int nkt = fwd_key_tiles(tile, a.causal);
@@ -640,9 +602,9 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       }
       continue;
     }
-    float o[HEAD_DIM / 2], pv[HEAD_DIM / 2], alpha_o[2] = {1.f, 1.f};  // (pv, alpha_o: FWD_O_LATE's pending update)
+    float o[HEAD_DIM / 2];
 #pragma unroll
-    for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = pv[i] = 0.f;
+    for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
     // Interior tiles (every row of this warpgroup sees every key): a prefix of the key tiles.
 #if defined(FWD_INTERIOR_ONLY)  // instruction census builds (scripts/kernel-regs.py --per-score): wrong results
     const int nfull = nkt;
@@ -656,7 +618,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       mbar_wait(smem_u32(&sm.kv_full[s]), ph);
       FWD_ACC(1, tk);
       FWD_T(tt);
-      fwd_tile<false>(sm, s, qa, st, o, pv, alpha_o, R0, TileMask{KT, rows, tile.q0 - kt * KT, a.causal});
+      fwd_tile<false>(sm, s, qa, st, o, R0, TileMask{KT, rows, tile.q0 - kt * KT, a.causal});
       FWD_ACC(2, tt);
       if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
     }
@@ -670,18 +632,14 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       // no row of this warpgroup sees past the tile's key 63 (its last row's last key; rows past
       // the document see none); warp-uniform: one value for the whole warpgroup
       if (mk.last(min(64 * cw + 63, rows - 1)) < 64)
-        fwd_tile<true, 32>(sm, s, qa, st, o, pv, alpha_o, R0, mk);
+        fwd_tile<true, 32>(sm, s, qa, st, o, R0, mk);
       else
 #endif
-        fwd_tile<true>(sm, s, qa, st, o, pv, alpha_o, R0, mk);
+        fwd_tile<true>(sm, s, qa, st, o, R0, mk);
       FWD_ACC(2, tt);
       if (++s == FWD_STAGES) { s = 0; ph ^= 1; }
     }
     FWD_T(te);
-#if FWD_Q_SMEM
-    mbar_arrive(smem_u32(&sm.q_empty[qb_item]));  // the item's last S product has completed
-#endif
-    if (FWD_O_LATE) fwd_o_update(o, pv, alpha_o);  // the last tile's
 #if FWD_O_TMA
     if (64 * cw + 64 <= rows)
       store_o_lse_tma(o, st, a.lse, (long long)tile.doc0 + tile.q0 + R0, a.hq, h, smem_u32(sm.os[cw]), &P.o_map,

@@ -39,7 +39,6 @@ print("// Inline-PTX wrappers for the Hopper wgmma shapes of the attention kerne
 print("// scale_d == 0: D = A*B (old D ignored); scale_d != 0: D += A*B.")
 print("#pragma once")
 print('#include "common.cuh"')
-print(ss(128, "e4m3", 32))
 print(ss(64, "e4m3", 32))
 print(ss(32, "e4m3", 32))
 print(ss(64, "bf16", 16))

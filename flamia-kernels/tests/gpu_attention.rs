@@ -279,32 +279,6 @@ fn forward_half_tiles_give_bitwise_the_same() {
     knob_keeps_every_bit("FLAMIA_FWD_HALF", &["0", "all"], &FORWARD_KNOB_CASES);
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn forward_late_o_update_gives_bitwise_the_same() {
-    // FLAMIA_FWD_O_LATE=1|2 applies each key tile's O update (O alpha + PV) under the next
-    // tile's S product, or at the item's end after the last one (2: Q's operand from shared
-    // memory too); the same FFMAs on the same values: every output bitwise the same. Both the
-    // consumer-copy build (FLAMIA_FWD_CW=1, long documents' default) and the single body, the
-    // half tiles on and off, per-token scales too (their d = 128 build keeps the plain update).
-    for cw in ["0", "1"] {
-        std::env::set_var("FLAMIA_FWD_CW", cw);
-        knob_keeps_every_bit("FLAMIA_FWD_O_LATE", &["1", "2"], &FORWARD_KNOB_CASES);
-        std::env::set_var("FLAMIA_FWD_HALF", "all");
-        knob_keeps_every_bit("FLAMIA_FWD_O_LATE", &["1", "2"], &FORWARD_KNOB_CASES[..1]);
-        std::env::remove_var("FLAMIA_FWD_HALF");
-    }
-    std::env::remove_var("FLAMIA_FWD_CW");
-    let gpu = gpu();
-    for hd in [128, 64] {
-        let shape = VarlenShape::from_lens(&[1100, 65, 1], 4, 2, hd).unwrap();
-        with_seeds(&format!("FLAMIA_FWD_O_LATE, per-token scales, d = {hd}"), |mut rng| {
-            let call = gauss_call(&mut rng, &shape, safe_with(AttnPath::Mxfp8, |_| {}));
-            same_bits_whatever(&gpu, &call, "FLAMIA_FWD_O_LATE", &["1", "2"]);
-        });
-    }
-}
-
 /// The cases of the forward's build knobs: a 4,096-token document (many interior key tiles)
 /// beside short and one-token ones, both head dims, causal and not, block and tensor-wide scales.
 const FORWARD_KNOB_CASES: [(usize, &[usize], bool, AttnPath); 4] = [

@@ -115,31 +115,6 @@ fn fwd_half_tiles(cw_const: bool) -> bool {
     }
 }
 
-/// The v4 forward's deferred O update (`FWD_O_LATE`, `cuda/attn_fwd_v4.cu`: a key tile's
-/// `O = O alpha + PV` runs under the next tile's S product; the outputs are bitwise the same,
-/// GPU test `forward_late_o_update_gives_bitwise_the_same`), as the defines it needs: at head dim
-/// 128 the pending PV result needs the consumers' 240 registers (the lean token-block producer's
-/// 24 leave them; the per-token build spills, so it keeps the plain update) and, in mode 2, Q's
-/// operand from shared memory (`FWD_Q_SMEM`). `FLAMIA_FWD_O_LATE=0|1|2` (A/B knob; default 0).
-fn fwd_o_late_defines(hd: u32, per_token: bool) -> Vec<(&'static str, u32)> {
-    let mode = match std::env::var("FLAMIA_FWD_O_LATE").as_deref().map(str::trim) {
-        Ok("1") => 1,
-        Ok("2") => 2,
-        _ => 0,
-    };
-    if mode == 0 || (hd == 128 && per_token) {
-        return Vec::new();
-    }
-    let mut d = vec![("FWD_O_LATE", 1)];
-    if mode == 2 {
-        d.push(("FWD_Q_SMEM", 1));
-    }
-    if hd == 128 {
-        d.extend([("FWD_CONS_REGS", 240), ("FWD_PROD_REGS", 24)]);
-    }
-    d
-}
-
 /// Which forward kernel runs: the v4 warp-specialised kernel (default for the E4M3-score paths)
 /// or the v3.1 kernel (`FLAMIA_ATTN_FWD=v3`, kept for A/B; the NVFP4 path and FP32-promoted
 /// scores always use it).
@@ -177,9 +152,6 @@ fn forward_v4_variant(
     }
     if half {
         v = v.define("FWD_HALF_TILES", 1);
-    }
-    for (name, value) in fwd_o_late_defines(hd, per_token) {
-        v = v.define(name, value);
     }
     (v, smem)
 }
