@@ -18,12 +18,16 @@
 #      ($C/cuda-nored-l2), against the default, two rounds, 1x65536 and 4x16384 (timing only:
 #      wrong results); and the forward's register split alone (consumers 240, producer 24:
 #      $C/cuda-r240), which FWD_O_LATE needed at d = 128.
+#   d: the L2 traffic a pair of CTAs sharing Q / dO (multicast) and adding up their dQ partials
+#      first would leave: BWD_L2_PROBE 1 (half the Q / dO loads, $C/cuda-l2q), 2 (half the dQ
+#      reduces, $C/cuda-l2r), 3 (both, $C/cuda-l2qr) against the default, two rounds, 1x65536,
+#      4x16384 and 16x4096 (timing only: wrong results).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s36.sh a|b|c}
+mode=${1:?usage: device_s36.sh a|b|c|d}
 PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)
 # bench_mhz LABEL ENV ARGS...: run_bench's rows plus each workload's fwd / bwd ms and MHz (JSON)
 bench_mhz() {
@@ -74,7 +78,15 @@ c)
     done
   done
   ;;
-*) echo "device_s36.sh: unknown mode '$mode' (a, b, c)"; exit 2 ;;
+d)
+  for r in 1 2; do
+    for v in - cuda-l2q cuda-l2r cuda-l2qr; do
+      e=-; [ $v != - ] && e=FLAMIA_CUDA_DIR=$C/$v
+      bench_mhz "$v round $r" "$e" --workload 1x65536 --workload 4x16384 --workload 16x4096
+    done
+  done
+  ;;
+*) echo "device_s36.sh: unknown mode '$mode' (a, b, c, d)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s36-$mode.log"

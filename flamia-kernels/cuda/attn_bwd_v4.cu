@@ -236,9 +236,11 @@
 #endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
-// BWD_L2_PROBE 1 (timing only, wrong results: bench/device_s36.sh): odd steps skip their Q / dO
-// TMA loads (the constants still come), so the consumers compute on the stage's stale codes:
-// the same instructions and products with half the per-step L2 -> SM bytes.
+// BWD_L2_PROBE (timing only, wrong results: bench/device_s36.sh), bits: 1, odd steps skip their
+// Q / dO TMA loads (the constants still come), so the consumers compute on the stage's stale
+// codes: the same instructions and products with half the per-step L2 -> SM bytes; 2, each
+// reducer skips every other dQ partial's reduce-add (half the L2 reduce traffic). 3 = both: the
+// L2 traffic a pair of CTAs would leave that multicast Q / dO and add their dQ partials up first.
 #ifndef BWD_L2_PROBE
 #define BWD_L2_PROBE 0
 #endif
@@ -532,7 +534,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         mbar_wait(smem_u32(&sm.s_empty[s]), ph ^ 1);
         PROD_ACC(st == 0 ? 1 : 5, t_se);
         const u32 bar = smem_u32(&sm.s_full[s]);
-#if BWD_L2_PROBE  // (timing only, wrong results: only every other step's Q / dO bytes loaded)
+#if BWD_L2_PROBE & 1  // (timing only, wrong results: only every other step's Q / dO bytes loaded)
         if (lane == 0 && (st & 1)) {
 #if BWD_COLS_TMA
           mbar_expect_tx(bar, (u32)sizeof(BwdCols));
@@ -1858,7 +1860,9 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
     fence_async_global();
 #ifndef BWD_PROF_NORED
     // the query tile's first partial (turn 0) of these columns is stored, the rest added
-    if (P.dq_first_store && j.target == 0) {
+    if ((BWD_L2_PROBE & 2) && (k & 1)) {
+      // (BWD_L2_PROBE: this partial's reduce left out)
+    } else if (P.dq_first_store && j.target == 0) {
 #pragma unroll
       for (int half = 0; half < HEAD_DIM / 64; ++half)
         tma_store_3d(&P.dq_map, smem_u32(sm.dqs[db][cw][half]), (HEAD_DIM / 2) * cw + 32 * half, j.h, j.row);
