@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 36 (H200; staged as device_bwd4.sh --stage plus kernel-source variants under $C/cuda-*,
+# Session 35 (H200; named s36 because device_s35.sh is the script session 33 prepared for session 34; staged as device_bwd4.sh --stage plus kernel-source variants under $C/cuda-*,
 # carried as .device-carry/z/bwd4.tgz).
 #   a: the forward's interior loop under ncu at 1x65536 (stall samples per SASS line:
 #      scripts/ncu-stalls.py attn_fwd_v4.sass.csv.gz --regions); the two quantiser mutations

@@ -481,7 +481,7 @@ __device__ __forceinline__ void mma_rs_k128(float (&acc)[R], const u32 (&a)[KS][
 // fwd-overlap branch, session 14's FWD_OVERLAP (commit 386b083) and FWD_OVERLAP again on the
 // lean producer at 240 / 24 registers (commit 3e3ca3e): +1.4% at 1x65536 d = 128, -0.3..-6.2%
 // elsewhere, no better than the lean producer alone at d = 64.)
-// (Session 36, commit 661ee81: the O update of tile kt deferred under tile kt+1's S product, the
+// (Session 35, commit 661ee81: the O update of tile kt deferred under tile kt+1's S product, the
 // PV result carried as pending state, FWD_O_LATE; at d = 128 it needs the consumers at 240
 // registers, or Q's S operand from shared memory besides. ncu had the update at ~170-210 of the
 // tile's ~2,700 clocks right before an S wait of ~290 idle ones. Bitwise the same outputs;
