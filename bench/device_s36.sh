@@ -43,6 +43,19 @@ for r in d.get("rows", d.get("results", [])):
           "train", r.get("train_ms"), "@", r.get("train_mhz"))
 PY
 }
+# ab_dirs DIR... -- ARGS...: two rounds, each the embedded sources then every kernel-source
+# variant $C/DIR (FLAMIA_CUDA_DIR), bench_mhz with ARGS
+ab_dirs() {
+  local dirs=() r v e
+  while [ "$1" != -- ]; do dirs+=("$1"); shift; done
+  shift
+  for r in 1 2; do
+    for v in - "${dirs[@]}"; do
+      e=-; [ "$v" != - ] && e=FLAMIA_CUDA_DIR=$C/$v
+      bench_mhz "$v round $r" "$e" "$@"
+    done
+  done
+}
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
@@ -51,13 +64,7 @@ a)
   KERNELS=attn_fwd_v4 B=$C/flamia bash bench/ncu-kernels.sh
   T=$C/gpu_attention ONLY=quant-chunk-nozero bash bench/gpu_mutations.sh
   T=$C/gpu_attention ONLY=quant-chunk-allfull bash bench/gpu_mutations.sh
-  W3=(--workload 1x65536 --workload 4x16384 --workload 16x4096)
-  for r in 1 2; do
-    for v in - cuda-l2a cuda-l2b cuda-l2bwd; do
-      e=-; [ $v != - ] && e=FLAMIA_CUDA_DIR=$C/$v
-      bench_mhz "$v round $r" "$e" "${W3[@]}"
-    done
-  done
+  ab_dirs cuda-l2a cuda-l2b cuda-l2bwd -- --workload 1x65536 --workload 4x16384 --workload 16x4096
   ;;
 b)
   timeout 240 $C/gpu_attention --ignored --exact --test-threads=1 forward_late_o_update_gives_bitwise_the_same 2>&1 \
@@ -71,20 +78,10 @@ b)
   done
   ;;
 c)
-  for r in 1 2; do
-    for v in - cuda-nored cuda-l2bwd cuda-nored-l2 cuda-r240; do
-      e=-; [ $v != - ] && e=FLAMIA_CUDA_DIR=$C/$v
-      bench_mhz "$v round $r" "$e" --workload 1x65536 --workload 4x16384
-    done
-  done
+  ab_dirs cuda-nored cuda-l2bwd cuda-nored-l2 cuda-r240 -- --workload 1x65536 --workload 4x16384
   ;;
 d)
-  for r in 1 2; do
-    for v in - cuda-l2q cuda-l2r cuda-l2qr; do
-      e=-; [ $v != - ] && e=FLAMIA_CUDA_DIR=$C/$v
-      bench_mhz "$v round $r" "$e" --workload 1x65536 --workload 4x16384 --workload 16x4096
-    done
-  done
+  ab_dirs cuda-l2q cuda-l2r cuda-l2qr -- --workload 1x65536 --workload 4x16384 --workload 16x4096
   ;;
 *) echo "device_s36.sh: unknown mode '$mode' (a, b, c, d)"; exit 2 ;;
 esac
