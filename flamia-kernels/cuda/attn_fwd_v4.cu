@@ -185,7 +185,8 @@ __device__ __forceinline__ int fwd_key_tiles(const WorkTile& t, int causal) {
 // only some key tiles' K and V (1: the even ones; 2: the first FWD_STAGES of each item) and
 // arrives on the other stages without bytes, so the consumers compute on stale stage contents.
 // Same instructions and products, half (or almost none) of the L2 -> SM bytes: what the K/V
-// traffic costs the forward at the power cap's clock (a cluster multicast would halve it).
+// traffic costs the forward at the power cap's clock. Session 35: 0..-2% at 1x65536, 4x16384
+// and 16x4096 (the clock after the loop +3..+5%), so sharing K/V between CTAs would not pay.
 #ifndef FWD_L2_PROBE
 #define FWD_L2_PROBE 0
 #endif
