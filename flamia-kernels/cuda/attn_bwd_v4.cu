@@ -244,6 +244,28 @@
 #ifndef BWD_L2_PROBE
 #define BWD_L2_PROBE 0
 #endif
+// BWD_PAIR 1 (host knob FLAMIA_BWD_PAIR, attention.rs bwd_pair; plans whose tiles all walk
+// down): the CTAs run in clusters of two, and a cluster's work item is a pair of adjacent key
+// tiles of one (document, query head), P.items listing the pair's lower tile (BwdSchedule::pairs).
+// Rank r takes tile lower + r (rank 1 none when the lower tile is its document's last). Both
+// walk the lower tile's query tiles, so the two rings hold the same Q / dO tiles in the same
+// stages: each producer TMA-loads half of a stage's bytes (rank 0 Q, rank 1 dO, both layouts)
+// into both CTAs at once (multicast), and each CTA's s_full expects the whole stage. A stage's
+// s_empty counts both CTAs' consumer warps (the partner's by a remote arrival), since either
+// producer's next load of that stage writes into both. The upper tile's walk is the lower's
+// without its last two query tiles (the lower tile's diagonal, causal): rank 1's consumers pass
+// those stages on without work (bwd_step_pass), as they pass every stage of an item without an
+// upper tile. Rank 0 claims the next pair and hands its index to rank 1 (sm.claim, claim_full /
+// claim_empty across the cluster). Each CTA computes and reduces its own tile exactly as
+// unpaired (the same dQ turns): bitwise the unpaired gradients (GPU test
+// cta_pairs_give_bitwise_the_unpaired_backward). What it saves is half of the Q / dO bytes
+// out of L2 (session 35's probe, BWD_L2_PROBE 1: -2.2..-3.3% at 1x65536).
+#ifndef BWD_PAIR
+#define BWD_PAIR 0
+#endif
+#if BWD_PAIR && (BWD_WALK_UP || !BWD_LATE_CLAIM || BWD_L2_PROBE)
+#error "BWD_PAIR: downward walks only, with the late claim, without the L2 probe"
+#endif
 
 // A 128-key tile: document start, length, padded start, tile offset in the document, the
 // document's first 64-query tile (global index, for the dQ semaphores), this key tile's global
@@ -352,6 +374,9 @@ struct BwdItem {
 #endif
 struct BwdItemTail {
   int code, h;
+#if BWD_PAIR
+  int own, pass;  // whether this CTA has a tile in the pair; stages it passes on after its steps
+#endif
   BwdTile tile;
   float fk[BKT];  // scale 2^-eK: dK's unfold at the item's end
   float fv[BKT];  // 2^c: dV's unfold
@@ -433,6 +458,10 @@ struct BwdV4Smem {
   u64 kv_full, kv_empty, kd_full, kd_empty, s_full[BWD_STAGES], s_empty[BWD_STAGES];
   u64 dq_full[BWD_DQ_BUFS][2], dq_empty[BWD_DQ_BUFS][2];  // dqs handed to the reducer / read by TMA
   u64 ds_ready[BWD_DS_BUFS];           // both warpgroups' dS codes and exponents of a step written
+#if BWD_PAIR
+  u64 claim_full, claim_empty;         // rank 1's: the next pair's index is in claim; rank 0's: claim read
+  int claim;                           // (rank 1's) written by rank 0's producer
+#endif
 };
 #ifdef SMEM_BWD4_BUDGET
 static_assert(sizeof(BwdV4Smem) + 1024 <= SMEM_BWD4_BUDGET, "attn_bwd_v4: dynamic shared memory budget too small");
@@ -487,6 +516,27 @@ __shared__ long long bwd_prod_clk[6];
 #define PROD_ACC(k, v)
 #endif
 
+#if BWD_PAIR
+// The cluster's next pair (lane 0 of both producers, after their item ni's last stage): rank 0
+// claims it and writes it into rank 1's claim once rank 1 has read the previous one.
+__device__ __forceinline__ int bwd_pair_claim(const BwdV4Params& P, BwdV4Smem& sm, u32 rank, int ni) {
+  if (rank == 0) {
+    const int next = atomicAdd(P.counter, 1) + (int)(gridDim.x >> 1);
+    mbar_wait_cluster(smem_u32(&sm.claim_empty), (ni & 1) ^ 1);
+    st_shared_cluster(mapa_shared(smem_u32(&sm.claim), 1), next);
+    mbar_arrive_cluster(mapa_shared(smem_u32(&sm.claim_full), 1));
+    return next;
+  }
+  mbar_wait_cluster(smem_u32(&sm.claim_full), ni & 1);
+  const int next = *reinterpret_cast<volatile int*>(&sm.claim);
+  mbar_arrive_cluster(mapa_shared(smem_u32(&sm.claim_empty), 0));
+  return next;
+}
+#define BWD_OWN own  // this CTA has a tile in the item (the pair's lower or upper)
+#else
+#define BWD_OWN (code >= 0)
+#endif
+
 // ---- producer ----------------------------------------------------------------------------------
 __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm) {
   const AttnParams& a = P.a;
@@ -509,18 +559,40 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
   }
   int s = 0;
   u32 ph = 0;
+#if BWD_PAIR
+  const u32 rank = cluster_ctarank();
+  int idx = blockIdx.x >> 1;  // the cluster's first pair
+#else
   int idx = blockIdx.x;
+#endif
   for (int ni = 0;; ++ni) {
     const int code = idx < P.nitems ? P.items[idx] : -1;
     int h = 0;
     BwdTile t{};
+#if BWD_PAIR
+    BwdTile tw{};  // the pair's lower tile, whose query tiles both CTAs walk
+    bool own = false;
+#endif
     if (code >= 0) {
       const int tile = code / a.hq;
       h = code - tile * a.hq;
       t = reinterpret_cast<const BwdTile*>(P.tiles)[tile];
+#if BWD_PAIR
+      tw = t;
+      own = rank == 0;
+      if (rank != 0 && tile + 1 < P.nkt) {  // the upper tile, if the document has it
+        const BwdTile tu = reinterpret_cast<const BwdTile*>(P.tiles)[tile + 1];
+        own = tu.doc0 == t.doc0 && tu.k0 == t.k0 + BKT;
+        if (own) t = tu;
+      }
+#endif
     }
     const int hk = h / (a.hq / a.hkv);
+#if BWD_PAIR
+    const int qstart = a.causal ? tw.k0 : 0, n = code >= 0 ? bwd_steps(tw, a.causal) : 0;
+#else
     const int qstart = a.causal ? t.k0 : 0, n = code >= 0 ? bwd_steps(t, a.causal) : 0;
+#endif
     // Step st of this item: Q, dO (both layouts) and the per-query constants into the next stage.
     const auto load_stage = [&](int st) {
 #if BWD_WALK_UP
@@ -551,10 +623,20 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #else
           mbar_expect_tx(bar, 4 * BQT * HEAD_DIM);
 #endif
+#if BWD_PAIR  // (this CTA's half into both: rank 0 Q, rank 1 dO)
+          if (rank == 0) {
+            tma_load_3d_mc(smem_u32(sm.q[s]), &P.q_map, bar, 0, h, t.doc0 + q0, 3);
+            tma_load_2d_mc(smem_u32(sm.qd[s]), &P.qd_map, bar, t.pad0 + q0, h * HEAD_DIM, 3);
+          } else {
+            tma_load_3d_mc(smem_u32(sm.dO[s]), &P.do_map, bar, 0, h, t.doc0 + q0, 3);
+            tma_load_2d_mc(smem_u32(sm.dOd[s]), &P.dod_map, bar, t.pad0 + q0, h * HEAD_DIM, 3);
+          }
+#else
           tma_load_3d(smem_u32(sm.q[s]), &P.q_map, bar, 0, h, t.doc0 + q0);
           tma_load_3d(smem_u32(sm.dO[s]), &P.do_map, bar, 0, h, t.doc0 + q0);
           tma_load_2d(smem_u32(sm.qd[s]), &P.qd_map, bar, t.pad0 + q0, h * HEAD_DIM);
           tma_load_2d(smem_u32(sm.dOd[s]), &P.dod_map, bar, t.pad0 + q0, h * HEAD_DIM);
+#endif
         }
         return bar;
       };
@@ -602,7 +684,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     __syncwarp();
     if (lane < BWD_FOLD_SLOTS) {
       const int key = t.k0 + 32 * lane;
-      const bool ok = code >= 0 && lane < 4 && key < t.len;
+      const bool ok = BWD_OWN && lane < 4 && key < t.len;
       const long long e = (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk;
       const int ek = ok ? a.k_exp[e] : 0, c = ok ? P.cexp[(long long)(t.doc0 + key) * a.hq + h] : 0;
       const float kf = ok ? exp2i(ek) : 0.f, vf = ok ? exp2i(a.v_exp[e]) : 0.f, cf = ok ? exp2i(-c) : 0.f;
@@ -630,7 +712,11 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         tail.code = code;
         tail.h = h;
         tail.tile = t;
-        if (code >= 0) {
+#if BWD_PAIR
+        tail.own = own;
+        tail.pass = n - (own ? bwd_steps(t, a.causal) : 0);
+#endif
+        if (BWD_OWN) {
           mbar_expect_tx(kvbar, 2 * BKT * HEAD_DIM);
           tma_load_3d(smem_u32(sm.k), &P.k_map, kvbar, 0, hk, t.doc0 + t.k0);
 #if BWD_VT_XPOSE
@@ -656,7 +742,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int key = t.k0 + 4 * lane + j;
-      const bool ok = code >= 0 && key < t.len;
+      const bool ok = BWD_OWN && key < t.len;
       const long long e = (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk;
       const int ek = ok ? a.k_exp[e] : 0, c = ok ? P.cexp[(long long)(t.doc0 + key) * a.hq + h] : 0;
 #if !BWD_FOLD  // (BWD_FOLD: the steps read the fold slots instead)
@@ -705,8 +791,13 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     mbar_wait(smem_u32(&sm.kd_empty), (ni & 1) ^ 1);
     if (lane == 0) {
       const u32 kdbar = smem_u32(&sm.kd_full);
-      mbar_expect_tx(kdbar, HEAD_DIM * BKT);
-      tma_load_2d(smem_u32(sm.kd), &P.kd_map, kdbar, t.pad0 + t.k0, hk * HEAD_DIM);
+#if BWD_PAIR
+      if (own)
+#endif
+      {
+        mbar_expect_tx(kdbar, HEAD_DIM * BKT);
+        tma_load_2d(smem_u32(sm.kd), &P.kd_map, kdbar, t.pad0 + t.k0, hk * HEAD_DIM);
+      }
       mbar_arrive(kdbar);
     }
 #endif
@@ -715,11 +806,16 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #ifdef BWD_PROF_PHASES
     t_claim = clock64();
 #endif
+#if BWD_PAIR
+    if (lane == 0) next = bwd_pair_claim(P, sm, rank, ni);
+#else
     if (lane == 0) next = atomicAdd(P.counter, 1) + (int)gridDim.x;
+#endif
 #endif
     idx = __shfl_sync(0xffffffffu, next, 0);
   }
 }
+#undef BWD_OWN
 
 
 // BWD_PROF_PHASES (timing only): clocks per phase of a step, summed by thread 0 of each consumer
@@ -1014,6 +1110,17 @@ __device__ __forceinline__ void mma_rs_sw64(float (&acc)[R], const u32 (&a)[2][4
   mma_rs_sw64_issue<NS>(acc, a, b, s0);
   wg_wait<0>();
   fence_regs(acc);
+}
+
+// The stage's slot is read by this warp (lane 0 arrives for it); BWD_PAIR: in both CTAs' s_empty,
+// since either producer's next load of the slot writes into both.
+__device__ __forceinline__ void bwd_release_stage(BwdV4Smem& sm, int s, int lane) {
+  if (lane == 0) {
+    mbar_arrive(smem_u32(&sm.s_empty[s]));
+#if BWD_PAIR
+    mbar_arrive_cluster(mapa_shared(smem_u32(&sm.s_empty[s]), cluster_ctarank() ^ 1));
+#endif
+  }
 }
 
 // One step of a consumer warpgroup: 64 queries against its 64 keys. MASKED: a diagonal step or
@@ -1312,7 +1419,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     for (int i = 0; i < HEAD_DIM / 2; ++i) dk[i] = fmaf(acc[i], fk[sl][(i >> 1) & 1], dk[i]);
   }
   BWD_PHASE(6);
-  if (lane == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
+  bwd_release_stage(sm, s, lane);
   if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
   // this thread's dS codes (read by wgmma: async proxy) and exponents are written
   fence_async_smem();
@@ -1346,12 +1453,23 @@ __device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
 #endif
   store_ds_exps(sm, C, buf, 0, 0);
   named_sync(2 + 2 * cw + (w >> 1), 64);
-  if (C.lane() == 0) mbar_arrive(smem_u32(&sm.s_empty[s]));
+  bwd_release_stage(sm, s, C.lane());
   if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
   fence_async_smem();
   mbar_arrive(smem_u32(&sm.ds_ready[buf]));
   ++C.nstep;
 }
+
+#if BWD_PAIR
+// A stage of the pair's walk that this CTA's tile does not see (the lower tile's diagonal query
+// tiles, or every stage of an item without an upper tile): waited for and passed on, so the two
+// CTAs' rings stay in step. No dS, no dQ (C.nstep unchanged).
+__device__ __forceinline__ void bwd_step_pass(BwdV4Smem& sm, BwdConsumer& C) {
+  mbar_wait(smem_u32(&sm.s_full[C.s]), C.ph);
+  bwd_release_stage(sm, C.s, C.lane());
+  if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
+}
+#endif
 
 // The consumer thread's part of its warpgroup's FP32 dQ partial, into buffer db (BWD_DQ_STSM: by
 // stmatrix, each 8-dim block's dims in the order 0, 2, 4, 6, 1, 3, 5, 7; else as follows): row 16w + g + 8r,
@@ -1663,7 +1781,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     }
 #endif
     const BwdTile tl = tail.tile;
+#if BWD_PAIR
+    const bool own = tail.own;
+#endif
 #if BWD_KD_XPOSE == 2
+#if BWD_PAIR
+    if (own)
+#endif
     // this warpgroup's dims of the item's dim-major K, from the K/V slot's token-major tile
     // (published to the first dQ by the first step's fence and ds_ready arrival). The lane and
     // the tiles' addresses opaque: otherwise the compiler hoists the transpose's lane-dependent
@@ -1681,12 +1805,19 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     // published to its first dP product by a proxy fence and the same barrier. Warpgroup, warp
     // and lane opaque, as for K above (with them plain, the interior step loop's LDL/STL went
     // 4 -> 6 at d = 128).
-    xpose_vt_half(sm.v + opaque_u32(0u), (int)opaque_u32(cw), (int)opaque_u32(C.w()), (int)opaque_u32(C.lane()), 8 + cw);
-    fence_async_smem();
-    named_sync(8 + cw, 128);
+#if BWD_PAIR
+    if (own)
+#endif
+    {
+      xpose_vt_half(sm.v + opaque_u32(0u), (int)opaque_u32(cw), (int)opaque_u32(C.w()), (int)opaque_u32(C.lane()), 8 + cw);
+      fence_async_smem();
+      named_sync(8 + cw, 128);
+    }
 #endif
 #ifdef BWD_CENSUS_ITEM  // census build (scripts/kernel-regs.py --bwd-per-item): no steps, wrong results
     const int n = 0, qstart = 0;
+#elif BWD_PAIR
+    const int n = own ? bwd_steps(tl, a.causal) : 0, qstart = a.causal ? tl.k0 : 0;
 #else
     const int n = bwd_steps(tl, a.causal), qstart = a.causal ? tl.k0 : 0;
 #endif
@@ -1774,6 +1905,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
       bwd_step_dead(sm, C);
       dq_after_step(q0);
     }
+#if BWD_PAIR
+    for (int left = tail.pass; left > 0; --left) bwd_step_pass(sm, C);
+#endif
 #endif
     // the item's K and V are read (each warp's own waits): the producer may load the next item's
     __syncwarp();
@@ -1784,7 +1918,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     __syncwarp();
     if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kd_empty));
 #endif
-    bwd_item_end(P, C, tail, dk, dv);
+#if BWD_PAIR
+    if (own)
+#endif
+      bwd_item_end(P, C, tail, dk, dv);
     BWD_PHASE(12);
 #ifdef BWD_PROF_PHASES
     ++C.nitem;
@@ -1913,8 +2050,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     mbar_init(smem_u32(&sm.kd_empty), 8);
     for (int s = 0; s < BWD_STAGES; ++s) {
       mbar_init(smem_u32(&sm.s_full[s]), 32);
-      mbar_init(smem_u32(&sm.s_empty[s]), 8);
+      mbar_init(smem_u32(&sm.s_empty[s]), 8 * (1 + BWD_PAIR));  // (BWD_PAIR: both CTAs' consumer warps)
     }
+#if BWD_PAIR
+    mbar_init(smem_u32(&sm.claim_full), 1);
+    mbar_init(smem_u32(&sm.claim_empty), 1);
+#endif
     for (int b = 0; b < BWD_DS_BUFS; ++b) mbar_init(smem_u32(&sm.ds_ready[b]), 256);
     for (int b = 0; b < BWD_DQ_BUFS; ++b)
       for (int c = 0; c < 2; ++c) {
@@ -1923,7 +2064,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
       }
     mbar_init_fence();
   }
+#if BWD_PAIR
+  cluster_sync_all();  // (the partner's barriers are initialised before any remote arrival or multicast)
+#else
   __syncthreads();
+#endif
   pdl_wait();  // (chained launch: bwd_cols' table, the fold exponents, the zeroed semaphores)
   pdl_trigger();
   if (wg == 0) {
@@ -1936,6 +2081,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     regs_alloc<240>();
     bwd_consumer(P, sm, wg - 1);
   }
+#if BWD_PAIR
+  cluster_sync_all();  // (no CTA leaves while its partner may still arrive on its barriers)
+#endif
 #ifdef BWD_PROF_REDUCER
   __syncthreads();  // (every thread of the CTA gets here: the reducers' counters are written)
   if (threadIdx.x == 128 && blockIdx.x < 2)

@@ -70,6 +70,57 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaMap* map, u32 bar,
       : "memory");
 }
 
+// ---- clusters (the backward's CTA pairs, BWD_PAIR) ----
+// This CTA's rank in its cluster.
+__device__ __forceinline__ u32 cluster_ctarank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// The shared::cluster address of the same shared-memory offset in CTA `rank` of the cluster.
+__device__ __forceinline__ u32 mapa_shared(u32 addr, u32 rank) {
+  u32 r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// Arrives (count 1) on a barrier of a cluster CTA (`remote`: a mapa_shared address), releasing
+// this thread's earlier memory operations at cluster scope.
+__device__ __forceinline__ void mbar_arrive_cluster(u32 remote) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// mbar_wait with acquire at cluster scope (the phase was completed by another CTA's arrivals).
+__device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nMBAR_WAIT_CL:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra MBAR_WAIT_CL;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void st_shared_cluster(u32 remote, int v) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(remote), "r"(v) : "memory");
+}
+// Every thread of every CTA of the cluster (release / acquire: the barrier inits, a CTA's exit).
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// tma_load_2d / tma_load_3d into the same offset of every CTA of `mask` (bit r: cluster rank r),
+// each CTA's barrier at `bar`'s offset completing the bytes it receives.
+__device__ __forceinline__ void tma_load_2d_mc(u32 dst, const TmaMap* map, u32 bar, int x, int y, u16 mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4}], [%2], %5;\n" ::"r"(dst),
+      "l"((u64)map), "r"(bar), "r"(x), "r"(y), "h"(mask)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d_mc(u32 dst, const TmaMap* map, u32 bar, int x, int y, int z, u16 mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4, %5}], [%2], %6;\n" ::"r"(dst),
+      "l"((u64)map), "r"(bar), "r"(x), "r"(y), "r"(z), "h"(mask)
+      : "memory");
+}
+
 // Box of a 2-D map at (x innermost, y) <- smem `src` (a bulk store: commit, then wait below).
 __device__ __forceinline__ void tma_store_2d(const TmaMap* map, u32 src, int x, int y) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"((u64)map), "r"(src),

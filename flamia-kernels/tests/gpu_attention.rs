@@ -720,6 +720,42 @@ fn dead_steps_skipped_give_bitwise_the_full_backward() {
     );
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn cta_pairs_give_bitwise_the_unpaired_backward() {
+    // FLAMIA_BWD_PAIR=1 (every document walking down: FLAMIA_BWD_UP_TILES=0): adjacent key tiles
+    // in clusters of two CTAs whose producers multicast the Q / dO tiles both walk; each CTA
+    // computes and reduces its own tile as an unpaired CTA does, so every bit must be the same.
+    // Documents of odd key-tile counts (their last tile alone: the partner CTA passes every stage
+    // on) and of 1 token, causal and not, row dS exponents, GQA, both head dims; then, paired,
+    // one cluster alone (FLAMIA_BWD_CTAS=2: the pairs strictly in list order; the device scripts
+    // run this test under a timeout, as a hang is the failure there), three clusters, reduces in
+    // jittered order and head chunks.
+    let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", "0");
+    backward_knob_values_keep_every_bit(
+        "FLAMIA_BWD_PAIR",
+        &["1"],
+        &[
+            (128, &[300, 1, 65, 1100, 2048], true, false),
+            (128, &[300, 1, 65, 1100], false, false),
+            (128, &[517, 64, 129, 2048], true, true),
+            (64, &[300, 1, 65, 1100, 2048], true, false),
+            (64, &[517, 64, 129, 2048], false, true),
+        ],
+    );
+    let gpu = gpu();
+    let _pair = EnvGuard::set("FLAMIA_BWD_PAIR", "1");
+    for hd in [128, 64] {
+        let shape = VarlenShape::from_lens(&[1100, 2048, 517, 64], 4, 2, hd).unwrap();
+        with_seeds(&format!("pairs, d = {hd}"), |mut rng| {
+            let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_CTAS", &["2", "6"]);
+            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1"]);
+            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SCRATCH_MIB", &["0"]);
+        });
+    }
+}
+
 /// [`same_bits_whatever`] for a backward knob `var` (0 / 1) on Gaussian mxfp8 calls of each case
 /// (head dim, document lengths, causal, row dS exponents; 4 query heads over 2 KV heads), every seed.
 fn backward_knob_keeps_every_bit(var: &str, cases: &[(usize, &[usize], bool, bool)]) {

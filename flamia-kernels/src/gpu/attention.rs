@@ -39,7 +39,9 @@ use super::quant::{
     e4m3_bytes, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, Carver, DeltaOut, DimOrder, Nvfp4Ref,
     Operand, OperandRef, QuantInput, PART_ALIGN,
 };
-use super::runtime::{launch, launch_chained, Gpu, RawStream, Variant};
+use super::runtime::{
+    launch, launch_chained, launch_clustered, max_active_clusters, Gpu, RawStream, Variant,
+};
 use super::sched::{BWD_KT, BWD_QT, FWD_QT};
 use super::tma::{self, TmaMap};
 use crate::options::{AttnOptions, AttnPath};
@@ -249,6 +251,17 @@ fn bwd_fold_warp(max_len: usize) -> bool {
 /// of timing (GPU test `walking_up_is_accurate_repeatable_and_ordered`).
 fn bwd_ctas() -> Option<usize> {
     super::env_number::<usize>("FLAMIA_BWD_CTAS").map(|n| n.max(1))
+}
+
+/// Whether the v4 backward runs in CTA pairs by default where the plan allows them (every tile
+/// walks down: [`super::sched::BwdSchedule::pairs`]): `BWD_PAIR`, adjacent key tiles of one
+/// (document, head) in a cluster of two whose producers multicast the Q / dO tiles both walk.
+const BWD_PAIR_DEFAULT: bool = false;
+
+/// `FLAMIA_BWD_PAIR`: `0` one CTA per key tile, `1` CTA pairs where the plan allows them;
+/// otherwise [`BWD_PAIR_DEFAULT`].
+fn bwd_pair_env() -> bool {
+    env_choice("FLAMIA_BWD_PAIR", &["1"]).unwrap_or(BWD_PAIR_DEFAULT)
 }
 
 /// `FLAMIA_BWD_JITTER` (a test knob, default 0): a nonzero seed makes every dQ reduce of the v4
@@ -1460,7 +1473,17 @@ impl Attention {
         let kd = self.bwd_kd_xpose(plan);
         let vt = self.bwd_vt_xpose(plan);
         let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up(), kd, vt)?;
+        // CTA pairs (BWD_PAIR) where every tile walks down, unless FLAMIA_BWD_PAIR=0
+        let pair = !bw.pairs.is_empty() && bwd_pair_env();
+        let v4 = if pair { v4.define("BWD_PAIR", 1) } else { v4 };
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
+        // the persistent grid: a CTA per SM, or with pairs as many clusters of two as fit at
+        // once (FLAMIA_BWD_CTAS caps either)
+        let ctas = match (pair, bwd_ctas()) {
+            (false, cap) => cap.unwrap_or(self.gpu.sm_count().max(1) as usize),
+            (true, Some(cap)) => 2 * (cap / 2).max(1),
+            (true, None) => 2 * max_active_clusters(&fused, 384, smem, 2)?.max(1),
+        };
         let convert = self
             .gpu
             .function("attn_bwd_v4.cu", &with_dq_stsm(v), "bwd_dq_convert", 0)?;
@@ -1471,7 +1494,7 @@ impl Attention {
         let first_store = bwd_dq_first_store();
         let acc_rows = if first_store { plan.tpad() } else { t };
         for c in 0..bw.chunks {
-            let range = bw.chunk_range(c);
+            let range = if pair { bw.pair_range(c) } else { bw.chunk_range(c) };
             if !first_store {
                 self.memset32(stream, sc.dq_acc.ptr(), t * hc * hd, "dQ accumulator")?;
             }
@@ -1498,7 +1521,11 @@ impl Attention {
                 dod_map: tma::dim_major_64(a.do_dim, s.heads_q, hd, plan.tpad())?,
                 dq_map: tma::f32_rows(sc.dq_acc.ptr(), acc_rows, hc, hd, BWD_QT as u32)?,
                 a,
-                items: plan.bwd_items.ptr() + 4 * range.start as u64,
+                items: if pair {
+                    plan.bwd_pairs.ptr()
+                } else {
+                    plan.bwd_items.ptr()
+                } + 4 * range.start as u64,
                 tiles: plan.bwd_tiles.ptr(),
                 cexp: sc.cexp.ptr(),
                 dkv_acc: sc.dkv.as_ref().map_or(0, |b| b.ptr()),
@@ -1516,12 +1543,19 @@ impl Attention {
                 dq_first_store: first_store as i32,
                 tpad: plan.tpad() as i32,
             };
-            let ctas = bwd_ctas().unwrap_or(self.gpu.sm_count().max(1) as usize);
-            let grid = (range.len().min(ctas) as u32, 1, 1);
             // SAFETY: params mirror BwdV4Params; the maps cover the saved and dO code buffers of
             // `plan`'s shape and the scratch of `ws` (allocated for this plan: one chunk's heads),
-            // the items are this chunk's (heads h0..h0 + hc), the gradients are the caller's.
-            unsafe { launch_chained(&fused, grid, 384, smem, stream, &p, "attn_bwd_v4") }?;
+            // the items are this chunk's (heads h0..h0 + hc; pairs, with BWD_PAIR, in clusters
+            // of two CTAs), the gradients are the caller's.
+            unsafe {
+                if pair {
+                    let grid = (2 * range.len().min(ctas / 2) as u32, 1, 1);
+                    launch_clustered(&fused, (grid, 384, smem), stream, &p, "attn_bwd_v4", 2)
+                } else {
+                    let grid = (range.len().min(ctas) as u32, 1, 1);
+                    launch_chained(&fused, grid, 384, smem, stream, &p, "attn_bwd_v4")
+                }
+            }?;
             let rows = acc_rows * hc;
             let conv = DqConvertParams {
                 acc: sc.dq_acc.ptr(),
@@ -1828,6 +1862,25 @@ mod tests {
                 {
                     jobs.push(("attn_bwd_v4.cu", v));
                 }
+            }
+            // the CTA pairs (BWD_PAIR, FLAMIA_BWD_PAIR) on the long documents' defaults (the
+            // downward walk), block and row dS exponents
+            for row_ds in [false, true] {
+                let (v, _) = with_early_factors(
+                    backward_v4_variant(3, hd, row_ds, !row_ds, false, None, false),
+                    bwd_early_factors(hd, row_ds),
+                );
+                let v = v
+                    .define("BWD_QPERM", 1)
+                    .define("BWD_DS_STSM", 1)
+                    .define("BWD_DQ_STSM", 1)
+                    .define("BWD_PAIR", 1);
+                let v = if bwd_cols_tma(hd, !row_ds) {
+                    v.define("BWD_COLS_TMA", 1)
+                } else {
+                    v
+                };
+                jobs.push(("attn_bwd_v4.cu", v));
             }
             // two dQ buffers per warpgroup (FLAMIA_BWD_DQ_BUFS=2): three stages at d = 64, two at 128
             let stages = if hd == 64 { 3 } else { 2 };

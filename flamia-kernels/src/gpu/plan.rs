@@ -137,6 +137,8 @@ pub struct Plan {
     /// v4 backward: 128-key tiles and work items; `cu_seqlens` as i32 (the dV fold kernel).
     pub(crate) bwd_tiles: DeviceBuf<i32>,
     pub(crate) bwd_items: DeviceBuf<i32>,
+    /// [`BwdSchedule::pairs`] (one unused entry when there are none).
+    pub(crate) bwd_pairs: DeviceBuf<i32>,
     pub(crate) cu: DeviceBuf<i32>,
     /// [`PlanTables::pad_tok`].
     pub(crate) pad_tok: DeviceBuf<i32>,
@@ -190,6 +192,7 @@ impl Plan {
             &tables.bwd.tiles.iter().flatten().copied().collect::<Vec<i32>>(),
         )?;
         let bwd_items = DeviceBuf::from_host(gpu, &tables.bwd.items)?;
+        let bwd_pairs = DeviceBuf::from_host(gpu, &tables.bwd.pairs)?;
         let cu = DeviceBuf::from_host(
             gpu,
             &shape.cu_seqlens.iter().map(|&x| x as i32).collect::<Vec<i32>>(),
@@ -207,6 +210,7 @@ impl Plan {
             counter,
             bwd_tiles,
             bwd_items,
+            bwd_pairs,
             cu,
             pad_tok,
         })

@@ -445,7 +445,7 @@ pub(crate) unsafe fn launch<P>(
     what: &str,
 ) -> GpuResult<()> {
     // SAFETY: forwarded to the caller's contract.
-    unsafe { launch_as(f, (grid, block, smem), stream, params, what, false) }
+    unsafe { launch_as(f, (grid, block, smem), stream, params, what, false, 1) }
 }
 
 /// Whether [`launch_chained`] asks for programmatic dependent launch: off unless `FLAMIA_PDL=1`
@@ -475,14 +475,71 @@ pub(crate) unsafe fn launch_chained<P>(
     what: &str,
 ) -> GpuResult<()> {
     // SAFETY: forwarded to the caller's contract.
-    unsafe { launch_as(f, (grid, block, smem), stream, params, what, pdl_on()) }
+    unsafe { launch_as(f, (grid, block, smem), stream, params, what, pdl_on(), 1) }
 }
 
-/// [`launch`] (`chained` false: `cuLaunchKernel`) or [`launch_chained`] (`cuLaunchKernelEx` with
-/// the programmatic-serialisation attribute); `geometry` = (grid, block, dynamic shared memory).
+/// [`launch_chained`] in thread-block clusters of `cluster` CTAs along x (`grid.0` a multiple of
+/// it; `cuLaunchKernelEx` with the cluster-dimension attribute): the v4 backward's CTA pairs.
 ///
 /// # Safety
-/// As [`launch_chained`] when `chained`, else as [`launch`].
+/// As [`launch_chained`], and `f` must be written for clusters of that size.
+pub(crate) unsafe fn launch_clustered<P>(
+    f: &CudaFunction,
+    geometry: ((u32, u32, u32), u32, u32),
+    stream: RawStream,
+    params: &P,
+    what: &str,
+    cluster: u32,
+) -> GpuResult<()> {
+    // SAFETY: forwarded to the caller's contract.
+    unsafe { launch_as(f, geometry, stream, params, what, pdl_on(), cluster) }
+}
+
+/// How many clusters of `cluster` CTAs of `f` (`block` threads, `smem` bytes of dynamic shared
+/// memory each) the device runs at once (`cuOccupancyMaxActiveClusters`): a cluster's CTAs share
+/// a GPC, so on a GPC with an odd number of free SMs one SM stays out.
+pub(crate) fn max_active_clusters(f: &CudaFunction, block: u32, smem: u32, cluster: u32) -> GpuResult<usize> {
+    let mut attr = cluster_attr(cluster);
+    let config = sys::CUlaunchConfig {
+        gridDimX: cluster,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        hStream: std::ptr::null_mut(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut n: std::ffi::c_int = 0;
+    // SAFETY: config and attr outlive the call; n is a plain out-parameter.
+    unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.cu_function(), &config) }
+        .result()
+        .ctx(&format!(
+            "cuOccupancyMaxActiveClusters(cluster {cluster}, block {block}, smem {smem})"
+        ))?;
+    Ok(n.max(0) as usize)
+}
+
+/// The launch attribute of clusters of `cluster` CTAs along x.
+fn cluster_attr(cluster: u32) -> sys::CUlaunchAttribute {
+    // SAFETY: an all-zero attribute value is valid (plain integers); the id selects the member.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = cluster;
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    attr
+}
+
+/// [`launch`] (`chained` false, `cluster` 1: `cuLaunchKernel`) or `cuLaunchKernelEx` with the
+/// programmatic-serialisation attribute ([`launch_chained`]) and / or clusters of `cluster` CTAs
+/// ([`launch_clustered`]); `geometry` = (grid, block, dynamic shared memory).
+///
+/// # Safety
+/// As [`launch_chained`] when `chained`, [`launch_clustered`] when `cluster` > 1, else as
+/// [`launch`].
 unsafe fn launch_as<P>(
     f: &CudaFunction,
     geometry: ((u32, u32, u32), u32, u32),
@@ -490,13 +547,14 @@ unsafe fn launch_as<P>(
     params: &P,
     what: &str,
     chained: bool,
+    cluster: u32,
 ) -> GpuResult<()> {
     let (grid, block, smem) = geometry;
     if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
         return Ok(());
     }
     let mut args = [params as *const P as *mut c_void];
-    if !chained {
+    if !chained && cluster <= 1 {
         // SAFETY: forwarded to the caller's contract.
         return unsafe {
             cudarc::driver::result::launch_kernel(
@@ -512,10 +570,17 @@ unsafe fn launch_as<P>(
             "cuLaunchKernel({what}, grid {grid:?}, block {block}, smem {smem})"
         ));
     }
-    // SAFETY: an all-zero attribute value is valid (a plain integer union); the id selects the member.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
+    let mut attrs = Vec::with_capacity(2);
+    if chained {
+        // SAFETY: an all-zero attribute value is valid (a plain integer union); the id selects the member.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        attrs.push(attr);
+    }
+    if cluster > 1 {
+        attrs.push(cluster_attr(cluster));
+    }
     let config = sys::CUlaunchConfig {
         gridDimX: grid.0,
         gridDimY: grid.1,
@@ -525,14 +590,14 @@ unsafe fn launch_as<P>(
         blockDimZ: 1,
         sharedMemBytes: smem,
         hStream: stream.0,
-        attrs: &mut attr,
-        numAttrs: 1,
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: attrs.len() as u32,
     };
-    // SAFETY: config and attr outlive the call; the parameter pointer as in `launch`.
+    // SAFETY: config and attrs outlive the call; the parameter pointer as in `launch`.
     unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
         .result()
         .ctx(&format!(
-            "cuLaunchKernelEx({what}, grid {grid:?}, block {block}, smem {smem}, programmatic serialisation)"
+            "cuLaunchKernelEx({what}, grid {grid:?}, block {block}, smem {smem}, programmatic serialisation {chained}, cluster {cluster})"
         ))
 }
 

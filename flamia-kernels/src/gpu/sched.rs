@@ -370,6 +370,13 @@ pub struct BwdSchedule {
     pub chunks: usize,
     /// Query heads per group of the downward-walking items ([`longest_first`]), at most a chunk's.
     pub head_group: usize,
+    /// The work list of the kernel's CTA pairs (`BWD_PAIR`; empty when a tile walks up): the
+    /// items of `items` whose tile is the lower of a pair, tiles 0-1, 2-3, ... of each document
+    /// (a document's last tile alone when it has an odd number), in `items`' order, so chunk by
+    /// chunk with the same count per chunk ([`BwdSchedule::pair_range`]). A pair's cost is its
+    /// lower tile's (the pair walks its query tiles), so the list stays longest first, and a pair
+    /// only ever waits for the dQ partials of lower tiles, listed before it.
+    pub pairs: Vec<i32>,
 }
 
 impl BwdSchedule {
@@ -467,15 +474,22 @@ impl BwdSchedule {
             (0..hq).flat_map(move |h| (a..b).rev().map(move |t| (t * hq + h) as i32))
         }));
         let hc = hq / chunks;
-        let items = (0..chunks)
+        let items: Vec<i32> = (0..chunks)
             .flat_map(|c| all.iter().copied().filter(move |&it| it as usize % hq / hc == c))
             .collect();
+        let pairs = if up_docs.is_empty() {
+            let lower = |&it: &i32| (tiles[it as usize / hq][3] as usize / BWD_KT).is_multiple_of(2);
+            items.iter().copied().filter(lower).collect()
+        } else {
+            Vec::new()
+        };
         BwdSchedule {
             tiles,
             items,
             query_tiles: qt0,
             chunks,
             head_group: head_group.clamp(1, hc),
+            pairs,
         }
     }
 
@@ -492,6 +506,12 @@ impl BwdSchedule {
     /// The items of chunk `c` (a contiguous range of `items`).
     pub fn chunk_range(&self, c: usize) -> std::ops::Range<usize> {
         let n = self.items.len() / self.chunks;
+        c * n..(c + 1) * n
+    }
+
+    /// The pairs of chunk `c` (a contiguous range of `pairs`).
+    pub fn pair_range(&self, c: usize) -> std::ops::Range<usize> {
+        let n = self.pairs.len() / self.chunks;
         c * n..(c + 1) * n
     }
 
@@ -756,6 +776,119 @@ mod tests {
                 "deadlock with {ctas} CTAs: items {run:?} wait, {next} taken"
             );
         }
+    }
+
+    /// [`simulate`] for the kernel's CTA pairs (`BWD_PAIR`): `clusters` clusters take the pairs
+    /// in list order, and a pair's two CTAs walk the lower tile's query tiles in step (their rings
+    /// are one), each step's lower partial waiting for its turn and the upper's (when the upper
+    /// tile sees that query tile) going in right after it. Returns the order as [`simulate`];
+    /// panics on a deadlock or a partial out of turn.
+    fn simulate_pairs(
+        s: &BwdSchedule,
+        heads_q: usize,
+        causal: bool,
+        clusters: usize,
+    ) -> std::collections::HashMap<(usize, usize), Vec<usize>> {
+        let mut sem: std::collections::HashMap<(usize, usize), usize> = Default::default();
+        let mut order: std::collections::HashMap<(usize, usize), Vec<usize>> = Default::default();
+        let mut next = 0usize;
+        let mut run: Vec<Option<(usize, usize)>> = vec![None; clusters]; // (pair, step)
+        let upper = |t: usize| {
+            let (lo, up) = (&s.tiles[t], s.tiles.get(t + 1)?);
+            (up[0] == lo[0] && up[3] == lo[3] + BWD_KT as i32).then_some(t + 1)
+        };
+        loop {
+            let mut moved = false;
+            for slot in run.iter_mut() {
+                if slot.is_none() && next < s.pairs.len() {
+                    *slot = Some((next, 0));
+                    next += 1;
+                    moved = true;
+                }
+                let Some((i, st)) = *slot else { continue };
+                let (t, h) = (s.pairs[i] as usize / heads_q, s.pairs[i] as usize % heads_q);
+                let lo = &s.tiles[t];
+                let q0 = bwd_step_query(lo, causal, st);
+                let key = (h, lo[4] as usize + q0 / BWD_QT);
+                let have = sem.entry(key).or_default();
+                if *have < bwd_dq_turn(lo, q0) {
+                    continue;
+                }
+                assert_eq!(
+                    *have,
+                    bwd_dq_turn(lo, q0),
+                    "a lower tile's partial went in out of turn"
+                );
+                *have += 2;
+                order.entry(key).or_default().push(lo[3] as usize / BWD_KT);
+                if let Some(u) = upper(t) {
+                    let up = &s.tiles[u];
+                    let n_up = query_steps(up[1] as usize, up[3] as usize, causal);
+                    if st < n_up {
+                        assert_eq!(bwd_step_query(up, causal, st), q0, "the pair's walks differ");
+                        assert_eq!(*have, bwd_dq_turn(up, q0), "an upper tile's partial out of turn");
+                        *have += 2;
+                        order.entry(key).or_default().push(up[3] as usize / BWD_KT);
+                    }
+                }
+                moved = true;
+                let n = query_steps(lo[1] as usize, lo[3] as usize, causal);
+                *slot = (st + 1 < n).then_some((i, st + 1));
+            }
+            if run.iter().all(Option::is_none) && next == s.pairs.len() {
+                return order;
+            }
+            assert!(
+                moved,
+                "deadlock with {clusters} clusters: pairs {run:?} wait, {next} taken"
+            );
+        }
+    }
+
+    #[test]
+    fn cta_pairs_cover_every_tile_once_and_take_the_partials_in_turn() {
+        // key tiles: 1 + 9 + 2 + 5 + 17 (odd counts leave a document's last tile alone); heads in
+        // chunks (a budget of 0 bytes: one KV head per chunk) and not
+        let lens = [100, 1100, 129, 600, 2100];
+        for (causal, budget) in [
+            (true, Some(BWD_SCRATCH_BUDGET)),
+            (false, Some(BWD_SCRATCH_BUDGET)),
+            (true, Some(0)),
+        ] {
+            let shape = VarlenShape::from_lens(&lens, 4, 2, 128).unwrap();
+            let s = BwdSchedule::new(&shape, &pads(&shape), causal, budget, 0);
+            assert!(!s.walks_up());
+            // tiles 0, 1-2, 3-4, 5-6, 7-8, 9, 10-11, 12-13, 14-15, 16, 17-18, ..., 31-32, 33
+            let mut own: Vec<i32> = s
+                .pairs
+                .iter()
+                .flat_map(|&it| {
+                    let (t, h) = (it / 4, it % 4);
+                    let (lo, up) = (s.tiles[t as usize], s.tiles.get(t as usize + 1));
+                    let paired = up.is_some_and(|u| u[0] == lo[0] && u[3] == lo[3] + 128);
+                    std::iter::once(it).chain(paired.then_some((t + 1) * 4 + h))
+                })
+                .collect();
+            own.sort();
+            assert_eq!(own, (0..34 * 4).collect::<Vec<i32>>(), "every (tile, head) once");
+            assert_eq!(s.pairs.len(), (1 + 5 + 1 + 3 + 9) * 4);
+            for c in 0..s.chunks {
+                let hc = 4 / s.chunks;
+                assert!(s.pairs[s.pair_range(c)]
+                    .iter()
+                    .all(|&it| it as usize % 4 / hc == c));
+            }
+            for clusters in [1, 3, 66] {
+                for order in simulate_pairs(&s, 4, causal, clusters).values() {
+                    assert!(order.windows(2).all(|w| w[0] + 1 == w[1]), "{order:?}");
+                }
+            }
+        }
+        // no pairs where a tile walks up
+        let shape = VarlenShape::from_lens(&lens, 2, 1, 128).unwrap();
+        assert!(BwdSchedule::new(&shape, &pads(&shape), true, None, 5)
+            .pairs
+            .is_empty());
     }
 
     #[test]
