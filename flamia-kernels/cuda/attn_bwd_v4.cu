@@ -260,11 +260,27 @@
 // unpaired (the same dQ turns): bitwise the unpaired gradients (GPU test
 // cta_pairs_give_bitwise_the_unpaired_backward). What it saves is half of the Q / dO bytes
 // out of L2 (session 35's probe, BWD_L2_PROBE 1: -2.2..-3.3% at 1x65536).
+// BWD_PAIR 2 (FLAMIA_BWD_PAIR=2) also adds the pair's dQ partials up before one reduce-add per
+// query tile that both tiles see (a "paired" step): the CTA of rank (walk step & 1) sums
+// ("summer"), so both CTAs' reducers share the work. Per consumer warp w: the partner's warp w
+// stores its partial as always, then arrives on the summer's pdq_full[cw][w] (remote, each
+// lane); the summer's warp w, its own partial stored, reads the partner's rows 16w.. (its own
+// warp's rows: 8 x 16 bytes per lane, ld.shared::cluster), adds them into its buffer, releases
+// the partner's buffer (a remote arrival of each lane on the partner's dq_empty, which counts
+// 128: the reducer arrives with 128 at once) and hands the sum to its reducer, whose turn is the
+// lower tile's and which bumps the semaphore by 2 (two key tiles). The partner hands nothing to
+// its reducer for that step. The two partials' sum is one FP32 addition (commutative): the same
+// bits whichever CTA sums, fixed run to run, but not the unpaired backward's (whose dq_acc takes
+// the two partials one after the other). Session 35's probe (BWD_L2_PROBE 3: half the Q / dO
+// loads and half the reduces) put the traffic left at -7.7% of the backward at 1x65536.
 #ifndef BWD_PAIR
 #define BWD_PAIR 0
 #endif
 #if BWD_PAIR && (BWD_WALK_UP || !BWD_LATE_CLAIM || BWD_L2_PROBE)
 #error "BWD_PAIR: downward walks only, with the late claim, without the L2 probe"
+#endif
+#if BWD_PAIR == 2 && BWD_DQ_BUFS != 1
+#error "BWD_PAIR 2: one dQ buffer per warpgroup (the partner's buffer is the summer's by step)"
 #endif
 
 // A 128-key tile: document start, length, padded start, tile offset in the document, the
@@ -421,7 +437,7 @@ struct BwdCols {
 // One step's dQ partial of a consumer warpgroup, handed to its reducer warp: where it goes, the
 // semaphore that admits it and the count to wait for (end != 0: no more partials).
 struct BwdDqJob {
-  int h, row, sem, target, end, pad_a, pad_b, pad_c;
+  int h, row, sem, target, end, pad_a, pad_b, pad_c;  // (BWD_PAIR 2: pad_a the semaphore's bump)
 };
 
 struct BwdV4Smem {
@@ -461,6 +477,9 @@ struct BwdV4Smem {
 #if BWD_PAIR
   u64 claim_full, claim_empty;         // rank 1's: the next pair's index is in claim; rank 0's: claim read
   int claim;                           // (rank 1's) written by rank 0's producer
+#endif
+#if BWD_PAIR == 2
+  u64 pdq_full[2][4];                  // [warpgroup][warp] the partner's warp has stored its dQ partial (summer's)
 #endif
 };
 #ifdef SMEM_BWD4_BUDGET
@@ -580,10 +599,20 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #if BWD_PAIR
       tw = t;
       own = rank == 0;
+#if BWD_PAIR == 2
+      if (tile + 1 < P.nkt) {  // the upper tile, if the document has it (both ranks: partner)
+#else
       if (rank != 0 && tile + 1 < P.nkt) {  // the upper tile, if the document has it
+#endif
         const BwdTile tu = reinterpret_cast<const BwdTile*>(P.tiles)[tile + 1];
-        own = tu.doc0 == t.doc0 && tu.k0 == t.k0 + BKT;
-        if (own) t = tu;
+        const bool up = tu.doc0 == t.doc0 && tu.k0 == t.k0 + BKT;
+        if (rank != 0) {
+          own = up;
+          if (own) t = tu;
+        }
+#if BWD_PAIR == 2
+        t.up = up;  // (both tiles walk down: the flag's slot carries "the pair has both tiles")
+#endif
       }
 #endif
     }
@@ -856,6 +885,9 @@ struct BwdConsumer {
   int s;        // stage
   u32 ph;       // stage parity
   int nstep;    // steps run so far by this CTA (dS buffer / dQ hand-off parity)
+#if BWD_PAIR == 2
+  int npsum;    // pair sums made so far (pdq_full parity)
+#endif
 #ifdef BWD_PROF_PHASES
   int nitem;  // items finished
 #endif
@@ -1118,7 +1150,7 @@ __device__ __forceinline__ void bwd_release_stage(BwdV4Smem& sm, int s, int lane
   if (lane == 0) {
     mbar_arrive(smem_u32(&sm.s_empty[s]));
 #if BWD_PAIR
-    mbar_arrive_cluster(mapa_shared(smem_u32(&sm.s_empty[s]), cluster_ctarank() ^ 1));
+    mbar_arrive_remote(mapa_shared(smem_u32(&sm.s_empty[s]), cluster_ctarank() ^ 1));
 #endif
   }
 }
@@ -1516,6 +1548,33 @@ __device__ __forceinline__ void bwd_dq_store(const BwdV4Params& P, BwdV4Smem& sm
 #endif
 }
 
+#if BWD_PAIR == 2
+// The summer's warp w: its own dQ partial is in buffer db (rows 16w.., both 32-dim halves at
+// d = 128); once the partner's warp w has stored its own, add the partner's rows in (8 or 4
+// 16-byte chunks per lane, all loads in flight first) and release the partner's buffer.
+__device__ __forceinline__ void bwd_dq_pair_sum(BwdV4Smem& sm, BwdConsumer& C, int db, u32 rank) {
+  const int cw = C.cw, w = C.w();
+  mbar_wait(smem_u32(&sm.pdq_full[cw][w]), C.npsum & 1);
+  ++C.npsum;
+  constexpr int NC = HEAD_DIM / 64 * 4;  // chunk c: half c / 4, rows 16w + 4 (c % 4) + lane / 8
+  u8* mine = sm.dqs[db][cw][0] + 16 * w * 128 + 16 * C.lane();
+  const u32 theirs = mapa_shared(smem_u32(mine), rank ^ 1);
+#pragma unroll
+  for (int h = 0; h < NC / 4; ++h) {  // (four loads in flight at a time: 16 registers)
+    float4 o[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) o[c] = ld_shared_cluster_v4(theirs + h * (BQT * 128) + c * 512);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float4* p = reinterpret_cast<float4*>(mine + h * (BQT * 128) + c * 512);
+      const float4 a = *p;
+      *p = make_float4(a.x + o[c].x, a.y + o[c].y, a.z + o[c].z, a.w + o[c].w);
+    }
+  }
+  mbar_arrive_remote(mapa_shared(smem_u32(&sm.dq_empty[db][cw]), rank ^ 1));  // (the loads' values are used above)
+}
+#endif
+
 // dQ of step n (query tile q0) of a consumer warpgroup: both warpgroups' dS codes of that step
 // times this warpgroup's HEAD_DIM / 2 dims of K, handed to the reducer warp. Runs right after the step
 // (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
@@ -1589,6 +1648,24 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
 #endif
   bwd_dq_store(P, sm, C, db, n, dq);  // (one line: bench/gpu_mutations.sh moves it past the release)
   BWD_PHASE(10);
+#if BWD_PAIR == 2
+  // paired: the partner's tile sees q0 too (the pair has both tiles; the lower one's steps below
+  // the upper tile, causal, are its own); the summer: the CTA of rank (walk step & 1)
+  const BwdTile& pt = sm.cur[cw];
+  const u32 rank = cluster_ctarank();
+  const bool paired = pt.up && (rank != 0 || !P.a.causal || q0 >= pt.k0 + BKT);
+  const bool summer = paired && (u32)(((pt.len - 1) / BQT - q0 / BQT) & 1) == rank;
+  if (paired) {
+    __syncwarp();  // (the warp's stmatrix stores, before the lanes' releases and reads)
+    if (!summer) {  // the summer takes this partial; the buffer comes back by its release
+      fence_cta();  // (the warp's stores done in this CTA's shared memory before the summer reads them)
+      mbar_arrive_remote(mapa_shared(smem_u32(&sm.pdq_full[cw][C.w()]), rank ^ 1));
+      BWD_PHASE(11);
+      return;
+    }
+    bwd_dq_pair_sum(sm, C, db, rank);
+  }
+#endif
   if (C.t() == 0) {  // the job, before this thread's arrival releases it
     const BwdTile& tl = sm.cur[cw];  // written by this thread at the item's start
     const int h = tl.pad_a;
@@ -1600,6 +1677,9 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
     // (walking down), or above it up to the last that sees the query tile (walking up)
 #if BWD_WALK_UP
     j.target = 2 * (tl.up ? q0 / BKT - tl.k0 / BKT : tl.k0 / BKT);
+#elif BWD_PAIR == 2
+    j.target = 2 * (tl.k0 / BKT) - (summer ? 2 * (int)rank : 0);  // (a pair's sum: the lower tile's turn)
+    j.pad_a = summer ? 2 : 1;                                      // (and it counts two key tiles)
 #else
     j.target = 2 * (tl.k0 / BKT);
 #endif
@@ -1747,6 +1827,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
   C.s = 0;
   C.ph = 0;
   C.nstep = 0;
+#if BWD_PAIR == 2
+  C.npsum = 0;
+#endif
 #ifdef BWD_PROF_PHASES
   C.nitem = 0;
 #endif
@@ -2013,12 +2096,20 @@ __device__ __forceinline__ void bwd_reducer(const BwdV4Params& P, BwdV4Smem& sm,
     RED_T(t2);
     bulk_wait_read_all();
     RED_ACC(w_read, t2);
+#if BWD_PAIR == 2
+    mbar_arrive_n(smem_u32(&sm.dq_empty[db][cw]), 128);  // (dq_empty counts the remote summer's 128 lanes)
+#else
     mbar_arrive(smem_u32(&sm.dq_empty[db][cw]));
+#endif
     RED_T(t3);
     bulk_wait_all();
     RED_ACC(w_land, t3);
     fence_async_global();
+#if BWD_PAIR == 2
+    red_release_add(sem, j.pad_a);
+#else
     red_release_add(sem, 1);
+#endif
   }
 #ifdef BWD_PROF_REDUCER
   // (printed by a consumer thread at the kernel's end: the build with a printf here, in the
@@ -2056,11 +2147,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     mbar_init(smem_u32(&sm.claim_full), 1);
     mbar_init(smem_u32(&sm.claim_empty), 1);
 #endif
+#if BWD_PAIR == 2
+    for (int c = 0; c < 2; ++c)
+      for (int w = 0; w < 4; ++w) mbar_init(smem_u32(&sm.pdq_full[c][w]), 32);  // the partner warp's lanes
+#endif
     for (int b = 0; b < BWD_DS_BUFS; ++b) mbar_init(smem_u32(&sm.ds_ready[b]), 256);
     for (int b = 0; b < BWD_DQ_BUFS; ++b)
       for (int c = 0; c < 2; ++c) {
         mbar_init(smem_u32(&sm.dq_full[b][c]), 128);  // every thread of consumer warpgroup c
-        mbar_init(smem_u32(&sm.dq_empty[b][c]), 1);
+        mbar_init(smem_u32(&sm.dq_empty[b][c]), BWD_PAIR == 2 ? 128 : 1);
       }
     mbar_init_fence();
   }

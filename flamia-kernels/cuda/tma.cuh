@@ -88,6 +88,16 @@ __device__ __forceinline__ u32 mapa_shared(u32 addr, u32 rank) {
 __device__ __forceinline__ void mbar_arrive_cluster(u32 remote) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
+// Arrives (count 1) on a barrier of a cluster CTA with the default semantics (release at CTA
+// scope: no fence; in SASS one SYNCS.ARRIVE, where .release.cluster adds MEMBAR.ALL.CTA,
+// MEMBAR.ALL.GPU, ERRBAR and CGAERRBAR): for releases whose reads are complete (a stage's
+// wgmma waited for, loads whose values were used), as CUTLASS's cluster barriers arrive.
+__device__ __forceinline__ void mbar_arrive_remote(u32 remote) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// This thread's earlier shared-memory stores performed for the CTA (MEMBAR.ALL.CTA) before what
+// follows, e.g. an mbar_arrive_remote after which another CTA reads them through DSMEM.
+__device__ __forceinline__ void fence_cta() { asm volatile("fence.acq_rel.cta;\n" ::: "memory"); }
 // mbar_wait with acquire at cluster scope (the phase was completed by another CTA's arrivals).
 __device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {
   asm volatile(
@@ -96,6 +106,18 @@ __device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {
       "@!p bra MBAR_WAIT_CL;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
+}
+__device__ __forceinline__ float4 ld_shared_cluster_v4(u32 remote) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+// Arrives with count n on a barrier of this CTA.
+__device__ __forceinline__ void mbar_arrive_n(u32 bar, u32 n) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(n) : "memory");
 }
 __device__ __forceinline__ void st_shared_cluster(u32 remote, int v) {
   asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(remote), "r"(v) : "memory");

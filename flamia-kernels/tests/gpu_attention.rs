@@ -756,6 +756,108 @@ fn cta_pairs_give_bitwise_the_unpaired_backward() {
     }
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn cta_pair_sums_are_accurate_repeatable_isolated_and_ordered() {
+    // FLAMIA_BWD_PAIR=2 (every document walking down): the pair's dQ partials added up before
+    // one reduce-add per query tile both tiles see. dQ's bits differ from the unpaired
+    // backward's (two partials enter the FP32 accumulator as one sum), so it is held to the
+    // reference's bounds (causal GQA, not causal, row dS exponents, both head dims), to bitwise
+    // repeatability whatever the reduces' arrival order, the cluster count (one cluster: the
+    // pairs strictly in list order) and the head chunks, to documents isolated bitwise and
+    // default MXFP8's bitwise zero leakage before the perturbed block; O, LSE, dK and dV must
+    // stay bitwise the unpaired backward's (only dQ's sums change).
+    let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", "0");
+    let gpu = gpu();
+    for hd in [128, 64] {
+        let shape = VarlenShape::from_lens(&[1100, 517, 64, 2048], 4, 2, hd).unwrap();
+        let unpaired = with_seeds_collect(&shape, |call| gpu_attn(&gpu, call));
+        let _pair = EnvGuard::set("FLAMIA_BWD_PAIR", "2");
+        let paired = with_seeds_collect(&shape, |call| gpu_attn(&gpu, call));
+        for (a, b) in unpaired.iter().zip(&paired) {
+            for (i, name) in NAMES.iter().enumerate() {
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+                let same = bits(outputs(a)[i]) == bits(outputs(b)[i]);
+                if *name == "dQ" {
+                    eprintln!("pair sums, d = {hd}: dQ bitwise the unpaired one's: {same}");
+                } else {
+                    assert!(
+                        same,
+                        "pair sums, d = {hd}: {name} differs from the unpaired backward's"
+                    );
+                }
+            }
+        }
+        check_accuracy(
+            &format!("pair sums, d = {hd}"),
+            &shape,
+            AttnOptions::new(AttnPath::Mxfp8),
+        );
+        let mut rows = AttnOptions::new(AttnPath::Mxfp8);
+        rows.precision.row_ds_exponents = true;
+        check_accuracy(&format!("pair sums, row dS, d = {hd}"), &shape, rows);
+        let shape = VarlenShape::from_lens(&[700, 300], 4, 1, hd).unwrap();
+        let opts = AttnOptions {
+            causal: false,
+            ..AttnOptions::new(AttnPath::Mxfp8)
+        };
+        check_accuracy(&format!("pair sums, not causal, d = {hd}"), &shape, opts);
+        let shape = VarlenShape::from_lens(&[1100, 2048, 517, 64], 4, 2, hd).unwrap();
+        with_seeds(&format!("pair sums, repeat and order, d = {hd}"), |mut rng| {
+            let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+            let (a, b) = (gpu_attn(&gpu, &call), gpu_attn(&gpu, &call));
+            assert_same_bits(&a, &b, "pair sums, between runs");
+            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_CTAS", &["2", "6"]);
+            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1", "2"]);
+            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SCRATCH_MIB", &["0"]);
+        });
+    }
+    let _pair = EnvGuard::set("FLAMIA_BWD_PAIR", "2");
+    let attn = attn_fn(&gpu);
+    let shape = VarlenShape::from_lens(&[300, 129, 600], 2, 2, 128).unwrap();
+    with_seeds("pair sums, isolation", |mut rng| {
+        let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+        for doc in 0..3 {
+            let c = doc_isolation(&attn, &call, doc, 1e4).unwrap();
+            assert!(
+                c.bitwise_zero(),
+                "pair sums: scaling document {doc} changed {} elements of the others: {c:?}",
+                c.changed
+            );
+        }
+    });
+    let shape = VarlenShape::from_lens(&[300, 90], 4, 2, 128).unwrap();
+    with_seeds("pair sums, leakage", |mut rng| {
+        let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+        for t in [default_probe(&shape), 190, 330] {
+            let d = causal_leakage(&attn, &call, t, 1e3).unwrap();
+            assert!(
+                d.before_own_block.bitwise_zero(),
+                "pair sums, t {t}: leaked before the perturbed block: {d:?}"
+            );
+            let safe = call.with_opts(safe_with(AttnPath::Mxfp8, |_| {}));
+            let l = causal_leakage(&attn, &safe, t, 1e3).unwrap();
+            assert!(
+                l.bitwise_causal(),
+                "pair sums, t {t}: the precision options must give bitwise zero leakage: {l:?}"
+            );
+        }
+    });
+}
+
+/// The GPU's outputs of a Gaussian mxfp8 call of `shape` for every seed ([`with_seeds`]), by `run`.
+fn with_seeds_collect(
+    shape: &VarlenShape,
+    run: impl Fn(&AttnCall) -> (Forward, Grads),
+) -> Vec<(Forward, Grads)> {
+    let mut out = Vec::new();
+    with_seeds("collect", |mut rng| {
+        let call = gauss_call(&mut rng, shape, AttnOptions::new(AttnPath::Mxfp8));
+        out.push(run(&call));
+    });
+    out
+}
+
 /// [`same_bits_whatever`] for a backward knob `var` (0 / 1) on Gaussian mxfp8 calls of each case
 /// (head dim, document lengths, causal, row dS exponents; 4 query heads over 2 KV heads), every seed.
 fn backward_knob_keeps_every_bit(var: &str, cases: &[(usize, &[usize], bool, bool)]) {

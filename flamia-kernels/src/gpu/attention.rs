@@ -253,15 +253,27 @@ fn bwd_ctas() -> Option<usize> {
     super::env_number::<usize>("FLAMIA_BWD_CTAS").map(|n| n.max(1))
 }
 
-/// Whether the v4 backward runs in CTA pairs by default where the plan allows them (every tile
-/// walks down: [`super::sched::BwdSchedule::pairs`]): `BWD_PAIR`, adjacent key tiles of one
-/// (document, head) in a cluster of two whose producers multicast the Q / dO tiles both walk.
-const BWD_PAIR_DEFAULT: bool = false;
+/// The v4 backward's CTA pairs where the plan allows them (every tile walks down:
+/// [`super::sched::BwdSchedule::pairs`]), the kernel's `BWD_PAIR`: 0 one CTA per key tile; 1
+/// adjacent key tiles of one (document, head) in a cluster of two whose producers multicast the
+/// Q / dO tiles both walk (bitwise the unpaired gradients); 2 also the pair's dQ partials added
+/// up before one reduce-add (dQ's bits then differ from the unpaired backward's, fixed run to
+/// run). Not yet measured on a GPU (session 36 had none): 0 by default.
+const BWD_PAIR_DEFAULT: u32 = 0;
 
-/// `FLAMIA_BWD_PAIR`: `0` one CTA per key tile, `1` CTA pairs where the plan allows them;
-/// otherwise [`BWD_PAIR_DEFAULT`].
-fn bwd_pair_env() -> bool {
-    env_choice("FLAMIA_BWD_PAIR", &["1"]).unwrap_or(BWD_PAIR_DEFAULT)
+/// `FLAMIA_BWD_PAIR=0|1|2`: the pair mode ([`BWD_PAIR_DEFAULT`] when unset or anything else).
+fn bwd_pair_env() -> u32 {
+    parse_pair_mode(std::env::var("FLAMIA_BWD_PAIR").ok().as_deref())
+}
+
+/// [`bwd_pair_env`] of the variable's value `v` (`None`: unset).
+fn parse_pair_mode(v: Option<&str>) -> u32 {
+    match v.map(str::trim) {
+        Some("0") => 0,
+        Some("1") => 1,
+        Some("2") => 2,
+        _ => BWD_PAIR_DEFAULT,
+    }
 }
 
 /// `FLAMIA_BWD_JITTER` (a test knob, default 0): a nonzero seed makes every dQ reduce of the v4
@@ -1473,9 +1485,10 @@ impl Attention {
         let kd = self.bwd_kd_xpose(plan);
         let vt = self.bwd_vt_xpose(plan);
         let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up(), kd, vt)?;
-        // CTA pairs (BWD_PAIR) where every tile walks down, unless FLAMIA_BWD_PAIR=0
-        let pair = !bw.pairs.is_empty() && bwd_pair_env();
-        let v4 = if pair { v4.define("BWD_PAIR", 1) } else { v4 };
+        // CTA pairs (BWD_PAIR) where every tile walks down (FLAMIA_BWD_PAIR)
+        let mode = if bw.pairs.is_empty() { 0 } else { bwd_pair_env() };
+        let pair = mode > 0;
+        let v4 = if pair { v4.define("BWD_PAIR", mode) } else { v4 };
         let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         // the persistent grid: a CTA per SM, or with pairs as many clusters of two as fit at
         // once (FLAMIA_BWD_CTAS caps either)
@@ -1695,8 +1708,9 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, forward_v4_variant,
-        fwd_cw_const, fwd_o_tma, parse_choice, parse_promote, short_items, smem_bwd4, smem_fwd4,
-        with_dq_bufs, with_early_factors, with_xposes, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
+        fwd_cw_const, fwd_o_tma, parse_choice, parse_pair_mode, parse_promote, short_items, smem_bwd4,
+        smem_fwd4, with_dq_bufs, with_early_factors, with_xposes, QdFwd, BWD_PAIR_DEFAULT, FWD_CW_MIN_TILES,
+        KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::tests::nvrtc_or_skip;
     use crate::gpu::runtime::{compile_ptx, Variant};
@@ -1873,14 +1887,15 @@ mod tests {
                 let v = v
                     .define("BWD_QPERM", 1)
                     .define("BWD_DS_STSM", 1)
-                    .define("BWD_DQ_STSM", 1)
-                    .define("BWD_PAIR", 1);
+                    .define("BWD_DQ_STSM", 1);
                 let v = if bwd_cols_tma(hd, !row_ds) {
                     v.define("BWD_COLS_TMA", 1)
                 } else {
                     v
                 };
-                jobs.push(("attn_bwd_v4.cu", v));
+                for mode in [1, 2] {
+                    jobs.push(("attn_bwd_v4.cu", v.clone().define("BWD_PAIR", mode)));
+                }
             }
             // two dQ buffers per warpgroup (FLAMIA_BWD_DQ_BUFS=2): three stages at d = 64, two at 128
             let stages = if hd == 64 { 3 } else { 2 };
@@ -1952,6 +1967,12 @@ mod tests {
         assert_eq!(parse_choice(Some("2"), &["1", "2"]), Some(true));
         assert_eq!(parse_choice(Some("yes"), &["1", "2"]), None);
         assert_eq!(parse_choice(None, &["1"]), None);
+        for (v, mode) in [(Some("0"), 0), (Some(" 1"), 1), (Some("2"), 2)] {
+            assert_eq!(parse_pair_mode(v), mode);
+        }
+        for v in [None, Some("3"), Some("yes")] {
+            assert_eq!(parse_pair_mode(v), BWD_PAIR_DEFAULT);
+        }
     }
 
     #[test]
