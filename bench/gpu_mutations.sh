@@ -214,5 +214,17 @@ mutate quant-dyn-noreset quant.cu 's|  if (tid == 0) sched_done(p.counter);  // 
   gpu_quant:claimed_chunk_items_give_bitwise_the_grid_stride_shares
 mutate quant-dyn-skip quant.cu 's|^        if (tid == 0) claim = (int)gridDim.x + atomicAdd(p.counter, 1);|        if (tid == 0) claim = (int)gridDim.x + atomicAdd(p.counter, 2);|' \
   gpu_quant:claimed_chunk_items_give_bitwise_the_grid_stride_shares
+# 35. The backward's CTA pairs (session 36, BWD_PAIR; the tests set FLAMIA_BWD_PAIR themselves):
+# rank 1 keeps the pair's lower tile instead of taking the upper one (the upper tile's dK / dV
+# never written, the lower one's dQ added twice: no hang, the semaphore counts stay whole).
+mutate bwd4-pair-upper-tile attn_bwd_v4.cu 's/          if (own) t = tu;/          (void)tu;/' \
+  cta_pairs_give_bitwise_the_unpaired_backward
+# 36. Mode 2 (the pair's dQ partials summed through DSMEM): the summer reads its partner's
+# partial without waiting for its store, and (37) reads its own buffer instead of the partner's
+# (its partial counted twice, the partner's never).
+mutate bwd4-pairsum-nowait attn_bwd_v4.cu 's/  mbar_wait(smem_u32(&sm.pdq_full\[cw\]\[w\]), C.npsum & 1);/  (void)0;/' \
+  cta_pair_sums_are_accurate_repeatable_isolated_and_ordered
+mutate bwd4-pairsum-self attn_bwd_v4.cu 's/const u32 theirs = mapa_shared(smem_u32(mine), rank ^ 1);/const u32 theirs = mapa_shared(smem_u32(mine), rank);/' \
+  cta_pair_sums_are_accurate_repeatable_isolated_and_ordered
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))
