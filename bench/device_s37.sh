@@ -12,12 +12,18 @@
 #      4x16384 with FLAMIA_BWD_UP_TILES=0 (walking down, where pairs apply), d = 128, and
 #      1x65536 at d = 64, with the SM clock after each loop.
 #   c: the pairs' three GPU mutations (bench/gpu_mutations.sh 35-37): each must be caught.
+#   d: the forward's tile factors before S's wait (bench/variants/fwd_early_cf.patch, kernel
+#      FWD_EARLY_CF): stage $C/cuda-earlycf (the patch and the define) and $C/cuda-earlycf0 (the
+#      patch alone: its restructured softmax, whose default SASS is not the tree's) with
+#      bench/stage_variant.sh (its header has the command); accuracy and leakage tests on the
+#      variant, then the default, earlycf0 and earlycf, two rounds, five workloads at d = 128
+#      and two at d = 64 (forward ms and MHz).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s37.sh a|b|c}
+mode=${1:?usage: device_s37.sh a|b|c|d}
 PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)
 # bench_mhz LABEL ENV ARGS...: the bench rows plus each workload's fwd / bwd / train ms and MHz
 bench_mhz() {
@@ -65,7 +71,20 @@ c)
     T=$C/gpu_attention ONLY=$m bash bench/gpu_mutations.sh
   done
   ;;
-*) echo "device_s37.sh: unknown mode '$mode' (a, b, c)"; exit 2 ;;
+d)
+  FLAMIA_CUDA_DIR=$C/cuda-earlycf timeout 300 $C/gpu_attention --ignored --test-threads=1 \
+    mxfp8_causal_gqa_is_as_accurate_as_the_reference long_documents_gqa_are_as_accurate_as_the_reference \
+    causal_leakage_has_the_reference_properties head_dim_64_is_as_accurate_as_the_reference 2>&1 \
+    | grep -E "^test |test result|panicked" | head
+  for r in 1 2; do
+    for v in - cuda-earlycf0 cuda-earlycf; do
+      e=-; [ "$v" != - ] && e=FLAMIA_CUDA_DIR=$C/$v
+      bench_mhz "$v round $r" "$e" --workload 1x65536 --workload 4x16384 --workload 16x4096 --workload 64x1024 --workload 256x256
+      bench_mhz "$v round $r, d = 64" "$e" --head-dim 64 --workload 1x65536 --workload 64x1024
+    done
+  done
+  ;;
+*) echo "device_s37.sh: unknown mode '$mode' (a, b, c, d)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s37-$mode.log"
