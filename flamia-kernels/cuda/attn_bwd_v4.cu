@@ -1579,7 +1579,11 @@ __device__ __forceinline__ void bwd_dq_pair_sum(BwdV4Smem& sm, BwdConsumer& C, i
 // times this warpgroup's HEAD_DIM / 2 dims of K, handed to the reducer warp. Runs right after the step
 // (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
 // dS only when one is a whole step behind, instead of meeting at a barrier every step.
-__device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int n, int q0) {
+// pt: the item's tile in its tail (BWD_PAIR 2: up = the pair has both tiles; each thread reads
+// it there, since sm.cur is thread 0's and may already hold the next item's while another warp
+// does this item's last dQ).
+__device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int n, int q0,
+                                       const BwdTile& pt) {
   const int cw = C.cw, w = C.w(), qd = C.qd(), buf = n % BWD_DS_BUFS;
 #ifdef BWD_PROF_TIMERS
   const long long _t2 = clock64();
@@ -1651,7 +1655,6 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
 #if BWD_PAIR == 2
   // paired: the partner's tile sees q0 too (the pair has both tiles; the lower one's steps below
   // the upper tile, causal, are its own); the summer: the CTA of rank (walk step & 1)
-  const BwdTile& pt = sm.cur[cw];
   const u32 rank = cluster_ctarank();
   const bool paired = pt.up && (rank != 0 || !P.a.causal || q0 >= pt.k0 + BKT);
   const bool summer = paired && (u32)(((pt.len - 1) / BQT - q0 / BQT) & 1) == rank;
@@ -1919,7 +1922,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
       sm.cur[cw] = tl;
       sm.cur[cw].pad_a = tail.h;
     }
-    const auto dq = [&](int step, int q0) { bwd_dq(P, sm, C, step, q0); };
+    const auto dq = [&](int step, int q0) { bwd_dq(P, sm, C, step, q0, tail.tile); };
     const auto dq_after_step = [&](int q0) {
       if (!BWD_DEFER_DQ) {
         dq(C.nstep - 1, q0);
@@ -2141,7 +2144,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
     mbar_init(smem_u32(&sm.kd_empty), 8);
     for (int s = 0; s < BWD_STAGES; ++s) {
       mbar_init(smem_u32(&sm.s_full[s]), 32);
-      mbar_init(smem_u32(&sm.s_empty[s]), 8 * (1 + BWD_PAIR));  // (BWD_PAIR: both CTAs' consumer warps)
+      mbar_init(smem_u32(&sm.s_empty[s]), BWD_PAIR ? 16 : 8);  // (BWD_PAIR: both CTAs' consumer warps)
     }
 #if BWD_PAIR
     mbar_init(smem_u32(&sm.claim_full), 1);
