@@ -31,6 +31,36 @@ ab_rounds() {
     done
   done
 }
+# bench_mhz LABEL ENV ARGS...: run_bench's rows (and any error line) plus each workload's fwd /
+# bwd / train ms and the SM clock after each loop (MHz), from the bench's JSON.
+bench_mhz() {
+  local label=$1 e=$2 py
+  shift 2
+  [ "$e" = - ] && e=X=1
+  py=$(command -v python3 || echo /opt/torch/.venv/bin/python)
+  echo "=== $label"
+  env $e timeout 150 "$C/flamia" bench attention --json /tmp/b.json "$@" 2>&1 | grep -E "^[0-9]|^lognormal|rror"
+  $py - <<'PY'
+import json
+d = json.load(open("/tmp/b.json"))
+for r in d.get("rows", d.get("results", [])):
+    print("  mhz", r.get("workload"), "fwd", r.get("fwd_ms"), "@", r.get("fwd_mhz"), "bwd", r.get("bwd_ms"), "@", r.get("bwd_mhz"),
+          "train", r.get("train_ms"), "@", r.get("train_mhz"))
+PY
+}
+# ab_dirs DIR... -- ARGS...: two rounds, each the embedded sources then every kernel-source
+# variant $C/DIR (FLAMIA_CUDA_DIR), bench_mhz with ARGS
+ab_dirs() {
+  local dirs=() r v e
+  while [ "$1" != -- ]; do dirs+=("$1"); shift; done
+  shift
+  for r in 1 2; do
+    for v in - "${dirs[@]}"; do
+      e=-; [ "$v" != - ] && e=FLAMIA_CUDA_DIR=$C/$v
+      bench_mhz "$v round $r" "$e" "$@"
+    done
+  done
+}
 # start_power_log FILE: nvidia-smi samples the SM clock, memory clock, power, temperature and the
 # clock-event reasons every 20 ms into FILE (CSV without header, UTC timestamps: bench/energy.py
 # reads it) in the background; its pid in POWER_LOG_PID (kill it when done).

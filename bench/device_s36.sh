@@ -28,34 +28,6 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:?usage: device_s36.sh a|b|c|d}
-PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)
-# bench_mhz LABEL ENV ARGS...: run_bench's rows plus each workload's fwd / bwd ms and MHz (JSON)
-bench_mhz() {
-  local label=$1 e=$2; shift 2
-  [ "$e" = - ] && e=X=1
-  echo "=== $label"
-  env $e timeout 120 "$C/flamia" bench attention --json /tmp/b.json "$@" 2>&1 | grep -E "^[0-9]|^lognormal"
-  $PY - <<'PY'
-import json
-d = json.load(open("/tmp/b.json"))
-for r in d.get("rows", d.get("results", [])):
-    print("  mhz", r.get("workload"), "fwd", r.get("fwd_ms"), "@", r.get("fwd_mhz"), "bwd", r.get("bwd_ms"), "@", r.get("bwd_mhz"),
-          "train", r.get("train_ms"), "@", r.get("train_mhz"))
-PY
-}
-# ab_dirs DIR... -- ARGS...: two rounds, each the embedded sources then every kernel-source
-# variant $C/DIR (FLAMIA_CUDA_DIR), bench_mhz with ARGS
-ab_dirs() {
-  local dirs=() r v e
-  while [ "$1" != -- ]; do dirs+=("$1"); shift; done
-  shift
-  for r in 1 2; do
-    for v in - "${dirs[@]}"; do
-      e=-; [ "$v" != - ] && e=FLAMIA_CUDA_DIR=$C/$v
-      bench_mhz "$v round $r" "$e" "$@"
-    done
-  done
-}
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date

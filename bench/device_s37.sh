@@ -24,21 +24,6 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:?usage: device_s37.sh a|b|c|d}
-PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)
-# bench_mhz LABEL ENV ARGS...: the bench rows plus each workload's fwd / bwd / train ms and MHz
-bench_mhz() {
-  local label=$1 e=$2; shift 2
-  [ "$e" = - ] && e=X=1
-  echo "=== $label"
-  env $e timeout 150 "$C/flamia" bench attention --json /tmp/b.json "$@" 2>&1 | grep -E "^[0-9]|^lognormal|rror"
-  $PY - <<'PY'
-import json
-d = json.load(open("/tmp/b.json"))
-for r in d.get("rows", d.get("results", [])):
-    print("  mhz", r.get("workload"), "fwd", r.get("fwd_ms"), "@", r.get("fwd_mhz"), "bwd", r.get("bwd_ms"), "@", r.get("bwd_mhz"),
-          "train", r.get("train_ms"), "@", r.get("train_mhz"))
-PY
-}
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
@@ -76,13 +61,8 @@ d)
     mxfp8_causal_gqa_is_as_accurate_as_the_reference long_documents_gqa_are_as_accurate_as_the_reference \
     causal_leakage_has_the_reference_properties head_dim_64_is_as_accurate_as_the_reference 2>&1 \
     | grep -E "^test |test result|panicked" | head
-  for r in 1 2; do
-    for v in - cuda-earlycf0 cuda-earlycf; do
-      e=-; [ "$v" != - ] && e=FLAMIA_CUDA_DIR=$C/$v
-      bench_mhz "$v round $r" "$e" --workload 1x65536 --workload 4x16384 --workload 16x4096 --workload 64x1024 --workload 256x256
-      bench_mhz "$v round $r, d = 64" "$e" --head-dim 64 --workload 1x65536 --workload 64x1024
-    done
-  done
+  ab_dirs cuda-earlycf0 cuda-earlycf -- --workload 1x65536 --workload 4x16384 --workload 16x4096 --workload 64x1024 --workload 256x256
+  ab_dirs cuda-earlycf0 cuda-earlycf -- --head-dim 64 --workload 1x65536 --workload 64x1024
   ;;
 *) echo "device_s37.sh: unknown mode '$mode' (a, b, c, d)"; exit 2 ;;
 esac

@@ -729,53 +729,84 @@ mod tests {
         assert_eq!(s.tiles[1], [100, 1000, 128, 0, 2, 1, 0, 0]);
     }
 
-    /// Runs `s` on `ctas` persistent CTAs that take the items in list order as they
-    /// free up, each step of an item waiting until its query tile's semaphore holds the item's
-    /// turn (`bwd_dq_turn`) and then adding 2, as the kernel's reducers do (the whole step at
-    /// once: a CTA holds one item). Returns, per (head, global query tile), the key tiles in the
-    /// order their partials went in; panics on a deadlock (no CTA can move).
-    fn simulate(
-        s: &BwdSchedule,
-        heads_q: usize,
-        causal: bool,
-        ctas: usize,
-    ) -> std::collections::HashMap<(usize, usize), Vec<usize>> {
-        let mut sem: std::collections::HashMap<(usize, usize), usize> = Default::default();
-        let mut order: std::collections::HashMap<(usize, usize), Vec<usize>> = Default::default();
+    /// Per (head, global query tile): the key tiles in the order their partials went in
+    /// ([`simulate`], [`simulate_pairs`]), and the semaphore.
+    type Turns = std::collections::HashMap<(usize, usize), Vec<usize>>;
+    type Sems = std::collections::HashMap<(usize, usize), usize>;
+
+    /// `workers` persistent workers take `items` work items in list order as they free up, each
+    /// item's steps `0..steps(i)` in turn; `step(i, st, sem, order)` moves step `st` of item `i`
+    /// when its partials' turns have come (returns whether it moved). Returns the order; panics
+    /// on a deadlock (no worker can move).
+    fn run_workers(
+        items: usize,
+        workers: usize,
+        steps: impl Fn(usize) -> usize,
+        mut step: impl FnMut(usize, usize, &mut Sems, &mut Turns) -> bool,
+    ) -> Turns {
+        let (mut sem, mut order) = (Sems::default(), Turns::default());
         let mut next = 0usize;
-        let mut run: Vec<Option<(usize, usize)>> = vec![None; ctas]; // (item, step)
+        let mut run: Vec<Option<(usize, usize)>> = vec![None; workers]; // (item, step)
         loop {
             let mut moved = false;
             for slot in run.iter_mut() {
-                if slot.is_none() && next < s.items.len() {
+                if slot.is_none() && next < items {
                     *slot = Some((next, 0));
                     next += 1;
                     moved = true;
                 }
                 let Some((i, st)) = *slot else { continue };
-                let (t, h) = (s.items[i] as usize / heads_q, s.items[i] as usize % heads_q);
-                let tile = &s.tiles[t];
-                let q0 = bwd_step_query(tile, causal, st);
-                let key = (h, tile[4] as usize + q0 / BWD_QT);
-                let have = sem.entry(key).or_default();
-                if *have < bwd_dq_turn(tile, q0) {
+                if !step(i, st, &mut sem, &mut order) {
                     continue;
                 }
-                assert_eq!(*have, bwd_dq_turn(tile, q0), "a partial went in out of turn");
-                *have += 2;
-                order.entry(key).or_default().push(tile[3] as usize / BWD_KT);
                 moved = true;
-                let n = query_steps(tile[1] as usize, tile[3] as usize, causal);
-                *slot = (st + 1 < n).then_some((i, st + 1));
+                *slot = (st + 1 < steps(i)).then_some((i, st + 1));
             }
-            if run.iter().all(Option::is_none) && next == s.items.len() {
+            if run.iter().all(Option::is_none) && next == items {
                 return order;
             }
             assert!(
                 moved,
-                "deadlock with {ctas} CTAs: items {run:?} wait, {next} taken"
+                "deadlock with {workers} workers: items {run:?} wait, {next} taken"
             );
         }
+    }
+
+    /// The partial of `tile` (head `h`) for its step's query tile `q0`, if its turn has come
+    /// (its semaphore holds [`bwd_dq_turn`]; it then adds 2, as the kernel's two reducers do).
+    fn take_turn(tile: &[i32; 8], h: usize, q0: usize, sem: &mut Sems, order: &mut Turns) -> bool {
+        let key = (h, tile[4] as usize + q0 / BWD_QT);
+        let have = sem.entry(key).or_default();
+        if *have < bwd_dq_turn(tile, q0) {
+            return false;
+        }
+        assert_eq!(*have, bwd_dq_turn(tile, q0), "a partial went in out of turn");
+        *have += 2;
+        order.entry(key).or_default().push(tile[3] as usize / BWD_KT);
+        true
+    }
+
+    /// Runs `s` on `ctas` persistent CTAs that take the items in list order as they free up,
+    /// each step of an item waiting until its query tile's semaphore holds the item's turn
+    /// (`bwd_dq_turn`) and then adding 2, as the kernel's reducers do (the whole step at once: a
+    /// CTA holds one item). Returns, per (head, global query tile), the key tiles in the order
+    /// their partials went in; panics on a deadlock (no CTA can move).
+    fn simulate(s: &BwdSchedule, heads_q: usize, causal: bool, ctas: usize) -> Turns {
+        let item = |i: usize| {
+            (
+                &s.tiles[s.items[i] as usize / heads_q],
+                s.items[i] as usize % heads_q,
+            )
+        };
+        run_workers(
+            s.items.len(),
+            ctas,
+            |i| query_steps(item(i).0[1] as usize, item(i).0[3] as usize, causal),
+            |i, st, sem, order| {
+                let (tile, h) = item(i);
+                take_turn(tile, h, bwd_step_query(tile, causal, st), sem, order)
+            },
+        )
     }
 
     /// [`simulate`] for the kernel's CTA pairs (`BWD_PAIR`): `clusters` clusters take the pairs
@@ -783,66 +814,41 @@ mod tests {
     /// are one), each step's lower partial waiting for its turn and the upper's (when the upper
     /// tile sees that query tile) going in right after it. Returns the order as [`simulate`];
     /// panics on a deadlock or a partial out of turn.
-    fn simulate_pairs(
-        s: &BwdSchedule,
-        heads_q: usize,
-        causal: bool,
-        clusters: usize,
-    ) -> std::collections::HashMap<(usize, usize), Vec<usize>> {
-        let mut sem: std::collections::HashMap<(usize, usize), usize> = Default::default();
-        let mut order: std::collections::HashMap<(usize, usize), Vec<usize>> = Default::default();
-        let mut next = 0usize;
-        let mut run: Vec<Option<(usize, usize)>> = vec![None; clusters]; // (pair, step)
+    fn simulate_pairs(s: &BwdSchedule, heads_q: usize, causal: bool, clusters: usize) -> Turns {
+        let pair = |i: usize| (s.pairs[i] as usize / heads_q, s.pairs[i] as usize % heads_q);
         let upper = |t: usize| {
             let (lo, up) = (&s.tiles[t], s.tiles.get(t + 1)?);
-            (up[0] == lo[0] && up[3] == lo[3] + BWD_KT as i32).then_some(t + 1)
+            (up[0] == lo[0] && up[3] == lo[3] + BWD_KT as i32).then_some(up)
         };
-        loop {
-            let mut moved = false;
-            for slot in run.iter_mut() {
-                if slot.is_none() && next < s.pairs.len() {
-                    *slot = Some((next, 0));
-                    next += 1;
-                    moved = true;
-                }
-                let Some((i, st)) = *slot else { continue };
-                let (t, h) = (s.pairs[i] as usize / heads_q, s.pairs[i] as usize % heads_q);
+        run_workers(
+            s.pairs.len(),
+            clusters,
+            |i| {
+                query_steps(
+                    s.tiles[pair(i).0][1] as usize,
+                    s.tiles[pair(i).0][3] as usize,
+                    causal,
+                )
+            },
+            |i, st, sem, order| {
+                let (t, h) = pair(i);
                 let lo = &s.tiles[t];
                 let q0 = bwd_step_query(lo, causal, st);
-                let key = (h, lo[4] as usize + q0 / BWD_QT);
-                let have = sem.entry(key).or_default();
-                if *have < bwd_dq_turn(lo, q0) {
-                    continue;
+                if !take_turn(lo, h, q0, sem, order) {
+                    return false;
                 }
-                assert_eq!(
-                    *have,
-                    bwd_dq_turn(lo, q0),
-                    "a lower tile's partial went in out of turn"
-                );
-                *have += 2;
-                order.entry(key).or_default().push(lo[3] as usize / BWD_KT);
-                if let Some(u) = upper(t) {
-                    let up = &s.tiles[u];
-                    let n_up = query_steps(up[1] as usize, up[3] as usize, causal);
-                    if st < n_up {
+                if let Some(up) = upper(t) {
+                    if st < query_steps(up[1] as usize, up[3] as usize, causal) {
                         assert_eq!(bwd_step_query(up, causal, st), q0, "the pair's walks differ");
-                        assert_eq!(*have, bwd_dq_turn(up, q0), "an upper tile's partial out of turn");
-                        *have += 2;
-                        order.entry(key).or_default().push(up[3] as usize / BWD_KT);
+                        assert!(
+                            take_turn(up, h, q0, sem, order),
+                            "an upper tile's partial out of turn"
+                        );
                     }
                 }
-                moved = true;
-                let n = query_steps(lo[1] as usize, lo[3] as usize, causal);
-                *slot = (st + 1 < n).then_some((i, st + 1));
-            }
-            if run.iter().all(Option::is_none) && next == s.pairs.len() {
-                return order;
-            }
-            assert!(
-                moved,
-                "deadlock with {clusters} clusters: pairs {run:?} wait, {next} taken"
-            );
-        }
+                true
+            },
+        )
     }
 
     #[test]
