@@ -13,11 +13,14 @@
 #      1x65536 at d = 64, with the SM clock after each loop.
 #   c: the pairs' three GPU mutations (bench/gpu_mutations.sh 35-37): each must be caught.
 #   d: the forward's tile factors before S's wait (bench/variants/fwd_early_cf.patch, kernel
-#      FWD_EARLY_CF): stage $C/cuda-earlycf (the patch and the define) and $C/cuda-earlycf0 (the
-#      patch alone: its restructured softmax, whose default SASS is not the tree's) with
-#      bench/stage_variant.sh (its header has the command); accuracy and leakage tests on the
-#      variant, then the default, earlycf0 and earlycf, two rounds, five workloads at d = 128
-#      and two at d = 64 (forward ms and MHz).
+#      FWD_EARLY_CF; fwd_early_cf2.patch also takes 2^-fe and O's change of units there): stage
+#      with bench/stage_variant.sh
+#        earlycf   bench/variants/fwd_early_cf.patch  attn_fwd_v4.cu:FWD_EARLY_CF=1
+#        earlycf0  bench/variants/fwd_early_cf.patch  (the restructured softmax alone: its default
+#                  SASS is not the tree's)
+#        earlycf2  bench/variants/fwd_early_cf2.patch attn_fwd_v4.cu:FWD_EARLY_CF=1
+#      accuracy and leakage tests on earlycf and earlycf2, then the default and the three, two
+#      rounds, five workloads at d = 128 and two at d = 64 (forward ms and MHz).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
@@ -57,12 +60,14 @@ c)
   done
   ;;
 d)
-  FLAMIA_CUDA_DIR=$C/cuda-earlycf timeout 300 $C/gpu_attention --ignored --test-threads=1 \
-    mxfp8_causal_gqa_is_as_accurate_as_the_reference long_documents_gqa_are_as_accurate_as_the_reference \
-    causal_leakage_has_the_reference_properties head_dim_64_is_as_accurate_as_the_reference 2>&1 \
-    | grep -E "^test |test result|panicked" | head
-  ab_dirs cuda-earlycf0 cuda-earlycf -- --workload 1x65536 --workload 4x16384 --workload 16x4096 --workload 64x1024 --workload 256x256
-  ab_dirs cuda-earlycf0 cuda-earlycf -- --head-dim 64 --workload 1x65536 --workload 64x1024
+  for v in cuda-earlycf cuda-earlycf2; do
+    FLAMIA_CUDA_DIR=$C/$v timeout 200 $C/gpu_attention --ignored --test-threads=1 \
+      mxfp8_causal_gqa_is_as_accurate_as_the_reference long_documents_gqa_are_as_accurate_as_the_reference \
+      causal_leakage_has_the_reference_properties head_dim_64_is_as_accurate_as_the_reference 2>&1 \
+      | grep -E "^test |test result|panicked" | sed "s|^|$v: |" | head
+  done
+  ab_dirs cuda-earlycf0 cuda-earlycf cuda-earlycf2 -- --workload 1x65536 --workload 4x16384 --workload 16x4096 --workload 64x1024 --workload 256x256
+  ab_dirs cuda-earlycf0 cuda-earlycf cuda-earlycf2 -- --head-dim 64 --workload 1x65536 --workload 64x1024
   ;;
 *) echo "device_s37.sh: unknown mode '$mode' (a, b, c, d)"; exit 2 ;;
 esac
