@@ -24,6 +24,8 @@ model() {  # script, what a failure means
 model xpose_model.py "a wrong byte or a bank conflict in xpose.cuh's transposes"
 model store_model.py "a wrong or missing column in common.cuh's BF16 row stores"
 model dq_stsm_model.py "a wrong position, a bank conflict or other bits in BWD_DQ_STSM's dQ partial or its converter"
+model pair_sum_model.py "a word of BWD_PAIR 2's dQ pair sum read twice, missed, not the warp's own, or with a bank conflict"
+model pair_protocol_model.py "a deadlock, a stale stage, an early dQ read or a partial out of turn in the CTA pairs' protocol"
 # every GPU mutation's sed pattern still matches the kernel sources (bench/gpu_mutations.sh)
 bash bench/gpu_mutations.sh --patterns >/dev/null || {
     echo "test.sh: bench/gpu_mutations.sh has mutations whose patterns the kernels no longer contain" \

@@ -1939,6 +1939,40 @@ mod tests {
     }
 
     #[test]
+    fn cta_pair_builds_multicast_the_stages_and_sync_the_cluster() {
+        // BWD_PAIR's PTX has the multicast loads, the cluster barriers and the remote arrivals
+        // (mode 2 also the DSMEM reads of the partner's dQ partial); the unpaired build none of
+        // them; a build that may walk up refuses pairs at compile time.
+        if !nvrtc_or_skip("cta_pair_builds_multicast_the_stages_and_sync_the_cluster") {
+            return;
+        }
+        let (v, _) = backward_v4_variant(3, 128, false, true, false, None, false);
+        let ptx = |v: &Variant| compile_ptx("attn_bwd_v4.cu", v, "sm_90a").unwrap().to_src();
+        let paired = [
+            "multicast::cluster",
+            "barrier.cluster.arrive",
+            "mapa.shared::cluster",
+        ];
+        let plain = ptx(&v);
+        for p in paired.iter().chain(&["ld.shared::cluster"]) {
+            assert!(!plain.contains(p), "the unpaired build has {p}");
+        }
+        for mode in [1, 2] {
+            let text = ptx(&v.clone().define("BWD_PAIR", mode));
+            for p in paired {
+                assert!(text.contains(p), "BWD_PAIR {mode} lacks {p}");
+            }
+            assert_eq!(
+                text.contains("ld.shared::cluster.v4.f32"),
+                mode == 2,
+                "BWD_PAIR {mode}"
+            );
+        }
+        let up = v.define("BWD_WALK_UP", 1).define("BWD_PAIR", 1);
+        assert!(compile_ptx("attn_bwd_v4.cu", &up, "sm_90a").is_err());
+    }
+
+    #[test]
     fn two_dq_buffers_fit_at_head_dim_64_and_need_two_stages_at_128() {
         let bwd = |stages, hd| backward_v4_variant(stages, hd, false, true, false, None, true);
         let (v, smem) = with_dq_bufs(bwd(3, 64), 64, 2).unwrap();
