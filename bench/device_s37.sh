@@ -3,14 +3,15 @@
 # device_bwd4.sh --stage, carried as .device-carry/z/bwd4.tgz.
 #   a: the backward's CTA pairs' GPU tests, each under a timeout (a hang is their failure):
 #      FLAMIA_BWD_PAIR=1 (kernel BWD_PAIR 1: clusters of two CTAs on adjacent key tiles, Q / dO
-#      multicast) against the unpaired backward bit for bit; FLAMIA_BWD_PAIR=2 (also the pair's
-#      dQ partials summed through DSMEM before one reduce-add) against the CPU reference,
-#      repeatable, ordered, isolated, causal before the block; the long-document accuracy test
-#      with each mode; then the default suite's repeatability and jitter tests (unchanged
-#      kernels when the knob is unset).
-#   b: pairs off / 1 / 2, two rounds, at 1x65536 and 2x32768 (every tile walks down) and
-#      4x16384 with FLAMIA_BWD_UP_TILES=0 (walking down, where pairs apply), d = 128, and
-#      1x65536 at d = 64, with the SM clock after each loop.
+#      multicast) against the unpaired backward bit for bit, both walks; the long-document
+#      accuracy test with each mode; then the default suite's repeatability and jitter tests
+#      (unchanged kernels when the knob is unset).
+#   e: FLAMIA_BWD_PAIR=2 (also the pair's dQ partials summed through DSMEM before one
+#      reduce-add): against the CPU reference, repeatable, ordered, isolated, causal before the
+#      block, both walks.
+#   b: pairs off / 1 / 2, two rounds, at 1x65536 (every tile walks down), 4x16384, 16x4096,
+#      64x1024 and 256x256 (walking up), d = 128, and 1x65536 and 16x4096 at d = 64, with the
+#      SM clock after each loop.
 #   c: the pairs' three GPU mutations (bench/gpu_mutations.sh 35-37): each must be caught.
 #   d: the forward's tile factors before S's wait (bench/variants/fwd_early_cf.patch, kernel
 #      FWD_EARLY_CF; fwd_early_cf2.patch also takes 2^-fe and O's change of units there): stage
@@ -26,7 +27,7 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s37.sh a|b|c|d}
+mode=${1:?usage: device_s37.sh a|b|c|d|e}
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
@@ -35,22 +36,26 @@ a)
   T="timeout 420 $C/gpu_attention --ignored --exact --test-threads=1"
   $T cta_pairs_give_bitwise_the_unpaired_backward 2>&1 | grep -E "^test |test result|panicked|differ|rror" | head -20
   date
-  $T cta_pair_sums_are_accurate_repeatable_isolated_and_ordered --nocapture 2>&1 \
-    | grep -E "^test |test result|panicked|differ|rror|exceeds|bitwise the unpaired|pair sums, d = 128: dQ" | head -30
-  date
   for m in 1 2; do
-    FLAMIA_BWD_PAIR=$m FLAMIA_BWD_UP_TILES=0 timeout 120 $C/gpu_attention --ignored --exact --test-threads=1 \
-      long_documents_gqa_are_as_accurate_as_the_reference 2>&1 | grep -E "^test |test result|panicked|rror" | head -10
+    for up in 0 128; do
+      FLAMIA_BWD_PAIR=$m FLAMIA_BWD_UP_TILES=$up timeout 120 $C/gpu_attention --ignored --exact --test-threads=1 \
+        long_documents_gqa_are_as_accurate_as_the_reference 2>&1 | grep -E "^test |test result|panicked|rror" \
+        | sed "s|^|pair $m, up to $up tiles up: |" | head -10
+    done
   done
   timeout 200 $C/gpu_attention --ignored --test-threads=1 repeated_runs_are_bitwise_identical \
     dq_is_bitwise_the_same_whatever_order 2>&1 | grep -E "^test |test result|panicked" | head
   ;;
+e)
+  timeout 560 $C/gpu_attention --ignored --exact --test-threads=1 cta_pair_sums_are_accurate_repeatable_isolated_and_ordered \
+    --nocapture 2>&1 | grep -E "^test |test result|panicked|differ|rror|exceeds|bitwise the unpaired" | head -30
+  ;;
 b)
   for r in 1 2; do
     for p in 0 1 2; do
-      bench_mhz "pair $p round $r" FLAMIA_BWD_PAIR=$p --workload 1x65536 --workload 2x32768
-      bench_mhz "pair $p round $r, walking down" "FLAMIA_BWD_PAIR=$p FLAMIA_BWD_UP_TILES=0" --workload 4x16384
-      bench_mhz "pair $p round $r, d = 64" FLAMIA_BWD_PAIR=$p --head-dim 64 --workload 1x65536
+      bench_mhz "pair $p round $r" FLAMIA_BWD_PAIR=$p --workload 1x65536 --workload 4x16384 --workload 16x4096 \
+        --workload 64x1024 --workload 256x256
+      bench_mhz "pair $p round $r, d = 64" FLAMIA_BWD_PAIR=$p --head-dim 64 --workload 1x65536 --workload 16x4096
     done
   done
   ;;
@@ -69,7 +74,7 @@ d)
   ab_dirs cuda-earlycf0 cuda-earlycf cuda-earlycf2 -- --workload 1x65536 --workload 4x16384 --workload 16x4096 --workload 64x1024 --workload 256x256
   ab_dirs cuda-earlycf0 cuda-earlycf cuda-earlycf2 -- --head-dim 64 --workload 1x65536 --workload 64x1024
   ;;
-*) echo "device_s37.sh: unknown mode '$mode' (a, b, c, d)"; exit 2 ;;
+*) echo "device_s37.sh: unknown mode '$mode' (a, b, c, d, e)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s37-$mode.log"

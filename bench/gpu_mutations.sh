@@ -217,7 +217,7 @@ mutate quant-dyn-skip quant.cu 's|^        if (tid == 0) claim = (int)gridDim.x 
 # 35. The backward's CTA pairs (session 36, BWD_PAIR; the tests set FLAMIA_BWD_PAIR themselves):
 # rank 1 keeps the pair's lower tile instead of taking the upper one (the upper tile's dK / dV
 # never written, the lower one's dQ added twice: no hang, the semaphore counts stay whole).
-mutate bwd4-pair-upper-tile attn_bwd_v4.cu 's/          if (own) t = tu;/          (void)tu;/' \
+mutate bwd4-pair-upper-tile attn_bwd_v4.cu 's/        if (rank != 0 \&\& both) t = tu;/        (void)tu;/' \
   cta_pairs_give_bitwise_the_unpaired_backward
 # 36. Mode 2 (the pair's dQ partials summed through DSMEM): the summer reads its partner's
 # partial without waiting for its store, and (37) reads its own buffer instead of the partner's

@@ -75,14 +75,24 @@ class Cta:
         self.job = [None, None]
 
 
-def run(lens, causal, hq, clusters, mode, bug, rng):
+def run(lens, causal, hq, clusters, mode, bug, rng, up_docs=()):
+    # tiles (doc, len, k0, up); the list as sched.rs makes it: the downward-walking tiles longest
+    # first, heads adjacent; then the documents walking up (causal), longest first, head by head,
+    # each head's tiles highest first
     tiles = []
     for d, n in enumerate(lens):
         for k0 in range(0, n, BKT):
-            tiles.append((d, n, k0))
+            tiles.append((d, n, k0, causal and d in up_docs))
     cost = lambda t: steps(tiles[t][1], tiles[t][2], causal)
-    order = sorted(range(len(tiles)), key=lambda t: (-cost(t), t))
-    items = [t * hq + h for t in order for h in range(hq)]
+    down = sorted((t for t in range(len(tiles)) if not tiles[t][3]), key=lambda t: (-cost(t), t))
+    items = [t * hq + h for t in down for h in range(hq)]
+    for d in sorted({tiles[t][0] for t in range(len(tiles)) if tiles[t][3]}, key=lambda d: (-lens[d], d)):
+        mine = [t for t in range(len(tiles)) if tiles[t][0] == d]
+        items += [t * hq + h for h in range(hq) for t in reversed(mine)]
+
+    def seen_by(d, q0):  # the key tiles that see query tile q0 of document d, in its turn order
+        ks = [k for k in range((lens[d] + BKT - 1) // BKT) if not causal or k * BKT < q0 + BQT]
+        return ks[::-1] if causal and d in up_docs else ks
     pairs = [it for it in items if (tiles[it // hq][2] // BKT) % 2 == 0]
     ctas = [[Cta(mode, bug), Cta(mode, bug)] for _ in range(clusters)]
     counter = [0]
@@ -102,11 +112,12 @@ def run(lens, causal, hq, clusters, mode, bug, rng):
         lo, h = pairs[idx] // hq, pairs[idx] % hq
         up = upper_of(lo)
         own = lo if rank == 0 else up
-        d, n, k0 = tiles[lo]
+        d, n, k0, walk_up = tiles[lo]
         nlo = steps(n, k0, causal)
         nown = steps(n, tiles[own][2], causal) if own is not None else 0
+        q0s = [(k0 if causal else 0) + BQT * (st if walk_up else nlo - 1 - st) for st in range(nlo)]
         return dict(lo=lo, h=h, own=own, up=up, n=nlo, nown=nown, passes=nlo - nown, doc=d, len=n,
-                    q0s=[(k0 if causal else 0) + BQT * (nlo - 1 - st) for st in range(nlo)])
+                    walk_up=walk_up, q0s=q0s)
 
     def producer(ci, r):
         me, cl = ctas[ci][r], ctas[ci]
@@ -216,8 +227,10 @@ def run(lens, causal, hq, clusters, mode, bug, rng):
                 other.dq_empty[cw].arrive(32)
             if w == 0:
                 k = tiles[it["own"]][2] // BKT
-                me.job[cw] = dict(q0=q0, doc=it["doc"], h=it["h"], target=2 * k - (2 * r if summer else 0),
-                                  bump=2 if summer else 1, end=False)
+                target = 2 * (q0 // BKT - k if it["walk_up"] else k)
+                if summer:  # the pair's first tile in the query tile's order
+                    target -= 2 * ((1 - r) if it["walk_up"] else r)
+                me.job[cw] = dict(q0=q0, doc=it["doc"], h=it["h"], target=target, bump=2 if summer else 1, end=False)
             me.dq_full[cw].arrive()
 
         while True:
@@ -227,7 +240,11 @@ def run(lens, causal, hq, clusters, mode, bug, rng):
                 break
             yield lambda: me.kd_full.done(ni & 1)
             pend = None
-            for i in range(it["nown"]):
+            first = it["passes"] if it["walk_up"] else 0  # (walking up, the passed stages come first)
+            if it["walk_up"]:
+                for i in range(it["passes"]):
+                    yield from stage(it["q0s"][i])
+            for i in range(first, first + it["nown"]):
                 q0 = it["q0s"][i]
                 yield from stage(q0)
                 me.ds_ready[nstep % 4].arrive()
@@ -235,8 +252,9 @@ def run(lens, causal, hq, clusters, mode, bug, rng):
                 if pend is not None:
                     yield from dq(nstep - 2, pend, it)
                 pend = q0
-            for i in range(it["passes"]):
-                yield from stage(it["q0s"][it["nown"] + i])
+            if not it["walk_up"]:
+                for i in range(it["passes"]):
+                    yield from stage(it["q0s"][it["nown"] + i])
             me.kv_empty.arrive()
             if pend is not None:
                 yield from dq(nstep - 1, pend, it)
@@ -263,10 +281,11 @@ def run(lens, causal, hq, clusters, mode, bug, rng):
             parts = next(iter(rows))
             for w in range(4):
                 me.buf_read[cw][w] = True
-            ks = sorted(tiles[t][2] // BKT for t, _ in parts)
+            turns = seen_by(j["doc"], j["q0"])
+            ks = sorted((turns.index(tiles[t][2] // BKT) for t, _ in parts))
             if ks != list(range(j["target"] // 2, j["target"] // 2 + j["bump"])):
-                fails.append(f"reducer: partials of key tiles {ks} at turn {j['target']} bump {j['bump']}")
-            for t, q0 in sorted(parts):
+                fails.append(f"reducer: partials at turns {ks}, the job's turn {j['target']} bump {j['bump']}")
+            for t, q0 in sorted(parts, key=lambda p: turns.index(tiles[p[0]][2] // BKT)):
                 added.setdefault(key + (cw,), []).append(tiles[t][2] // BKT)
             me.dq_empty[cw].arrive(128 if mode == 2 else 1)
             sem[key] = sem.get(key, 0) + j["bump"]
@@ -309,7 +328,7 @@ def run(lens, causal, hq, clusters, mode, bug, rng):
     for d, n in enumerate(lens):
         for h in range(hq):
             for q in range(0, n, BQT):
-                want = [k for k in range((n + BKT - 1) // BKT) if not causal or k * BKT <= q + BQT - 1]
+                want = seen_by(d, q)
                 for cw in range(2):
                     got = added.get((d, h, q, cw), [])
                     if got != want:
@@ -326,10 +345,12 @@ def main():
             lens = [rng.choice([1, 65, 128, 129, 300, 640, 700, 1100]) for _ in range(rng.randint(1, 3))]
             causal = rng.random() < 0.75
             clusters = rng.choice([1, 1, 2, 3])
-            f = run(lens, causal, 2, clusters, mode, None, rng)
+            up = {d for d in range(len(lens)) if rng.random() < 0.5}
+            f = run(lens, causal, 2, clusters, mode, None, rng, up)
             cases += 1
             if f:
-                fails.append(f"mode {mode} {lens} causal {causal} clusters {clusters}: {f[0]} ({len(f)} in all)")
+                fails.append(f"mode {mode} {lens} causal {causal} up {sorted(up)} clusters {clusters}: {f[0]} "
+                             f"({len(f)} in all)")
     # broken once each: must fail
     for mode, bug in ((1, "s_empty8"), (2, "nowait")):
         caught = 0

@@ -244,31 +244,32 @@
 #ifndef BWD_L2_PROBE
 #define BWD_L2_PROBE 0
 #endif
-// BWD_PAIR 1 (host knob FLAMIA_BWD_PAIR, attention.rs bwd_pair; plans whose tiles all walk
-// down): the CTAs run in clusters of two, and a cluster's work item is a pair of adjacent key
-// tiles of one (document, query head), P.items listing the pair's lower tile (BwdSchedule::pairs).
+// BWD_PAIR 1 (host knob FLAMIA_BWD_PAIR, attention.rs bwd_pair_env): the CTAs run in clusters
+// of two, and a cluster's work item is a pair of adjacent key tiles 2m, 2m + 1 of one (document,
+// query head), P.items listing the pair's lower tile (BwdSchedule::pairs).
 // Rank r takes tile lower + r (rank 1 none when the lower tile is its document's last). Both
 // walk the lower tile's query tiles, so the two rings hold the same Q / dO tiles in the same
 // stages: each producer TMA-loads half of a stage's bytes (rank 0 Q, rank 1 dO, both layouts)
 // into both CTAs at once (multicast), and each CTA's s_full expects the whole stage. A stage's
 // s_empty counts both CTAs' consumer warps (the partner's by a remote arrival), since either
 // producer's next load of that stage writes into both. The upper tile's walk is the lower's
-// without its last two query tiles (the lower tile's diagonal, causal): rank 1's consumers pass
-// those stages on without work (bwd_step_pass), as they pass every stage of an item without an
-// upper tile. Rank 0 claims the next pair and hands its index to rank 1 (sm.claim, claim_full /
+// without the lower tile's diagonal query tiles (causal: the last two walking down, the first
+// two walking up, BWD_WALK_UP): rank 1's consumers pass those stages on without work
+// (bwd_step_pass), as they pass every stage of an item without an upper tile. Rank 0 claims the next pair and hands its index to rank 1 (sm.claim, claim_full /
 // claim_empty across the cluster). Each CTA computes and reduces its own tile exactly as
 // unpaired (the same dQ turns): bitwise the unpaired gradients (GPU test
 // cta_pairs_give_bitwise_the_unpaired_backward). What it saves is half of the Q / dO bytes
 // out of L2 (session 35's probe, BWD_L2_PROBE 1: -2.2..-3.3% at 1x65536).
 // BWD_PAIR 2 (FLAMIA_BWD_PAIR=2) also adds the pair's dQ partials up before one reduce-add per
 // query tile that both tiles see (a "paired" step): the CTA of rank (walk step & 1) sums
-// ("summer"), so both CTAs' reducers share the work. Per consumer warp w: the partner's warp w
+// ("summer": rank (q0 / 64) & 1), so both CTAs' reducers share the work. Per consumer warp w: the partner's warp w
 // stores its partial as always, then arrives on the summer's pdq_full[cw][w] (remote, each
 // lane); the summer's warp w, its own partial stored, reads the partner's rows 16w.. (its own
 // warp's rows: 8 x 16 bytes per lane, ld.shared::cluster), adds them into its buffer, releases
 // the partner's buffer (a remote arrival of each lane on the partner's dq_empty, which counts
 // 128: the reducer arrives with 128 at once) and hands the sum to its reducer, whose turn is the
-// lower tile's and which bumps the semaphore by 2 (two key tiles). The partner hands nothing to
+// first of the pair's in the query tile's order (the lower tile's walking down, the upper's
+// walking up) and which bumps the semaphore by 2 (two key tiles). The partner hands nothing to
 // its reducer for that step. The two partials' sum is one FP32 addition (commutative): the same
 // bits whichever CTA sums, fixed run to run, but not the unpaired backward's (whose dq_acc takes
 // the two partials one after the other). Session 35's probe (BWD_L2_PROBE 3: half the Q / dO
@@ -276,8 +277,8 @@
 #ifndef BWD_PAIR
 #define BWD_PAIR 0
 #endif
-#if BWD_PAIR && (BWD_WALK_UP || !BWD_LATE_CLAIM || BWD_L2_PROBE)
-#error "BWD_PAIR: downward walks only, with the late claim, without the L2 probe"
+#if BWD_PAIR && (!BWD_LATE_CLAIM || BWD_L2_PROBE)
+#error "BWD_PAIR: with the late claim (the pairs' hand-over), without the L2 probe"
 #endif
 #if BWD_PAIR == 2 && BWD_DQ_BUFS != 1
 #error "BWD_PAIR 2: one dQ buffer per warpgroup (the partner's buffer is the summer's by step)"
@@ -391,7 +392,8 @@ struct BwdItem {
 struct BwdItemTail {
   int code, h;
 #if BWD_PAIR
-  int own, pass;  // whether this CTA has a tile in the pair; stages it passes on after its steps
+  int own, pass;  // whether this CTA has a tile in the pair; stages it passes on besides its steps
+  int partner;    // whether the other CTA has one (the pair has both tiles)
 #endif
   BwdTile tile;
   float fk[BKT];  // scale 2^-eK: dK's unfold at the item's end
@@ -590,7 +592,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     BwdTile t{};
 #if BWD_PAIR
     BwdTile tw{};  // the pair's lower tile, whose query tiles both CTAs walk
-    bool own = false;
+    bool own = false, both = false;
 #endif
     if (code >= 0) {
       const int tile = code / a.hq;
@@ -598,22 +600,12 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       t = reinterpret_cast<const BwdTile*>(P.tiles)[tile];
 #if BWD_PAIR
       tw = t;
-      own = rank == 0;
-#if BWD_PAIR == 2
-      if (tile + 1 < P.nkt) {  // the upper tile, if the document has it (both ranks: partner)
-#else
-      if (rank != 0 && tile + 1 < P.nkt) {  // the upper tile, if the document has it
-#endif
+      if (tile + 1 < P.nkt) {  // the upper tile, if the document has it
         const BwdTile tu = reinterpret_cast<const BwdTile*>(P.tiles)[tile + 1];
-        const bool up = tu.doc0 == t.doc0 && tu.k0 == t.k0 + BKT;
-        if (rank != 0) {
-          own = up;
-          if (own) t = tu;
-        }
-#if BWD_PAIR == 2
-        t.up = up;  // (both tiles walk down: the flag's slot carries "the pair has both tiles")
-#endif
+        both = tu.doc0 == t.doc0 && tu.k0 == t.k0 + BKT;
+        if (rank != 0 && both) t = tu;
       }
+      own = rank == 0 || both;
 #endif
     }
     const int hk = h / (a.hq / a.hkv);
@@ -744,6 +736,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 #if BWD_PAIR
         tail.own = own;
         tail.pass = n - (own ? bwd_steps(t, a.causal) : 0);
+        tail.partner = both;
 #endif
         if (BWD_OWN) {
           mbar_expect_tx(kvbar, 2 * BKT * HEAD_DIM);
@@ -1579,11 +1572,10 @@ __device__ __forceinline__ void bwd_dq_pair_sum(BwdV4Smem& sm, BwdConsumer& C, i
 // times this warpgroup's HEAD_DIM / 2 dims of K, handed to the reducer warp. Runs right after the step
 // (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
 // dS only when one is a whole step behind, instead of meeting at a barrier every step.
-// pt: the item's tile in its tail (BWD_PAIR 2: up = the pair has both tiles; each thread reads
-// it there, since sm.cur is thread 0's and may already hold the next item's while another warp
-// does this item's last dQ).
+// it: the item's tail (BWD_PAIR 2 reads the pair's flags there, each thread: sm.cur is thread
+// 0's and may already hold the next item's while another warp does this item's last dQ).
 __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, int n, int q0,
-                                       const BwdTile& pt) {
+                                       const BwdItemTail& it) {
   const int cw = C.cw, w = C.w(), qd = C.qd(), buf = n % BWD_DS_BUFS;
 #ifdef BWD_PROF_TIMERS
   const long long _t2 = clock64();
@@ -1653,11 +1645,11 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   bwd_dq_store(P, sm, C, db, n, dq);  // (one line: bench/gpu_mutations.sh moves it past the release)
   BWD_PHASE(10);
 #if BWD_PAIR == 2
-  // paired: the partner's tile sees q0 too (the pair has both tiles; the lower one's steps below
-  // the upper tile, causal, are its own); the summer: the CTA of rank (walk step & 1)
+  // paired: the partner's tile sees q0 too (the pair has both tiles; the lower one's query tiles
+  // below the upper tile, causal, are its own); the summer: the CTA of rank (q0 / 64) & 1
   const u32 rank = cluster_ctarank();
-  const bool paired = pt.up && (rank != 0 || !P.a.causal || q0 >= pt.k0 + BKT);
-  const bool summer = paired && (u32)(((pt.len - 1) / BQT - q0 / BQT) & 1) == rank;
+  const bool paired = it.partner && (rank != 0 || !P.a.causal || q0 >= it.tile.k0 + BKT);
+  const bool summer = paired && (u32)((q0 / BQT) & 1) == rank;
   if (paired) {
     __syncwarp();  // (the warp's stmatrix stores, before the lanes' releases and reads)
     if (!summer) {  // the summer takes this partial; the buffer comes back by its release
@@ -1680,11 +1672,14 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
     // (walking down), or above it up to the last that sees the query tile (walking up)
 #if BWD_WALK_UP
     j.target = 2 * (tl.up ? q0 / BKT - tl.k0 / BKT : tl.k0 / BKT);
-#elif BWD_PAIR == 2
-    j.target = 2 * (tl.k0 / BKT) - (summer ? 2 * (int)rank : 0);  // (a pair's sum: the lower tile's turn)
-    j.pad_a = summer ? 2 : 1;                                      // (and it counts two key tiles)
 #else
     j.target = 2 * (tl.k0 / BKT);
+#endif
+#if BWD_PAIR == 2
+    // a pair's sum takes the turn of its first tile in the query tile's order (the lower one
+    // walking down, the upper one walking up) and counts two key tiles
+    if (summer) j.target -= 2 * (tl.up ? 1 - (int)rank : (int)rank);
+    j.pad_a = summer ? 2 : 1;
 #endif
     j.end = 0;
   }
@@ -1922,7 +1917,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
       sm.cur[cw] = tl;
       sm.cur[cw].pad_a = tail.h;
     }
-    const auto dq = [&](int step, int q0) { bwd_dq(P, sm, C, step, q0, tail.tile); };
+    const auto dq = [&](int step, int q0) { bwd_dq(P, sm, C, step, q0, tail); };
     const auto dq_after_step = [&](int q0) {
       if (!BWD_DEFER_DQ) {
         dq(C.nstep - 1, q0);
@@ -1945,6 +1940,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     const bool up = tl.up;
     int q0 = up ? qstart : qstart + BQT * (n - 1);
     if (up) {
+#if BWD_PAIR  // (walking up, the stages this CTA's tile does not see come first)
+      for (int left = tail.pass; left > 0; --left) bwd_step_pass(sm, C);
+#endif
       for (int left = ndead; left > 0; --left, q0 += BQT) {
         bwd_step_dead(sm, C);
         dq_after_step(q0);
@@ -1968,6 +1966,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
         bwd_step_dead(sm, C);
         dq_after_step(q0);
       }
+#if BWD_PAIR
+      for (int left = tail.pass; left > 0; --left) bwd_step_pass(sm, C);
+#endif
     }
 #else
     // The steps walk the query tiles from the last one down. The loops carry only values that

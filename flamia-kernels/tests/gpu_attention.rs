@@ -723,53 +723,60 @@ fn dead_steps_skipped_give_bitwise_the_full_backward() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn cta_pairs_give_bitwise_the_unpaired_backward() {
-    // FLAMIA_BWD_PAIR=1 (every document walking down: FLAMIA_BWD_UP_TILES=0): adjacent key tiles
-    // in clusters of two CTAs whose producers multicast the Q / dO tiles both walk; each CTA
-    // computes and reduces its own tile as an unpaired CTA does, so every bit must be the same.
-    // Documents of odd key-tile counts (their last tile alone: the partner CTA passes every stage
-    // on) and of 1 token, causal and not, row dS exponents, GQA, both head dims; then, paired,
-    // one cluster alone (FLAMIA_BWD_CTAS=2: the pairs strictly in list order; the device scripts
-    // run this test under a timeout, as a hang is the failure there), three clusters, reduces in
-    // jittered order and head chunks.
-    let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", "0");
-    backward_knob_values_keep_every_bit(
-        "FLAMIA_BWD_PAIR",
-        &["1"],
-        &[
-            (128, &[300, 1, 65, 1100, 2048], true, false),
-            (128, &[300, 1, 65, 1100], false, false),
-            (128, &[517, 64, 129, 2048], true, true),
-            (64, &[300, 1, 65, 1100, 2048], true, false),
-            (64, &[517, 64, 129, 2048], false, true),
-        ],
-    );
-    let gpu = gpu();
-    let _pair = EnvGuard::set("FLAMIA_BWD_PAIR", "1");
-    for hd in [128, 64] {
-        let shape = VarlenShape::from_lens(&[1100, 2048, 517, 64], 4, 2, hd).unwrap();
-        with_seeds(&format!("pairs, d = {hd}"), |mut rng| {
-            let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
-            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_CTAS", &["2", "6"]);
-            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1"]);
-            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SCRATCH_MIB", &["0"]);
-        });
+    // FLAMIA_BWD_PAIR=1: adjacent key tiles in clusters of two CTAs whose producers multicast the
+    // Q / dO tiles both walk; each CTA computes and reduces its own tile as an unpaired CTA does,
+    // so every bit must be the same. Both walks (walks(): every document walking down, then the
+    // default, where these documents walk up: the upper tile passes the lower one's first two
+    // stages on instead of its last two); documents of odd key-tile counts (their last tile
+    // alone: the partner CTA passes every stage on) and of 1 token, causal and not, row dS
+    // exponents, GQA, both head dims; then, paired, one cluster alone (FLAMIA_BWD_CTAS=2: the
+    // pairs strictly in list order; the device scripts run this test under a timeout, as a hang
+    // is the failure there), three clusters, reduces in jittered order and head chunks.
+    for up in walks() {
+        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
+        backward_knob_values_keep_every_bit(
+            "FLAMIA_BWD_PAIR",
+            &["1"],
+            &[
+                (128, &[300, 1, 65, 1100, 2048], true, false),
+                (128, &[300, 1, 65, 1100], false, false),
+                (128, &[517, 64, 129, 2048], true, true),
+                (64, &[300, 1, 65, 1100, 2048], true, false),
+                (64, &[517, 64, 129, 2048], false, true),
+            ],
+        );
+        let gpu = gpu();
+        let _pair = EnvGuard::set("FLAMIA_BWD_PAIR", "1");
+        for hd in [128, 64] {
+            let shape = VarlenShape::from_lens(&[1100, 2048, 517, 64], 4, 2, hd).unwrap();
+            with_seeds(
+                &format!("pairs, d = {hd}, up to {up} tiles walking up"),
+                |mut rng| {
+                    let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+                    same_bits_whatever(&gpu, &call, "FLAMIA_BWD_CTAS", &["2", "6"]);
+                    same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1"]);
+                    same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SCRATCH_MIB", &["0"]);
+                },
+            );
+        }
     }
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn cta_pair_sums_are_accurate_repeatable_isolated_and_ordered() {
-    // FLAMIA_BWD_PAIR=2 (every document walking down): the pair's dQ partials added up before
-    // one reduce-add per query tile both tiles see. dQ's bits differ from the unpaired
+    // FLAMIA_BWD_PAIR=2: the pair's dQ partials added up before one reduce-add per query tile
+    // both tiles see, both walks (walks(): every document walking down, then the default, where
+    // these walk up and a pair's sum takes its upper tile's turn). dQ's bits differ from the unpaired
     // backward's (two partials enter the FP32 accumulator as one sum), so it is held to the
     // reference's bounds (causal GQA, not causal, row dS exponents, both head dims), to bitwise
     // repeatability whatever the reduces' arrival order, the cluster count (one cluster: the
     // pairs strictly in list order) and the head chunks, to documents isolated bitwise and
     // default MXFP8's bitwise zero leakage before the perturbed block; O, LSE, dK and dV must
     // stay bitwise the unpaired backward's (only dQ's sums change).
-    let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", "0");
     let gpu = gpu();
-    for hd in [128, 64] {
+    for (up, hd) in walks().into_iter().flat_map(|up| [(up.clone(), 128), (up, 64)]) {
+        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
         let shape = VarlenShape::from_lens(&[1100, 517, 64, 2048], 4, 2, hd).unwrap();
         let unpaired = with_seeds_collect(&shape, |call| gpu_attn(&gpu, call));
         let _pair = EnvGuard::set("FLAMIA_BWD_PAIR", "2");
@@ -779,39 +786,53 @@ fn cta_pair_sums_are_accurate_repeatable_isolated_and_ordered() {
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
                 let same = bits(outputs(a)[i]) == bits(outputs(b)[i]);
                 if *name == "dQ" {
-                    eprintln!("pair sums, d = {hd}: dQ bitwise the unpaired one's: {same}");
+                    eprintln!(
+                        "pair sums, d = {hd}, up to {up} tiles up: dQ bitwise the unpaired one's: {same}"
+                    );
                 } else {
                     assert!(
                         same,
-                        "pair sums, d = {hd}: {name} differs from the unpaired backward's"
+                        "pair sums, d = {hd}, up to {up} tiles up: {name} differs from the unpaired backward's"
                     );
                 }
             }
         }
         check_accuracy(
-            &format!("pair sums, d = {hd}"),
+            &format!("pair sums, d = {hd}, up to {up} tiles up"),
             &shape,
             AttnOptions::new(AttnPath::Mxfp8),
         );
         let mut rows = AttnOptions::new(AttnPath::Mxfp8);
         rows.precision.row_ds_exponents = true;
-        check_accuracy(&format!("pair sums, row dS, d = {hd}"), &shape, rows);
+        check_accuracy(
+            &format!("pair sums, row dS, d = {hd}, up to {up} tiles up"),
+            &shape,
+            rows,
+        );
         let shape = VarlenShape::from_lens(&[700, 300], 4, 1, hd).unwrap();
         let opts = AttnOptions {
             causal: false,
             ..AttnOptions::new(AttnPath::Mxfp8)
         };
-        check_accuracy(&format!("pair sums, not causal, d = {hd}"), &shape, opts);
+        check_accuracy(
+            &format!("pair sums, not causal, d = {hd}, up to {up} tiles up"),
+            &shape,
+            opts,
+        );
         let shape = VarlenShape::from_lens(&[1100, 2048, 517, 64], 4, 2, hd).unwrap();
-        with_seeds(&format!("pair sums, repeat and order, d = {hd}"), |mut rng| {
-            let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
-            let (a, b) = (gpu_attn(&gpu, &call), gpu_attn(&gpu, &call));
-            assert_same_bits(&a, &b, "pair sums, between runs");
-            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_CTAS", &["2", "6"]);
-            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1", "2"]);
-            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SCRATCH_MIB", &["0"]);
-        });
+        with_seeds(
+            &format!("pair sums, repeat and order, d = {hd}, up to {up} tiles up"),
+            |mut rng| {
+                let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+                let (a, b) = (gpu_attn(&gpu, &call), gpu_attn(&gpu, &call));
+                assert_same_bits(&a, &b, "pair sums, between runs");
+                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_CTAS", &["2", "6"]);
+                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1", "2"]);
+                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SCRATCH_MIB", &["0"]);
+            },
+        );
     }
+    let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", "0");
     let _pair = EnvGuard::set("FLAMIA_BWD_PAIR", "2");
     let attn = attn_fn(&gpu);
     let shape = VarlenShape::from_lens(&[300, 129, 600], 2, 2, 128).unwrap();

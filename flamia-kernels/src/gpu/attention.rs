@@ -253,8 +253,8 @@ fn bwd_ctas() -> Option<usize> {
     super::env_number::<usize>("FLAMIA_BWD_CTAS").map(|n| n.max(1))
 }
 
-/// The v4 backward's CTA pairs where the plan allows them (every tile walks down:
-/// [`super::sched::BwdSchedule::pairs`]), the kernel's `BWD_PAIR`: 0 one CTA per key tile; 1
+/// The v4 backward's CTA pairs ([`super::sched::BwdSchedule::pairs`]), the kernel's
+/// `BWD_PAIR`: 0 one CTA per key tile; 1
 /// adjacent key tiles of one (document, head) in a cluster of two whose producers multicast the
 /// Q / dO tiles both walk (bitwise the unpaired gradients); 2 also the pair's dQ partials added
 /// up before one reduce-add (dQ's bits then differ from the unpaired backward's, fixed run to
@@ -1485,7 +1485,7 @@ impl Attention {
         let kd = self.bwd_kd_xpose(plan);
         let vt = self.bwd_vt_xpose(plan);
         let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up(), kd, vt)?;
-        // CTA pairs (BWD_PAIR) where every tile walks down (FLAMIA_BWD_PAIR)
+        // CTA pairs (BWD_PAIR, FLAMIA_BWD_PAIR)
         let mode = if bw.pairs.is_empty() { 0 } else { bwd_pair_env() };
         let pair = mode > 0;
         let v4 = if pair { v4.define("BWD_PAIR", mode) } else { v4 };
@@ -1878,12 +1878,14 @@ mod tests {
                 }
             }
             // the CTA pairs (BWD_PAIR, FLAMIA_BWD_PAIR) on the long documents' defaults (the
-            // downward walk), block and row dS exponents
-            for row_ds in [false, true] {
+            // downward walk) with block and row dS exponents, and on the upward walk's with the
+            // consumers' K and V transposes
+            for (row_ds, walk_up) in [(false, false), (true, false), (false, true)] {
                 let (v, _) = with_early_factors(
-                    backward_v4_variant(3, hd, row_ds, !row_ds, false, None, false),
+                    backward_v4_variant(3, hd, row_ds, !row_ds, false, None, walk_up),
                     bwd_early_factors(hd, row_ds),
                 );
+                let v = if walk_up { with_xposes(v, true, true) } else { v };
                 let v = v
                     .define("BWD_QPERM", 1)
                     .define("BWD_DS_STSM", 1)
@@ -1941,8 +1943,8 @@ mod tests {
     #[test]
     fn cta_pair_builds_multicast_the_stages_and_sync_the_cluster() {
         // BWD_PAIR's PTX has the multicast loads, the cluster barriers and the remote arrivals
-        // (mode 2 also the DSMEM reads of the partner's dQ partial); the unpaired build none of
-        // them; a build that may walk up refuses pairs at compile time.
+        // (mode 2 also the DSMEM reads of the partner's dQ partial), walking down or up; the
+        // unpaired build none of them.
         if !nvrtc_or_skip("cta_pair_builds_multicast_the_stages_and_sync_the_cluster") {
             return;
         }
@@ -1957,10 +1959,10 @@ mod tests {
         for p in paired.iter().chain(&["ld.shared::cluster"]) {
             assert!(!plain.contains(p), "the unpaired build has {p}");
         }
-        for mode in [1, 2] {
-            let text = ptx(&v.clone().define("BWD_PAIR", mode));
+        for (mode, up) in [(1, 0), (2, 0), (1, 1)] {
+            let text = ptx(&v.clone().define("BWD_PAIR", mode).define("BWD_WALK_UP", up));
             for p in paired {
-                assert!(text.contains(p), "BWD_PAIR {mode} lacks {p}");
+                assert!(text.contains(p), "BWD_PAIR {mode} (walk up {up}) lacks {p}");
             }
             assert_eq!(
                 text.contains("ld.shared::cluster.v4.f32"),
@@ -1968,8 +1970,6 @@ mod tests {
                 "BWD_PAIR {mode}"
             );
         }
-        let up = v.define("BWD_WALK_UP", 1).define("BWD_PAIR", 1);
-        assert!(compile_ptx("attn_bwd_v4.cu", &up, "sm_90a").is_err());
     }
 
     #[test]

@@ -370,12 +370,13 @@ pub struct BwdSchedule {
     pub chunks: usize,
     /// Query heads per group of the downward-walking items ([`longest_first`]), at most a chunk's.
     pub head_group: usize,
-    /// The work list of the kernel's CTA pairs (`BWD_PAIR`; empty when a tile walks up): the
-    /// items of `items` whose tile is the lower of a pair, tiles 0-1, 2-3, ... of each document
-    /// (a document's last tile alone when it has an odd number), in `items`' order, so chunk by
-    /// chunk with the same count per chunk ([`BwdSchedule::pair_range`]). A pair's cost is its
-    /// lower tile's (the pair walks its query tiles), so the list stays longest first, and a pair
-    /// only ever waits for the dQ partials of lower tiles, listed before it.
+    /// The work list of the kernel's CTA pairs (`BWD_PAIR`): the items of `items` whose tile is
+    /// the lower of a pair, tiles 0-1, 2-3, ... of each document (a document's last tile alone
+    /// when it has an odd number), in `items`' order, so chunk by chunk with the same count per
+    /// chunk ([`BwdSchedule::pair_range`]). A pair walks its lower tile's query tiles, so its
+    /// cost is that tile's and the downward-walking pairs stay longest first; a pair only ever
+    /// waits for the dQ partials of pairs listed before it (lower tiles walking down, higher
+    /// ones walking up, where a document's pairs are listed highest first).
     pub pairs: Vec<i32>,
 }
 
@@ -477,12 +478,8 @@ impl BwdSchedule {
         let items: Vec<i32> = (0..chunks)
             .flat_map(|c| all.iter().copied().filter(move |&it| it as usize % hq / hc == c))
             .collect();
-        let pairs = if up_docs.is_empty() {
-            let lower = |&it: &i32| (tiles[it as usize / hq][3] as usize / BWD_KT).is_multiple_of(2);
-            items.iter().copied().filter(lower).collect()
-        } else {
-            Vec::new()
-        };
+        let lower = |&it: &i32| (tiles[it as usize / hq][3] as usize / BWD_KT).is_multiple_of(2);
+        let pairs = items.iter().copied().filter(lower).collect();
         BwdSchedule {
             tiles,
             items,
@@ -811,9 +808,10 @@ mod tests {
 
     /// [`simulate`] for the kernel's CTA pairs (`BWD_PAIR`): `clusters` clusters take the pairs
     /// in list order, and a pair's two CTAs walk the lower tile's query tiles in step (their rings
-    /// are one), each step's lower partial waiting for its turn and the upper's (when the upper
-    /// tile sees that query tile) going in right after it. Returns the order as [`simulate`];
-    /// panics on a deadlock or a partial out of turn.
+    /// are one): at each step the pair's first partial in the query tile's order (the lower
+    /// tile's walking down, the upper's walking up, when the upper tile sees that query tile)
+    /// waits for its turn and the other goes in right after it. Returns the order as
+    /// [`simulate`]; panics on a deadlock or a partial out of turn.
     fn simulate_pairs(s: &BwdSchedule, heads_q: usize, causal: bool, clusters: usize) -> Turns {
         let pair = |i: usize| (s.pairs[i] as usize / heads_q, s.pairs[i] as usize % heads_q);
         let upper = |t: usize| {
@@ -834,17 +832,19 @@ mod tests {
                 let (t, h) = pair(i);
                 let lo = &s.tiles[t];
                 let q0 = bwd_step_query(lo, causal, st);
-                if !take_turn(lo, h, q0, sem, order) {
+                let mut both = vec![lo];
+                both.extend(upper(t).filter(|up| !causal || q0 >= up[3] as usize));
+                if lo[7] != 0 {
+                    both.reverse(); // walking up: the higher key tile's partial first
+                }
+                if !take_turn(both[0], h, q0, sem, order) {
                     return false;
                 }
-                if let Some(up) = upper(t) {
-                    if st < query_steps(up[1] as usize, up[3] as usize, causal) {
-                        assert_eq!(bwd_step_query(up, causal, st), q0, "the pair's walks differ");
-                        assert!(
-                            take_turn(up, h, q0, sem, order),
-                            "an upper tile's partial out of turn"
-                        );
-                    }
+                if let Some(second) = both.get(1) {
+                    assert!(
+                        take_turn(second, h, q0, sem, order),
+                        "the pair's second partial out of turn"
+                    );
                 }
                 true
             },
@@ -856,14 +856,18 @@ mod tests {
         // key tiles: 1 + 9 + 2 + 5 + 17 (odd counts leave a document's last tile alone); heads in
         // chunks (a budget of 0 bytes: one KV head per chunk) and not
         let lens = [100, 1100, 129, 600, 2100];
-        for (causal, budget) in [
-            (true, Some(BWD_SCRATCH_BUDGET)),
-            (false, Some(BWD_SCRATCH_BUDGET)),
-            (true, Some(0)),
-        ] {
+        let budget = Some(BWD_SCRATCH_BUDGET);
+        // every document walking down, or those of at most 5 key tiles walking up
+        let cases = [
+            (true, budget, 0),
+            (false, budget, 0),
+            (true, Some(0), 0),
+            (true, budget, 5),
+        ];
+        for (causal, budget, up_tiles) in cases {
             let shape = VarlenShape::from_lens(&lens, 4, 2, 128).unwrap();
-            let s = BwdSchedule::new(&shape, &pads(&shape), causal, budget, 0);
-            assert!(!s.walks_up());
+            let s = BwdSchedule::new(&shape, &pads(&shape), causal, budget, up_tiles);
+            assert_eq!(s.walks_up(), up_tiles > 0);
             // tiles 0, 1-2, 3-4, 5-6, 7-8, 9, 10-11, 12-13, 14-15, 16, 17-18, ..., 31-32, 33
             let mut own: Vec<i32> = s
                 .pairs
@@ -885,16 +889,29 @@ mod tests {
                     .all(|&it| it as usize % 4 / hc == c));
             }
             for clusters in [1, 3, 66] {
-                for order in simulate_pairs(&s, 4, causal, clusters).values() {
-                    assert!(order.windows(2).all(|w| w[0] + 1 == w[1]), "{order:?}");
+                // every key tile that sees a query tile, ascending walking down, descending up
+                for ((_, qt), order) in simulate_pairs(&s, 4, causal, clusters) {
+                    let doc = s
+                        .tiles
+                        .iter()
+                        .find(|t| {
+                            qt >= t[4] as usize && qt < t[4] as usize + (t[1] as usize).div_ceil(BWD_QT)
+                        })
+                        .unwrap();
+                    let q0 = (qt - doc[4] as usize) * BWD_QT;
+                    let mut want: Vec<usize> = (0..(doc[1] as usize).div_ceil(BWD_KT))
+                        .filter(|&k| !causal || k * BWD_KT < q0 + BWD_QT)
+                        .collect();
+                    if doc[7] != 0 {
+                        want.reverse();
+                    }
+                    assert_eq!(
+                        order, want,
+                        "query tile {qt}, {clusters} clusters, up to {up_tiles} tiles up"
+                    );
                 }
             }
         }
-        // no pairs where a tile walks up
-        let shape = VarlenShape::from_lens(&lens, 2, 1, 128).unwrap();
-        assert!(BwdSchedule::new(&shape, &pads(&shape), true, None, 5)
-            .pairs
-            .is_empty());
     }
 
     #[test]
