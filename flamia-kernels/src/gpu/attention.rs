@@ -550,6 +550,16 @@ fn backward_v4_variant(
     (v, smem)
 }
 
+/// The v4 backward's fused kernel as one call launches it (`Attention::backward_v4_fused`).
+struct FusedBwd {
+    function: cudarc::driver::CudaFunction,
+    smem: u32,
+    /// `BWD_PAIR` (0: one CTA per key tile).
+    pair_mode: u32,
+    /// The persistent grid's CTAs (with pairs: twice the clusters).
+    ctas: usize,
+}
+
 /// Mirrors `struct BwdV4Params` of `cuda/attn_bwd_v4.cu`.
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy, Default)]
@@ -1482,21 +1492,9 @@ impl Attention {
         if memsets {
             self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
         }
-        let kd = self.bwd_kd_xpose(plan);
         let vt = self.bwd_vt_xpose(plan);
-        let (v4, smem) = self.backward_v4_kernel(hd as u32, bw.walks_up(), kd, vt)?;
-        // CTA pairs (BWD_PAIR, FLAMIA_BWD_PAIR)
-        let mode = if bw.pairs.is_empty() { 0 } else { bwd_pair_env() };
-        let pair = mode > 0;
-        let v4 = if pair { v4.define("BWD_PAIR", mode) } else { v4 };
-        let fused = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
-        // the persistent grid: a CTA per SM, or with pairs as many clusters of two as fit at
-        // once (FLAMIA_BWD_CTAS caps either)
-        let ctas = match (pair, bwd_ctas()) {
-            (false, cap) => cap.unwrap_or(self.gpu.sm_count().max(1) as usize),
-            (true, Some(cap)) => 2 * (cap / 2).max(1),
-            (true, None) => 2 * max_active_clusters(&fused, 384, smem, 2)?.max(1),
-        };
+        let f = self.backward_v4_fused(plan)?;
+        let (fused, smem, pair, ctas) = (f.function, f.smem, f.pair_mode > 0, f.ctas);
         let convert = self
             .gpu
             .function("attn_bwd_v4.cu", &with_dq_stsm(v), "bwd_dq_convert", 0)?;
@@ -1598,6 +1596,47 @@ impl Attention {
             }?;
         }
         Ok(())
+    }
+
+    /// The v4 backward's fused kernel for `plan` with this call's options and knobs: its
+    /// variant (CTA pairs, `BWD_PAIR`, per `FLAMIA_BWD_PAIR` where the plan has pairs) and its
+    /// persistent grid (a CTA per SM, or with pairs as many clusters of two as fit at once;
+    /// `FLAMIA_BWD_CTAS` caps either).
+    fn backward_v4_fused(&self, plan: &Plan) -> GpuResult<FusedBwd> {
+        let bw = &plan.tables.bwd;
+        let hd = plan.shape().head_dim as u32;
+        let (kd, vt) = (self.bwd_kd_xpose(plan), self.bwd_vt_xpose(plan));
+        let (v4, smem) = self.backward_v4_kernel(hd, bw.walks_up(), kd, vt)?;
+        let pair_mode = if bw.pairs.is_empty() { 0 } else { bwd_pair_env() };
+        let v4 = if pair_mode > 0 {
+            v4.define("BWD_PAIR", pair_mode)
+        } else {
+            v4
+        };
+        let function = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
+        let ctas = match (pair_mode > 0, bwd_ctas()) {
+            (false, cap) => cap.unwrap_or(self.gpu.sm_count().max(1) as usize),
+            (true, Some(cap)) => 2 * (cap / 2).max(1),
+            (true, None) => 2 * max_active_clusters(&function, 384, smem, 2)?.max(1),
+        };
+        Ok(FusedBwd {
+            function,
+            smem,
+            pair_mode,
+            ctas,
+        })
+    }
+
+    /// The v4 backward's CTA pairs for `plan` (`FLAMIA_BWD_PAIR`): the mode and how many
+    /// clusters of two run at once, or `None` for one CTA per key tile (a diagnostic that
+    /// `flamia bench attention` prints).
+    pub fn backward_pairs(&self, plan: &Plan) -> GpuResult<Option<(u32, usize)>> {
+        if !self.uses_backward_v4() {
+            return Ok(None);
+        }
+        self.gpu.bind()?;
+        let f = self.backward_v4_fused(plan)?;
+        Ok((f.pair_mode > 0).then_some((f.pair_mode, f.ctas / 2)))
     }
 
     /// One backward kernel alone (the benchmark times them apart): one of the two v3.1 kernels

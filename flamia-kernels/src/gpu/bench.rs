@@ -372,6 +372,9 @@ pub fn run_workload(
     for (i, b) in [q, k, v, d_o].into_iter().enumerate() {
         fill_normal(gpu, b, seed.wrapping_add(i as u32 * 1000003))?;
     }
+    if let Some((mode, clusters)) = attn.backward_pairs(&plan)? {
+        eprintln!("{name}: backward in CTA pairs (FLAMIA_BWD_PAIR={mode}), {clusters} clusters of two");
+    }
     let lse = DeviceBuf::<f32>::zeros(gpu, t * HEADS)?;
     let saved = attn.alloc_saved(&plan)?;
     let ws = attn.alloc_grad(&plan)?;
