@@ -255,16 +255,18 @@
 // producer's next load of that stage writes into both. The upper tile's walk is the lower's
 // without the lower tile's diagonal query tiles (causal: the last two walking down, the first
 // two walking up, BWD_WALK_UP): rank 1's consumers pass those stages on without work
-// (bwd_step_pass), as they pass every stage of an item without an upper tile. Rank 0 claims the next pair and hands its index to rank 1 (sm.claim, claim_full /
-// claim_empty across the cluster). Each CTA computes and reduces its own tile exactly as
+// (bwd_step_pass), as they pass every stage of an item without an upper tile. Rank 0 claims
+// the next pair and hands its index to rank 1 (sm.claim, claim_full / claim_empty across the
+// cluster: the one cluster-scope release / acquire; every other remote arrival is a plain
+// SYNCS.ARRIVE, mbar_arrive_remote). Each CTA computes and reduces its own tile exactly as
 // unpaired (the same dQ turns): bitwise the unpaired gradients (GPU test
 // cta_pairs_give_bitwise_the_unpaired_backward). What it saves is half of the Q / dO bytes
 // out of L2 (session 35's probe, BWD_L2_PROBE 1: -2.2..-3.3% at 1x65536).
 // BWD_PAIR 2 (FLAMIA_BWD_PAIR=2) also adds the pair's dQ partials up before one reduce-add per
-// query tile that both tiles see (a "paired" step): the CTA of rank (walk step & 1) sums
-// ("summer": rank (q0 / 64) & 1), so both CTAs' reducers share the work. Per consumer warp w: the partner's warp w
-// stores its partial as always, then arrives on the summer's pdq_full[cw][w] (remote, each
-// lane); the summer's warp w, its own partial stored, reads the partner's rows 16w.. (its own
+// query tile that both tiles see (a "paired" step): the CTA of rank (q0 / 64) & 1 sums (the
+// "summer"), so both CTAs' reducers share the work. Per consumer warp w: the partner's warp w
+// stores its partial as always, then (fence.acq_rel.cta) arrives on the summer's
+// pdq_full[cw][w] (remote, each lane); the summer's warp w, its own partial stored, reads the partner's rows 16w.. (its own
 // warp's rows: 8 x 16 bytes per lane, ld.shared::cluster), adds them into its buffer, releases
 // the partner's buffer (a remote arrival of each lane on the partner's dq_empty, which counts
 // 128: the reducer arrives with 128 at once) and hands the sum to its reducer, whose turn is the
