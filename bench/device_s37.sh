@@ -34,8 +34,9 @@ nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
 a)
+  export FLAMIA_BWD_HANG_TRAP=1  # (a hang traps after ~4.5 s and prints where: BWD_HANG_TRAP)
   T="timeout 420 $C/gpu_attention --ignored --exact --test-threads=1"
-  $T cta_pairs_give_bitwise_the_unpaired_backward 2>&1 | grep -E "^test |test result|panicked|differ|rror" | head -20
+  $T cta_pairs_give_bitwise_the_unpaired_backward 2>&1 | grep -E "^test |test result|panicked|differ|rror|hang" | head -20
   date
   for m in 1 2; do
     for up in 0 128; do
@@ -48,8 +49,9 @@ a)
     dq_is_bitwise_the_same_whatever_order 2>&1 | grep -E "^test |test result|panicked" | head
   ;;
 e)
+  export FLAMIA_BWD_HANG_TRAP=1
   timeout 560 $C/gpu_attention --ignored --exact --test-threads=1 cta_pair_sums_are_accurate_repeatable_isolated_and_ordered \
-    --nocapture 2>&1 | grep -E "^test |test result|panicked|differ|rror|exceeds|bitwise the unpaired" | head -30
+    --nocapture 2>&1 | grep -E "^test |test result|panicked|differ|rror|exceeds|bitwise the unpaired|hang" | head -30
   ;;
 b)
   for r in 1 2; do

@@ -491,6 +491,27 @@ static_assert(sizeof(BwdV4Smem) + 1024 <= SMEM_BWD4_BUDGET, "attn_bwd_v4: dynami
 #endif
 
 // ---- primitives --------------------------------------------------------------------------------
+// BWD_HANG_TRAP (test builds: the host's FLAMIA_BWD_HANG_TRAP=1): a consumer wait that has not
+// returned after 2^33 clocks (~4.5 s) prints the CTA, the thread, the wait's site (below), the
+// barrier's shared-memory address and parity, and traps, so a protocol hang fails its test with
+// a place instead of running into the test's timeout. Sites: 1 s_full (step), 2 s_full (dead
+// step), 3 s_full (passed stage), 4 pdq_full, 5 ds_ready, 6 dq_empty, 7 kv_full, 8 kd_full, 9
+// dq_empty (the end). Consumer warps only: the producer warpgroup's 24 registers leave no room
+// for the printf (sessions 12-13). Off: bwd_wait is mbar_wait.
+#ifdef BWD_HANG_TRAP
+__device__ __noinline__ void bwd_hang(u32 bar, u32 parity, int site) {
+  printf("attn_bwd_v4 hang: cta %d thread %d site %d barrier smem 0x%x parity %u\n", (int)blockIdx.x, (int)threadIdx.x,
+         site, bar, parity);
+  __trap();
+}
+__device__ __forceinline__ void bwd_wait(u32 bar, u32 parity, int site) {
+  const long long t0 = clock64();
+  while (!mbar_try_wait(bar, parity))
+    if (clock64() - t0 > (1ll << 33)) bwd_hang(bar, parity, site);
+}
+#else
+#define bwd_wait(bar, parity, site) mbar_wait(bar, parity)
+#endif
 __device__ __forceinline__ void tma_reduce_add_3d(const TmaMap* map, u32 src, int x, int y, int z) {
   asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
                    (u64)map),
@@ -1167,7 +1188,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #ifdef BWD_PROF_TIMERS
   const long long _t0 = clock64();
 #endif
-  mbar_wait(smem_u32(&sm.s_full[s]), C.ph);
+  bwd_wait(smem_u32(&sm.s_full[s]), C.ph, 1);
 #ifdef BWD_PROF_TIMERS
   C.prof[0] += clock64() - _t0;
 #endif
@@ -1468,7 +1489,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 // ds_ready.
 __device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
   const int cw = C.cw, w = C.w(), s = C.s, buf = C.nstep % BWD_DS_BUFS;
-  mbar_wait(smem_u32(&sm.s_full[s]), C.ph);
+  bwd_wait(smem_u32(&sm.s_full[s]), C.ph, 2);
 #if BWD_DS_STSM
   u8* ds = ds_row(sm, C, buf);
 #pragma unroll
@@ -1492,7 +1513,7 @@ __device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
 // tiles, or every stage of an item without an upper tile): waited for and passed on, so the two
 // CTAs' rings stay in step. No dS, no dQ (C.nstep unchanged).
 __device__ __forceinline__ void bwd_step_pass(BwdV4Smem& sm, BwdConsumer& C) {
-  mbar_wait(smem_u32(&sm.s_full[C.s]), C.ph);
+  bwd_wait(smem_u32(&sm.s_full[C.s]), C.ph, 3);
   bwd_release_stage(sm, C.s, C.lane());
   if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
 }
@@ -1549,7 +1570,7 @@ __device__ __forceinline__ void bwd_dq_store(const BwdV4Params& P, BwdV4Smem& sm
 // 16-byte chunks per lane, all loads in flight first) and release the partner's buffer.
 __device__ __forceinline__ void bwd_dq_pair_sum(BwdV4Smem& sm, BwdConsumer& C, int db, u32 rank) {
   const int cw = C.cw, w = C.w();
-  mbar_wait(smem_u32(&sm.pdq_full[cw][w]), C.npsum & 1);
+  bwd_wait(smem_u32(&sm.pdq_full[cw][w]), C.npsum & 1, 4);
   ++C.npsum;
   constexpr int NC = HEAD_DIM / 64 * 4;  // chunk c: half c / 4, rows 16w + 4 (c % 4) + lane / 8
   u8* mine = sm.dqs[db][cw][0] + 16 * w * 128 + 16 * C.lane();
@@ -1582,7 +1603,7 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
 #ifdef BWD_PROF_TIMERS
   const long long _t2 = clock64();
 #endif
-  mbar_wait(smem_u32(&sm.ds_ready[buf]), (n / BWD_DS_BUFS) & 1);
+  bwd_wait(smem_u32(&sm.ds_ready[buf]), (n / BWD_DS_BUFS) & 1, 5);
 #ifdef BWD_PROF_TIMERS
   C.prof[2] += clock64() - _t2;
 #endif
@@ -1640,7 +1661,7 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   const long long _t3 = clock64();
 #endif
   const int db = n % BWD_DQ_BUFS;
-  mbar_wait(smem_u32(&sm.dq_empty[db][cw]), ((n / BWD_DQ_BUFS) & 1) ^ 1);
+  bwd_wait(smem_u32(&sm.dq_empty[db][cw]), ((n / BWD_DQ_BUFS) & 1) ^ 1, 6);
 #ifdef BWD_PROF_TIMERS
   C.prof[3] += clock64() - _t3;
 #endif
@@ -1846,7 +1867,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #ifdef BWD_PROF_TIMERS
     const long long _t4 = clock64();
 #endif
-    mbar_wait(smem_u32(&sm.kv_full), ni & 1);
+    bwd_wait(smem_u32(&sm.kv_full), ni & 1, 7);
 #ifdef BWD_PROF_TIMERS
     C.prof[4] += clock64() - _t4;
 #endif
@@ -1880,7 +1901,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     xpose_kd_half(sm.k + opaque_u32(0u), sm.kd + opaque_u32(0u), cw, C.w(), tl.len - tl.k0, (int)opaque_u32(C.lane()),
                   BWD_DS_STSM ? XPOSE_ILEAVE : XPOSE_PLAIN);
 #else
-    mbar_wait(smem_u32(&sm.kd_full), ni & 1);  // the item's dim-major K (issued before the last item's end)
+    bwd_wait(smem_u32(&sm.kd_full), ni & 1, 8);  // the item's dim-major K (issued before the last item's end)
 #endif
 #if BWD_VT_XPOSE
     // this warpgroup's 64 keys of the item's token-major V, in place from the dim-major half the
@@ -2018,7 +2039,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
   }
   {  // no more partials: the reducer warp finishes the pending ones and stops
     const int db = C.nstep % BWD_DQ_BUFS;
-    mbar_wait(smem_u32(&sm.dq_empty[db][cw]), ((C.nstep / BWD_DQ_BUFS) & 1) ^ 1);
+    bwd_wait(smem_u32(&sm.dq_empty[db][cw]), ((C.nstep / BWD_DQ_BUFS) & 1) ^ 1, 9);
     if (C.t() == 0) sm.job[db][cw].end = 1;
     mbar_arrive(smem_u32(&sm.dq_full[db][cw]));  // all 128, as a partial's
   }

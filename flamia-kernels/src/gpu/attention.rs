@@ -261,6 +261,14 @@ fn bwd_ctas() -> Option<usize> {
 /// run). Not yet measured on a GPU (session 36 had none): 0 by default.
 const BWD_PAIR_DEFAULT: u32 = 0;
 
+/// `FLAMIA_BWD_HANG_TRAP=1` (a test knob): the v4 backward's consumer waits give up after
+/// ~4.5 s with a printout of the place and a trap (`BWD_HANG_TRAP`), so a protocol hang fails
+/// its test at once, saying where, instead of running into the test's timeout. The same
+/// results otherwise.
+fn bwd_hang_trap() -> bool {
+    super::env_on("FLAMIA_BWD_HANG_TRAP")
+}
+
 /// `FLAMIA_BWD_PAIR=0|1|2`: the pair mode ([`BWD_PAIR_DEFAULT`] when unset or anything else).
 fn bwd_pair_env() -> u32 {
     parse_pair_mode(std::env::var("FLAMIA_BWD_PAIR").ok().as_deref())
@@ -926,6 +934,9 @@ impl Attention {
         }
         if !bwd_redux() {
             v.0 = v.0.define("BWD_REDUX", 0);
+        }
+        if bwd_hang_trap() {
+            v.0 = v.0.define("BWD_HANG_TRAP", 1);
         }
         v.0 = with_dq_stsm(v.0);
         if bwd_cols_tma(hd, self.bwd_key_blocks()) {
@@ -1937,6 +1948,11 @@ mod tests {
                 for mode in [1, 2] {
                     jobs.push(("attn_bwd_v4.cu", v.clone().define("BWD_PAIR", mode)));
                 }
+                // (the hang trap of the pairs' tests, FLAMIA_BWD_HANG_TRAP)
+                jobs.push((
+                    "attn_bwd_v4.cu",
+                    v.define("BWD_PAIR", 2).define("BWD_HANG_TRAP", 1),
+                ));
             }
             // two dQ buffers per warpgroup (FLAMIA_BWD_DQ_BUFS=2): three stages at d = 64, two at 128
             let stages = if hd == 64 { 3 } else { 2 };
