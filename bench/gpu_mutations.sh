@@ -222,7 +222,7 @@ mutate bwd4-pair-upper-tile attn_bwd_v4.cu 's/        if (rank != 0 \&\& both) t
 # 36. Mode 2 (the pair's dQ partials summed through DSMEM): the summer reads its partner's
 # partial without waiting for its store, and (37) reads its own buffer instead of the partner's
 # (its partial counted twice, the partner's never).
-mutate bwd4-pairsum-nowait attn_bwd_v4.cu 's/  mbar_wait(smem_u32(&sm.pdq_full\[cw\]\[w\]), C.npsum & 1);/  (void)0;/' \
+mutate bwd4-pairsum-nowait attn_bwd_v4.cu 's/  bwd_wait(smem_u32(&sm.pdq_full\[cw\]\[w\]), C.npsum & 1, 4);/  (void)0;/' \
   cta_pair_sums_are_accurate_repeatable_isolated_and_ordered
 mutate bwd4-pairsum-self attn_bwd_v4.cu 's/const u32 theirs = mapa_shared(smem_u32(mine), rank ^ 1);/const u32 theirs = mapa_shared(smem_u32(mine), rank);/' \
   cta_pair_sums_are_accurate_repeatable_isolated_and_ordered
