@@ -838,14 +838,7 @@ fn cta_pair_sums_are_accurate_repeatable_isolated_and_ordered() {
     let shape = VarlenShape::from_lens(&[300, 129, 600], 2, 2, 128).unwrap();
     with_seeds("pair sums, isolation", |mut rng| {
         let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
-        for doc in 0..3 {
-            let c = doc_isolation(&attn, &call, doc, 1e4).unwrap();
-            assert!(
-                c.bitwise_zero(),
-                "pair sums: scaling document {doc} changed {} elements of the others: {c:?}",
-                c.changed
-            );
-        }
+        assert_documents_isolated(&attn, &call, "pair sums");
     });
     let shape = VarlenShape::from_lens(&[300, 90], 4, 2, 128).unwrap();
     with_seeds("pair sums, leakage", |mut rng| {
@@ -864,6 +857,19 @@ fn cta_pair_sums_are_accurate_repeatable_isolated_and_ordered() {
             );
         }
     });
+}
+
+/// Scaling any one document of `call` by 1e4 changes no element of the others, bit for bit
+/// (`tag` names the case on failure).
+fn assert_documents_isolated(attn: &flamia_kernels::leakage::AttnFn, call: &AttnCall, tag: &str) {
+    for doc in 0..call.shape.docs() {
+        let c = doc_isolation(attn, call, doc, 1e4).unwrap();
+        assert!(
+            c.bitwise_zero(),
+            "{tag}: scaling document {doc} changed {} elements of the others: {c:?}",
+            c.changed
+        );
+    }
 }
 
 /// The GPU's outputs of a Gaussian mxfp8 call of `shape` for every seed ([`with_seeds`]), by `run`.
@@ -1030,14 +1036,7 @@ fn documents_are_isolated_bitwise() {
     with_seeds("isolation", |mut rng| {
         let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
         for path in [AttnPath::Mxfp8, AttnPath::Nvfp4] {
-            for doc in 0..3 {
-                let c = doc_isolation(&attn, &call.with_path(path), doc, 1e4).unwrap();
-                assert!(
-                    c.bitwise_zero(),
-                    "{path}: scaling document {doc} changed {} elements of the others: {c:?}",
-                    c.changed
-                );
-            }
+            assert_documents_isolated(&attn, &call.with_path(path), &path.to_string());
         }
         let c = doc_isolation(&attn, &call.with_path(AttnPath::LeakyFp8), 1, 1e4).unwrap();
         assert!(c.max() > 1e-3, "leaky-fp8 must leak across documents: {c:?}");
@@ -1182,14 +1181,7 @@ fn head_dim_64_documents_are_isolated_and_default_mxfp8_is_causal_before_the_blo
     let shape = VarlenShape::from_lens(&[70, 33, 129], 2, 2, 64).unwrap();
     with_seeds("d64 isolation", |mut rng| {
         let call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
-        for doc in 0..3 {
-            let c = doc_isolation(&attn, &call, doc, 1e4).unwrap();
-            assert!(
-                c.bitwise_zero(),
-                "d64 mxfp8: scaling document {doc} changed {} elements of the others: {c:?}",
-                c.changed
-            );
-        }
+        assert_documents_isolated(&attn, &call, "d64 mxfp8");
         let c = doc_isolation(&attn, &call.with_path(AttnPath::LeakyFp8), 1, 1e4).unwrap();
         assert!(c.max() > 1e-3, "d64 leaky-fp8 must leak across documents: {c:?}");
     });

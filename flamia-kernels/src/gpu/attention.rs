@@ -62,7 +62,8 @@ pub fn forward_v4_stages() -> u32 {
     stages_from_env("FLAMIA_FWD_STAGES", 2..=5, 4)
 }
 
-/// A ring depth from `var` when it parses and lies in `allowed`, else `default`.
+/// A small count knob (a ring depth, a mode) from `var` when it parses and lies in `allowed`,
+/// else `default`.
 fn stages_from_env(var: &str, allowed: std::ops::RangeInclusive<u32>, default: u32) -> u32 {
     super::env_number(var)
         .filter(|n| allowed.contains(n))
@@ -271,17 +272,7 @@ fn bwd_hang_trap() -> bool {
 
 /// `FLAMIA_BWD_PAIR=0|1|2`: the pair mode ([`BWD_PAIR_DEFAULT`] when unset or anything else).
 fn bwd_pair_env() -> u32 {
-    parse_pair_mode(std::env::var("FLAMIA_BWD_PAIR").ok().as_deref())
-}
-
-/// [`bwd_pair_env`] of the variable's value `v` (`None`: unset).
-fn parse_pair_mode(v: Option<&str>) -> u32 {
-    match v.map(str::trim) {
-        Some("0") => 0,
-        Some("1") => 1,
-        Some("2") => 2,
-        _ => BWD_PAIR_DEFAULT,
-    }
+    stages_from_env("FLAMIA_BWD_PAIR", 0..=2, BWD_PAIR_DEFAULT)
 }
 
 /// `FLAMIA_BWD_JITTER` (a test knob, default 0): a nonzero seed makes every dQ reduce of the v4
@@ -1757,8 +1748,8 @@ impl Attention {
 #[cfg(test)]
 mod tests {
     use super::{
-        attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, forward_v4_variant,
-        fwd_cw_const, fwd_o_tma, parse_choice, parse_pair_mode, parse_promote, short_items, smem_bwd4,
+        attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, bwd_pair_env,
+        forward_v4_variant, fwd_cw_const, fwd_o_tma, parse_choice, parse_promote, short_items, smem_bwd4,
         smem_fwd4, with_dq_bufs, with_early_factors, with_xposes, QdFwd, BWD_PAIR_DEFAULT, FWD_CW_MIN_TILES,
         KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
@@ -2056,11 +2047,21 @@ mod tests {
         assert_eq!(parse_choice(Some("2"), &["1", "2"]), Some(true));
         assert_eq!(parse_choice(Some("yes"), &["1", "2"]), None);
         assert_eq!(parse_choice(None, &["1"]), None);
+        // FLAMIA_BWD_PAIR (read by the GPU backward alone, never by another CPU test)
+        let pair_mode = |v: Option<&str>| {
+            match v {
+                Some(v) => std::env::set_var("FLAMIA_BWD_PAIR", v),
+                None => std::env::remove_var("FLAMIA_BWD_PAIR"),
+            }
+            let mode = bwd_pair_env();
+            std::env::remove_var("FLAMIA_BWD_PAIR");
+            mode
+        };
         for (v, mode) in [(Some("0"), 0), (Some(" 1"), 1), (Some("2"), 2)] {
-            assert_eq!(parse_pair_mode(v), mode);
+            assert_eq!(pair_mode(v), mode);
         }
         for v in [None, Some("3"), Some("yes")] {
-            assert_eq!(parse_pair_mode(v), BWD_PAIR_DEFAULT);
+            assert_eq!(pair_mode(v), BWD_PAIR_DEFAULT);
         }
     }
 
