@@ -23,12 +23,20 @@
 #      accuracy and leakage tests on earlycf and earlycf2, then the default and the three, two
 #      rounds, three workloads at d = 128 and one at d = 64 (forward ms and MHz; ~32 bench runs,
 #      sized for one 600 s call).
+#   f: session 37's dS exponents in three instructions (the default backward's block exponents and
+#      row dS's both copies) and row dS's dQ codes without their re-packing (census, d = 128
+#      interior step: default 1,013 -> 1,001 SASS, row dS 1,242 -> 1,175, --causally-safe 1,302 ->
+#      1,239): the bitwise A/B test against session 36's sources, staged as cuda-s36
+#        mkdir -p .device-carry/bwd4/cuda-s36 && git archive d12883c flamia-kernels/cuda \
+#          | tar -x --strip-components=2 -C .device-carry/bwd4/cuda-s36
+#      then the tree (embedded) against cuda-s36, two rounds: default, row dS alone and
+#      --causally-safe (~16 bench runs, sized for one 600 s call).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s37.sh a|b|c|d|e}
+mode=${1:?usage: device_s37.sh a|b|c|d|e|f}
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
@@ -77,7 +85,14 @@ d)
   ab_dirs cuda-earlycf0 cuda-earlycf cuda-earlycf2 -- --workload 1x65536 --workload 16x4096 --workload 256x256
   ab_dirs cuda-earlycf0 cuda-earlycf cuda-earlycf2 -- --head-dim 64 --workload 1x65536
   ;;
-*) echo "device_s37.sh: unknown mode '$mode' (a, b, c, d, e)"; exit 2 ;;
+f)
+  FLAMIA_AB_CUDA_DIR=$C/cuda-s36 timeout 240 $C/gpu_attention --ignored --exact --test-threads=1 \
+    kernel_sources_of_another_directory_give_bitwise_the_same 2>&1 | grep -E "^test |test result|panicked|differs|SKIPPED" | head
+  ab_dirs cuda-s36 -- --workload 1x65536 --workload 16x4096 --workload 256x256
+  ab_dirs cuda-s36 -- --precision row-ds-exponents --workload 1x65536 --workload 16x4096
+  ab_dirs cuda-s36 -- --causally-safe --workload 1x65536 --workload 256x256
+  ;;
+*) echo "device_s37.sh: unknown mode '$mode' (a, b, c, d, e, f)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s37-$mode.log"

@@ -155,3 +155,35 @@ fn block_exponent_is_the_smallest_exponent_that_does_not_clip() {
         x *= 1.37;
     }
 }
+
+/// The kernels' three-instruction block exponent (`e4m3_scale_exp_nn` in `cuda/attn_common.cuh`,
+/// used by the v4 backward for its dS exponents: `max(-126, ((bits + 2^21 - 1) >> 23) - 135)`,
+/// the bump at a mantissa past 1.75 being the carry of the added 2^21 - 1) is `block_exponent`
+/// clamped to the kernels' -126 on every f32 that is not NaN: all 2^31 - 2^23 non-negative ones
+/// (the maxima it gets), and every 4,099th of the negative ones (-126, as the branchy form gives).
+/// The formula is read from the CUDA source, so the test follows an edit of either.
+#[test]
+fn the_kernels_short_block_exponent_is_the_block_exponent_on_every_non_nan() {
+    let src = include_str!("../cuda/attn_common.cuh");
+    let body = src
+        .split("int e4m3_scale_exp_nn(float amax) {")
+        .nth(1)
+        .and_then(|s| s.split('}').next())
+        .expect("attn_common.cuh defines e4m3_scale_exp_nn");
+    let squash = |s: &str| s.split_whitespace().collect::<String>();
+    assert!(
+        squash(body).contains("constu32u=__float_as_uint(amax)+0x1fffffu;")
+            && squash(body).contains("returnmax(-126,((int)u>>23)-135);"),
+        "e4m3_scale_exp_nn changed: update this test's model of it\n{body}"
+    );
+    let model = |bits: u32| (((bits.wrapping_add(0x1f_ffff) as i32) >> 23) - 135).max(-126);
+    let spec = |x: f32| (block_exponent(x) as i32).max(-126);
+    let check = |bits: u32| {
+        let x = f32::from_bits(bits);
+        let want = if x > 0.0 { spec(x) } else { -126 };
+        assert_eq!(model(bits), want, "amax bits {bits:#010x} ({x:e})");
+    };
+    (0..=0x7f80_0000u32).for_each(check);
+    (0x8000_0000..=0xff80_0000u32).step_by(4099).for_each(check);
+    check(0xff80_0000);
+}

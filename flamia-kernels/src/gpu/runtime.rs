@@ -281,6 +281,27 @@ fn compile_resolved(
 
 type ModuleKey = (String, Variant, &'static str);
 
+/// The cache key of (`source`, `variant`) on `arch`: the source's name, and the directory
+/// [`SOURCE_DIR_ENV`] names when it is set, so that a process which sets or changes that variable
+/// (e.g. a test comparing another directory's sources with the embedded ones bit for bit) runs
+/// the kernels compiled from the sources it names, not ones an earlier call compiled.
+fn module_key(source: &str, variant: &Variant, arch: &'static str) -> ModuleKey {
+    module_key_in(source, variant, arch, std::env::var_os(SOURCE_DIR_ENV).as_deref())
+}
+
+fn module_key_in(
+    source: &str,
+    variant: &Variant,
+    arch: &'static str,
+    dir: Option<&std::ffi::OsStr>,
+) -> ModuleKey {
+    let name = match dir {
+        Some(dir) => format!("{source}@{}", std::path::Path::new(dir).display()),
+        None => source.to_string(),
+    };
+    (name, variant.clone(), arch)
+}
+
 /// One GPU: its context, architecture and the cache of compiled modules and functions.
 /// Cheap to share (`Arc<Gpu>`); every method takes `&self`.
 pub struct Gpu {
@@ -356,7 +377,7 @@ impl Gpu {
     /// The module of (`source`, `variant`) for this GPU's arch, compiled on first use (its PTX
     /// from the on-disk cache when an earlier process compiled it: [`super::kcache`]).
     pub fn module(&self, source: &str, variant: &Variant) -> GpuResult<Arc<CudaModule>> {
-        let key: ModuleKey = (source.to_string(), variant.clone(), self.arch);
+        let key = module_key(source, variant, self.arch);
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = modules.get(&key) {
             return Ok(m.clone());
@@ -385,7 +406,7 @@ impl Gpu {
         name: &str,
         smem: u32,
     ) -> GpuResult<CudaFunction> {
-        let key: ModuleKey = (source.to_string(), variant.clone(), self.arch);
+        let key = module_key(source, variant, self.arch);
         let fkey = (key, name.to_string());
         if let Some(f) = self
             .functions
@@ -678,6 +699,23 @@ pub(crate) mod tests {
             embedded_text("attn_fwd.cu")
         );
         assert!(source_from("nope.cu", d).is_none(), "unknown names stay unknown");
+    }
+
+    #[test]
+    fn modules_are_cached_per_source_directory() {
+        let v = Variant::new().define("HEAD_DIM", 128);
+        let key =
+            |dir: Option<&str>| module_key_in("attn_bwd_v4.cu", &v, "sm_90a", dir.map(std::ffi::OsStr::new));
+        assert_eq!(key(None), key(None));
+        assert_eq!(key(Some("/tmp/a")), key(Some("/tmp/a")));
+        assert_ne!(
+            key(None),
+            key(Some("/tmp/a")),
+            "the embedded sources and a directory's"
+        );
+        assert_ne!(key(Some("/tmp/a")), key(Some("/tmp/b")), "two directories");
+        let w = Variant::new().define("HEAD_DIM", 64);
+        assert_ne!(key(None), module_key_in("attn_bwd_v4.cu", &w, "sm_90a", None));
     }
 
     fn embedded_text(name: &str) -> &'static str {
