@@ -11,7 +11,7 @@
 #      block, both walks.
 #   b: pairs off / 1 / 2, two rounds, at 1x65536 (every tile walks down), 4x16384, 16x4096,
 #      64x1024 and 256x256 (walking up), d = 128, and 1x65536 and 16x4096 at d = 64, with the
-#      SM clock after each loop.
+#      SM clock after each loop; and mode 2 with FLAMIA_BWD_PAIR_STRICT=0 at 1x65536 and 16x4096.
 #   c: the pairs' three GPU mutations (bench/gpu_mutations.sh 35-37): each must be caught.
 #   d: the forward's tile factors before S's wait (bench/variants/fwd_early_cf.patch, kernel
 #      FWD_EARLY_CF; fwd_early_cf2.patch also takes 2^-fe and O's change of units there): stage
@@ -68,6 +68,8 @@ b)
         --workload 64x1024 --workload 256x256
       bench_mhz "pair $p round $r, d = 64" FLAMIA_BWD_PAIR=$p --head-dim 64 --workload 1x65536 --workload 16x4096
     done
+    # mode 2's partial handed over at CTA scope (BWD_PAIR_STRICT 0, session 37) against the default
+    bench_mhz "pair 2 relaxed round $r" "FLAMIA_BWD_PAIR=2 FLAMIA_BWD_PAIR_STRICT=0" --workload 1x65536 --workload 16x4096
   done
   ;;
 c)

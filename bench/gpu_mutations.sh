@@ -194,7 +194,8 @@ mutate dq-stsm-order attn_bwd_v4.cu 's/^  across(1);$/  (void)0;/; s/for (int m 
   dq_partials_by_stmatrix_give_bitwise_the_same
 # 32. Row dS's dQ copy by stmatrix (row_ds_copies under BWD_DS_STSM, landed later in session 26)
 # with queries 2q and 2q + 1 swapped in every block's element (mutation 28's wrong selector).
-mutate ds-stsm-row attn_bwd_v4.cu 's/e\[jj\] = __byte_perm(R0, R8, 0x5140);/e[jj] = __byte_perm(R0, R8, 0x4051);/' \
+# (Since session 37 the two conversions write the stmatrix element in place, cvt_e4m3x4.)
+mutate ds-stsm-row attn_bwd_v4.cu 's/e\[jj\] = cvt_e4m3x4(v\[i\] \* fc.x, v\[i + 2\] \* fc.x, v\[i + 1\] \* fc.y, v\[i + 3\] \* fc.y);/e[jj] = cvt_e4m3x4(v[i + 1] * fc.y, v[i + 3] * fc.y, v[i] * fc.x, v[i + 2] * fc.x);/' \
   ds_tile_by_stmatrix_gives_bitwise_the_same precision_options_and_no_hadamard_are_as_accurate_as_the_reference
 # 33. The forward's O by bulk tensor stores (FWD_O_TMA, session 30) for a warpgroup with any row in
 # the document: its 64-row box writes zeros over the next document's first rows. A race with
@@ -222,7 +223,7 @@ mutate bwd4-pair-upper-tile attn_bwd_v4.cu 's/        if (rank != 0 \&\& both) t
 # 36. Mode 2 (the pair's dQ partials summed through DSMEM): the summer reads its partner's
 # partial without waiting for its store, and (37) reads its own buffer instead of the partner's
 # (its partial counted twice, the partner's never).
-mutate bwd4-pairsum-nowait attn_bwd_v4.cu 's/  bwd_wait(smem_u32(&sm.pdq_full\[cw\]\[w\]), C.npsum & 1, 4);/  (void)0;/' \
+mutate bwd4-pairsum-nowait attn_bwd_v4.cu 's/  bwd_wait_cluster(smem_u32(&sm.pdq_full\[cw\]\[w\]), C.npsum & 1, 4);/  (void)0;/' \
   cta_pair_sums_are_accurate_repeatable_isolated_and_ordered
 mutate bwd4-pairsum-self attn_bwd_v4.cu 's/const u32 theirs = mapa_shared(smem_u32(mine), rank ^ 1);/const u32 theirs = mapa_shared(smem_u32(mine), rank);/' \
   cta_pair_sums_are_accurate_repeatable_isolated_and_ordered

@@ -17,8 +17,10 @@ cluster counts, causal and not, both modes:
   or the summer);
 - every (query tile, key tile, warpgroup) partial enters dQ once, in ascending key-tile order (the
   semaphore's turns), each reducer job at exactly its turn.
-Each run is also repeated with a protocol bug put in (s_empty counting one CTA's warps; mode 2's
-summer not waiting for pdq_full) and must fail then. Run: python3 scripts/pair_protocol_model.py
+Half the runs count the warpgroups' steps with BWD_SKIP_DEAD (dead steps take a stage like any
+step). Each run is also repeated with a protocol bug put in (s_empty counting one CTA's warps; mode
+2's summer not waiting for pdq_full; session 36's dead-step count, which gave a CTA without a tile
+in its pair a dead step: found in session 37's review, fixed in the kernel) and must fail then. Run: python3 scripts/pair_protocol_model.py
 (exit status 1 on any failure)."""
 import random
 import sys
@@ -75,7 +77,7 @@ class Cta:
         self.job = [None, None]
 
 
-def run(lens, causal, hq, clusters, mode, bug, rng, up_docs=()):
+def run(lens, causal, hq, clusters, mode, bug, rng, up_docs=(), skip_dead=False):
     # tiles (doc, len, k0, up); the list as sched.rs makes it: the downward-walking tiles longest
     # first, heads adjacent; then the documents walking up (causal), longest first, head by head,
     # each head's tiles highest first
@@ -211,7 +213,7 @@ def run(lens, causal, hq, clusters, mode, bug, rng, up_docs=()):
             paired = summer = False
             if mode == 2:
                 paired = it["up"] is not None and (r != 0 or not causal or q0 >= tiles[it["lo"]][2] + BKT)
-                summer = paired and ((it["len"] - 1) // BQT - q0 // BQT) % 2 == r
+                summer = paired and (q0 // BQT) % 2 == r  # (the kernel's rule: rank (q0 / 64) & 1)
             if paired and not summer:
                 other.pdq_full[cw][w].arrive()
                 return
@@ -240,12 +242,23 @@ def run(lens, causal, hq, clusters, mode, bug, rng, up_docs=()):
                 break
             yield lambda: me.kd_full.done(ni & 1)
             pend = None
-            first = it["passes"] if it["walk_up"] else 0  # (walking up, the passed stages come first)
-            if it["walk_up"]:
+            # the warpgroup's steps as the kernel's loops count them: interior, masked, and with
+            # BWD_SKIP_DEAD the dead ones (bwd_step_dead: a stage, ds_ready and a dQ job like a
+            # step); tl = the CTA's own tile, or the pair's lower one when it has none (n = 0)
+            k0 = tiles[it["own"] if it["own"] is not None else it["lo"]][2]
+            n = it["nown"]
+            lim = it["len"] - 1 - k0 - 64 * cw
+            nint = max(0, n - 1 - cw) if causal else (n if lim >= 63 else 0)
+            nmask = n - nint
+            dead = nmask if lim < 0 else (1 if causal and cw == 1 else 0)
+            ndead = (dead if bug == "dead" else min(nmask, dead)) if skip_dead else 0
+            count = nint + max(0, nmask - ndead) + ndead
+            qstart = k0 if causal else 0
+            if it["walk_up"]:  # (walking up, the passed stages come first)
                 for i in range(it["passes"]):
                     yield from stage(it["q0s"][i])
-            for i in range(first, first + it["nown"]):
-                q0 = it["q0s"][i]
+            for i in range(count):
+                q0 = qstart + BQT * (i if it["walk_up"] else n - 1 - i)
                 yield from stage(q0)
                 me.ds_ready[nstep % 4].arrive()
                 nstep += 1
@@ -346,16 +359,19 @@ def main():
             causal = rng.random() < 0.75
             clusters = rng.choice([1, 1, 2, 3])
             up = {d for d in range(len(lens)) if rng.random() < 0.5}
-            f = run(lens, causal, 2, clusters, mode, None, rng, up)
+            skip = rng.random() < 0.5
+            f = run(lens, causal, 2, clusters, mode, None, rng, up, skip)
             cases += 1
             if f:
-                fails.append(f"mode {mode} {lens} causal {causal} up {sorted(up)} clusters {clusters}: {f[0]} "
-                             f"({len(f)} in all)")
-    # broken once each: must fail
-    for mode, bug in ((1, "s_empty8"), (2, "nowait")):
+                fails.append(f"mode {mode} {lens} causal {causal} up {sorted(up)} clusters {clusters} "
+                             f"skip dead {skip}: {f[0]} ({len(f)} in all)")
+    # broken once each: must fail ("dead": session 36's count of dead steps, which gave a CTA
+    # without a tile in its pair a dead step when the lower tile's second half is in the
+    # document: 1,100 tokens, 9 key tiles, the last alone with 76 keys)
+    for mode, bug, skip in ((1, "s_empty8", False), (2, "nowait", False), (1, "dead", True), (2, "dead", True)):
         caught = 0
         for trial in range(20):
-            f = run([1100, 700], True, 2, 1, mode, bug, rng)
+            f = run([1100, 700], True, 2, 1, mode, bug, rng, (), skip)
             caught += bool(f)
         if not caught:
             fails.append(f"mode {mode} with bug {bug}: never caught in 20 runs")
@@ -364,7 +380,7 @@ def main():
     if fails:
         sys.exit(1)
     print(f"pair_protocol_model: {cases} random runs of both modes without deadlock, stale stage, early dQ read "
-          "or partial out of turn; both broken protocols caught")
+          "or partial out of turn; every broken protocol caught")
 
 
 if __name__ == "__main__":

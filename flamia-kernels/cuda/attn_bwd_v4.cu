@@ -265,8 +265,9 @@
 // BWD_PAIR 2 (FLAMIA_BWD_PAIR=2) also adds the pair's dQ partials up before one reduce-add per
 // query tile that both tiles see (a "paired" step): the CTA of rank (q0 / 64) & 1 sums (the
 // "summer"), so both CTAs' reducers share the work. Per consumer warp w: the partner's warp w
-// stores its partial as always, then (fence.acq_rel.cta) arrives on the summer's
-// pdq_full[cw][w] (remote, each lane); the summer's warp w, its own partial stored, reads the partner's rows 16w.. (its own
+// stores its partial as always, then (__syncwarp) its lane 0 arrives with release at cluster
+// scope on the summer's pdq_full[cw][w] (BWD_PAIR_STRICT, below); the summer's warp w waits
+// with acquire at cluster scope and, its own partial stored, reads the partner's rows 16w.. (its own
 // warp's rows: 8 x 16 bytes per lane, ld.shared::cluster), adds them into its buffer, releases
 // the partner's buffer (a remote arrival of each lane on the partner's dq_empty, which counts
 // 128: the reducer arrives with 128 at once) and hands the sum to its reducer, whose turn is the
@@ -284,6 +285,17 @@
 #endif
 #if BWD_PAIR == 2 && BWD_DQ_BUFS != 1
 #error "BWD_PAIR 2: one dQ buffer per warpgroup (the partner's buffer is the summer's by step)"
+#endif
+// BWD_PAIR_STRICT (BWD_PAIR 2; 1 by default, the host builds 0 for FLAMIA_BWD_PAIR_STRICT=0): the
+// partner's partial handed to the summer as the PTX memory model asks for data one CTA writes
+// and another reads: a release at cluster scope by the partner warp's lane 0 after the warp's
+// __syncwarp (SASS: MEMBAR.ALL.GPU once per warp and paired step) and the summer's acquire at
+// cluster scope (a CCTL.IVALL). 0: each lane's fence.acq_rel.cta (MEMBAR.ALL.CTA) and a remote
+// arrival with the default semantics, CTA scope on both sides: cheaper, and the partner's stores
+// have been performed before its arrival leaves the SM, but the model does not order a CTA-scope
+// release and acquire of two CTAs (a data race on paper: session 37's review), so an A/B only.
+#ifndef BWD_PAIR_STRICT
+#define BWD_PAIR_STRICT 1
 #endif
 
 // A 128-key tile: document start, length, padded start, tile offset in the document, the
@@ -509,8 +521,14 @@ __device__ __forceinline__ void bwd_wait(u32 bar, u32 parity, int site) {
   while (!mbar_try_wait(bar, parity))
     if (clock64() - t0 > (1ll << 33)) bwd_hang(bar, parity, site);
 }
+__device__ __forceinline__ void bwd_wait_cluster(u32 bar, u32 parity, int site) {  // (acquire at cluster scope)
+  const long long t0 = clock64();
+  while (!mbar_try_wait_cluster(bar, parity))
+    if (clock64() - t0 > (1ll << 33)) bwd_hang(bar, parity, site);
+}
 #else
 #define bwd_wait(bar, parity, site) mbar_wait(bar, parity)
+#define bwd_wait_cluster(bar, parity, site) mbar_wait_cluster(bar, parity)
 #endif
 __device__ __forceinline__ void tma_reduce_add_3d(const TmaMap* map, u32 src, int x, int y, int z) {
   asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
@@ -1577,7 +1595,11 @@ __device__ __forceinline__ void bwd_dq_store(const BwdV4Params& P, BwdV4Smem& sm
 // 16-byte chunks per lane, all loads in flight first) and release the partner's buffer.
 __device__ __forceinline__ void bwd_dq_pair_sum(BwdV4Smem& sm, BwdConsumer& C, int db, u32 rank) {
   const int cw = C.cw, w = C.w();
+#if BWD_PAIR_STRICT
+  bwd_wait_cluster(smem_u32(&sm.pdq_full[cw][w]), C.npsum & 1, 4);
+#else
   bwd_wait(smem_u32(&sm.pdq_full[cw][w]), C.npsum & 1, 4);
+#endif
   ++C.npsum;
   constexpr int NC = HEAD_DIM / 64 * 4;  // chunk c: half c / 4, rows 16w + 4 (c % 4) + lane / 8
   u8* mine = sm.dqs[db][cw][0] + 16 * w * 128 + 16 * C.lane();
@@ -1683,8 +1705,13 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   if (paired) {
     __syncwarp();  // (the warp's stmatrix stores, before the lanes' releases and reads)
     if (!summer) {  // the summer takes this partial; the buffer comes back by its release
+#if BWD_PAIR_STRICT
+      // (the __syncwarp orders the lanes' stores before lane 0's release at cluster scope)
+      if (C.lane() == 0) mbar_arrive_cluster(mapa_shared(smem_u32(&sm.pdq_full[cw][C.w()]), rank ^ 1));
+#else
       fence_cta();  // (the warp's stores done in this CTA's shared memory before the summer reads them)
       mbar_arrive_remote(mapa_shared(smem_u32(&sm.pdq_full[cw][C.w()]), rank ^ 1));
+#endif
       BWD_PHASE(11);
       return;
     }
@@ -1966,7 +1993,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     // the #else copy serves launches with no tile walking up (long documents) and goes once the
     // kernel built with BWD_WALK_UP 1 measures the same there (bench/device_s13.sh, walk1).
     const int nmask = n - nint;
-    const int ndead = BWD_SKIP_DEAD ? (lim < 0 ? nmask : (a.causal && cw == 1 ? 1 : 0)) : 0;
+    // (at most nmask: BWD_PAIR's CTA without a tile in its pair has no steps, n = 0, so no dead
+    // one either; its warpgroup 1 would otherwise take a stage more than its partner's)
+    const int ndead = BWD_SKIP_DEAD ? min(nmask, lim < 0 ? nmask : (a.causal && cw == 1 ? 1 : 0)) : 0;
     const bool up = tl.up;
     int q0 = up ? qstart : qstart + BQT * (n - 1);
     if (up) {
@@ -2013,7 +2042,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     // Dead steps (BWD_SKIP_DEAD), the last ones: no key of this warpgroup in the document (every
     // masked step), or causal, the second warpgroup's step at the tile's first query tile.
     const int nmask = n - nint;
-    const int ndead = BWD_SKIP_DEAD ? (lim < 0 ? nmask : (a.causal && cw == 1 ? 1 : 0)) : 0;
+    const int ndead = BWD_SKIP_DEAD ? min(nmask, lim < 0 ? nmask : (a.causal && cw == 1 ? 1 : 0)) : 0;
     for (int left = nmask - ndead; left > 0; --left, q0 -= BQT) {
       bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim);
       dq_after_step(q0);
@@ -2183,7 +2212,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
 #endif
 #if BWD_PAIR == 2
     for (int c = 0; c < 2; ++c)
-      for (int w = 0; w < 4; ++w) mbar_init(smem_u32(&sm.pdq_full[c][w]), 32);  // the partner warp's lanes
+      for (int w = 0; w < 4; ++w)  // the partner warp's lane 0 (BWD_PAIR_STRICT), or its lanes
+        mbar_init(smem_u32(&sm.pdq_full[c][w]), BWD_PAIR_STRICT ? 1 : 32);
 #endif
     for (int b = 0; b < BWD_DS_BUFS; ++b) mbar_init(smem_u32(&sm.ds_ready[b]), 256);
     for (int b = 0; b < BWD_DQ_BUFS; ++b)

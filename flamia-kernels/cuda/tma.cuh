@@ -118,6 +118,17 @@ __device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {
       "r"(parity)
       : "memory");
 }
+// One try of mbar_wait_cluster.
+__device__ __forceinline__ bool mbar_try_wait_cluster(u32 bar, u32 parity) {
+  u32 ok;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, "
+      "p;\n}\n"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
 __device__ __forceinline__ float4 ld_shared_cluster_v4(u32 remote) {
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"

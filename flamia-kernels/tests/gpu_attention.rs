@@ -756,6 +756,10 @@ fn cta_pairs_give_bitwise_the_unpaired_backward() {
                     same_bits_whatever(&gpu, &call, "FLAMIA_BWD_CTAS", &["2", "6"]);
                     same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1"]);
                     same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SCRATCH_MIB", &["0"]);
+                    // dead steps skipped, paired: the 1,100-token document's last tile (76 keys,
+                    // causal) is alone in its pair, so the partner CTA has no step, dead or not
+                    // (session 37's review: it took one, a stage more than its partner)
+                    same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SKIP_DEAD", &["1"]);
                 },
             );
         }
@@ -829,6 +833,7 @@ fn cta_pair_sums_are_accurate_repeatable_isolated_and_ordered() {
                 same_bits_whatever(&gpu, &call, "FLAMIA_BWD_CTAS", &["2", "6"]);
                 same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1", "2"]);
                 same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SCRATCH_MIB", &["0"]);
+                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_SKIP_DEAD", &["1"]);
             },
         );
     }

@@ -247,7 +247,8 @@ fn bwd_fold_warp(max_len: usize) -> bool {
 }
 
 /// `FLAMIA_BWD_CTAS=n` (a test knob): the v4 backward's persistent grid capped at `n` CTAs (at
-/// least 1) instead of one per SM. With one CTA the items run strictly in list order, so a
+/// least 1, and never more than run at once: one per SM, or with CTA pairs the clusters of two
+/// that fit) instead of one per SM. With one CTA the items run strictly in list order, so a
 /// semaphore turn that waits for an item listed later hangs the kernel instead of passing by luck
 /// of timing (GPU test `walking_up_is_accurate_repeatable_and_ordered`).
 fn bwd_ctas() -> Option<usize> {
@@ -271,6 +272,9 @@ fn bwd_hang_trap() -> bool {
 }
 
 /// `FLAMIA_BWD_PAIR=0|1|2`: the pair mode ([`BWD_PAIR_DEFAULT`] when unset or anything else).
+/// With 2, `FLAMIA_BWD_PAIR_STRICT=0` (an A/B knob) hands the partner's dQ partial to the summer
+/// with CTA-scope ordering instead of the memory model's cluster scope (the kernel's
+/// `BWD_PAIR_STRICT`).
 fn bwd_pair_env() -> u32 {
     stages_from_env("FLAMIA_BWD_PAIR", 0..=2, BWD_PAIR_DEFAULT)
 }
@@ -1610,16 +1614,29 @@ impl Attention {
         let (kd, vt) = (self.bwd_kd_xpose(plan), self.bwd_vt_xpose(plan));
         let (v4, smem) = self.backward_v4_kernel(hd, bw.walks_up(), kd, vt)?;
         let pair_mode = if bw.pairs.is_empty() { 0 } else { bwd_pair_env() };
-        let v4 = if pair_mode > 0 {
-            v4.define("BWD_PAIR", pair_mode)
-        } else {
-            v4
+        if pair_mode == 2 && bwd_dq_bufs() > 1 {
+            return Err(GpuError::NotSupported(
+                "FLAMIA_BWD_PAIR=2 sums the pair's dQ partials in the one dQ buffer of each warpgroup, so                  it cannot run with FLAMIA_BWD_DQ_BUFS=2: unset FLAMIA_BWD_DQ_BUFS, or use FLAMIA_BWD_PAIR=1"
+                    .into(),
+            ));
+        }
+        let v4 = match pair_mode {
+            0 => v4,
+            2 if super::env_off("FLAMIA_BWD_PAIR_STRICT") => {
+                v4.define("BWD_PAIR", 2).define("BWD_PAIR_STRICT", 0)
+            }
+            m => v4.define("BWD_PAIR", m),
         };
         let function = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
+        // (a cap never above what runs at once: each CTA's first item is its block index, so a
+        // CTA or cluster that waits to start would hold an item that resident ones wait for)
+        let sms = self.gpu.sm_count().max(1) as usize;
         let ctas = match (pair_mode > 0, bwd_ctas()) {
-            (false, cap) => cap.unwrap_or(self.gpu.sm_count().max(1) as usize),
-            (true, Some(cap)) => 2 * (cap / 2).max(1),
-            (true, None) => 2 * max_active_clusters(&function, 384, smem, 2)?.max(1),
+            (false, cap) => cap.map_or(sms, |c| c.min(sms)),
+            (true, cap) => {
+                let clusters = max_active_clusters(&function, 384, smem, 2)?.max(1);
+                2 * cap.map_or(clusters, |c| (c / 2).clamp(1, clusters))
+            }
         };
         Ok(FusedBwd {
             function,
@@ -1939,7 +1956,11 @@ mod tests {
                 for mode in [1, 2] {
                     jobs.push(("attn_bwd_v4.cu", v.clone().define("BWD_PAIR", mode)));
                 }
-                // (the hang trap of the pairs' tests, FLAMIA_BWD_HANG_TRAP)
+                // (mode 2's CTA-scope hand-off, FLAMIA_BWD_PAIR_STRICT=0)
+                let relaxed = v.clone().define("BWD_PAIR", 2).define("BWD_PAIR_STRICT", 0);
+                jobs.push(("attn_bwd_v4.cu", relaxed.clone()));
+                // (the hang trap of the pairs' tests, FLAMIA_BWD_HANG_TRAP, both hand-offs)
+                jobs.push(("attn_bwd_v4.cu", relaxed.define("BWD_HANG_TRAP", 1)));
                 jobs.push((
                     "attn_bwd_v4.cu",
                     v.define("BWD_PAIR", 2).define("BWD_HANG_TRAP", 1),
@@ -2016,6 +2037,23 @@ mod tests {
                 "BWD_PAIR {mode}"
             );
         }
+        // mode 2's hand-off of the partner's partial: by default a release and an acquire at
+        // cluster scope beyond mode 1's (the claims'); BWD_PAIR_STRICT 0 a CTA-scope fence and
+        // none more
+        let n = |t: &str, p: &str| t.matches(p).count();
+        let (release, acquire) = (
+            "mbarrier.arrive.release.cluster",
+            "try_wait.parity.acquire.cluster",
+        );
+        let one = ptx(&v.clone().define("BWD_PAIR", 1));
+        let strict = ptx(&v.clone().define("BWD_PAIR", 2));
+        let relaxed = ptx(&v.clone().define("BWD_PAIR", 2).define("BWD_PAIR_STRICT", 0));
+        assert!(n(&strict, release) > n(&one, release) && n(&strict, acquire) > n(&one, acquire));
+        assert_eq!(
+            (n(&relaxed, release), n(&relaxed, acquire)),
+            (n(&one, release), n(&one, acquire))
+        );
+        assert!(relaxed.contains("fence.acq_rel.cta") && !strict.contains("fence.acq_rel.cta"));
     }
 
     #[test]
