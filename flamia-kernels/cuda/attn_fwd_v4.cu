@@ -132,10 +132,10 @@ struct FwdV4Smem {
 #endif
   u8 k[FWD_STAGES][KT * HEAD_DIM];
   u8 v[FWD_STAGES][HEAD_DIM * KT];
-  float kf[FWD_STAGES][KT];  // 2^eK per key (0: no key)
+  alignas(16) float kf[FWD_STAGES][KT];  // 2^eK per key (0: no key; aligned: softmax_tile's lds_f2)
   int ev[FWD_STAGES][KT];    // eV per key (-1000: no key)
 #if PER_TOKEN_COLS
-  float vf[FWD_STAGES][KT];  // 2^(eV - evt + 8) per key (0: no key): the interior tiles' P fold
+  alignas(16) float vf[FWD_STAGES][KT];  // 2^(eV - evt + 8) per key (0: no key): the interior tiles' P fold
   int evt[FWD_STAGES];       // max eV of the tile's keys
 #endif
   ItemSlot item[QSLOTS];

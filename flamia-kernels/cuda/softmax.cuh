@@ -53,6 +53,17 @@ struct RowState {
 };
 
 
+// Two adjacent floats (or ints) of shared memory at an 8-byte aligned address in one 8-byte load.
+// The per-token path's per-key tables give a thread keys 8j + 2q and + 1 side by side; a plain
+// float2 load whose halves feed different scores was split into two 4-byte LDS (session 37's
+// census). Volatile, so it stays behind the stage's barrier wait like the loads it replaces.
+// `a`: the shared-memory address (smem_u32), made once per table so the offsets fold into the loads.
+__device__ __forceinline__ float2 lds_f2(u32 a) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a));
+  return v;
+}
+
 // New running max of each row from its tile maximum; alpha = exp2(m_old - m_new); mref = the
 // value subtracted (0 for a row with no visible key yet, so exp2 sees -inf, never NaN).
 __device__ __forceinline__ void update_max(RowState& st, const float (&tmax)[2], float (&alpha)[2], float (&mref)[2]) {
@@ -157,23 +168,32 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
   float tmax[2] = {NEG_INF, NEG_INF};
   if (!MASKED) {  // interior: Ev = evt for both rows, the fold per key from the producer
     Ev[0] = Ev[1] = evt;
+    const u32 ka = smem_u32(kf + 2 * q), va = smem_u32(vf + 2 * q);
 #pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
-      const float y = s[i] * kf[c];
-      s[i] = y;
-      tmax[r] = fmaxf(tmax[r], y);
+    for (int j = 0; j < NS / 4; ++j) {  // (keys 8j + 2q, +1: one 8-byte load)
+      const float2 k2 = lds_f2(ka + 32 * j);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * j + e, r = e >> 1;
+        const float y = s[i] * ((e & 1) ? k2.y : k2.x);
+        s[i] = y;
+        tmax[r] = fmaxf(tmax[r], y);
+      }
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) tmax[r] = tmax[r] == NEG_INF ? NEG_INF : tmax[r] * st.qf[r];
     update_max(st, tmax, alpha, mref);
     float ps[2] = {0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int r = (i >> 1) & 1, c = 8 * (i >> 2) + 2 * q + (i & 1);
-      const float p = fast_exp2(fmaf(s[i], st.qf[r], -mref[r]));
-      ps[r] += p;
-      s[i] = p * vf[c];
+    for (int j = 0; j < NS / 4; ++j) {
+      const float2 v2 = lds_f2(va + 32 * j);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * j + e, r = e >> 1;
+        const float p = fast_exp2(fmaf(s[i], st.qf[r], -mref[r]));
+        ps[r] += p;
+        s[i] = p * ((e & 1) ? v2.y : v2.x);
+      }
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) st.l[r] = fmaf(st.l[r], alpha[r], ps[r]);
