@@ -137,13 +137,17 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
     }
   }
   update_max(st, tmax, alpha, mref);
-  float fe[2][NG], bias[2][NG], ps[2][NG];
+  // fe as an int for the row sum's 2^-fe (no float round trip) and as a float for the bias; on an
+  // interior tile every group is visible, so fe lies in [-20, 8] and 2^-fe needs no clamp (a
+  // masked tile's invisible groups can have fe up to ~1,100: exp2i clamps, their sums are 0)
+  int fi[2][NG];
+  float bias[2][NG], ps[2][NG];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
     for (int G = 0; G < NG; ++G) {
-      fe[r][G] = (float)max(eg[G] - Ev[r] + 8, -20);
-      bias[r][G] = fe[r][G] - mref[r];
+      fi[r][G] = max(eg[G] - Ev[r] + 8, -20);
+      bias[r][G] = (float)fi[r][G] - mref[r];
       ps[r][G] = 0.f;
     }
 #pragma unroll
@@ -157,7 +161,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
   for (int r = 0; r < 2; ++r) {
     float sum = 0.f;
 #pragma unroll
-    for (int G = 0; G < NG; ++G) sum = fmaf(ps[r][G], exp2i(-(int)fe[r][G]), sum);
+    for (int G = 0; G < NG; ++G) sum = fmaf(ps[r][G], MASKED ? exp2i(-fi[r][G]) : exp2i_inrange(-fi[r][G]), sum);
     st.l[r] = fmaf(st.l[r], alpha[r], sum);
   }
 #else
