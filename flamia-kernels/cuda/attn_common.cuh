@@ -96,8 +96,10 @@ __device__ __forceinline__ int e4m3_scale_exp(float amax) {
 // mantissa past 1.75 is a carry into the exponent field when 2^21 - 1 is added to the bits (the
 // fraction bits over 0.75 * 2^23 are exactly those that carry), and zero, subnormal and negative
 // amax (the sum's sign bit set, or wrapped below 2^23) clamp to -126. Equal to e4m3_scale_exp on
-// all 2^32 - 2^24 non-NaN inputs (checked exhaustively, session 37; a NaN may give 120, so callers
-// pass maxima that cannot be NaN: fmaxf chains started at +0, or clear a NaN with fmaxf(x, 0)).
+// all 2^32 - 2^24 + 2 non-NaN inputs (checked exhaustively, session 37; a NaN may give 120, so
+// callers pass maxima that cannot be NaN: fmaxf chains started at +0, or clear a NaN with
+// fmaxf(x, 0)). The shift must be the arithmetic one of the signed int (NVCC's: shr.s32), so
+// that a sum with its sign bit set (negative amax) lands below -126; (int)(u >> 23) would not.
 __device__ __forceinline__ int e4m3_scale_exp_nn(float amax) {
   const u32 u = __float_as_uint(amax) + 0x1fffffu;
   return max(-126, ((int)u >> 23) - 135);
