@@ -24,6 +24,14 @@ __device__ __forceinline__ int exponent_above(float amax, int lexp, u32 lfrac) {
   return max(EXP_MIN, min(EXP_MAX, e));
 }
 __device__ __forceinline__ int block_exponent(float amax) { return exponent_above(amax, 8, 0x600000u); }
+// block_exponent of an amax that is >= +0 and not NaN (the quantiser's maxima: fmaxf chains
+// started at +0), without the branch and the clamps: adding 2^21 - 1 to the bits carries into the
+// exponent field exactly when the mantissa passes 1.75, zero and subnormal amax land at -135 or
+// -134 (clamped to EXP_MIN) and +inf at 120 (no upper clamp needed). Equal to block_exponent on
+// every such input (tests/formats.rs checks this formula on all 2^31 - 2^23 + 1 of them).
+__device__ __forceinline__ int block_exponent_nn(float amax) {
+  return max(EXP_MIN, (int)((__float_as_uint(amax) + 0x1fffffu) >> 23) - 135);
+}
 __device__ __forceinline__ int nvfp4_token_exponent(float amax) { return exponent_above(amax, 11, 0x280000u); }
 __device__ __forceinline__ int floor_exponent(float amax) {
   u32 bits = __float_as_uint(amax) & 0x7fffffffu;

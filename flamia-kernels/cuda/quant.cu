@@ -570,17 +570,17 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #endif
     float m = tt < n ? __fmul_rn(absmax_rows(v), cn) : 0.f;
 #if MODE == 1
-    const int e = block_exponent(quad_max(m));
+    const int e = block_exponent_nn(quad_max(m));  // (m >= +0, never NaN: absmax_rows)
 #elif MODE == 2
     const int e = floor_exponent(__uint_as_float(p.amax[it.ti]));
 #else
     m = warp_max(m);
 #ifdef QUANT_PROF_NOBAR
-    const int e = block_exponent(m);
+    const int e = block_exponent_nn(m);
 #else
     if ((tid & 31) == 0) wmax[buf][w] = m;
     __syncthreads();
-    const int e = block_exponent(fmaxf(fmaxf(wmax[buf][0], wmax[buf][1]), fmaxf(wmax[buf][2], wmax[buf][3])));
+    const int e = block_exponent_nn(fmaxf(fmaxf(wmax[buf][0], wmax[buf][1]), fmaxf(wmax[buf][2], wmax[buf][3])));
 #endif
 #endif
 #if DELTA

@@ -187,3 +187,27 @@ fn the_kernels_short_block_exponent_is_the_block_exponent_on_every_non_nan() {
     (0x8000_0000..=0xff80_0000u32).step_by(4099).for_each(check);
     check(0xff80_0000);
 }
+
+/// The quantiser's branch-free block exponent (`block_exponent_nn` in `cuda/formats.cuh`,
+/// `max(EXP_MIN, ((bits + 2^21 - 1) >> 23) - 135)`, for the maxima it takes: >= +0, never NaN)
+/// is `block_exponent` itself on all 2^31 - 2^23 + 1 such f32 (zero, subnormals and +inf
+/// included; no upper clamp is needed: +inf gives 120). Read from the CUDA source, as above.
+#[test]
+fn the_quantisers_branch_free_block_exponent_is_the_block_exponent() {
+    let src = include_str!("../cuda/formats.cuh");
+    let body = src
+        .split("int block_exponent_nn(float amax) {")
+        .nth(1)
+        .and_then(|s| s.split('}').next())
+        .expect("formats.cuh defines block_exponent_nn");
+    let squash = |s: &str| s.split_whitespace().collect::<String>();
+    assert!(
+        squash(body).contains("returnmax(EXP_MIN,(int)((__float_as_uint(amax)+0x1fffffu)>>23)-135);"),
+        "block_exponent_nn changed: update this test's model of it\n{body}"
+    );
+    let model = |bits: u32| ((bits.wrapping_add(0x1f_ffff) >> 23) as i32 - 135).max(EXP_MIN as i32);
+    for bits in 0..=0x7f80_0000u32 {
+        let x = f32::from_bits(bits);
+        assert_eq!(model(bits), block_exponent(x) as i32, "amax bits {bits:#010x} ({x:e})");
+    }
+}
