@@ -208,6 +208,10 @@ fn the_quantisers_branch_free_block_exponent_is_the_block_exponent() {
     let model = |bits: u32| ((bits.wrapping_add(0x1f_ffff) >> 23) as i32 - 135).max(EXP_MIN as i32);
     for bits in 0..=0x7f80_0000u32 {
         let x = f32::from_bits(bits);
-        assert_eq!(model(bits), block_exponent(x) as i32, "amax bits {bits:#010x} ({x:e})");
+        assert_eq!(
+            model(bits),
+            block_exponent(x) as i32,
+            "amax bits {bits:#010x} ({x:e})"
+        );
     }
 }
