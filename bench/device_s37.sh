@@ -13,15 +13,13 @@
 #      64x1024 and 256x256 (walking up), d = 128, and 1x65536 and 16x4096 at d = 64, with the
 #      SM clock after each loop; and mode 2 with FLAMIA_BWD_PAIR_STRICT=0 at 1x65536 and 16x4096.
 #   c: the pairs' three GPU mutations (bench/gpu_mutations.sh 35-37): each must be caught.
-#   d: the forward's tile factors before S's wait (bench/variants/fwd_early_cf.patch, kernel
-#      FWD_EARLY_CF; fwd_early_cf2.patch also takes 2^-fe and O's change of units there): stage
-#      with bench/stage_variant.sh
-#        earlycf   bench/variants/fwd_early_cf.patch  attn_fwd_v4.cu:FWD_EARLY_CF=1
-#        earlycf0  bench/variants/fwd_early_cf.patch  (the restructured softmax alone: its default
-#                  SASS is not the tree's)
-#        earlycf2  bench/variants/fwd_early_cf2.patch attn_fwd_v4.cu:FWD_EARLY_CF=1
-#      accuracy and leakage tests on earlycf and earlycf2, then the default and the three, two
-#      rounds, three workloads at d = 128 and one at d = 64 (forward ms and MHz; ~32 bench runs,
+#   d: the forward's tile factors before S's wait (kernel FWD_EARLY_CF in softmax.cuh, in the tree
+#      since session 37 with 0 the default; 2 also takes 2^-fe and O's change of units there):
+#      stage with bench/stage_variant.sh
+#        earlycf   -  softmax.cuh:FWD_EARLY_CF=1
+#        earlycf2  -  softmax.cuh:FWD_EARLY_CF=2
+#      accuracy and leakage tests on earlycf and earlycf2, then the default and the two, two
+#      rounds, three workloads at d = 128 and one at d = 64 (forward ms and MHz; ~24 bench runs,
 #      sized for one 600 s call).
 #   f: session 37's dS exponents in three instructions (the default backward's block exponents and
 #      row dS's both copies) and row dS's dQ codes without their re-packing (census, d = 128
@@ -98,8 +96,8 @@ d)
       causal_leakage_has_the_reference_properties head_dim_64_is_as_accurate_as_the_reference 2>&1 \
       | grep -E "^test |test result|panicked" | sed "s|^|$v: |" | head
   done
-  ab_dirs cuda-earlycf0 cuda-earlycf cuda-earlycf2 -- --workload 1x65536 --workload 16x4096 --workload 256x256
-  ab_dirs cuda-earlycf0 cuda-earlycf cuda-earlycf2 -- --head-dim 64 --workload 1x65536
+  ab_dirs cuda-earlycf cuda-earlycf2 -- --workload 1x65536 --workload 16x4096 --workload 256x256
+  ab_dirs cuda-earlycf cuda-earlycf2 -- --head-dim 64 --workload 1x65536
   ;;
 f)
   FLAMIA_AB_CUDA_DIR=$C/cuda-s36 timeout 240 $C/gpu_attention --ignored --exact --test-threads=1 \

@@ -76,6 +76,74 @@ __device__ __forceinline__ void update_max(RowState& st, const float (&tmax)[2],
   }
 }
 
+// FWD_EARLY_CF (session 36, not yet measured; attn_fwd_v4.cu's fwd_tile): 0 (the default) the
+// tile's factors below made in softmax_tile, after S's wait; 1 made by fwd_tile between S's issue
+// and its wait, off the path from S to P (the backward's early column constants measured -2.2% at
+// d = 128, session 16); 2 also the groups' 2^-fe and O's change of units there. The same values
+// either way: bitwise the same O and LSE.
+#ifndef FWD_EARLY_CF
+#define FWD_EARLY_CF 0
+#endif
+#if !PER_TOKEN_COLS
+// What one tile's softmax needs of its keys and rows but not of its scores (token-block scales):
+// per row and 32-key group G the fold cf = qf 2^eK_G (floored at 1e-30 so a masked -inf times
+// cf is -inf, never NaN: cf = 0 for a row past the document, a key group past it, or an
+// underflowing product; below 1e-30 every x = s * cf is within 3e-23 of zero either way, |s| <=
+// 448^2 * 128, so no result moves), Ev (max eV over the groups the row sees: a group is visible
+// iff its first key is, visibility being a prefix of the columns; a masked key never moves it),
+// V's fold fe = max(eV_G - Ev + 8, -20), and the rows' mask limits lq (element i of row r is
+// visible iff 8 * (i >> 2) + (i & 1) <= lq[r]: one compare with an immediate per score).
+// FWD_EARLY_CF: fwd_tile computes them while S is in the tensor cores, before its wait.
+// FWD_EARLY_CF 2 also makes there the groups' 2^-fe (the row sums back in P's units) and O's
+// change of units 2^(evo - Ev), which the default makes after the tile's maxima.
+template <int NS>
+struct TileFactors {
+  float cf[2][NS / 16];
+  int fe[2][NS / 16];  // (an int: the bias takes it as a float, the row sum's 2^-fe as it is)
+  int Ev[2];
+  int lq[2];
+#if FWD_EARLY_CF == 2
+  float fr[2][NS / 16];  // 2^-fe
+  float ae[2];           // 2^(evo - Ev) (RowState::evo)
+#endif
+};
+template <bool MASKED, int NS = 64>
+__device__ __forceinline__ void tile_factors(TileFactors<NS>& f, const RowState& st, const float* kf, const int* ev, int R0,
+                                             const TileMask& mk) {
+  constexpr int NG = NS / 16;  // 32-key groups
+  const int q = threadIdx.x & 3;
+  float kg[NG];
+  int eg[NG];
+#pragma unroll
+  for (int G = 0; G < NG; ++G) {
+    kg[G] = kf[32 * G];
+    eg[G] = ev[32 * G];
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int lim = MASKED ? mk.last(R0 + 8 * r) : KT - 1;
+    f.lq[r] = lim - 2 * q;
+    f.Ev[r] = -1000;
+#pragma unroll
+    for (int G = 0; G < NG; ++G) {
+      f.cf[r][G] = fmaxf(st.qf[r] * kg[G], 1e-30f);
+      const bool vis = MASKED ? 32 * G <= lim : true;
+      f.Ev[r] = max(f.Ev[r], vis ? eg[G] : -1000);
+    }
+#pragma unroll
+    for (int G = 0; G < NG; ++G) {
+      f.fe[r][G] = max(eg[G] - f.Ev[r] + 8, -20);
+#if FWD_EARLY_CF == 2
+      f.fr[r][G] = MASKED ? exp2i(-f.fe[r][G]) : exp2i_inrange(-f.fe[r][G]);  // (interior: fe in [-20, 8])
+#endif
+    }
+#if FWD_EARLY_CF == 2
+    f.ae[r] = exp2i(st.evo[r] - f.Ev[r]);
+#endif
+  }
+}
+#endif
+
 // One score tile -> P' (in place, ready for the E4M3 conversion), the row state updated and the
 // factor alpha_o each O row is multiplied by before this tile's PV is added. kf / ev: 2^eK and eV
 // per key of the tile (shared memory); R0 = row of s[0] in the 128-row query tile.
@@ -84,76 +152,60 @@ __device__ __forceinline__ void update_max(RowState& st, const float (&tmax)[2],
 // NS: scores per thread, 64 (the 128-key tile) or 32 (its first 64 keys only: a masked tile no
 // row of the warpgroup sees past key 63, FWD_HALF_TILES; the 32 elements are the first 32 of
 // the full tile's, and the skipped keys would have added exact zeros, so the same bits).
+// Token-block scales: with the tile's factors (tile_factors) made by the caller (FWD_EARLY_CF,
+// `pre`) or here.
 template <bool MASKED, int NS = 64>
 __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const float* kf, const int* ev, const float* vf,
-                                             int evt, int R0, const TileMask& mk, float (&alpha_o)[2]) {
+                                             int evt, int R0, const TileMask& mk, float (&alpha_o)[2],
+                                             const void* pre = nullptr) {
   static_assert(NS == 64 || (NS == 32 && MASKED), "softmax_tile: 64 scores, or 32 on a masked tile");
-  constexpr int NG = NS / 16;  // 32-key groups
-  const int q = threadIdx.x & 3;
   float alpha[2], mref[2];
   int Ev[2];
 #if !PER_TOKEN_COLS
-  float kg[NG];
-  int eg[NG];
+  constexpr int NG = NS / 16;  // 32-key groups
+  TileFactors<NS> fl;
+  if (pre == nullptr) tile_factors<MASKED, NS>(fl, st, kf, ev, R0, mk);
+  const TileFactors<NS>& f = pre ? *static_cast<const TileFactors<NS>*>(pre) : fl;
 #pragma unroll
-  for (int G = 0; G < NG; ++G) {
-    kg[G] = kf[32 * G];
-    eg[G] = ev[32 * G];
+  for (int i = 0; i < NS; ++i) {
+    const int r = (i >> 1) & 1;
+    if (MASKED) s[i] = (8 * (i >> 2) + (i & 1) <= f.lq[r]) ? s[i] : NEG_INF;  // ex2 gives 0 below
   }
-  // masks: element i of row r is visible iff 8 * (i >> 2) + (i & 1) <= lim[r] - 2q (one
-  // compare with an immediate per score)
-  int lim[2], lq[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    lim[r] = MASKED ? mk.last(R0 + 8 * r) : KT - 1;
-    lq[r] = lim[r] - 2 * q;
-  }
+  // each row's raw maximum per group: its 8 scores (i = 16 G + 4 k + 2 r + b) as a tree, 7 FMNMX
+  // of depth 3 (a chain from -inf took 8 of depth 8; fmaxf drops NaN either way, and a group of
+  // NaN alone gives NaN here where the chain gave -inf, which the tile maximum's fmaxf ignores
+  // just the same: the same bits)
   float gm[2][NG];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int G = 0; G < NG; ++G) gm[r][G] = NEG_INF;
+    for (int G = 0; G < NG; ++G) {
+      float t[4];
 #pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    const int r = (i >> 1) & 1, G = i >> 4;
-    if (MASKED) s[i] = (8 * (i >> 2) + (i & 1) <= lq[r]) ? s[i] : NEG_INF;  // ex2 gives 0 below
-    gm[r][G] = fmaxf(gm[r][G], s[i]);
-  }
-  float cf[2][NG], tmax[2];
+      for (int k = 0; k < 4; ++k) t[k] = fmaxf(s[16 * G + 4 * k + 2 * r], s[16 * G + 4 * k + 2 * r + 1]);
+      gm[r][G] = fmaxf(fmaxf(t[0], t[1]), fmaxf(t[2], t[3]));
+    }
+  float tmax[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     tmax[r] = NEG_INF;
-    Ev[r] = -1000;
+    Ev[r] = f.Ev[r];
 #pragma unroll
-    for (int G = 0; G < NG; ++G) {
-      // floored at 1e-30 so a masked -inf times cf is -inf, never NaN (cf = 0 for a row past the
-      // document, a key group past it, or an underflowing product); below 1e-30 every x = s * cf
-      // is within 3e-23 of zero either way (|s| <= 448^2 * 128), so no result moves.
-      cf[r][G] = fmaxf(st.qf[r] * kg[G], 1e-30f);
-      tmax[r] = fmaxf(tmax[r], gm[r][G] * cf[r][G]);  // -inf * 0 = NaN is ignored by fmaxf
-      // a group is visible to a row iff its first key is (visibility is a prefix of the columns)
-      const bool vis = MASKED ? 32 * G <= lim[r] : true;
-      Ev[r] = max(Ev[r], vis ? eg[G] : -1000);
-    }
+    for (int G = 0; G < NG; ++G) tmax[r] = fmaxf(tmax[r], gm[r][G] * f.cf[r][G]);  // -inf * 0 = NaN is ignored by fmaxf
   }
   update_max(st, tmax, alpha, mref);
-  // fe as an int for the row sum's 2^-fe (no float round trip) and as a float for the bias; on an
-  // interior tile every group is visible, so fe lies in [-20, 8] and 2^-fe needs no clamp (a
-  // masked tile's invisible groups can have fe up to ~1,100: exp2i clamps, their sums are 0)
-  int fi[2][NG];
   float bias[2][NG], ps[2][NG];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
     for (int G = 0; G < NG; ++G) {
-      fi[r][G] = max(eg[G] - Ev[r] + 8, -20);
-      bias[r][G] = (float)fi[r][G] - mref[r];
+      bias[r][G] = (float)f.fe[r][G] - mref[r];
       ps[r][G] = 0.f;
     }
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
     const int r = (i >> 1) & 1, G = i >> 4;
-    const float p = fast_exp2(fmaf(s[i], cf[r][G], bias[r][G]));  // masked: ex2(-inf) = 0
+    const float p = fast_exp2(fmaf(s[i], f.cf[r][G], bias[r][G]));  // masked: ex2(-inf) = 0
     ps[r][G] += p;
     s[i] = p;
   }
@@ -161,10 +213,16 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
   for (int r = 0; r < 2; ++r) {
     float sum = 0.f;
 #pragma unroll
-    for (int G = 0; G < NG; ++G) sum = fmaf(ps[r][G], MASKED ? exp2i(-fi[r][G]) : exp2i_inrange(-fi[r][G]), sum);
+    for (int G = 0; G < NG; ++G)
+#if FWD_EARLY_CF == 2
+      sum = fmaf(ps[r][G], f.fr[r][G], sum);
+#else
+      sum = fmaf(ps[r][G], MASKED ? exp2i(-f.fe[r][G]) : exp2i_inrange(-f.fe[r][G]), sum);
+#endif
     st.l[r] = fmaf(st.l[r], alpha[r], sum);
   }
 #else
+  const int q = threadIdx.x & 3;
   // The row maxima are taken of y = s 2^eK and scaled by the row's qf once: qf >= 0 and rounding
   // is monotonic, so max RN(y qf) = RN(qf max y), bit for bit (one FMUL a row, not a score); a
   // row whose scores are all masked keeps -inf (-inf * 0 would be NaN for a row past the
@@ -235,7 +293,11 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
 #endif
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+#if !PER_TOKEN_COLS && FWD_EARLY_CF == 2
+    alpha_o[r] = alpha[r] * f.ae[r];
+#else
     alpha_o[r] = alpha[r] * exp2i(st.evo[r] - Ev[r]);
+#endif
     st.evo[r] = Ev[r];
   }
 }

@@ -2000,6 +2000,11 @@ mod tests {
                 let (v, _) = forward_v4_variant(per_token, stages, hd, false, qd, false, false);
                 jobs.push(("attn_fwd_v4.cu", v));
             }
+            // the tile factors before S's wait (FWD_EARLY_CF, softmax.cuh: A/B builds only)
+            for early in [1, 2] {
+                let (v, _) = forward_v4_variant(false, 4, hd, false, None, false, false);
+                jobs.push(("attn_fwd_v4.cu", v.define("FWD_EARLY_CF", early)));
+            }
         }
         compile_all(&jobs);
         // the v3.1 kernels refuse another head dim at compile time
