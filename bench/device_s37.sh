@@ -64,8 +64,9 @@ b)
   # under the hang trap first, and only the modes that pass are timed
   modes=0
   for p in 1 2; do
-    if FLAMIA_BWD_PAIR=$p FLAMIA_BWD_HANG_TRAP=1 timeout 90 $C/flamia bench attention --workload 16x4096 \
-        --workload 1x65536 > "$O/s37-b-smoke$p.log" 2>&1; then
+    # (both walks: 1x32768's tiles walk down, 16x4096's up)
+    if FLAMIA_BWD_PAIR=$p FLAMIA_BWD_HANG_TRAP=1 timeout 150 $C/flamia bench attention --workload 16x4096 \
+        --workload 1x32768 > "$O/s37-b-smoke$p.log" 2>&1; then
       modes="$modes $p"
     else
       echo "pair $p: the smoke run failed (rc $?), not timed:"; tail -5 "$O/s37-b-smoke$p.log"
