@@ -156,25 +156,39 @@ fn block_exponent_is_the_smallest_exponent_that_does_not_clip() {
     }
 }
 
+/// The body of the CUDA function opened by `signature` in `src` (up to its first `}`) holds each
+/// of `lines`, whitespace aside: an edit of a formula that a test models fails there until the
+/// model follows it.
+fn assert_cuda_body(src: &str, signature: &str, lines: &[&str]) {
+    let body = src
+        .split(signature)
+        .nth(1)
+        .and_then(|s| s.split('}').next())
+        .unwrap_or_else(|| panic!("no `{signature}` in the CUDA source"));
+    let squash = |s: &str| s.split_whitespace().collect::<String>();
+    for line in lines {
+        assert!(
+            squash(body).contains(&squash(line)),
+            "`{signature}` changed: update this test's model of it\n{body}"
+        );
+    }
+}
+
 /// The kernels' three-instruction block exponent (`e4m3_scale_exp_nn` in `cuda/attn_common.cuh`,
 /// used by the v4 backward for its dS exponents: `max(-126, ((bits + 2^21 - 1) >> 23) - 135)`,
 /// the bump at a mantissa past 1.75 being the carry of the added 2^21 - 1) is `block_exponent`
-/// clamped to the kernels' -126 on every f32 that is not NaN: all 2^31 - 2^23 non-negative ones
+/// clamped to the kernels' -126 on every f32 that is not NaN: all 2^31 - 2^23 + 1 non-negative ones
 /// (the maxima it gets), and every 4,099th of the negative ones (-126, as the branchy form gives).
 /// The formula is read from the CUDA source, so the test follows an edit of either.
 #[test]
 fn the_kernels_short_block_exponent_is_the_block_exponent_on_every_non_nan() {
-    let src = include_str!("../cuda/attn_common.cuh");
-    let body = src
-        .split("int e4m3_scale_exp_nn(float amax) {")
-        .nth(1)
-        .and_then(|s| s.split('}').next())
-        .expect("attn_common.cuh defines e4m3_scale_exp_nn");
-    let squash = |s: &str| s.split_whitespace().collect::<String>();
-    assert!(
-        squash(body).contains("constu32u=__float_as_uint(amax)+0x1fffffu;")
-            && squash(body).contains("returnmax(-126,((int)u>>23)-135);"),
-        "e4m3_scale_exp_nn changed: update this test's model of it\n{body}"
+    assert_cuda_body(
+        include_str!("../cuda/attn_common.cuh"),
+        "int e4m3_scale_exp_nn(float amax) {",
+        &[
+            "const u32 u = __float_as_uint(amax) + 0x1fffffu;",
+            "return max(-126, ((int)u >> 23) - 135);",
+        ],
     );
     let model = |bits: u32| (((bits.wrapping_add(0x1f_ffff) as i32) >> 23) - 135).max(-126);
     let spec = |x: f32| (block_exponent(x) as i32).max(-126);
@@ -194,16 +208,10 @@ fn the_kernels_short_block_exponent_is_the_block_exponent_on_every_non_nan() {
 /// included; no upper clamp is needed: +inf gives 120). Read from the CUDA source, as above.
 #[test]
 fn the_quantisers_branch_free_block_exponent_is_the_block_exponent() {
-    let src = include_str!("../cuda/formats.cuh");
-    let body = src
-        .split("int block_exponent_nn(float amax) {")
-        .nth(1)
-        .and_then(|s| s.split('}').next())
-        .expect("formats.cuh defines block_exponent_nn");
-    let squash = |s: &str| s.split_whitespace().collect::<String>();
-    assert!(
-        squash(body).contains("returnmax(EXP_MIN,(int)((__float_as_uint(amax)+0x1fffffu)>>23)-135);"),
-        "block_exponent_nn changed: update this test's model of it\n{body}"
+    assert_cuda_body(
+        include_str!("../cuda/formats.cuh"),
+        "int block_exponent_nn(float amax) {",
+        &["return max(EXP_MIN, (int)((__float_as_uint(amax) + 0x1fffffu) >> 23) - 135);"],
     );
     let model = |bits: u32| ((bits.wrapping_add(0x1f_ffff) >> 23) as i32 - 135).max(EXP_MIN as i32);
     for bits in 0..=0x7f80_0000u32 {
