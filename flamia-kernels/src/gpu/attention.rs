@@ -255,6 +255,19 @@ fn bwd_ctas() -> Option<usize> {
     super::env_number::<usize>("FLAMIA_BWD_CTAS").map(|n| n.max(1))
 }
 
+/// The fused backward's persistent grid in CTAs: one per SM (`resident` = the SMs), or with CTA
+/// pairs one cluster of two per cluster that fits at once (`resident` = those clusters); a
+/// `FLAMIA_BWD_CTAS` cap lowers it, never above what runs at once (each CTA's first item is its
+/// block index, so a CTA or cluster waiting to start would hold an item the resident ones wait
+/// for), and never to zero.
+fn fused_bwd_grid(pairs: bool, cap: Option<usize>, resident: usize) -> usize {
+    let resident = resident.max(1);
+    match (pairs, cap) {
+        (false, cap) => cap.map_or(resident, |c| c.clamp(1, resident)),
+        (true, cap) => 2 * cap.map_or(resident, |c| (c / 2).clamp(1, resident)),
+    }
+}
+
 /// The v4 backward's CTA pairs ([`super::sched::BwdSchedule::pairs`]), the kernel's
 /// `BWD_PAIR`: 0 one CTA per key tile; 1
 /// adjacent key tiles of one (document, head) in a cluster of two whose producers multicast the
@@ -1628,16 +1641,12 @@ impl Attention {
             m => v4.define("BWD_PAIR", m),
         };
         let function = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
-        // (a cap never above what runs at once: each CTA's first item is its block index, so a
-        // CTA or cluster that waits to start would hold an item that resident ones wait for)
-        let sms = self.gpu.sm_count().max(1) as usize;
-        let ctas = match (pair_mode > 0, bwd_ctas()) {
-            (false, cap) => cap.map_or(sms, |c| c.min(sms)),
-            (true, cap) => {
-                let clusters = max_active_clusters(&function, 384, smem, 2)?.max(1);
-                2 * cap.map_or(clusters, |c| (c / 2).clamp(1, clusters))
-            }
+        let resident = if pair_mode > 0 {
+            max_active_clusters(&function, 384, smem, 2)?
+        } else {
+            self.gpu.sm_count().max(0) as usize
         };
+        let ctas = fused_bwd_grid(pair_mode > 0, bwd_ctas(), resident);
         Ok(FusedBwd {
             function,
             smem,
@@ -1766,9 +1775,9 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, bwd_pair_env,
-        forward_v4_variant, fwd_cw_const, fwd_o_tma, parse_choice, parse_promote, short_items, smem_bwd4,
-        smem_fwd4, with_dq_bufs, with_early_factors, with_xposes, QdFwd, BWD_PAIR_DEFAULT, FWD_CW_MIN_TILES,
-        KD_XPOSE_MAX_TILES, SMEM_MAX,
+        forward_v4_variant, fused_bwd_grid, fwd_cw_const, fwd_o_tma, parse_choice, parse_promote,
+        short_items, smem_bwd4, smem_fwd4, with_dq_bufs, with_early_factors, with_xposes, QdFwd,
+        BWD_PAIR_DEFAULT, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::tests::nvrtc_or_skip;
     use crate::gpu::runtime::{compile_ptx, Variant};
@@ -2010,6 +2019,23 @@ mod tests {
         // the v3.1 kernels refuse another head dim at compile time
         let v = attention_variant(false, 0).define("HEAD_DIM", 64);
         assert!(compile_ptx("attn_fwd.cu", &v, "sm_90a").is_err());
+    }
+
+    #[test]
+    fn fused_backward_grids_never_exceed_what_runs_at_once() {
+        // unpaired: one CTA per SM (132 on the H200), a cap lowers it, never above the SMs or to 0
+        assert_eq!(fused_bwd_grid(false, None, 132), 132);
+        assert_eq!(fused_bwd_grid(false, Some(3), 132), 3);
+        assert_eq!(fused_bwd_grid(false, Some(500), 132), 132);
+        assert_eq!(fused_bwd_grid(false, Some(0), 132), 1);
+        // pairs: two CTAs per cluster that fits (66), the cap in CTAs, rounded down to pairs
+        assert_eq!(fused_bwd_grid(true, None, 66), 132);
+        assert_eq!(fused_bwd_grid(true, Some(6), 66), 6);
+        assert_eq!(fused_bwd_grid(true, Some(7), 66), 6);
+        assert_eq!(fused_bwd_grid(true, Some(1), 66), 2);
+        assert_eq!(fused_bwd_grid(true, Some(1000), 66), 132);
+        // a driver that reports no room still gets one cluster (the launch then says why it fails)
+        assert_eq!(fused_bwd_grid(true, None, 0), 2);
     }
 
     #[test]
