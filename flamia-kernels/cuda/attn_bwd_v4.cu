@@ -516,19 +516,16 @@ __device__ __noinline__ void bwd_hang(u32 bar, u32 parity, int site) {
          site, bar, parity);
   __trap();
 }
+template <bool CLUSTER = false>  // (CLUSTER: acquire at cluster scope, bwd_wait_cluster)
 __device__ __forceinline__ void bwd_wait(u32 bar, u32 parity, int site) {
   const long long t0 = clock64();
-  while (!mbar_try_wait(bar, parity))
+  while (!mbar_try_wait<CLUSTER>(bar, parity))
     if (clock64() - t0 > (1ll << 33)) bwd_hang(bar, parity, site);
 }
-__device__ __forceinline__ void bwd_wait_cluster(u32 bar, u32 parity, int site) {  // (acquire at cluster scope)
-  const long long t0 = clock64();
-  while (!mbar_try_wait_cluster(bar, parity))
-    if (clock64() - t0 > (1ll << 33)) bwd_hang(bar, parity, site);
-}
+#define bwd_wait_cluster(bar, parity, site) bwd_wait<true>(bar, parity, site)
 #else
 #define bwd_wait(bar, parity, site) mbar_wait(bar, parity)
-#define bwd_wait_cluster(bar, parity, site) mbar_wait_cluster(bar, parity)
+#define bwd_wait_cluster(bar, parity, site) mbar_wait<true>(bar, parity)
 #endif
 __device__ __forceinline__ void tma_reduce_add_3d(const TmaMap* map, u32 src, int x, int y, int z) {
   asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
@@ -584,12 +581,12 @@ __shared__ long long bwd_prod_clk[6];
 __device__ __forceinline__ int bwd_pair_claim(const BwdV4Params& P, BwdV4Smem& sm, u32 rank, int ni) {
   if (rank == 0) {
     const int next = atomicAdd(P.counter, 1) + (int)(gridDim.x >> 1);
-    mbar_wait_cluster(smem_u32(&sm.claim_empty), (ni & 1) ^ 1);
+    mbar_wait<true>(smem_u32(&sm.claim_empty), (ni & 1) ^ 1);
     st_shared_cluster(mapa_shared(smem_u32(&sm.claim), 1), next);
     mbar_arrive_cluster(mapa_shared(smem_u32(&sm.claim_full), 1));
     return next;
   }
-  mbar_wait_cluster(smem_u32(&sm.claim_full), ni & 1);
+  mbar_wait<true>(smem_u32(&sm.claim_full), ni & 1);
   const int next = *reinterpret_cast<volatile int*>(&sm.claim);
   mbar_arrive_cluster(mapa_shared(smem_u32(&sm.claim_empty), 0));
   return next;

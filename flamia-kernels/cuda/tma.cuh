@@ -35,23 +35,38 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 }
 // Spins until the phase of parity `parity` has completed. A fresh barrier counts its "previous"
 // phase (parity 1) as complete, so a producer's first wait on an empty slot returns at once.
+// CLUSTER: with acquire at cluster scope (the phase was completed by another CTA's arrivals).
+template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nMBAR_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra MBAR_WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
+#define MBAR_SPIN(SEM)                                                                              \
+  asm volatile("{\n.reg .pred p;\nMBAR_WAIT:\n"                                                     \
+               "mbarrier.try_wait.parity" SEM ".shared::cta.b64 p, [%0], %1;\n"                      \
+               "@!p bra MBAR_WAIT;\n}\n" ::"r"(bar),                                                \
+               "r"(parity)                                                                         \
+               : "memory")
+  if constexpr (CLUSTER)
+    MBAR_SPIN(".acquire.cluster");
+  else
+    MBAR_SPIN("");
+#undef MBAR_SPIN
 }
 
-// One try of mbar_wait: whether the phase of parity `parity` has completed.
+// One try of mbar_wait (CLUSTER: with acquire at cluster scope): whether the
+// phase of parity `parity` has completed.
+template <bool CLUSTER = false>
 __device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
   u32 ok;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(bar), "r"(parity)
-      : "memory");
+#define MBAR_TRY_ONCE(SEM)                                                                                   \
+  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity" SEM ".shared::cta.b64 p, [%1], %2;\nselp.u32 %0, " \
+               "1, 0, p;\n}\n"                                                                               \
+               : "=r"(ok)                                                                                    \
+               : "r"(bar), "r"(parity)                                                                       \
+               : "memory")
+  if constexpr (CLUSTER)
+    MBAR_TRY_ONCE(".acquire.cluster");
+  else
+    MBAR_TRY_ONCE("");
+#undef MBAR_TRY_ONCE
   return ok != 0;
 }
 
@@ -109,26 +124,6 @@ __device__ __forceinline__ void mbar_arrive_remote(u32 remote) {
 // This thread's earlier shared-memory stores performed for the CTA (MEMBAR.ALL.CTA) before what
 // follows, e.g. an mbar_arrive_remote after which another CTA reads them through DSMEM.
 __device__ __forceinline__ void fence_cta() { asm volatile("fence.acq_rel.cta;\n" ::: "memory"); }
-// mbar_wait with acquire at cluster scope (the phase was completed by another CTA's arrivals).
-__device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nMBAR_WAIT_CL:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra MBAR_WAIT_CL;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// One try of mbar_wait_cluster.
-__device__ __forceinline__ bool mbar_try_wait_cluster(u32 bar, u32 parity) {
-  u32 ok;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, "
-      "p;\n}\n"
-      : "=r"(ok)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
 __device__ __forceinline__ float4 ld_shared_cluster_v4(u32 remote) {
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
