@@ -124,6 +124,16 @@
 #ifndef BWD_SKIP_DEAD
 #define BWD_SKIP_DEAD 0
 #endif
+// BWD_BLOCK_EXP_NN 1: the dS block exponents by e4m3_scale_exp_nn (attn_common.cuh: three
+// instructions, the maxima never NaN) instead of e4m3_scale_exp; the same values (bitwise the same
+// results either way). Census (session 37): 12 SASS fewer per interior step. Measured (session 38,
+// same calls, two rounds each, against session 36's sources): at d = 128 the backward SLOWER,
+// 1x65536 77.2 / 76.9 ms against 74.4 / 74.3 (4x16384 19.96 / 19.85 against 19.23 / 19.76); at
+// d = 64 faster, 1x65536 59.21 / 59.24 against 59.53 / 59.49, 16x4096 3.896 / 3.897 against
+// 3.987 / 4.012. The default follows the measurements: d = 64 only.
+#ifndef BWD_BLOCK_EXP_NN
+#define BWD_BLOCK_EXP_NN (HEAD_DIM == 64)
+#endif
 // BWD_STRESS 1 (test builds: the host's FLAMIA_BWD_JITTER): with a nonzero P.jitter each consumer
 // warp also waits a pseudo-random few microseconds between taking its dQ buffer and storing its
 // partial, so a buffer released before the stores have landed is read early by the reducer's TMA
@@ -1452,9 +1462,10 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl) {
     // (e4m3_scale_exp's results lie in [-126, 120]: 2^+-e without exp2i's clamp, 8 VIMNMX fewer
-    // per step, here and in the dQ products' scale_in, the same values; the maxima are never NaN,
-    // so its three-instruction form: 12 SASS fewer per step, session 37)
-    ex[sl] = e4m3_scale_exp_nn(fmaxf(mx[sl], sm.red[par][4 * cw + (w ^ 1)][sl]));
+    // per step, here and in the dQ products' scale_in, the same values; BWD_BLOCK_EXP_NN: its
+    // three-instruction form, the maxima being never NaN)
+    const float bm = fmaxf(mx[sl], sm.red[par][4 * cw + (w ^ 1)][sl]);
+    ex[sl] = BWD_BLOCK_EXP_NN ? e4m3_scale_exp_nn(bm) : e4m3_scale_exp(bm);
     const float f = exp2i_inrange(-ex[sl]);
 #pragma unroll
     for (int i = 16 * sl; i < 16 * sl + 16; ++i) dp[i] *= f;
