@@ -4,7 +4,7 @@
 # PATCH applied (a path made by `git diff` from the repo root, or - for none) and each
 # FILE:NAME=VALUE define put at the top of FILE. Run after `bash bench/device_bwd4.sh --stage`,
 # before packing .device-carry/z/bwd4.tgz:
-#   bash bench/stage_variant.sh earlycf - softmax.cuh:FWD_EARLY_CF=1
+#   bash bench/stage_variant.sh first0 - softmax.cuh:FWD_FACTORS_FIRST=0
 set -eu
 name=${1:?usage: stage_variant.sh NAME PATCH|- [FILE:NAME=VALUE ...]}
 patch=${2:?usage: stage_variant.sh NAME PATCH|- [FILE:NAME=VALUE ...]}

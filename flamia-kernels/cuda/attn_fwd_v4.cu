@@ -492,10 +492,6 @@ __device__ __forceinline__ void mma_rs_k128(float (&acc)[R], const u32 (&a)[KS][
 // over those 64 keys only (m64n64 S products, two PV slices): the other keys' P would be exact
 // zeros, which add nothing to the row sums or (truncated or not) to PV's FP8 accumulator, so
 // bitwise the same O and LSE (GPU test forward_half_tiles_give_bitwise_the_same).
-// FWD_EARLY_CF 1 or 2 (softmax.cuh; session 36, not yet measured; A/B with the define put into a
-// source copy, FLAMIA_CUDA_DIR): the tile's per-group factors (tile_factors: the 2^eK folds cf,
-// Ev, V's folds fe, the mask limits; with 2 also 2^-fe and O's change of units) are computed
-// between S's issue and its wait instead of after it. The same values: bitwise the same O and LSE.
 template <bool MASKED, int NS = 64>
 __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[DK_SLICES][4], RowState& st, float (&o)[HEAD_DIM / 2],
                                          int R0, const TileMask& mk) {
@@ -511,18 +507,11 @@ __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[D
   }
   wg_commit();
   turn_pass(R0 >> 6);
-#if FWD_EARLY_CF && !PER_TOKEN_COLS
-  // the tile's factors (2^eK folds, Ev, V's folds, masks) while S is in the tensor cores
-  TileFactors<NS> tf;
-  tile_factors<MASKED, NS>(tf, st, sm.kf[s], sm.ev[s], R0, mk);
-#endif
   wg_wait<0>();
   fence_regs(sc);
   float alpha_o[2];
 #if PER_TOKEN_COLS
   softmax_tile<MASKED, NS>(sc, st, sm.kf[s], sm.ev[s], sm.vf[s], sm.evt[s], R0, mk, alpha_o);
-#elif FWD_EARLY_CF
-  softmax_tile<MASKED, NS>(sc, st, sm.kf[s], sm.ev[s], nullptr, 0, R0, mk, alpha_o, &tf);
 #else
   softmax_tile<MASKED, NS>(sc, st, sm.kf[s], sm.ev[s], nullptr, 0, R0, mk, alpha_o);
 #endif

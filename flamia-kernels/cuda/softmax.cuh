@@ -76,15 +76,21 @@ __device__ __forceinline__ void update_max(RowState& st, const float (&tmax)[2],
   }
 }
 
-// FWD_EARLY_CF (session 36, not yet measured; attn_fwd_v4.cu's fwd_tile): 0 (the default) the
-// tile's factors below made in softmax_tile, after S's wait; 1 made by fwd_tile between S's issue
-// and its wait, off the path from S to P (the backward's early column constants measured -2.2% at
-// d = 128, session 16); 2 also the groups' 2^-fe and O's change of units there. The same values
-// either way: bitwise the same O and LSE.
-#ifndef FWD_EARLY_CF
-#define FWD_EARLY_CF 0
+// FWD_FACTORS_FIRST (token-block scales; the default per head dim, as measured): 1 (d = 128) the
+// tile's factors that need no score (tile_factors: the folds cf, Ev, V's folds fe, the mask
+// limits) made before the groups' maxima, which are trees, fe kept as an int and the row sums'
+// 2^-fe on interior tiles without exp2i's clamp (session 37); 0 (d = 64) session 36's order: cf
+// and Ev made with the tile maximum, fe after it, the groups' maxima as chains. The same values
+// either way (bitwise the same O and LSE). Measured (session 38, same calls, two rounds each,
+// forward ms at 1x65536): d = 128 22.55-22.80 with 1 against 22.89-23.11 with 0 (four calls);
+// d = 64 19.0 with 1 against 17.6 with 0 (4x16384 4.81-4.84 against 4.51-4.54); on 1, the clamp
+// back gave 18.52-18.60 and also fe after the maximum 18.12-18.14. Session 38 also measured these
+// factors made before S's wait (session 36's FWD_EARLY_CF 1 and 2, on 1): d = 128 -0.6..+1.0%,
+// d = 64 +1.4..+5%: removed.
+#ifndef FWD_FACTORS_FIRST
+#define FWD_FACTORS_FIRST (HEAD_DIM == 128)
 #endif
-#if !PER_TOKEN_COLS
+#if !PER_TOKEN_COLS && FWD_FACTORS_FIRST
 // What one tile's softmax needs of its keys and rows but not of its scores (token-block scales):
 // per row and 32-key group G the fold cf = qf 2^eK_G (floored at 1e-30 so a masked -inf times
 // cf is -inf, never NaN: cf = 0 for a row past the document, a key group past it, or an
@@ -93,19 +99,12 @@ __device__ __forceinline__ void update_max(RowState& st, const float (&tmax)[2],
 // iff its first key is, visibility being a prefix of the columns; a masked key never moves it),
 // V's fold fe = max(eV_G - Ev + 8, -20), and the rows' mask limits lq (element i of row r is
 // visible iff 8 * (i >> 2) + (i & 1) <= lq[r]: one compare with an immediate per score).
-// FWD_EARLY_CF: fwd_tile computes them while S is in the tensor cores, before its wait.
-// FWD_EARLY_CF 2 also makes there the groups' 2^-fe (the row sums back in P's units) and O's
-// change of units 2^(evo - Ev), which the default makes after the tile's maxima.
 template <int NS>
 struct TileFactors {
   float cf[2][NS / 16];
   int fe[2][NS / 16];  // (an int: the bias takes it as a float, the row sum's 2^-fe as it is)
   int Ev[2];
   int lq[2];
-#if FWD_EARLY_CF == 2
-  float fr[2][NS / 16];  // 2^-fe
-  float ae[2];           // 2^(evo - Ev) (RowState::evo)
-#endif
 };
 template <bool MASKED, int NS = 64>
 __device__ __forceinline__ void tile_factors(TileFactors<NS>& f, const RowState& st, const float* kf, const int* ev, int R0,
@@ -133,13 +132,7 @@ __device__ __forceinline__ void tile_factors(TileFactors<NS>& f, const RowState&
 #pragma unroll
     for (int G = 0; G < NG; ++G) {
       f.fe[r][G] = max(eg[G] - f.Ev[r] + 8, -20);
-#if FWD_EARLY_CF == 2
-      f.fr[r][G] = MASKED ? exp2i(-f.fe[r][G]) : exp2i_inrange(-f.fe[r][G]);  // (interior: fe in [-20, 8])
-#endif
     }
-#if FWD_EARLY_CF == 2
-    f.ae[r] = exp2i(st.evo[r] - f.Ev[r]);
-#endif
   }
 }
 #endif
@@ -152,20 +145,17 @@ __device__ __forceinline__ void tile_factors(TileFactors<NS>& f, const RowState&
 // NS: scores per thread, 64 (the 128-key tile) or 32 (its first 64 keys only: a masked tile no
 // row of the warpgroup sees past key 63, FWD_HALF_TILES; the 32 elements are the first 32 of
 // the full tile's, and the skipped keys would have added exact zeros, so the same bits).
-// Token-block scales: with the tile's factors (tile_factors) made by the caller (FWD_EARLY_CF,
-// `pre`) or here.
+// Token-block scales: in the order FWD_FACTORS_FIRST says (tile_factors for 1).
 template <bool MASKED, int NS = 64>
 __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const float* kf, const int* ev, const float* vf,
-                                             int evt, int R0, const TileMask& mk, float (&alpha_o)[2],
-                                             const void* pre = nullptr) {
+                                             int evt, int R0, const TileMask& mk, float (&alpha_o)[2]) {
   static_assert(NS == 64 || (NS == 32 && MASKED), "softmax_tile: 64 scores, or 32 on a masked tile");
   float alpha[2], mref[2];
   int Ev[2];
-#if !PER_TOKEN_COLS
+#if !PER_TOKEN_COLS && FWD_FACTORS_FIRST
   constexpr int NG = NS / 16;  // 32-key groups
-  TileFactors<NS> fl;
-  if (pre == nullptr) tile_factors<MASKED, NS>(fl, st, kf, ev, R0, mk);
-  const TileFactors<NS>& f = pre ? *static_cast<const TileFactors<NS>*>(pre) : fl;
+  TileFactors<NS> f;
+  tile_factors<MASKED, NS>(f, st, kf, ev, R0, mk);
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
     const int r = (i >> 1) & 1;
@@ -214,11 +204,71 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
     float sum = 0.f;
 #pragma unroll
     for (int G = 0; G < NG; ++G)
-#if FWD_EARLY_CF == 2
-      sum = fmaf(ps[r][G], f.fr[r][G], sum);
-#else
       sum = fmaf(ps[r][G], MASKED ? exp2i(-f.fe[r][G]) : exp2i_inrange(-f.fe[r][G]), sum);
-#endif
+    st.l[r] = fmaf(st.l[r], alpha[r], sum);
+  }
+#elif !PER_TOKEN_COLS
+  // (session 36's order, FWD_FACTORS_FIRST 0: the folds above made with the tile maximum)
+  constexpr int NG = NS / 16;  // 32-key groups
+  const int q = threadIdx.x & 3;
+  float kg[NG];
+  int eg[NG];
+#pragma unroll
+  for (int G = 0; G < NG; ++G) {
+    kg[G] = kf[32 * G];
+    eg[G] = ev[32 * G];
+  }
+  int lim[2], lq[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lim[r] = MASKED ? mk.last(R0 + 8 * r) : KT - 1;
+    lq[r] = lim[r] - 2 * q;
+  }
+  float gm[2][NG];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int G = 0; G < NG; ++G) gm[r][G] = NEG_INF;
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int r = (i >> 1) & 1, G = i >> 4;
+    if (MASKED) s[i] = (8 * (i >> 2) + (i & 1) <= lq[r]) ? s[i] : NEG_INF;  // ex2 gives 0 below
+    gm[r][G] = fmaxf(gm[r][G], s[i]);
+  }
+  float cf[2][NG], tmax[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tmax[r] = NEG_INF;
+    Ev[r] = -1000;
+#pragma unroll
+    for (int G = 0; G < NG; ++G) {
+      cf[r][G] = fmaxf(st.qf[r] * kg[G], 1e-30f);
+      tmax[r] = fmaxf(tmax[r], gm[r][G] * cf[r][G]);  // -inf * 0 = NaN is ignored by fmaxf
+      Ev[r] = max(Ev[r], (MASKED ? 32 * G <= lim[r] : true) ? eg[G] : -1000);
+    }
+  }
+  update_max(st, tmax, alpha, mref);
+  float fe[2][NG], bias[2][NG], ps[2][NG];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int G = 0; G < NG; ++G) {
+      fe[r][G] = (float)max(eg[G] - Ev[r] + 8, -20);
+      bias[r][G] = fe[r][G] - mref[r];
+      ps[r][G] = 0.f;
+    }
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int r = (i >> 1) & 1, G = i >> 4;
+    const float p = fast_exp2(fmaf(s[i], cf[r][G], bias[r][G]));  // masked: ex2(-inf) = 0
+    ps[r][G] += p;
+    s[i] = p;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = 0.f;
+#pragma unroll
+    for (int G = 0; G < NG; ++G) sum = fmaf(ps[r][G], exp2i(-(int)fe[r][G]), sum);
     st.l[r] = fmaf(st.l[r], alpha[r], sum);
   }
 #else
@@ -293,11 +343,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
 #endif
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-#if !PER_TOKEN_COLS && FWD_EARLY_CF == 2
-    alpha_o[r] = alpha[r] * f.ae[r];
-#else
     alpha_o[r] = alpha[r] * exp2i(st.evo[r] - Ev[r]);
-#endif
     st.evo[r] = Ev[r];
   }
 }

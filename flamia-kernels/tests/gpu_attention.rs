@@ -734,9 +734,10 @@ fn cta_pairs_give_bitwise_the_unpaired_backward() {
     // is the failure there), three clusters, reduces in jittered order and head chunks.
     for up in walks() {
         let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
+        // (0 and 1 both against the default, which pairs at d = 64 where every document walks down)
         backward_knob_values_keep_every_bit(
             "FLAMIA_BWD_PAIR",
-            &["1"],
+            &["0", "1"],
             &[
                 (128, &[300, 1, 65, 1100, 2048], true, false),
                 (128, &[300, 1, 65, 1100], false, false),
@@ -782,7 +783,9 @@ fn cta_pair_sums_are_accurate_repeatable_isolated_and_ordered() {
     for (up, hd) in walks().into_iter().flat_map(|up| [(up.clone(), 128), (up, 64)]) {
         let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
         let shape = VarlenShape::from_lens(&[1100, 517, 64, 2048], 4, 2, hd).unwrap();
+        let pair = EnvGuard::set("FLAMIA_BWD_PAIR", "0");
         let unpaired = with_seeds_collect(&shape, |call| gpu_attn(&gpu, call));
+        drop(pair);
         let _pair = EnvGuard::set("FLAMIA_BWD_PAIR", "2");
         let paired = with_seeds_collect(&shape, |call| gpu_attn(&gpu, call));
         for (a, b) in unpaired.iter().zip(&paired) {

@@ -273,8 +273,18 @@ fn fused_bwd_grid(pairs: bool, cap: Option<usize>, resident: usize) -> usize {
 /// adjacent key tiles of one (document, head) in a cluster of two whose producers multicast the
 /// Q / dO tiles both walk (bitwise the unpaired gradients); 2 also the pair's dQ partials added
 /// up before one reduce-add (dQ's bits then differ from the unpaired backward's, fixed run to
-/// run). Not yet measured on a GPU (session 36 had none): 0 by default.
-const BWD_PAIR_DEFAULT: u32 = 0;
+/// run). The mode a plan gets when `FLAMIA_BWD_PAIR` is unset: 1 for a causal plan at head dim 64
+/// whose tiles all walk down (every document longer than [`super::sched::BWD_UP_TILES`] key
+/// tiles), else 0. Measured (session 38, H200, same calls, two rounds each), backward ms:
+/// - d = 64: mode 1 54.82-54.85 against 59.15-59.20 at 1x65536 and 28.04-28.05 against 29.95 at
+///   2x32768; but 4.17 against 3.89 at 16x4096 (its tiles walk up).
+/// - d = 128 (the dS block exponents as by default there): mode 1 76.8-77.1 against 74.8-75.6 at
+///   1x65536, 39.26-39.40 against 38.78-39.23 at 2x32768; +0.3..+4.6% at 4x16384 .. 256x256.
+/// - mode 2 was 1.6-2.3x slower everywhere (its cluster-scope hand-off; at CTA scope 1.25x at
+///   1x65536).
+fn bwd_pair_default(causal: bool, walks_up: bool, head_dim: usize) -> u32 {
+    u32::from(causal && !walks_up && head_dim == 64)
+}
 
 /// `FLAMIA_BWD_HANG_TRAP=1` (a test knob): the v4 backward's consumer waits give up after
 /// ~4.5 s with a printout of the place and a trap (`BWD_HANG_TRAP`), so a protocol hang fails
@@ -284,12 +294,12 @@ fn bwd_hang_trap() -> bool {
     super::env_on("FLAMIA_BWD_HANG_TRAP")
 }
 
-/// `FLAMIA_BWD_PAIR=0|1|2`: the pair mode ([`BWD_PAIR_DEFAULT`] when unset or anything else).
-/// With 2, `FLAMIA_BWD_PAIR_STRICT=0` (an A/B knob) hands the partner's dQ partial to the summer
-/// with CTA-scope ordering instead of the memory model's cluster scope (the kernel's
-/// `BWD_PAIR_STRICT`).
-fn bwd_pair_env() -> u32 {
-    stages_from_env("FLAMIA_BWD_PAIR", 0..=2, BWD_PAIR_DEFAULT)
+/// `FLAMIA_BWD_PAIR=0|1|2`: the pair mode (`default`, [`bwd_pair_default`], when unset or
+/// anything else). With 2, `FLAMIA_BWD_PAIR_STRICT=0` (an A/B knob) hands the partner's dQ
+/// partial to the summer with CTA-scope ordering instead of the memory model's cluster scope (the
+/// kernel's `BWD_PAIR_STRICT`).
+fn bwd_pair_env(default: u32) -> u32 {
+    stages_from_env("FLAMIA_BWD_PAIR", 0..=2, default)
 }
 
 /// `FLAMIA_BWD_JITTER` (a test knob, default 0): a nonzero seed makes every dQ reduce of the v4
@@ -869,6 +879,9 @@ pub struct Attention {
     kd_xpose_env: Option<bool>,
     vt_xpose_env: Option<bool>,
     qd_fwd: QdFwd,
+    /// Clusters of two of the paired backward that run at once, per kernel and shared memory
+    /// (`cuOccupancyMaxActiveClusters`, asked once).
+    clusters: std::sync::Mutex<std::collections::HashMap<(usize, u32), usize>>,
 }
 
 impl Attention {
@@ -894,6 +907,7 @@ impl Attention {
             kd_xpose_env: kd_xpose_env(),
             vt_xpose_env: vt_xpose_env(),
             qd_fwd: QdFwd::from_env(),
+            clusters: Default::default(),
         })
     }
 
@@ -1626,7 +1640,15 @@ impl Attention {
         let hd = plan.shape().head_dim as u32;
         let (kd, vt) = (self.bwd_kd_xpose(plan), self.bwd_vt_xpose(plan));
         let (v4, smem) = self.backward_v4_kernel(hd, bw.walks_up(), kd, vt)?;
-        let pair_mode = if bw.pairs.is_empty() { 0 } else { bwd_pair_env() };
+        let pair_mode = if bw.pairs.is_empty() {
+            0
+        } else {
+            bwd_pair_env(bwd_pair_default(
+                plan.causal,
+                bw.walks_up(),
+                plan.shape().head_dim,
+            ))
+        };
         if pair_mode == 2 && bwd_dq_bufs() > 1 {
             return Err(GpuError::NotSupported(
                 "FLAMIA_BWD_PAIR=2 sums the pair's dQ partials in the one dQ buffer of each warpgroup, so                  it cannot run with FLAMIA_BWD_DQ_BUFS=2: unset FLAMIA_BWD_DQ_BUFS, or use FLAMIA_BWD_PAIR=1"
@@ -1642,7 +1664,19 @@ impl Attention {
         };
         let function = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
         let resident = if pair_mode > 0 {
-            max_active_clusters(&function, 384, smem, 2)?
+            // (asked of the driver once per kernel: a paired plan is the default on long documents)
+            let key = (function.cu_function() as usize, smem);
+            let known = self.clusters.lock().ok().and_then(|m| m.get(&key).copied());
+            match known {
+                Some(n) => n,
+                None => {
+                    let n = max_active_clusters(&function, 384, smem, 2)?;
+                    if let Ok(mut m) = self.clusters.lock() {
+                        m.insert(key, n);
+                    }
+                    n
+                }
+            }
         } else {
             self.gpu.sm_count().max(0) as usize
         };
@@ -1774,10 +1808,10 @@ impl Attention {
 #[cfg(test)]
 mod tests {
     use super::{
-        attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, bwd_pair_env,
-        forward_v4_variant, fused_bwd_grid, fwd_cw_const, fwd_o_tma, parse_choice, parse_promote,
-        short_items, smem_bwd4, smem_fwd4, with_dq_bufs, with_early_factors, with_xposes, QdFwd,
-        BWD_PAIR_DEFAULT, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
+        attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, bwd_pair_default,
+        bwd_pair_env, forward_v4_variant, fused_bwd_grid, fwd_cw_const, fwd_o_tma, parse_choice,
+        parse_promote, short_items, smem_bwd4, smem_fwd4, with_dq_bufs, with_early_factors, with_xposes,
+        QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::tests::nvrtc_or_skip;
     use crate::gpu::runtime::{compile_ptx, Variant};
@@ -2009,11 +2043,13 @@ mod tests {
                 let (v, _) = forward_v4_variant(per_token, stages, hd, false, qd, false, false);
                 jobs.push(("attn_fwd_v4.cu", v));
             }
-            // the tile factors before S's wait (FWD_EARLY_CF, softmax.cuh: A/B builds only)
-            for early in [1, 2] {
-                let (v, _) = forward_v4_variant(false, 4, hd, false, None, false, false);
-                jobs.push(("attn_fwd_v4.cu", v.define("FWD_EARLY_CF", early)));
-            }
+            // the token-block softmax's other order (FWD_FACTORS_FIRST, softmax.cuh: each head
+            // dim's default is the one measured faster; the other builds for A/B runs)
+            let (v, _) = forward_v4_variant(false, 4, hd, false, None, false, false);
+            jobs.push((
+                "attn_fwd_v4.cu",
+                v.define("FWD_FACTORS_FIRST", u32::from(hd == 64)),
+            ));
         }
         compile_all(&jobs);
         // the v3.1 kernels refuse another head dim at compile time
@@ -2122,7 +2158,7 @@ mod tests {
                 Some(v) => std::env::set_var("FLAMIA_BWD_PAIR", v),
                 None => std::env::remove_var("FLAMIA_BWD_PAIR"),
             }
-            let mode = bwd_pair_env();
+            let mode = bwd_pair_env(7);
             std::env::remove_var("FLAMIA_BWD_PAIR");
             mode
         };
@@ -2130,8 +2166,13 @@ mod tests {
             assert_eq!(pair_mode(v), mode);
         }
         for v in [None, Some("3"), Some("yes")] {
-            assert_eq!(pair_mode(v), BWD_PAIR_DEFAULT);
+            assert_eq!(pair_mode(v), 7);
         }
+        // the default: pairs (mode 1) only at d = 64 where every tile walks down, causal
+        assert_eq!(bwd_pair_default(true, false, 64), 1);
+        assert_eq!(bwd_pair_default(true, true, 64), 0);
+        assert_eq!(bwd_pair_default(false, false, 64), 0);
+        assert_eq!(bwd_pair_default(true, false, 128), 0);
     }
 
     #[test]
