@@ -1,5 +1,5 @@
 #!/bin/bash
-# Prepared in session 36 (no device was lent then; nothing here has run yet). Staged as
+# Prepared in session 36 (no device was lent then); run in session 38. Staged as
 # device_bwd4.sh --stage, carried as .device-carry/z/bwd4.tgz.
 #   a: the backward's CTA pairs' GPU tests, each under a timeout (a hang is their failure):
 #      FLAMIA_BWD_PAIR=1 (kernel BWD_PAIR 1: clusters of two CTAs on adjacent key tiles, Q / dO
@@ -13,6 +13,8 @@
 #      64x1024 and 256x256 (walking up), d = 128, and 1x65536 and 16x4096 at d = 64, with the
 #      SM clock after each loop; and mode 2 with FLAMIA_BWD_PAIR_STRICT=0 at 1x65536 and 16x4096.
 #   c: the pairs' three GPU mutations (bench/gpu_mutations.sh 35-37): each must be caught.
+#   (session 38 ran a, b, e, f; d's variants were measured through device_s38.sh h and FWD_EARLY_CF
+#   was removed after it: staging them now gives the default kernels)
 #   d: the forward's tile factors before S's wait (kernel FWD_EARLY_CF in softmax.cuh, in the tree
 #      since session 37 with 0 the default; 2 also takes 2^-fe and O's change of units there):
 #      stage with bench/stage_variant.sh

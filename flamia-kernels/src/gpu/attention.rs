@@ -280,8 +280,8 @@ fn fused_bwd_grid(pairs: bool, cap: Option<usize>, resident: usize) -> usize {
 ///   2x32768; but 4.17 against 3.89 at 16x4096 (its tiles walk up).
 /// - d = 128 (the dS block exponents as by default there): mode 1 76.8-77.1 against 74.8-75.6 at
 ///   1x65536, 39.26-39.40 against 38.78-39.23 at 2x32768; +0.3..+4.6% at 4x16384 .. 256x256.
-/// - mode 2 was 1.6-2.3x slower everywhere (its cluster-scope hand-off; at CTA scope 1.25x at
-///   1x65536).
+/// - mode 2 was 1.1-1.8x slower everywhere (1.66x at 1x65536 with its cluster-scope hand-off,
+///   1.25x at CTA scope).
 fn bwd_pair_default(causal: bool, walks_up: bool, head_dim: usize) -> u32 {
     u32::from(causal && !walks_up && head_dim == 64)
 }
