@@ -90,6 +90,32 @@ __device__ __forceinline__ void update_max(RowState& st, const float (&tmax)[2],
 #ifndef FWD_FACTORS_FIRST
 #define FWD_FACTORS_FIRST (HEAD_DIM == 128)
 #endif
+#if !PER_TOKEN_COLS
+// P' = ex2(s cf + bias) per score in place (cf and bias per row and 32-key group), and each row's
+// and group's sum of them (a masked score, -inf, gives 0).
+template <int NS, int NG>
+__device__ __forceinline__ void group_exp2(float (&s)[NS], const float (&cf)[2][NG], const float (&bias)[2][NG],
+                                           float (&ps)[2][NG]) {
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int r = (i >> 1) & 1, G = i >> 4;
+    const float p = fast_exp2(fmaf(s[i], cf[r][G], bias[r][G]));
+    ps[r][G] += p;
+    s[i] = p;
+  }
+}
+// Each 32-key group's 2^eK and eV (token-block scales: uniform over the group), from the stage's
+// per-key tables in shared memory.
+template <int NG>
+__device__ __forceinline__ void group_keys(const float* kf, const int* ev, float (&kg)[NG], int (&eg)[NG]) {
+#pragma unroll
+  for (int G = 0; G < NG; ++G) {
+    kg[G] = kf[32 * G];
+    eg[G] = ev[32 * G];
+  }
+}
+#endif
+
 #if !PER_TOKEN_COLS && FWD_FACTORS_FIRST
 // What one tile's softmax needs of its keys and rows but not of its scores (token-block scales):
 // per row and 32-key group G the fold cf = qf 2^eK_G (floored at 1e-30 so a masked -inf times
@@ -113,11 +139,7 @@ __device__ __forceinline__ void tile_factors(TileFactors<NS>& f, const RowState&
   const int q = threadIdx.x & 3;
   float kg[NG];
   int eg[NG];
-#pragma unroll
-  for (int G = 0; G < NG; ++G) {
-    kg[G] = kf[32 * G];
-    eg[G] = ev[32 * G];
-  }
+  group_keys(kf, ev, kg, eg);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int lim = MASKED ? mk.last(R0 + 8 * r) : KT - 1;
@@ -192,13 +214,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
       bias[r][G] = (float)f.fe[r][G] - mref[r];
       ps[r][G] = 0.f;
     }
-#pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    const int r = (i >> 1) & 1, G = i >> 4;
-    const float p = fast_exp2(fmaf(s[i], f.cf[r][G], bias[r][G]));  // masked: ex2(-inf) = 0
-    ps[r][G] += p;
-    s[i] = p;
-  }
+  group_exp2(s, f.cf, bias, ps);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = 0.f;
@@ -213,11 +229,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
   const int q = threadIdx.x & 3;
   float kg[NG];
   int eg[NG];
-#pragma unroll
-  for (int G = 0; G < NG; ++G) {
-    kg[G] = kf[32 * G];
-    eg[G] = ev[32 * G];
-  }
+  group_keys(kf, ev, kg, eg);
   int lim[2], lq[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -257,13 +269,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
       bias[r][G] = fe[r][G] - mref[r];
       ps[r][G] = 0.f;
     }
-#pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    const int r = (i >> 1) & 1, G = i >> 4;
-    const float p = fast_exp2(fmaf(s[i], cf[r][G], bias[r][G]));  // masked: ex2(-inf) = 0
-    ps[r][G] += p;
-    s[i] = p;
-  }
+  group_exp2(s, cf, bias, ps);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = 0.f;
