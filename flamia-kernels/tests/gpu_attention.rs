@@ -744,6 +744,8 @@ fn cta_pairs_give_bitwise_the_unpaired_backward() {
                 (128, &[517, 64, 129, 2048], true, true),
                 (64, &[300, 1, 65, 1100, 2048], true, false),
                 (64, &[517, 64, 129, 2048], false, true),
+                // (causal row dS at d = 64: paired by default where every document walks down)
+                (64, &[517, 64, 129, 2048], true, true),
             ],
         );
         let gpu = gpu();
