@@ -112,9 +112,17 @@ def main():
                          "line's top opcodes: where a loop's instructions come from (session 31 found the "
                          "quantiser's chunk bookkeeping, ~150 of its item loop's 1,107 SASS, this way); "
                          "one source file, e.g. -D HEAD_DIM=128 --lines quant_e4m3 quant.cu")
+    ap.add_argument("--same-sass", metavar="DIR",
+                    help="compile each source from --dir and from DIR (e.g. an older commit's sources: `git "
+                         "archive REV flamia-kernels/cuda | tar -x -C /tmp/old`) with the same defines and say "
+                         "whether the SASS of every kernel is the same, instruction for instruction (addresses "
+                         "and line info aside), else where they first differ: a refactor's check that the "
+                         "build a measurement was taken on is unchanged (session 38)")
     ap.add_argument("--whole", action="store_true", help="with --lines: count the whole kernel, not its largest loop")
     ap.add_argument("--top", type=int, default=40, help="with --lines: how many source lines to print (default 40)")
     a = ap.parse_args()
+    if a.same_sass:
+        return same_sass(a)
     if a.lines:
         return per_line(a)
     if a.bwd_per_item:
@@ -186,6 +194,30 @@ def disassembly(lib, src_dir, name, defines, ptxas_flag, tool, tool_args):
         if r.returncode != 0:
             sys.exit(f"{name}: ptxas failed\n{r.stderr}")
         return subprocess.run([find(tool)] + tool_args + [cubin], capture_output=True, text=True).stdout
+
+
+def same_sass(a):
+    """--same-sass: every source's SASS from --dir against the same from another directory."""
+    lib = load_nvrtc()
+    differ = 0
+    for name in a.sources:
+        texts = []
+        for d in (a.dir, a.same_sass):
+            sass = disassembly(lib, d, name, a.defines, "-v", "triton/backends/nvidia/bin/cuobjdump", ["--dump-sass"])
+            # the instructions alone: no addresses, encodings or headers
+            ins = (t.split("*/", 1)[1].split(";", 1)[0].strip() for t in (l.strip() for l in sass.splitlines())
+                   if t.startswith("/*") and "*/" in t)
+            texts.append([t for t in ins if t and not t.startswith("/*")])
+        x, y = texts
+        if x == y:
+            print(f"{name}: the same SASS ({len(x)} instructions) [{' '.join(a.defines) or 'no defines'}]")
+            continue
+        differ += 1
+        i = next((k for k, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+        print(f"{name}: the SASS differs ({len(x)} against {len(y)} instructions), first at instruction {i}:")
+        print(f"  {a.dir}: {x[i] if i < len(x) else '(end)'}")
+        print(f"  {a.same_sass}: {y[i] if i < len(y) else '(end)'}")
+    return 1 if differ else 0
 
 
 def sass_lines(lib, src_dir, name, defines, function):
@@ -421,4 +453,4 @@ def per_score(a):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
