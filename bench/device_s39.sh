@@ -48,7 +48,7 @@ d)
     echo "ncu rc=$?"
     $NCU -i /tmp/ncu/$name.ncu-rep --page details > /tmp/ncu/$name.details.txt 2>&1
     $NCU -i /tmp/ncu/$name.ncu-rep --page source --print-source sass --csv 2>&1 | gzip > /tmp/ncu/$name.sass.csv.gz
-    grep -E "Duration|Issue Slots Busy|Registers Per Thread|L2 Cache Throughput|No Eligible" /tmp/ncu/$name.details.txt
+    grep -E "Duration|Issue Slots Busy|Registers Per Thread|L2 Cache Throughput|No Eligible|No Instruction|Stall" /tmp/ncu/$name.details.txt | head -20
   done
   tar -C /tmp/ncu -czf "$O/ncu-s39.tgz" $(cd /tmp/ncu && ls *.details.txt *.sass.csv.gz)
   for r in 1 2; do
