@@ -125,6 +125,8 @@ __device__ __forceinline__ void group_keys(const float* kf, const int* ev, float
 // iff its first key is, visibility being a prefix of the columns; a masked key never moves it),
 // V's fold fe = max(eV_G - Ev + 8, -20), and the rows' mask limits lq (element i of row r is
 // visible iff 8 * (i >> 2) + (i & 1) <= lq[r]: one compare with an immediate per score).
+// (A struct filled by a function rather than locals of softmax_tile: written inline, ptxas
+// allocated registers differently and the SASS was no longer the build session 38 measured.)
 template <int NS>
 struct TileFactors {
   float cf[2][NS / 16];
