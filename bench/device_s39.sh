@@ -16,12 +16,17 @@
 #         ($OUT/ncu-s39.tgz: details pages and per-SASS stall samples; `scripts/ncu-stalls.py`
 #         summarises a .sass.csv.gz), then the four timed, two rounds.
 #   e:    the pairs' three GPU mutations (bench/gpu_mutations.sh 35-37): each must be caught.
+#   p:    (ran in session 39; the knobs are gone, so it no longer stages) the code-placement
+#         sweep: the d = 128 backward and forward with the interior loops moved by 16 N bytes
+#         (BWD_CODE_PAD / FWD_CODE_PAD = N: N `nanosleep.u32 0` before the loop, cuda-pN, N = 1..7)
+#         and the backward with the three-instruction block exponents at N = 0, 2, 4, 6 (cuda-nnN),
+#         against the embedded sources, two rounds at 1x65536 (docs/perf.md "Session 39").
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s39.sh a|b|c|d|e}
+mode=${1:?usage: device_s39.sh a|b|c|d|e|p}
 case $mode in
 a | b)
   T=$C bash bench/device_suite.sh $([ "$mode" = a ] && echo 1 || echo 2)
@@ -57,12 +62,15 @@ d)
     done
   done
   ;;
+p)
+  ab_dirs cuda-p1 cuda-p2 cuda-p3 cuda-p4 cuda-p5 cuda-p6 cuda-p7 cuda-nn0 cuda-nn2 cuda-nn4 cuda-nn6 -- --workload 1x65536
+  ;;
 e)
   for m in bwd4-pair-upper-tile bwd4-pairsum-nowait bwd4-pairsum-self; do
     T=$C/gpu_attention ONLY=$m bash bench/gpu_mutations.sh
   done
   ;;
-*) echo "device_s39.sh: unknown mode '$mode' (a, b, c, d, e)"; exit 2 ;;
+*) echo "device_s39.sh: unknown mode '$mode' (a, b, c, d, e, p)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s39-$mode.log"

@@ -139,6 +139,19 @@
 // partial, so a buffer released before the stores have landed is read early by the reducer's TMA
 // and the jitter test sees other bits (the release's ordering is otherwise hidden by timing: the
 // partial stores beat the reducer's TMA even when they follow the arrival, session 10).
+// BWD_LATE_DQ_ARRIVE (an A/B knob, default 0): where a consumer thread hands its dQ partial to the
+// reducer (the async-proxy fence and its dq_full arrival). 0: right after its stores, at the end of
+// bwd_dq, where the fence waits for them to drain (ncu, session 39: MEMBAR + FENCE.VIEW.ASYNC +
+// arrival ~4% of the interior step's stall samples, long scoreboard); 1: at the next step, once
+// its S and dP products are issued (the stores have drained under the stage wait and the issue);
+// 2: there, after S's wait; 3: as 1, and the step's dS hand-off (its fence and ds_ready arrival,
+// read by both warpgroups' dQ products one step later) deferred to the same place, one fence for
+// both. The item's last partial is handed off at the item's end (its dS before its dQ). Bits: the
+// same (the reduce order is the semaphore's); only when the reducer and the dQ products may start
+// moves.
+#ifndef BWD_LATE_DQ_ARRIVE
+#define BWD_LATE_DQ_ARRIVE 0
+#endif
 #ifndef BWD_STRESS
 #define BWD_STRESS 0
 #endif
@@ -929,6 +942,12 @@ struct BwdConsumer {
 #if BWD_PAIR == 2
   int npsum;    // pair sums made so far (pdq_full parity)
 #endif
+#if BWD_LATE_DQ_ARRIVE
+  int dq_pend;  // 1 + the dQ buffer whose hand-off (fence, dq_full arrival) is still to do; 0: none
+#endif
+#if BWD_LATE_DQ_ARRIVE == 3
+  int ds_pend;  // 1 + the dS buffer whose hand-off (fence, ds_ready arrival) is still to do; 0: none
+#endif
 #ifdef BWD_PROF_PHASES
   int nitem;  // items finished
 #endif
@@ -936,6 +955,26 @@ struct BwdConsumer {
   long long prof[6];  // clocks waiting: stage, pair barrier, 256 barrier, dQ buffer, item; steps
 #endif
 };
+
+// The hand-offs left pending (BWD_LATE_DQ_ARRIVE): bwd_dq's partial and (3) the step's dS tile.
+// This thread's stores made visible to the async proxy (the reducer's TMA, the dQ products'
+// wgmma) by one fence, then its arrivals. Warp-uniform.
+__device__ __forceinline__ void bwd_dq_handoff(BwdV4Smem& sm, BwdConsumer& C) {
+#if BWD_LATE_DQ_ARRIVE == 3
+  if (C.dq_pend | C.ds_pend) {
+    fence_async_smem();
+    if (C.ds_pend) mbar_arrive(smem_u32(&sm.ds_ready[C.ds_pend - 1]));
+    if (C.dq_pend) mbar_arrive(smem_u32(&sm.dq_full[C.dq_pend - 1][C.cw]));
+    C.dq_pend = C.ds_pend = 0;
+  }
+#elif BWD_LATE_DQ_ARRIVE
+  if (C.dq_pend) {
+    fence_async_smem();
+    mbar_arrive(smem_u32(&sm.dq_full[C.dq_pend - 1][C.cw]));
+    C.dq_pend = 0;
+  }
+#endif
+}
 
 // dS~ (already divided by 2^e per slice) -> E4M3: the A fragments of dK = dS^T Q (registers) and
 // the transposed bytes of the dQ operand (shared memory, row = query, K = keys).
@@ -1304,8 +1343,14 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #if BWD_EARLY_COLS && !BWD_COLS_FIRST
   BWD_EARLY_LOADS
 #endif
+#if BWD_LATE_DQ_ARRIVE == 1 || BWD_LATE_DQ_ARRIVE == 3
+  bwd_dq_handoff(sm, C);
+#endif
   wg_wait<1>();
   fence_regs(sc);
+#if BWD_LATE_DQ_ARRIVE == 2
+  bwd_dq_handoff(sm, C);
+#endif
   BWD_PHASE(1);
 #if BWD_KEY_BLOCKS
   // Token-block or tensor-wide scales: the thread's two keys (rows 16w + g, +8) lie in one
@@ -1503,8 +1548,12 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   bwd_release_stage(sm, s, lane);
   if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
   // this thread's dS codes (read by wgmma: async proxy) and exponents are written
+#if BWD_LATE_DQ_ARRIVE == 3
+  C.ds_pend = 1 + buf;  // (bwd_dq_handoff, at the next step or the item's end)
+#else
   fence_async_smem();
   mbar_arrive(smem_u32(&sm.ds_ready[buf]));
+#endif
   BWD_PHASE(7);
   ++C.nstep;
 }
@@ -1522,6 +1571,7 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 // ds_ready.
 __device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
   const int cw = C.cw, w = C.w(), s = C.s, buf = C.nstep % BWD_DS_BUFS;
+  bwd_dq_handoff(sm, C);
   bwd_wait(smem_u32(&sm.s_full[s]), C.ph, 2);
 #if BWD_DS_STSM
   u8* ds = ds_row(sm, C, buf);
@@ -1546,6 +1596,7 @@ __device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
 // tiles, or every stage of an item without an upper tile): waited for and passed on, so the two
 // CTAs' rings stay in step. No dS, no dQ (C.nstep unchanged).
 __device__ __forceinline__ void bwd_step_pass(BwdV4Smem& sm, BwdConsumer& C) {
+  bwd_dq_handoff(sm, C);
   bwd_wait(smem_u32(&sm.s_full[C.s]), C.ph, 3);
   bwd_release_stage(sm, C.s, C.lane());
   if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
@@ -1752,8 +1803,12 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   // own arrival (dq_full counts the warpgroup's 128): no warpgroup barrier here, so a warp whose
   // stores have drained goes on to the next step instead of waiting for the slowest of the four
   // (the 128-thread barrier and the fence before it were ~8% of the step: ncu, session 9).
+#if BWD_LATE_DQ_ARRIVE
+  C.dq_pend = 1 + db;  // (bwd_dq_handoff, at the next step or the item's end)
+#else
   fence_async_smem();
   mbar_arrive(smem_u32(&sm.dq_full[db][cw]));
+#endif
   BWD_PHASE(11);
 }
 
@@ -1890,6 +1945,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
   C.s = 0;
   C.ph = 0;
   C.nstep = 0;
+#if BWD_LATE_DQ_ARRIVE
+  C.dq_pend = 0;
+#endif
+#if BWD_LATE_DQ_ARRIVE == 3
+  C.ds_pend = 0;
+#endif
 #if BWD_PAIR == 2
   C.npsum = 0;
 #endif
@@ -2066,7 +2127,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     // the item's K and V are read (each warp's own waits): the producer may load the next item's
     __syncwarp();
     if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty));
+#if BWD_LATE_DQ_ARRIVE == 3
+    bwd_dq_handoff(sm, C);  // (the last step's dS, before its dQ waits for it)
+#endif
     if (BWD_DEFER_DQ && pend_q0 >= 0) dq(C.nstep - 1, pend_q0);
+    bwd_dq_handoff(sm, C);  // (BWD_LATE_DQ_ARRIVE: the item's last partial)
 #if BWD_KD_XPOSE != 2
     // the item's dim-major K is read (each warp's own dQ waits): the producer may load the next
     __syncwarp();

@@ -1999,6 +1999,16 @@ mod tests {
                 for mode in [1, 2] {
                     jobs.push(("attn_bwd_v4.cu", v.clone().define("BWD_PAIR", mode)));
                 }
+                // the late dQ / dS hand-offs (BWD_LATE_DQ_ARRIVE, an A/B knob of the kernel
+                // source, session 39) on the downward walk, unpaired and (3) paired
+                if !walk_up {
+                    let late = if row_ds { &[3][..] } else { &[1, 2, 3][..] };
+                    for &m in late {
+                        jobs.push(("attn_bwd_v4.cu", v.clone().define("BWD_LATE_DQ_ARRIVE", m)));
+                    }
+                    let paired = v.clone().define("BWD_PAIR", 1);
+                    jobs.push(("attn_bwd_v4.cu", paired.define("BWD_LATE_DQ_ARRIVE", 3)));
+                }
                 // (mode 2's CTA-scope hand-off, FLAMIA_BWD_PAIR_STRICT=0)
                 let relaxed = v.clone().define("BWD_PAIR", 2).define("BWD_PAIR_STRICT", 0);
                 jobs.push(("attn_bwd_v4.cu", relaxed.clone()));
