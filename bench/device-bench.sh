@@ -72,3 +72,12 @@ start_power_log() {
   POWER_LOG_PID=$!
   echo "power log ($f) into $1 from unix $(date +%s.%N)"
 }
+# suite_or_standing MODE: the modes every session script shares, run and exit: a, b the whole GPU
+# suite (device_suite.sh 1, 2, on $C's test binaries), c the standing against the anchors
+# (vs-anchors.sh with $C/flamia); any other mode returns for the script's own.
+suite_or_standing() {
+  case $1 in
+  a | b) T=$C bash bench/device_suite.sh $([ "$1" = a ] && echo 1 || echo 2); exit ;;
+  c) B=$C/flamia bash bench/vs-anchors.sh; exit ;;
+  esac
+}
