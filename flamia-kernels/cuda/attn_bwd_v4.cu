@@ -152,6 +152,11 @@
 #ifndef BWD_LATE_DQ_ARRIVE
 #define BWD_LATE_DQ_ARRIVE 0
 #endif
+// BWD_DQ_EXP_EARLY (an A/B knob, default 0; session 39): bwd_dq loads each 32-key slice's dS
+// exponents before the wait for that slice's product instead of after it. Same bits.
+#ifndef BWD_DQ_EXP_EARLY
+#define BWD_DQ_EXP_EARLY 0
+#endif
 #ifndef BWD_STRESS
 #define BWD_STRESS 0
 #endif
@@ -1729,6 +1734,42 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
 #pragma unroll
       for (int i = 0; i < NQ; ++i) dq[i] = kk ? fmaf(t[i], f[(i >> 1) & 1], dq[i]) : t[i] * f[(i >> 1) & 1];
     };
+#if BWD_DQ_EXP_EARLY
+    // slice kk's exponents loaded before the wait for its product: the wait's memory clobber
+    // keeps a load written after it after it, and the exponent's LEA then waited ~30 clocks
+    // for the LDS, four times a step (ncu, session 39: ~4% of the interior step's samples)
+    const auto exps = [&](int kk) {
+#if BWD_ROW_DS
+      return make_int2(er0[kk], er8[kk]);
+#else
+      const int x = e[kk];
+      return make_int2(x, x);
+#endif
+    };
+    const auto scale_by = [&](float(&t)[NQ], int kk, int2 x) {  // after the wait for slice kk
+      fence_regs(t);
+      const float f[2] = {exp2i_inrange(x.x), exp2i_inrange(x.y)};
+#pragma unroll
+      for (int i = 0; i < NQ; ++i) dq[i] = kk ? fmaf(t[i], f[(i >> 1) & 1], dq[i]) : t[i] * f[(i >> 1) & 1];
+    };
+    issue(ta, 0);
+    issue(tb, 1);
+    int2 x = exps(0);
+    wg_wait<1>();
+    scale_by(ta, 0, x);
+    issue(ta, 2);
+    x = exps(1);
+    wg_wait<1>();
+    scale_by(tb, 1, x);
+    issue(tb, 3);
+    x = exps(2);
+    wg_wait<1>();
+    scale_by(ta, 2, x);
+    x = exps(3);
+    wg_wait<0>();
+    scale_by(tb, 3, x);
+    (void)scale_in;
+#else
     issue(ta, 0);
     issue(tb, 1);
     wg_wait<1>();
@@ -1741,6 +1782,7 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
     scale_in(ta, 2);
     wg_wait<0>();
     scale_in(tb, 3);
+#endif
 #endif
   }
   BWD_PHASE(9);
