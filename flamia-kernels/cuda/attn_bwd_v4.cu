@@ -134,11 +134,6 @@
 #ifndef BWD_BLOCK_EXP_NN
 #define BWD_BLOCK_EXP_NN (HEAD_DIM == 64)
 #endif
-// BWD_STRESS 1 (test builds: the host's FLAMIA_BWD_JITTER): with a nonzero P.jitter each consumer
-// warp also waits a pseudo-random few microseconds between taking its dQ buffer and storing its
-// partial, so a buffer released before the stores have landed is read early by the reducer's TMA
-// and the jitter test sees other bits (the release's ordering is otherwise hidden by timing: the
-// partial stores beat the reducer's TMA even when they follow the arrival, session 10).
 // BWD_LATE_DQ_ARRIVE (an A/B knob, default 0): where a consumer thread hands its dQ partial to the
 // reducer (the async-proxy fence and its dq_full arrival). 0: right after its stores, at the end of
 // bwd_dq, where the fence waits for them to drain (ncu, session 39: MEMBAR + FENCE.VIEW.ASYNC +
@@ -157,6 +152,11 @@
 #ifndef BWD_DQ_EXP_EARLY
 #define BWD_DQ_EXP_EARLY 0
 #endif
+// BWD_STRESS 1 (test builds: the host's FLAMIA_BWD_JITTER): with a nonzero P.jitter each consumer
+// warp also waits a pseudo-random few microseconds between taking its dQ buffer and storing its
+// partial, so a buffer released before the stores have landed is read early by the reducer's TMA
+// and the jitter test sees other bits (the release's ordering is otherwise hidden by timing: the
+// partial stores beat the reducer's TMA even when they follow the arrival, session 10).
 #ifndef BWD_STRESS
 #define BWD_STRESS 0
 #endif
