@@ -152,6 +152,12 @@
 #ifndef BWD_DQ_EXP_EARLY
 #define BWD_DQ_EXP_EARLY 0
 #endif
+// BWD_DS_EARLY N (an A/B knob, default 0; session 39; key-block scales without the producer's
+// fold): dS's key factors (vf, cf) and its first N - 1 column blocks' constants loaded before P's
+// loop instead of after dP's wait. Same bits.
+#ifndef BWD_DS_EARLY
+#define BWD_DS_EARLY 0
+#endif
 // BWD_STRESS 1 (test builds: the host's FLAMIA_BWD_JITTER): with a nonzero P.jitter each consumer
 // warp also waits a pseudo-random few microseconds between taking its dQ buffer and storing its
 // partial, so a buffer released before the stores have landed is read early by the reducer's TMA
@@ -1369,6 +1375,19 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   const int kr = 64 * cw + r0;
   const float kf = lds_volatile(&it.kf[kr]);
 #endif
+#if BWD_DS_EARLY && !BWD_FOLD
+  // dS's key factors and its first BWD_DS_EARLY - 1 column blocks' constants, loaded before P's
+  // loop (after dP's wait, whose memory clobber holds a load written there, they waited on LDS)
+  const float vf_early = lds_volatile(&it.vf[kr]), cf_early = lds_volatile(&it.cf[kr]);
+  constexpr int NDE = BWD_DS_EARLY > 1 ? BWD_DS_EARLY - 1 : 1;
+  float4 dn_early[NDE];
+  float2 pe_early[NDE];
+#pragma unroll
+  for (int j = 0; j < BWD_DS_EARLY - 1; ++j) {
+    dn_early[j] = *reinterpret_cast<const float4*>(&cp[4 * j].dq);
+    pe_early[j] = cp[4 * j].pe;
+  }
+#endif
   // P (into sc) while dP^T is still in the tensor cores: x = s 2^eK qf - LSE log2 e
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -1388,7 +1407,9 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
   wg_wait<0>();
   fence_regs(dp);
-#if !BWD_FOLD
+#if !BWD_FOLD && BWD_DS_EARLY
+  const float vk = vf_early * kf, cf = cf_early;
+#elif !BWD_FOLD
   const float vk = lds_volatile(&it.vf[kr]) * kf, cf = lds_volatile(&it.cf[kr]);
 #endif
   // dS~ = P (dP 2^(eV + eK + edO + eQ) - D 2^(eK + eQ)) (into dp) and P~ = P 2^(edO - c) (into sc)
@@ -1399,8 +1420,13 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
     const float2 pf = fpc[4 * j];
     const float A[2] = {ab.x, ab.y}, B[2] = {ab.z, ab.w}, pc[2] = {pf.x, pf.y};
 #else
+#if BWD_DS_EARLY
+    const float4 dn = j < BWD_DS_EARLY - 1 ? dn_early[j < NDE ? j : 0] : *reinterpret_cast<const float4*>(&cp[4 * j].dq);
+    const float2 pe = j < BWD_DS_EARLY - 1 ? pe_early[j < NDE ? j : 0] : cp[4 * j].pe;
+#else
     const float4 dn = *reinterpret_cast<const float4*>(&cp[4 * j].dq);
     const float2 pe = cp[4 * j].pe;
+#endif
     const float A[2] = {dn.x * vk, dn.y * vk}, B[2] = {dn.z * kf, dn.w * kf}, pc[2] = {pe.x * cf, pe.y * cf};
 #endif
 #pragma unroll

@@ -2008,8 +2008,10 @@ mod tests {
                     }
                     let paired = v.clone().define("BWD_PAIR", 1);
                     jobs.push(("attn_bwd_v4.cu", paired.define("BWD_LATE_DQ_ARRIVE", 3)));
-                    // (and dQ's exponents loaded before their products' waits, BWD_DQ_EXP_EARLY)
+                    // (and dQ's exponents loaded before their products' waits, BWD_DQ_EXP_EARLY;
+                    // dS's constants before dP's wait, BWD_DS_EARLY)
                     jobs.push(("attn_bwd_v4.cu", v.clone().define("BWD_DQ_EXP_EARLY", 1)));
+                    jobs.push(("attn_bwd_v4.cu", v.clone().define("BWD_DS_EARLY", 3)));
                 }
                 // (mode 2's CTA-scope hand-off, FLAMIA_BWD_PAIR_STRICT=0)
                 let relaxed = v.clone().define("BWD_PAIR", 2).define("BWD_PAIR_STRICT", 0);
