@@ -21,6 +21,8 @@
 #         and 4x16384 (~6 minutes).
 #   u:    late3e and all at d = 128, 16x4096 and 256x256, then early, late3e and all at d = 64
 #         (CTA pairs on the long documents), 1x65536 and 16x4096.
+#   f:    Nsight Compute (bench/ncu-kernels.sh) on the forward and the backward at d = 128,
+#         1x65536, then on cuda-all's backward ($OUT/all/): where the stalls went (~2 minutes).
 #   r:    all with row dS exponents and with --causally-safe (d = 128, 1x65536 and 256x256).
 #   a, b: the whole GPU suite (device_suite.sh 1, 2), after a mode became the default.
 #   c:    the standing against the anchors (bench/vs-anchors.sh: ours, anchors.py, cuDNN FP8, ours).
@@ -29,7 +31,7 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s40.sh l|t|u|r|a|b|c}
+mode=${1:?usage: device_s40.sh l|t|u|f|r|a|b|c}
 suite_or_standing "$mode"
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -50,11 +52,16 @@ u)
   ab_dirs cuda-late3e cuda-all -- --workload 16x4096 --workload 256x256
   ab_dirs cuda-early cuda-late3e cuda-all -- --head-dim 64 --workload 1x65536 --workload 16x4096
   ;;
+f)
+  B=$C/flamia KERNELS="attn_fwd_v4 attn_bwd_v4" bash bench/ncu-kernels.sh
+  mkdir -p "$O/all"
+  OUT=$O/all FLAMIA_CUDA_DIR=$C/cuda-all B=$C/flamia KERNELS=attn_bwd_v4 bash bench/ncu-kernels.sh
+  ;;
 r)
   ab_dirs cuda-all -- --precision row-ds-exponents --workload 1x65536 --workload 256x256
   ab_dirs cuda-all -- --causally-safe --workload 1x65536 --workload 256x256
   ;;
-*) echo "device_s40.sh: unknown mode '$mode' (l, t, u, r, a, b, c)"; exit 2 ;;
+*) echo "device_s40.sh: unknown mode '$mode' (l, t, u, f, r, a, b, c)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s40-$mode.log"
