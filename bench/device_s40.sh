@@ -13,10 +13,11 @@
 #   mkdir -p .device-carry/z; tar -C .device-carry -czf .device-carry/z/bwd4.tgz bwd4
 # carry .device-carry/z (and .whl for cuDNN FP8 in `c`), run
 #   tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s40.sh MODE
-#   l:    each variant's outputs bit for bit the embedded sources' (both head dims and walks, block
+#   l:    the variants' outputs bit for bit the embedded sources' (both head dims and walks, block
 #         and row dS, the causally safe options), under FLAMIA_BWD_HANG_TRAP=1: all (the three
-#         knobs) first, then late3e, early, dse3, late1, late2 (a later one is cut by the call's
-#         limit first: each test takes up to ~100 s).
+#         knobs), late1, late2; m: the same for late3e, early, dse3. (The test's time per
+#         directory was not logged before: each run prints its start; split further if one call
+#         cannot hold three.)
 #   t:    the timings, two rounds against the embedded sources: every variant at d = 128, 1x65536
 #         and 4x16384 (~6 minutes).
 #   u:    late3e and all at d = 128, 16x4096 and 256x256, then early, late3e and all at d = 64
@@ -31,16 +32,17 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s40.sh l|t|u|f|r|a|b|c}
+mode=${1:?usage: device_s40.sh l|m|t|u|f|r|a|b|c}
 suite_or_standing "$mode"
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
-l)
-  for v in all late3e early dse3 late1 late2; do
+l | m)
+  vs="all late1 late2"; [ "$mode" = m ] && vs="late3e early dse3"
+  for v in $vs; do
     echo "=== cuda-$v against the embedded sources"; date
-    FLAMIA_BWD_HANG_TRAP=1 FLAMIA_AB_CUDA_DIR=$C/cuda-$v timeout 200 $C/gpu_attention --ignored --exact \
+    FLAMIA_BWD_HANG_TRAP=1 FLAMIA_AB_CUDA_DIR=$C/cuda-$v timeout 180 $C/gpu_attention --ignored --exact \
       --test-threads=1 kernel_sources_of_another_directory_give_bitwise_the_same 2>&1 \
       | grep -E "^test |test result|panicked|differs|SKIPPED|trap" | head
   done
@@ -61,7 +63,7 @@ r)
   ab_dirs cuda-all -- --precision row-ds-exponents --workload 1x65536 --workload 256x256
   ab_dirs cuda-all -- --causally-safe --workload 1x65536 --workload 256x256
   ;;
-*) echo "device_s40.sh: unknown mode '$mode' (l, t, u, f, r, a, b, c)"; exit 2 ;;
+*) echo "device_s40.sh: unknown mode '$mode' (l, m, t, u, f, r, a, b, c)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s40-$mode.log"
