@@ -25,6 +25,9 @@
 #   f:    Nsight Compute (bench/ncu-kernels.sh) on the forward and the backward at d = 128,
 #         1x65536, then on cuda-all's backward ($OUT/all/): where the stalls went (~2 minutes).
 #   r:    all with row dS exponents and with --causally-safe (d = 128, 1x65536 and 256x256).
+#   e:    the trainer end to end at 16,384-token rows, mxfp8 against the BF16 control, short and
+#         row-long documents: the 1b-d64 preset (CTA pairs on its long documents since session
+#         38), then the 1b preset (d = 128) (bench/trainer_1b.sh, ~5 minutes).
 #   a, b: the whole GPU suite (device_suite.sh 1, 2), after a mode became the default.
 #   c:    the standing against the anchors (bench/vs-anchors.sh: ours, anchors.py, cuDNN FP8, ours).
 set -u
@@ -32,7 +35,7 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s40.sh l|m|t|u|f|r|a|b|c}
+mode=${1:?usage: device_s40.sh l|m|t|u|f|r|e|a|b|c}
 suite_or_standing "$mode"
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -59,11 +62,15 @@ f)
   mkdir -p "$O/all"
   OUT=$O/all FLAMIA_CUDA_DIR=$C/cuda-all B=$C/flamia KERNELS=attn_bwd_v4 bash bench/ncu-kernels.sh
   ;;
+e)
+  B=$C/flamia EXTRA="--set model.size=1b-d64" ROWS=16384 DOCS="short long" OOM_CHECK=0 bash bench/trainer_1b.sh
+  B=$C/flamia ROWS=16384 DOCS="short long" OOM_CHECK=0 bash bench/trainer_1b.sh
+  ;;
 r)
   ab_dirs cuda-all -- --precision row-ds-exponents --workload 1x65536 --workload 256x256
   ab_dirs cuda-all -- --causally-safe --workload 1x65536 --workload 256x256
   ;;
-*) echo "device_s40.sh: unknown mode '$mode' (l, m, t, u, f, r, a, b, c)"; exit 2 ;;
+*) echo "device_s40.sh: unknown mode '$mode' (l, m, t, u, f, r, e, a, b, c)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s40-$mode.log"
