@@ -147,6 +147,9 @@
 #ifndef BWD_LATE_DQ_ARRIVE
 #define BWD_LATE_DQ_ARRIVE 0
 #endif
+#if BWD_LATE_DQ_ARRIVE == 3 && !BWD_DEFER_DQ
+#error "BWD_LATE_DQ_ARRIVE 3 needs BWD_DEFER_DQ: a step's dQ right after it would wait on its own pending ds_ready arrival"
+#endif
 // BWD_DQ_EXP_EARLY (an A/B knob, default 0; session 39): bwd_dq loads each 32-key slice's dS
 // exponents before the wait for that slice's product instead of after it. Same bits.
 #ifndef BWD_DQ_EXP_EARLY
@@ -158,6 +161,7 @@
 #ifndef BWD_DS_EARLY
 #define BWD_DS_EARLY 0
 #endif
+static_assert(BWD_DS_EARLY >= 0 && BWD_DS_EARLY <= 9, "BWD_DS_EARLY: 0 (off) or 1 + the early column blocks (at most 8)");
 // BWD_STRESS 1 (test builds: the host's FLAMIA_BWD_JITTER): with a nonzero P.jitter each consumer
 // warp also waits a pseudo-random few microseconds between taking its dQ buffer and storing its
 // partial, so a buffer released before the stores have landed is read early by the reducer's TMA
@@ -2195,11 +2199,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     // the item's K and V are read (each warp's own waits): the producer may load the next item's
     __syncwarp();
     if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty));
-#if BWD_LATE_DQ_ARRIVE == 3
-    bwd_dq_handoff(sm, C);  // (the last step's dS, before its dQ waits for it)
-#endif
+    // (BWD_LATE_DQ_ARRIVE: no step follows the item's last dQ, so what is pending goes now: the
+    // partial of the dQ after the last step, which the last dQ's dq_empty wait needs, and with 3
+    // the last step's dS, which it waits for on ds_ready; then the last dQ's own partial)
+    bwd_dq_handoff(sm, C);
     if (BWD_DEFER_DQ && pend_q0 >= 0) dq(C.nstep - 1, pend_q0);
-    bwd_dq_handoff(sm, C);  // (BWD_LATE_DQ_ARRIVE: the item's last partial)
+    bwd_dq_handoff(sm, C);
 #if BWD_KD_XPOSE != 2
     // the item's dim-major K is read (each warp's own dQ waits): the producer may load the next
     __syncwarp();
