@@ -155,9 +155,9 @@
 #ifndef BWD_DQ_EXP_EARLY
 #define BWD_DQ_EXP_EARLY 0
 #endif
-// BWD_DS_EARLY N (an A/B knob, default 0; session 39; key-block scales without the producer's
-// fold): dS's key factors (vf, cf) and its first N - 1 column blocks' constants loaded before P's
-// loop instead of after dP's wait. Same bits.
+// BWD_DS_EARLY N (an A/B knob, default 0; session 39; key-block scales): dS's key factors (vf,
+// cf) and its first N - 1 column blocks' constants (with BWD_FOLD the producer's folded ones)
+// loaded before P's loop instead of after dP's wait. Same bits.
 #ifndef BWD_DS_EARLY
 #define BWD_DS_EARLY 0
 #endif
@@ -1379,18 +1379,27 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   const int kr = 64 * cw + r0;
   const float kf = lds_volatile(&it.kf[kr]);
 #endif
-#if BWD_DS_EARLY && !BWD_FOLD
-  // dS's key factors and its first BWD_DS_EARLY - 1 column blocks' constants, loaded before P's
-  // loop (after dP's wait, whose memory clobber holds a load written there, they waited on LDS)
-  const float vf_early = lds_volatile(&it.vf[kr]), cf_early = lds_volatile(&it.cf[kr]);
+#if BWD_DS_EARLY
+  // dS's key factors and its first BWD_DS_EARLY - 1 column blocks' constants (BWD_FOLD: the
+  // producer's folded A, B and pc), loaded before P's loop (after dP's wait, whose memory clobber
+  // holds a load written there, they waited on LDS)
   constexpr int NDE = BWD_DS_EARLY > 1 ? BWD_DS_EARLY - 1 : 1;
   float4 dn_early[NDE];
   float2 pe_early[NDE];
+#if BWD_FOLD
+#pragma unroll
+  for (int j = 0; j < BWD_DS_EARLY - 1; ++j) {
+    dn_early[j] = fab[4 * j];
+    pe_early[j] = fpc[4 * j];
+  }
+#else
+  const float vf_early = lds_volatile(&it.vf[kr]), cf_early = lds_volatile(&it.cf[kr]);
 #pragma unroll
   for (int j = 0; j < BWD_DS_EARLY - 1; ++j) {
     dn_early[j] = *reinterpret_cast<const float4*>(&cp[4 * j].dq);
     pe_early[j] = cp[4 * j].pe;
   }
+#endif
 #endif
   // P (into sc) while dP^T is still in the tensor cores: x = s 2^eK qf - LSE log2 e
 #pragma unroll
@@ -1420,8 +1429,13 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #if BWD_FOLD
+#if BWD_DS_EARLY
+    const float4 ab = j < BWD_DS_EARLY - 1 ? dn_early[j < NDE ? j : 0] : fab[4 * j];
+    const float2 pf = j < BWD_DS_EARLY - 1 ? pe_early[j < NDE ? j : 0] : fpc[4 * j];
+#else
     const float4 ab = fab[4 * j];
     const float2 pf = fpc[4 * j];
+#endif
     const float A[2] = {ab.x, ab.y}, B[2] = {ab.z, ab.w}, pc[2] = {pf.x, pf.y};
 #else
 #if BWD_DS_EARLY
