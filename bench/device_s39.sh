@@ -27,16 +27,7 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:?usage: device_s39.sh a|b|c|d|e|p}
-case $mode in
-a | b)
-  T=$C bash bench/device_suite.sh $([ "$mode" = a ] && echo 1 || echo 2)
-  exit
-  ;;
-c)
-  B=$C/flamia bash bench/vs-anchors.sh
-  exit
-  ;;
-esac
+suite_or_standing "$mode"
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date

@@ -141,7 +141,8 @@
 // its S and dP products are issued (the stores have drained under the stage wait and the issue);
 // 2: there, after S's wait; 3: as 1, and the step's dS hand-off (its fence and ds_ready arrival,
 // read by both warpgroups' dQ products one step later) deferred to the same place, one fence for
-// both. The item's last partial is handed off at the item's end (its dS before its dQ). Bits: the
+// both. At the item's end what is pending goes before its last dQ, whose waits need it, and that
+// dQ's partial after it. Bits: the
 // same (the reduce order is the semaphore's); only when the reducer and the dQ products may start
 // moves.
 #ifndef BWD_LATE_DQ_ARRIVE
@@ -959,9 +960,7 @@ struct BwdConsumer {
 #endif
 #if BWD_LATE_DQ_ARRIVE
   int dq_pend;  // 1 + the dQ buffer whose hand-off (fence, dq_full arrival) is still to do; 0: none
-#endif
-#if BWD_LATE_DQ_ARRIVE == 3
-  int ds_pend;  // 1 + the dS buffer whose hand-off (fence, ds_ready arrival) is still to do; 0: none
+  int ds_pend;  // 1 + the dS buffer whose hand-off (fence, ds_ready arrival) is still to do (3)
 #endif
 #ifdef BWD_PROF_PHASES
   int nitem;  // items finished
@@ -975,18 +974,12 @@ struct BwdConsumer {
 // This thread's stores made visible to the async proxy (the reducer's TMA, the dQ products'
 // wgmma) by one fence, then its arrivals. Warp-uniform.
 __device__ __forceinline__ void bwd_dq_handoff(BwdV4Smem& sm, BwdConsumer& C) {
-#if BWD_LATE_DQ_ARRIVE == 3
+#if BWD_LATE_DQ_ARRIVE
   if (C.dq_pend | C.ds_pend) {
     fence_async_smem();
     if (C.ds_pend) mbar_arrive(smem_u32(&sm.ds_ready[C.ds_pend - 1]));
     if (C.dq_pend) mbar_arrive(smem_u32(&sm.dq_full[C.dq_pend - 1][C.cw]));
     C.dq_pend = C.ds_pend = 0;
-  }
-#elif BWD_LATE_DQ_ARRIVE
-  if (C.dq_pend) {
-    fence_async_smem();
-    mbar_arrive(smem_u32(&sm.dq_full[C.dq_pend - 1][C.cw]));
-    C.dq_pend = 0;
   }
 #endif
 }
@@ -1379,27 +1372,31 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   const int kr = 64 * cw + r0;
   const float kf = lds_volatile(&it.kf[kr]);
 #endif
-#if BWD_DS_EARLY
-  // dS's key factors and its first BWD_DS_EARLY - 1 column blocks' constants (BWD_FOLD: the
-  // producer's folded A, B and pc), loaded before P's loop (after dP's wait, whose memory clobber
-  // holds a load written there, they waited on LDS)
-  constexpr int NDE = BWD_DS_EARLY > 1 ? BWD_DS_EARLY - 1 : 1;
-  float4 dn_early[NDE];
-  float2 pe_early[NDE];
+  // dS's constants of column block j: BWD_FOLD the producer's folded A, B (a float4) and pc (a
+  // float2), else the unfolded dq, nd and pe
 #if BWD_FOLD
-#pragma unroll
-  for (int j = 0; j < BWD_DS_EARLY - 1; ++j) {
-    dn_early[j] = fab[4 * j];
-    pe_early[j] = fpc[4 * j];
-  }
+#define BWD_DS_C4(j) fab[4 * (j)]
+#define BWD_DS_C2(j) fpc[4 * (j)]
 #else
-  const float vf_early = lds_volatile(&it.vf[kr]), cf_early = lds_volatile(&it.cf[kr]);
-#pragma unroll
-  for (int j = 0; j < BWD_DS_EARLY - 1; ++j) {
-    dn_early[j] = *reinterpret_cast<const float4*>(&cp[4 * j].dq);
-    pe_early[j] = cp[4 * j].pe;
-  }
+#define BWD_DS_C4(j) (*reinterpret_cast<const float4*>(&cp[4 * (j)].dq))
+#define BWD_DS_C2(j) cp[4 * (j)].pe
 #endif
+#if BWD_DS_EARLY
+  // dS's key factors and its first BWD_DS_EARLY - 1 column blocks' constants, loaded before P's
+  // loop (after dP's wait, whose memory clobber holds a load written there, they waited on LDS)
+  constexpr int NDE = BWD_DS_EARLY > 1 ? BWD_DS_EARLY - 1 : 1;
+#if !BWD_FOLD
+  const float vf_early = lds_volatile(&it.vf[kr]), cf_early = lds_volatile(&it.cf[kr]);
+#endif
+  float4 c4_early[NDE];
+  float2 c2_early[NDE];
+#pragma unroll
+  for (int j = 0; j < BWD_DS_EARLY - 1; ++j) c4_early[j] = BWD_DS_C4(j), c2_early[j] = BWD_DS_C2(j);
+#define BWD_DS_C4E(j) ((j) < BWD_DS_EARLY - 1 ? c4_early[(j) < NDE ? (j) : 0] : BWD_DS_C4(j))
+#define BWD_DS_C2E(j) ((j) < BWD_DS_EARLY - 1 ? c2_early[(j) < NDE ? (j) : 0] : BWD_DS_C2(j))
+#else
+#define BWD_DS_C4E(j) BWD_DS_C4(j)
+#define BWD_DS_C2E(j) BWD_DS_C2(j)
 #endif
   // P (into sc) while dP^T is still in the tensor cores: x = s 2^eK qf - LSE log2 e
 #pragma unroll
@@ -1429,22 +1426,12 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #if BWD_FOLD
-#if BWD_DS_EARLY
-    const float4 ab = j < BWD_DS_EARLY - 1 ? dn_early[j < NDE ? j : 0] : fab[4 * j];
-    const float2 pf = j < BWD_DS_EARLY - 1 ? pe_early[j < NDE ? j : 0] : fpc[4 * j];
-#else
-    const float4 ab = fab[4 * j];
-    const float2 pf = fpc[4 * j];
-#endif
+    const float4 ab = BWD_DS_C4E(j);
+    const float2 pf = BWD_DS_C2E(j);
     const float A[2] = {ab.x, ab.y}, B[2] = {ab.z, ab.w}, pc[2] = {pf.x, pf.y};
 #else
-#if BWD_DS_EARLY
-    const float4 dn = j < BWD_DS_EARLY - 1 ? dn_early[j < NDE ? j : 0] : *reinterpret_cast<const float4*>(&cp[4 * j].dq);
-    const float2 pe = j < BWD_DS_EARLY - 1 ? pe_early[j < NDE ? j : 0] : cp[4 * j].pe;
-#else
-    const float4 dn = *reinterpret_cast<const float4*>(&cp[4 * j].dq);
-    const float2 pe = cp[4 * j].pe;
-#endif
+    const float4 dn = BWD_DS_C4E(j);
+    const float2 pe = BWD_DS_C2E(j);
     const float A[2] = {dn.x * vk, dn.y * vk}, B[2] = {dn.z * kf, dn.w * kf}, pc[2] = {pe.x * cf, pe.y * cf};
 #endif
 #pragma unroll
@@ -1608,6 +1595,10 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 }
 #undef BWD_COLS
 #undef BWD_COL
+#undef BWD_DS_C4
+#undef BWD_DS_C2
+#undef BWD_DS_C4E
+#undef BWD_DS_C2E
 #undef BWD_EARLY_LOADS
 #undef BWD_EARLY_KEY_FACTORS
 
@@ -1768,65 +1759,43 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
       wgmma_ss_k32_e4m3(t, desc_add(dda, 256 * kk), desc_add(dkb, 32 * kk), 0);
       wg_commit();
     };
-    const auto scale_in = [&](float(&t)[NQ], int kk) {  // after the wait for slice kk
-      fence_regs(t);
-#if BWD_ROW_DS
-      const float f[2] = {exp2i_inrange(er0[kk]), exp2i_inrange(er8[kk])};
-#else
-      const float f[2] = {exp2i_inrange(e[kk]), exp2i_inrange(e[kk])};  // (e4m3_scale_exp's, or a dead step's 0)
-#endif
-#pragma unroll
-      for (int i = 0; i < NQ; ++i) dq[i] = kk ? fmaf(t[i], f[(i >> 1) & 1], dq[i]) : t[i] * f[(i >> 1) & 1];
-    };
-#if BWD_DQ_EXP_EARLY
-    // slice kk's exponents loaded before the wait for its product: the wait's memory clobber
-    // keeps a load written after it after it, and the exponent's LEA then waited ~30 clocks
-    // for the LDS, four times a step (ncu, session 39: ~4% of the interior step's samples)
+    // slice kk's exponents (two rows' with row dS, else the block's twice)
     const auto exps = [&](int kk) {
 #if BWD_ROW_DS
       return make_int2(er0[kk], er8[kk]);
 #else
-      const int x = e[kk];
+      const int x = e[kk];  // (e4m3_scale_exp's, or a dead step's 0)
       return make_int2(x, x);
 #endif
     };
-    const auto scale_by = [&](float(&t)[NQ], int kk, int2 x) {  // after the wait for slice kk
+    // after the wait for slice kk; BWD_DQ_EXP_EARLY: with its exponents x loaded before the wait
+    // (`early`), else loaded here: the wait's memory clobber keeps a load written after it after
+    // it, and the exponent's LEA then waited ~30 clocks for the LDS, four times a step (ncu,
+    // session 39: ~4% of the interior step's samples)
+    const auto scale_in = [&](float(&t)[NQ], int kk, int2 x) {
       fence_regs(t);
+      if (!BWD_DQ_EXP_EARLY) x = exps(kk);
       const float f[2] = {exp2i_inrange(x.x), exp2i_inrange(x.y)};
 #pragma unroll
       for (int i = 0; i < NQ; ++i) dq[i] = kk ? fmaf(t[i], f[(i >> 1) & 1], dq[i]) : t[i] * f[(i >> 1) & 1];
     };
+    const auto early = [&](int kk) { return BWD_DQ_EXP_EARLY ? exps(kk) : make_int2(0, 0); };
     issue(ta, 0);
     issue(tb, 1);
-    int2 x = exps(0);
+    int2 x = early(0);
     wg_wait<1>();
-    scale_by(ta, 0, x);
+    scale_in(ta, 0, x);
     issue(ta, 2);
-    x = exps(1);
+    x = early(1);
     wg_wait<1>();
-    scale_by(tb, 1, x);
+    scale_in(tb, 1, x);
     issue(tb, 3);
-    x = exps(2);
+    x = early(2);
     wg_wait<1>();
-    scale_by(ta, 2, x);
-    x = exps(3);
+    scale_in(ta, 2, x);
+    x = early(3);
     wg_wait<0>();
-    scale_by(tb, 3, x);
-    (void)scale_in;
-#else
-    issue(ta, 0);
-    issue(tb, 1);
-    wg_wait<1>();
-    scale_in(ta, 0);
-    issue(ta, 2);
-    wg_wait<1>();
-    scale_in(tb, 1);
-    issue(tb, 3);
-    wg_wait<1>();
-    scale_in(ta, 2);
-    wg_wait<0>();
-    scale_in(tb, 3);
-#endif
+    scale_in(tb, 3, x);
 #endif
   }
   BWD_PHASE(9);
@@ -2032,10 +2001,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
   C.ph = 0;
   C.nstep = 0;
 #if BWD_LATE_DQ_ARRIVE
-  C.dq_pend = 0;
-#endif
-#if BWD_LATE_DQ_ARRIVE == 3
-  C.ds_pend = 0;
+  C.dq_pend = C.ds_pend = 0;
 #endif
 #if BWD_PAIR == 2
   C.npsum = 0;
