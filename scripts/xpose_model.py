@@ -10,7 +10,9 @@ bank groups:
   - xpose_vt_half (BWD_VT_XPOSE): the backward's V tile the other way round, each warpgroup its
     64-key half from dim-major (64-byte swizzle) into its token-major rows (the swizzle of d's
     width) in place, its loads before its stores, the two halves in either order (a warpgroup
-    that wrote into the other's half would break it), every block once, d = 128 and 64;
+    that wrote into the other's half would break it), every block once, d = 128 and 64, with the
+    dim-major copy in the plain key order and in BWD_QPERM's (BWD_VT_VPERM: each key back in its
+    own row; 2-way bank conflicts allowed on those stores);
   - the forward's Q writer (FWD_QD_WRITE): a 128-token tile (token-major, the swizzle of its
     width) into two [d][64-position] tiles with the 64-byte swizzle, plain and BWD_QPERM order,
     d = 128 and 64.
@@ -35,9 +37,10 @@ def banks(addrs):
         worst = max(worst, max(len(v) for v in bs.values()))
     return worst
 
-def blocks(src, dst, soff, doff, x1, x2, y1, y2, nk, perm):
+def blocks(src, dst, soff, doff, x1, x2, y1, y2, nk, perm, rows_qperm=False):
     """xpose_blocks_ldsm for the whole warp (perm: the position order, 0 / False plain, 1 / True
-    XPOSE_QPERM, 2 XPOSE_ILEAVE); returns the worst bank ways of its two instructions."""
+    XPOSE_QPERM, 2 XPOSE_ILEAVE; rows_qperm: xpose_ldsm_store's destination rows in BWD_QPERM's
+    order, xpose_vt_half with BWD_VT_VPERM); returns the worst bank ways of its two instructions."""
     la, sa, regs = [0] * 32, [0] * 32, [[0] * 4 for _ in range(32)]
     for t in range(32):
         j, r = t >> 3, t & 7
@@ -45,6 +48,8 @@ def blocks(src, dst, soff, doff, x1, x2, y1, y2, nk, perm):
         xa, xb = (x1, x2) if j < 2 else (y1, y2)
         la[t] = soff(16 * xa + kap, 16 * xb)
         rho = 2 * r + (((r >> 2) & 1) ^ (j & 1))
+        if rows_qperm:
+            rho = 8 * ((rho >> 1) & 1) + 2 * ((rho >> 2) & 3) + (rho & 1)
         sa[t] = doff(16 * xb + rho, 16 * xa)
     for t in range(32):  # ldmatrix .x4 .trans
         q, g = t & 3, t >> 2
@@ -81,10 +86,10 @@ def ileave(p):  # the token at position p of a 16-position group, XPOSE_ILEAVE o
     return (p - p % 16) + ((p % 16) >> 1) + 8 * (p % 2)
 
 ok = True
-def report(what, bad, ways):
+def report(what, bad, ways, allowed=1):
     global ok
-    print(f"{what}: wrong bytes {bad}, worst bank ways {ways}")
-    ok = ok and bad == 0 and ways == 1
+    print(f"{what}: wrong bytes {bad}, worst bank ways {ways}" + (f" (at most {allowed} expected)" if allowed > 1 else ""))
+    ok = ok and bad == 0 and ways <= allowed
 
 for hd, order in ((128, 0), (64, 0), (128, 2), (64, 2)):  # the backward's K by its consumers (xpose_kd_half)
     tok = sw128 if hd == 128 else sw64
@@ -105,9 +110,13 @@ for hd, order in ((128, 0), (64, 0), (128, 2), (64, 2)):  # the backward's K by 
         bad += len(seen) - len(set(seen))  # every block once
         report(f"K by the consumers d {hd}, nk {nk}{', XPOSE_ILEAVE order' if order == 2 else ''}", bad, ways)
 
-for hd in (128, 64):  # the backward's V by its consumers (xpose_vt_half), in place per half
+for hd, vperm in ((128, False), (64, False), (128, True), (64, True)):  # the backward's V by its consumers (xpose_vt_half), in place per half
     tok = sw128 if hd == 128 else sw64
     NP = hd // 32
+    # vperm (BWD_VT_VPERM): the dim-major copy's position p of each 32-key block holds key qperm(p)
+    key_pos = [0] * 128
+    for p in range(128):
+        key_pos[(qperm(p % 32) + p // 32 * 32) if vperm else p] = p
     for order in ((0, 1), (1, 0)):  # each warpgroup's loads see only what the other left
         # dim-major halves: half c = [hd dims][64 keys], 64-byte swizzle, at byte hd * 64 c
         orig = [random.randrange(256) for _ in range(hd * 128)]
@@ -121,10 +130,12 @@ for hd in (128, 64):  # the backward's V by its consumers (xpose_vt_half), in pl
             for w in range(4):
                 for i in range(NP):
                     seen += [(half, 2 * i, w), (half, 2 * i + 1, w)]
-                    ways = max(ways, blocks(snap, mem, src, dst, 2 * i, w, 2 * i + 1, w, hd, False))
-        bad = sum(orig[(k // 64) * 64 * hd + sw64(d, k % 64)] != mem[tok(k, d)] for k in range(128) for d in range(hd))
+                    ways = max(ways, blocks(snap, mem, src, dst, 2 * i, w, 2 * i + 1, w, hd, False, vperm))
+        bad = sum(orig[(key_pos[k] // 64) * 64 * hd + sw64(d, key_pos[k] % 64)] != mem[tok(k, d)] for k in range(128) for d in range(hd))
         bad += len(seen) - len(set(seen)) + (len(seen) != 128 * hd // 256)
-        report(f"V by the consumers d {hd}, in place, halves in order {order}", bad, ways)
+        # (the permuted rows put two of a matrix's rows on one bank group: 2-way stores, once an item)
+        report(f"V by the consumers d {hd}, in place, halves in order {order}{', BWD_VT_VPERM' if vperm else ''}", bad, ways,
+               2 if vperm else 1)
 
 for hd in (128, 64):  # the forward's Q writer
     tok = sw128 if hd == 128 else sw64

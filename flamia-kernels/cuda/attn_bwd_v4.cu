@@ -259,6 +259,15 @@ static_assert(BWD_DS_EARLY >= 0 && BWD_DS_EARLY <= 9, "BWD_DS_EARLY: 0 (off) or 
 #ifndef BWD_VT_XPOSE
 #define BWD_VT_XPOSE 0
 #endif
+// BWD_VT_VPERM 1 (the host sets it with BWD_VT_XPOSE when the v4 forward packs P by FWD_VPERM,
+// attention.rs fwd_vperm): V's dim-major copy holds each 32-key block's keys in BWD_QPERM's
+// order, and the transpose puts every key back in its own token-major row (xpose_vt_half).
+#ifndef BWD_VT_VPERM
+#define BWD_VT_VPERM 0
+#endif
+#if BWD_VT_VPERM && !BWD_VT_XPOSE
+#error "BWD_VT_VPERM is the order of the dim-major V that BWD_VT_XPOSE transposes"
+#endif
 // BWD_COLS_TMA (the host defines it; src/gpu/attention.rs bwd_cols_tma): each step's per-query
 // constants (BwdCols) come by one bulk copy from the table bwd_cols wrote before the launch
 // ([query head][padded position / 2] column pairs), instead of the producer loading q_exp, do_exp,
@@ -1019,17 +1028,6 @@ __device__ __forceinline__ void ds_store_block(u8* d, u32 R0, u32 R8) {
 #endif
 #if BWD_CVT4 && !BWD_QPERM
 #error "BWD_CVT4 packs the key-permuted fragments (BWD_QPERM)"
-#endif
-#if BWD_CVT4
-// Slice kk of v's codes as codes_to_afrag_perm places them: a[0] rows r0, column blocks 0 and 1;
-// a[1] rows r0 + 8, blocks 0, 1; a[2] / a[3] the same for blocks 2, 3.
-__device__ __forceinline__ void slice_afrag_cvt4(const float (&v)[32], int kk, u32 (&a)[4]) {
-  const int i = 16 * kk;
-  a[0] = cvt_e4m3x4(v[i + 0], v[i + 1], v[i + 4], v[i + 5]);
-  a[1] = cvt_e4m3x4(v[i + 2], v[i + 3], v[i + 6], v[i + 7]);
-  a[2] = cvt_e4m3x4(v[i + 8], v[i + 9], v[i + 12], v[i + 13]);
-  a[3] = cvt_e4m3x4(v[i + 10], v[i + 11], v[i + 14], v[i + 15]);
-}
 #endif
 __device__ __forceinline__ void dkv_afrag(const float (&v)[32], u32 (&a)[2][4]) {
 #if BWD_CVT4
@@ -2068,7 +2066,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     if (own)
 #endif
     {
-      xpose_vt_half(sm.v + opaque_u32(0u), (int)opaque_u32(cw), (int)opaque_u32(C.w()), (int)opaque_u32(C.lane()), 8 + cw);
+      xpose_vt_half(sm.v + opaque_u32(0u), (int)opaque_u32(cw), (int)opaque_u32(C.w()), (int)opaque_u32(C.lane()), 8 + cw,
+                    BWD_VT_VPERM);
       fence_async_smem();
       named_sync(8 + cw, 128);
     }

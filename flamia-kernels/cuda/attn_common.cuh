@@ -161,7 +161,7 @@ __device__ __forceinline__ void slice_codes(const float (&p)[32], int kk, u32 (&
 }
 
 
-// The key-permuted packing (BWD_QPERM; the forward's FWD_VPERM used it until removed): lane q's
+// The key-permuted packing (BWD_QPERM): lane q's
 // code pairs of columns 8jj + 2q, +1 of a 32-column K slice put in place at A index 4q .. 4q+3
 // (jj = 0, 1) and 16 + 4q .. +3 (jj = 2, 3): two PRMT per register, no shuffles. The B operand's
 // K order must match: position k of each 32-token block holds token
@@ -172,6 +172,21 @@ __device__ __forceinline__ void codes_to_afrag_perm(const u32 (&R0)[4], const u3
   a[1] = __byte_perm(R8[0], R8[1], 0x5410);
   a[2] = __byte_perm(R0[2], R0[3], 0x5410);
   a[3] = __byte_perm(R8[2], R8[3], 0x5410);
+}
+
+// K slice kk (32 columns) of an accumulator fragment (N floats, values already scaled for E4M3)
+// straight into the key-permuted A fragment that codes_to_afrag_perm builds, by cvt_e4m3x4 (each
+// register's two code pairs converted into its two halves: two F2FP a register, no PRMT, no
+// shuffle): a[0] rows r0, column blocks 0 and 1; a[1] rows r0 + 8, blocks 0, 1; a[2] / a[3] the
+// same for blocks 2, 3. The B operand's K order must be BWD_QPERM's (dim_token in quant.cu). Users:
+// the v4 backward's dK / dV / dQ operands (BWD_CVT4) and the v4 forward's P (FWD_VPERM).
+template <int N>
+__device__ __forceinline__ void slice_afrag_cvt4(const float (&v)[N], int kk, u32 (&a)[4]) {
+  const int i = 16 * kk;
+  a[0] = cvt_e4m3x4(v[i + 0], v[i + 1], v[i + 4], v[i + 5]);
+  a[1] = cvt_e4m3x4(v[i + 2], v[i + 3], v[i + 6], v[i + 7]);
+  a[2] = cvt_e4m3x4(v[i + 8], v[i + 9], v[i + 12], v[i + 13]);
+  a[3] = cvt_e4m3x4(v[i + 10], v[i + 11], v[i + 14], v[i + 15]);
 }
 
 // FP32 accumulator of an m64n64 product (32 regs; values already scaled for E4M3) -> the FP8 A

@@ -448,19 +448,31 @@ __device__ __forceinline__ void turn_pass(int cw) {
   if (FWD_PINGPONG) named_arrive(2 - cw, 256);
 }
 
-// P' (the 64 x 128 score fragment, E4M3-ready) -> PV's four A fragments (32 keys each), the
-// exact column order (acc_to_afrag: shuffles within each quad). (The shuffle-free packing with V's
-// dim-major keys permuted to match, FWD_VPERM, measured +1.0% at 1x65536, no gain: removed.)
-__device__ __forceinline__ void p_to_afrag(const float (&sc)[64], u32 (&pa)[4][4]) {
-  auto& lo = *reinterpret_cast<const float(*)[32]>(&sc[0]);
-  auto& hi = *reinterpret_cast<const float(*)[32]>(&sc[32]);
-  auto& alo = *reinterpret_cast<u32(*)[2][4]>(&pa[0][0]);
-  auto& ahi = *reinterpret_cast<u32(*)[2][4]>(&pa[2][0]);
-  acc_to_afrag<false>(lo, alo);
-  acc_to_afrag<false>(hi, ahi);
+// P' (the 64 x 128 score fragment, E4M3-ready; a half tile's 32 scores, FWD_HALF_TILES) -> PV's
+// A fragments (32 keys each).
+// FWD_VPERM 1 (the host's default for the v4 forward, attention.rs fwd_vperm; FLAMIA_FWD_VPERM=0
+// for A/B): straight into the key-permuted fragments by cvt_e4m3x4 (slice_afrag_cvt4: two F2FP a
+// register), V's dim-major copy holding the matching key order in each 32-key block
+// (DimOrder::QueryPerm, as Q's and dO's copies for BWD_QPERM; the v4 backward's in-place V
+// transpose puts the keys back, BWD_VT_VPERM): the same pairs multiplied in every k32 slice, so
+// bitwise the same O. 594 -> 520 SASS per interior key tile at d = 128 (the quad shuffles, their
+// selects and the byte permutes gone), 548 -> 499 at d = 64. 0: the exact column order
+// (acc_to_afrag: four shuffles, selects and PRMT per slice). (Session 15's FWD_VPERM packed code
+// pairs with a PRMT per register, 621 -> 607 SASS, and measured +1.0% at 1x65536: removed then.)
+#ifndef FWD_VPERM
+#define FWD_VPERM 0
+#endif
+template <int NS>
+__device__ __forceinline__ void p_to_afrag(const float (&sc)[NS], u32 (&pa)[NS / 16][4]) {
+#if FWD_VPERM
+#pragma unroll
+  for (int kk = 0; kk < NS / 16; ++kk) slice_afrag_cvt4(sc, kk, pa[kk]);
+#else
+#pragma unroll
+  for (int h = 0; h < NS / 32; ++h)
+    acc_to_afrag<false>(*reinterpret_cast<const float(*)[32]>(&sc[32 * h]), *reinterpret_cast<u32(*)[2][4]>(&pa[2 * h][0]));
+#endif
 }
-// (a half tile's 64 keys: its first two A fragments, FWD_HALF_TILES)
-__device__ __forceinline__ void p_to_afrag(const float (&sc)[32], u32 (&pa)[2][4]) { acc_to_afrag<false>(sc, pa); }
 
 // acc[64 x N] = A (E4M3 fragments, KS K slices of 32) * B^T, B a 128-byte-swizzled [N x 128 bytes]
 // tile (N = 2R: the dim-major V tile's HEAD_DIM rows), its first 32 KS keys.

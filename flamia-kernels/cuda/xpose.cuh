@@ -50,9 +50,13 @@ __device__ __forceinline__ void xpose_ldsm_load(const u8* src, SrcOff soff, int 
                : "memory");
 }
 
+// `rows_qperm` (xpose_vt_half with V's dim-major copy in BWD_QPERM's order, BWD_VT_VPERM): the
+// source's byte position p of a 16-byte group holds token qperm(p) (the 16-bit pair p / 2 holds
+// token pair (p / 2) / 2 + 4 ((p / 2) & 1)), so destination row rho, which receives position rho,
+// becomes row qperm(rho): the pairs stay whole, only the stmatrix row addresses move.
 template <class DstOff>
 __device__ __forceinline__ void xpose_ldsm_store(u8* dst, DstOff doff, int x1, int x2, int y1, int y2, int nk, int order, int lane,
-                                                 const u32 (&m)[4]) {
+                                                 const u32 (&m)[4], bool rows_qperm = false) {
   const int j = lane >> 3, r = lane & 7, q = lane & 3, g = lane >> 2;
   const int xa = j < 2 ? x1 : y1, xb = j < 2 ? x2 : y2;
   const bool swap = !order && (q >> 1);  // plain order, q >= 2: the word's first tokens are M1's
@@ -76,7 +80,8 @@ __device__ __forceinline__ void xpose_ldsm_store(u8* dst, DstOff doff, int x1, i
     o[2 * b] = sg ? w1 : w0;
     o[2 * b + 1] = sg ? w0 : w1;
   }
-  const int rho = 2 * r + (((r >> 2) & 1) ^ (j & 1));  // N_j's row r: its dim
+  const int rho0 = 2 * r + (((r >> 2) & 1) ^ (j & 1));  // N_j's row r: its dim
+  const int rho = rows_qperm ? 8 * ((rho0 >> 1) & 1) + 2 * ((rho0 >> 2) & 3) + (rho0 & 1) : rho0;
   const u32 d = smem_u32(dst + doff(16 * xb + rho, 16 * xa));
   stsm_x4(d, o[0], o[1], o[2], o[3]);
 }
@@ -124,9 +129,12 @@ __device__ __forceinline__ void xpose_kd_half(const u8* src, u8* dst, int half, 
 // then the next document's codes), where the token-major copy held the next document's tokens:
 // both only ever meet a masked score (P = +0). 4 + 4 shared-memory instructions per warp at
 // d = 128, 2 + 2 at 64. The caller fences the async proxy and publishes (the stores must reach
-// this warpgroup's dP products). `python3 scripts/xpose_model.py` checks the bytes and that a
+// this warpgroup's dP products). `vperm` (BWD_VT_VPERM: V's dim-major copy in BWD_QPERM's key
+// order within each 32-key block, the v4 forward's FWD_VPERM): each key is put back in its own
+// token-major row (xpose_ldsm_store's rows_qperm; its stores then meet 2-way bank conflicts, a
+// few dozen clocks an item). `python3 scripts/xpose_model.py` checks the bytes and that a
 // warpgroup's loads and stores stay inside its half.
-__device__ __forceinline__ void xpose_vt_half(u8* v, int half, int w, int lane, int bar) {
+__device__ __forceinline__ void xpose_vt_half(u8* v, int half, int w, int lane, int bar, bool vperm) {
   constexpr int NP = HEAD_DIM / 32;
   u8* t = v + half * (64 * HEAD_DIM);
   const auto s64 = [](int row, int byte) { return sw64_off(row, byte); };
@@ -136,5 +144,5 @@ __device__ __forceinline__ void xpose_vt_half(u8* v, int half, int w, int lane, 
   for (int i = 0; i < NP; ++i) xpose_ldsm_load(t, s64, 2 * i, w, 2 * i + 1, w, false, lane, m[i]);
   named_sync(bar, 128);
 #pragma unroll
-  for (int i = 0; i < NP; ++i) xpose_ldsm_store(t, to, 2 * i, w, 2 * i + 1, w, HEAD_DIM, false, lane, m[i]);
+  for (int i = 0; i < NP; ++i) xpose_ldsm_store(t, to, 2 * i, w, 2 * i + 1, w, HEAD_DIM, false, lane, m[i], vperm);
 }

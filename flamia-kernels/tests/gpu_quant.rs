@@ -631,9 +631,23 @@ fn caller_buffer_case(
             "d={d} {name}: token-major copy carved iff its reader needs it"
         );
         let tag = format!("d={d} {name} in the caller's buffer");
+        // (V's dim-major copy is in the v4 forward's permuted order, FWD_VPERM, the default)
+        let order = match name {
+            "q" => attn.q_dim_order(),
+            "k" => attn.k_dim_order(),
+            _ => attn.v_dim_order(),
+        };
+        let plain_dim = || {
+            let permuted = part(op.dim, n_dim);
+            let mut dim = permuted.to_vec();
+            for (x, &b) in permuted.iter().enumerate() {
+                dim[x / 32 * 32 + block_token(order, x % 32)] = b;
+            }
+            dim
+        };
         if op.tok == 0 {
             check_exps(&tag, &exps, &cpu);
-            check_dim_bytes(&tag, &shape, op.heads, part(op.dim, n_dim), &cpu, true);
+            check_dim_bytes(&tag, &shape, op.heads, &plain_dim(), &cpu, true);
             continue;
         }
         let tok = part(op.tok, n_tok);
@@ -641,16 +655,7 @@ fn caller_buffer_case(
             check_tok_exps(&tag, tok, &exps, &cpu);
             continue;
         }
-        let mut dim = part(op.dim, n_dim).to_vec();
-        let order = match name {
-            "q" => attn.q_dim_order(),
-            "k" => attn.k_dim_order(),
-            _ => DimOrder::Plain,
-        };
-        let permuted = dim.clone();
-        for (x, &b) in permuted.iter().enumerate() {
-            dim[x / 32 * 32 + block_token(order, x % 32)] = b;
-        }
+        let dim = plain_dim();
         if name == "q" && qd_written {
             check_tok_exps(&tag, tok, &exps, &cpu);
             check_dim_bytes(

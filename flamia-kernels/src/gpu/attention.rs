@@ -965,7 +965,12 @@ impl Attention {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
-        with_dq_bufs((with_xposes(v.0, kd, vt), v.1), hd, bwd_dq_bufs())
+        let mut xposed = with_xposes(v.0, kd, vt);
+        if vt && self.fwd_vperm() {
+            // (V's dim-major copy in the forward's permuted key order: the transpose undoes it)
+            xposed = xposed.define("BWD_VT_VPERM", 1);
+        }
+        with_dq_bufs((xposed, v.1), hd, bwd_dq_bufs())
     }
 
     fn check_plan(&self, plan: &Plan) -> GpuResult<()> {
@@ -1083,7 +1088,7 @@ impl Attention {
         }
         let qi = QuantInput::new(q, had, qo).with_dim_order(self.q_dim_order());
         let ki = QuantInput::new(k, had, saved.k).with_dim_order(self.k_dim_order());
-        let vi = QuantInput::new(v, false, saved.v);
+        let vi = QuantInput::new(v, false, saved.v).with_dim_order(self.v_dim_order());
         quantize_e4m3_fused(g, stream, plan, &[qi, ki, vi], m, None, Some(&self.amax))?;
         if let (Some(q4), Some(k4)) = (saved.q4, saved.k4) {
             quantize_nvfp4(g, stream, plan, q, had, q4)?;
@@ -1150,6 +1155,29 @@ impl Attention {
     /// The order of Q's and dO's dim-major copies ([`Attention::bwd_qperm`]).
     pub fn q_dim_order(&self) -> DimOrder {
         if self.bwd_qperm() {
+            DimOrder::QueryPerm
+        } else {
+            DimOrder::Plain
+        }
+    }
+
+    /// Whether the v4 forward packs P' into its PV products' A fragments straight from the
+    /// score accumulator by four-code conversions, without the quad shuffles (`FWD_VPERM`,
+    /// `cuda/attn_fwd_v4.cu`: 594 -> 520 SASS per interior key tile at d = 128, 548 -> 499 at
+    /// d = 64), V's dim-major copy then holding each 32-key block's keys in the matching order
+    /// ([`Attention::v_dim_order`]); the v4 backward's in-place V transpose puts them back
+    /// (`BWD_VT_VPERM`). The same pairs in every k32 slice: bitwise the same outputs (GPU test
+    /// `forward_vperm_gives_bitwise_the_same`). On with the v4 forward unless
+    /// `FLAMIA_FWD_VPERM=0` (A/B and that test).
+    pub fn fwd_vperm(&self) -> bool {
+        self.uses_forward_v4() && !super::env_off("FLAMIA_FWD_VPERM")
+    }
+
+    /// The order of V's dim-major copy: permuted for the v4 forward's P packing
+    /// ([`Attention::fwd_vperm`]), else plain. Public so a caller reading [`Saved`]'s V copy
+    /// knows its order.
+    pub fn v_dim_order(&self) -> DimOrder {
+        if self.fwd_vperm() {
             DimOrder::QueryPerm
         } else {
             DimOrder::Plain
@@ -1294,7 +1322,7 @@ impl Attention {
         let per_token = self.scale_mode() == ScaleMode::PerToken;
         let qd = self.fwd_writes_qd_at(hd, mean_tiles);
         let o_tma = fwd_o_tma(self.fwd_stages, hd as u32, per_token, qd, cw);
-        let (variant, smem) = forward_v4_variant(
+        let (mut variant, smem) = forward_v4_variant(
             per_token,
             self.fwd_stages,
             hd as u32,
@@ -1303,6 +1331,9 @@ impl Attention {
             o_tma,
             fwd_half_tiles(cw),
         );
+        if self.fwd_vperm() {
+            variant = variant.define("FWD_VPERM", 1);
+        }
         FwdBuild {
             variant,
             smem,
@@ -1956,6 +1987,12 @@ mod tests {
                 let v = v.define("BWD_QPERM", 1);
                 let xposed = with_xposes(v.clone(), true, false);
                 let xposed2 = with_xposes(v.clone(), true, true);
+                // (V's dim-major copy in the forward's permuted order, BWD_VT_VPERM: the default)
+                let vperm = xposed2
+                    .clone()
+                    .define("BWD_DS_STSM", 1)
+                    .define("BWD_DQ_STSM", 1)
+                    .define("BWD_VT_VPERM", 1);
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
                 // (the dS tile by stmatrix, BWD_DS_STSM, the default: K's dim-major tile from
                 // the quantiser and from the consumers' transpose; and the dQ partial by
@@ -1971,6 +2008,7 @@ mod tests {
                     v,
                     xposed,
                     xposed2,
+                    vperm,
                 ]
                 .into_iter()
                 .chain(stsm)
@@ -2042,7 +2080,11 @@ mod tests {
                 let (v, _) = forward_v4_variant(per_token, 4, hd, true, None, false, true);
                 jobs.push(("attn_fwd_v4.cu", v));
                 let (v, _) = forward_v4_variant(per_token, 4, hd, false, None, true, true);
-                jobs.push(("attn_fwd_v4.cu", v));
+                jobs.push(("attn_fwd_v4.cu", v.clone()));
+                // P packed for V's permuted copy (FWD_VPERM, the default), both builds
+                jobs.push(("attn_fwd_v4.cu", v.define("FWD_VPERM", 1)));
+                let (v, _) = forward_v4_variant(per_token, 4, hd, true, None, false, true);
+                jobs.push(("attn_fwd_v4.cu", v.define("FWD_VPERM", 1)));
             }
             for (per_token, stages) in [
                 (false, 2),
