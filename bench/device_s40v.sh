@@ -1,19 +1,20 @@
 #!/bin/bash
-# Session 40's second staging: the v4 forward's P packed by four-code conversions for V's
-# permuted dim-major copy (FWD_VPERM, default on; FLAMIA_FWD_VPERM=0 the exact column order and
-# the plain copy; the backward's in-place V transpose undoes the order, BWD_VT_VPERM). Stage
+# Session 40's second staging (not run: no device was lent after it): the v4 forward's P packed
+# by four-code conversions for V's permuted dim-major copy (FWD_VPERM, FLAMIA_FWD_VPERM=1; off by
+# default until measured; the backward's in-place V transpose undoes the order, BWD_VT_VPERM). Stage
 # from the repo root here:
 #   rm -rf .device-carry/bwd4 .device-carry/z; bash bench/device_bwd4.sh --stage; strip .device-carry/bwd4/*
 #   rm -f .device-carry/bwd4/{bridge_cuda,model_cuda}
 #   mkdir -p .device-carry/z; tar -C .device-carry -czf .device-carry/z/bwd4.tgz bwd4
 # carry .device-carry/z, run
 #   tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s40v.sh MODE
-#   v:    correctness on the new default: the bitwise test against FLAMIA_FWD_VPERM=0 (both V
+#   v:    correctness: the bitwise test, FLAMIA_FWD_VPERM=1 against =0 and unset (both V
 #         paths of the backward, both head dims, the causally safe options), the backward's V
 #         transpose against the token-major copy, gpu_quant (V's permuted copy in the caller's
-#         buffer), then the accuracy, leakage, isolation and repeatability tests (~3 minutes);
-#         then the timings: the default against FLAMIA_FWD_VPERM=0, two rounds, d = 128 on six
-#         workloads and d = 64 on three (~4 minutes).
+#         buffer), then the accuracy, leakage, isolation and repeatability tests with
+#         FLAMIA_FWD_VPERM=1 (~3 minutes); then the timings: the default against
+#         FLAMIA_FWD_VPERM=1, two rounds, d = 128 on six workloads and d = 64 on three (~4 minutes).
+#         If it wins: make it the default (fwd_vperm: env_off), then a, b and c.
 #   a, b: the whole GPU suite (device_suite.sh 1, 2); c: the standing (vs-anchors.sh).
 set -u
 C=.device-carry/bwd4
@@ -27,19 +28,19 @@ nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
 v)
-  echo "=== bitwise: FLAMIA_FWD_VPERM unset against =0; V transposed against token-major"; date
+  echo "=== bitwise: FLAMIA_FWD_VPERM=1 against =0 and unset; V transposed against token-major"; date
   FLAMIA_BWD_HANG_TRAP=1 timeout 200 $C/gpu_attention --ignored --test-threads=1 forward_vperm_gives_bitwise_the_same \
     v_token_major_made_by_the_consumers_gives_bitwise_the_same 2>&1 | grep -E "^test |test result|panicked|differs"
   echo "=== gpu_quant"; date
   timeout 60 $C/gpu_quant --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked"
-  echo "=== accuracy, leakage, isolation, repeatability"; date
-  FLAMIA_BWD_HANG_TRAP=1 timeout 200 $C/gpu_attention --ignored --test-threads=1 as_accurate_as_the_reference \
+  echo "=== accuracy, leakage, isolation, repeatability with FLAMIA_FWD_VPERM=1"; date
+  FLAMIA_FWD_VPERM=1 FLAMIA_BWD_HANG_TRAP=1 timeout 200 $C/gpu_attention --ignored --test-threads=1 as_accurate_as_the_reference \
     per_token_scales_with_block_ds repeated_runs_are_bitwise_identical documents_are_isolated_bitwise \
     causal_leakage_has_the_reference_properties head_dim_64_documents_are_isolated \
     head_dim_64_precision_options_are_accurate 2>&1 | grep -E "^test |test result|panicked|differs"
   date
   for r in 1 2; do
-    for e in - FLAMIA_FWD_VPERM=0; do
+    for e in - FLAMIA_FWD_VPERM=1; do
       bench_mhz "d=128 $e round $r" $e --workload 1x65536 --workload 4x16384 --workload 16x4096 --workload 64x1024 \
         --workload 256x256 --workload lognormal
       bench_mhz "d=64 $e round $r" $e --head-dim 64 --workload 1x65536 --workload 16x4096 --workload 256x256

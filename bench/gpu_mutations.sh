@@ -227,5 +227,15 @@ mutate bwd4-pairsum-nowait attn_bwd_v4.cu 's/  bwd_wait_cluster(smem_u32(&sm.pdq
   cta_pair_sums_are_accurate_repeatable_isolated_and_ordered
 mutate bwd4-pairsum-self attn_bwd_v4.cu 's/const u32 theirs = mapa_shared(smem_u32(mine), rank ^ 1);/const u32 theirs = mapa_shared(smem_u32(mine), rank);/' \
   cta_pair_sums_are_accurate_repeatable_isolated_and_ordered
+# 38. The forward's P packed for V's permuted copy (FWD_VPERM, session 40, FLAMIA_FWD_VPERM=1)
+# with the backward's V transpose not putting the keys back (BWD_VT_VPERM's rows kept in place):
+# dP pairs dO with other keys' V codes. 39. The quantiser writing V's copy in the plain order
+# while the forward packs for the permuted one (P' meets other keys' V codes; the backward's V
+# transpose then permutes a plain tile too). (Not yet run on a GPU: no device after session 40's
+# build.)
+mutate fwd-vperm-vt-rows xpose.cuh 's/const int rho = rows_qperm ? /const int rho = false ? /' \
+  forward_vperm_gives_bitwise_the_same
+mutate fwd-vperm-plain-v quant.cu 's/if ((QUANT_PERM_MASK >> it.ti) \& 1) {/if (((QUANT_PERM_MASK >> it.ti) \& 1) \&\& it.ti != 2) {/' \
+  forward_vperm_gives_bitwise_the_same
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))

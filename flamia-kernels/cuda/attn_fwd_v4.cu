@@ -450,8 +450,8 @@ __device__ __forceinline__ void turn_pass(int cw) {
 
 // P' (the 64 x 128 score fragment, E4M3-ready; a half tile's 32 scores, FWD_HALF_TILES) -> PV's
 // A fragments (32 keys each).
-// FWD_VPERM 1 (the host's default for the v4 forward, attention.rs fwd_vperm; FLAMIA_FWD_VPERM=0
-// for A/B): straight into the key-permuted fragments by cvt_e4m3x4 (slice_afrag_cvt4: two F2FP a
+// FWD_VPERM 1 (host knob FLAMIA_FWD_VPERM=1, attention.rs fwd_vperm; off by default until it has
+// run on a GPU): straight into the key-permuted fragments by cvt_e4m3x4 (slice_afrag_cvt4: two F2FP a
 // register), V's dim-major copy holding the matching key order in each 32-key block
 // (DimOrder::QueryPerm, as Q's and dO's copies for BWD_QPERM; the v4 backward's in-place V
 // transpose puts the keys back, BWD_VT_VPERM): the same pairs multiplied in every k32 slice, so

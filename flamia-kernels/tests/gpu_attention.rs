@@ -282,18 +282,19 @@ fn forward_half_tiles_give_bitwise_the_same() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn forward_vperm_gives_bitwise_the_same() {
-    // FLAMIA_FWD_VPERM unset (the default) packs P' into PV's A fragments by four-code
-    // conversions without the quad shuffles, the quantiser writing V's dim-major copy in the
-    // matching key order in each 32-key block (Attention::v_dim_order) and the v4 backward's
-    // in-place V transpose (BWD_VT_XPOSE) putting the keys back (BWD_VT_VPERM); =0 the exact
-    // column order and the plain copy. The same pairs in every k32 slice: every output of the
-    // training call (O, LSE, dQ, dK, dV) bitwise the same, with the backward's V from the
-    // quantiser's token-major copy and from its transpose, the forward with its consumer copies
-    // and without, the cases of the other forward knobs and the causally safe options (per-token
-    // scales: the other producer and softmax).
+    // FLAMIA_FWD_VPERM=1 packs P' into PV's A fragments by four-code conversions without the
+    // quad shuffles, the quantiser writing V's dim-major copy in the matching key order in each
+    // 32-key block (Attention::v_dim_order) and the v4 backward's in-place V transpose
+    // (BWD_VT_XPOSE) putting the keys back (BWD_VT_VPERM); =0 the exact column order and the
+    // plain copy. The same pairs in every k32 slice: every output of the training call (O, LSE,
+    // dQ, dK, dV) bitwise the same both ways and as with the variable unset (the default), with
+    // the backward's V from the quantiser's token-major copy and from its transpose, the forward
+    // with its consumer copies and without, the cases of the other forward knobs and the
+    // causally safe options (per-token scales: the other producer and softmax).
+    const VALUES: [&str; 2] = ["0", "1"];
     for vt in ["0", "1"] {
         let _vt = EnvGuard::set("FLAMIA_BWD_VT_XPOSE", vt);
-        knob_keeps_every_bit("FLAMIA_FWD_VPERM", &["0"], &FORWARD_KNOB_CASES);
+        knob_keeps_every_bit("FLAMIA_FWD_VPERM", &VALUES, &FORWARD_KNOB_CASES);
         let gpu = gpu();
         for hd in [128, 64] {
             let shape = VarlenShape::from_lens(&[4096, 300, 1, 65], 4, 2, hd).unwrap();
@@ -305,13 +306,13 @@ fn forward_vperm_gives_bitwise_the_same() {
                         ..AttnOptions::new(AttnPath::Mxfp8)
                     };
                     let call = gauss_call(&mut rng, &shape, opts);
-                    same_bits_whatever(&gpu, &call, "FLAMIA_FWD_VPERM", &["0"]);
+                    same_bits_whatever(&gpu, &call, "FLAMIA_FWD_VPERM", &VALUES);
                 },
             );
         }
     }
     let _cw = EnvGuard::set("FLAMIA_FWD_CW", "1");
-    knob_keeps_every_bit("FLAMIA_FWD_VPERM", &["0"], &FORWARD_KNOB_CASES[..1]);
+    knob_keeps_every_bit("FLAMIA_FWD_VPERM", &VALUES, &FORWARD_KNOB_CASES[..1]);
 }
 
 /// The cases of the forward's build knobs: a 4,096-token document (many interior key tiles)

@@ -526,10 +526,15 @@ fn quantize_inputs_fills_a_caller_owned_buffer_part_by_part() {
     // documents: the backward's consumers transpose K and V) and Q's
     // written by the forward (FLAMIA_FWD_QD=1; unset, the default: at d = 64 alone for these
     // short documents): the quantiser must leave Q's untouched and the forward write it byte for byte
-    // the reference's (both knobs are read when the Attention is made).
+    // the reference's (both knobs are read when the Attention is made). Each of those with V's
+    // dim-major copy in the plain order and in the v4 forward's permuted one (FLAMIA_FWD_VPERM=1).
     let gpu = gpu();
     let mut rng = rng("caller_buffer");
-    for (kd, qd) in [("0", "0"), ("", "1"), ("", "")] {
+    for ((kd, qd), vperm) in [("0", "0"), ("", "1"), ("", "")]
+        .into_iter()
+        .flat_map(|c| [(c, "0"), (c, "1")])
+    {
+        let _p = EnvGuard::set("FLAMIA_FWD_VPERM", vperm);
         let _k = (!kd.is_empty()).then(|| EnvGuard::set("FLAMIA_BWD_KD_XPOSE", kd));
         let _v = (!kd.is_empty()).then(|| EnvGuard::set("FLAMIA_BWD_VT_XPOSE", kd));
         let _q = (!qd.is_empty()).then(|| EnvGuard::set("FLAMIA_FWD_QD", qd));
@@ -631,7 +636,7 @@ fn caller_buffer_case(
             "d={d} {name}: token-major copy carved iff its reader needs it"
         );
         let tag = format!("d={d} {name} in the caller's buffer");
-        // (V's dim-major copy is in the v4 forward's permuted order, FWD_VPERM, the default)
+        // (V's dim-major copy is in the v4 forward's permuted order with FWD_VPERM)
         let order = match name {
             "q" => attn.q_dim_order(),
             "k" => attn.k_dim_order(),

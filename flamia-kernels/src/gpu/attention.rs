@@ -1167,10 +1167,11 @@ impl Attention {
     /// d = 64), V's dim-major copy then holding each 32-key block's keys in the matching order
     /// ([`Attention::v_dim_order`]); the v4 backward's in-place V transpose puts them back
     /// (`BWD_VT_VPERM`). The same pairs in every k32 slice: bitwise the same outputs (GPU test
-    /// `forward_vperm_gives_bitwise_the_same`). On with the v4 forward unless
-    /// `FLAMIA_FWD_VPERM=0` (A/B and that test).
+    /// `forward_vperm_gives_bitwise_the_same`). With the v4 forward when `FLAMIA_FWD_VPERM=1`;
+    /// off by default until it has run on a GPU (built in session 40, when no device was lent
+    /// after it: docs/perf.md "Next" 0).
     pub fn fwd_vperm(&self) -> bool {
-        self.uses_forward_v4() && !super::env_off("FLAMIA_FWD_VPERM")
+        self.uses_forward_v4() && super::env_on("FLAMIA_FWD_VPERM")
     }
 
     /// The order of V's dim-major copy: permuted for the v4 forward's P packing
@@ -1987,7 +1988,7 @@ mod tests {
                 let v = v.define("BWD_QPERM", 1);
                 let xposed = with_xposes(v.clone(), true, false);
                 let xposed2 = with_xposes(v.clone(), true, true);
-                // (V's dim-major copy in the forward's permuted order, BWD_VT_VPERM: the default)
+                // (V's dim-major copy in the forward's permuted order, BWD_VT_VPERM: FWD_VPERM's)
                 let vperm = xposed2
                     .clone()
                     .define("BWD_DS_STSM", 1)
@@ -2081,7 +2082,7 @@ mod tests {
                 jobs.push(("attn_fwd_v4.cu", v));
                 let (v, _) = forward_v4_variant(per_token, 4, hd, false, None, true, true);
                 jobs.push(("attn_fwd_v4.cu", v.clone()));
-                // P packed for V's permuted copy (FWD_VPERM, the default), both builds
+                // P packed for V's permuted copy (FWD_VPERM, FLAMIA_FWD_VPERM=1), both builds
                 jobs.push(("attn_fwd_v4.cu", v.define("FWD_VPERM", 1)));
                 let (v, _) = forward_v4_variant(per_token, 4, hd, true, None, false, true);
                 jobs.push(("attn_fwd_v4.cu", v.define("FWD_VPERM", 1)));
