@@ -237,5 +237,9 @@ mutate fwd-vperm-vt-rows xpose.cuh 's/const int rho = rows_qperm ? /const int rh
   forward_vperm_gives_bitwise_the_same
 mutate fwd-vperm-plain-v quant.cu 's/if ((QUANT_PERM_MASK >> it.ti) \& 1) {/if (((QUANT_PERM_MASK >> it.ti) \& 1) \&\& it.ti != 2) {/' \
   forward_vperm_gives_bitwise_the_same
+# 40. The forward's K-slice descriptors by one add (FWD_DESC_ADD, session 40, FLAMIA_FWD_DESC_ADD=1)
+# stepping 16 bytes a slice instead of 32: S and PV read overlapping halves of the K slices.
+mutate fwd-desc-add-step attn_fwd_v4.cu 's/return FWD_DESC_ADD ? desc_add(DESC(tile), 32 \* kk)/return FWD_DESC_ADD ? desc_add(DESC(tile), 16 * kk)/' \
+  forward_slice_descriptors_by_add_give_bitwise_the_same
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))

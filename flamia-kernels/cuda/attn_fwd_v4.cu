@@ -474,13 +474,28 @@ __device__ __forceinline__ void p_to_afrag(const float (&sc)[NS], u32 (&pa)[NS /
 #endif
 }
 
+// FWD_DESC_ADD 1 (host knob FLAMIA_FWD_DESC_ADD=1, attention.rs fwd_desc_add; off by default
+// until it has run on a GPU): each product's K-slice descriptors as the tile's descriptor plus
+// 2 kk in the start-address field (desc_add, as the backward builds its own), instead of each
+// rebuilt from its address (mask, shift, or, the constant high word): the same 64-bit values
+// (tiles are 1024-byte aligned below 2^18), so the same products. 520 -> 505 SASS per interior
+// key tile at d = 128 with FWD_VPERM (the uniform datapath's ULOP3 16 -> 4, USHF 8 -> 2), 499 ->
+// 489 at d = 64.
+#ifndef FWD_DESC_ADD
+#define FWD_DESC_ADD 0
+#endif
+template <u64 (*DESC)(u32)>
+__device__ __forceinline__ u64 slice_desc(u32 tile, int kk) {
+  return FWD_DESC_ADD ? desc_add(DESC(tile), 32 * kk) : DESC(tile + 32 * kk);
+}
+
 // acc[64 x N] = A (E4M3 fragments, KS K slices of 32) * B^T, B a 128-byte-swizzled [N x 128 bytes]
 // tile (N = 2R: the dim-major V tile's HEAD_DIM rows), its first 32 KS keys.
 template <int R, int KS>
 __device__ __forceinline__ void mma_rs_k128(float (&acc)[R], const u32 (&a)[KS][4], u32 b) {
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < KS; ++kk) wgmma_rs_k32_e4m3(acc, a[kk], desc_sw128(b + 32 * kk), kk > 0);
+  for (int kk = 0; kk < KS; ++kk) wgmma_rs_k32_e4m3(acc, a[kk], slice_desc<desc_sw128>(b, kk), kk > 0);
   wg_commit();
   wg_wait<0>();
   fence_regs(acc);
@@ -513,9 +528,9 @@ __device__ __forceinline__ void fwd_tile(FwdV4Smem& sm, int s, const u32 (&qa)[D
 #pragma unroll
   for (int kk = 0; kk < DK_SLICES; ++kk) {
     if constexpr (NS == 64)
-      wgmma_rs_m64n128k32_e4m3(sc, qa[kk], desc_tok(smem_u32(sm.k[s]) + 32 * kk), kk > 0);
+      wgmma_rs_m64n128k32_e4m3(sc, qa[kk], slice_desc<desc_tok>(smem_u32(sm.k[s]), kk), kk > 0);
     else
-      wgmma_rs_m64n64k32_e4m3(sc, qa[kk], desc_tok(smem_u32(sm.k[s]) + 32 * kk), kk > 0);
+      wgmma_rs_m64n64k32_e4m3(sc, qa[kk], slice_desc<desc_tok>(smem_u32(sm.k[s]), kk), kk > 0);
   }
   wg_commit();
   turn_pass(R0 >> 6);

@@ -315,6 +315,21 @@ fn forward_vperm_gives_bitwise_the_same() {
     knob_keeps_every_bit("FLAMIA_FWD_VPERM", &VALUES, &FORWARD_KNOB_CASES[..1]);
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn forward_slice_descriptors_by_add_give_bitwise_the_same() {
+    // FLAMIA_FWD_DESC_ADD=1 builds each K slice's wgmma descriptor as the tile's plus 2 kk in
+    // its start-address field (FWD_DESC_ADD) instead of from the slice's address: the same
+    // descriptors, so every output bitwise the same; the forward knobs' cases, with P packed
+    // both ways (FLAMIA_FWD_VPERM) and with the consumer copies (both tiles' loops).
+    for vperm in ["0", "1"] {
+        let _p = EnvGuard::set("FLAMIA_FWD_VPERM", vperm);
+        knob_keeps_every_bit("FLAMIA_FWD_DESC_ADD", &["0", "1"], &FORWARD_KNOB_CASES);
+    }
+    let _cw = EnvGuard::set("FLAMIA_FWD_CW", "1");
+    knob_keeps_every_bit("FLAMIA_FWD_DESC_ADD", &["0", "1"], &FORWARD_KNOB_CASES[..1]);
+}
+
 /// The cases of the forward's build knobs: a 4,096-token document (many interior key tiles)
 /// beside short and one-token ones, both head dims, causal and not, block and tensor-wide scales.
 const FORWARD_KNOB_CASES: [(usize, &[usize], bool, AttnPath); 4] = [

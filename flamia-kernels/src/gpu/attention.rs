@@ -1335,6 +1335,11 @@ impl Attention {
         if self.fwd_vperm() {
             variant = variant.define("FWD_VPERM", 1);
         }
+        if super::env_on("FLAMIA_FWD_DESC_ADD") {
+            // (the K-slice descriptors by one add each: FWD_DESC_ADD, the same values; off by
+            // default until it has run on a GPU, session 40)
+            variant = variant.define("FWD_DESC_ADD", 1);
+        }
         FwdBuild {
             variant,
             smem,
@@ -2085,7 +2090,10 @@ mod tests {
                 // P packed for V's permuted copy (FWD_VPERM, FLAMIA_FWD_VPERM=1), both builds
                 jobs.push(("attn_fwd_v4.cu", v.define("FWD_VPERM", 1)));
                 let (v, _) = forward_v4_variant(per_token, 4, hd, true, None, false, true);
-                jobs.push(("attn_fwd_v4.cu", v.define("FWD_VPERM", 1)));
+                jobs.push((
+                    "attn_fwd_v4.cu",
+                    v.define("FWD_VPERM", 1).define("FWD_DESC_ADD", 1),
+                ));
             }
             for (per_token, stages) in [
                 (false, 2),
