@@ -1,4 +1,6 @@
 #!/bin/bash
+# (Run in session 40: l, m, t and e, docs/perf.md "Session 40". Its three knobs measured slower
+# or within noise and were removed after, so the staging below needs commit 2db3981's sources.)
 # Prepared in session 39 for the next device session (docs/perf.md "Next" 0): the late dQ / dS
 # hand-offs (BWD_LATE_DQ_ARRIVE 1, 2, 3 in attn_bwd_v4.cu, default 0), dQ's exponents loaded
 # before their products' waits (BWD_DQ_EXP_EARLY, default 0) and dS's key factors and first

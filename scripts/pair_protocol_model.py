@@ -18,13 +18,9 @@ cluster counts, causal and not, both modes:
 - every (query tile, key tile, warpgroup) partial enters dQ once, in ascending key-tile order (the
   semaphore's turns), each reducer job at exactly its turn.
 Half the runs count the warpgroups' steps with BWD_SKIP_DEAD (dead steps take a stage like any
-step). Runs with BWD_LATE_DQ_ARRIVE 1 and 3 (session 39) leave each warp's dq_full arrival (and
-with 3 its ds_ready arrival) pending until its next stage's wait or its item's end, as the
-kernel's bwd_dq_handoff does (mode 2 differs from 1 only inside a step: the same model). Each run is also repeated with a protocol bug put in (s_empty counting one CTA's warps; mode
+step). Each run is also repeated with a protocol bug put in (s_empty counting one CTA's warps; mode
 2's summer not waiting for pdq_full; session 36's dead-step count, which gave a CTA without a tile
-in its pair a dead step: found in session 37's review, fixed in the kernel; the late hand-offs
-without the pending partial's hand-off before an item's last dQ: found in session 39's review,
-fixed before any device run) and must fail then. Run: python3 scripts/pair_protocol_model.py
+in its pair a dead step: found in session 37's review, fixed in the kernel) and must fail then. Run: python3 scripts/pair_protocol_model.py
 (exit status 1 on any failure)."""
 import random
 import sys
@@ -81,7 +77,7 @@ class Cta:
         self.job = [None, None]
 
 
-def run(lens, causal, hq, clusters, mode, bug, rng, up_docs=(), skip_dead=False, late=0):
+def run(lens, causal, hq, clusters, mode, bug, rng, up_docs=(), skip_dead=False):
     # tiles (doc, len, k0, up); the list as sched.rs makes it: the downward-walking tiles longest
     # first, heads adjacent; then the documents walking up (causal), longest first, head by head,
     # each head's tiles highest first
@@ -188,22 +184,10 @@ def run(lens, causal, hq, clusters, mode, bug, rng, up_docs=(), skip_dead=False,
         me, other = ctas[ci][r], ctas[ci][r ^ 1]
         wi = 4 * cw + w
         s, ph, nstep, ni, npsum = 0, 0, 0, 0, 0
-        # BWD_LATE_DQ_ARRIVE (late): the dQ partial's dq_full arrival (and with 3 the step's
-        # ds_ready arrival) left pending, made by the next stage's hand-off or at the item's end
-        hand = dict(dq=False, ds=None)
-
-        def handoff():
-            if hand["ds"] is not None:
-                me.ds_ready[hand["ds"]].arrive()
-            if hand["dq"]:
-                me.dq_full[cw].arrive()
-            hand["dq"], hand["ds"] = False, None
 
         def stage(q0):  # wait for the stage, read it (a scheduling point: the products), release it
             nonlocal s, ph
             yield lambda: me.s_full[s].done(ph)
-            if late:  # (the kernel's steps hand off after the products' issue; its dead and passed
-                handoff()  # steps before the stage's wait: the later point is the stricter model)
             got = tuple(me.slot[s])
             if any(h is None or h[1] != q0 for h in got) or got[0][0] != got[1][0]:
                 fails.append(f"cta {r} warp {wi} read slot {s} holding {got}, wants query tile {q0}")
@@ -249,10 +233,7 @@ def run(lens, causal, hq, clusters, mode, bug, rng, up_docs=(), skip_dead=False,
                 if summer:  # the pair's first tile in the query tile's order
                     target -= 2 * ((1 - r) if it["walk_up"] else r)
                 me.job[cw] = dict(q0=q0, doc=it["doc"], h=it["h"], target=target, bump=2 if summer else 1, end=False)
-            if late:
-                hand["dq"] = True
-            else:
-                me.dq_full[cw].arrive()
+            me.dq_full[cw].arrive()
 
         while True:
             yield lambda: me.kv_full.done(ni & 1)
@@ -279,10 +260,7 @@ def run(lens, causal, hq, clusters, mode, bug, rng, up_docs=(), skip_dead=False,
             for i in range(count):
                 q0 = qstart + BQT * (i if it["walk_up"] else n - 1 - i)
                 yield from stage(q0)
-                if late == 3:
-                    hand["ds"] = nstep % 4
-                else:
-                    me.ds_ready[nstep % 4].arrive()
+                me.ds_ready[nstep % 4].arrive()
                 nstep += 1
                 if pend is not None:
                     yield from dq(nstep - 2, pend, it)
@@ -291,12 +269,8 @@ def run(lens, causal, hq, clusters, mode, bug, rng, up_docs=(), skip_dead=False,
                 for i in range(it["passes"]):
                     yield from stage(it["q0s"][it["nown"] + i])
             me.kv_empty.arrive()
-            if late and (late == 3 or bug != "late-end"):
-                handoff()  # (bug "late-end": session 39's first version flushed here with 3 only)
             if pend is not None:
                 yield from dq(nstep - 1, pend, it)
-            if late:
-                handoff()
             me.kd_empty.arrive()
             ni += 1
         yield lambda: me.dq_empty[cw].done((nstep & 1) ^ 1)
@@ -379,37 +353,34 @@ def main():
     rng = random.Random(36)
     fails = []
     cases = 0
-    for mode, late in ((1, 0), (2, 0), (1, 1), (1, 3), (2, 1), (2, 3)):
-        for trial in range(60 if late == 0 else 30):
+    for mode in (1, 2):
+        for trial in range(60):
             lens = [rng.choice([1, 65, 128, 129, 300, 640, 700, 1100]) for _ in range(rng.randint(1, 3))]
             causal = rng.random() < 0.75
             clusters = rng.choice([1, 1, 2, 3])
             up = {d for d in range(len(lens)) if rng.random() < 0.5}
             skip = rng.random() < 0.5
-            f = run(lens, causal, 2, clusters, mode, None, rng, up, skip, late)
+            f = run(lens, causal, 2, clusters, mode, None, rng, up, skip)
             cases += 1
             if f:
-                fails.append(f"mode {mode} late {late} {lens} causal {causal} up {sorted(up)} clusters {clusters} "
+                fails.append(f"mode {mode} {lens} causal {causal} up {sorted(up)} clusters {clusters} "
                              f"skip dead {skip}: {f[0]} ({len(f)} in all)")
     # broken once each: must fail ("dead": session 36's count of dead steps, which gave a CTA
     # without a tile in its pair a dead step when the lower tile's second half is in the
     # document: 1,100 tokens, 9 key tiles, the last alone with 76 keys)
-    # ("late-end": BWD_LATE_DQ_ARRIVE 1 without the pending partial's hand-off before the item's
-    # last dQ, whose dq_empty wait needs it: session 39's first version, found in its review)
-    for mode, bug, skip, late in ((1, "s_empty8", False, 0), (2, "nowait", False, 0), (1, "dead", True, 0),
-                                  (2, "dead", True, 0), (1, "late-end", False, 1)):
+    for mode, bug, skip in ((1, "s_empty8", False), (2, "nowait", False), (1, "dead", True), (2, "dead", True)):
         caught = 0
         for trial in range(20):
-            f = run([1100, 700], True, 2, 1, mode, bug, rng, (), skip, late)
+            f = run([1100, 700], True, 2, 1, mode, bug, rng, (), skip)
             caught += bool(f)
         if not caught:
-            fails.append(f"mode {mode} late {late} with bug {bug}: never caught in 20 runs")
+            fails.append(f"mode {mode} with bug {bug}: never caught in 20 runs")
     for f in fails:
         print("pair_protocol_model:", f)
     if fails:
         sys.exit(1)
-    print(f"pair_protocol_model: {cases} random runs of both modes (and with the late hand-offs, BWD_LATE_DQ_ARRIVE "
-          "1 and 3) without deadlock, stale stage, early dQ read or partial out of turn; every broken protocol caught")
+    print(f"pair_protocol_model: {cases} random runs of both modes without deadlock, stale stage, early dQ read "
+          "or partial out of turn; every broken protocol caught")
 
 
 if __name__ == "__main__":

@@ -134,35 +134,6 @@
 #ifndef BWD_BLOCK_EXP_NN
 #define BWD_BLOCK_EXP_NN (HEAD_DIM == 64)
 #endif
-// BWD_LATE_DQ_ARRIVE (an A/B knob, default 0): where a consumer thread hands its dQ partial to the
-// reducer (the async-proxy fence and its dq_full arrival). 0: right after its stores, at the end of
-// bwd_dq, where the fence waits for them to drain (ncu, session 39: MEMBAR + FENCE.VIEW.ASYNC +
-// arrival ~4% of the interior step's stall samples, long scoreboard); 1: at the next step, once
-// its S and dP products are issued (the stores have drained under the stage wait and the issue);
-// 2: there, after S's wait; 3: as 1, and the step's dS hand-off (its fence and ds_ready arrival,
-// read by both warpgroups' dQ products one step later) deferred to the same place, one fence for
-// both. At the item's end what is pending goes before its last dQ, whose waits need it, and that
-// dQ's partial after it. Bits: the
-// same (the reduce order is the semaphore's); only when the reducer and the dQ products may start
-// moves.
-#ifndef BWD_LATE_DQ_ARRIVE
-#define BWD_LATE_DQ_ARRIVE 0
-#endif
-#if BWD_LATE_DQ_ARRIVE == 3 && !BWD_DEFER_DQ
-#error "BWD_LATE_DQ_ARRIVE 3 needs BWD_DEFER_DQ: a step's dQ right after it would wait on its own pending ds_ready arrival"
-#endif
-// BWD_DQ_EXP_EARLY (an A/B knob, default 0; session 39): bwd_dq loads each 32-key slice's dS
-// exponents before the wait for that slice's product instead of after it. Same bits.
-#ifndef BWD_DQ_EXP_EARLY
-#define BWD_DQ_EXP_EARLY 0
-#endif
-// BWD_DS_EARLY N (an A/B knob, default 0; session 39; key-block scales): dS's key factors (vf,
-// cf) and its first N - 1 column blocks' constants (with BWD_FOLD the producer's folded ones)
-// loaded before P's loop instead of after dP's wait. Same bits.
-#ifndef BWD_DS_EARLY
-#define BWD_DS_EARLY 0
-#endif
-static_assert(BWD_DS_EARLY >= 0 && BWD_DS_EARLY <= 9, "BWD_DS_EARLY: 0 (off) or 1 + the early column blocks (at most 8)");
 // BWD_STRESS 1 (test builds: the host's FLAMIA_BWD_JITTER): with a nonzero P.jitter each consumer
 // warp also waits a pseudo-random few microseconds between taking its dQ buffer and storing its
 // partial, so a buffer released before the stores have landed is read early by the reducer's TMA
@@ -967,10 +938,6 @@ struct BwdConsumer {
 #if BWD_PAIR == 2
   int npsum;    // pair sums made so far (pdq_full parity)
 #endif
-#if BWD_LATE_DQ_ARRIVE
-  int dq_pend;  // 1 + the dQ buffer whose hand-off (fence, dq_full arrival) is still to do; 0: none
-  int ds_pend;  // 1 + the dS buffer whose hand-off (fence, ds_ready arrival) is still to do (3)
-#endif
 #ifdef BWD_PROF_PHASES
   int nitem;  // items finished
 #endif
@@ -978,20 +945,6 @@ struct BwdConsumer {
   long long prof[6];  // clocks waiting: stage, pair barrier, 256 barrier, dQ buffer, item; steps
 #endif
 };
-
-// The hand-offs left pending (BWD_LATE_DQ_ARRIVE): bwd_dq's partial and (3) the step's dS tile.
-// This thread's stores made visible to the async proxy (the reducer's TMA, the dQ products'
-// wgmma) by one fence, then its arrivals. Warp-uniform.
-__device__ __forceinline__ void bwd_dq_handoff(BwdV4Smem& sm, BwdConsumer& C) {
-#if BWD_LATE_DQ_ARRIVE
-  if (C.dq_pend | C.ds_pend) {
-    fence_async_smem();
-    if (C.ds_pend) mbar_arrive(smem_u32(&sm.ds_ready[C.ds_pend - 1]));
-    if (C.dq_pend) mbar_arrive(smem_u32(&sm.dq_full[C.dq_pend - 1][C.cw]));
-    C.dq_pend = C.ds_pend = 0;
-  }
-#endif
-}
 
 // dS~ (already divided by 2^e per slice) -> E4M3: the A fragments of dK = dS^T Q (registers) and
 // the transposed bytes of the dQ operand (shared memory, row = query, K = keys).
@@ -1349,14 +1302,8 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #if BWD_EARLY_COLS && !BWD_COLS_FIRST
   BWD_EARLY_LOADS
 #endif
-#if BWD_LATE_DQ_ARRIVE == 1 || BWD_LATE_DQ_ARRIVE == 3
-  bwd_dq_handoff(sm, C);
-#endif
   wg_wait<1>();
   fence_regs(sc);
-#if BWD_LATE_DQ_ARRIVE == 2
-  bwd_dq_handoff(sm, C);
-#endif
   BWD_PHASE(1);
 #if BWD_KEY_BLOCKS
   // Token-block or tensor-wide scales: the thread's two keys (rows 16w + g, +8) lie in one
@@ -1369,32 +1316,6 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 #if !BWD_EARLY_COLS && !BWD_FOLD
   const int kr = 64 * cw + r0;
   const float kf = lds_volatile(&it.kf[kr]);
-#endif
-  // dS's constants of column block j: BWD_FOLD the producer's folded A, B (a float4) and pc (a
-  // float2), else the unfolded dq, nd and pe
-#if BWD_FOLD
-#define BWD_DS_C4(j) fab[4 * (j)]
-#define BWD_DS_C2(j) fpc[4 * (j)]
-#else
-#define BWD_DS_C4(j) (*reinterpret_cast<const float4*>(&cp[4 * (j)].dq))
-#define BWD_DS_C2(j) cp[4 * (j)].pe
-#endif
-#if BWD_DS_EARLY
-  // dS's key factors and its first BWD_DS_EARLY - 1 column blocks' constants, loaded before P's
-  // loop (after dP's wait, whose memory clobber holds a load written there, they waited on LDS)
-  constexpr int NDE = BWD_DS_EARLY > 1 ? BWD_DS_EARLY - 1 : 1;
-#if !BWD_FOLD
-  const float vf_early = lds_volatile(&it.vf[kr]), cf_early = lds_volatile(&it.cf[kr]);
-#endif
-  float4 c4_early[NDE];
-  float2 c2_early[NDE];
-#pragma unroll
-  for (int j = 0; j < BWD_DS_EARLY - 1; ++j) c4_early[j] = BWD_DS_C4(j), c2_early[j] = BWD_DS_C2(j);
-#define BWD_DS_C4E(j) ((j) < BWD_DS_EARLY - 1 ? c4_early[(j) < NDE ? (j) : 0] : BWD_DS_C4(j))
-#define BWD_DS_C2E(j) ((j) < BWD_DS_EARLY - 1 ? c2_early[(j) < NDE ? (j) : 0] : BWD_DS_C2(j))
-#else
-#define BWD_DS_C4E(j) BWD_DS_C4(j)
-#define BWD_DS_C2E(j) BWD_DS_C2(j)
 #endif
   // P (into sc) while dP^T is still in the tensor cores: x = s 2^eK qf - LSE log2 e
 #pragma unroll
@@ -1415,21 +1336,19 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
   wg_wait<0>();
   fence_regs(dp);
-#if !BWD_FOLD && BWD_DS_EARLY
-  const float vk = vf_early * kf, cf = cf_early;
-#elif !BWD_FOLD
+#if !BWD_FOLD
   const float vk = lds_volatile(&it.vf[kr]) * kf, cf = lds_volatile(&it.cf[kr]);
 #endif
   // dS~ = P (dP 2^(eV + eK + edO + eQ) - D 2^(eK + eQ)) (into dp) and P~ = P 2^(edO - c) (into sc)
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #if BWD_FOLD
-    const float4 ab = BWD_DS_C4E(j);
-    const float2 pf = BWD_DS_C2E(j);
+    const float4 ab = fab[4 * j];
+    const float2 pf = fpc[4 * j];
     const float A[2] = {ab.x, ab.y}, B[2] = {ab.z, ab.w}, pc[2] = {pf.x, pf.y};
 #else
-    const float4 dn = BWD_DS_C4E(j);
-    const float2 pe = BWD_DS_C2E(j);
+    const float4 dn = *reinterpret_cast<const float4*>(&cp[4 * j].dq);
+    const float2 pe = cp[4 * j].pe;
     const float A[2] = {dn.x * vk, dn.y * vk}, B[2] = {dn.z * kf, dn.w * kf}, pc[2] = {pe.x * cf, pe.y * cf};
 #endif
 #pragma unroll
@@ -1582,21 +1501,13 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   bwd_release_stage(sm, s, lane);
   if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
   // this thread's dS codes (read by wgmma: async proxy) and exponents are written
-#if BWD_LATE_DQ_ARRIVE == 3
-  C.ds_pend = 1 + buf;  // (bwd_dq_handoff, at the next step or the item's end)
-#else
   fence_async_smem();
   mbar_arrive(smem_u32(&sm.ds_ready[buf]));
-#endif
   BWD_PHASE(7);
   ++C.nstep;
 }
 #undef BWD_COLS
 #undef BWD_COL
-#undef BWD_DS_C4
-#undef BWD_DS_C2
-#undef BWD_DS_C4E
-#undef BWD_DS_C2E
 #undef BWD_EARLY_LOADS
 #undef BWD_EARLY_KEY_FACTORS
 
@@ -1609,7 +1520,6 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
 // ds_ready.
 __device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
   const int cw = C.cw, w = C.w(), s = C.s, buf = C.nstep % BWD_DS_BUFS;
-  bwd_dq_handoff(sm, C);
   bwd_wait(smem_u32(&sm.s_full[s]), C.ph, 2);
 #if BWD_DS_STSM
   u8* ds = ds_row(sm, C, buf);
@@ -1634,7 +1544,6 @@ __device__ __forceinline__ void bwd_step_dead(BwdV4Smem& sm, BwdConsumer& C) {
 // tiles, or every stage of an item without an upper tile): waited for and passed on, so the two
 // CTAs' rings stay in step. No dS, no dQ (C.nstep unchanged).
 __device__ __forceinline__ void bwd_step_pass(BwdV4Smem& sm, BwdConsumer& C) {
-  bwd_dq_handoff(sm, C);
   bwd_wait(smem_u32(&sm.s_full[C.s]), C.ph, 3);
   bwd_release_stage(sm, C.s, C.lane());
   if (++C.s == BWD_STAGES) { C.s = 0; C.ph ^= 1; }
@@ -1757,43 +1666,28 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
       wgmma_ss_k32_e4m3(t, desc_add(dda, 256 * kk), desc_add(dkb, 32 * kk), 0);
       wg_commit();
     };
-    // slice kk's exponents (two rows' with row dS, else the block's twice)
-    const auto exps = [&](int kk) {
-#if BWD_ROW_DS
-      return make_int2(er0[kk], er8[kk]);
-#else
-      const int x = e[kk];  // (e4m3_scale_exp's, or a dead step's 0)
-      return make_int2(x, x);
-#endif
-    };
-    // after the wait for slice kk; BWD_DQ_EXP_EARLY: with its exponents x loaded before the wait
-    // (`early`), else loaded here: the wait's memory clobber keeps a load written after it after
-    // it, and the exponent's LEA then waited ~30 clocks for the LDS, four times a step (ncu,
-    // session 39: ~4% of the interior step's samples)
-    const auto scale_in = [&](float(&t)[NQ], int kk, int2 x) {
+    const auto scale_in = [&](float(&t)[NQ], int kk) {  // after the wait for slice kk
       fence_regs(t);
-      if (!BWD_DQ_EXP_EARLY) x = exps(kk);
-      const float f[2] = {exp2i_inrange(x.x), exp2i_inrange(x.y)};
+#if BWD_ROW_DS
+      const float f[2] = {exp2i_inrange(er0[kk]), exp2i_inrange(er8[kk])};
+#else
+      const float f[2] = {exp2i_inrange(e[kk]), exp2i_inrange(e[kk])};  // (e4m3_scale_exp's, or a dead step's 0)
+#endif
 #pragma unroll
       for (int i = 0; i < NQ; ++i) dq[i] = kk ? fmaf(t[i], f[(i >> 1) & 1], dq[i]) : t[i] * f[(i >> 1) & 1];
     };
-    const auto early = [&](int kk) { return BWD_DQ_EXP_EARLY ? exps(kk) : make_int2(0, 0); };
     issue(ta, 0);
     issue(tb, 1);
-    int2 x = early(0);
     wg_wait<1>();
-    scale_in(ta, 0, x);
+    scale_in(ta, 0);
     issue(ta, 2);
-    x = early(1);
     wg_wait<1>();
-    scale_in(tb, 1, x);
+    scale_in(tb, 1);
     issue(tb, 3);
-    x = early(2);
     wg_wait<1>();
-    scale_in(ta, 2, x);
-    x = early(3);
+    scale_in(ta, 2);
     wg_wait<0>();
-    scale_in(tb, 3, x);
+    scale_in(tb, 3);
 #endif
   }
   BWD_PHASE(9);
@@ -1856,12 +1750,8 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   // own arrival (dq_full counts the warpgroup's 128): no warpgroup barrier here, so a warp whose
   // stores have drained goes on to the next step instead of waiting for the slowest of the four
   // (the 128-thread barrier and the fence before it were ~8% of the step: ncu, session 9).
-#if BWD_LATE_DQ_ARRIVE
-  C.dq_pend = 1 + db;  // (bwd_dq_handoff, at the next step or the item's end)
-#else
   fence_async_smem();
   mbar_arrive(smem_u32(&sm.dq_full[db][cw]));
-#endif
   BWD_PHASE(11);
 }
 
@@ -1998,9 +1888,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
   C.s = 0;
   C.ph = 0;
   C.nstep = 0;
-#if BWD_LATE_DQ_ARRIVE
-  C.dq_pend = C.ds_pend = 0;
-#endif
 #if BWD_PAIR == 2
   C.npsum = 0;
 #endif
@@ -2178,12 +2065,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     // the item's K and V are read (each warp's own waits): the producer may load the next item's
     __syncwarp();
     if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty));
-    // (BWD_LATE_DQ_ARRIVE: no step follows the item's last dQ, so what is pending goes now: the
-    // partial of the dQ after the last step, which the last dQ's dq_empty wait needs, and with 3
-    // the last step's dS, which it waits for on ds_ready; then the last dQ's own partial)
-    bwd_dq_handoff(sm, C);
     if (BWD_DEFER_DQ && pend_q0 >= 0) dq(C.nstep - 1, pend_q0);
-    bwd_dq_handoff(sm, C);
 #if BWD_KD_XPOSE != 2
     // the item's dim-major K is read (each warp's own dQ waits): the producer may load the next
     __syncwarp();

@@ -474,7 +474,7 @@ __device__ __forceinline__ void p_to_afrag(const float (&sc)[NS], u32 (&pa)[NS /
 #endif
 }
 
-// FWD_DESC_ADD 1 (host knob FLAMIA_FWD_DESC_ADD=1, attention.rs fwd_desc_add; off by default
+// FWD_DESC_ADD 1 (host knob FLAMIA_FWD_DESC_ADD=1, attention.rs forward_v4_build; off by default
 // until it has run on a GPU): each product's K-slice descriptors as the tile's descriptor plus
 // 2 kk in the start-address field (desc_add, as the backward builds its own), instead of each
 // rebuilt from its address (mask, shift, or, the constant high word): the same 64-bit values

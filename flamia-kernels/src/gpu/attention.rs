@@ -869,8 +869,8 @@ pub struct Attention {
     amax: AmaxScratch,
     /// The development switches, read once here (not per call): `FLAMIA_ATTN_PROMOTE`,
     /// `FLAMIA_ATTN_FWD`, `FLAMIA_FWD_STAGES`, `FLAMIA_ATTN_BWD`, `FLAMIA_BWD_STAGES`,
-    /// `FLAMIA_BWD_KD_XPOSE` and `FLAMIA_FWD_QD` (they decide the saved operands' layout and
-    /// writer, so they may not change between a forward and its backward).
+    /// `FLAMIA_BWD_KD_XPOSE`, `FLAMIA_FWD_QD` and `FLAMIA_FWD_VPERM` (they decide the saved
+    /// operands' layout and writer, so they may not change between a forward and its backward).
     promote: u32,
     fwd_v3: bool,
     fwd_stages: u32,
@@ -879,6 +879,7 @@ pub struct Attention {
     kd_xpose_env: Option<bool>,
     vt_xpose_env: Option<bool>,
     qd_fwd: QdFwd,
+    vperm_env: bool,
     /// Clusters of two of the paired backward that run at once, per kernel and shared memory
     /// (`cuOccupancyMaxActiveClusters`, asked once).
     clusters: std::sync::Mutex<std::collections::HashMap<(usize, u32), usize>>,
@@ -906,6 +907,7 @@ impl Attention {
             bwd_stages: backward_v4_stages(),
             kd_xpose_env: kd_xpose_env(),
             vt_xpose_env: vt_xpose_env(),
+            vperm_env: super::env_on("FLAMIA_FWD_VPERM"),
             qd_fwd: QdFwd::from_env(),
             clusters: Default::default(),
         })
@@ -1167,11 +1169,12 @@ impl Attention {
     /// d = 64), V's dim-major copy then holding each 32-key block's keys in the matching order
     /// ([`Attention::v_dim_order`]); the v4 backward's in-place V transpose puts them back
     /// (`BWD_VT_VPERM`). The same pairs in every k32 slice: bitwise the same outputs (GPU test
-    /// `forward_vperm_gives_bitwise_the_same`). With the v4 forward when `FLAMIA_FWD_VPERM=1`;
-    /// off by default until it has run on a GPU (built in session 40, when no device was lent
-    /// after it: docs/perf.md "Next" 0).
+    /// `forward_vperm_gives_bitwise_the_same`). With the v4 forward when `FLAMIA_FWD_VPERM=1`
+    /// (read when this value was made: V's copy written by one call's quantiser must be read
+    /// in the same order by its backward); off by default until it has run on a GPU (built in
+    /// session 40, when no device was lent after it: docs/perf.md "Next" 0).
     pub fn fwd_vperm(&self) -> bool {
-        self.uses_forward_v4() && super::env_on("FLAMIA_FWD_VPERM")
+        self.uses_forward_v4() && self.vperm_env
     }
 
     /// The order of V's dim-major copy: permuted for the v4 forward's P packing
@@ -2042,20 +2045,6 @@ mod tests {
                 };
                 for mode in [1, 2] {
                     jobs.push(("attn_bwd_v4.cu", v.clone().define("BWD_PAIR", mode)));
-                }
-                // the late dQ / dS hand-offs (BWD_LATE_DQ_ARRIVE, an A/B knob of the kernel
-                // source, session 39) on the downward walk, unpaired and (3) paired
-                if !walk_up {
-                    let late = if row_ds { &[3][..] } else { &[1, 2, 3][..] };
-                    for &m in late {
-                        jobs.push(("attn_bwd_v4.cu", v.clone().define("BWD_LATE_DQ_ARRIVE", m)));
-                    }
-                    let paired = v.clone().define("BWD_PAIR", 1);
-                    jobs.push(("attn_bwd_v4.cu", paired.define("BWD_LATE_DQ_ARRIVE", 3)));
-                    // (and dQ's exponents loaded before their products' waits, BWD_DQ_EXP_EARLY;
-                    // dS's constants before dP's wait, BWD_DS_EARLY)
-                    jobs.push(("attn_bwd_v4.cu", v.clone().define("BWD_DQ_EXP_EARLY", 1)));
-                    jobs.push(("attn_bwd_v4.cu", v.clone().define("BWD_DS_EARLY", 3)));
                 }
                 // (mode 2's CTA-scope hand-off, FLAMIA_BWD_PAIR_STRICT=0)
                 let relaxed = v.clone().define("BWD_PAIR", 2).define("BWD_PAIR_STRICT", 0);
