@@ -22,6 +22,7 @@ model() {  # script, what a failure means
     fi
 }
 model xpose_model.py "a wrong byte or a bank conflict in xpose.cuh's transposes"
+model afrag_model.py "the forward's P packing (FWD_VPERM) pairing a score with another key's V row"
 model store_model.py "a wrong or missing column in common.cuh's BF16 row stores"
 model dq_stsm_model.py "a wrong position, a bank conflict or other bits in BWD_DQ_STSM's dQ partial or its converter"
 model pair_sum_model.py "a word of BWD_PAIR 2's dQ pair sum read twice, missed, not the warp's own, or with a bank conflict"
