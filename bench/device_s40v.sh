@@ -1,34 +1,38 @@
 #!/bin/bash
-# Session 40's second staging (not run: no device was lent after it): two v4 forward knobs, off by
+# Session 40's second staging (not run: no device was lent after it): three v4 forward knobs, off by
 # default until measured. FWD_VPERM (FLAMIA_FWD_VPERM=1): P packed by four-code conversions for
 # V's permuted dim-major copy (the backward's in-place V transpose undoes the order,
 # BWD_VT_VPERM); 594 -> 520 SASS per interior key tile at d = 128. FWD_DESC_ADD
-# (FLAMIA_FWD_DESC_ADD=1): the K-slice descriptors by one add each; 520 -> 505 with VPERM. Stage
+# (FLAMIA_FWD_DESC_ADD=1): the K-slice descriptors by one add each; 520 -> 505 with VPERM.
+# FWD_TILE_TRIM (FLAMIA_FWD_TILE_TRIM=1): the interior tile's maxima without the -inf test, the
+# group exponents from compact tables; 505 -> 495 with both. Stage
 # from the repo root here:
 #   rm -rf .device-carry/bwd4 .device-carry/z; bash bench/device_bwd4.sh --stage; strip .device-carry/bwd4/*
 #   rm -f .device-carry/bwd4/{bridge_cuda,model_cuda}
 #   mkdir -p .device-carry/z; tar -C .device-carry -czf .device-carry/z/bwd4.tgz bwd4
 # carry .device-carry/z, run
 #   tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s40v.sh MODE
-#   v:    correctness: the two knobs' bitwise tests (=0, =1 and unset; VPERM with both V paths of
-#         the backward, both head dims, the causally safe options; DESC_ADD with VPERM both ways),
+#   v:    correctness: the three knobs' bitwise tests (=0, =1 and unset; VPERM with both V paths
+#         of the backward, both head dims, the causally safe options; DESC_ADD with VPERM both
+#         ways; TILE_TRIM with the other two),
 #         the backward's V transpose against the token-major copy, gpu_quant (V's permuted copy
 #         in the caller's buffer), then the accuracy, leakage, isolation and repeatability tests
-#         with both knobs on (~3-4 minutes).
-#   t:    the timings, two rounds: the default, FLAMIA_FWD_VPERM=1, and both knobs, d = 128 on
-#         six workloads and d = 64 on three (~5 minutes). Predicted: the forward is issue-bound
+#         with all three on (~4 minutes).
+#   t:    the timings, two rounds: the default, VPERM, VPERM + DESC_ADD and all three, d = 128
+#         on six workloads (~5 minutes); u: the same at d = 64 on three (~3 minutes).
+#         Predicted: the forward is issue-bound
 #         (594 SASS x 2 warps per SMSP = 1,188 issue slots against ~1,340 clocks per key tile at
 #         1x65536), so -8..-12% forward at d = 128 if every cut instruction is a clock, less where
 #         the cut ones sat in the shadow of the products; 1x65536 at 800 TFLOP/s needs -3.5%.
-#   If they win: make them the default (fwd_vperm and the FWD_DESC_ADD define in
-#   forward_v4_build: env_off), then a, b (the whole suite) and c (the standing).
+#   If they win: make them the default (fwd_vperm and the two defines in forward_v4_build:
+#   env_off), then a, b (the whole suite) and c (the standing).
 #   a, b: the whole GPU suite (device_suite.sh 1, 2); c: the standing (vs-anchors.sh).
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s40v.sh v|t|a|b|c}
+mode=${1:?usage: device_s40v.sh v|t|u|a|b|c}
 suite_or_standing "$mode"
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -36,27 +40,32 @@ date
 case $mode in
 v)
   echo "=== bitwise: FLAMIA_FWD_VPERM and FLAMIA_FWD_DESC_ADD =1 against =0 and unset; V transposed against token-major"; date
-  FLAMIA_BWD_HANG_TRAP=1 timeout 240 $C/gpu_attention --ignored --test-threads=1 forward_vperm_gives_bitwise_the_same \
-    forward_slice_descriptors_by_add_give_bitwise_the_same v_token_major_made_by_the_consumers_gives_bitwise_the_same \
+  FLAMIA_BWD_HANG_TRAP=1 timeout 300 $C/gpu_attention --ignored --test-threads=1 forward_vperm_gives_bitwise_the_same \
+    forward_slice_descriptors_by_add_give_bitwise_the_same forward_tile_trims_give_bitwise_the_same \
+    v_token_major_made_by_the_consumers_gives_bitwise_the_same \
     2>&1 | grep -E "^test |test result|panicked|differs"
   echo "=== gpu_quant"; date
   timeout 60 $C/gpu_quant --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked"
-  echo "=== accuracy, leakage, isolation, repeatability with both knobs"; date
-  FLAMIA_FWD_VPERM=1 FLAMIA_FWD_DESC_ADD=1 FLAMIA_BWD_HANG_TRAP=1 timeout 200 $C/gpu_attention --ignored --test-threads=1 \
+  echo "=== accuracy, leakage, isolation, repeatability with all three knobs"; date
+  FLAMIA_FWD_VPERM=1 FLAMIA_FWD_DESC_ADD=1 FLAMIA_FWD_TILE_TRIM=1 FLAMIA_BWD_HANG_TRAP=1 timeout 200 $C/gpu_attention --ignored --test-threads=1 \
     as_accurate_as_the_reference per_token_scales_with_block_ds repeated_runs_are_bitwise_identical \
     documents_are_isolated_bitwise causal_leakage_has_the_reference_properties head_dim_64_documents_are_isolated \
     head_dim_64_precision_options_are_accurate 2>&1 | grep -E "^test |test result|panicked|differs"
   ;;
-t)
+t | u)
+  A="FLAMIA_FWD_VPERM=1 FLAMIA_FWD_DESC_ADD=1"
   for r in 1 2; do
-    for e in - FLAMIA_FWD_VPERM=1 "FLAMIA_FWD_VPERM=1 FLAMIA_FWD_DESC_ADD=1"; do
-      bench_mhz "d=128 $e round $r" "$e" --workload 1x65536 --workload 4x16384 --workload 16x4096 --workload 64x1024 \
-        --workload 256x256 --workload lognormal
-      bench_mhz "d=64 $e round $r" "$e" --head-dim 64 --workload 1x65536 --workload 16x4096 --workload 256x256
+    for e in - FLAMIA_FWD_VPERM=1 "$A" "$A FLAMIA_FWD_TILE_TRIM=1"; do
+      if [ $mode = t ]; then
+        bench_mhz "d=128 $e round $r" "$e" --workload 1x65536 --workload 4x16384 --workload 16x4096 --workload 64x1024 \
+          --workload 256x256 --workload lognormal
+      else
+        bench_mhz "d=64 $e round $r" "$e" --head-dim 64 --workload 1x65536 --workload 16x4096 --workload 256x256
+      fi
     done
   done
   ;;
-*) echo "device_s40v.sh: unknown mode '$mode' (v, t, a, b, c)"; exit 2 ;;
+*) echo "device_s40v.sh: unknown mode '$mode' (v, t, u, a, b, c)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s40v-$mode.log"

@@ -108,7 +108,7 @@ mutate bwd-qperm-plain-q quant.cu 's/if ((QUANT_PERM_MASK >> it.ti) \& 1) {/if (
 # 14. The forward's token-block producer (the lean one, lanes 0..3 writing each 32-key group's
 # exponents): the V exponent of the odd 32-key groups written one too high, so P'V weighs those
 # keys' values twice.
-mutate fwd-lean-ev attn_fwd_v4.cu 's/sm.ev\[s\]\[32 \* lane\] = ev;/sm.ev[s][32 * lane] = ev + (lane \& 1);/' \
+mutate fwd-lean-ev attn_fwd_v4.cu 's/sm.ev\[s\]\[FWD_TILE_TRIM ? lane : 32 \* lane\] = ev;/sm.ev[s][FWD_TILE_TRIM ? lane : 32 * lane] = ev + (lane \& 1);/' \
   mxfp8_causal_gqa_is_as_accurate_as_the_reference
 # 15. The four-code conversions (BWD_CVT4, the default): the dS tile's second block of each
 # register taken from its low half again (the A fragments stay right, so only dQ, which reads the
@@ -241,5 +241,9 @@ mutate fwd-vperm-plain-v quant.cu 's/if ((QUANT_PERM_MASK >> it.ti) \& 1) {/if (
 # stepping 16 bytes a slice instead of 32: S and PV read overlapping halves of the K slices.
 mutate fwd-desc-add-step attn_fwd_v4.cu 's/return FWD_DESC_ADD ? desc_add(DESC(tile), 32 \* kk)/return FWD_DESC_ADD ? desc_add(DESC(tile), 16 * kk)/' \
   forward_slice_descriptors_by_add_give_bitwise_the_same
+# 41. FWD_TILE_TRIM's compact group tables (session 40, FLAMIA_FWD_TILE_TRIM=1) with the producer
+# still writing each group's exponents at key 32 G: the consumers read three stale groups.
+mutate fwd-trim-tables attn_fwd_v4.cu 's/sm.kf\[s\]\[FWD_TILE_TRIM ? lane : 32 \* lane\] = kf;/sm.kf[s][32 * lane] = kf;/' \
+  forward_tile_trims_give_bitwise_the_same
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))

@@ -133,7 +133,7 @@ struct FwdV4Smem {
   u8 k[FWD_STAGES][KT * HEAD_DIM];
   u8 v[FWD_STAGES][HEAD_DIM * KT];
   alignas(16) float kf[FWD_STAGES][KT];  // 2^eK per key (0: no key; aligned: softmax_tile's lds_f2)
-  int ev[FWD_STAGES][KT];    // eV per key (-1000: no key)
+  alignas(16) int ev[FWD_STAGES][KT];  // eV per key (-1000: no key)
 #if PER_TOKEN_COLS
   alignas(16) float vf[FWD_STAGES][KT];  // 2^(eV - evt + 8) per key (0: no key): the interior tiles' P fold
   int evt[FWD_STAGES];       // max eV of the tile's keys
@@ -170,8 +170,9 @@ __device__ __forceinline__ int fwd_key_tiles(const WorkTile& t, int causal) {
 // and kept the item in registers: 0..-12% forward on an H200, bitwise the same outputs.)
 //  - The consumers read only the first key of each 32-key group (softmax.cuh: kf[32 G], ev[32 G];
 //    the exponents are uniform over a group), so lanes 0..3 load key group `lane`'s exponents
-//    (one key each, 0 / -1000 past the document) and write its slot; the other 124 slots of
-//    sm.kf / sm.ev are never written nor read.
+//    (one key each, 0 / -1000 past the document) and write its slot (FWD_TILE_TRIM: slot
+//    `lane`, the four side by side for one 16-byte load); the other 124 slots of sm.kf / sm.ev
+//    are never written nor read.
 //  - The key-tile loop reads the item's tile and KV head back from the item's slot (the
 //    producer is its only writer, and rewrites it only QSLOTS items later) instead of keeping
 //    them in registers.
@@ -267,8 +268,8 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
       const int s = nkv < FWD_STAGES ? nkv : nkv - FWD_STAGES;
       mbar_wait(smem_u32(&sm.kv_empty[s]), nkv < FWD_STAGES ? 1 : 0);
       if (lane < 4) {
-        sm.kf[s][32 * lane] = kf;
-        sm.ev[s][32 * lane] = ev;
+        sm.kf[s][FWD_TILE_TRIM ? lane : 32 * lane] = kf;  // (FWD_TILE_TRIM: softmax.cuh group_keys)
+        sm.ev[s][FWD_TILE_TRIM ? lane : 32 * lane] = ev;
       }
       const u32 bar = smem_u32(&sm.kv_full[s]);
       const int doc0 = it.tile.doc0, hk = it.hk;  // after the wait (its memory clobber): not kept live

@@ -330,6 +330,37 @@ fn forward_slice_descriptors_by_add_give_bitwise_the_same() {
     knob_keeps_every_bit("FLAMIA_FWD_DESC_ADD", &["0", "1"], &FORWARD_KNOB_CASES[..1]);
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn forward_tile_trims_give_bitwise_the_same() {
+    // FLAMIA_FWD_TILE_TRIM=1 (FWD_TILE_TRIM): the interior key tile's running maximum without
+    // its -inf test (every score there is finite), and each 32-key group's 2^eK and eV written by
+    // the token-block producer into four compact entries that the consumers read by one 16-byte
+    // load each: the same values, so every output bitwise the same; the forward knobs' cases
+    // (block and tensor-wide scales, both head dims), the causally safe options (per-token
+    // scales: only the maximum's test), with the other cuts on, and the consumer copies.
+    let gpu = gpu();
+    let _p = EnvGuard::set("FLAMIA_FWD_VPERM", "1");
+    let _d = EnvGuard::set("FLAMIA_FWD_DESC_ADD", "1");
+    knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &["0", "1"], &FORWARD_KNOB_CASES);
+    for hd in [128, 64] {
+        let shape = VarlenShape::from_lens(&[4096, 300, 1, 65], 4, 2, hd).unwrap();
+        with_seeds(
+            &format!("FLAMIA_FWD_TILE_TRIM, causally safe, d = {hd}"),
+            |mut rng| {
+                let opts = AttnOptions {
+                    precision: Precision::causally_safe(true),
+                    ..AttnOptions::new(AttnPath::Mxfp8)
+                };
+                let call = gauss_call(&mut rng, &shape, opts);
+                same_bits_whatever(&gpu, &call, "FLAMIA_FWD_TILE_TRIM", &["0", "1"]);
+            },
+        );
+    }
+    let _cw = EnvGuard::set("FLAMIA_FWD_CW", "1");
+    knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &["0", "1"], &FORWARD_KNOB_CASES[..1]);
+}
+
 /// The cases of the forward's build knobs: a 4,096-token document (many interior key tiles)
 /// beside short and one-token ones, both head dims, causal and not, block and tensor-wide scales.
 const FORWARD_KNOB_CASES: [(usize, &[usize], bool, AttnPath); 4] = [

@@ -1338,10 +1338,16 @@ impl Attention {
         if self.fwd_vperm() {
             variant = variant.define("FWD_VPERM", 1);
         }
-        if super::env_on("FLAMIA_FWD_DESC_ADD") {
-            // (the K-slice descriptors by one add each: FWD_DESC_ADD, the same values; off by
-            // default until it has run on a GPU, session 40)
-            variant = variant.define("FWD_DESC_ADD", 1);
+        // (session 40's instruction cuts of the key tile, the same values, off by default until
+        // they have run on a GPU: the K-slice descriptors by one add each, FWD_DESC_ADD; the
+        // interior tile's finite maxima and the compact group tables, FWD_TILE_TRIM)
+        for (var, define) in [
+            ("FLAMIA_FWD_DESC_ADD", "FWD_DESC_ADD"),
+            ("FLAMIA_FWD_TILE_TRIM", "FWD_TILE_TRIM"),
+        ] {
+            if super::env_on(var) {
+                variant = variant.define(define, 1);
+            }
         }
         FwdBuild {
             variant,
@@ -2079,10 +2085,10 @@ mod tests {
                 // P packed for V's permuted copy (FWD_VPERM, FLAMIA_FWD_VPERM=1), both builds
                 jobs.push(("attn_fwd_v4.cu", v.define("FWD_VPERM", 1)));
                 let (v, _) = forward_v4_variant(per_token, 4, hd, true, None, false, true);
-                jobs.push((
-                    "attn_fwd_v4.cu",
-                    v.define("FWD_VPERM", 1).define("FWD_DESC_ADD", 1),
-                ));
+                // (with the other cuts, FWD_DESC_ADD and FWD_TILE_TRIM)
+                let v = v.define("FWD_VPERM", 1).define("FWD_DESC_ADD", 1);
+                jobs.push(("attn_fwd_v4.cu", v.clone()));
+                jobs.push(("attn_fwd_v4.cu", v.define("FWD_TILE_TRIM", 1)));
             }
             for (per_token, stages) in [
                 (false, 2),
