@@ -9,6 +9,7 @@
 # from the repo root here:
 #   rm -rf .device-carry/bwd4 .device-carry/z; bash bench/device_bwd4.sh --stage; strip .device-carry/bwd4/*
 #   rm -f .device-carry/bwd4/{bridge_cuda,model_cuda}
+#   bash bench/stage_variant.sh ff1 - softmax.cuh:FWD_FACTORS_FIRST=1
 #   mkdir -p .device-carry/z; tar -C .device-carry -czf .device-carry/z/bwd4.tgz bwd4
 # carry .device-carry/z, run
 #   tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s40v.sh MODE
@@ -19,11 +20,13 @@
 #         in the caller's buffer), then the accuracy, leakage, isolation and repeatability tests
 #         with all three on (~4 minutes).
 #   t:    the timings, two rounds: the default, VPERM, VPERM + DESC_ADD and all three, d = 128
-#         on six workloads (~5 minutes); u: the same at d = 64 on three (~3 minutes).
-#         Predicted: the forward is issue-bound
-#         (594 SASS x 2 warps per SMSP = 1,188 issue slots against ~1,340 clocks per key tile at
-#         1x65536), so -8..-12% forward at d = 128 if every cut instruction is a clock, less where
-#         the cut ones sat in the shadow of the products; 1x65536 at 800 TFLOP/s needs -3.5%.
+#         on six workloads (~5 minutes); u: the same at d = 64 on three, and all three with
+#         the token-block softmax's other order (cuda-ff1: FWD_FACTORS_FIRST=1, session 38's
+#         d = 128 default, 8% slower at d = 64 then, now 458 against 480 SASS a tile with the
+#         cuts) (~4 minutes).
+#         Predicted: -1..-5% forward (the forward is latency-bound, ~44% of its clocks issue:
+#         docs/perf.md "Session 40"; the shuffle round trip VPERM removes sits on each tile's
+#         chain before PV's issue); 1x65536 at 800 TFLOP/s needs -3.5%.
 #   If they win: make them the default (fwd_vperm and the two defines in forward_v4_build:
 #   env_off), then a, b (the whole suite) and c (the standing).
 #   a, b: the whole GPU suite (device_suite.sh 1, 2); c: the standing (vs-anchors.sh).
@@ -63,6 +66,10 @@ t | u)
         bench_mhz "d=64 $e round $r" "$e" --head-dim 64 --workload 1x65536 --workload 16x4096 --workload 256x256
       fi
     done
+    if [ $mode = u ]; then
+      e="$A FLAMIA_FWD_TILE_TRIM=1 FLAMIA_CUDA_DIR=$C/cuda-ff1"
+      bench_mhz "d=64 $e round $r" "$e" --head-dim 64 --workload 1x65536 --workload 16x4096 --workload 256x256
+    fi
   done
   ;;
 *) echo "device_s40v.sh: unknown mode '$mode' (v, t, u, a, b, c)"; exit 2 ;;
