@@ -295,21 +295,7 @@ fn forward_vperm_gives_bitwise_the_same() {
     for vt in ["0", "1"] {
         let _vt = EnvGuard::set("FLAMIA_BWD_VT_XPOSE", vt);
         knob_keeps_every_bit("FLAMIA_FWD_VPERM", &VALUES, &FORWARD_KNOB_CASES);
-        let gpu = gpu();
-        for hd in [128, 64] {
-            let shape = VarlenShape::from_lens(&[4096, 300, 1, 65], 4, 2, hd).unwrap();
-            with_seeds(
-                &format!("FLAMIA_FWD_VPERM, causally safe, d = {hd}, V transposed {vt}"),
-                |mut rng| {
-                    let opts = AttnOptions {
-                        precision: Precision::causally_safe(true),
-                        ..AttnOptions::new(AttnPath::Mxfp8)
-                    };
-                    let call = gauss_call(&mut rng, &shape, opts);
-                    same_bits_whatever(&gpu, &call, "FLAMIA_FWD_VPERM", &VALUES);
-                },
-            );
-        }
+        causally_safe_knob_keeps_every_bit("FLAMIA_FWD_VPERM", &VALUES);
     }
     let _cw = EnvGuard::set("FLAMIA_FWD_CW", "1");
     knob_keeps_every_bit("FLAMIA_FWD_VPERM", &VALUES, &FORWARD_KNOB_CASES[..1]);
@@ -339,26 +325,30 @@ fn forward_tile_trims_give_bitwise_the_same() {
     // load each: the same values, so every output bitwise the same; the forward knobs' cases
     // (block and tensor-wide scales, both head dims), the causally safe options (per-token
     // scales: only the maximum's test), with the other cuts on, and the consumer copies.
-    let gpu = gpu();
     let _p = EnvGuard::set("FLAMIA_FWD_VPERM", "1");
     let _d = EnvGuard::set("FLAMIA_FWD_DESC_ADD", "1");
     knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &["0", "1"], &FORWARD_KNOB_CASES);
-    for hd in [128, 64] {
-        let shape = VarlenShape::from_lens(&[4096, 300, 1, 65], 4, 2, hd).unwrap();
-        with_seeds(
-            &format!("FLAMIA_FWD_TILE_TRIM, causally safe, d = {hd}"),
-            |mut rng| {
-                let opts = AttnOptions {
-                    precision: Precision::causally_safe(true),
-                    ..AttnOptions::new(AttnPath::Mxfp8)
-                };
-                let call = gauss_call(&mut rng, &shape, opts);
-                same_bits_whatever(&gpu, &call, "FLAMIA_FWD_TILE_TRIM", &["0", "1"]);
-            },
-        );
-    }
+    causally_safe_knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &["0", "1"]);
     let _cw = EnvGuard::set("FLAMIA_FWD_CW", "1");
     knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &["0", "1"], &FORWARD_KNOB_CASES[..1]);
+}
+
+/// [`same_bits_whatever`] for `var` on the causally safe options (per-token scales: the
+/// forward's other producer and softmax), a 4,096-token document beside short and one-token
+/// ones, both head dims.
+fn causally_safe_knob_keeps_every_bit(var: &str, values: &[&str]) {
+    let gpu = gpu();
+    for hd in [128, 64] {
+        let shape = VarlenShape::from_lens(&[4096, 300, 1, 65], 4, 2, hd).unwrap();
+        with_seeds(&format!("{var}, causally safe, d = {hd}"), |mut rng| {
+            let opts = AttnOptions {
+                precision: Precision::causally_safe(true),
+                ..AttnOptions::new(AttnPath::Mxfp8)
+            };
+            let call = gauss_call(&mut rng, &shape, opts);
+            same_bits_whatever(&gpu, &call, var, values);
+        });
+    }
 }
 
 /// The cases of the forward's build knobs: a 4,096-token document (many interior key tiles)
