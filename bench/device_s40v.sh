@@ -5,7 +5,7 @@
 # BWD_VT_VPERM); 594 -> 520 SASS per interior key tile at d = 128. FWD_DESC_ADD
 # (FLAMIA_FWD_DESC_ADD=1): the K-slice descriptors by one add each; 520 -> 505 with VPERM.
 # FWD_TILE_TRIM (FLAMIA_FWD_TILE_TRIM=1): the interior tile's maxima without the -inf test, the
-# group exponents from compact tables; 505 -> 495 with both. Stage
+# group exponents from compact tables; 505 -> 497 with both. Stage
 # from the repo root here:
 #   rm -rf .device-carry/bwd4 .device-carry/z; bash bench/device_bwd4.sh --stage; strip .device-carry/bwd4/*
 #   rm -f .device-carry/bwd4/{bridge_cuda,model_cuda}
@@ -18,11 +18,11 @@
 #         ways; TILE_TRIM with the other two),
 #         the backward's V transpose against the token-major copy, gpu_quant (V's permuted copy
 #         in the caller's buffer), then the accuracy, leakage, isolation and repeatability tests
-#         with all three on (~4 minutes).
+#         with all three on, and cuda-ff1 bitwise the embedded sources with them (~5 minutes).
 #   t:    the timings, two rounds: the default, VPERM, VPERM + DESC_ADD and all three, d = 128
 #         on six workloads (~5 minutes); u: the same at d = 64 on three, and all three with
 #         the token-block softmax's other order (cuda-ff1: FWD_FACTORS_FIRST=1, session 38's
-#         d = 128 default, 8% slower at d = 64 then, now 458 against 480 SASS a tile with the
+#         d = 128 default, 8% slower at d = 64 then, now 459 against 481 SASS a tile with the
 #         cuts) (~4 minutes).
 #         Predicted: -1..-5% forward (the forward is latency-bound, ~44% of its clocks issue:
 #         docs/perf.md "Session 40"; the shuffle round trip VPERM removes sits on each tile's
@@ -54,6 +54,10 @@ v)
     as_accurate_as_the_reference per_token_scales_with_block_ds repeated_runs_are_bitwise_identical \
     documents_are_isolated_bitwise causal_leakage_has_the_reference_properties head_dim_64_documents_are_isolated \
     head_dim_64_precision_options_are_accurate 2>&1 | grep -E "^test |test result|panicked|differs"
+  echo "=== cuda-ff1 (FWD_FACTORS_FIRST=1 at d = 64, u's last build) bitwise the embedded sources, all three knobs"; date
+  FLAMIA_FWD_VPERM=1 FLAMIA_FWD_DESC_ADD=1 FLAMIA_FWD_TILE_TRIM=1 FLAMIA_AB_CUDA_DIR=$C/cuda-ff1 FLAMIA_BWD_HANG_TRAP=1 \
+    timeout 150 $C/gpu_attention --ignored --exact --test-threads=1 kernel_sources_of_another_directory_give_bitwise_the_same \
+    2>&1 | grep -E "^test |test result|panicked|differs"
   ;;
 t | u)
   A="FLAMIA_FWD_VPERM=1 FLAMIA_FWD_DESC_ADD=1"

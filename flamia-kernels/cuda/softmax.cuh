@@ -65,23 +65,26 @@ __device__ __forceinline__ float2 lds_f2(u32 a) {
 }
 
 // FWD_TILE_TRIM 1 (host knob FLAMIA_FWD_TILE_TRIM=1; off by default until it has run on a GPU):
-// two cuts of the interior key tile that keep every value. update_max skips its -inf test on an
-// interior tile (every score there is finite: no mask, codes finite, cf >= 1e-30, so the new
-// maximum is finite too); the token-block producer writes each 32-key group's 2^eK and eV into
-// the first four entries of the stage's tables (not at key 32 G) and group_keys reads them by one
-// 16-byte load each. 4 + 6 SASS fewer per interior key tile.
+// two cuts of the interior key tile that keep every value. update_max takes mref = max(mn,
+// -FLT_MAX) on an interior tile instead of testing for -inf (no mask there, so mn is -inf only
+// when every scaled score of the row overflowed to -inf, huge inputs: then alpha is 0 either way
+// and every fma(s, cf, fe + FLT_MAX) is below -2^103, so each P' is +0 as with mref = 0; a
+// finite mn is itself; a review found the first version, mref = mn, gave NaN there); the
+// token-block producer writes each 32-key group's 2^eK and eV into the first four entries of the
+// stage's tables (not at key 32 G) and group_keys reads them by one 16-byte load each. 2 + 6 SASS
+// fewer per interior key tile.
 #ifndef FWD_TILE_TRIM
 #define FWD_TILE_TRIM 0
 #endif
 // New running max of each row from its tile maximum; alpha = exp2(m_old - m_new); mref = the
 // value subtracted (0 for a row with no visible key yet, so exp2 sees -inf, never NaN; FINITE:
-// the tile's maxima are finite, FWD_TILE_TRIM's interior tiles).
+// an interior tile, FWD_TILE_TRIM: -FLT_MAX for such a row, the same P', alpha and sums).
 template <bool FINITE = false>
 __device__ __forceinline__ void update_max(RowState& st, const float (&tmax)[2], float (&alpha)[2], float (&mref)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float mn = fmaxf(st.m[r], quad_max(tmax[r]));
-    mref[r] = (!FINITE && mn == NEG_INF) ? 0.f : mn;
+    mref[r] = FINITE ? fmaxf(mn, -3.402823466e38f) : (mn == NEG_INF ? 0.f : mn);
     alpha[r] = fast_exp2(st.m[r] - mref[r]);
     st.m[r] = mn;
   }
@@ -326,7 +329,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) tmax[r] = tmax[r] == NEG_INF ? NEG_INF : tmax[r] * st.qf[r];
-    update_max<FWD_TILE_TRIM>(st, tmax, alpha, mref);  // (the interior tile: finite maxima)
+    update_max<FWD_TILE_TRIM>(st, tmax, alpha, mref);  // (the interior tile)
     float ps[2] = {0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < NS / 4; ++j) {

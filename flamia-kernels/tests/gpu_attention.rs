@@ -295,7 +295,7 @@ fn forward_vperm_gives_bitwise_the_same() {
     for vt in ["0", "1"] {
         let _vt = EnvGuard::set("FLAMIA_BWD_VT_XPOSE", vt);
         knob_keeps_every_bit("FLAMIA_FWD_VPERM", &VALUES, &FORWARD_KNOB_CASES);
-        causally_safe_knob_keeps_every_bit("FLAMIA_FWD_VPERM", &VALUES);
+        causally_safe_knob_keeps_every_bit("FLAMIA_FWD_VPERM", &VALUES, &format!("V transposed {vt}"));
     }
     let _cw = EnvGuard::set("FLAMIA_FWD_CW", "1");
     knob_keeps_every_bit("FLAMIA_FWD_VPERM", &VALUES, &FORWARD_KNOB_CASES[..1]);
@@ -320,27 +320,42 @@ fn forward_slice_descriptors_by_add_give_bitwise_the_same() {
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn forward_tile_trims_give_bitwise_the_same() {
     // FLAMIA_FWD_TILE_TRIM=1 (FWD_TILE_TRIM): the interior key tile's running maximum without
-    // its -inf test (every score there is finite), and each 32-key group's 2^eK and eV written by
+    // its -inf test (max(m, -FLT_MAX) instead), and each 32-key group's 2^eK and eV written by
     // the token-block producer into four compact entries that the consumers read by one 16-byte
-    // load each: the same values, so every output bitwise the same; the forward knobs' cases
-    // (block and tensor-wide scales, both head dims), the causally safe options (per-token
-    // scales: only the maximum's test), with the other cuts on, and the consumer copies.
+    // load each: the same values, so every output bitwise the same. The forward knobs' cases
+    // (block and tensor-wide scales, both head dims) alone and with the other cuts on; a row
+    // whose scaled scores all overflow to -inf on its first (interior) key tile (the maximum's
+    // only case: a first version gave NaN there); the causally safe options (per-token scales:
+    // only the maximum's change); the consumer copies.
+    const VALUES: [&str; 2] = ["0", "1"];
+    knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &VALUES, &FORWARD_KNOB_CASES);
     let _p = EnvGuard::set("FLAMIA_FWD_VPERM", "1");
     let _d = EnvGuard::set("FLAMIA_FWD_DESC_ADD", "1");
-    knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &["0", "1"], &FORWARD_KNOB_CASES);
-    causally_safe_knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &["0", "1"]);
+    knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &VALUES, &FORWARD_KNOB_CASES);
+    let gpu = gpu();
+    for hd in [128, 64] {
+        let shape = VarlenShape::from_lens(&[4096, 300, 1, 65], 4, 2, hd).unwrap();
+        with_seeds(
+            &format!("FLAMIA_FWD_TILE_TRIM, overflowing row, d = {hd}"),
+            |mut rng| {
+                let call = overflowing_row(gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8)));
+                same_bits_whatever(&gpu, &call, "FLAMIA_FWD_TILE_TRIM", &VALUES);
+            },
+        );
+    }
+    causally_safe_knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &VALUES, "");
     let _cw = EnvGuard::set("FLAMIA_FWD_CW", "1");
     knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &["0", "1"], &FORWARD_KNOB_CASES[..1]);
 }
 
 /// [`same_bits_whatever`] for `var` on the causally safe options (per-token scales: the
 /// forward's other producer and softmax), a 4,096-token document beside short and one-token
-/// ones, both head dims.
-fn causally_safe_knob_keeps_every_bit(var: &str, values: &[&str]) {
+/// ones, both head dims (`tag` names the caller's case on failure).
+fn causally_safe_knob_keeps_every_bit(var: &str, values: &[&str], tag: &str) {
     let gpu = gpu();
     for hd in [128, 64] {
         let shape = VarlenShape::from_lens(&[4096, 300, 1, 65], 4, 2, hd).unwrap();
-        with_seeds(&format!("{var}, causally safe, d = {hd}"), |mut rng| {
+        with_seeds(&format!("{var}, causally safe, d = {hd} {tag}"), |mut rng| {
             let opts = AttnOptions {
                 precision: Precision::causally_safe(true),
                 ..AttnOptions::new(AttnPath::Mxfp8)
@@ -349,6 +364,28 @@ fn causally_safe_knob_keeps_every_bit(var: &str, values: &[&str]) {
             same_bits_whatever(&gpu, &call, var, values);
         });
     }
+}
+
+/// `call` with query head 0's token 200 set to 5e19 u (u its own Gaussian row) and KV head 0's
+/// first 128 keys to -5e19 u: the row's block exponents reach ~59 each, so its scaled scores on
+/// key tile 0 (an interior tile for query tile 1, the first of its item) all overflow to -inf in
+/// FP32, and only the diagonal tile gives it finite ones.
+fn overflowing_row(mut call: AttnCall) -> AttnCall {
+    let (hq, hkv, d) = (call.shape.heads_q, call.shape.heads_kv, call.shape.head_dim);
+    let q0 = 200 * hq * d;
+    let u: Vec<f32> = call.q[q0..q0 + d].to_vec();
+    call.q[q0..q0 + d]
+        .iter_mut()
+        .zip(&u)
+        .for_each(|(x, &a)| *x = 5e19 * a);
+    for t in 0..128 {
+        let k0 = t * hkv * d;
+        call.k[k0..k0 + d]
+            .iter_mut()
+            .zip(&u)
+            .for_each(|(x, &a)| *x = -5e19 * a);
+    }
+    call
 }
 
 /// The cases of the forward's build knobs: a 4,096-token document (many interior key tiles)
