@@ -345,7 +345,7 @@ fn forward_tile_trims_give_bitwise_the_same() {
     }
     causally_safe_knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &VALUES, "");
     let _cw = EnvGuard::set("FLAMIA_FWD_CW", "1");
-    knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &["0", "1"], &FORWARD_KNOB_CASES[..1]);
+    knob_keeps_every_bit("FLAMIA_FWD_TILE_TRIM", &VALUES, &FORWARD_KNOB_CASES[..1]);
 }
 
 /// [`same_bits_whatever`] for `var` on the causally safe options (per-token scales: the
