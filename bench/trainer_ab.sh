@@ -16,7 +16,7 @@ PY=$(command -v python3 || echo /opt/torch/.venv/bin/python)
 run() {  # name, then extra flamia args; FLAMIA_CUDA_DIR may be set by the caller
   local name=$1; shift
   $B train --config configs/h200-125m.toml --set training.steps=$steps --set run.log_every=1 \
-    --set run.progress=false --set run.checkpoint_every=0 --set run.dir=/tmp/tab-$name "$@" > "/tmp/tab-$name.log" 2>&1
+    --set run.progress=false --set run.checkpoint_every=0 --set run.dir=/tmp/tab-$name --overwrite "$@" > "/tmp/tab-$name.log" 2>&1
   echo "$name rc=$?"; grep -iE "error|warn|kernel sources" "/tmp/tab-$name.log" | head -5
   "$PY" - /tmp/tab-$name/metrics.jsonl "$name" <<'PY'
 import json, sys, statistics

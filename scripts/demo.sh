@@ -12,7 +12,7 @@ out="${FLAMIA_DEMO_DIR:-runs/demo}"
 for path in bf16 mxfp8; do
     echo "== training tiny with attention.path=$path =="
     "$bin" train --config configs/tiny-cpu.toml \
-        --set attention.path="$path" --set run.name="demo-$path" --set run.dir="$out/$path" "$@"
+        --set attention.path="$path" --set run.name="demo-$path" --set run.dir="$out/$path" --overwrite "$@"
 done
 
 # Side by side: the loss at every 25th logged step, then the summaries.

@@ -9,9 +9,9 @@ mod support;
 use support::{flamia, losses, repo, val_losses, SMALL};
 
 /// `flamia train` of the tiny config on the CPU with [`SMALL`] rows, `steps` steps, into `dir`,
-/// with further arguments `args`; fails the test if the run fails, else returns its stdout.
-fn tiny(dir: &Path, steps: usize, args: &[&str]) -> String {
-    let out = flamia()
+/// with further arguments `args` (later `--set`s win); the process's output, success or not.
+fn tiny_output(dir: &Path, steps: usize, args: &[&str]) -> std::process::Output {
+    flamia()
         .current_dir(repo())
         .args(["train", "--config", "configs/tiny-cpu.toml"])
         .args(["--set", &format!("training.steps={steps}")])
@@ -20,7 +20,12 @@ fn tiny(dir: &Path, steps: usize, args: &[&str]) -> String {
         .args(SMALL)
         .args(args)
         .output()
-        .expect("run flamia train");
+        .expect("run flamia train")
+}
+
+/// [`tiny_output`] that fails the test if the run fails, else returns its stdout.
+fn tiny(dir: &Path, steps: usize, args: &[&str]) -> String {
+    let out = tiny_output(dir, steps, args);
     assert!(
         out.status.success(),
         "flamia train {args:?} failed:\n{}\n{}",
@@ -170,4 +175,88 @@ fn validation_during_training_is_repeatable_and_leaves_training_unchanged() {
     );
     let vh = val_losses(&held);
     assert_eq!(vh.iter().map(|v| v.0).collect::<Vec<_>>(), vec![3, 6], "{vh:?}");
+}
+
+/// The run's stderr when it fails (the test fails if it succeeds).
+fn refused(dir: &Path, steps: usize, args: &[&str]) -> String {
+    let out = tiny_output(dir, steps, args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "flamia train {args:?} was expected to fail:\n{err}"
+    );
+    err
+}
+
+#[test]
+fn a_fresh_start_over_checkpoints_is_refused_and_a_resume_names_what_it_may_not_change() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("run");
+    let every = ["--set", "run.checkpoint_every=2", "--set", "run.log_every=1"];
+    tiny(&d, 4, &every);
+    let ckpts = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d.join("checkpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(ckpts(&d), vec!["step_00000002", "step_00000004"]);
+
+    // A fresh start would prune its own checkpoints against these and a later --resume could
+    // take the old run's: refused, naming the ways out; nothing is touched.
+    let err = refused(&d, 4, &every);
+    assert!(
+        err.contains("already holds 2 checkpoint(s)")
+            && err.contains("--resume")
+            && err.contains("--overwrite"),
+        "{err}"
+    );
+    assert_eq!(ckpts(&d), vec!["step_00000002", "step_00000004"]);
+    // The checkpoint is complete at training.steps: nothing to resume.
+    let err = refused(&d, 4, &["--resume"]);
+    assert!(
+        err.contains("the run is complete") && err.contains("training.steps"),
+        "{err}"
+    );
+    // A different model or data stream is refused, naming each key with both values.
+    let err = refused(
+        &d,
+        6,
+        &[
+            "--resume",
+            "--set",
+            "model.rope_theta=10000.0",
+            "--set",
+            "data.seq_len=32",
+        ],
+    );
+    assert!(
+        err.contains("model.rope_theta = 10000.0 (the checkpoint's: 500000.0)")
+            && err.contains("data.seq_len = 32"),
+        "{err}"
+    );
+    // Fewer rows per batch (the trainer's own advice after an out-of-memory error) is allowed.
+    tiny(
+        &d,
+        6,
+        &[
+            "--resume",
+            "--set",
+            "data.batch_rows=1",
+            "--set",
+            "run.log_every=1",
+        ],
+    );
+    assert_eq!(
+        losses(&d).iter().map(|l| l.0).collect::<Vec<_>>(),
+        (1..=6).collect::<Vec<_>>()
+    );
+
+    // --overwrite deletes the earlier run's checkpoints and starts at step 1.
+    let out = tiny(&d, 2, &["--overwrite", "--set", "run.log_every=1"]);
+    assert!(out.contains("steps 2"), "{out}");
+    assert_eq!(ckpts(&d), vec!["step_00000002"]);
+    assert_eq!(losses(&d).len(), 2);
 }

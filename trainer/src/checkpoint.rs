@@ -6,11 +6,14 @@
 //! Durability: every file is written into `step_NNNNNNNN.tmp/` and fsynced, then the directory
 //! is fsynced, renamed into place, and the parent directory fsynced; so after a crash or power
 //! loss a checkpoint under its final name is complete, and an incomplete one is only ever a
-//! `.tmp` directory (ignored, removed by the next write of that step). The last `keep` are kept.
+//! `.tmp` directory (ignored, removed by the next checkpoint write). The last `keep` are kept;
+//! pruning never removes the checkpoint just written or a newer one.
 //!
 //! Writing in the background: [`Snapshot::take`] copies the tensors to host memory (the only
 //! part that must happen between two steps), [`Writer::start`] writes that copy from a thread
-//! while training continues; [`Writer::wait`] joins it and reports its error.
+//! while training continues; [`Writer::wait`] joins it and reports its error. The writer thread
+//! logs a failure as soon as it happens, and a `Writer` dropped on an error path joins its write
+//! first, so an error in a later step does not cut the previous checkpoint short.
 //!
 //! Reading: [`load_newest`] tries the checkpoints newest first and falls back to an older one
 //! when one cannot be read (truncated tensor file, unparsable state), saying why.
@@ -107,7 +110,10 @@ impl Snapshot {
     /// Writes the checkpoint durably (module docs) and prunes older ones; returns its directory.
     pub fn write(&self, run_dir: &Path, keep: usize) -> Result<PathBuf> {
         let root = run_dir.join("checkpoints");
-        std::fs::create_dir_all(&root).map_err(|e| TrainError::io(&root, e))?;
+        if !root.exists() {
+            std::fs::create_dir_all(&root).map_err(|e| TrainError::io(&root, e))?;
+            sync_dir(run_dir)?; // (the new `checkpoints` entry itself)
+        }
         let final_dir = root.join(ckpt_name(self.step));
         let tmp = root.join(format!("{}.tmp", ckpt_name(self.step)));
         if tmp.exists() {
@@ -133,7 +139,7 @@ impl Snapshot {
         }
         std::fs::rename(&tmp, &final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
         sync_dir(&root)?;
-        prune(&root, keep)?;
+        prune(run_dir, keep, self.step)?;
         Ok(final_dir)
     }
 }
@@ -145,14 +151,22 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Waits for the previous write, then writes `snap` from a new thread.
+    /// Waits for the previous write (its error, if any, is returned before anything starts),
+    /// then writes `snap` from a new thread.
     pub fn start(&mut self, snap: Snapshot, run_dir: &Path, keep: usize) -> Result<()> {
         self.wait()?;
         let step = snap.step();
         let run_dir = run_dir.to_path_buf();
         let handle = std::thread::Builder::new()
             .name("flamia-checkpoint".into())
-            .spawn(move || snap.write(&run_dir, keep))
+            .spawn(move || {
+                let r = snap.write(&run_dir, keep);
+                if let Err(e) = &r {
+                    // now, not only when the next checkpoint joins this thread
+                    tracing::error!("the checkpoint of step {step} was not written: {e}");
+                }
+                r
+            })
             .map_err(|e| TrainError::Checkpoint(format!("cannot start the checkpoint writer: {e}")))?;
         self.pending = Some((step, handle));
         Ok(())
@@ -170,6 +184,36 @@ impl Writer {
             ))),
         }
     }
+}
+
+impl Drop for Writer {
+    /// A run that ends on an error still completes the checkpoint being written (the process
+    /// exits after this, which would otherwise kill the thread mid-write).
+    fn drop(&mut self) {
+        if let Some((step, _)) = &self.pending {
+            let step = *step;
+            match self.wait() {
+                Ok(Some(dir)) => tracing::info!("checkpoint {} written before exiting", dir.display()),
+                Ok(None) => {}
+                Err(e) => tracing::error!("the checkpoint of step {step} was not written: {e}"),
+            }
+        }
+    }
+}
+
+/// Replaces `path` with `bytes` so that a crash leaves either the old file or the new one, never
+/// a truncated one: written to `path.tmp`, fsynced, renamed over `path`, the directory fsynced.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    write_synced(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).map_err(|e| TrainError::io(path, e))?;
+    sync_dir(
+        path.parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new(".")),
+    )
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -212,12 +256,49 @@ pub fn list(run_dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
     Ok(out)
 }
 
-fn prune(root: &Path, keep: usize) -> Result<()> {
-    let all = list(root.parent().unwrap_or(root))?;
-    for (_, p) in all.iter().take(all.len().saturating_sub(keep)) {
+/// Removes all but the newest `keep` checkpoints up to `written` (the one just written), never
+/// `written` itself or a newer one, and any `step_*.tmp` left by a write that was killed (one
+/// writer at a time: none is in progress when this runs).
+fn prune(run_dir: &Path, keep: usize, written: usize) -> Result<()> {
+    let upto: Vec<_> = list(run_dir)?
+        .into_iter()
+        .filter(|(s, _)| *s <= written)
+        .collect();
+    for (_, p) in upto.iter().take(upto.len().saturating_sub(keep.max(1))) {
         std::fs::remove_dir_all(p).map_err(|e| TrainError::io(p, e))?;
     }
+    remove_partial(run_dir)
+}
+
+/// Removes the `step_*.tmp` directories of writes that never completed.
+fn remove_partial(run_dir: &Path) -> Result<()> {
+    let root = run_dir.join("checkpoints");
+    if !root.exists() {
+        return Ok(());
+    }
+    for e in std::fs::read_dir(&root).map_err(|e| TrainError::io(&root, e))? {
+        let p = e.map_err(|e| TrainError::io(&root, e))?.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with("step_") && name.ends_with(".tmp") && p.is_dir() {
+            tracing::info!(
+                "removing {}, left by a checkpoint write that did not complete",
+                p.display()
+            );
+            std::fs::remove_dir_all(&p).map_err(|e| TrainError::io(&p, e))?;
+        }
+    }
     Ok(())
+}
+
+/// Removes every checkpoint of `run_dir` (complete or partial): a fresh run started with
+/// `--overwrite` in a directory that holds an earlier run's. Returns how many complete ones went.
+pub fn remove_all(run_dir: &Path) -> Result<usize> {
+    let all = list(run_dir)?;
+    for (_, p) in &all {
+        std::fs::remove_dir_all(p).map_err(|e| TrainError::io(p, e))?;
+    }
+    remove_partial(run_dir)?;
+    Ok(all.len())
 }
 
 /// A loaded checkpoint.
@@ -374,5 +455,75 @@ mod tests {
         .unwrap_err();
         assert!(none.to_string().contains("no usable checkpoint"), "{none}");
         assert!(load_newest(&run.join("nothing"), |_| Ok(())).unwrap().is_none());
+    }
+
+    /// A fake complete checkpoint of `step` (what `list` counts).
+    fn fake(run: &Path, step: usize) {
+        let d = run.join("checkpoints").join(ckpt_name(step));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("state.json"), "{}").unwrap();
+    }
+
+    #[test]
+    fn pruning_keeps_the_checkpoint_just_written_and_newer_ones_and_removes_partial_writes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path();
+        let params = vec![("w".to_string(), Tensor::from_slice(&[1.0f32]))];
+        let write = |step| {
+            Snapshot::take(&state(step), &params, &params, "", Vec::new())
+                .unwrap()
+                .write(run, 2)
+                .unwrap()
+        };
+        for s in [900, 1000] {
+            fake(run, s);
+        }
+        std::fs::create_dir_all(run.join("checkpoints/step_00000950.tmp")).unwrap();
+        // Older than both: it survives its own pruning, and so do the newer two.
+        write(100);
+        let steps = || list(run).unwrap().into_iter().map(|(s, _)| s).collect::<Vec<_>>();
+        assert_eq!(steps(), vec![100, 900, 1000]);
+        assert!(
+            !run.join("checkpoints/step_00000950.tmp").exists(),
+            "a killed write's .tmp is removed"
+        );
+        write(200);
+        write(300);
+        assert_eq!(
+            steps(),
+            vec![200, 300, 900, 1000],
+            "keep 2 among those up to the one written"
+        );
+        assert_eq!(remove_all(run).unwrap(), 4);
+        assert!(steps().is_empty());
+    }
+
+    #[test]
+    fn a_dropped_writer_completes_its_write_and_a_failed_one_is_reported_by_wait() {
+        let tmp = tempfile::tempdir().unwrap();
+        let params = vec![("w".to_string(), Tensor::from_slice(&[1.0f32; 1 << 16]))];
+        let snap = || Snapshot::take(&state(7), &params, &params, "", Vec::new()).unwrap();
+        let mut w = Writer::default();
+        w.start(snap(), tmp.path(), 2).unwrap();
+        drop(w); // (as on an error path of the training loop)
+        let l = load(&tmp.path().join("checkpoints/step_00000007")).unwrap();
+        assert_eq!(l.state.step, 7);
+        // A run directory that cannot hold a `checkpoints` directory: the error comes back.
+        let file = tmp.path().join("not-a-dir");
+        std::fs::write(&file, "").unwrap();
+        let mut w = Writer::default();
+        w.start(snap(), &file, 2).unwrap();
+        assert!(w.wait().is_err());
+        assert!(w.wait().unwrap().is_none(), "reported once");
+    }
+
+    #[test]
+    fn atomic_writes_replace_the_file_and_leave_no_temporary() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("metrics.jsonl");
+        std::fs::write(&f, "old\n").unwrap();
+        write_atomic(&f, b"new\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "new\n");
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1);
     }
 }

@@ -389,6 +389,17 @@ impl TrainConfig {
                 t.schedule
             )));
         }
+        // (each test is written so that NaN fails it; infinities are refused by name)
+        let finite = [
+            ("lr", t.lr),
+            ("eps", t.eps),
+            ("weight_decay", t.weight_decay),
+            ("grad_clip", t.grad_clip),
+            ("spike_factor", t.spike_factor),
+        ];
+        if let Some((k, v)) = finite.iter().find(|(_, v)| !v.is_finite()) {
+            return Err(invalid(format!("training.{k} = {v}: must be a finite number")));
+        }
         if !(t.lr > 0.0 && (0.0..=1.0).contains(&t.min_lr_ratio) && (0.0..=1.0).contains(&t.decay_fraction)) {
             return Err(invalid(
                 "training.lr must be > 0, min_lr_ratio and decay_fraction within 0..=1".into(),
@@ -399,9 +410,16 @@ impl TrainConfig {
                 "training.beta1/beta2 must be in [0, 1) and eps > 0".into(),
             ));
         }
-        if t.weight_decay < 0.0 || t.grad_clip < 0.0 || t.spike_factor < 0.0 {
+        if !(t.weight_decay >= 0.0 && t.grad_clip >= 0.0 && t.spike_factor >= 0.0) {
             return Err(invalid(
                 "training.weight_decay, grad_clip and spike_factor must be >= 0".into(),
+            ));
+        }
+        if t.spike_factor > 0.0 && t.spike_window == 0 {
+            return Err(invalid(
+                "training.spike_window must be at least 1 when training.spike_factor is set \
+                 (spike_factor = 0 turns the spike check off)"
+                    .into(),
             ));
         }
         if t.val_every > 0 && t.val_tokens == 0 {
@@ -444,9 +462,16 @@ impl TrainConfig {
 
     /// Reads a resolved `config.toml` (from a run directory) without env or overrides.
     pub fn from_toml(text: &str) -> Result<TrainConfig> {
-        let cfg: TrainConfig = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        let cfg = TrainConfig::from_saved_toml(text)?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Reads the `config.toml` a checkpoint was made with, without validating it again: it was
+    /// valid when it was written, and the checks that depend on this process's environment
+    /// (deterministic mode's variables, the device) or on a later build's rules are not its own.
+    pub fn from_saved_toml(text: &str) -> Result<TrainConfig> {
+        toml::from_str(text).map_err(|e| invalid(e.to_string()))
     }
 }
 
@@ -507,5 +532,30 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn non_finite_training_numbers_and_a_spike_check_without_a_window_are_refused() {
+        for (key, v) in [
+            ("grad_clip", "nan"),
+            ("weight_decay", "nan"),
+            ("spike_factor", "nan"),
+            ("lr", "inf"),
+            ("eps", "inf"),
+        ] {
+            let e = TrainConfig::load(None, &[format!("training.{key}={v}")])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("training.{key}")), "{key} = {v}: {e}");
+        }
+        let e = TrainConfig::load(None, &["training.spike_window=0".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("spike_window must be at least 1"), "{e}");
+        TrainConfig::load(
+            None,
+            &["training.spike_window=0".into(), "training.spike_factor=0".into()],
+        )
+        .unwrap();
     }
 }

@@ -572,6 +572,16 @@ impl Ddp {
         }
     }
 
+    /// Every rank waits here for the others, up to the checkpoint I/O timeout: after rank 0 wrote
+    /// a checkpoint in the foreground, so that the others do not wait for it in the next step's
+    /// collectives, whose timeout is shorter.
+    pub fn checkpoint_barrier(&self) -> Result<()> {
+        match &self.pg {
+            Some(pg) => pg.store().barrier(self.opts.checkpoint_timeout).map_err(dist),
+            None => Ok(()),
+        }
+    }
+
     /// `Err` once another rank has failed (call once per step; cheap).
     pub fn check(&self) -> Result<()> {
         match &self.pg {

@@ -58,6 +58,9 @@ pub struct RunOptions {
     pub resume: bool,
     /// Stop (with a checkpoint) after this many optimizer steps of this invocation.
     pub stop_after: Option<usize>,
+    /// A fresh start (no `resume`) in a run directory that holds checkpoints deletes them; without
+    /// it such a start is refused (its checkpoints would mix with the earlier run's).
+    pub overwrite: bool,
 }
 
 /// What a finished (or stopped) run reports; also written to `<run>/summary.json`.
@@ -247,10 +250,6 @@ impl<'a> Run<'a> {
         let run_dir = cfg.run_dir();
         std::fs::create_dir_all(&run_dir).map_err(|e| TrainError::io(&run_dir, e))?;
         let config_toml = cfg.to_toml()?;
-        if main {
-            std::fs::write(run_dir.join("config.toml"), &config_toml)
-                .map_err(|e| TrainError::io(&run_dir, e))?;
-        }
         let compute = compute_kind(&cfg.run.compute, device);
         let attn = cfg.attention.options()?;
         let checkpointing = Checkpointing::parse(&cfg.training.activation_checkpointing)?;
@@ -260,16 +259,35 @@ impl<'a> Run<'a> {
         let (plan, loaded) = if opts.resume {
             resume_plan(&run_dir, ddp)?
         } else {
+            if main {
+                fresh_start(&run_dir, opts.overwrite)?;
+            }
             (None, None)
         };
         if let Some(r) = &plan {
-            let saved = TrainConfig::from_toml(&r.config_toml)?;
-            if saved.model != cfg.model || saved.data != cfg.data {
+            let path = r.dir.join("config.toml");
+            let saved = TrainConfig::from_saved_toml(&r.config_toml)
+                .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", path.display())))?;
+            check_resume_config(&saved, cfg, &path)?;
+            if r.state.step >= cfg.training.steps {
                 return Err(TrainError::Checkpoint(format!(
-                    "{} was made with a different [model] or [data] section; resume with the same ones",
-                    r.dir.display()
+                    "{} is at step {}, and training.steps is {}: {}; raise training.steps (e.g. --set \
+                     training.steps={}) to train further",
+                    r.dir.display(),
+                    r.state.step,
+                    cfg.training.steps,
+                    if r.state.step == cfg.training.steps {
+                        "the run is complete"
+                    } else {
+                        "the checkpoint is past the end"
+                    },
+                    2 * r.state.step
                 )));
             }
+        }
+        // (only now: a refused resume leaves the run's config.toml as it was)
+        if main {
+            crate::checkpoint::write_atomic(&run_dir.join("config.toml"), config_toml.as_bytes())?;
         }
 
         if cfg.run.cpu_threads > 0 {
@@ -694,8 +712,12 @@ impl<'a> Run<'a> {
         // Rank 0 first finishes the previous write; the others meanwhile wait in the gather
         // below, under the checkpoint I/O timeout (not the collectives').
         if self.main {
-            if let Some(dir) = self.writer.wait()? {
-                tracing::debug!("checkpoint {} written", dir.display());
+            match self.writer.wait() {
+                Ok(Some(dir)) => tracing::debug!("checkpoint {} written", dir.display()),
+                Ok(None) => {}
+                // (the writer logged it when it failed) this step's checkpoint is still worth
+                // writing: the space may be back, and a stop must leave one behind
+                Err(e) => tracing::warn!("the previous checkpoint failed ({e}); writing step {s}'s"),
             }
         }
         // Collective (every rank, same steps): rank 0 stores every rank's data position.
@@ -726,6 +748,12 @@ impl<'a> Run<'a> {
                 let dir = snap.write(&self.run_dir, keep)?;
                 tracing::debug!("checkpoint {} written", dir.display());
             }
+        }
+        // A periodic checkpoint written in the foreground: the other ranks wait here, under the
+        // checkpoint I/O timeout, not in the next step's collectives under theirs (at the end
+        // or on a stop the group's shutdown waits the same way).
+        if !self.cfg.distributed.background_checkpoint && !at_end && !stopping {
+            ddp.checkpoint_barrier()?;
         }
         Ok(())
     }
@@ -769,6 +797,86 @@ impl<'a> Run<'a> {
         }
         Ok(summary)
     }
+}
+
+/// A fresh start in `run_dir` (rank 0): refused while the directory holds an earlier run's
+/// checkpoints (the new run's would be pruned against them, and a later `--resume` could pick
+/// the old run's), unless `overwrite` deletes them.
+fn fresh_start(run_dir: &std::path::Path, overwrite: bool) -> Result<()> {
+    let existing = checkpoint::list(run_dir)?;
+    let Some((newest, _)) = existing.last() else {
+        return Ok(());
+    };
+    if !overwrite {
+        return Err(TrainError::Checkpoint(format!(
+            "{} already holds {} checkpoint(s) of a run (newest: step {newest}); continue that run \
+             with --resume, give this one another run.name or run.dir, or pass --overwrite to \
+             delete them",
+            run_dir.join("checkpoints").display(),
+            existing.len()
+        )));
+    }
+    let n = checkpoint::remove_all(run_dir)?;
+    tracing::warn!(
+        "--overwrite: deleted {n} checkpoint(s) of an earlier run (newest: step {newest}) from {}",
+        run_dir.join("checkpoints").display()
+    );
+    Ok(())
+}
+
+/// `[data]` keys that may change when resuming: they do not move the data stream (its
+/// fingerprint guards the ones that do) or the model.
+const DATA_KEYS_FREE_ON_RESUME: [&str; 4] = ["batch_rows", "num_threads", "prefetch", "skip_bad_shards"];
+
+/// The keys of `section` whose values differ between two configs: (`section.key`, saved, now).
+fn section_changes(saved: &TrainConfig, now: &TrainConfig, section: &str) -> Vec<(String, String, String)> {
+    let table = |c: &TrainConfig| {
+        toml::Value::try_from(c)
+            .ok()
+            .and_then(|v| v.get(section).and_then(|s| s.as_table().cloned()))
+            .unwrap_or_default()
+    };
+    let (a, b) = (table(saved), table(now));
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let show = |v: Option<&toml::Value>| v.map_or("(unset)".to_string(), |v| v.to_string());
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| (format!("{section}.{k}"), show(a.get(k)), show(b.get(k))))
+        .collect()
+}
+
+/// Resuming with a config other than the checkpoint's (`path`, its `config.toml`): a different
+/// `[model]`, or a `[data]` key that moves the stream, is refused, naming every key; changes to
+/// `[training]` and `[attention]` are allowed (longer runs, an A/B of the attention path from a
+/// shared checkpoint) and logged.
+fn check_resume_config(saved: &TrainConfig, now: &TrainConfig, path: &std::path::Path) -> Result<()> {
+    let mut refused = section_changes(saved, now, "model");
+    refused.extend(
+        section_changes(saved, now, "data")
+            .into_iter()
+            .filter(|(k, _, _)| !DATA_KEYS_FREE_ON_RESUME.iter().any(|f| k == &format!("data.{f}"))),
+    );
+    if !refused.is_empty() {
+        let list: Vec<String> = refused
+            .iter()
+            .map(|(k, a, b)| format!("{k} = {b} (the checkpoint's: {a})"))
+            .collect();
+        return Err(TrainError::Checkpoint(format!(
+            "resuming from {} with a different model or data stream: {}; resume with the \
+             checkpoint's values (only data.{} may change)",
+            path.display(),
+            list.join(", "),
+            DATA_KEYS_FREE_ON_RESUME.join(", data.")
+        )));
+    }
+    for section in ["data", "training", "attention"] {
+        for (k, a, b) in section_changes(saved, now, section) {
+            tracing::warn!("resuming with {k} = {b} (the checkpoint was made with {a})");
+        }
+    }
+    Ok(())
 }
 
 /// The gathered per-rank data states (JSON of each `DataState`, by rank) as the content of

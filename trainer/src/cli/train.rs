@@ -16,8 +16,12 @@ pub struct TrainArgs {
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub set: Vec<String>,
     /// Continue from the newest checkpoint in the run directory.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "overwrite")]
     pub resume: bool,
+    /// Start afresh in a run directory that holds an earlier run's checkpoints, deleting them
+    /// (without it such a start is refused).
+    #[arg(long)]
+    pub overwrite: bool,
     /// Stop after this many optimizer steps of this invocation (a checkpoint is written).
     #[arg(long)]
     pub stop_after: Option<usize>,
@@ -37,6 +41,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         &RunOptions {
             resume: a.resume,
             stop_after: a.stop_after,
+            overwrite: a.overwrite,
         },
     )
     .with_context(|| format!("training run in {}", cfg.run_dir().display()))?;

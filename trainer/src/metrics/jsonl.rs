@@ -31,7 +31,8 @@ impl JsonlWriter {
                     })
                     .map(|l| format!("{l}\n"))
                     .collect();
-                std::fs::write(&path, kept).map_err(|e| TrainError::io(&path, e))?;
+                // (atomically: a kill here must not lose the run's history)
+                crate::checkpoint::write_atomic(&path, kept.as_bytes())?;
             }
         } else if path.exists() {
             std::fs::remove_file(&path).map_err(|e| TrainError::io(&path, e))?;
