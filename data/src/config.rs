@@ -10,7 +10,9 @@ use crate::error::{DataError, Result};
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Training shards: parquet (`.parquet`) or pre-tokenised (`.ftok`) files, directories (all
-    /// such files at any depth, sorted; names starting with `.` skipped), globs (`/data/fineweb-edu/sample/10BT/*.parquet`), or
+    /// such files at any depth, sorted; names starting with `.` skipped), globs
+    /// (`/data/fineweb-edu/sample/10BT/*.parquet`; only `.parquet` / `.ftok` matches are read, and
+    /// `*` / `?` do not match names starting with `.`), or
     /// `embedded:train` for the shard compiled into the binary.
     pub train: Vec<String>,
     /// Validation shards, same forms as `train` (`embedded:val` is the held-out embedded shard).
@@ -21,6 +23,8 @@ pub struct Config {
     /// A row group is held out when a hash of its file name and index falls below the fraction,
     /// so the split does not depend on the other files or on the order they are listed in; at
     /// least one row group is held out (the one of smallest hash) when the fraction is positive.
+    /// That fallback is the one exception: it depends on the whole file list, so adding shards
+    /// can move it between the splits (see docs/data.md).
     pub holdout_fraction: f64,
     /// Glob patterns (matched against the file name and against the whole path) of training
     /// files held out whole for validation, e.g. `["*-00000-of-*.parquet"]`.
@@ -46,9 +50,11 @@ pub struct Config {
     /// Seed of every shuffle; the same seed gives the same stream.
     pub seed: u64,
     /// Keep only documents whose `int_score` is at least this (FineWeb-Edu scores 0..5); `None`
-    /// keeps all. Shards without an `int_score` column are an error when this is set.
+    /// keeps all. Parquet shards without an `int_score` column are an error when this is set, and
+    /// so are pre-tokenised (`.ftok`) shards: filter those at `flamia data tokenize` time.
     pub min_int_score: Option<i64>,
     /// Keep only documents whose `language` column equals this (e.g. `"en"`); `None` keeps all.
+    /// Like `min_int_score`, an error with pre-tokenised (`.ftok`) shards.
     pub language: Option<String>,
     /// Longest attention document, in tokens including BOS and end-of-text: a longer document is
     /// split into consecutive pieces of at most this many tokens (nothing is dropped; each piece

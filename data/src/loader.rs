@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::error::{DataError, Result};
 use crate::source::Drops;
 use crate::stream::{DataState, Plan, Stream, StreamSpec};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Tokenizer, HF_FINGERPRINT_TAG};
 
 /// A batch of packed rows for one rank.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,10 +129,19 @@ impl Loader {
         let fp = tok.fingerprint();
         for s in plan.shards.iter() {
             if let Some(f) = s.token_fingerprint.as_ref().filter(|f| **f != fp) {
+                // Version 1 `tokenizer.json` fingerprints (`hf:...`) came from the encoding that
+                // turned special-token text inside documents into special ids.
+                let hint = if f.starts_with("hf:") {
+                    format!(
+                        "; it was written by an older flamia whose encoding differs ({f:?} is a version 1 fingerprint, this build writes {HF_FINGERPRINT_TAG}): re-run `flamia data tokenize` on its parquet shards"
+                    )
+                } else {
+                    String::new()
+                };
                 return Err(DataError::TokShard {
                     path: s.source.path(),
                     problem: format!(
-                        "made with tokenizer {f} but the config uses {fp} ({})",
+                        "made with tokenizer {f} but the config uses {fp} ({}){hint}",
                         cfg.tokenizer
                     ),
                 });
@@ -144,12 +153,36 @@ impl Loader {
         }
         let state = stream.state();
         let drops = stream.drops();
-        let (tx, rx) = bounded::<Item>(cfg.prefetch);
         let rows = cfg.batch_rows;
+        let mut loader = Loader {
+            rx: None,
+            handle: None,
+            state,
+            vocab: tok.vocab_size(),
+            eos: tok.eos_id(),
+            bos: tok.bos_id(),
+            stats: LoaderStats::default(),
+            drops,
+            done: false,
+            shards,
+        };
+        loader.start(cfg.prefetch, format!("flamia-data-{rank}"), move || {
+            next_batch(&mut stream, rows)
+        })?;
+        Ok(loader)
+    }
+
+    /// Starts the background thread: it calls `produce` and queues (at most `depth`) batches until
+    /// `produce` returns `None` or an error (queued too), or the loader is dropped.
+    fn start<F>(&mut self, depth: usize, name: String, mut produce: F) -> Result<()>
+    where
+        F: FnMut() -> Result<Option<(Batch, DataState)>> + Send + 'static,
+    {
+        let (tx, rx) = bounded::<Item>(depth);
         let handle = std::thread::Builder::new()
-            .name(format!("flamia-data-{rank}"))
+            .name(name)
             .spawn(move || loop {
-                let item = next_batch(&mut stream, rows);
+                let item = produce();
                 let stop = !matches!(item, Ok(Some(_)));
                 let msg = match item {
                     Ok(Some(b)) => Ok(b),
@@ -161,18 +194,24 @@ impl Loader {
                 }
             })
             .map_err(|e| DataError::Prefetch(format!("cannot spawn: {e}")))?;
-        Ok(Loader {
-            rx: Some(rx),
-            handle: Some(handle),
-            state,
-            vocab: tok.vocab_size(),
-            eos: tok.eos_id(),
-            bos: tok.bos_id(),
-            stats: LoaderStats::default(),
-            drops,
-            done: false,
-            shards,
-        })
+        self.rx = Some(rx);
+        self.handle = Some(handle);
+        Ok(())
+    }
+
+    /// Why the background thread closed its queue: `None` after a normal end of data, the panic
+    /// message if it panicked (a panic must not look like the end of a validation pass).
+    fn thread_failure(&mut self) -> Option<DataError> {
+        let payload = self.handle.take()?.join().err()?;
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into());
+        Some(DataError::Prefetch(format!(
+            "it panicked ({msg}) after {} batches; the data stream is incomplete",
+            self.stats.batches
+        )))
     }
 
     /// The next batch; `None` only at the end of a validation pass.
@@ -198,8 +237,12 @@ impl Loader {
                 Err(e)
             }
             Err(_) => {
+                // The thread dropped its sender: either the data ended or it panicked.
                 self.done = true;
-                Ok(None)
+                match self.thread_failure() {
+                    Some(e) => Err(e),
+                    None => Ok(None),
+                }
             }
         }
     }
@@ -280,4 +323,41 @@ pub fn next_batch(stream: &mut Stream, rows: usize) -> Result<Option<(Batch, Dat
         b.rows += 1;
     }
     Ok((b.rows > 0).then(|| (b, stream.state())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_in_the_prefetch_thread_is_an_error_not_the_end_of_data() {
+        let cfg = Config {
+            seq_len: 16,
+            batch_rows: 2,
+            ..Config::default()
+        };
+        let mut l = Loader::validation(&cfg, 0, 1).unwrap();
+        let first = l.next_batch().unwrap().expect("a first batch");
+        // Stop the real thread, then run one that gives one batch and panics on the next.
+        l.rx = None;
+        l.handle.take().unwrap().join().unwrap();
+        let st = l.state();
+        let (b, mut n) = (first.clone(), 0);
+        l.start(1, "test-prefetch".into(), move || {
+            n += 1;
+            if n > 1 {
+                panic!("injected failure in call {n}");
+            }
+            Ok(Some((b.clone(), st.clone())))
+        })
+        .unwrap();
+        assert_eq!(l.next_batch().unwrap(), Some(first));
+        let e = l.next_batch().expect_err("a panic is not the end of data");
+        assert!(matches!(e, DataError::Prefetch(_)), "{e}");
+        assert!(e.to_string().contains("injected failure in call 2"), "{e}");
+        // A thread that simply runs out of data still ends the stream normally.
+        l.done = false;
+        l.start(1, "test-prefetch".into(), || Ok(None)).unwrap();
+        assert_eq!(l.next_batch().unwrap(), None);
+    }
 }

@@ -204,12 +204,19 @@ fn resolve_one(spec: &str) -> Result<Vec<ShardSource>> {
         return Ok(vec![ShardSource::File(p.into())]);
     }
     if spec.contains(['*', '?', '[']) {
-        let paths = glob::glob(spec).map_err(|e| DataError::Config(format!("bad glob `{spec}`: {e}")))?;
+        // `*` and `?` do not match a leading `.` (a `.cache/` directory, `.gitattributes`), as in
+        // directories; matched files count only if they are shards (not `README.md`).
+        let opts = glob::MatchOptions {
+            require_literal_leading_dot: true,
+            ..glob::MatchOptions::new()
+        };
+        let paths =
+            glob::glob_with(spec, opts).map_err(|e| DataError::Config(format!("bad glob `{spec}`: {e}")))?;
         let mut v = Vec::new();
         for p in paths.filter_map(|r| r.ok()) {
             if p.is_dir() {
                 walk(&p, &mut v)?;
-            } else if p.is_file() {
+            } else if p.is_file() && is_shard_file(&p) {
                 v.push(p);
             }
         }
@@ -258,7 +265,12 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 
 /// Reads footers/headers and returns the usable shards. Bad shards (unreadable, corrupt, empty,
 /// without `text`, or without a column a filter needs) are errors, or skipped when `skip_bad`.
+/// A filter with a pre-tokenised shard is a configuration error even with `skip_bad` (see
+/// [`check_filters`]).
 pub fn open_all(sources: Vec<ShardSource>, filters: &Filters, skip_bad: bool) -> Result<Vec<Shard>> {
+    for s in &sources {
+        check_filters(s, filters)?;
+    }
     let mut out = Vec::with_capacity(sources.len());
     for s in sources {
         match open(&s, filters) {
@@ -270,8 +282,34 @@ pub fn open_all(sources: Vec<ShardSource>, filters: &Filters, skip_bad: bool) ->
     Ok(out)
 }
 
-/// Reads one shard's footer (parquet) or header (pre-tokenised) and checks its columns.
+/// Refuses `min_int_score` / `language` for a pre-tokenised (`.ftok`) shard: it keeps only token
+/// ids (no `int_score` or `language` column, and its header records no filter), so the filter
+/// could not be applied; `flamia data tokenize --min-int-score/--language` filters when the shard
+/// is made.
+pub fn check_filters(source: &ShardSource, filters: &Filters) -> Result<()> {
+    if !source.is_tok() || *filters == Filters::default() {
+        return Ok(());
+    }
+    let mut set = Vec::new();
+    if let Some(m) = filters.min_int_score {
+        set.push(format!("min_int_score = {m}"));
+    }
+    if let Some(l) = &filters.language {
+        set.push(format!("language = {l:?}"));
+    }
+    Err(DataError::Config(format!(
+        "{} cannot apply to pre-tokenised shard {}: .ftok shards hold only token ids, so filters apply at \
+         `flamia data tokenize --min-int-score N --language L` time; unset them for .ftok shards \
+         (or train on the parquet shards)",
+        set.join(" and "),
+        source.path().display()
+    )))
+}
+
+/// Reads one shard's footer (parquet) or header (pre-tokenised) and checks its columns (and that
+/// no filter is set for a pre-tokenised shard).
 pub fn open(source: &ShardSource, filters: &Filters) -> Result<Shard> {
+    check_filters(source, filters)?;
     let path = source.path();
     if let ShardSource::File(p) = source {
         let len = std::fs::metadata(p)
@@ -401,6 +439,7 @@ pub fn read_unit(shard: &Shard, unit: usize, filters: &Filters) -> Result<Vec<Op
 pub fn read_slots(shard: &Shard, unit: usize, filters: &Filters, skip_bad_utf8: bool) -> Result<Vec<Slot>> {
     let path = shard.source.path();
     if shard.tokenized {
+        check_filters(&shard.source, filters)?;
         let docs = tokshard::TokReader::open(&path)?.read_unit(unit)?;
         return Ok(docs
             .into_iter()

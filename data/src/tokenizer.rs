@@ -15,6 +15,14 @@ pub const EOS_NAMES: [&str; 4] = ["<|end_of_text|>", "<|endoftext|>", "</s>", "<
 /// tokenizer without any (GPT-2's) starts documents with no BOS.
 pub const BOS_NAMES: [&str; 4] = ["<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"];
 
+/// Version tag that starts the fingerprint of a `tokenizer.json` tokenizer. `hf` (version 1)
+/// encoded special-token text inside documents as special ids (`<|end_of_text|>` in a web page
+/// became a real end-of-text), honoured the file's truncation and padding, and counted distinct
+/// tokens as the vocabulary; `hf-v2` encodes special-token text as plain text, never truncates or
+/// pads, and sizes the vocabulary as the largest id + 1. Shards and data states made under
+/// another tag are refused.
+pub const HF_FINGERPRINT_TAG: &str = "hf-v2";
+
 /// A tokenizer the pipeline can run from many threads at once.
 #[derive(Debug, Clone)]
 pub enum Tokenizer {
@@ -40,13 +48,20 @@ impl Tokenizer {
     }
 
     /// Loads a Hugging Face `tokenizer.json`; the file must define an end-of-text token.
+    ///
+    /// The loaded tokenizer is set up for documents, whatever the file says:
+    /// * special added tokens (`"special": true`, e.g. `<|end_of_text|>`) written in a document's
+    ///   text are encoded as ordinary text, never as their special id (tiktoken's
+    ///   `encode_ordinary`): a web page quoting `<|end_of_text|>` must not end the document;
+    /// * `truncation` and `padding` are switched off (with a warning when the file set them): the
+    ///   pipeline never truncates or pads a document.
     pub fn from_file(path: &Path) -> Result<Self> {
         let err = |problem: String| DataError::Tokenizer {
             path: path.to_path_buf(),
             problem,
         };
         let text = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
-        let inner = tokenizers::Tokenizer::from_bytes(&text)
+        let mut inner = tokenizers::Tokenizer::from_bytes(&text)
             .map_err(|e| err(format!("not a valid tokenizer.json: {e}")))?;
         let eos = EOS_NAMES
             .iter()
@@ -58,7 +73,43 @@ impl Tokenizer {
                 ))
             })?;
         let bos = BOS_NAMES.iter().find_map(|n| inner.token_to_id(n));
-        let vocab = inner.get_vocab_size(true);
+        if let Some(t) = inner.get_truncation() {
+            tracing::warn!(
+                "{}: ignoring the file's `truncation` (max_length {}): documents are never truncated",
+                path.display(),
+                t.max_length
+            );
+        }
+        if let Some(p) = inner.get_padding() {
+            tracing::warn!(
+                "{}: ignoring the file's `padding` ({:?}): documents are never padded",
+                path.display(),
+                p.strategy
+            );
+        }
+        inner
+            .with_truncation(None)
+            .map_err(|e| err(format!("cannot switch truncation off: {e}")))?;
+        inner.with_padding(None);
+        inner.set_encode_special_tokens(true);
+        let added = inner.get_added_tokens_decoder();
+        for id in std::iter::once(eos).chain(bos) {
+            if let Some(t) = added.get(&id).filter(|t| !t.special) {
+                tracing::warn!(
+                    "{}: added token {:?} (id {id}) is not marked \"special\": the same text inside a document still encodes to it",
+                    path.display(),
+                    t.content
+                );
+            }
+        }
+        // Ids need not be contiguous (cl100k-style files leave gaps): the model must embed every
+        // id up to the largest, not just as many rows as there are distinct tokens.
+        let vocab = inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&m| m as usize + 1)
+            .max(eos as usize + 1);
         Ok(Tokenizer::Hf {
             path: path.to_path_buf(),
             inner: Box::new(inner),
@@ -68,7 +119,8 @@ impl Tokenizer {
         })
     }
 
-    /// Ids the model must embed (bytes + specials, or the file's vocabulary with added tokens).
+    /// Ids the model must embed: bytes + specials, or for a `tokenizer.json` the largest id of its
+    /// vocabulary and added tokens plus one (ids left unused by gaps included).
     pub fn vocab_size(&self) -> usize {
         match self {
             Tokenizer::Bytes => 256 + BYTE_SPECIALS.len(),
@@ -102,7 +154,9 @@ impl Tokenizer {
         }
     }
 
-    /// A short identity used to check pre-tokenised shards against the configured tokenizer.
+    /// A short identity used to check pre-tokenised shards and saved data states against the
+    /// configured tokenizer. A `tokenizer.json`'s starts with [`HF_FINGERPRINT_TAG`], which
+    /// changes whenever this crate encodes the same file differently.
     pub fn fingerprint(&self) -> String {
         match self {
             Tokenizer::Bytes => "bytes".into(),
@@ -112,12 +166,16 @@ impl Tokenizer {
                 // The serialised model decides the ids (BOS included); hash it rather than trusting
                 // the path.
                 let json = inner.to_string(false).unwrap_or_default();
-                format!("hf:{vocab}:{eos}:{:016x}", fnv1a(json.as_bytes()))
+                format!(
+                    "{HF_FINGERPRINT_TAG}:{vocab}:{eos}:{:016x}",
+                    fnv1a(json.as_bytes())
+                )
             }
         }
     }
 
     /// Token ids of `text` without special tokens (the pipeline adds BOS and end-of-text itself).
+    /// Special-token names inside `text` are encoded as the text they are.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         match self {
             Tokenizer::Bytes => Ok(text.bytes().map(u32::from).collect()),
@@ -203,6 +261,97 @@ mod tests {
             assert_eq!(got, want, "{text:?}");
             assert_eq!(hf.decode(&got).unwrap(), text);
         }
+    }
+
+    fn load(dir: &Path, name: &str, v: &serde_json::Value) -> Tokenizer {
+        let p = dir.join(name);
+        std::fs::write(&p, v.to_string()).unwrap();
+        Tokenizer::from_file(&p).unwrap()
+    }
+
+    #[test]
+    fn special_token_names_in_document_text_are_plain_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let hf = load(dir.path(), "tokenizer.json", &byte_tokenizer_json());
+        for text in [
+            "a web page quoting <|end_of_text|> mid-document",
+            "<|begin_of_text|>starts like a BOS",
+            "<|end_of_text|>",
+        ] {
+            let ids = hf.encode(text).unwrap();
+            assert!(
+                !ids.contains(&hf.eos_id()) && !ids.contains(&257),
+                "special id inside the document {text:?}: {ids:?}"
+            );
+            assert_eq!(ids, Tokenizer::Bytes.encode(text).unwrap(), "{text:?}");
+            assert_eq!(hf.decode(&ids).unwrap(), text);
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_differs_from_the_version_that_encoded_specials_in_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let hf = load(dir.path(), "tokenizer.json", &byte_tokenizer_json());
+        let Tokenizer::Hf { inner, .. } = &hf else {
+            panic!("expected a HF tokenizer")
+        };
+        // Exactly what version 1 (special-token text encoded as special ids) wrote.
+        let v1 = format!(
+            "hf:{}:{}:{:016x}",
+            hf.vocab_size(),
+            hf.eos_id(),
+            fnv1a(inner.to_string(false).unwrap().as_bytes())
+        );
+        let fp = hf.fingerprint();
+        assert_ne!(fp, v1);
+        assert!(fp.starts_with(&format!("{HF_FINGERPRINT_TAG}:")), "{fp}");
+    }
+
+    #[test]
+    fn truncation_and_padding_of_the_file_are_switched_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = byte_tokenizer_json();
+        v["truncation"] = serde_json::json!({
+            "direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0
+        });
+        v["padding"] = serde_json::json!({
+            "strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": null,
+            "pad_id": 256, "pad_type_id": 0, "pad_token": "<|end_of_text|>"
+        });
+        // The file really asks for both (the tokenizers crate parsed them).
+        let raw = tokenizers::Tokenizer::from_bytes(v.to_string().as_bytes()).unwrap();
+        assert!(raw.get_truncation().is_some() && raw.get_padding().is_some());
+        let text = "a document longer than four tokens";
+        assert_eq!(raw.encode_fast(text, false).unwrap().get_ids().len(), 64);
+        let hf = load(dir.path(), "tokenizer.json", &v);
+        assert_eq!(hf.encode(text).unwrap(), Tokenizer::Bytes.encode(text).unwrap());
+    }
+
+    #[test]
+    fn vocab_size_covers_the_largest_id_when_ids_have_gaps() {
+        let dir = tempfile::tempdir().unwrap();
+        // Bytes 0..=255, then `ab` at 300: ids 256..=299 are unused by the model. (The tokenizers
+        // crate numbers added tokens from the model's token count on, so end-of-text lands at 257
+        // whatever id the file gives it.)
+        let mut ranks: Vec<(Vec<u8>, u32)> = (0..=255u8).map(|b| (vec![b], u32::from(b))).collect();
+        ranks.push((b"ab".to_vec(), 300));
+        let v = crate::tiktoken::tokenizer_json(
+            &ranks,
+            crate::tiktoken::LLAMA3_PATTERN,
+            &["<|end_of_text|>".to_string()],
+        );
+        let hf = load(dir.path(), "gaps.json", &v);
+        let Tokenizer::Hf { inner, .. } = &hf else {
+            panic!("expected a HF tokenizer")
+        };
+        assert_eq!(inner.get_vocab_size(true), 258, "distinct tokens");
+        assert_eq!(hf.encode("ab").unwrap(), vec![300]);
+        assert_eq!(
+            hf.vocab_size(),
+            301,
+            "every id up to 300 must have an embedding row"
+        );
+        assert!(hf.eos_id() < 301);
     }
 
     #[test]

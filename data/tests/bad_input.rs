@@ -231,3 +231,103 @@ fn a_pretokenized_shard_from_another_tokenizer_is_refused() {
         "{e}"
     );
 }
+
+#[test]
+fn filters_with_pretokenized_shards_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_shard(dir.path(), "a.parquet", 0, 30, 5);
+    let out = dir.path().join("a.ftok");
+    let tok = flamia_data::Tokenizer::Bytes;
+    let none = flamia_data::source::Filters::default();
+    flamia_data::pretokenize::tokenize(&[p.display().to_string()], &none, &tok, &out, 1, false).unwrap();
+    let ftok = vec![out.display().to_string()];
+    // Unfiltered, the shard loads.
+    Loader::new(&cfg(ftok.clone()), 0, 1, None).unwrap();
+    for (score, language) in [(Some(3), None), (None, Some("en".to_string()))] {
+        for skip_bad_shards in [false, true] {
+            let c = Config {
+                min_int_score: score,
+                language: language.clone(),
+                skip_bad_shards,
+                ..cfg(ftok.clone())
+            };
+            let e = err(&c);
+            assert!(matches!(e, DataError::Config(_)), "{e}");
+            let m = e.to_string();
+            assert!(
+                m.contains("a.ftok") && m.contains("flamia data tokenize") && m.contains("unset them"),
+                "{m}"
+            );
+            assert!(
+                m.contains(if score.is_some() {
+                    "min_int_score = 3"
+                } else {
+                    "language = \"en\""
+                }),
+                "{m}"
+            );
+            let e = Loader::validation(
+                &Config {
+                    val: ftok.clone(),
+                    ..c
+                },
+                0,
+                1,
+            )
+            .unwrap_err();
+            assert!(matches!(e, DataError::Config(_)), "{e}");
+        }
+    }
+    // Re-tokenising a .ftok with a filter is refused the same way.
+    let filters = flamia_data::source::Filters {
+        min_int_score: Some(3),
+        language: None,
+    };
+    let again = dir.path().join("b.ftok");
+    let e = flamia_data::pretokenize::tokenize(&ftok, &filters, &tok, &again, 1, true).unwrap_err();
+    assert!(matches!(e, DataError::Config(_)), "{e}");
+}
+
+#[test]
+fn a_pretokenized_shard_from_the_old_special_token_encoding_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let tj = dir.path().join("tokenizer.json");
+    std::fs::write(&tj, flamia_data::tokenizer::byte_tokenizer_json().to_string()).unwrap();
+    let tok = flamia_data::Tokenizer::from_file(&tj).unwrap();
+    // A shard written by the version that encoded special-token text as special ids: its
+    // fingerprint had the `hf:` tag.
+    let old_fp = tok
+        .fingerprint()
+        .replacen(flamia_data::tokenizer::HF_FINGERPRINT_TAG, "hf", 1);
+    assert!(old_fp.starts_with("hf:"), "{old_fp}");
+    let out = dir.path().join("old.ftok");
+    let mut w = flamia_data::tokshard::TokWriter::create(&out, &old_fp).unwrap();
+    w.push(&[104, 105]).unwrap();
+    w.finish().unwrap();
+    let c = Config {
+        tokenizer: tj.display().to_string(),
+        ..cfg(vec![out.display().to_string()])
+    };
+    let e = err(&c);
+    assert!(matches!(e, DataError::TokShard { .. }), "{e}");
+    let m = e.to_string();
+    assert!(
+        m.contains("old.ftok") && m.contains("older flamia") && m.contains("re-run `flamia data tokenize`"),
+        "{m}"
+    );
+    // The same shard written now loads.
+    let now = dir.path().join("now.ftok");
+    let mut w = flamia_data::tokshard::TokWriter::create(&now, &tok.fingerprint()).unwrap();
+    w.push(&[104, 105]).unwrap();
+    w.finish().unwrap();
+    Loader::new(
+        &Config {
+            tokenizer: tj.display().to_string(),
+            ..cfg(vec![now.display().to_string()])
+        },
+        0,
+        1,
+        None,
+    )
+    .unwrap();
+}

@@ -79,6 +79,13 @@ fn directories_are_searched_recursively_like_hf_datasets() {
     // A glob naming directories walks them too.
     let c = cfg(vec![format!("{}/data/CC-*", dir.path().display())]);
     assert_eq!(val_docs(&c), texts(35));
+    // A glob skips what a directory skips: names starting with `.` and files that are not shards.
+    std::fs::write(dir.path().join("data").join(".partial.parquet"), b"partial").unwrap();
+    let c = cfg(vec![format!("{}/data/*", dir.path().display())]);
+    assert_eq!(val_docs(&c), texts(35));
+    let c = cfg(vec![format!("{}/data/*.parquet", dir.path().display())]);
+    let e = Loader::validation(&c, 0, 1).unwrap_err();
+    assert!(matches!(e, DataError::NoShards { .. }), "{e}");
 }
 
 #[test]
@@ -295,4 +302,29 @@ fn a_validation_split_is_held_out_of_the_training_files() {
     };
     let e = Loader::new(&c, 0, 1, None).unwrap_err().to_string();
     assert!(e.contains("no training data"), "{e}");
+}
+
+#[test]
+fn tokenize_drops_only_the_rows_that_are_not_utf8() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rows: Vec<Vec<u8>> = texts(12).into_iter().map(String::into_bytes).collect();
+    rows[6] = b"caf\xe9 latin-1".to_vec();
+    let p = dir.path().join("latin1.parquet");
+    write_column(
+        &p,
+        Arc::new(BinaryArray::from_iter_values(rows.iter())),
+        Compression::SNAPPY,
+        5,
+    );
+    let tok = flamia_data::Tokenizer::Bytes;
+    let out = dir.path().join("latin1.ftok");
+    let e =
+        flamia_data::pretokenize::tokenize(&[s(&p)], &Filters::default(), &tok, &out, 1, false).unwrap_err();
+    assert!(matches!(e, DataError::NotUtf8 { .. }), "{e}");
+    let r = flamia_data::pretokenize::tokenize(&[s(&p)], &Filters::default(), &tok, &out, 2, true).unwrap();
+    assert_eq!(r.docs, 11);
+    assert_eq!((r.drops.bad_utf8, r.drops.bad_units, r.drops.rows()), (1, 0, 1));
+    // The rest of row group 1 (rows 5, 7, 8, 9) is in the shard, in order.
+    let want: Vec<String> = (0..12).filter(|&i| i != 6).map(doc_text).collect();
+    assert_eq!(val_docs(&cfg(vec![s(&out)])), want);
 }
