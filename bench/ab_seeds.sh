@@ -1,6 +1,9 @@
 #!/bin/bash
 # Issue 17 on the GPU, one device call (~3.5 min on an H200): the mxfp8-minus-bf16 validation loss
-# with its seed interval. 3 seeds x {bf16, mxfp8} of configs/h200-125m.toml on the rust-doc corpus
+# with its seed interval. That validation loss is the trainer's val_loss, computed through each
+# run's own training attention path (FP8 for mxfp8), not exact BF16 attention; the runs keep no
+# checkpoint, so no exact-attention `flamia eval` is part of this script. 3 seeds x {bf16, mxfp8}
+# of configs/h200-125m.toml on the rust-doc corpus
 # (scripts/make-corpus.py; docs/data.md "A larger real corpus"), validation on its held-out
 # `validation-*` shard during training, then `flamia compare` over the six runs. From the repo root
 # on the device, with the release flamia and the corpus carried:
@@ -13,7 +16,8 @@
 # validation shard (587K tokens, under VAL_TOKENS), metrics every 5 steps, no checkpoint. PARALLEL=3 processes at a time (the six take about 100 GB of GPU memory at once;
 # the numbers compared are losses, so sharing the GPU changes nothing that is reported).
 # BUDGET_S (default 250) bounds the runs: a run still going then is stopped and reported, and
-# compare uses the last validation loss each run logged (the table says at which step).
+# compare reports the validation loss at the last step every run logged one (the row names the
+# step and notes runs that logged later ones; with no shared step the row is flagged, not compared).
 # Knobs: B=binary, CONFIG, CORPUS=dir of the shards, STEPS, VAL_EVERY, VAL_TOKENS, SEEDS="0 1 2",
 # ARMS="bf16 mxfp8" (the first is the control), PARALLEL, BUDGET_S, RUNS=dir for the runs,
 # EXTRA="--set k=v ..." appended to every run (the CPU check uses the tiny preset).

@@ -44,8 +44,11 @@ impl Default for HarnessOptions {
 
 /// Prepends `k` solved examples to every request of each of the first `n` docs: for doc `i`, `k`
 /// distinct other docs of the pool chosen by ChaCha8(`FEWSHOT_SEED`, `i`), each as its gold
-/// context + continuation, joined and followed by `delimiter`. lm-evaluation-harness draws them
-/// from the task's training split; the pool here is the scored split itself (the doc excluded).
+/// context + continuation ([`Doc::solved`], without the task description), joined and followed
+/// by `delimiter`. As in lm-evaluation-harness, doc `i`'s [`Doc::description`] (MMLU's subject
+/// line) comes once, first: `description + example + delimiter + ... + question`. With `k = 0`
+/// the docs are returned unchanged. lm-evaluation-harness draws the examples from the task's
+/// training split; the pool here is the scored split itself (the doc excluded).
 pub fn with_fewshot(docs: &[Doc], n: usize, k: usize, delimiter: &str) -> Result<Vec<Doc>> {
     let n = n.min(docs.len());
     if k == 0 {
@@ -64,14 +67,14 @@ pub fn with_fewshot(docs: &[Doc], n: usize, k: usize, delimiter: &str) -> Result
                 .into_iter()
                 .map(|j| if j >= i { j + 1 } else { j })
                 .collect();
-            let mut prefix = String::new();
+            let mut prefix = docs[i].description.clone();
             for j in picks {
                 prefix.push_str(&docs[j].solved());
                 prefix.push_str(delimiter);
             }
             let mut d = docs[i].clone();
             for r in &mut d.requests {
-                r.context = format!("{prefix}{}", r.context);
+                r.context = format!("{prefix}{}", docs[i].question(r));
             }
             d
         })

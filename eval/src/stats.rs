@@ -1,6 +1,7 @@
 //! Bootstrap confidence intervals for accuracies and paired differences between two models
 //! scored on the same examples (deterministic: the resampling RNG is seeded, ChaCha8), and
-//! Welch's t interval for a difference of means over independent runs (seeds).
+//! Welch's t interval for a difference of means over independent runs (seeds), and a paired t
+//! interval for per-seed differences.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -114,6 +115,30 @@ pub fn welch_diff(a: &[f64], b: &[f64]) -> Option<Estimate> {
         mean,
         lo: mean - half,
         hi: mean + half,
+    })
+}
+
+/// Mean of paired differences (`d[i]` = one seed's arm value − the same seed's control value)
+/// with a 95% paired t interval (n − 1 degrees of freedom). `None` with fewer than 2 pairs. Equal
+/// differences give a point interval.
+pub fn paired_t(diffs: &[f64]) -> Option<Estimate> {
+    let s = spread(diffs);
+    if s.n < 2 {
+        return None;
+    }
+    let se = s.sd / (s.n as f64).sqrt();
+    if se == 0.0 {
+        return Some(Estimate {
+            mean: s.mean,
+            lo: s.mean,
+            hi: s.mean,
+        });
+    }
+    let half = t_quantile(0.975, (s.n - 1) as f64) * se;
+    Some(Estimate {
+        mean: s.mean,
+        lo: s.mean - half,
+        hi: s.mean + half,
     })
 }
 
@@ -284,6 +309,21 @@ mod tests {
         assert_eq!((same.lo, same.hi), (1.0, 1.0));
         let s = spread(&a);
         assert!((s.sd - 0.005).abs() < 1e-12 && s.n == 3);
+    }
+
+    #[test]
+    fn paired_t_interval_matches_tables() {
+        // Differences 1, 2, 3: mean 2, sd 1, standard error 1/sqrt(3); the half width is
+        // t(0.975, 2) = 4.3026527 (tables) / sqrt(3) = 2.4841377.
+        let d = paired_t(&[1.0, 2.0, 3.0]).unwrap();
+        assert!((d.mean - 2.0).abs() < 1e-12);
+        assert!(
+            (d.lo + 0.484_137_7).abs() < 1e-6 && (d.hi - 4.484_137_7).abs() < 1e-6,
+            "{d:?}"
+        );
+        assert!(paired_t(&[1.0]).is_none());
+        let same = paired_t(&[0.5, 0.5]).unwrap();
+        assert_eq!((same.lo, same.hi), (0.5, 0.5));
     }
 
     #[test]

@@ -184,8 +184,9 @@ fn arms_of_seeds_give_differences_of_means_with_welch_intervals() {
     // The last validation loss logged during training (step 50): the same difference of means.
     let t = rows
         .iter()
-        .find(|r| r.metric == "validation loss during training (last logged)")
+        .find(|r| r.metric == "validation loss during training (training attention path, step 50)")
         .unwrap();
+    assert!(t.note.is_none() && t.mismatch.is_none());
     assert!((t.values[0].mean - 1.575).abs() < 1e-12, "{:?}", t.values[0]);
     assert!((t.diffs[1].unwrap().mean - 0.015).abs() < 1e-12);
     let md = compare::markdown(&arms, 5, None);
@@ -282,4 +283,339 @@ fn missing_metrics_is_a_clear_error() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("at least 2 arms"));
+}
+
+/// Rewrites a run's `eval.json` through `edit`.
+fn edit_eval(dir: &Path, edit: impl FnOnce(&mut EvalResults)) {
+    let path = dir.join("eval.json");
+    let mut e = EvalResults::read(&path).unwrap();
+    edit(&mut e);
+    e.write(&path).unwrap();
+}
+
+/// Drops the `val_loss` of the given steps from a run's `metrics.jsonl` (as if the run stopped
+/// before them, or validated on another schedule).
+fn drop_val_steps(dir: &Path, steps: &[u64]) {
+    let path = dir.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let out: String = text
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let step = v.get("step").and_then(serde_json::Value::as_u64);
+            if step.is_some_and(|s| steps.contains(&s)) {
+                v.as_object_mut().unwrap().remove("val_loss");
+            }
+            format!("{v}\n")
+        })
+        .collect();
+    std::fs::write(&path, out).unwrap();
+}
+
+/// Seed arms `bf16` (b0..b2, exact validation 1.47, 1.48, 1.475) and `mxfp8` (m0..m2, 1.49,
+/// 1.485, 1.495), piqa 2/4 and 3/4; `seeds` writes each run's config.toml with run.seed =
+/// data.seed = its index.
+fn seed_arms(root: &Path, seeds: bool) -> Vec<String> {
+    let d = |n: &str| root.join(n);
+    for (name, v) in [("b0", 1.47), ("b1", 1.48), ("b2", 1.475)] {
+        make_run_val(&d(name), 3.0, 10.0, "1100", 0.0, v);
+    }
+    for (name, v) in [("m0", 1.49), ("m1", 1.485), ("m2", 1.495)] {
+        make_run_val(&d(name), 3.0, 10.0, "1110", 0.0, v);
+    }
+    if seeds {
+        for name in ["b0", "b1", "b2", "m0", "m1", "m2"] {
+            let s = &name[1..];
+            std::fs::write(
+                d(name).join("config.toml"),
+                format!("[run]\nname = \"{name}\"\nseed = {s}\n\n[data]\nseed = {s}\n"),
+            )
+            .unwrap();
+        }
+    }
+    let spec = |label: &str, dirs: [&str; 3]| {
+        let dirs: Vec<String> = dirs.iter().map(|n| d(n).display().to_string()).collect();
+        format!("{label}={}", dirs.join(","))
+    };
+    vec![
+        spec("bf16", ["b0", "b1", "b2"]),
+        spec("mxfp8", ["m0", "m1", "m2"]),
+    ]
+}
+
+fn row<'a>(rows: &'a [compare::MetricRow], prefix: &str) -> &'a compare::MetricRow {
+    rows.iter()
+        .find(|r| r.metric.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no row {prefix:?}"))
+}
+
+#[test]
+fn training_validation_row_names_its_path_and_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let specs = seed_arms(tmp.path(), false);
+    // mxfp8/m1 stopped before its step-50 validation: every run is compared at step 25.
+    drop_val_steps(&tmp.path().join("m1"), &[50]);
+    let arms = compare::load_arms(&specs).unwrap();
+    let rows = metric_rows(&arms, 5);
+    let t = row(&rows, compare::TRAINING_VAL_ROW);
+    assert_eq!(
+        t.metric,
+        "validation loss during training (training attention path, step 25)"
+    );
+    // Step 25 logged val + 1: 2.475 and 2.49.
+    assert!((t.values[0].mean - 2.475).abs() < 1e-12, "{:?}", t.values[0]);
+    assert!((t.diffs[1].unwrap().mean - 0.015).abs() < 1e-12);
+    let note = t.note.as_deref().unwrap();
+    assert!(
+        note.contains("bf16/b0 50") && !note.contains("mxfp8/m1"),
+        "{note}"
+    );
+    let md = compare::markdown(&arms, 5, None);
+    assert!(
+        md.contains(
+            "| validation loss during training (training attention path, step 25) | 2.4750 ± 0.0050 |"
+        ),
+        "{md}"
+    );
+    assert!(md.contains("not an exact-attention measurement"), "{md}");
+    assert!(
+        md.contains("Judge quality by `validation loss, exact attention`"),
+        "{md}"
+    );
+
+    // No step every run logged (m1 only 25, the rest only 50): shown at each run's last step,
+    // flagged, no difference.
+    for n in ["b0", "b1", "b2", "m0", "m2"] {
+        drop_val_steps(&tmp.path().join(n), &[25]);
+    }
+    let arms = compare::load_arms(&specs).unwrap();
+    let rows = metric_rows(&arms, 5);
+    let t = row(&rows, compare::TRAINING_VAL_ROW);
+    assert!(
+        t.metric.ends_with("(training attention path, last logged step)"),
+        "{}",
+        t.metric
+    );
+    let why = t.mismatch.as_deref().unwrap();
+    assert!(
+        why.contains(
+            "validation step differs: 50 (bf16/b0, bf16/b1, bf16/b2, mxfp8/m0, mxfp8/m2) vs 25 (mxfp8/m1)"
+        ),
+        "{why}"
+    );
+    assert!(t.diffs[1].is_none() && t.paired[1].is_none());
+    let md = compare::markdown(&arms, 5, None);
+    assert!(
+        md.contains("(training attention path, last logged step) ⚠ | 1.5750 ± 0.0050 | 1.8900 ± 0.5153 | not compared ⚠ |"),
+        "{md}"
+    );
+    assert!(md.contains("⚠ Not like for like"), "{md}");
+}
+
+#[test]
+fn seed_arms_get_a_paired_per_seed_difference() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arms = compare::load_arms(&seed_arms(tmp.path(), true)).unwrap();
+    assert_eq!(
+        arms[1].runs[2].seeds,
+        Some(flamia_eval::runs::Seeds { run: 2, data: 2 })
+    );
+    let rows = metric_rows(&arms, 5);
+    let v = row(&rows, "validation loss, exact attention");
+    // Per seed: 1.49 - 1.47, 1.485 - 1.48, 1.495 - 1.475 = 0.02, 0.005, 0.02: mean 0.015, sd
+    // 0.0086603, half width t(0.975, 2) * sd / sqrt(3) = 4.3026527 * 0.005 = 0.0215133.
+    let p = v.paired[1].unwrap();
+    assert_eq!(p.pairs, 3);
+    assert!((p.est.mean - 0.015).abs() < 1e-12, "{p:?}");
+    assert!(
+        (p.est.lo + 0.006_513_3).abs() < 1e-6 && (p.est.hi - 0.036_513_3).abs() < 1e-6,
+        "{p:?}"
+    );
+    let md = compare::markdown(&arms, 5, None);
+    assert!(md.contains("| mxfp8 − bf16, paired by seed |"), "{md}");
+    assert!(
+        md.contains("| +0.0150 [+0.0037, +0.0263] | +0.0150 [-0.0065, +0.0365] (3 seeds) |"),
+        "{md}"
+    );
+    // A seed twice in one arm: which run pairs is ambiguous, so none does.
+    std::fs::copy(
+        tmp.path().join("m0/config.toml"),
+        tmp.path().join("m1/config.toml"),
+    )
+    .unwrap();
+    let arms = compare::load_arms(&seed_arms_specs(tmp.path())).unwrap();
+    let rows = metric_rows(&arms, 5);
+    assert!(row(&rows, "validation loss, exact attention").paired[1].is_none());
+}
+
+fn seed_arms_specs(root: &Path) -> Vec<String> {
+    ["bf16=b0,b1,b2", "mxfp8=m0,m1,m2"]
+        .iter()
+        .map(|s| {
+            let (label, dirs) = s.split_once('=').unwrap();
+            let dirs: Vec<String> = dirs
+                .split(',')
+                .map(|n| root.join(n).display().to_string())
+                .collect();
+            format!("{label}={}", dirs.join(","))
+        })
+        .collect()
+}
+
+#[test]
+fn seed_rows_flag_runs_measured_differently() {
+    let tmp = tempfile::tempdir().unwrap();
+    let specs = seed_arms(tmp.path(), false);
+    // mxfp8/m1 scored its tasks through its training path, 5-shot; mxfp8/m2 validated on
+    // another file.
+    edit_eval(&tmp.path().join("m1"), |e| {
+        e.task_attn = "training".into();
+        e.tasks.get_mut("piqa").unwrap().num_fewshot = 5;
+    });
+    edit_eval(&tmp.path().join("m2"), |e| {
+        e.validation.as_mut().unwrap().source = "other.jsonl".into();
+    });
+    let arms = compare::load_arms(&specs).unwrap();
+    let rows = metric_rows(&arms, 5);
+    let acc = row(&rows, "piqa acc");
+    let why = acc.mismatch.as_deref().unwrap();
+    assert!(
+        why.contains(
+            "num_fewshot differs: 0 (bf16/b0, bf16/b1, bf16/b2, mxfp8/m0, mxfp8/m2) vs 5 (mxfp8/m1)"
+        ) && why.contains("task_attn differs: exact (")
+            && why.contains("vs training (mxfp8/m1)"),
+        "{why}"
+    );
+    assert!(acc.diffs[1].is_none());
+    let v = row(&rows, "validation loss, exact attention");
+    assert!(
+        v.mismatch
+            .as_deref()
+            .unwrap()
+            .contains("validation source differs: heldout.jsonl (")
+            && v.diffs[1].is_none(),
+        "{:?}",
+        v.mismatch
+    );
+    // The training losses and the in-training validation were measured alike: compared.
+    assert!(row(&rows, "training loss").mismatch.is_none());
+    assert!(row(&rows, compare::TRAINING_VAL_ROW).diffs[1].is_some());
+    let md = compare::markdown(&arms, 5, None);
+    assert!(
+        md.contains("| piqa acc ⚠ | 50.0 ± 0.0 | 75.0 ± 0.0 | not compared ⚠ |"),
+        "{md}"
+    );
+    assert!(md.contains("- `piqa acc`: num_fewshot differs: 0 ("), "{md}");
+    // The different examples of one run flag the row as well.
+    edit_eval(&tmp.path().join("m1"), |e| {
+        e.task_attn = "exact".into();
+        let t = e.tasks.get_mut("piqa").unwrap();
+        t.num_fewshot = 0;
+        t.fingerprint = "00000000000000bb".into();
+    });
+    let arms = compare::load_arms(&specs).unwrap();
+    let rows = metric_rows(&arms, 5);
+    let why = row(&rows, "piqa acc").mismatch.clone().unwrap();
+    assert!(
+        why.starts_with("examples differs: n 4 (fingerprint 00000000000000aa)"),
+        "{why}"
+    );
+}
+
+#[test]
+fn tasks_scored_through_other_attention_or_shots_are_not_paired() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b, c) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("c"));
+    make_run(&a, 3.0, 10.0, "1100", 0.0);
+    make_run(&b, 3.0, 10.0, "1110", 0.05);
+    make_run(&c, 3.0, 10.0, "1111", 0.05);
+    edit_eval(&b, |e| e.task_attn = "training".into());
+    edit_eval(&c, |e| e.tasks.get_mut("piqa").unwrap().num_fewshot = 5);
+    let arms = compare::load_arms(&[
+        a.display().to_string(),
+        b.display().to_string(),
+        c.display().to_string(),
+    ])
+    .unwrap();
+    let runs: Vec<Run> = arms.iter().map(|a| a.runs[0].clone()).collect();
+    let rows = task_rows(&runs, false);
+    let why_b = rows[0].diffs[1].clone().unwrap().unwrap_err();
+    assert_eq!(why_b, "different task attention (`exact` vs `training`)");
+    let why_c = rows[0].diffs[2].clone().unwrap().unwrap_err();
+    assert_eq!(why_c, "different shots (0 vs 5)");
+    let md = compare::markdown(&arms, 5, None);
+    assert!(
+        md.contains("not paired: different task attention (`exact` vs `training`)"),
+        "{md}"
+    );
+    assert!(md.contains("not paired: different shots (0 vs 5)"), "{md}");
+    // Every run's scoring, and a warning for the one not scored through exact attention.
+    assert!(md.contains("| a | 50 | bf16 | `exact` | 0 (zero-shot) |"), "{md}");
+    assert!(
+        md.contains("| b | 50 | mxfp8 | `training` | 0 (zero-shot) |"),
+        "{md}"
+    );
+    assert!(md.contains("| c | 50 | mxfp8 | `exact` | 5 |"), "{md}");
+    assert!(
+        md.contains("> **Warning:** tasks of b (`training`) were not scored through exact attention"),
+        "{md}"
+    );
+    assert!(!md.contains("Tasks scored zero-shot"), "{md}");
+    // All exact: no warning.
+    let md = compare::markdown(&[arms[0].clone(), arms[2].clone()], 5, None);
+    assert!(!md.contains("Warning"), "{md}");
+    // Same n, other prompts, another checkpoint step.
+    let d = tmp.path().join("d");
+    make_run(&d, 3.0, 10.0, "1111", 0.0);
+    edit_eval(&d, |e| {
+        e.step = Some(40);
+        e.tasks.get_mut("piqa").unwrap().fingerprint = "00000000000000cc".into();
+    });
+    let runs = [runs[0].clone(), Run::load(&d, None).unwrap()];
+    assert_eq!(
+        task_rows(&runs, true)[0].diffs[1].clone().unwrap().unwrap_err(),
+        "different examples or prompts (fingerprint 00000000000000aa vs 00000000000000cc); \
+         different checkpoint steps (50 vs 40)"
+    );
+}
+
+#[test]
+fn repeated_steps_keep_their_last_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Steps 1..=10, then a resume from step 5 that appended steps 6..=12 again (other values).
+    let mut lines = String::new();
+    for step in 1..=10u64 {
+        let val = if step == 8 { ",\"val_loss\":9.0" } else { "" };
+        lines += &format!(
+            "{{\"step\":{step},\"loss\":{},\"tps\":{}{val}}}\n",
+            10.0 - step as f64 * 0.1,
+            step
+        );
+    }
+    lines += "{\"event\":\"resume\",\"step_from\":5}\n";
+    for step in 6..=12u64 {
+        let val = if step == 8 { ",\"val_loss\":7.0" } else { "" };
+        lines += &format!(
+            "{{\"step\":{step},\"loss\":{},\"tps\":{}{val}}}\n",
+            5.0 - step as f64 * 0.1,
+            100 + step
+        );
+    }
+    std::fs::write(tmp.path().join("metrics.jsonl"), lines).unwrap();
+    let r = Run::load(tmp.path(), None).unwrap();
+    let steps: Vec<u64> = r.losses.iter().map(|l| l.0).collect();
+    assert_eq!(steps, (1..=12).collect::<Vec<_>>());
+    assert!(
+        (r.losses[4].1 - 9.5).abs() < 1e-12,
+        "step 5 from before the resume"
+    );
+    assert!(
+        (r.losses[5].1 - 4.4).abs() < 1e-12,
+        "step 6 from after the resume"
+    );
+    assert_eq!(r.val_losses, vec![(8, 7.0)]);
+    // tokens/s: steps 1..=5 (1..5) and 6..=12 (106..112): median (106 + 107) / 2.
+    assert_eq!(r.tps.len(), 12);
+    assert_eq!(r.tokens_per_s(), Some(106.5));
+    assert_eq!(r.last_step(), 12);
 }

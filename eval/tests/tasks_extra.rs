@@ -161,3 +161,32 @@ fn few_shot_prompts_put_solved_examples_before_the_question() {
     assert_eq!((r.n, r.num_fewshot), (2, 1));
     assert!(s.1.iter().all(|q| q.context.matches("Question:").count() == 2));
 }
+
+#[test]
+fn mmlu_few_shot_puts_the_subject_line_once_in_front() {
+    let (_, records) = load_task(&common::task_fixtures(), Task::Mmlu, None).unwrap();
+    let docs = flamia_eval::harness::docs_of(Task::Mmlu, &records).unwrap();
+    let head = "The following are questions (with answers) about abstract algebra.\n\n";
+    let q0 = "Question: Find the degree for the given field extension Q(sqrt(2)) over Q.\nAnswer:";
+    assert_eq!(docs[0].description, head);
+    // Zero-shot prompts are unchanged: the description heads the question.
+    assert_eq!(with_fewshot(&docs, 2, 0, FEWSHOT_DELIMITER).unwrap(), docs);
+    assert_eq!(docs[0].requests[1].context, format!("{head}{q0}"));
+    // The solved example has no description of its own.
+    let solved1 = "Question: What is the embryological origin of the hyoid bone?\nAnswer: \
+                   The second and third pharyngeal arches";
+    assert_eq!(docs[1].solved(), solved1);
+    // One shot (the only other example): description + example + delimiter + question, as
+    // lm-evaluation-harness builds it.
+    let shot = with_fewshot(&docs, 2, 1, FEWSHOT_DELIMITER).unwrap();
+    for r in &shot[0].requests {
+        assert_eq!(r.context, format!("{head}{solved1}\n\n{q0}"));
+    }
+    let ctx1 = &shot[1].requests[0].context;
+    assert!(
+        ctx1.starts_with("The following are questions (with answers) about anatomy.\n\nQuestion: Find"),
+        "{ctx1:?}"
+    );
+    assert_eq!(ctx1.matches("The following are questions").count(), 1, "{ctx1:?}");
+    assert_eq!(shot[1].description, docs[1].description);
+}

@@ -76,6 +76,7 @@ pub(super) fn winogrande(rec: &Value) -> FieldResult<Doc> {
         requests,
         norm_lens: vec![n, n],
         gold,
+        description: String::new(),
     })
 }
 
@@ -132,7 +133,8 @@ pub(super) fn boolq(rec: &Value) -> FieldResult<Doc> {
 }
 
 /// MMLU, cloze form (`question`, `choices`, `answer` 0..3 or "A".."D", `subject`), with
-/// lm-evaluation-harness's description line as the prompt head.
+/// lm-evaluation-harness's description line as the prompt head (kept as [`Doc::description`] too,
+/// so a few-shot prompt has it once, not once per example).
 pub(super) fn mmlu(rec: &Value) -> FieldResult<Doc> {
     let q = string(rec, "question")?;
     let choices = strings(rec, "choices")?;
@@ -152,11 +154,9 @@ pub(super) fn mmlu(rec: &Value) -> FieldResult<Doc> {
         }
         _ => String::new(),
     };
-    Ok(Doc::shared_context(
-        format!("{head}Question: {}\nAnswer:", q.trim()),
-        &choices,
-        gold,
-    ))
+    let mut doc = Doc::shared_context(format!("{head}Question: {}\nAnswer:", q.trim()), &choices, gold);
+    doc.description = head;
+    Ok(doc)
 }
 
 /// LAMBADA (`text`), as lm-evaluation-harness's `lambada_openai`: context = the text up to its
@@ -176,6 +176,7 @@ pub(super) fn lambada(rec: &Value) -> FieldResult<Doc> {
         }],
         norm_lens: vec![word.chars().count()],
         gold: 0,
+        description: String::new(),
     })
 }
 

@@ -186,14 +186,26 @@ pub struct Doc {
     pub norm_lens: Vec<usize>,
     /// Index of the correct choice.
     pub gold: usize,
+    /// The task description that heads every request's context (lm-evaluation-harness's
+    /// `description`, MMLU's "The following are questions (with answers) about {subject}.\n\n";
+    /// empty for the other tasks). A few-shot prompt carries it once, in front of the examples
+    /// ([`crate::harness::with_fewshot`]).
+    pub description: String,
 }
 
 impl Doc {
-    /// The gold request as one text (context + continuation): a solved example for few-shot
-    /// prompts.
+    /// A request's context without the leading [`Doc::description`].
+    pub fn question<'a>(&self, r: &'a Request) -> &'a str {
+        r.context
+            .strip_prefix(self.description.as_str())
+            .unwrap_or(&r.context)
+    }
+
+    /// The gold request as one text (context without the description + continuation): a solved
+    /// example for few-shot prompts.
     pub fn solved(&self) -> String {
         let r = &self.requests[self.gold];
-        format!("{}{}", r.context, r.continuation)
+        format!("{}{}", self.question(r), r.continuation)
     }
 
     /// A doc with one shared context and `" " + choice` continuations.
@@ -208,6 +220,7 @@ impl Doc {
                 .collect(),
             norm_lens: choices.iter().map(|c| c.chars().count()).collect(),
             gold,
+            description: String::new(),
         }
     }
 }
