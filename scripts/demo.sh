@@ -35,4 +35,10 @@ last_val() { sed -n 's/.*"val_loss":\([-0-9.eE+naNifty]*\).*/\1/p' "$1/metrics.j
 if [ -n "$(last_val "$out/bf16")" ] && [ -n "$(last_val "$out/mxfp8")" ]; then
     printf '%-22s  %12.4f  %12.4f\n' "last val_loss" "$(last_val "$out/bf16")" "$(last_val "$out/mxfp8")"
 fi
+# The mxfp8 run's same validation tokens through exact attention (training.val_exact): the number
+# to judge its quality by (bf16's own validation is already exact).
+last_exact() { sed -n 's/.*"val_loss_exact":\([-0-9.eE+naNifty]*\).*/\1/p' "$1/metrics.jsonl" | tail -1; }
+if [ -n "$(last_val "$out/bf16")" ] && [ -n "$(last_exact "$out/mxfp8")" ]; then
+    printf '%-22s  %12.4f  %12.4f\n' "  through exact attn." "$(last_val "$out/bf16")" "$(last_exact "$out/mxfp8")"
+fi
 echo "(metrics: $out/{bf16,mxfp8}/metrics.jsonl; compare with \`flamia compare\` if built)"

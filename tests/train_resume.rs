@@ -260,3 +260,59 @@ fn a_fresh_start_over_checkpoints_is_refused_and_a_resume_names_what_it_may_not_
     assert_eq!(ckpts(&d), vec!["step_00000002"]);
     assert_eq!(losses(&d).len(), 2);
 }
+
+#[test]
+fn a_flamia_run_also_validates_through_exact_attention_without_changing_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |name: &str, extra: &[&str]| {
+        let dir = tmp.path().join(name);
+        let mut args = vec!["--set", "attention.path=mxfp8", "--set", "run.log_every=2"];
+        args.extend([
+            "--set",
+            "run.final_checkpoint=false",
+            "--set",
+            "training.val_every=2",
+        ]);
+        args.extend(["--set", "training.val_tokens=256"]);
+        args.extend_from_slice(extra);
+        let stdout = tiny(&dir, 4, &args);
+        (dir, stdout)
+    };
+    let exact_losses = |dir: &Path| -> Vec<(u64, f64)> {
+        records(dir)
+            .iter()
+            .filter_map(|v| Some((v["step"].as_u64()?, v.get("val_loss_exact")?.as_f64()?)))
+            .collect()
+    };
+    let (both, stdout) = run("both", &[]);
+    let (own, _) = run("own-only", &["--set", "training.val_exact=false"]);
+    let (v, e) = (val_losses(&both), exact_losses(&both));
+    assert_eq!(e.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2, 4], "{e:?}");
+    // The same tokens through another attention: close, not the same bits.
+    for ((_, a), (_, b)) in v.iter().zip(&e) {
+        assert!(
+            (a - b).abs() < 0.05 && a.to_bits() != b.to_bits(),
+            "mxfp8 {a} vs exact {b}"
+        );
+    }
+    let line = format!(
+        "validation loss {:.4} (exact attention {:.4}) at step 4",
+        v[1].1, e[1].1
+    );
+    assert!(stdout.contains(&line), "{stdout}");
+    // Off: no exact pass; the run's own validation and its training bitwise as with it.
+    assert!(exact_losses(&own).is_empty());
+    assert_eq!(
+        v.iter().map(|x| x.1.to_bits()).collect::<Vec<_>>(),
+        val_losses(&own).iter().map(|x| x.1.to_bits()).collect::<Vec<_>>()
+    );
+    let (la, lb) = (losses(&both), losses(&own));
+    assert_eq!(la.len(), lb.len());
+    for ((s, x), (_, y)) in la.iter().zip(&lb) {
+        assert_eq!(
+            x.to_bits(),
+            y.to_bits(),
+            "step {s}: with the exact pass {x}, without {y}"
+        );
+    }
+}

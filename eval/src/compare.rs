@@ -59,6 +59,13 @@ pub type Conditions = Vec<(&'static str, String)>;
 /// `metrics.jsonl`); the full label names the attention path and the step.
 pub const TRAINING_VAL_ROW: &str = "validation loss during training";
 
+/// Start of the label of the row of the same validation tokens scored through exact attention
+/// during training (`val_loss_exact` in `metrics.jsonl`, `training.val_exact`).
+pub const TRAINING_VAL_EXACT_ROW: &str = "exact-attention validation loss during training";
+
+/// A run's validation losses logged during training through one attention: (step, loss).
+type Series = fn(&Run) -> &[(u64, f64)];
+
 /// A mean of per-seed differences with its 95% paired t interval.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PairedDiff {
@@ -94,10 +101,15 @@ pub struct MetricRow {
 /// The last step at which every run that logged a validation loss during training logged one
 /// (`None` if no run logged one or they share no step).
 pub fn common_val_step<'a>(runs: impl IntoIterator<Item = &'a Run>) -> Option<u64> {
-    let with: Vec<&Run> = runs.into_iter().filter(|r| !r.val_losses.is_empty()).collect();
-    with.first()?.val_losses.iter().rev().map(|v| v.0).find(|s| {
+    common_step(runs, |r| &r.val_losses)
+}
+
+/// [`common_val_step`] of any series.
+fn common_step<'a>(runs: impl IntoIterator<Item = &'a Run>, series: Series) -> Option<u64> {
+    let with: Vec<&Run> = runs.into_iter().filter(|r| !series(r).is_empty()).collect();
+    series(with.first()?).iter().rev().map(|v| v.0).find(|s| {
         with.iter()
-            .all(|r| r.val_losses.binary_search_by_key(s, |v| v.0).is_ok())
+            .all(|r| series(r).binary_search_by_key(s, |v| v.0).is_ok())
     })
 }
 
@@ -204,28 +216,23 @@ fn paired_by_seed(control: &[(&Run, f64)], arm: &[(&Run, f64)]) -> Option<Paired
     })
 }
 
-/// Per-run scalar metrics: training loss (mean of the last `last_n` logged), the validation loss
-/// logged during training (`val_loss` in `metrics.jsonl`, computed through each run's training
-/// attention path, at the last step every run logged one), validation loss of `flamia eval`
-/// (exact and training path) and exact bits per byte, and every task's `acc_norm`, `acc` and
-/// perplexity. Metrics no run has are left out. A row whose runs were measured under different
-/// conditions (last training step, validation step, checkpoint step, validation data, examples,
-/// shots, task attention) is flagged (`mismatch`) and its differences withheld.
-pub fn metric_rows(arms: &[Arm], last_n: usize) -> Vec<MetricRow> {
-    let all = || arms.iter().flat_map(|a| &a.runs);
-    let val_step = common_val_step(all());
-    let (val_name, val_note) = match val_step {
+/// The row of a validation loss logged during training (`series` of each run, `label` then the
+/// attention it went through and the step): compared at the last step every run logged one,
+/// with a note naming the runs whose later validation steps are left out.
+fn training_val_metric(arms: &[Arm], series: Series, label: &str, path: &str) -> Metric {
+    let val_step = common_step(arms.iter().flat_map(|a| &a.runs), series);
+    let (name, note) = match val_step {
         Some(step) => {
             let later: Vec<String> = arms
                 .iter()
                 .flat_map(|a| a.runs.iter().map(move |r| (a, r)))
                 .filter_map(|(a, r)| {
-                    let last = r.val_losses.last()?.0;
+                    let last = series(r).last()?.0;
                     (last > step).then(|| format!("{} {last}", a.run_label(r)))
                 })
                 .collect();
             (
-                format!("{TRAINING_VAL_ROW} (training attention path, step {step})"),
+                format!("{label} ({path}, step {step})"),
                 (!later.is_empty()).then(|| {
                     format!(
                         "compared at step {step}, the last step every run logged a validation loss; \
@@ -235,11 +242,38 @@ pub fn metric_rows(arms: &[Arm], last_n: usize) -> Vec<MetricRow> {
                 }),
             )
         }
-        None => (
-            format!("{TRAINING_VAL_ROW} (training attention path, last logged step)"),
-            None,
-        ),
+        None => (format!("{label} ({path}, last logged step)"), None),
     };
+    Metric {
+        name,
+        percent: false,
+        get: Box::new(move |r: &Run| {
+            let v = series(r);
+            match val_step {
+                Some(s) => v.binary_search_by_key(&s, |x| x.0).ok().map(|i| v[i].1),
+                None => v.last().map(|x| x.1),
+            }
+        }),
+        conditions: Box::new(move |r: &Run| {
+            let step = match val_step {
+                Some(s) => s.to_string(),
+                None => series(r).last().map_or("none".into(), |x| x.0.to_string()),
+            };
+            vec![("validation step", step)]
+        }),
+        note,
+    }
+}
+
+/// Per-run scalar metrics: training loss (mean of the last `last_n` logged), the validation loss
+/// logged during training (`val_loss` in `metrics.jsonl`, computed through each run's training
+/// attention path, at the last step every run logged one), validation loss of `flamia eval`
+/// (exact and training path) and exact bits per byte, and every task's `acc_norm`, `acc` and
+/// perplexity. Metrics no run has are left out. A row whose runs were measured under different
+/// conditions (last training step, validation step, checkpoint step, validation data, examples,
+/// shots, task attention) is flagged (`mismatch`) and its differences withheld.
+pub fn metric_rows(arms: &[Arm], last_n: usize) -> Vec<MetricRow> {
+    let all = || arms.iter().flat_map(|a| &a.runs);
     let mut metrics: Vec<Metric> = vec![
         Metric {
             name: format!("training loss (mean of last {last_n} logged)"),
@@ -248,27 +282,18 @@ pub fn metric_rows(arms: &[Arm], last_n: usize) -> Vec<MetricRow> {
             conditions: Box::new(|r: &Run| vec![("last training step", r.last_step().to_string())]),
             note: None,
         },
-        Metric {
-            name: val_name,
-            percent: false,
-            get: Box::new(move |r: &Run| match val_step {
-                Some(s) => r
-                    .val_losses
-                    .binary_search_by_key(&s, |v| v.0)
-                    .ok()
-                    .map(|i| r.val_losses[i].1),
-                None => r.val_losses.last().map(|v| v.1),
-            }),
-            conditions: Box::new(move |r: &Run| {
-                let step = r.val_losses.last().map(|v| v.0);
-                let step = match val_step {
-                    Some(s) => s.to_string(),
-                    None => step.map_or("none".into(), |s| s.to_string()),
-                };
-                vec![("validation step", step)]
-            }),
-            note: val_note,
-        },
+        training_val_metric(
+            arms,
+            |r| &r.val_losses,
+            TRAINING_VAL_ROW,
+            "training attention path",
+        ),
+        training_val_metric(
+            arms,
+            |r| &r.val_losses_exact,
+            TRAINING_VAL_EXACT_ROW,
+            "exact attention",
+        ),
         Metric {
             name: "validation loss, exact attention".into(),
             percent: false,
@@ -598,18 +623,29 @@ pub fn markdown(arms: &[Arm], last_n: usize, png: Option<&str>) -> String {
         let exact = rows
             .iter()
             .any(|r| r.metric == "validation loss, exact attention");
+        let during = rows.iter().any(|r| r.metric.starts_with(TRAINING_VAL_EXACT_ROW));
         let _ = writeln!(
             s,
             "\n`{TRAINING_VAL_ROW}` is the trainer's `val_loss`, computed through each run's training \
              attention path (FP8 attention for an FP8 run): it is not an exact-attention measurement. \
-             Judge quality by `validation loss, exact attention` (`flamia eval` on the checkpoints){}.",
-            if exact {
-                ""
+             Judge quality by {}{}.",
+            if during {
+                format!(
+                    "`{TRAINING_VAL_EXACT_ROW}` (the trainer's `val_loss_exact`: the same tokens through \
+                     exact attention) or "
+                )
             } else {
-                ", which no run here has: run `flamia eval` on each run's final checkpoint"
+                String::new()
+            },
+            if exact {
+                "`validation loss, exact attention` (`flamia eval` on the checkpoints)"
+            } else {
+                "`validation loss, exact attention` (`flamia eval` on the checkpoints), which no run here \
+                 has: run `flamia eval` on each run's final checkpoint"
             }
         );
     }
+
     if show_paired {
         s.push_str(
             "\nPaired by seed: runs of an arm and of the control with the same `run.seed` and \

@@ -24,6 +24,8 @@ pub const METRICS_FILE: &str = "metrics.jsonl";
 pub const LOSS_KEYS: [&str; 3] = ["loss", "train/loss", "loss_metrics/global_avg_loss"];
 /// Key of the validation loss that `flamia train` logs with a step (`training.val_every`).
 pub const VAL_LOSS_KEY: &str = "val_loss";
+/// Key of the same validation tokens' loss through exact attention (`training.val_exact`).
+pub const VAL_LOSS_EXACT_KEY: &str = "val_loss_exact";
 /// Keys accepted for throughput in tokens per second, in order of preference.
 pub const TPS_KEYS: [&str; 3] = ["tokens_per_s", "tps", "train/tokens_per_s"];
 /// Resolved-config file name inside a run directory.
@@ -54,6 +56,8 @@ pub struct Run {
     /// `(step, validation loss)` logged during training (through the training attention path),
     /// by increasing step, one per step (the last line logged for it).
     pub val_losses: Vec<(u64, f64)>,
+    /// The same passes' losses through exact attention (`val_loss_exact`), likewise.
+    pub val_losses_exact: Vec<(u64, f64)>,
     pub eval: Option<EvalResults>,
     /// Seeds from the run's `config.toml`; `None` without the file or either key.
     pub seeds: Option<Seeds>,
@@ -77,6 +81,7 @@ impl Run {
         // step -> (loss, tokens/s); step -> validation loss. Later lines replace earlier ones.
         let mut losses: BTreeMap<u64, (f64, Option<f64>)> = BTreeMap::new();
         let mut val_losses: BTreeMap<u64, f64> = BTreeMap::new();
+        let mut val_losses_exact: BTreeMap<u64, f64> = BTreeMap::new();
         for (i, line) in BufReader::new(file).lines().enumerate() {
             let line = line.map_err(|e| Error::io(&path, e))?;
             if line.trim().is_empty() {
@@ -88,8 +93,13 @@ impl Run {
                 msg: e.to_string(),
             })?;
             let step = v.get("step").and_then(Value::as_u64);
-            if let (Some(step), Some(val)) = (step, v.get(VAL_LOSS_KEY).and_then(Value::as_f64)) {
-                val_losses.insert(step, val);
+            for (key, series) in [
+                (VAL_LOSS_KEY, &mut val_losses),
+                (VAL_LOSS_EXACT_KEY, &mut val_losses_exact),
+            ] {
+                if let (Some(step), Some(val)) = (step, v.get(key).and_then(Value::as_f64)) {
+                    series.insert(step, val);
+                }
             }
             let loss = LOSS_KEYS.iter().find_map(|k| v.get(*k).and_then(Value::as_f64));
             if let (Some(step), Some(loss)) = (step, loss) {
@@ -120,6 +130,7 @@ impl Run {
             tps: losses.values().filter_map(|l| l.1).collect(),
             losses: losses.into_iter().map(|(s, l)| (s, l.0)).collect(),
             val_losses: val_losses.into_iter().collect(),
+            val_losses_exact: val_losses_exact.into_iter().collect(),
             eval,
             seeds,
         })

@@ -619,3 +619,64 @@ fn repeated_steps_keep_their_last_line() {
     assert_eq!(r.tokens_per_s(), Some(106.5));
     assert_eq!(r.last_step(), 12);
 }
+
+/// Adds `val_loss_exact` = `val_loss` + `shift` to every validation line of a run's log (as
+/// `flamia train` writes with `training.val_exact` on a FLAMIA path).
+fn add_exact_val(dir: &Path, shift: f64) {
+    let path = dir.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let out: String = text
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            if let Some(x) = v.get("val_loss").and_then(serde_json::Value::as_f64) {
+                v["val_loss_exact"] = (x + shift).into();
+            }
+            format!("{v}\n")
+        })
+        .collect();
+    std::fs::write(&path, out).unwrap();
+}
+
+#[test]
+fn the_trainers_exact_attention_validation_gets_its_own_row() {
+    let tmp = tempfile::tempdir().unwrap();
+    let specs = seed_arms(tmp.path(), false);
+    let arms = compare::load_arms(&specs).unwrap();
+    let rows = metric_rows(&arms, 5);
+    assert!(
+        !rows
+            .iter()
+            .any(|r| r.metric.starts_with(compare::TRAINING_VAL_EXACT_ROW)),
+        "no run logged val_loss_exact: no row"
+    );
+    // The bf16 control logs none (its own path is exact); mxfp8's exact pass reads 0.01 higher.
+    for n in ["m0", "m1", "m2"] {
+        add_exact_val(&tmp.path().join(n), 0.01);
+    }
+    let arms = compare::load_arms(&specs).unwrap();
+    assert_eq!(
+        arms[1].runs[0].val_losses_exact,
+        vec![(25, 2.49 + 0.01), (50, 1.59 + 0.01)]
+    );
+    let rows = metric_rows(&arms, 5);
+    let t = row(&rows, compare::TRAINING_VAL_EXACT_ROW);
+    assert_eq!(
+        t.metric,
+        "exact-attention validation loss during training (exact attention, step 50)"
+    );
+    assert_eq!(t.values[0].n, 0, "the control has no such series");
+    assert!(
+        (t.values[1].mean - (1.59 + 0.01)).abs() < 1e-12,
+        "{:?}",
+        t.values[1]
+    );
+    // The training path's row is unchanged beside it.
+    let own = row(&rows, compare::TRAINING_VAL_ROW);
+    assert!((own.values[1].mean - 1.59).abs() < 1e-12, "{:?}", own.values[1]);
+    let md = compare::markdown(&arms, 5, None);
+    assert!(
+        md.contains("Judge quality by `exact-attention validation loss during training`"),
+        "{md}"
+    );
+}

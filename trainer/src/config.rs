@@ -176,6 +176,10 @@ pub struct TrainingConfig {
     /// batches of its share until it reaches its part of the budget). The same tokens every
     /// pass: the first ones of the split.
     pub val_tokens: usize,
+    /// With a FLAMIA attention path (not `bf16`), each validation pass scores the same tokens a
+    /// second time through exact attention, logged as `val_loss_exact`: the number to judge
+    /// quality by, since a kernel's own `val_loss` cannot show what the kernel gets wrong.
+    pub val_exact: bool,
 }
 
 impl Default for TrainingConfig {
@@ -199,6 +203,7 @@ impl Default for TrainingConfig {
             loss_chunk_tokens: 0,
             val_every: 250,
             val_tokens: 1 << 20,
+            val_exact: true,
         }
     }
 }

@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use flamia_data::{Batch, DataState, Loader};
-use flamia_kernels::AttnPath;
+use flamia_kernels::{AttnOptions, AttnPath};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
@@ -85,6 +85,8 @@ pub struct Summary {
     pub peak_memory_gib: f64,
     /// `(step, validation loss)` of every validation pass of this invocation.
     pub val_losses: Vec<(usize, f64)>,
+    /// The same passes through exact attention (`training.val_exact`, FLAMIA paths).
+    pub val_losses_exact: Vec<(usize, f64)>,
     /// Set when the run stopped early on SIGTERM / SIGUSR1 (after its checkpoint): the signal as
     /// seen by this rank, or that another rank saw one. The CLI then exits with 75.
     pub stopped_by: Option<String>,
@@ -191,7 +193,7 @@ struct Run<'a> {
     main: bool,
     run_dir: PathBuf,
     config_toml: String,
-    attn: flamia_kernels::AttnOptions,
+    attn: AttnOptions,
     compute: Kind,
     checkpointing: Checkpointing,
     model: Llama,
@@ -218,6 +220,7 @@ struct Run<'a> {
     /// Validation during training (`training.val_every`), if on and there is a split.
     validator: Option<Validator>,
     val_losses: Vec<(usize, f64)>,
+    val_losses_exact: Vec<(usize, f64)>,
     /// Rank 0's checkpoint being written in the background.
     writer: checkpoint::Writer,
     /// Set when the ranks voted to stop (a stop signal on some rank).
@@ -425,6 +428,7 @@ impl<'a> Run<'a> {
             trace: crate::determinism::Trace::from_env(),
             validator,
             val_losses: Vec::new(),
+            val_losses_exact: Vec::new(),
             writer: checkpoint::Writer::default(),
             stopped_by: None,
             zero1,
@@ -628,19 +632,46 @@ impl<'a> Run<'a> {
         let Some(mut v) = self.validator.take() else {
             return Ok(None);
         };
-        let r = v.run(
-            &self.model,
-            &self.step_options(),
-            self.device,
-            ddp,
-            &self.progress,
-        );
+        // The training path's pass, then (FLAMIA paths) the same tokens through exact attention.
+        let exact = (self.cfg.training.val_exact && self.attn.path != AttnPath::Exact).then(|| AttnOptions {
+            path: AttnPath::Exact,
+            precision: Default::default(),
+            ..self.attn
+        });
+        let r = v
+            .run(
+                &self.model,
+                &self.step_options(),
+                self.device,
+                ddp,
+                &self.progress,
+            )
+            .and_then(|mut r| {
+                if let Some(attn) = &exact {
+                    let opts = StepOptions {
+                        attn,
+                        ..self.step_options()
+                    };
+                    let e = v.run(&self.model, &opts, self.device, ddp, &self.progress)?;
+                    r.exact_loss = Some(e.loss);
+                    r.seconds += e.seconds;
+                }
+                Ok(r)
+            });
         self.validator = Some(v);
         let r = r?;
         self.val_losses.push((s, r.loss));
+        if let Some(e) = r.exact_loss {
+            self.val_losses_exact.push((s, e));
+        }
         let line = format!(
-            "step {s}: validation loss {:.4} ({} tokens, {:.1} s)",
-            r.loss, r.tokens, r.seconds
+            "step {s}: validation loss {:.4}{} ({} tokens, {:.1} s)",
+            r.loss,
+            r.exact_loss
+                .map(|e| format!(", exact attention {e:.4}"))
+                .unwrap_or_default(),
+            r.tokens,
+            r.seconds
         );
         tracing::info!("{line}");
         if self.main {
@@ -681,6 +712,7 @@ impl<'a> Run<'a> {
             memory_gib: crate::memory::peak_gib(self.device, &mut self.peak_mem),
             val_loss: val.map(|v| v.loss),
             val_tokens: val.map(|v| v.tokens),
+            val_loss_exact: val.and_then(|v| v.exact_loss),
         };
         self.losses.push(loss);
         self.tps_sum += tps;
@@ -784,6 +816,7 @@ impl<'a> Run<'a> {
             peak_memory_gib: self.peak_mem,
             losses: std::mem::take(&mut self.losses),
             val_losses: std::mem::take(&mut self.val_losses),
+            val_losses_exact: std::mem::take(&mut self.val_losses_exact),
             stopped_by: self.stopped_by.take(),
         };
         if self.main {

@@ -2,7 +2,9 @@
 //! next-token loss on the validation split — `data.val`, or the part of `data.train` held out by
 //! `holdout_fraction` / `holdout_files` — through the training attention path and the same
 //! chunked loss head as training, logged as `val_loss` with the step's metrics (JSONL, W&B,
-//! a line above the progress bar).
+//! a line above the progress bar). With a FLAMIA path and `training.val_exact` (the default) the
+//! same tokens are scored again through exact attention (`val_loss_exact`): quality is judged by
+//! that number, never only through the kernel that trained.
 //!
 //! A pass scores the first `val_tokens` tokens of the split (all ranks together; each rank whole
 //! batches of its own share until it has its part). The batches are read once, at the first
@@ -28,8 +30,10 @@ pub struct ValResult {
     pub loss: f64,
     /// Targets scored, all ranks together.
     pub tokens: u64,
-    /// Wall time of the pass on this rank.
+    /// Wall time of the pass on this rank (both passes with an exact one).
     pub seconds: f64,
+    /// The same targets' mean loss through exact attention (`training.val_exact`).
+    pub exact_loss: Option<f64>,
 }
 
 /// The validation schedule and this rank's batches.
@@ -156,6 +160,7 @@ impl Validator {
             loss: m[0] / m[1],
             tokens: (m[1] * world).round() as u64,
             seconds: t0.elapsed().as_secs_f64(),
+            exact_loss: None,
         })
     }
 }

@@ -57,7 +57,11 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         s.tail_mean_loss,
         s.val_losses
             .last()
-            .map(|(step, v)| format!(" | validation loss {v:.4} at step {step}"))
+            .map(|(step, v)| {
+                let exact = s.val_losses_exact.last().filter(|e| e.0 == *step);
+                let exact = exact.map(|e| format!(" (exact attention {:.4})", e.1)).unwrap_or_default();
+                format!(" | validation loss {v:.4}{exact} at step {step}")
+            })
             .unwrap_or_default(),
         s.mean_tps,
         s.mean_mfu_pct.map(|m| format!(" | MFU {m:.1}%")).unwrap_or_default(),

@@ -45,4 +45,7 @@ pub struct StepMetrics {
     /// Targets scored by that validation pass, all ranks together.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_tokens: Option<u64>,
+    /// The same tokens' mean loss through exact attention (`training.val_exact`, FLAMIA paths).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_loss_exact: Option<f64>,
 }
