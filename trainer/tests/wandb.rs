@@ -88,6 +88,7 @@ fn metrics(step: usize) -> StepMetrics {
         // Step 2 is a validation step.
         val_loss: (step == 2).then_some(4.9),
         val_tokens: (step == 2).then_some(4096),
+        val_loss_exact: (step == 2).then_some(4.95),
     }
 }
 
@@ -153,6 +154,7 @@ fn wandb_protocol_shapes_offsets_retries_and_finish() {
                 let val = v["_step"] == 2;
                 assert_eq!(v["val_loss"].is_f64(), val, "{v}");
                 assert_eq!(v.get("val_tokens").is_some(), val, "{v}");
+                assert_eq!(v["val_loss_exact"].is_f64(), val, "{v}");
                 steps.push(v["_step"].as_u64().unwrap());
                 next += 1;
             }
