@@ -293,23 +293,30 @@ fn edit_eval(dir: &Path, edit: impl FnOnce(&mut EvalResults)) {
     e.write(&path).unwrap();
 }
 
-/// Drops the `val_loss` of the given steps from a run's `metrics.jsonl` (as if the run stopped
-/// before them, or validated on another schedule).
-fn drop_val_steps(dir: &Path, steps: &[u64]) {
+/// Rewrites every line of a run's `metrics.jsonl` through `edit`.
+fn edit_metrics(dir: &Path, edit: impl Fn(&mut serde_json::Value)) {
     let path = dir.join("metrics.jsonl");
     let text = std::fs::read_to_string(&path).unwrap();
     let out: String = text
         .lines()
         .map(|l| {
             let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let step = v.get("step").and_then(serde_json::Value::as_u64);
-            if step.is_some_and(|s| steps.contains(&s)) {
-                v.as_object_mut().unwrap().remove("val_loss");
-            }
+            edit(&mut v);
             format!("{v}\n")
         })
         .collect();
     std::fs::write(&path, out).unwrap();
+}
+
+/// Drops the `val_loss` of the given steps from a run's `metrics.jsonl` (as if the run stopped
+/// before them, or validated on another schedule).
+fn drop_val_steps(dir: &Path, steps: &[u64]) {
+    edit_metrics(dir, |v| {
+        let step = v.get("step").and_then(serde_json::Value::as_u64);
+        if step.is_some_and(|s| steps.contains(&s)) {
+            v.as_object_mut().unwrap().remove("val_loss");
+        }
+    });
 }
 
 /// Seed arms `bf16` (b0..b2, exact validation 1.47, 1.48, 1.475) and `mxfp8` (m0..m2, 1.49,
@@ -623,19 +630,11 @@ fn repeated_steps_keep_their_last_line() {
 /// Adds `val_loss_exact` = `val_loss` + `shift` to every validation line of a run's log (as
 /// `flamia train` writes with `training.val_exact` on a FLAMIA path).
 fn add_exact_val(dir: &Path, shift: f64) {
-    let path = dir.join("metrics.jsonl");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let out: String = text
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            if let Some(x) = v.get("val_loss").and_then(serde_json::Value::as_f64) {
-                v["val_loss_exact"] = (x + shift).into();
-            }
-            format!("{v}\n")
-        })
-        .collect();
-    std::fs::write(&path, out).unwrap();
+    edit_metrics(dir, |v| {
+        if let Some(x) = v.get("val_loss").and_then(serde_json::Value::as_f64) {
+            v["val_loss_exact"] = (x + shift).into();
+        }
+    });
 }
 
 #[test]
