@@ -33,6 +33,9 @@ source "$here/nccl-env.sh"
 for v in "${!TORCHELASTIC_@}"; do unset "$v"; done
 export WORLD_SIZE="$n" LOCAL_WORLD_SIZE="$n"
 export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}" MASTER_PORT="${MASTER_PORT:-29500}"
+# This launch's identity: rank 0 refuses processes of another launch that reach its port (a
+# second local.sh on the same default MASTER_PORT) instead of letting them fail its group.
+export FLAMIA_RUN_ID="${FLAMIA_RUN_ID:-local-${HOSTNAME:-host}-$$}"
 grace="${FLAMIA_LAUNCH_GRACE_S:-30}"
 
 pids=()

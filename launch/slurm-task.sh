@@ -7,7 +7,7 @@
 #  1. drops launcher variables inherited from the submitting shell: torchrun's RANK, WORLD_SIZE,
 #     LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ... take precedence over Slurm's in flamia, so a stale
 #     `RANK=0` or `MASTER_ADDR=127.0.0.1` from a login shell would give every task the same rank
-#     (flamia then reads SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_NODELIST; to
+#     (flamia then reads SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_STEP_NODELIST (else SLURM_NODELIST, SLURM_JOB_NODELIST); to
 #     override rank 0's address or the port use FLAMIA_DIST_ADDR / FLAMIA_DIST_PORT);
 #  2. sources launch/nccl-env.sh, which links libnccl.so in *this node's* TMPDIR and puts it first
 #     on LD_LIBRARY_PATH (a link made on the batch node does not exist on the other nodes);

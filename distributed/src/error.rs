@@ -67,6 +67,25 @@ pub enum DistError {
         missing: Vec<usize>,
     },
 
+    /// The rendezvous server this process reached belongs to another job (two jobs on one port).
+    #[error(
+        "rank {rank}: {addr} belongs to job {server_job}, this process is job {this_job}: another \
+         job is using this rendezvous port; give each job its own MASTER_PORT (or FLAMIA_DIST_PORT)"
+    )]
+    ForeignJob {
+        rank: usize,
+        addr: String,
+        server_job: String,
+        this_job: String,
+    },
+
+    /// A message too large for the rendezvous/store protocol; nothing was sent.
+    #[error(
+        "message of {bytes} bytes to {peer} exceeds the protocol limit of {max} bytes; nothing was \
+         sent (the store carries control-plane data; send bulk data through NCCL or in smaller pieces)"
+    )]
+    MessageTooLarge { peer: String, bytes: usize, max: usize },
+
     /// Rank 0 refused this rank (it carries rank 0's reason).
     #[error("rank {rank} rejected by rank 0: {reason}")]
     Rejected { rank: usize, reason: String },

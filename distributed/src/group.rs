@@ -3,7 +3,7 @@
 //! small blocking key-value [`Store`] for control-plane messages (barriers, votes to stop, CPU
 //! gathers of a few numbers). Bulk data goes through NCCL, never through here.
 
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -13,7 +13,7 @@ use crate::env::Topology;
 use crate::error::{DistError, Result};
 use crate::health::Health;
 use crate::server::{Server, ServerOptions};
-use crate::wire::{self, Hello, Reply, Request, Role, MAGIC};
+use crate::wire::{self, Failure, Hello, Reply, Request, Role, MAGIC};
 
 /// Timeouts of the rendezvous and failure detection.
 #[derive(Debug, Clone)]
@@ -28,8 +28,14 @@ pub struct GroupOptions {
     pub heartbeat_timeout: Duration,
     /// When set, a failed group ends this process after this grace (see [`Health::new`]).
     pub exit_grace: Option<Duration>,
-    /// Address rank 0 listens on; None: `127.0.0.1` for a loopback master, else `0.0.0.0`.
+    /// Address rank 0 listens on; None: for a loopback master that address (`localhost`:
+    /// `127.0.0.1`), else all addresses (`0.0.0.0`, or `::` when `MASTER_ADDR` is an IPv6
+    /// address).
     pub bind_host: Option<String>,
+    /// This job's identity ([`crate::env::job_id_from_vars`]): rank 0 refuses a process of
+    /// another job on its port, and a process reaching another job's server stops with
+    /// [`DistError::ForeignJob`]. Every rank of a job must have the same value.
+    pub job_id: Option<String>,
 }
 
 impl Default for GroupOptions {
@@ -40,13 +46,16 @@ impl Default for GroupOptions {
             heartbeat_timeout: Duration::from_secs(60),
             exit_grace: Some(Duration::from_secs(10)),
             bind_host: None,
+            job_id: None,
         }
     }
 }
 
 impl GroupOptions {
     /// Defaults overridden by `FLAMIA_DIST_JOIN_TIMEOUT_S`, `FLAMIA_DIST_HEARTBEAT_TIMEOUT_S` and
-    /// `FLAMIA_DIST_EXIT_GRACE_S` (0 disables the exit) when set.
+    /// `FLAMIA_DIST_EXIT_GRACE_S` (0 disables the exit) when set, and the job identity from the
+    /// environment ([`crate::env::job_id_from_vars`]: `FLAMIA_RUN_ID`, Slurm's job and step, or
+    /// torchrun's run id) when there is one.
     pub fn from_env() -> Result<Self> {
         GroupOptions::default().with_env()
     }
@@ -77,6 +86,9 @@ impl GroupOptions {
         }
         if let Some(s) = secs("FLAMIA_DIST_EXIT_GRACE_S")? {
             o.exit_grace = (s > 0.0).then(|| Duration::from_secs_f64(s));
+        }
+        if let Some(job) = crate::env::job_id_from_vars(&std::env::vars().collect()) {
+            o.job_id = Some(job);
         }
         Ok(o)
     }
@@ -116,24 +128,17 @@ impl ProcessGroup {
         let server_opts = ServerOptions {
             join_timeout: opts.join_timeout,
             heartbeat_timeout: opts.heartbeat_timeout,
+            job: opts.job_id.clone(),
         };
         let (server, endpoint) = if topo.rank == 0 {
             let port = if topo.world_size == 1 { 0 } else { topo.master_port };
-            let host = opts.bind_host.clone().unwrap_or_else(|| {
-                let loopback = topo.master_addr == "localhost"
-                    || topo
-                        .master_addr
-                        .parse::<std::net::IpAddr>()
-                        .is_ok_and(|ip| ip.is_loopback());
-                if loopback { "127.0.0.1" } else { "0.0.0.0" }.to_string()
-            });
             let server = Server::start(
-                &format!("{host}:{port}"),
+                &bind_address(topo, opts.bind_host.as_deref(), port),
                 topo.world_size,
                 make_payload()?,
                 server_opts,
             )?;
-            let ep = SocketAddr::from(([127, 0, 0, 1], server.local_addr.port())).to_string();
+            let ep = own_endpoint(server.local_addr);
             (Some(server), ep)
         } else {
             (None, topo.master_endpoint())
@@ -149,7 +154,7 @@ impl ProcessGroup {
         let (conn, payload, hosts) = joined?;
 
         let mut hb = connect(topo.rank, &endpoint, Instant::now() + Duration::from_secs(30))?;
-        wire::send(&mut hb, &endpoint, &hello(topo, Role::Heartbeat))?;
+        wire::send(&mut hb, &endpoint, &hello(topo, opts, Role::Heartbeat))?;
         let stop = Arc::new(AtomicBool::new(false));
         let heartbeat = spawn_heartbeat(hb, endpoint.clone(), opts.clone(), health.clone(), stop.clone())?;
         let store = Store {
@@ -180,13 +185,25 @@ impl ProcessGroup {
     ) -> Result<(TcpStream, Vec<u8>, Vec<String>)> {
         let deadline = Instant::now() + opts.join_timeout;
         let mut conn = connect(topo.rank, endpoint, deadline)?;
-        wire::send(&mut conn, endpoint, &hello(topo, Role::Join))?;
+        wire::send(&mut conn, endpoint, &hello(topo, opts, Role::Join))?;
         // Rank 0 answers at its own deadline at the latest; the slack covers clock skew of starts.
         let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(10);
         conn.set_read_timeout(Some(wait))
             .map_err(|e| DistError::io(endpoint, e))?;
         let (payload, hosts) = match wire::recv::<Reply>(&mut conn, endpoint) {
             Ok(Reply::Welcome { payload, hosts }) => (payload, hosts),
+            Ok(Reply::Failed(Failure::ForeignJob {
+                rank,
+                server_job,
+                client_job,
+            })) => {
+                return Err(DistError::ForeignJob {
+                    rank,
+                    addr: format!("the rendezvous server at {endpoint}"),
+                    server_job: wire::job_name(server_job.as_deref()),
+                    this_job: wire::job_name(client_job.as_deref()),
+                })
+            }
             Ok(Reply::Failed(f)) => return Err(f.to_error()),
             Ok(other) => {
                 return Err(DistError::protocol(
@@ -329,10 +346,9 @@ fn install_panic_hook() {
     });
 }
 
-/// Connect with retries until `deadline` (rank 0 may start after the others).
 /// This rank's hello on a new connection to rank 0 (`Join` for the control connection,
 /// `Heartbeat` for the heartbeat's).
-fn hello(topo: &Topology, role: Role) -> Request {
+fn hello(topo: &Topology, opts: &GroupOptions, role: Role) -> Request {
     Request::Hello(Hello {
         magic: MAGIC.into(),
         role,
@@ -340,9 +356,44 @@ fn hello(topo: &Topology, role: Role) -> Request {
         world_size: topo.world_size,
         host: wire::hostname(),
         pid: std::process::id(),
+        job: opts.job_id.clone(),
     })
 }
 
+/// The address rank 0's server binds (`host:port`, IPv6 hosts in brackets): `bind_host` when
+/// given; else loopback for a loopback master and all addresses otherwise, of the master
+/// address's family (IPv6 for an IPv6 `MASTER_ADDR`, IPv4 for anything else, host names
+/// included).
+fn bind_address(topo: &Topology, bind_host: Option<&str>, port: u16) -> String {
+    let bare = |h: &str| h.trim_start_matches('[').trim_end_matches(']').to_string();
+    if let Some(h) = bind_host {
+        return match bare(h).parse::<IpAddr>() {
+            Ok(ip) => SocketAddr::new(ip, port).to_string(),
+            Err(_) => format!("{h}:{port}"),
+        };
+    }
+    let ip = match bare(&topo.master_addr).parse::<IpAddr>() {
+        Ok(IpAddr::V6(a)) if a.is_loopback() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        Ok(IpAddr::V6(_)) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        Ok(IpAddr::V4(a)) if a.is_loopback() => IpAddr::V4(a),
+        _ if topo.master_addr == "localhost" => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+    };
+    SocketAddr::new(ip, port).to_string()
+}
+
+/// Where rank 0 reaches its own server bound at `bound`: the loopback address of its family when
+/// it listens on all addresses, else the bound address itself.
+fn own_endpoint(bound: SocketAddr) -> String {
+    let ip = match bound.ip() {
+        IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    SocketAddr::new(ip, bound.port()).to_string()
+}
+
+/// Connect with retries until `deadline` (rank 0 may start after the others).
 fn connect(rank: usize, endpoint: &str, deadline: Instant) -> Result<TcpStream> {
     let start = Instant::now();
     let mut last_error = String::from("no attempt made");
@@ -442,6 +493,9 @@ impl Store {
                 Err(e)
             }
             Ok(reply) => Ok(reply),
+            // Refused before anything was sent: the connection is intact and the caller gets
+            // the typed error (it is this rank's mistake, not a lost rank 0).
+            Err(e @ DistError::MessageTooLarge { .. }) => Err(e),
             Err(e) => {
                 let e = DistError::PeerFailure(format!("lost the store connection to rank 0: {e}"));
                 self.health.record(e.to_string());
@@ -670,6 +724,45 @@ fn first_difference<'a>(a: &'a str, b: &'a str) -> (usize, &'a str, &'a str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn topo_at(master_addr: &str) -> Topology {
+        Topology {
+            rank: 0,
+            world_size: 2,
+            local_rank: 0,
+            local_world_size: None,
+            master_addr: master_addr.into(),
+            master_port: 29500,
+            source: crate::env::Source::Torchrun,
+            device: 0,
+        }
+    }
+
+    #[test]
+    fn rank_0_binds_the_master_address_family() {
+        let bind = |addr: &str| bind_address(&topo_at(addr), None, 29500);
+        assert_eq!(bind("127.0.0.1"), "127.0.0.1:29500");
+        assert_eq!(bind("localhost"), "127.0.0.1:29500");
+        assert_eq!(bind("gpu07"), "0.0.0.0:29500");
+        assert_eq!(bind("10.1.2.3"), "0.0.0.0:29500");
+        assert_eq!(bind("::1"), "[::1]:29500");
+        assert_eq!(bind("[::1]"), "[::1]:29500");
+        assert_eq!(bind("fd00::7"), "[::]:29500");
+        let given = |h: &str| bind_address(&topo_at("gpu07"), Some(h), 0);
+        assert_eq!(given("fd00::7"), "[fd00::7]:0");
+        assert_eq!(given("[fd00::7]"), "[fd00::7]:0");
+        assert_eq!(given("10.0.0.5"), "10.0.0.5:0");
+        assert_eq!(given("gpu07-ib"), "gpu07-ib:0");
+    }
+
+    #[test]
+    fn rank_0_reaches_its_server_in_the_bound_family() {
+        let own = |a: &str| own_endpoint(a.parse().unwrap());
+        assert_eq!(own("0.0.0.0:5"), "127.0.0.1:5");
+        assert_eq!(own("[::]:5"), "[::1]:5");
+        assert_eq!(own("[::1]:5"), "[::1]:5");
+        assert_eq!(own("10.0.0.5:5"), "10.0.0.5:5");
+    }
 
     fn items(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs

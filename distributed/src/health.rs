@@ -3,7 +3,8 @@
 //! [`Health::check`] once per step; abort hooks (NCCL `ncclCommAbort`) run as soon as a failure is
 //! recorded so collectives blocked on a dead peer return; and, when configured, the process exits
 //! with a clear message after a grace period so that a rank blocked inside a call that cannot be
-//! interrupted never hangs silently.
+//! interrupted never hangs silently. The exit timer starts before the hooks run, so a hook that
+//! blocks cannot stop it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,12 +16,25 @@ pub const PEER_FAILURE_EXIT_CODE: i32 = 3;
 
 type Hook = Box<dyn Fn() + Send + Sync>;
 
+/// What happens when the exit grace of a failure has passed: by default print the reason and
+/// exit with [`PEER_FAILURE_EXIT_CODE`] (tests substitute a probe).
+type Expiry = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// The failure and the hooks still to run, under one lock: a hook registered concurrently with
+/// [`Health::record`] is either taken (and run) by `record` or sees the failure and runs at once,
+/// never neither.
+#[derive(Default)]
+struct State {
+    failure: Option<String>,
+    hooks: Vec<Hook>,
+}
+
 /// The process's view of the group's health.
 pub struct Health {
     rank: usize,
-    failure: Mutex<Option<String>>,
-    hooks: Mutex<Vec<Hook>>,
+    state: Mutex<State>,
     exit_grace: Option<Duration>,
+    expiry: Expiry,
 }
 
 impl std::fmt::Debug for Health {
@@ -36,12 +50,32 @@ impl Health {
     /// New healthy state. With `exit_grace = Some(g)`, a recorded failure ends the process with
     /// [`PEER_FAILURE_EXIT_CODE`] after `g` unless it has exited by itself before.
     pub fn new(rank: usize, exit_grace: Option<Duration>) -> Arc<Self> {
+        Self::with_expiry(
+            rank,
+            exit_grace,
+            Arc::new(move |reason: &str| {
+                eprintln!(
+                    "flamia-dist: rank {rank}: process group failed: {reason}; exiting with code \
+                     {PEER_FAILURE_EXIT_CODE} (grace period {exit_grace:?} passed)"
+                );
+                std::process::exit(PEER_FAILURE_EXIT_CODE);
+            }),
+        )
+    }
+
+    /// As [`Health::new`], with `expiry` run (on the exit timer's thread, with the failure
+    /// reason) instead of exiting the process once the grace has passed.
+    pub(crate) fn with_expiry(rank: usize, exit_grace: Option<Duration>, expiry: Expiry) -> Arc<Self> {
         Arc::new(Health {
             rank,
-            failure: Mutex::new(None),
-            hooks: Mutex::new(Vec::new()),
+            state: Mutex::new(State::default()),
             exit_grace,
+            expiry,
         })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `Err(PeerFailure)` once the group has failed.
@@ -54,49 +88,54 @@ impl Health {
 
     /// The first recorded failure, if any.
     pub fn failure(&self) -> Option<String> {
-        self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.lock().failure.clone()
     }
 
-    /// Run `hook` when the group fails (immediately if it already has). Used to abort NCCL
-    /// communicators so that blocked collectives return.
+    /// Run `hook` when the group fails (immediately, on this thread, if it already has). Used to
+    /// abort NCCL communicators so that blocked collectives return.
     pub fn on_failure(&self, hook: impl Fn() + Send + Sync + 'static) {
-        if self.failure().is_some() {
-            hook();
+        let mut st = self.lock();
+        if st.failure.is_none() {
+            // `record` takes the hooks under this same lock after setting the failure, so it will
+            // find and run this one.
+            st.hooks.push(Box::new(hook));
             return;
         }
-        self.hooks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Box::new(hook));
+        drop(st);
+        hook();
     }
 
-    /// Record a failure. The first one wins: hooks run and the exit timer starts; later calls only
-    /// return false.
+    /// Record a failure. The first one wins: the exit timer starts, then the hooks run (on this
+    /// thread); later calls only return false. The timer starts first so that a hook that blocks
+    /// (an abort stuck behind a hung call) cannot keep the process from exiting.
     pub fn record(self: &Arc<Self>, reason: impl Into<String>) -> bool {
         let reason = reason.into();
-        {
-            let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
-            if f.is_some() {
+        let hooks = {
+            let mut st = self.lock();
+            if st.failure.is_some() {
                 return false;
             }
-            *f = Some(reason.clone());
-        }
-        let hooks = std::mem::take(&mut *self.hooks.lock().unwrap_or_else(|p| p.into_inner()));
-        for h in hooks {
-            h();
-        }
+            st.failure = Some(reason.clone());
+            std::mem::take(&mut st.hooks)
+        };
         if let Some(grace) = self.exit_grace {
-            let rank = self.rank;
-            let _ = std::thread::Builder::new()
+            let expiry = self.expiry.clone();
+            let spawned = std::thread::Builder::new()
                 .name("flamia-dist-exit".into())
                 .spawn(move || {
                     std::thread::sleep(grace);
-                    eprintln!(
-                        "flamia-dist: rank {rank}: process group failed: {reason}; exiting with code \
-                     {PEER_FAILURE_EXIT_CODE} (grace period {grace:?} passed)"
-                    );
-                    std::process::exit(PEER_FAILURE_EXIT_CODE);
+                    expiry(&reason);
                 });
+            if let Err(e) = spawned {
+                eprintln!(
+                    "flamia-dist: rank {}: cannot start the exit timer ({e}); a hung call will not \
+                     end this process",
+                    self.rank
+                );
+            }
+        }
+        for h in hooks {
+            h();
         }
         true
     }
@@ -106,6 +145,7 @@ impl Health {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc;
 
     #[test]
     fn first_failure_wins_and_hooks_run_once() {
@@ -130,5 +170,121 @@ mod tests {
             11,
             "hooks added after a failure run at once"
         );
+    }
+
+    /// A hook that blocks (an abort waiting on a hung call) must not keep the exit timer from
+    /// starting: the expiry fires while the hook is still blocked.
+    #[test]
+    fn exit_timer_starts_before_a_blocking_hook() {
+        let (expired_tx, expired_rx) = mpsc::channel::<String>();
+        let expired_tx = Mutex::new(expired_tx);
+        let h = Health::with_expiry(
+            2,
+            Some(Duration::from_millis(50)),
+            Arc::new(move |reason: &str| {
+                let _ = expired_tx.lock().unwrap().send(reason.to_string());
+            }),
+        );
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let (entered_tx, entered_rx) = mpsc::channel::<()>();
+        let entered_tx = Mutex::new(entered_tx);
+        h.on_failure(move || {
+            let _ = entered_tx.lock().unwrap().send(());
+            // Blocks until the test releases it (at most 20 s, so a failing run still ends).
+            let _ = release_rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
+        });
+        let h2 = h.clone();
+        let recorder = std::thread::spawn(move || h2.record("rank 1 stopped heartbeating"));
+        entered_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the hook runs");
+        let expired = expired_rx.recv_timeout(Duration::from_secs(5));
+        release_tx.send(()).unwrap();
+        assert!(recorder.join().unwrap());
+        assert_eq!(
+            expired.expect("the exit timer fires while the hook is still blocked"),
+            "rank 1 stopped heartbeating"
+        );
+    }
+
+    /// A hook registered while another thread records the failure runs exactly once: never lost
+    /// (registered after `record` took the hooks but having seen no failure) and never twice.
+    /// Two threads in lock step race `record` against `on_failure` on many fresh states.
+    #[test]
+    fn a_hook_registered_during_record_runs_exactly_once() {
+        const ROUNDS: usize = 20_000;
+        let states: Arc<Vec<Arc<Health>>> = Arc::new((0..ROUNDS).map(|_| Health::new(0, None)).collect());
+        let counts: Arc<Vec<AtomicUsize>> = Arc::new((0..ROUNDS).map(|_| AtomicUsize::new(0)).collect());
+        // Round i starts when both threads have announced it (spinning: closer than a Barrier).
+        let ready = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let step = |me: usize, ready: &[AtomicUsize; 2], i: usize| {
+            ready[me].store(i + 1, Ordering::SeqCst);
+            let mut spins = 0u32;
+            while ready[1 - me].load(Ordering::SeqCst) < i + 1 {
+                spins += 1;
+                if spins < 1000 {
+                    std::hint::spin_loop();
+                } else {
+                    // The other thread is not running (2 busy cores): let it.
+                    std::thread::yield_now();
+                }
+            }
+        };
+        let (s2, r2) = (states.clone(), ready.clone());
+        let recorder = std::thread::spawn(move || {
+            for i in 0..ROUNDS {
+                step(0, &r2, i);
+                s2[i].record("failed");
+            }
+        });
+        for i in 0..ROUNDS {
+            step(1, &ready, i);
+            let counts = counts.clone();
+            states[i].on_failure(move || {
+                counts[i].fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        recorder.join().unwrap();
+        let wrong: Vec<(usize, usize)> = (0..ROUNDS)
+            .map(|i| (i, counts[i].load(Ordering::SeqCst)))
+            .filter(|&(_, n)| n != 1)
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "{} of {ROUNDS} hooks did not run exactly once (round, runs): {:?}",
+            wrong.len(),
+            &wrong[..wrong.len().min(10)]
+        );
+    }
+
+    /// Hooks registered while a hook of `record` is still running (blocked) run too.
+    #[test]
+    fn a_hook_registered_while_a_hook_blocks_runs() {
+        let h = Health::new(0, None);
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let (entered_tx, entered_rx) = mpsc::channel::<()>();
+        let entered_tx = Mutex::new(entered_tx);
+        h.on_failure(move || {
+            let _ = entered_tx.lock().unwrap().send(());
+            let _ = release_rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
+        });
+        let h2 = h.clone();
+        let recorder = std::thread::spawn(move || h2.record("failed"));
+        entered_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let ran2 = ran.clone();
+        h.on_failure(move || {
+            ran2.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            1,
+            "runs at once, not after the blocked hook"
+        );
+        release_tx.send(()).unwrap();
+        recorder.join().unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
     }
 }

@@ -9,12 +9,23 @@
 //! Communicator creation blocks inside NCCL; a watchdog records a failure if it does not finish
 //! within the timeout (and the health's exit grace then ends the process).
 //!
+//! Abort protocol (see [`AbortGate`]): every call on the handle runs under the read side of a
+//! lock after checking the `aborted` flag; [`Communicator::abort`] sets the flag first (no call
+//! starts after it), then takes the write side if it can within [`ABORT_LOCK_WAIT`] and aborts
+//! with no call in progress. If a call still holds the read side after that wait, the call is
+//! blocked inside NCCL (an enqueue normally returns in microseconds; a lazy connection to a dead
+//! peer never does). NCCL documents `ncclCommAbort` beside another call only for non-blocking
+//! communicators, and ours are blocking, so `abort` then leaves the handle alone: it returns at
+//! once, no later call touches the handle (they see the flag), `Drop` does not destroy it, and
+//! the group's exit timer, which [`Health`] starts before it runs the abort hooks, ends the
+//! process (a process exit releases the device's kernels either way).
+//!
 //! The process must have the right CUDA device current (`cudaSetDevice(local_rank)`, which tch
 //! does when it first touches `cuda:<local_rank>`) before [`Communicator::new`].
 
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys as cu;
@@ -133,17 +144,102 @@ impl Default for CommOptions {
     }
 }
 
+#[derive(Clone, Copy)]
 struct RawComm(sys::ncclComm_t);
-// SAFETY: NCCL communicators may be used from any thread (one at a time for enqueueing, which
-// the RwLock's write side guarantees for abort/destroy; NCCL allows ncclCommAbort concurrently
-// with a blocked operation, but we still serialise with enqueues, which do not block on peers).
+// SAFETY: NCCL communicators may be used from any thread; [`AbortGate`] orders the uses with the
+// abort (module documentation).
 unsafe impl Send for RawComm {}
 unsafe impl Sync for RawComm {}
 
+/// How long [`Communicator::abort`] waits for calls in progress to leave; a call still in progress
+/// after it is taken for blocked inside NCCL, and the handle is left alone.
+pub const ABORT_LOCK_WAIT: Duration = Duration::from_millis(500);
+
+/// How an abort reached the handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortPath {
+    /// No call was in progress: aborted with exclusive access.
+    Exclusive,
+    /// A call held the handle for the whole wait (blocked inside the library): not aborted (the
+    /// library's abort is not called beside it); no later call uses the handle.
+    Blocked,
+}
+
+/// A raw handle used by calls that may block forever, and aborted once by another thread: the
+/// protocol of the module documentation, independent of NCCL so that it is tested without it.
+pub struct AbortGate<H: Copy> {
+    calls: RwLock<()>,
+    handle: H,
+    aborted: AtomicBool,
+    wait: Duration,
+}
+
+impl<H: Copy> AbortGate<H> {
+    /// A live handle; `abort` waits up to `wait` for calls in progress.
+    pub fn new(handle: H, wait: Duration) -> Self {
+        AbortGate {
+            calls: RwLock::new(()),
+            handle,
+            aborted: AtomicBool::new(false),
+            wait,
+        }
+    }
+
+    /// Runs `f` with the handle, unless the gate was aborted (then `None`, and `f` does not run).
+    /// The read side is held while `f` runs.
+    pub fn call<R>(&self, f: impl FnOnce(H) -> R) -> Option<R> {
+        let _in_call = self.calls.read().unwrap_or_else(|p| p.into_inner());
+        if self.aborted.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(f(self.handle))
+    }
+
+    /// Aborts once: `f` receives the handle (and must free it) when no call is in progress within
+    /// the wait; `None` when already aborted. Never blocks for longer than the wait, whatever the
+    /// calls in progress do.
+    pub fn abort(&self, f: impl FnOnce(H)) -> Option<AbortPath> {
+        if self.aborted.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        // From here on no call starts: `call` checks the flag under the read side.
+        let deadline = Instant::now() + self.wait;
+        loop {
+            match self.calls.try_write() {
+                Ok(_exclusive) => {
+                    f(self.handle);
+                    return Some(AbortPath::Exclusive);
+                }
+                Err(TryLockError::Poisoned(p)) => {
+                    let _exclusive = p.into_inner();
+                    f(self.handle);
+                    return Some(AbortPath::Exclusive);
+                }
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(TryLockError::WouldBlock) => break,
+            }
+        }
+        // A call has held the read side for the whole wait: it is blocked inside the library,
+        // which does not allow its abort beside it. Later calls see the flag; the handle stays.
+        Some(AbortPath::Blocked)
+    }
+
+    /// True once `abort` has been called.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// The handle when never aborted (exclusive access: for `Drop`).
+    fn live_handle(&mut self) -> Option<H> {
+        (!*self.aborted.get_mut()).then_some(self.handle)
+    }
+}
+
 /// One rank's NCCL communicator.
 pub struct Communicator {
-    comm: RwLock<RawComm>,
-    aborted: AtomicBool,
+    gate: AbortGate<RawComm>,
     rank: usize,
     world_size: usize,
     opts: CommOptions,
@@ -195,8 +291,7 @@ impl Communicator {
         done.store(true, Ordering::SeqCst);
         check("ncclCommInitRank", r)?;
         let c = Arc::new(Communicator {
-            comm: RwLock::new(RawComm(comm)),
-            aborted: AtomicBool::new(false),
+            gate: AbortGate::new(RawComm(comm), ABORT_LOCK_WAIT),
             rank,
             world_size,
             opts,
@@ -220,31 +315,43 @@ impl Communicator {
         self.world_size
     }
 
-    /// Abort: in-flight and future collectives fail instead of waiting on peers.
+    /// Abort: in-flight and future collectives fail instead of waiting on peers. Returns within
+    /// [`ABORT_LOCK_WAIT`] even while another thread is blocked inside an NCCL call, which it
+    /// then leaves alone (module documentation).
     pub fn abort(&self) {
-        if self.aborted.swap(true, Ordering::SeqCst) {
-            return;
+        let path = self.gate.abort(|c| {
+            // SAFETY: the gate runs this at most once, on the live communicator, with no call in
+            // progress; no call uses the handle afterwards.
+            unsafe {
+                sys::ncclCommAbort(c.0);
+            }
+        });
+        if path == Some(AbortPath::Blocked) {
+            eprintln!(
+                "flamia-dist: rank {}: an NCCL call has been blocked for more than {ABORT_LOCK_WAIT:?}; \
+                 the communicator is not aborted beside it (a blocking communicator does not allow \
+                 that) and is not used again: the group's exit timer ends this process",
+                self.rank
+            );
         }
-        let c = self.comm.write().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: the communicator is live (not yet aborted/destroyed); the write lock keeps
-        // enqueues out.
-        unsafe {
-            sys::ncclCommAbort(c.0);
-        }
+    }
+
+    /// True once the communicator has been aborted.
+    pub fn is_aborted(&self) -> bool {
+        self.gate.is_aborted()
     }
 
     fn enqueue(&self, op: &'static str, f: impl FnOnce(sys::ncclComm_t) -> sys::ncclResult_t) -> Result<()> {
         if let Some(h) = &self.health {
             h.check()?;
         }
-        let c = self.comm.read().unwrap_or_else(|p| p.into_inner());
-        if self.aborted.load(Ordering::SeqCst) {
-            return Err(DistError::Nccl {
+        match self.gate.call(|c| f(c.0)) {
+            Some(r) => check(op, r),
+            None => Err(DistError::Nccl {
                 op,
                 reason: "communicator was aborted after an earlier failure".into(),
-            });
+            }),
         }
-        check(op, f(c.0))
     }
 
     /// All-reduce `count` elements from `send` into `recv` (may be equal: in place) on `stream`.
@@ -406,19 +513,16 @@ impl Communicator {
                 return Err(e);
             }
         }
-        let c = self.comm.read().unwrap_or_else(|p| p.into_inner());
-        if self.aborted.load(Ordering::SeqCst) {
-            return Err(DistError::Nccl {
+        let mut state = sys::ncclResult_t::ncclSuccess;
+        // SAFETY: the gate passes the live communicator; `state` is a valid out pointer.
+        let r = self
+            .gate
+            .call(|c| unsafe { sys::ncclCommGetAsyncError(c.0, &mut state) })
+            .ok_or_else(|| DistError::Nccl {
                 op: "async",
                 reason: "communicator was aborted".into(),
-            });
-        }
-        let mut state = sys::ncclResult_t::ncclSuccess;
-        // SAFETY: live communicator (checked under the lock), `state` is a valid out pointer.
-        check("ncclCommGetAsyncError", unsafe {
-            sys::ncclCommGetAsyncError(c.0, &mut state)
-        })?;
-        drop(c);
+            })?;
+        check("ncclCommGetAsyncError", r)?;
         if state != sys::ncclResult_t::ncclSuccess && state != sys::ncclResult_t::ncclInProgress {
             self.abort();
             return check("asynchronous", state);
@@ -475,12 +579,88 @@ const SPIN: Duration = Duration::from_micros(500);
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        if !self.aborted.load(Ordering::SeqCst) {
-            let c = self.comm.write().unwrap_or_else(|p| p.into_inner());
-            // SAFETY: live communicator, no other user (we are in Drop).
+        if let Some(c) = self.gate.live_handle() {
+            // SAFETY: live communicator (never aborted), no other user (we are in Drop).
             unsafe {
                 sys::ncclCommDestroy(c.0);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::mpsc;
+
+    /// The case of the review: a call blocked inside the library holds the handle; the abort
+    /// must neither wait for it forever, nor call the library's abort beside it, nor let anything
+    /// use the handle afterwards.
+    #[test]
+    fn abort_returns_while_a_call_is_blocked_and_leaves_the_handle_alone() {
+        let gate = Arc::new(AbortGate::new(7u32, Duration::from_millis(50)));
+        let (entered_tx, entered_rx) = mpsc::channel::<()>();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let g = gate.clone();
+        let blocked = std::thread::spawn(move || {
+            g.call(|h| {
+                entered_tx.send(()).unwrap();
+                // "Inside NCCL" until released below (or after 20 s).
+                let released = release_rx.recv_timeout(Duration::from_secs(20)).is_ok();
+                (h, released)
+            })
+        });
+        entered_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let (done_tx, done_rx) = mpsc::channel();
+        let g = gate.clone();
+        let started = Instant::now();
+        std::thread::spawn(move || {
+            let path = g.abort(|_| panic!("the library's abort beside a blocked call"));
+            let _ = done_tx.send(path);
+        });
+        let path = done_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("abort returns while a call is blocked");
+        assert_eq!(path, Some(AbortPath::Blocked));
+        assert!(started.elapsed() >= Duration::from_millis(50), "waited first");
+        let ran = AtomicUsize::new(0);
+        assert_eq!(gate.call(|_| ran.fetch_add(1, Ordering::SeqCst)), None);
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "no call after the abort");
+        release_tx.send(()).unwrap();
+        assert_eq!(
+            blocked.join().unwrap(),
+            Some((7, true)),
+            "the blocked call itself completes"
+        );
+        assert_eq!(gate.abort(|_| panic!("aborted twice")), None);
+    }
+
+    /// A call in progress that returns normally (an ordinary enqueue) finishes before the abort
+    /// frees the handle: the abort takes the exclusive side.
+    #[test]
+    fn abort_waits_for_a_short_call_and_is_exclusive() {
+        let gate = Arc::new(AbortGate::new((), Duration::from_secs(5)));
+        let finished = Arc::new(AtomicBool::new(false));
+        let (entered_tx, entered_rx) = mpsc::channel::<()>();
+        let (g, f) = (gate.clone(), finished.clone());
+        let call = std::thread::spawn(move || {
+            g.call(|_| {
+                entered_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                f.store(true, Ordering::SeqCst);
+            })
+        });
+        entered_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let path = gate.abort(|_| {
+            assert!(
+                finished.load(Ordering::SeqCst),
+                "the handle is freed only after the call in progress returned"
+            );
+        });
+        assert_eq!(path, Some(AbortPath::Exclusive));
+        assert_eq!(call.join().unwrap(), Some(()));
+        assert!(gate.is_aborted());
+        assert_eq!(gate.call(|_| ()), None);
     }
 }

@@ -2,9 +2,16 @@
 //! thread. Joining ranks are validated (magic, world size, rank range, duplicates) and held until
 //! all `world_size` ranks are present, then every rank gets the payload (the NCCL unique id) and
 //! the host of every rank. Afterwards the same connections serve store requests (set / blocking
-//! get / add), and a second connection per rank carries heartbeats. Any failure (a bad join, a
-//! rank that disconnects without saying goodbye, missing heartbeats, a rank reporting an error)
-//! is recorded once and returned to every rank on its next request or heartbeat.
+//! get / add), and a second connection per rank carries heartbeats. Any failure (a bad join while
+//! the group forms, a rank that disconnects without saying goodbye, missing heartbeats, a rank
+//! reporting an error) is recorded once and returned to every rank on its next request or
+//! heartbeat.
+//!
+//! Connections that are not part of this group are refused on that connection only, never
+//! failing the group: a hello of another protocol version or of another job (the job identity of
+//! [`ServerOptions::job`], e.g. a second job started on the same port), and, once every rank has
+//! joined, any further join (duplicate rank, other world size, rank out of range) or a heartbeat
+//! connection that no joined rank owns.
 
 use std::collections::HashMap;
 use std::net::{TcpListener, TcpStream};
@@ -15,13 +22,15 @@ use std::time::{Duration, Instant};
 use crate::error::{DistError, Result};
 use crate::wire::{self, Failure, Hello, Reply, Request, Role, MAGIC};
 
-/// Server timing.
-#[derive(Debug, Clone, Copy)]
+/// Server timing and identity.
+#[derive(Debug, Clone)]
 pub struct ServerOptions {
     /// How long the ranks have to join, from server start.
     pub join_timeout: Duration,
     /// A rank silent for longer than this on its heartbeat connection is declared dead.
     pub heartbeat_timeout: Duration,
+    /// This job's identity: a hello with another one is refused (that connection only).
+    pub job: Option<String>,
 }
 
 struct Member {
@@ -37,6 +46,8 @@ struct State {
     failure: Option<Failure>,
     kv: HashMap<String, Vec<u8>>,
     left: Vec<bool>,
+    /// Ranks whose heartbeat connection is open or was (one per rank).
+    heartbeats: Vec<bool>,
     open_connections: usize,
     /// Join requests not yet answered (rank 0 waits for these before exiting on a failure, so
     /// every rank gets the reason rather than a closed connection).
@@ -99,6 +110,7 @@ impl Server {
                 payload,
                 members: (0..world_size).map(|_| None).collect(),
                 left: vec![false; world_size],
+                heartbeats: vec![false; world_size],
                 ..State::default()
             }),
             changed: Condvar::new(),
@@ -183,13 +195,23 @@ fn serve(sh: Arc<Shared>, mut conn: TcpStream) {
         }
         _ => return,
     };
+    if hello.job != sh.opts.job {
+        // Another job on this port: refuse this connection, leave the group alone.
+        let f = Failure::ForeignJob {
+            rank: hello.rank,
+            server_job: sh.opts.job.clone(),
+            client_job: hello.job,
+        };
+        let _ = wire::send(&mut conn, &peer, &Reply::Failed(f));
+        return;
+    }
     sh.lock().open_connections += 1;
     match hello.role {
         Role::Join => {
             sh.lock().unanswered_joins += 1;
             serve_member(&sh, conn, &peer, hello)
         }
-        Role::Heartbeat => serve_heartbeat(&sh, conn, &peer, hello.rank),
+        Role::Heartbeat => serve_heartbeat(&sh, conn, &peer, &hello),
     }
     sh.lock().open_connections -= 1;
     sh.changed.notify_all();
@@ -221,7 +243,22 @@ fn serve_member(sh: &Shared, mut conn: TcpStream, peer: &str, h: Hello) {
             None
         };
         if let Some(f) = rejection {
-            // A misconfigured launch cannot succeed: fail the whole group fast.
+            if st.joined() == st.world_size {
+                // The group is complete and running: this process is not one of its ranks (a
+                // second job on the same port, a restarted rank). Refuse it alone.
+                let reason = format!(
+                    "{}; rank 0's group of {} ranks is already complete and running, and goes on \
+                     without this process (another job on the same rendezvous port? give each job \
+                     its own MASTER_PORT or FLAMIA_DIST_PORT)",
+                    f.to_error(),
+                    st.world_size
+                );
+                drop(st);
+                let _ = wire::send(&mut conn, peer, &Reply::Failed(Failure::Refused { rank, reason }));
+                answered(sh);
+                return;
+            }
+            // While the group forms, a misconfigured launch cannot succeed: fail it fast.
             st.fail(f.clone());
             drop(st);
             sh.changed.notify_all();
@@ -376,10 +413,37 @@ fn handle(sh: &Shared, rank: usize, req: Request) -> Option<Reply> {
 }
 
 /// Heartbeats: each beat is answered with the group status; silence or a lost connection
-/// (without a Leave) fails the group.
-fn serve_heartbeat(sh: &Shared, mut conn: TcpStream, peer: &str, rank: usize) {
-    if rank >= sh.lock().world_size {
-        return;
+/// (without a Leave) fails the group. Only a joined rank's first heartbeat connection is
+/// accepted; any other is refused alone.
+fn serve_heartbeat(sh: &Shared, mut conn: TcpStream, peer: &str, h: &Hello) {
+    let rank = h.rank;
+    {
+        let mut st = sh.lock();
+        let refusal = if h.world_size != st.world_size || rank >= st.world_size {
+            Some(format!(
+                "heartbeat connection for rank {rank} of {} ranks, but this group has {} ranks",
+                h.world_size, st.world_size
+            ))
+        } else if st.members[rank].is_none() {
+            Some(format!(
+                "heartbeat connection for rank {rank}, which has not joined"
+            ))
+        } else if st.heartbeats[rank] {
+            Some(format!(
+                "second heartbeat connection for rank {rank} (from {} pid {}, rank held by {})",
+                h.host,
+                h.pid,
+                st.describe(rank)
+            ))
+        } else {
+            st.heartbeats[rank] = true;
+            None
+        };
+        if let Some(reason) = refusal {
+            drop(st);
+            let _ = wire::send(&mut conn, peer, &Reply::Failed(Failure::Refused { rank, reason }));
+            return;
+        }
     }
     let _ = conn.set_read_timeout(Some(sh.opts.heartbeat_timeout));
     loop {

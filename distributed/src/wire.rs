@@ -10,10 +10,13 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::error::{DistError, Result};
 
-/// Protocol tag sent in every hello; a peer with another tag is not a flamia rank.
-pub const MAGIC: &str = "flamia-rdzv/2";
+/// Protocol tag sent in every hello; a peer with another tag is not a flamia rank of this
+/// version. Version 3 added the job identity ([`Hello::job`]); a version-2 peer is refused with
+/// a protocol error naming both tags.
+pub const MAGIC: &str = "flamia-rdzv/3";
 
-/// Largest accepted message (guards against a stray client sending garbage).
+/// Largest message body, in bytes: `send` refuses a larger one, `recv` rejects one (guards
+/// against a stray client sending garbage).
 pub const MAX_MESSAGE: usize = 64 << 20;
 
 /// What a connection is for.
@@ -34,6 +37,10 @@ pub struct Hello {
     pub world_size: usize,
     pub host: String,
     pub pid: u32,
+    /// Which job this process belongs to ([`crate::env::job_id_from_vars`]); rank 0's server
+    /// refuses a hello from another job without touching its group. `None`: no identity known.
+    #[serde(default)]
+    pub job: Option<String>,
 }
 
 /// Why the group refused a rank or failed (structured so each rank gets a typed error).
@@ -60,6 +67,19 @@ pub enum Failure {
         missing: Vec<usize>,
     },
     Peer(String),
+    /// The hello came from another job (e.g. a second job on the same port); only that
+    /// connection is refused.
+    ForeignJob {
+        rank: usize,
+        server_job: Option<String>,
+        client_job: Option<String>,
+    },
+    /// A join refused once the group was complete; only that connection is refused, the group
+    /// goes on. `reason` says why.
+    Refused {
+        rank: usize,
+        reason: String,
+    },
 }
 
 impl Failure {
@@ -97,7 +117,26 @@ impl Failure {
                 missing,
             },
             Failure::Peer(msg) => DistError::PeerFailure(msg),
+            Failure::ForeignJob {
+                rank,
+                server_job,
+                client_job,
+            } => DistError::ForeignJob {
+                rank,
+                addr: "rank 0's rendezvous server".into(),
+                server_job: job_name(server_job.as_deref()),
+                this_job: job_name(client_job.as_deref()),
+            },
+            Failure::Refused { rank, reason } => DistError::Rejected { rank, reason },
         }
+    }
+}
+
+/// A job identity for messages (`None` has no name).
+pub fn job_name(job: Option<&str>) -> String {
+    match job {
+        Some(j) => format!("{j:?}"),
+        None => "<unnamed> (no FLAMIA_RUN_ID, Slurm job or torchrun run id)".into(),
     }
 }
 
@@ -147,11 +186,26 @@ pub enum Reply {
     Failed(Failure),
 }
 
-/// Send one message.
+/// Send one message. A body over [`MAX_MESSAGE`] is refused with
+/// [`DistError::MessageTooLarge`] before anything is written (the connection stays usable).
 pub fn send<T: Serialize>(stream: &mut TcpStream, peer: &str, msg: &T) -> Result<()> {
+    send_limited(stream, peer, msg, MAX_MESSAGE)
+}
+
+fn send_limited<T: Serialize>(stream: &mut TcpStream, peer: &str, msg: &T, max: usize) -> Result<()> {
     let body = serde_json::to_vec(msg).map_err(|e| DistError::protocol(peer, e.to_string()))?;
+    let len = match u32::try_from(body.len()) {
+        Ok(len) if body.len() <= max => len,
+        _ => {
+            return Err(DistError::MessageTooLarge {
+                peer: peer.to_string(),
+                bytes: body.len(),
+                max,
+            })
+        }
+    };
     let mut frame = Vec::with_capacity(4 + body.len());
-    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&len.to_be_bytes());
     frame.extend_from_slice(&body);
     stream.write_all(&frame).map_err(|e| DistError::io(peer, e))
 }
@@ -263,6 +317,78 @@ mod base64 {
                 );
             }
             assert!(super::decode("abc").is_err() && super::decode("ab!=").is_err());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    fn set(bytes: usize) -> Request {
+        Request::Set {
+            key: "k".into(),
+            value: vec![7u8; bytes],
+        }
+    }
+
+    #[test]
+    fn an_oversize_message_is_refused_before_sending_and_the_connection_stays_usable() {
+        let (mut a, mut b) = pair();
+        b.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let e = send_limited(&mut a, "peer", &set(3000), 1000).unwrap_err();
+        assert!(
+            matches!(e, DistError::MessageTooLarge { bytes, max: 1000, .. } if bytes > 1000),
+            "{e}"
+        );
+        assert!(e.to_string().contains("exceeds"), "{e}");
+        send_limited(&mut a, "peer", &set(10), 1000).unwrap();
+        // The receiver sees the small message first: nothing of the refused one was written.
+        match recv::<Request>(&mut b, "peer").unwrap() {
+            Request::Set { value, .. } => assert_eq!(value, vec![7u8; 10]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn send_applies_max_message() {
+        let (mut a, mut b) = pair();
+        b.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        // Were the message sent, nobody reads it: fail instead of blocking forever.
+        a.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+        // base64 makes 4 bytes of 3: this value's body is just over the limit.
+        let e = send(&mut a, "peer", &set(MAX_MESSAGE / 4 * 3 + 3)).unwrap_err();
+        assert!(
+            matches!(e, DistError::MessageTooLarge { max: MAX_MESSAGE, .. }),
+            "{e}"
+        );
+        let mut byte = [0u8; 1];
+        let r = std::io::Read::read(&mut b, &mut byte);
+        assert!(
+            r.as_ref().is_err_and(|e| matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            )),
+            "nothing was sent: {r:?}"
+        );
+    }
+
+    #[test]
+    fn a_version_2_hello_without_a_job_still_parses() {
+        let v2 =
+            r#"{"Hello":{"magic":"flamia-rdzv/2","role":"Join","rank":1,"world_size":2,"host":"h","pid":3}}"#;
+        match serde_json::from_str::<Request>(v2).unwrap() {
+            Request::Hello(h) => assert_eq!((h.magic.as_str(), h.job), ("flamia-rdzv/2", None)),
+            other => panic!("{other:?}"),
         }
     }
 }

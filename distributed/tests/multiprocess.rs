@@ -9,8 +9,13 @@ mod support;
 use support::{dist_bin, free_port};
 
 fn spawn(rank: usize, world: usize, port: u16, extra: &[&str]) -> Child {
-    Command::new(dist_bin())
-        .args(["--join-timeout", "20", "--heartbeat-timeout", "2"])
+    spawn_in_job(rank, world, port, extra, None)
+}
+
+/// As [`spawn`], with `FLAMIA_RUN_ID=job` when given.
+fn spawn_in_job(rank: usize, world: usize, port: u16, extra: &[&str], job: Option<&str>) -> Child {
+    let mut c = Command::new(dist_bin());
+    c.args(["--join-timeout", "20", "--heartbeat-timeout", "2"])
         .arg("rendezvous")
         .args(extra)
         .env_clear()
@@ -20,9 +25,11 @@ fn spawn(rank: usize, world: usize, port: u16, extra: &[&str]) -> Child {
         .env("MASTER_ADDR", "127.0.0.1")
         .env("MASTER_PORT", port.to_string())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn flamia-dist")
+        .stderr(Stdio::piped());
+    if let Some(job) = job {
+        c.env("FLAMIA_RUN_ID", job);
+    }
+    c.spawn().expect("spawn flamia-dist")
 }
 
 /// Wait for a child with a deadline (kill it and fail past it); returns output and elapsed time.
@@ -141,6 +148,62 @@ fn duplicate_rank_fails_every_rank() {
             stderr(&out)
         );
         assert!(took < Duration::from_secs(10), "{name} took {took:?}");
+    }
+}
+
+/// A second job started on the port of a running one (same default MASTER_PORT): its rank 0
+/// cannot listen, its other ranks are refused with the reason, and the running job finishes.
+#[test]
+fn a_second_job_on_the_same_port_leaves_the_running_job_alone() {
+    let port = free_port();
+    let steps = ["--steps", "60", "--step-ms", "20"];
+    let first: Vec<Child> = (0..2)
+        .map(|r| spawn_in_job(r, 2, port, &steps, Some("first")))
+        .collect();
+    // The first job's rank 0 listens before the second job starts (a bare connection that says
+    // nothing is dropped by the server without touching the group), and has had time to form.
+    let listening = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            listening.elapsed() < Duration::from_secs(10),
+            "the first job's rank 0 never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // The second job: a world size of 3, which would fail the first job's group if admitted.
+    let second: Vec<Child> = (0..3)
+        .map(|r| spawn_in_job(r, 3, port, &[], Some("second")))
+        .collect();
+    for (rank, kid) in second.into_iter().enumerate() {
+        let (out, took) = finish(kid, Duration::from_secs(15));
+        let err = stderr(&out);
+        assert!(
+            !out.status.success(),
+            "second job's rank {rank} should fail: {err}"
+        );
+        let why = if rank == 0 {
+            "cannot listen"
+        } else {
+            "belongs to job \"first\", this process is job \"second\""
+        };
+        assert!(
+            err.contains(why) && (rank == 0 || err.contains("MASTER_PORT")),
+            "second job's rank {rank}: {err}"
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "second job's rank {rank} took {took:?}"
+        );
+    }
+    for (rank, kid) in first.into_iter().enumerate() {
+        let (out, _) = finish(kid, Duration::from_secs(30));
+        assert!(
+            out.status.success(),
+            "first job's rank {rank} failed: {}",
+            stderr(&out)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("\"event\":\"done\""));
     }
 }
 

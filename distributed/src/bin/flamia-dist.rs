@@ -184,6 +184,7 @@ fn run(cli: Cli) -> Result<()> {
                     "device": topo.device,
                     "source": topo.source,
                     "master": topo.master_endpoint(),
+                    "job": opts.job_id,
                 })
             );
             Ok(())
