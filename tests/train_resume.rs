@@ -214,12 +214,17 @@ fn a_fresh_start_over_checkpoints_is_refused_and_a_resume_names_what_it_may_not_
         "{err}"
     );
     assert_eq!(ckpts(&d), vec!["step_00000002", "step_00000004"]);
-    // The checkpoint is complete at training.steps: nothing to resume.
-    let err = refused(&d, 4, &["--resume"]);
+    // The checkpoint is at training.steps: a finished run (e.g. a requeued job) has nothing to
+    // do and says so, exit 0, leaving its summary as it was; past the end is an error.
+    let summary = std::fs::read_to_string(d.join("summary.json")).unwrap();
+    let out = tiny(&d, 4, &["--resume"]);
     assert!(
-        err.contains("the run is complete") && err.contains("training.steps"),
-        "{err}"
+        out.contains("is complete") && out.contains("nothing to train"),
+        "{out}"
     );
+    assert_eq!(std::fs::read_to_string(d.join("summary.json")).unwrap(), summary);
+    let err = refused(&d, 3, &["--resume"]);
+    assert!(err.contains("past training.steps = 3"), "{err}");
     // A different model or data stream is refused, naming each key with both values.
     let err = refused(
         &d,
@@ -286,6 +291,11 @@ fn a_flamia_run_also_validates_through_exact_attention_without_changing_training
     };
     let (both, stdout) = run("both", &[]);
     let (own, _) = run("own-only", &["--set", "training.val_exact=false"]);
+    // A BF16 control's own pass is the exact one: logged under both names, printed once.
+    let (control, out) = run("control", &["--set", "attention.path=bf16"]);
+    let bits = |v: Vec<(u64, f64)>| v.into_iter().map(|x| (x.0, x.1.to_bits())).collect::<Vec<_>>();
+    assert_eq!(bits(val_losses(&control)), bits(exact_losses(&control)));
+    assert!(!out.contains("exact attention"), "{out}");
     let (v, e) = (val_losses(&both), exact_losses(&both));
     assert_eq!(e.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2, 4], "{e:?}");
     // The same tokens through another attention: close, not the same bits.

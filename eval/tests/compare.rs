@@ -649,7 +649,7 @@ fn the_trainers_exact_attention_validation_gets_its_own_row() {
             .any(|r| r.metric.starts_with(compare::TRAINING_VAL_EXACT_ROW)),
         "no run logged val_loss_exact: no row"
     );
-    // The bf16 control logs none (its own path is exact); mxfp8's exact pass reads 0.01 higher.
+    // A control run from before training.val_exact logs none; mxfp8's exact pass reads 0.01 higher.
     for n in ["m0", "m1", "m2"] {
         add_exact_val(&tmp.path().join(n), 0.01);
     }

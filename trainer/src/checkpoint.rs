@@ -108,18 +108,34 @@ impl Snapshot {
     }
 
     /// Writes the checkpoint durably (module docs) and prunes older ones; returns its directory.
+    /// A write that fails removes what it wrote (its `.tmp`), so that a full disk does not fill
+    /// further with every later attempt.
     pub fn write(&self, run_dir: &Path, keep: usize) -> Result<PathBuf> {
         let root = run_dir.join("checkpoints");
         if !root.exists() {
             std::fs::create_dir_all(&root).map_err(|e| TrainError::io(&root, e))?;
             sync_dir(run_dir)?; // (the new `checkpoints` entry itself)
         }
+        // (one writer at a time: any `.tmp` here is a killed or failed write's)
+        remove_partial(run_dir)?;
         let final_dir = root.join(ckpt_name(self.step));
         let tmp = root.join(format!("{}.tmp", ckpt_name(self.step)));
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+        if let Err(e) = self.write_files(&tmp) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
         }
-        std::fs::create_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
+        if final_dir.exists() {
+            std::fs::remove_dir_all(&final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
+        }
+        std::fs::rename(&tmp, &final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
+        sync_dir(&root)?;
+        prune(run_dir, keep, self.step)?;
+        Ok(final_dir)
+    }
+
+    /// Every file of the checkpoint into `tmp`, each fsynced, then `tmp` itself.
+    fn write_files(&self, tmp: &Path) -> Result<()> {
+        std::fs::create_dir_all(tmp).map_err(|e| TrainError::io(tmp, e))?;
         for (name, tensors) in [
             ("model.safetensors", &self.model),
             ("optimizer.safetensors", &self.optimizer),
@@ -133,14 +149,7 @@ impl Snapshot {
         for (name, bytes) in &self.extra {
             write_synced(&tmp.join(name), bytes)?;
         }
-        sync_dir(&tmp)?;
-        if final_dir.exists() {
-            std::fs::remove_dir_all(&final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
-        }
-        std::fs::rename(&tmp, &final_dir).map_err(|e| TrainError::io(&final_dir, e))?;
-        sync_dir(&root)?;
-        prune(run_dir, keep, self.step)?;
-        Ok(final_dir)
+        sync_dir(tmp)
     }
 }
 
@@ -515,6 +524,21 @@ mod tests {
         w.start(snap(), &file, 2).unwrap();
         assert!(w.wait().is_err());
         assert!(w.wait().unwrap().is_none(), "reported once");
+    }
+
+    #[test]
+    fn a_failed_write_removes_what_it_wrote() {
+        let tmp = tempfile::tempdir().unwrap();
+        let params = vec![("w".to_string(), Tensor::from_slice(&[1.0f32]))];
+        // An extra file the write cannot create (its directory does not exist): the model and
+        // optimizer files were written first.
+        let extra = vec![("no/such/dir".to_string(), b"x".to_vec())];
+        let snap = Snapshot::take(&state(3), &params, &params, "", extra).unwrap();
+        assert!(snap.write(tmp.path(), 2).is_err());
+        let left: Vec<_> = std::fs::read_dir(tmp.path().join("checkpoints"))
+            .unwrap()
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[test]

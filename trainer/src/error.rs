@@ -17,6 +17,10 @@ pub enum TrainError {
     /// Checkpoint writing, reading or resuming failed.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// `--resume` found the run complete (its newest checkpoint is at `training.steps`): nothing
+    /// to train, and not a failure (a requeued job that already finished exits 0 on it).
+    #[error("{0}")]
+    Complete(String),
     /// libtorch reported an error.
     #[error("libtorch: {0}")]
     Tch(#[from] tch::TchError),

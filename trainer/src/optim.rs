@@ -413,6 +413,9 @@ pub fn lr_at(cfg: &TrainingConfig, step: usize) -> f64 {
     }
     let total = cfg.steps.max(1);
     match cfg.schedule.as_str() {
+        // (decay_fraction 0: no decay at all, e.g. a stable-LR run whose checkpoints later
+        // branches decay from)
+        "wsd" if cfg.decay_fraction == 0.0 => peak,
         "wsd" => {
             let decay = ((cfg.decay_fraction * total as f64).round() as usize).max(1);
             let start = total.saturating_sub(decay).max(warm);
@@ -627,6 +630,9 @@ mod tests {
         assert_eq!(lr_at(&c, 50), 1.0);
         assert_eq!(lr_at(&c, 79), 1.0);
         assert!((lr_at(&c, 99) - 0.1).abs() < 1e-12);
+        // No decay asked for: the last step too runs at the peak.
+        c.decay_fraction = 0.0;
+        assert_eq!(lr_at(&c, 99), 1.0);
     }
 
     #[test]

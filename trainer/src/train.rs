@@ -115,6 +115,11 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
             ddp.shutdown()?;
             Ok(s)
         }
+        // (every rank decided this from the same plan: a clean end, not a failure)
+        Err(e @ TrainError::Complete(_)) => {
+            ddp.shutdown()?;
+            Err(e)
+        }
         Err(e) => {
             ddp.fail(&format!("rank {}: {e}", ddp.rank()));
             Err(e)
@@ -126,6 +131,19 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
 /// metrics, checkpoint.
 fn train_rank(cfg: &TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Device) -> Result<Summary> {
     let mut run = Run::start(cfg, opts, ddp, device)?;
+    if let Err(e) = run_steps(&mut run, cfg, ddp) {
+        // The other ranks learn of it now, before `run` drops and its checkpoint writer is
+        // joined (they would otherwise wait in a collective meanwhile and time out with a
+        // reason of their own). This rank's exit grace (`FLAMIA_DIST_EXIT_GRACE_S`) then bounds
+        // that join when there are several ranks.
+        ddp.fail(&format!("rank {}: {e}", ddp.rank()));
+        return Err(e);
+    }
+    run.finish()
+}
+
+/// The steps of this invocation (`train_rank`'s loop).
+fn run_steps(run: &mut Run, cfg: &TrainConfig, ddp: &mut Ddp) -> Result<()> {
     // From here on a stop signal is worth a checkpoint (before, the default action, exiting, is
     // right: there is nothing to save).
     if cfg.distributed.stop_on_signal {
@@ -165,7 +183,7 @@ fn train_rank(cfg: &TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Devic
             break;
         }
     }
-    run.finish()
+    Ok(())
 }
 
 /// One optimizer step's micro-batches, on the device.
@@ -223,6 +241,8 @@ struct Run<'a> {
     val_losses_exact: Vec<(usize, f64)>,
     /// Rank 0's checkpoint being written in the background.
     writer: checkpoint::Writer,
+    /// Background checkpoint writes that failed since the last one that did not.
+    failed_writes: usize,
     /// Set when the ranks voted to stop (a stop signal on some rank).
     stopped_by: Option<String>,
     /// ZeRO-1: this rank updates its range of the parameters, then they are all-gathered.
@@ -255,6 +275,28 @@ impl<'a> Run<'a> {
         let config_toml = cfg.to_toml()?;
         let compute = compute_kind(&cfg.run.compute, device);
         let attn = cfg.attention.options()?;
+        // Exact attention on CUDA is libtorch's flash kernel, which takes BF16/FP16 only: a
+        // float32 run would fail there at its first step (bf16 path) or first validation.
+        let exact_on_cuda =
+            attn.path == AttnPath::Exact || (cfg.training.val_exact && cfg.training.val_every > 0);
+        if device.is_cuda() && compute == Kind::Float && exact_on_cuda {
+            return Err(TrainError::Invalid(format!(
+                "run.compute = {:?} on CUDA: exact attention there ({}) is libtorch's flash kernel, \
+                 which takes bf16 only; use run.compute = \"bf16\" (master weights and optimizer \
+                 state stay float32){}",
+                cfg.run.compute,
+                if attn.path == AttnPath::Exact {
+                    "the bf16 path"
+                } else {
+                    "training.val_exact's validation pass"
+                },
+                if attn.path == AttnPath::Exact {
+                    ""
+                } else {
+                    ", or training.val_exact = false"
+                }
+            )));
+        }
         let checkpointing = Checkpointing::parse(&cfg.training.activation_checkpointing)?;
 
         // Rank 0 alone reads the checkpoint; the others get its choice (and, after `attach`,
@@ -262,9 +304,7 @@ impl<'a> Run<'a> {
         let (plan, loaded) = if opts.resume {
             resume_plan(&run_dir, ddp)?
         } else {
-            if main {
-                fresh_start(&run_dir, opts.overwrite)?;
-            }
+            fresh_start(&run_dir, opts.overwrite, ddp)?;
             (None, None)
         };
         if let Some(r) = &plan {
@@ -272,19 +312,26 @@ impl<'a> Run<'a> {
             let saved = TrainConfig::from_saved_toml(&r.config_toml)
                 .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", path.display())))?;
             check_resume_config(&saved, cfg, &path)?;
-            if r.state.step >= cfg.training.steps {
+            // Raising training.steps is how a finished run goes on; say what that does to the
+            // schedule, which is a function of training.steps.
+            let more = "raise training.steps to train further (the learning-rate schedule is \
+                        computed from it: a finished cosine or WSD decay starts again from where the \
+                        longer schedule is at that step)";
+            if r.state.step == cfg.training.steps {
+                return Err(TrainError::Complete(format!(
+                    "the run in {} is complete: its checkpoint {} is at training.steps = {}; nothing \
+                     to train ({more})",
+                    run_dir.display(),
+                    r.dir.display(),
+                    r.state.step
+                )));
+            }
+            if r.state.step > cfg.training.steps {
                 return Err(TrainError::Checkpoint(format!(
-                    "{} is at step {}, and training.steps is {}: {}; raise training.steps (e.g. --set \
-                     training.steps={}) to train further",
+                    "{} is at step {}, past training.steps = {}; {more}",
                     r.dir.display(),
                     r.state.step,
-                    cfg.training.steps,
-                    if r.state.step == cfg.training.steps {
-                        "the run is complete"
-                    } else {
-                        "the checkpoint is past the end"
-                    },
-                    2 * r.state.step
+                    cfg.training.steps
                 )));
             }
         }
@@ -430,6 +477,7 @@ impl<'a> Run<'a> {
             val_losses: Vec::new(),
             val_losses_exact: Vec::new(),
             writer: checkpoint::Writer::default(),
+            failed_writes: 0,
             stopped_by: None,
             zero1,
         })
@@ -655,6 +703,10 @@ impl<'a> Run<'a> {
                     let e = v.run(&self.model, &opts, self.device, ddp, &self.progress)?;
                     r.exact_loss = Some(e.loss);
                     r.seconds += e.seconds;
+                } else if self.cfg.training.val_exact {
+                    // the exact path's own pass is the exact one: logged under both names, so a
+                    // BF16 control has the series its FP8 arms are compared with
+                    r.exact_loss = Some(r.loss);
                 }
                 Ok(r)
             });
@@ -668,6 +720,7 @@ impl<'a> Run<'a> {
             "step {s}: validation loss {:.4}{} ({} tokens, {:.1} s)",
             r.loss,
             r.exact_loss
+                .filter(|_| exact.is_some())
                 .map(|e| format!(", exact attention {e:.4}"))
                 .unwrap_or_default(),
             r.tokens,
@@ -745,11 +798,15 @@ impl<'a> Run<'a> {
         // below, under the checkpoint I/O timeout (not the collectives').
         if self.main {
             match self.writer.wait() {
-                Ok(Some(dir)) => tracing::debug!("checkpoint {} written", dir.display()),
+                Ok(Some(dir)) => {
+                    tracing::debug!("checkpoint {} written", dir.display());
+                    self.failed_writes = 0;
+                }
                 Ok(None) => {}
                 // (the writer logged it when it failed) this step's checkpoint is still worth
-                // writing: the space may be back, and a stop must leave one behind
-                Err(e) => tracing::warn!("the previous checkpoint failed ({e}); writing step {s}'s"),
+                // writing once: the space may be back, and a stop must leave one behind; two in
+                // a row stop the run rather than let it train on without checkpoints
+                Err(e) => after_failed_write(&mut self.failed_writes, e, s)?,
             }
         }
         // Collective (every rank, same steps): rank 0 stores every rank's data position.
@@ -817,7 +874,12 @@ impl<'a> Run<'a> {
             losses: std::mem::take(&mut self.losses),
             val_losses: std::mem::take(&mut self.val_losses),
             val_losses_exact: std::mem::take(&mut self.val_losses_exact),
-            stopped_by: self.stopped_by.take(),
+            // (a stop that came during the run's last step: the run is complete, and the exit
+            // status must not ask a launcher to requeue it)
+            stopped_by: self
+                .stopped_by
+                .take()
+                .filter(|_| self.st.step < self.cfg.training.steps),
         };
         if self.main {
             let json =
@@ -832,10 +894,45 @@ impl<'a> Run<'a> {
     }
 }
 
+/// A background checkpoint write failed (the writer logged it): the first of a row is only
+/// logged and the checkpoint of `step` is still written (the space may be back, and a stop must
+/// leave one behind); a second in a row stops the run rather than let it train on without
+/// checkpoints. `failed` counts them (reset by a write that succeeds).
+fn after_failed_write(failed: &mut usize, e: TrainError, step: usize) -> Result<()> {
+    *failed += 1;
+    if *failed >= 2 {
+        return Err(TrainError::Checkpoint(format!(
+            "{failed} checkpoints in a row were not written, the last: {e}; stopping rather than \
+             training on without one (free the space, then --resume from the newest complete \
+             checkpoint)"
+        )));
+    }
+    tracing::warn!("the previous checkpoint failed ({e}); writing step {step}'s");
+    Ok(())
+}
+
 /// A fresh start in `run_dir` (rank 0): refused while the directory holds an earlier run's
 /// checkpoints (the new run's would be pruned against them, and a later `--resume` could pick
 /// the old run's), unless `overwrite` deletes them.
-fn fresh_start(run_dir: &std::path::Path, overwrite: bool) -> Result<()> {
+fn fresh_start(run_dir: &std::path::Path, overwrite: bool, ddp: &Ddp) -> Result<()> {
+    // Rank 0 decides; every rank gets its answer (as `resume_plan` does), so none goes on to
+    // build a model for a start that was refused.
+    if !ddp.is_main() {
+        let answer: std::result::Result<(), String> = serde_json::from_slice(&ddp.broadcast_bytes(None)?)
+            .map_err(|e| TrainError::Checkpoint(format!("rank 0's start check is unreadable: {e}")))?;
+        return answer.map_err(|e| TrainError::Checkpoint(format!("rank 0 refused the start: {e}")));
+    }
+    let r = fresh_start_here(run_dir, overwrite);
+    let answer: std::result::Result<(), String> = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
+    let bytes = serde_json::to_vec(&answer).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    if ddp.world_size() > 1 {
+        ddp.broadcast_bytes(Some(&bytes))?;
+    }
+    r
+}
+
+/// Rank 0's part of [`fresh_start`].
+fn fresh_start_here(run_dir: &std::path::Path, overwrite: bool) -> Result<()> {
     let existing = checkpoint::list(run_dir)?;
     let Some((newest, _)) = existing.last() else {
         return Ok(());
@@ -908,6 +1005,13 @@ fn check_resume_config(saved: &TrainConfig, now: &TrainConfig, path: &std::path:
         for (k, a, b) in section_changes(saved, now, section) {
             tracing::warn!("resuming with {k} = {b} (the checkpoint was made with {a})");
         }
+    }
+    if saved.data.batch_rows != now.data.batch_rows && now.training.val_every > 0 {
+        tracing::warn!(
+            "validation scores whole batches of data.batch_rows rows up to training.val_tokens: \
+             after this resume it may score other tokens than before (val_loss before and after \
+             are not strictly comparable)"
+        );
     }
     Ok(())
 }
@@ -1096,5 +1200,24 @@ mod tests {
             check(&cfg("125m", "nvfp4", &[]), cuda).is_ok(),
             "125m has head_dim 128"
         );
+    }
+
+    #[test]
+    fn one_failed_checkpoint_write_is_survived_and_two_in_a_row_stop_the_run() {
+        let fail = || TrainError::Checkpoint("disk full".into());
+        let mut failed = 0;
+        after_failed_write(&mut failed, fail(), 10).unwrap();
+        let e = after_failed_write(&mut failed, fail(), 20)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("2 checkpoints in a row") && e.contains("disk full"),
+            "{e}"
+        );
+        // A write that succeeds in between resets the count (Run::checkpoint).
+        let mut failed = 0;
+        after_failed_write(&mut failed, fail(), 10).unwrap();
+        failed = 0;
+        after_failed_write(&mut failed, fail(), 30).unwrap();
     }
 }

@@ -329,7 +329,7 @@ fn bwd_dq_first_store() -> bool {
 /// per register (`BWD_CVT4`: 1,234 -> 1,204 SASS per interior step at d = 128, 939 -> 907 at 64;
 /// bitwise the same gradients). On by default since session 17 (training call -0.4..-1.7% on
 /// eight of the nine workloads, docs/perf.md); `FLAMIA_BWD_CVT4=0` (A/B and the bitwise test)
-/// keeps the code pairs.
+/// keeps the code pairs. Read once per [`Attention`] (it decides K's dim-major order too).
 fn bwd_cvt4() -> bool {
     !super::env_off("FLAMIA_BWD_CVT4")
 }
@@ -869,8 +869,9 @@ pub struct Attention {
     amax: AmaxScratch,
     /// The development switches, read once here (not per call): `FLAMIA_ATTN_PROMOTE`,
     /// `FLAMIA_ATTN_FWD`, `FLAMIA_FWD_STAGES`, `FLAMIA_ATTN_BWD`, `FLAMIA_BWD_STAGES`,
-    /// `FLAMIA_BWD_KD_XPOSE`, `FLAMIA_FWD_QD` and `FLAMIA_FWD_VPERM` (they decide the saved
-    /// operands' layout and writer, so they may not change between a forward and its backward).
+    /// `FLAMIA_BWD_KD_XPOSE`, `FLAMIA_FWD_QD`, `FLAMIA_FWD_VPERM`, `FLAMIA_BWD_QPERM`,
+    /// `FLAMIA_BWD_CVT4` and `FLAMIA_BWD_DS_STSM` (they decide the saved operands' layout and
+    /// writer, so they may not change between a forward and its backward).
     promote: u32,
     fwd_v3: bool,
     fwd_stages: u32,
@@ -880,6 +881,10 @@ pub struct Attention {
     vt_xpose_env: Option<bool>,
     qd_fwd: QdFwd,
     vperm_env: bool,
+    /// `FLAMIA_BWD_QPERM`, `FLAMIA_BWD_CVT4`, `FLAMIA_BWD_DS_STSM` not set to 0.
+    qperm_env: bool,
+    cvt4_env: bool,
+    ds_stsm_env: bool,
     /// Clusters of two of the paired backward that run at once, per kernel and shared memory
     /// (`cuOccupancyMaxActiveClusters`, asked once).
     clusters: std::sync::Mutex<std::collections::HashMap<(usize, u32), usize>>,
@@ -908,6 +913,9 @@ impl Attention {
             kd_xpose_env: kd_xpose_env(),
             vt_xpose_env: vt_xpose_env(),
             vperm_env: super::env_on("FLAMIA_FWD_VPERM"),
+            qperm_env: !super::env_off("FLAMIA_BWD_QPERM"),
+            cvt4_env: bwd_cvt4(),
+            ds_stsm_env: !super::env_off("FLAMIA_BWD_DS_STSM"),
             qd_fwd: QdFwd::from_env(),
             clusters: Default::default(),
         })
@@ -949,7 +957,7 @@ impl Attention {
         );
         if self.bwd_qperm() {
             v.0 = v.0.define("BWD_QPERM", 1);
-            if !bwd_cvt4() {
+            if !self.cvt4_env {
                 v.0 = v.0.define("BWD_CVT4", 0);
             }
         }
@@ -1151,7 +1159,7 @@ impl Attention {
     /// the plain order (A/B and that test). Public so a caller reading [`Saved`]'s Q copy knows
     /// its order (`dim_token` in `cuda/quant.cu`).
     pub fn bwd_qperm(&self) -> bool {
-        self.uses_backward_v4() && !super::env_off("FLAMIA_BWD_QPERM")
+        self.uses_backward_v4() && self.qperm_env
     }
 
     /// The order of Q's and dO's dim-major copies ([`Attention::bwd_qperm`]).
@@ -1197,7 +1205,7 @@ impl Attention {
     /// too since later in that session, not yet measured there), `FLAMIA_BWD_DS_STSM=0` is the
     /// old tile (A/B and that test).
     pub fn bwd_ds_stsm(&self) -> bool {
-        self.bwd_qperm() && bwd_cvt4() && !super::env_off("FLAMIA_BWD_DS_STSM")
+        self.bwd_qperm() && self.cvt4_env && self.ds_stsm_env
     }
 
     /// The order of K's dim-major copy: interleaved for the backward's stmatrix dS tile

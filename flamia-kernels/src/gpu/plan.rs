@@ -176,7 +176,7 @@ impl Plan {
             return Err(super::error::GpuError::NotSupported(format!(
                 "{} tokens in one call; at most {}",
                 shape.tokens(),
-                i32::MAX as usize / 256
+                i32::MAX as usize / 256 - 1
             )));
         }
         let tables = PlanTables::for_ctas(shape, causal, gpu.sm_count().max(1) as usize);

@@ -220,7 +220,10 @@ impl FlamiaCall {
         }
         // SAFETY: bridge.cpp passes a live int32 host tensor of n_docs + 1 entries.
         let cu = unsafe { std::slice::from_raw_parts(self.cu_seqlens_host, self.n_docs as usize + 1) };
-        let cu: Vec<usize> = cu.iter().map(|&c| c.max(0) as usize).collect();
+        if let Some((i, c)) = cu.iter().enumerate().find(|(_, c)| **c < 0) {
+            return Err(format!("cu_seqlens entry {i} is {c}: offsets are never negative"));
+        }
+        let cu: Vec<usize> = cu.iter().map(|&c| c as usize).collect();
         let shape = VarlenShape::new(
             cu,
             self.heads_q as usize,

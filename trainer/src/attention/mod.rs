@@ -86,6 +86,13 @@ impl Packing {
                 "cu_seqlens must start at 0 and strictly increase with at least one document; got {cu_seqlens:?}"
             )));
         }
+        let tokens = cu_seqlens[cu_seqlens.len() - 1];
+        if tokens > i32::MAX as usize {
+            return Err(TrainError::Invalid(format!(
+                "{tokens} tokens in one packing; attention takes at most {} (int32 offsets)",
+                i32::MAX
+            )));
+        }
         let cu: Vec<i32> = cu_seqlens.iter().map(|&c| c as i32).collect();
         let cu_host = Tensor::from_slice(&cu);
         // On CUDA: a pinned staging copy and a non-blocking upload (libtorch's host caching

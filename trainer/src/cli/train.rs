@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::Args;
 use flamia_trainer::config::TrainConfig;
 use flamia_trainer::train::{train, RunOptions};
+use flamia_trainer::TrainError;
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
@@ -36,15 +37,21 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         print!("{}", cfg.to_toml()?);
         return Ok(());
     }
-    let s = train(
+    let s = match train(
         &cfg,
         &RunOptions {
             resume: a.resume,
             stop_after: a.stop_after,
             overwrite: a.overwrite,
         },
-    )
-    .with_context(|| format!("training run in {}", cfg.run_dir().display()))?;
+    ) {
+        // `--resume` of a finished run (e.g. a requeued job): nothing to do, not a failure
+        Err(TrainError::Complete(msg)) => {
+            println!("{msg}");
+            return Ok(());
+        }
+        r => r.with_context(|| format!("training run in {}", cfg.run_dir().display()))?,
+    };
     println!(
         "run {} | attention {} | {} | steps {} (skipped {}) | loss {:.4} -> {:.4} (last-10% mean {:.4}){} | {:.0} tok/s{} | peak mem {:.2} GiB | attention {:.0}% of time | {:.1} s",
         s.run_dir.display(),
@@ -58,7 +65,12 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         s.val_losses
             .last()
             .map(|(step, v)| {
-                let exact = s.val_losses_exact.last().filter(|e| e.0 == *step);
+                // (the bf16 path's own validation is the exact one: nothing to add)
+                let own_is_exact = matches!(
+                    flamia_trainer::attention::parse_path(&s.attention_path),
+                    Ok(flamia_kernels::AttnPath::Exact)
+                );
+                let exact = s.val_losses_exact.last().filter(|e| e.0 == *step && !own_is_exact);
                 let exact = exact.map(|e| format!(" (exact attention {:.4})", e.1)).unwrap_or_default();
                 format!(" | validation loss {v:.4}{exact} at step {step}")
             })
