@@ -23,10 +23,19 @@ base = {r["workload"]: r for r in anchors["rows"]}
 fp8_rows = {r["workload"]: r for r in (fp8 or {}).get("rows", []) if "fwdbwd_ms" in r}
 NAMES = {"fa2_varlen": "FA2 varlen", "cudnn_pad": "cuDNN", "flex": "Flex"}
 print("anchors env:", json.dumps(anchors.get("env", {})))
+if anchors.get("env", {}).get("grads", "accumulate") != "none":
+    print("WARNING: these anchors timed each BF16 training call adding its input gradients onto the last call's "
+          "(anchors.py before session 41, or ANCHOR_GRADS=accumulate): ~0.6 ms of extra adds in every baseline's "
+          "train ms at 65,536 tokens; re-run bench/anchors.py for a like-for-like standing")
 if fp8 is not None:
     print("cuDNN FP8 env:", json.dumps(fp8.get("env", {})))
 for o in ours:
     print("ours: %s %s, SM clock before %s, after %s" % (o["device"], o["path"], o["sm_clock_before"], o["sm_clock_after"]))
+    # (a d = 64 or GQA run against d = 128 baselines would compare unlike shapes)
+    # (anchors JSON before the head-dim knob ran at 128)
+    mine, theirs = (o["rows"] or [{}])[0].get("head_dim"), anchors.get("env", {}).get("head_dim", 128)
+    if mine is not None and theirs is not None and mine != theirs:
+        sys.exit("our head_dim %s is not the anchors' %s (ANCHOR_HEAD_DIM)" % (mine, theirs))
     # the quantiser against the device copy of the same run (JSON of a bench before session 34 has none)
     if "copy_gbs_before" in o and o["rows"]:
         copy = max(o["copy_gbs_before"], o["copy_gbs_after"])
@@ -51,7 +60,7 @@ def runs(w):
 
 
 head = ["workload", "ours train ms", "best BF16 train ms", "ours / best", "ours fwd ms", "best BF16 fwd ms",
-        "ours / best", "bwd TFLOP/s", "SM MHz after fwd,bwd,train"]
+        "ours / best", "ours quant+fwd ms", "ours / best", "bwd TFLOP/s", "SM MHz after fwd,bwd,train"]
 if fp8 is not None:
     head += ["cuDNN FP8 fwd+bwd ms", "ours / FP8", "cuDNN FP8 fwd ms", "ours fwd / FP8"]
 print()
@@ -62,19 +71,26 @@ for r in ours[0]["rows"]:
     rs, b = runs(w), base.get(w, {})
     cols = [w]
     worst = {}
-    for ms_key, keys in (("train_ms", ("fa2_varlen_ms", "cudnn_pad_ms", "flex_ms")), ("fwd_ms", ("cudnn_pad_fwd_ms", "flex_fwd_ms"))):
+    for x in rs:  # the forward from BF16 inputs: the Q/K/V quantiser, then the FP8 forward
+        x["quant_fwd_ms"] = x["quant_ms"] + x["fwd_ms"]
+    fwd_keys = ("fa2_varlen_fwd_ms", "cudnn_pad_fwd_ms", "flex_fwd_ms")
+    for ms_key, keys in (("train_ms", ("fa2_varlen_ms", "cudnn_pad_ms", "flex_ms")), ("fwd_ms", fwd_keys),
+                         ("quant_fwd_ms", fwd_keys)):
         mine = [x[ms_key] for x in rs]
         worst[ms_key] = max(mine)
         cols.append(" / ".join("%.3f" % m for m in mine))
         hit = best(b, keys)
         if hit:
             name = NAMES[hit[0].replace("_fwd_ms", "").replace("_ms", "")]
+            if ms_key == "quant_fwd_ms":  # (the baseline is the one in the fwd column)
+                cols += ["%.2fx" % (max(mine) / hit[1])]
+                continue
             # (the baseline's clock after its loop where anchors.py recorded it: bench/anchors.py)
             mhz = b.get(hit[0][:-len("_ms")] + "_mhz")
             at = " @%.0f" % mhz if mhz else ""
             cols += ["%.3f (%s%s)" % (hit[1], name, at), "%.2fx" % (max(mine) / hit[1])]
         else:
-            cols += ["-", "-"]
+            cols += ["-"] if ms_key == "quant_fwd_ms" else ["-", "-"]
     cols.append(" / ".join("%.0f" % x["bwd_tflops"] for x in rs))
     # (JSON of a bench before session 33 has no clock)
     cols.append(" / ".join(clocks(x) for x in rs))
@@ -87,6 +103,8 @@ for r in ours[0]["rows"]:
             cols += ["-", "-", "-", "-"]
     print("| " + " | ".join(cols) + " |")
 print("\nours / best: our slower run's ms over the best BF16 baseline's ms of the same device call (< 1: faster)")
+print("ours fwd ms: the FP8 forward on inputs already quantised (issue 12's forward TFLOP/s); ours quant+fwd ms: "
+      "with the Q/K/V quantiser before it, the forward from BF16 inputs as the BF16 baselines' forward starts")
 print("SM MHz after fwd,bwd,train: the clock measured on the GPU right after our forward's, backward's and training "
       "call's timing loops (a baseline's '@MHz': the same after its loop); under the card's power cap a sustained loop "
       "runs slower clocks, and the time rises as the clock falls")

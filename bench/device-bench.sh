@@ -8,7 +8,7 @@ run_bench() {
   [ "$e" = - ] && e=X=1
   echo "=== $label"
   # (the assignments split on purpose)
-  env $e timeout 100 "$C/flamia" bench attention "$@" 2>&1 | grep -E "^[0-9]|^lognormal"
+  env $e timeout 100 "$C/flamia" bench attention "$@" 2>&1 | grep -E "^[0-9]|^lognormal|rror"
 }
 # The five d = 64 workloads the A/Bs run beside the nine at d = 128.
 D64=(--head-dim 64 --workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096 --workload lognormal)
@@ -39,7 +39,10 @@ bench_mhz() {
   [ "$e" = - ] && e=X=1
   py=$(command -v python3 || echo /opt/torch/.venv/bin/python)
   echo "=== $label"
+  # (a variant that fails or times out writes no JSON: the previous one's must not be read as its)
+  rm -f /tmp/b.json
   env $e timeout 150 "$C/flamia" bench attention --json /tmp/b.json "$@" 2>&1 | grep -E "^[0-9]|^lognormal|rror"
+  [ -s /tmp/b.json ] || { echo "  (no JSON: the bench of $label failed or timed out)"; return; }
   $py - <<'PY'
 import json
 d = json.load(open("/tmp/b.json"))

@@ -180,9 +180,12 @@ unsafe fn launch_bench_kernel(
 }
 
 /// `clock_probe` (bench.cu) launched on the default stream into `out[2 i], out[2 i + 1]`: SM
-/// cycles over 20 us of the global timer, one thread, after whatever the stream ran before.
+/// cycles over 100 us of the global timer, one thread, after whatever the stream ran before.
+/// (The timer may tick only every microsecond: over the 20 us used until session 41 that was up
+/// to 5% of the reading, over 100 us 1%; still short against the power manager's millisecond
+/// reaction, so the clock is the one the loop left.)
 fn launch_clock_probe(gpu: &Gpu, out: &DeviceBuf<u64>, i: usize) -> GpuResult<()> {
-    let (ptr, ns) = (out.ptr() + 16 * i as u64, 20_000i64);
+    let (ptr, ns) = (out.ptr() + 16 * i as u64, 100_000i64);
     let mut args: [*mut std::ffi::c_void; 2] = [&ptr as *const u64 as *mut _, &ns as *const i64 as *mut _];
     assert!(2 * i + 1 < out.len(), "clock_probe slot {i} outside its buffer");
     // SAFETY: the two pointers match clock_probe(u64*, long long); slot i lies in `out` (asserted).
