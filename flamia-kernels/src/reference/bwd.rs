@@ -144,6 +144,10 @@ impl BwdCtx<'_> {
         }
         let amax = |r0: usize, r1: usize| raw[r0 * B..r1 * B].iter().fold(0f32, |m, v| m.max(v.abs()));
         let col_amax = |c: usize| (0..B).fold(0f32, |m, r| m.max(raw[r * B + c].abs()));
+        // dS exponents floor at -126 as the kernels' (`e4m3_scale_exp`, `_nn`: a maximum that is
+        // zero or an f32 subnormal gives -126 there, where `block_exponent` gives -127; the
+        // codes of such a block differ by that factor of two otherwise)
+        let block_exponent = |amax: f32| block_exponent(amax).max(-126);
         let block_e = block_exponent(amax(0, B));
         // dK's copy: one exponent per key column (row_ds), else the block's
         let col_e: [i8; B] = std::array::from_fn(|c| {
