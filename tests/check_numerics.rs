@@ -1,5 +1,7 @@
 //! `flamia check numerics --json` end to end: schema, the MXFP8 cosine bars, and the leakage
-//! figures (bitwise zero where the design promises it, a visible leak in the leaky control).
+//! figures (bitwise zero where the design promises it, a visible leak in the leaky control), and
+//! the exit status: success only when every leakage figure is what the design promises (the
+//! failing side is `cli::check`'s unit tests, which feed the check a leaking implementation).
 
 mod support;
 use serde_json::Value;
@@ -88,6 +90,28 @@ fn table_mode_and_bad_arguments() {
         "only the asked path: {table}"
     );
     assert!(table.contains("wall time"), "{table}");
+    assert!(
+        table.contains("checks: all 4 as expected"),
+        "the leakage checks are reported: {table}"
+    );
+    // Without the leakage figures there is nothing to check, and no verdict line.
+    let out = check(&[
+        "--lens",
+        "40,20",
+        "--heads",
+        "2",
+        "--head-dim",
+        "64",
+        "--path",
+        "mxfp8",
+        "--no-leakage",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("checks:"));
 
     let out = check(&["--head-dim", "96", "--lens", "10"]);
     assert!(!out.status.success());

@@ -1,7 +1,9 @@
 //! `flamia eval`, `flamia compare` and `flamia export` end to end on CPU: two short tiny runs (the
 //! bf16 control and mxfp8), each evaluated on the task fixtures and three short held-out documents
 //! through both attention paths, compared into a markdown report with a PNG, and exported to
-//! Hugging Face format.
+//! Hugging Face format; and, on a run with a filtered validation shard and two checkpoints, what
+//! `flamia eval` reads before scoring, how it resolves a run directory, filters the run's
+//! validation split, reports progress and merges `eval.json`.
 
 use std::path::Path;
 
@@ -64,6 +66,223 @@ fn eval(dir: &Path) -> serde_json::Value {
         "eval",
     );
     serde_json::from_str(&std::fs::read_to_string(dir.join("eval.json")).expect("eval.json written")).unwrap()
+}
+
+/// Runs `flamia` and returns its output whatever its exit status.
+fn output(cmd: &mut std::process::Command) -> std::process::Output {
+    cmd.current_dir(repo()).output().expect("run flamia")
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs `flamia eval ARGS`, which must succeed; returns its stderr and the `eval.json` of `run`.
+fn eval_ok(run: &Path, args: &[&str]) -> (String, serde_json::Value) {
+    let out = output(flamia().arg("eval").args(args));
+    assert!(
+        out.status.success(),
+        "flamia eval {args:?} failed:\n{}",
+        stderr(&out)
+    );
+    let json = std::fs::read_to_string(run.join("eval.json")).expect("eval.json written");
+    (stderr(&out), serde_json::from_str(&json).unwrap())
+}
+
+#[test]
+fn eval_reads_inputs_first_filters_validation_and_merges_results() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A validation shard of four documents of which only the second and the fourth pass the
+    // run's filters (int_score >= 3, language en).
+    let docs = [
+        (
+            "A first document, too low a score to be kept by the run.",
+            2,
+            "en",
+        ),
+        ("The second document: int_score four, English, kept.", 4, "en"),
+        ("Le troisième document : bonne note, mais en français.", 4, "fr"),
+        (
+            "The fourth and last document, scored five, in English; kept as well.",
+            5,
+            "en",
+        ),
+    ];
+    let jsonl: String = docs
+        .iter()
+        .map(|(t, s, l)| {
+            format!(
+                "{}\n",
+                serde_json::json!({"text": t, "int_score": s, "language": l})
+            )
+        })
+        .collect();
+    let kept_bytes: usize = [docs[1].0, docs[3].0].iter().map(|t| t.len()).sum();
+    std::fs::write(tmp.path().join("val.jsonl"), jsonl).unwrap();
+    let shard = tmp.path().join("val.parquet");
+    ok(
+        flamia().args(["data", "make-shard", "--jsonl"]).args([
+            &tmp.path().join("val.jsonl").display().to_string(),
+            "--out",
+            &shard.display().to_string(),
+        ]),
+        "data make-shard",
+    );
+    let run = tmp.path().join("run");
+    ok(
+        flamia()
+            .args(["train", "--config", "configs/tiny-cpu.toml"])
+            .args(["--set", "training.steps=4", "--set", "run.checkpoint_every=2"])
+            .args(["--set", &format!("run.dir={}", run.display())])
+            .args(["--set", &format!("data.val=[\"{}\"]", shard.display())])
+            .args(["--set", "data.min_int_score=3", "--set", "data.language=\"en\""])
+            .args(["--set", "run.device=cpu", "--set", "attention.path=mxfp8"])
+            .args(SMALL),
+        "train",
+    );
+    let (step2, step4) = (
+        run.join("checkpoints/step_00000002"),
+        run.join("checkpoints/step_00000004"),
+    );
+    assert!(step2.join("state.json").exists() && step4.join("state.json").exists());
+    let run_s = run.display().to_string();
+    let step4_s = step4.display().to_string();
+
+    // A run directory stands for its newest checkpoint; the run's own validation split is read
+    // through the run's filters; each validation pass reports its progress.
+    let (err, e) = eval_ok(
+        &run,
+        &["--checkpoint", &run_s, "--val-seq-len", "64", "--batch-size", "2"],
+    );
+    assert!(
+        err.contains("is a run directory") && err.contains("step_00000004"),
+        "{err}"
+    );
+    assert_eq!(e["step"], 4);
+    assert!(
+        e["checkpoint"].as_str().unwrap().ends_with("step_00000004"),
+        "{e}"
+    );
+    let v = e["validation"].clone();
+    assert_eq!(v["exact"]["docs"], 2, "the filtered split: {v}");
+    assert_eq!(v["exact"]["bytes"], kept_bytes as u64, "{v}");
+    assert!(
+        v["source"]
+            .as_str()
+            .unwrap()
+            .ends_with("filtered: min_int_score 3, language en"),
+        "{v}"
+    );
+    for pass in [
+        "validation through the training path (mxfp8): 0/",
+        "validation through exact attention: 0/",
+    ] {
+        assert!(err.contains(pass), "no progress line {pass:?}:\n{err}");
+    }
+    assert!(err.contains(" windows (100%)"), "{err}");
+
+    // A validation input that cannot be read fails before any task is scored, and leaves the
+    // earlier eval.json as it was.
+    let before = std::fs::read(run.join("eval.json")).unwrap();
+    let tasks = ["--tasks", "all", "--data-dir", "eval/fixtures/tasks"];
+    let out = output(
+        flamia()
+            .args(["eval", "--checkpoint", &step4_s])
+            .args(tasks)
+            .args([
+                "--val-data",
+                "eval/fixtures/heldout.jsonl",
+                "--val-column",
+                "body",
+            ]),
+    );
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(err.contains("--val-column") && err.contains("\"body\""), "{err}");
+    assert!(
+        !err.contains("piqa:"),
+        "a task was scored before the failure:\n{err}"
+    );
+    assert_eq!(std::fs::read(run.join("eval.json")).unwrap(), before);
+
+    // Tasks without validation: the earlier validation of this checkpoint is kept.
+    let (err, e) = eval_ok(
+        &run,
+        &[
+            "--checkpoint",
+            &step4_s,
+            "--tasks",
+            "piqa,arc_easy",
+            "--data-dir",
+            "eval/fixtures/tasks",
+            "--no-val",
+        ],
+    );
+    assert!(
+        err.contains("kept from the earlier") && err.contains("validation"),
+        "{err}"
+    );
+    assert!(
+        err.contains("piqa: 0/") && err.contains(" requests (100%)"),
+        "{err}"
+    );
+    assert_eq!(e["validation"], v);
+    let arc_n = e["tasks"]["arc_easy"]["n"].clone();
+    assert!(e["tasks"]["piqa"]["n"].as_u64().unwrap() > 1, "{e}");
+    // A task re-scored replaces its earlier result; the others stay.
+    let (_, e) = eval_ok(
+        &run,
+        &[
+            "--checkpoint",
+            &step4_s,
+            "--tasks",
+            "piqa",
+            "--data-dir",
+            "eval/fixtures/tasks",
+            "--no-val",
+            "--limit",
+            "1",
+        ],
+    );
+    assert_eq!(e["tasks"]["piqa"]["n"], 1);
+    assert_eq!(e["tasks"]["arc_easy"]["n"], arc_n);
+    assert_eq!(e["validation"], v);
+
+    // Another checkpoint replaces the file whole, with a warning naming both.
+    let (err, e) = eval_ok(
+        &run,
+        &[
+            "--checkpoint",
+            &step2.display().to_string(),
+            "--tasks",
+            "piqa",
+            "--data-dir",
+            "eval/fixtures/tasks",
+            "--no-val",
+        ],
+    );
+    assert!(
+        err.contains("warning:")
+            && err.contains("step_00000004 (step 4)")
+            && err.contains("step_00000002 (step 2)"),
+        "{err}"
+    );
+    assert_eq!(e["step"], 2);
+    assert_eq!(e["tasks"].as_object().unwrap().len(), 1);
+    assert!(e["validation"].is_null(), "{e}");
+
+    // Directories that are neither a checkpoint nor a run with one.
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir_all(empty.join("checkpoints")).unwrap();
+    for (dir, says) in [
+        (empty.clone(), "without a complete checkpoint"),
+        (tmp.path().to_path_buf(), "neither a checkpoint directory"),
+        (tmp.path().join("missing"), "no such directory"),
+    ] {
+        let out = output(flamia().args(["eval", "--checkpoint", &dir.display().to_string()]));
+        assert!(!out.status.success());
+        assert!(stderr(&out).contains(says), "{}: {}", dir.display(), stderr(&out));
+    }
 }
 
 /// `flamia export` of a `train` run's last checkpoint into `out`.

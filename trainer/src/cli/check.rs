@@ -5,7 +5,7 @@
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use flamia_kernels::leakage::reference_attn;
-use flamia_kernels::numerics::{run_check, CheckConfig, NumericsReport};
+use flamia_kernels::numerics::{run_check, CheckConfig, LeakageReport, NumericsReport};
 use flamia_kernels::AttnPath;
 
 /// `flamia check ...`
@@ -18,7 +18,10 @@ pub struct CheckArgs {
 #[derive(Debug, Subcommand)]
 enum CheckCommand {
     /// Cosine / relative L2 of O, dQ, dK, dV of each path against exact attention, dS zero
-    /// fraction, and leakage figures, on random normal inputs.
+    /// fraction, and leakage figures, on random normal inputs. Exits with status 1 when a leakage
+    /// figure breaks its promise: default MXFP8 before the perturbed block, MXFP8 with the
+    /// precision options, and document isolation must be bitwise unchanged; the leaky-fp8
+    /// control must change.
     Numerics(NumericsArgs),
 }
 
@@ -99,6 +102,14 @@ fn numerics(a: NumericsArgs) -> anyhow::Result<()> {
             (r, Some(d))
         }
     };
+    let failed: Vec<LeakageCheck> = report
+        .leakage
+        .as_ref()
+        .map(leakage_checks)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| !c.ok)
+        .collect();
     if a.json {
         let mut v = serde_json::to_value(&report)?;
         if let (Some(d), Some(m)) = (&gpu_vs_cpu, v.as_object_mut()) {
@@ -111,7 +122,69 @@ fn numerics(a: NumericsArgs) -> anyhow::Result<()> {
             super::check_cuda::print_diffs(d);
         }
     }
+    if !failed.is_empty() {
+        let list: Vec<String> = failed
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}: expected {}, got a maximum relative change of {:.3e}",
+                    c.name, c.expected, c.max
+                )
+            })
+            .collect();
+        bail!(
+            "{} of the leakage checks failed on {}: {}",
+            failed.len(),
+            report.device,
+            list.join("; ")
+        );
+    }
     Ok(())
+}
+
+/// One promise of the leakage figures and whether a report keeps it.
+#[derive(Debug, Clone, PartialEq)]
+struct LeakageCheck {
+    name: &'static str,
+    expected: &'static str,
+    ok: bool,
+    max: f64,
+}
+
+/// What the design promises of the leakage figures (docs/numerics.md section 5): default MXFP8
+/// bitwise unchanged before the perturbed token's block, MXFP8 with the precision options bitwise
+/// causal, documents bitwise isolated (with 2 or more documents), and the deliberately leaky
+/// `leaky-fp8` control changed (a control that shows no leak means the harness sees nothing).
+fn leakage_checks(l: &LeakageReport) -> Vec<LeakageCheck> {
+    let mut checks = vec![
+        LeakageCheck {
+            name: "mxfp8 before own block",
+            expected: "bitwise zero",
+            ok: l.mxfp8.before_own_block_bitwise_zero,
+            max: l.mxfp8.before_own_block,
+        },
+        LeakageCheck {
+            name: "mxfp8 + precision options",
+            expected: "bitwise zero (causally safe)",
+            ok: l.mxfp8_precision.bitwise_zero,
+            max: l.mxfp8_precision.max,
+        },
+        LeakageCheck {
+            name: "leaky-fp8",
+            expected: "a leak (the negative control)",
+            ok: !l.leaky_fp8.bitwise_zero,
+            max: l.leaky_fp8.max,
+        },
+    ];
+    if let Some(d) = &l.doc_isolation {
+        checks.push(LeakageCheck {
+            name: "doc isolation",
+            expected: "bitwise zero (documents isolated)",
+            ok: d.bitwise_zero,
+            max: d.max,
+        });
+    }
+    checks
 }
 
 fn print_table(r: &NumericsReport) {
@@ -190,7 +263,83 @@ fn print_table(r: &NumericsReport) {
             ),
             None => println!("  doc isolation: needs 2 or more documents"),
         }
+        let checks = leakage_checks(l);
+        let failed: Vec<&str> = checks.iter().filter(|c| !c.ok).map(|c| c.name).collect();
+        if failed.is_empty() {
+            println!(
+                "  checks: all {} as expected (bitwise zero where promised, leaky-fp8 leaks)",
+                checks.len()
+            );
+        } else {
+            println!("  checks: FAILED {}", failed.join(", "));
+        }
     }
     println!();
     println!("wall time: {:.2} s", r.wall_s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flamia_kernels::leakage::AttnFn;
+
+    /// The leakage report of `attn` on a small shape (two documents).
+    fn report(attn: &AttnFn) -> LeakageReport {
+        let cfg = CheckConfig {
+            lens: vec![70, 40],
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 64,
+            paths: vec![AttnPath::Mxfp8],
+            ..CheckConfig::default()
+        };
+        run_check(&cfg, attn, "cpu").unwrap().leakage.unwrap()
+    }
+
+    fn failed(l: &LeakageReport) -> Vec<&'static str> {
+        leakage_checks(l)
+            .into_iter()
+            .filter(|c| !c.ok)
+            .map(|c| c.name)
+            .collect()
+    }
+
+    #[test]
+    fn the_reference_meets_every_leakage_check() {
+        let l = report(&reference_attn);
+        assert_eq!(leakage_checks(&l).len(), 4);
+        assert!(failed(&l).is_empty(), "{:?}", leakage_checks(&l));
+    }
+
+    #[test]
+    fn a_leaking_safe_path_and_a_causal_control_fail() {
+        // Every MXFP8 run computed by the leaky quantiser: the paths that must be causally safe
+        // leak, documents are not isolated.
+        let leaky_mxfp8 = |c: &flamia_kernels::AttnCall| {
+            let path = if c.opts.path == AttnPath::Mxfp8 {
+                AttnPath::LeakyFp8
+            } else {
+                c.opts.path
+            };
+            reference_attn(&c.with_path(path))
+        };
+        assert_eq!(
+            failed(&report(&leaky_mxfp8)),
+            [
+                "mxfp8 before own block",
+                "mxfp8 + precision options",
+                "doc isolation"
+            ]
+        );
+        // The leaky control computed by exact attention: it shows no leak, which the check reports.
+        let causal_control = |c: &flamia_kernels::AttnCall| {
+            let path = if c.opts.path == AttnPath::LeakyFp8 {
+                AttnPath::Exact
+            } else {
+                c.opts.path
+            };
+            reference_attn(&c.with_path(path))
+        };
+        assert_eq!(failed(&report(&causal_control)), ["leaky-fp8"]);
+    }
 }

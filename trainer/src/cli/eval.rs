@@ -1,16 +1,25 @@
 //! `flamia eval`: zero-shot tasks and validation loss / bits per byte (through the training
-//! attention path and exact attention) of a checkpoint; writes `eval.json` into the run directory.
+//! attention path and exact attention) of a checkpoint; writes `eval.json` into the run directory,
+//! merged with the results of the same checkpoint already there.
+//!
+//! Every input is read before the first example is scored (the task files, the validation texts
+//! and their windows, an existing `eval.json`), so a mistyped path or column, or a validation split
+//! that cannot be scored, fails at once rather than after hours of task scoring.
 
 mod model;
+mod progress;
 
 use anyhow::{bail, Context};
-use flamia_data::source::{Filters, RawDoc};
+use flamia_data::source::RawDoc;
+use flamia_data::stream::StreamSpec;
 use flamia_data::Plan;
 use flamia_eval::harness::{self, HarnessOptions};
 use flamia_eval::results::{EvalResults, FILE_NAME, SCHEMA};
-use flamia_eval::validation::{self, ValidationOptions};
-use flamia_eval::{loader, AttnMode, ModelScorer, Task};
+use flamia_eval::validation::{self, ValStats, ValidationReport, Windows};
+use flamia_eval::{loader, AttnMode, LanguageModel, ModelScorer, Task};
+use flamia_trainer::checkpoint;
 use flamia_trainer::config::TrainConfig;
+use progress::{Counted, Progress};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -18,7 +27,8 @@ pub use model::TrainedModel;
 
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
-    /// Checkpoint directory (`RUN/checkpoints/step_NNNNNNNN`).
+    /// Checkpoint directory (`RUN/checkpoints/step_NNNNNNNN`), or a run directory `RUN` (its
+    /// newest complete checkpoint).
     #[arg(long)]
     checkpoint: PathBuf,
     /// Comma-separated tasks (`all` = every task); needs --data-dir.
@@ -45,7 +55,8 @@ pub struct EvalArgs {
     #[arg(long, default_value = "exact")]
     task_attn: String,
     /// Held-out shard for validation loss and bits per byte (.parquet, .jsonl or .txt); default:
-    /// the run's own `data.val` shards.
+    /// the run's own validation split (the held-out part of `data.train`, else `data.val`, with
+    /// the run's `data.min_int_score` / `data.language` filters).
     #[arg(long)]
     val_data: Option<PathBuf>,
     /// Skip validation loss.
@@ -63,7 +74,8 @@ pub struct EvalArgs {
     /// Device override (auto, cpu, cuda:N); default: the run's own.
     #[arg(long)]
     device: Option<String>,
-    /// Result file (default: RUN/eval.json).
+    /// Result file (default: RUN/eval.json). Results of the same checkpoint already there are
+    /// kept where not re-scored; results of another checkpoint are replaced (with a warning).
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -76,24 +88,59 @@ fn run_dir(ckpt: &Path) -> PathBuf {
     }
 }
 
-/// Texts of the run's validation split (the held-out part of `data.train`, else `data.val`), at
-/// most `limit` documents.
+/// `--checkpoint`: a checkpoint directory (it holds `state.json`) as it is, or a run directory,
+/// which stands for its newest complete checkpoint (said on stderr).
+fn resolve_checkpoint(p: &Path) -> anyhow::Result<PathBuf> {
+    if p.join("state.json").is_file() {
+        return Ok(p.to_path_buf());
+    }
+    if !p.is_dir() {
+        bail!(
+            "--checkpoint {}: no such directory; give a checkpoint directory (RUN/checkpoints/step_NNNNNNNN) or a run directory (RUN)",
+            p.display()
+        );
+    }
+    if p.join("checkpoints").is_dir() {
+        let all =
+            checkpoint::list(p).with_context(|| format!("listing the checkpoints of {}", p.display()))?;
+        let Some((step, newest)) = all.last() else {
+            bail!(
+                "--checkpoint {}: a run directory without a complete checkpoint in {} (a complete one holds state.json; step_*.tmp are writes that never finished)",
+                p.display(),
+                p.join("checkpoints").display()
+            );
+        };
+        eprintln!(
+            "--checkpoint {} is a run directory: evaluating its newest complete checkpoint {} (step {step}; {} complete in all)",
+            p.display(),
+            newest.display(),
+            all.len()
+        );
+        return Ok(newest.clone());
+    }
+    bail!(
+        "--checkpoint {}: neither a checkpoint directory (no state.json) nor a run directory (no checkpoints/ folder); give RUN/checkpoints/step_NNNNNNNN or RUN",
+        p.display()
+    )
+}
+
+/// Texts of the run's validation split (the held-out part of `data.train`, else `data.val`),
+/// filtered as the trainer's validation filters them (`data.min_int_score`, `data.language`), at
+/// most `limit` documents; with a description of the source.
 fn run_val_texts(cfg: &TrainConfig, limit: Option<usize>) -> anyhow::Result<(String, Vec<String>)> {
-    let filters = Filters::default();
-    let plan = Plan::validation(&cfg.data, &filters).context("the run's validation split")?;
+    let filters = StreamSpec::from_config(&cfg.data, true).filters;
+    let plan = Plan::validation(&cfg.data, &filters)
+        .context("the run's validation split (pass --val-data FILE to score another, or --no-val)")?;
     let mut texts = Vec::new();
     for doc in plan.documents(&filters, limit)? {
         match doc {
             RawDoc::Text(t) => texts.push(t),
             RawDoc::Tokens(_) => bail!(
-                "the run's validation split is pre-tokenised; pass --val-data with a text shard (bits per byte needs the text)"
+                "the run's validation split is pre-tokenised (.ftok); pass --val-data with a text shard (.parquet, .jsonl or .txt): bits per byte needs the text"
             ),
         }
     }
-    if texts.is_empty() {
-        bail!("the run's validation split holds no documents; pass --val-data");
-    }
-    let source = if cfg.data.holds_out() {
+    let mut source = if cfg.data.holds_out() {
         format!(
             "held out of {} (holdout_fraction {}, holdout_files {:?})",
             cfg.data.train.join(","),
@@ -103,7 +150,113 @@ fn run_val_texts(cfg: &TrainConfig, limit: Option<usize>) -> anyhow::Result<(Str
     } else {
         cfg.data.val.join(",")
     };
+    let mut kept = Vec::new();
+    if let Some(s) = filters.min_int_score {
+        kept.push(format!("min_int_score {s}"));
+    }
+    if let Some(l) = &filters.language {
+        kept.push(format!("language {l}"));
+    }
+    if !kept.is_empty() {
+        source.push_str(&format!(", filtered: {}", kept.join(", ")));
+    }
+    if texts.is_empty() {
+        bail!("the run's validation split ({source}) holds no documents; pass --val-data FILE, or --no-val");
+    }
     Ok((source, texts))
+}
+
+/// Validation data read and cut into windows, ready to score.
+struct PreparedVal {
+    source: String,
+    seq_len: usize,
+    windows: Windows,
+}
+
+/// Reads the validation texts (`--val-data`, else the run's own split) and cuts them into windows.
+fn prepare_validation(a: &EvalArgs, m: &TrainedModel) -> anyhow::Result<PreparedVal> {
+    let (source, texts) = match &a.val_data {
+        Some(p) => (
+            p.display().to_string(),
+            validation::read_texts(p, &a.val_column, a.val_docs)
+                .with_context(|| format!("--val-data {}", p.display()))?,
+        ),
+        None => run_val_texts(&m.cfg, a.val_docs)?,
+    };
+    let seq_len = a.val_seq_len.unwrap_or(m.cfg.data.seq_len);
+    let windows =
+        validation::windows(m, &texts, seq_len).with_context(|| format!("validation data {source}"))?;
+    Ok(PreparedVal {
+        source,
+        seq_len,
+        windows,
+    })
+}
+
+/// Validation loss and bits per byte through the training path, then exact attention, with a
+/// progress report per pass.
+fn score_validation(
+    m: &mut TrainedModel,
+    v: PreparedVal,
+    batch_size: usize,
+) -> anyhow::Result<ValidationReport> {
+    let total = v.windows.windows.len() as u64;
+    let pass = |m: &mut TrainedModel, attn: AttnMode, what: String| -> anyhow::Result<ValStats> {
+        let mut progress = Progress::new(what, total, "windows");
+        let mut counted = Counted {
+            inner: &mut *m,
+            progress: &mut progress,
+        };
+        let s = validation::evaluate(&mut counted, &v.windows, attn, batch_size)?;
+        progress.finish();
+        Ok(s)
+    };
+    let path = m.cfg.attention.path.clone();
+    let training = pass(
+        m,
+        AttnMode::Training,
+        format!("validation through the training path ({path})"),
+    )?;
+    let exact = pass(m, AttnMode::Exact, "validation through exact attention".into())?;
+    Ok(ValidationReport {
+        source: v.source,
+        seq_len: v.seq_len,
+        prefix_token: Some(m.prefix_token()),
+        gap_loss: exact.loss - training.loss,
+        gap_bpb: exact.bpb - training.bpb,
+        training,
+        exact,
+    })
+}
+
+/// The result file already at `out`, if any (read now, so that an unreadable one stops the
+/// evaluation before scoring instead of being overwritten).
+fn read_earlier(out: &Path) -> anyhow::Result<Option<EvalResults>> {
+    if !out.exists() {
+        return Ok(None);
+    }
+    EvalResults::read(out).map(Some).with_context(|| {
+        format!(
+            "{} exists but cannot be read to merge the new results into; move it away or choose another file with --out",
+            out.display()
+        )
+    })
+}
+
+/// Whether `earlier` holds results of checkpoint `ckpt` at `step` (same step, same directory).
+fn same_checkpoint(earlier: &EvalResults, ckpt: &Path, step: u64) -> bool {
+    earlier.step == Some(step)
+        && match (
+            std::fs::canonicalize(&earlier.checkpoint),
+            std::fs::canonicalize(ckpt),
+        ) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
+}
+
+fn step_of(r: &EvalResults) -> String {
+    r.step.map_or_else(|| "unknown".into(), |s| s.to_string())
 }
 
 pub fn run(a: EvalArgs) -> anyhow::Result<()> {
@@ -116,7 +269,53 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     if tasks.is_empty() && a.no_val {
         bail!("nothing to evaluate: give --tasks with --data-dir, or drop --no-val");
     }
-    let mut m = TrainedModel::load(&a.checkpoint, a.device.as_deref())?;
+    let ckpt = resolve_checkpoint(&a.checkpoint)?;
+    let out = a.out.clone().unwrap_or_else(|| run_dir(&ckpt).join(FILE_NAME));
+    let mut m = TrainedModel::load(&ckpt, a.device.as_deref())?;
+    let step = m.step as u64;
+    let recorded = std::path::absolute(&ckpt).unwrap_or_else(|_| ckpt.clone());
+
+    // Everything that can fail on its inputs before the first example is scored.
+    let earlier = match read_earlier(&out)? {
+        Some(e) if same_checkpoint(&e, &ckpt, step) => {
+            eprintln!(
+                "{} holds earlier results of this checkpoint: what is not re-scored now is kept",
+                out.display()
+            );
+            Some(e)
+        }
+        Some(e) => {
+            eprintln!(
+                "warning: {} holds results of checkpoint {} (step {}); they will be replaced by those of {} (step {step})",
+                out.display(),
+                e.checkpoint,
+                step_of(&e),
+                recorded.display()
+            );
+            None
+        }
+        None => None,
+    };
+    let dir = a.data_dir.as_deref().unwrap_or(Path::new("."));
+    // Few-shot examples are drawn from every record, so read them all then.
+    let read_limit = if a.num_fewshot > 0 { None } else { a.limit };
+    let mut loaded = Vec::with_capacity(tasks.len());
+    for &task in &tasks {
+        let (files, records) = loader::load_task(dir, task, read_limit)?;
+        let n = a.limit.map_or(records.len(), |l| l.min(records.len()));
+        let requests: usize = harness::docs_of(task, &records[..n])
+            .with_context(|| format!("task {task}"))?
+            .iter()
+            .map(|d| d.requests.len())
+            .sum();
+        loaded.push((task, files, records, requests));
+    }
+    let val = if a.no_val {
+        None
+    } else {
+        Some(prepare_validation(&a, &m)?)
+    };
+
     let opts = HarnessOptions {
         batch_size: a.batch_size,
         limit: a.limit,
@@ -124,15 +323,16 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         fewshot_delimiter: a.fewshot_delimiter.replace("\\n", "\n"),
     };
     let mut results = BTreeMap::new();
-    for task in tasks {
-        let dir = a.data_dir.as_deref().unwrap_or(Path::new("."));
-        // Few-shot examples are drawn from every record, so read them all then.
-        let read_limit = if a.num_fewshot > 0 { None } else { a.limit };
-        let (files, records) = loader::load_task(dir, task, read_limit)?;
+    for (task, files, records, requests) in loaded {
         let t0 = std::time::Instant::now();
-        let mut scorer = ModelScorer::new(&mut m, task_attn);
+        let mut progress = Progress::new(format!("{task}"), requests as u64, "requests");
+        let mut scorer = Counted {
+            inner: ModelScorer::new(&mut m, task_attn),
+            progress: &mut progress,
+        };
         let mut r =
             harness::evaluate(&mut scorer, task, &records, &opts).with_context(|| format!("task {task}"))?;
+        progress.finish();
         r.files = files.iter().map(|f| f.display().to_string()).collect();
         if let Some(ppl) = r.perplexity {
             eprintln!("{task}: perplexity {ppl:.3}");
@@ -150,21 +350,10 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         );
         results.insert(task.name().to_string(), r);
     }
-    let validation = match (a.no_val, &a.val_data) {
-        (true, _) => None,
-        (false, source) => {
-            let (path, texts) = match source {
-                Some(p) => (
-                    p.display().to_string(),
-                    validation::read_texts(p, &a.val_column, a.val_docs)?,
-                ),
-                None => run_val_texts(&m.cfg, a.val_docs)?,
-            };
-            let vopts = ValidationOptions {
-                seq_len: a.val_seq_len.unwrap_or(m.cfg.data.seq_len),
-                batch_size: a.batch_size,
-            };
-            let v = validation::report(&mut m, &texts, &vopts, &path)?;
+    let validation = match val {
+        None => None,
+        Some(v) => {
+            let v = score_validation(&mut m, v, a.batch_size)?;
             eprintln!(
                 "validation: loss {:.4} through {} / {:.4} exact (gap {:+.4}), bpb {:.4} / {:.4}, {} tokens",
                 v.training.loss,
@@ -178,14 +367,10 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
             Some(v)
         }
     };
-    let out = a
-        .out
-        .clone()
-        .unwrap_or_else(|| run_dir(&a.checkpoint).join(FILE_NAME));
-    let res = EvalResults {
+    let mut res = EvalResults {
         schema: SCHEMA.into(),
-        checkpoint: a.checkpoint.display().to_string(),
-        step: Some(m.step as u64),
+        checkpoint: recorded.display().to_string(),
+        step: Some(step),
         train_attn: m.cfg.attention.path.clone(),
         task_attn: task_attn.name().into(),
         created_unix: std::time::SystemTime::now()
@@ -195,6 +380,24 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         tasks: results,
         validation,
     };
+    if let Some(e) = earlier {
+        let earlier_attn = e.task_attn.clone();
+        let kept = res.keep_earlier(e);
+        if !kept.tasks.is_empty() || kept.validation {
+            let mut what: Vec<String> = kept.tasks.clone();
+            if kept.validation {
+                what.push("validation".into());
+            }
+            eprintln!("kept from the earlier {}: {}", out.display(), what.join(", "));
+        }
+        if !kept.dropped_tasks.is_empty() {
+            eprintln!(
+                "warning: dropped the earlier results of {} (scored through {earlier_attn} attention; this time's tasks through {})",
+                kept.dropped_tasks.join(", "),
+                res.task_attn
+            );
+        }
+    }
     res.write(&out)?;
     println!("wrote {}", out.display());
     Ok(())

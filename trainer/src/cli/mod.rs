@@ -27,7 +27,7 @@ struct Cli {
 enum Command {
     /// Pretrain a Llama-3-style model: `flamia train --config configs/tiny-cpu.toml`.
     Train(train::TrainArgs),
-    /// Print the build and what this machine offers (GPU, libtorch).
+    /// Print the version of this flamia build.
     Info,
     /// Checks: `check numerics` (accuracy of each attention path vs exact, leakage figures).
     Check(check::CheckArgs),
