@@ -7,6 +7,10 @@
 #      with ANCHOR_GRADS=accumulate (the old method: their difference is the artifact measured),
 #      ours again, then bench/compare.py against the corrected anchors.
 #   c  (~8 min): the whole standing, bench/vs-anchors.sh (nine workloads, cuDNN FP8 if .whl).
+#   t  (~3 min): session 41's new and widened GPU tests (staged test binary from session 41's
+#      tree): accuracy with spread block scales and all-zero V tiles (docs/numerics.md "Known
+#      deviations": expected to show whether the forward's per-tile V fold overflows or strays
+#      from the spec), isolation with GQA, the d = 64 ordering test on spread key tiles.
 # From the repo root on the device, after `tar -C .device-carry -xzf .device-carry/z/bwd4.tgz`
 # (B defaults to the staged binary); outputs under $OUT.
 set -u
@@ -37,5 +41,14 @@ json.dump({"env": {"grads": sys.argv[1], "head_dim": 128}, "rows": rows}, open(s
   done
   ;;
 c) B=$B O=$O bash bench/vs-anchors.sh ;;
-*) echo "usage: bench/device_s41.sh s|c"; exit 2 ;;
+t)
+  for t in spread_block_scales_and_zero_value_tiles_are_as_accurate_as_the_reference \
+           documents_are_isolated_bitwise \
+           head_dim_64_documents_are_isolated_and_default_mxfp8_is_causal_before_the_block \
+           head_dim_64_is_bitwise_repeatable_whatever_the_reduce_order_and_chunking; do
+    echo "=== $t"; date
+    timeout 240 .device-carry/bwd4/gpu_attention --ignored --exact "$t" --nocapture --test-threads=1 \
+      > "$O/$t.log" 2>&1; echo "rc=$?"; grep -E "rel L2|panicked|test result|FAILED" "$O/$t.log" | tail -20
+  done ;;
+*) echo "usage: bench/device_s41.sh s|c|t"; exit 2 ;;
 esac
