@@ -1,5 +1,5 @@
 //! `flamia data inspect`: what a shard holds (schema, rows, row groups, sizes) and token statistics
-//! of its first documents under a tokenizer.
+//! of its first documents under a tokenizer; a directory or glob gives one report per shard.
 
 use std::fmt;
 use std::path::Path;
@@ -69,13 +69,27 @@ impl fmt::Display for Report {
     }
 }
 
-/// Inspects `spec` (a file path or `embedded:*`), counting tokens of up to `max_docs` documents.
-pub fn inspect(spec: &str, tok: &Tokenizer, max_docs: u64) -> Result<Report> {
+/// Inspects every shard `spec` resolves to (a file, a directory searched at any depth, a glob or
+/// `embedded:*`), in the loader's order, counting tokens of up to `max_docs` documents of each.
+pub fn inspect(spec: &str, tok: &Tokenizer, max_docs: u64) -> Result<Vec<Report>> {
+    shards(spec)?
+        .iter()
+        .map(|src| inspect_source(src, tok, max_docs))
+        .collect()
+}
+
+/// The shards `spec` resolves to, in order (at least one).
+pub fn shards(spec: &str) -> Result<Vec<ShardSource>> {
     let sources = source::resolve(&[spec.to_string()], false)?;
-    let src = sources
-        .into_iter()
-        .next()
-        .ok_or_else(|| DataError::NoShards { spec: spec.into() })?;
+    if sources.is_empty() {
+        return Err(DataError::NoShards { spec: spec.into() });
+    }
+    Ok(sources)
+}
+
+/// Inspects one shard, counting tokens of up to `max_docs` documents.
+pub fn inspect_source(src: &ShardSource, tok: &Tokenizer, max_docs: u64) -> Result<Report> {
+    let src = src.clone();
     let shard = source::open(&src, &Filters::default())?;
     let path = src.path();
     let mut r = Report {

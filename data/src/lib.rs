@@ -28,6 +28,7 @@
 //! * [`DataState`] is a few integers: `(epoch, block, block start, piece, token)` plus a
 //!   fingerprint of shards/tokenizer/settings; all randomness derives from `(seed, epoch, group)`.
 
+pub mod atomic;
 pub mod bench;
 pub mod config;
 pub mod embedded;

@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::error::{DataError, Result};
 use crate::source::Drops;
 use crate::stream::{DataState, Plan, Stream, StreamSpec};
-use crate::tokenizer::{Tokenizer, HF_FINGERPRINT_TAG};
+use crate::tokenizer::Tokenizer;
 
 /// A batch of packed rows for one rank.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,15 +129,7 @@ impl Loader {
         let fp = tok.fingerprint();
         for s in plan.shards.iter() {
             if let Some(f) = s.token_fingerprint.as_ref().filter(|f| **f != fp) {
-                // Version 1 `tokenizer.json` fingerprints (`hf:...`) came from the encoding that
-                // turned special-token text inside documents into special ids.
-                let hint = if f.starts_with("hf:") {
-                    format!(
-                        "; it was written by an older flamia whose encoding differs ({f:?} is a version 1 fingerprint, this build writes {HF_FINGERPRINT_TAG}): re-run `flamia data tokenize` on its parquet shards"
-                    )
-                } else {
-                    String::new()
-                };
+                let hint = crate::tokshard::old_fingerprint_hint(f);
                 return Err(DataError::TokShard {
                     path: s.source.path(),
                     problem: format!(

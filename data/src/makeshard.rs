@@ -1,7 +1,8 @@
 //! Writing FineWeb-Edu-schema parquet shards: `flamia data make-shard` (text files split into
 //! paragraph-aligned documents, used to build the embedded shards reproducibly; or JSON lines,
 //! one document per line, as `scripts/make-corpus.py` writes them) and a synthetic shard
-//! generator for memory and throughput measurements.
+//! generator for memory and throughput measurements. Shards are written as `OUT.tmp` and renamed
+//! over `OUT` when complete ([`crate::atomic`]), so a failure leaves the previous `OUT`.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use rand::{Rng, SeedableRng};
 
+use crate::atomic::Staged;
 use crate::error::{DataError, Result};
 
 /// Target document size of `make-shard` in characters (documents end at a paragraph break).
@@ -64,9 +66,12 @@ pub fn fineweb_schema() -> Arc<Schema> {
     ]))
 }
 
-/// Writes rows into a zstd-compressed parquet shard, one row group per `rows_per_group` rows.
+/// Writes rows into a zstd-compressed parquet shard, one row group per `rows_per_group` rows,
+/// under a temporary name renamed into place by [`ShardWriter::finish`] (dropped unfinished, the
+/// temporary file is removed and `path` left as it was).
 pub struct ShardWriter {
     path: PathBuf,
+    staged: Staged,
     writer: ArrowWriter<File>,
     pending: Vec<Row>,
     rows_per_group: usize,
@@ -74,13 +79,13 @@ pub struct ShardWriter {
 }
 
 impl ShardWriter {
-    /// Creates `path`.
+    /// Starts `path` (written as `path.tmp` until [`ShardWriter::finish`]).
     pub fn create(path: &Path, rows_per_group: usize) -> Result<Self> {
         let werr = |problem: String| DataError::Write {
             path: path.into(),
             problem,
         };
-        let file = File::create(path).map_err(|e| werr(e.to_string()))?;
+        let (staged, file) = Staged::create(path)?;
         let level = ZstdLevel::try_new(9).map_err(|e| werr(e.to_string()))?;
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(level))
@@ -90,6 +95,7 @@ impl ShardWriter {
             ArrowWriter::try_new(file, fineweb_schema(), Some(props)).map_err(|e| werr(e.to_string()))?;
         Ok(ShardWriter {
             path: path.into(),
+            staged,
             writer,
             pending: Vec::new(),
             rows_per_group: rows_per_group.max(1),
@@ -138,14 +144,16 @@ impl ShardWriter {
         Ok(())
     }
 
-    /// Writes the last group and the footer; returns the row count.
+    /// Writes the last group and the footer, fsyncs and renames the shard into place; returns
+    /// the row count.
     pub fn finish(mut self) -> Result<u64> {
         self.flush()?;
         let path = self.path.clone();
-        self.writer.close().map_err(|e| DataError::Write {
+        let file = self.writer.into_inner().map_err(|e| DataError::Write {
             path,
             problem: e.to_string(),
         })?;
+        self.staged.commit(file)?;
         Ok(self.rows)
     }
 }

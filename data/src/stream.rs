@@ -133,6 +133,17 @@ impl Plan {
         Self::build_split(specs, filters, skip_bad, Split::All)
     }
 
+    /// Reads the footer of every shard of `sources` (resolved from `specs`, which error messages
+    /// name) and keeps all their units.
+    pub fn from_sources(
+        sources: Vec<source::ShardSource>,
+        specs: &[String],
+        filters: &Filters,
+        skip_bad: bool,
+    ) -> Result<Plan> {
+        Self::from_sources_split(sources, specs, filters, skip_bad, Split::All)
+    }
+
     /// Resolves `specs`, reads every footer and keeps the units of `split`.
     pub fn build_split(
         specs: &[String],
@@ -140,7 +151,17 @@ impl Plan {
         skip_bad: bool,
         split: Split<'_>,
     ) -> Result<Plan> {
-        let shards = source::open_all(source::resolve(specs, skip_bad)?, filters, skip_bad)?;
+        Self::from_sources_split(source::resolve(specs, skip_bad)?, specs, filters, skip_bad, split)
+    }
+
+    fn from_sources_split(
+        sources: Vec<source::ShardSource>,
+        specs: &[String],
+        filters: &Filters,
+        skip_bad: bool,
+        split: Split<'_>,
+    ) -> Result<Plan> {
+        let shards = source::open_all(sources, filters, skip_bad)?;
         if shards.is_empty() {
             return Err(DataError::NoData(format!("no readable shard in {specs:?}")));
         }

@@ -201,22 +201,24 @@ pub fn tokenizer_json(ranks: &[(Vec<u8>, u32)], pattern: &str, specials: &[Strin
     })
 }
 
-/// Converts a rank file into `out` and checks the result loads; returns the vocabulary size
-/// (base + specials).
+/// Converts a rank file into `out` and checks the result loads before it replaces `out` (written
+/// as `out.tmp`, renamed into place: [`crate::atomic`]); returns the vocabulary size (base +
+/// specials).
 pub fn convert(ranks_path: &Path, pattern_name: &str, out: &Path) -> Result<usize> {
+    use std::io::Write;
     let ranks = read_ranks(ranks_path)?;
     let pat = pattern(pattern_name)?;
     let specials = llama3_specials();
     let value = tokenizer_json(&ranks, &pat, &specials);
-    let text = serde_json::to_string(&value).map_err(|e| DataError::Write {
+    let werr = |e: String| DataError::Write {
         path: out.into(),
-        problem: e.to_string(),
-    })?;
-    std::fs::write(out, text).map_err(|e| DataError::Write {
-        path: out.into(),
-        problem: e.to_string(),
-    })?;
-    let tok = crate::Tokenizer::from_file(out)?;
+        problem: e,
+    };
+    let text = serde_json::to_string(&value).map_err(|e| werr(e.to_string()))?;
+    let (staged, mut file) = crate::atomic::Staged::create(out)?;
+    file.write_all(text.as_bytes()).map_err(|e| werr(e.to_string()))?;
+    let tok = crate::Tokenizer::from_file(&crate::atomic::temp_path(out))?;
+    staged.commit(file)?;
     Ok(tok.vocab_size())
 }
 

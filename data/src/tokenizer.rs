@@ -154,6 +154,60 @@ impl Tokenizer {
         }
     }
 
+    /// How the tokenizer is named on command lines and in configs: `bytes` or the
+    /// `tokenizer.json` path.
+    pub fn spec(&self) -> String {
+        match self {
+            Tokenizer::Bytes => "bytes".into(),
+            Tokenizer::Hf { path, .. } => path.display().to_string(),
+        }
+    }
+
+    /// The `tokenizer.json` `flamia export` writes for transformers and lm-evaluation-harness: the
+    /// file as given (for the byte tokenizer its equivalent, [`byte_tokenizer_json`]) with
+    /// `truncation` and `padding` off (flamia never truncates or pads a document) and the
+    /// post-processor of [`document_post_processor`]: with `add_special_tokens=True` (the
+    /// transformers default) an encoding starts with BOS, as every training document did.
+    /// flamia itself encodes without special tokens, so loading the exported file here encodes
+    /// every text to the same ids as this tokenizer.
+    pub fn export_json(&self) -> Result<serde_json::Value> {
+        let mut v = match self {
+            Tokenizer::Bytes => byte_tokenizer_json(),
+            Tokenizer::Hf { path, .. } => {
+                let err = |problem: String| DataError::Tokenizer {
+                    path: path.clone(),
+                    problem,
+                };
+                let text = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
+                serde_json::from_slice(&text).map_err(|e| err(format!("not valid JSON: {e}")))?
+            }
+        };
+        let Some(obj) = v.as_object_mut() else {
+            return Err(DataError::Tokenizer {
+                path: self.spec().into(),
+                problem: "is not a JSON object".into(),
+            });
+        };
+        obj.insert("truncation".into(), serde_json::Value::Null);
+        obj.insert("padding".into(), serde_json::Value::Null);
+        let existing = obj.remove("post_processor").unwrap_or(serde_json::Value::Null);
+        let bos = match self.bos_id() {
+            Some(id) => Some((
+                self.token_name(id).ok_or_else(|| DataError::Tokenizer {
+                    path: self.spec().into(),
+                    problem: format!("BOS id {id} has no token"),
+                })?,
+                id,
+            )),
+            None => None,
+        };
+        obj.insert(
+            "post_processor".into(),
+            document_post_processor(existing, bos.as_ref().map(|(n, id)| (n.as_str(), *id))),
+        );
+        Ok(v)
+    }
+
     /// A short identity used to check pre-tokenised shards and saved data states against the
     /// configured tokenizer. A `tokenizer.json`'s starts with [`HF_FINGERPRINT_TAG`], which
     /// changes whenever this crate encodes the same file differently.
@@ -215,11 +269,56 @@ impl Tokenizer {
 
 /// A Hugging Face `tokenizer.json` equivalent to the byte tokenizer (byte `b` = id `b`,
 /// `<|end_of_text|>` = 256, `<|begin_of_text|>` = 257): byte-level BPE over the 256 bytes with no
-/// merges. `flamia export` writes it so transformers can load byte-level models.
+/// merges. `flamia export` writes it (with a BOS post-processor: [`Tokenizer::export_json`]) so
+/// transformers can load byte-level models.
 pub fn byte_tokenizer_json() -> serde_json::Value {
     let ranks: Vec<(Vec<u8>, u32)> = (0..=255u8).map(|b| (vec![b], u32::from(b))).collect();
     let specials: Vec<String> = BYTE_SPECIALS.iter().map(|s| s.to_string()).collect();
     crate::tiktoken::tokenizer_json(&ranks, crate::tiktoken::LLAMA3_PATTERN, &specials)
+}
+
+/// Post-processor types that add special tokens around an encoding.
+const SPECIAL_ADDING_PROCESSORS: [&str; 3] = ["TemplateProcessing", "BertProcessing", "RobertaProcessing"];
+
+/// The post-processor of an exported `tokenizer.json`, from the file's `existing` one: its
+/// processors that add special tokens (`TemplateProcessing`, `BertProcessing`,
+/// `RobertaProcessing`) are dropped and the rest kept (Llama-3's `ByteLevel`, which only adjusts
+/// offsets); with a BOS (`(name, id)`) a `TemplateProcessing` is appended that puts it before
+/// every sequence, as Llama-3's `tokenizer.json` does (single: `BOS $A`, pair: `BOS $A BOS $B`,
+/// the second half with type id 1). So transformers adds exactly what flamia's training added
+/// before a document: BOS when the tokenizer has one, nothing otherwise. Several processors are
+/// combined in a `Sequence`; none gives `null`.
+pub fn document_post_processor(existing: serde_json::Value, bos: Option<(&str, u32)>) -> serde_json::Value {
+    use serde_json::{json, Value};
+    let mut parts: Vec<Value> = match existing {
+        Value::Null => Vec::new(),
+        Value::Object(ref o) if o.get("type").and_then(Value::as_str) == Some("Sequence") => o
+            .get("processors")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
+        other => vec![other],
+    };
+    parts.retain(|p| {
+        !p.get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| SPECIAL_ADDING_PROCESSORS.contains(&t))
+    });
+    if let Some((name, id)) = bos {
+        let special = |type_id: u32| json!({"SpecialToken": {"id": name, "type_id": type_id}});
+        let seq = |s: &str, type_id: u32| json!({"Sequence": {"id": s, "type_id": type_id}});
+        parts.push(json!({
+            "type": "TemplateProcessing",
+            "single": [special(0), seq("A", 0)],
+            "pair": [special(0), seq("A", 0), special(1), seq("B", 1)],
+            "special_tokens": {name: {"id": name, "ids": [id], "tokens": [name]}},
+        }));
+    }
+    match parts.len() {
+        0 => Value::Null,
+        1 => parts.pop().unwrap_or(Value::Null),
+        _ => json!({"type": "Sequence", "processors": parts}),
+    }
 }
 
 /// 64-bit FNV-1a, a stable hash for fingerprints and seeds (not for security).

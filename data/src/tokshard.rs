@@ -6,11 +6,15 @@
 //! (documents back to back, without end-of-text: the loader appends it), then
 //! `offsets: [u64; n_docs + 1]` (document `i` is `tokens[offsets[i]..offsets[i+1]]`). Units are
 //! chunks of [`DOCS_PER_UNIT`] documents, read one at a time by seeking.
+//!
+//! [`TokWriter`] writes `OUT.tmp` and renames it over `OUT` in [`TokWriter::finish`]
+//! ([`crate::atomic`]): a failed or killed run leaves the previous `OUT` as it was.
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use crate::atomic::Staged;
 use crate::error::{DataError, Result};
 
 /// File magic.
@@ -19,20 +23,24 @@ pub const MAGIC: &[u8; 8] = b"FLAMTOK1";
 pub const DOCS_PER_UNIT: usize = 1024;
 
 /// Streams documents into a `.ftok` file; offsets are kept in memory (8 bytes per document).
+/// The file is written under a temporary name and renamed into place by [`TokWriter::finish`];
+/// dropped unfinished, it removes the temporary file and leaves `path` untouched.
 pub struct TokWriter {
     path: PathBuf,
+    staged: Staged,
     out: BufWriter<File>,
     offsets: Vec<u64>,
 }
 
 impl TokWriter {
-    /// Creates `path` for documents tokenised by the tokenizer with `fingerprint`.
+    /// Starts `path` (as `path.tmp`) for documents tokenised by the tokenizer with `fingerprint`.
     pub fn create(path: &Path, fingerprint: &str) -> Result<Self> {
         let werr = |e: std::io::Error| DataError::Write {
             path: path.into(),
             problem: e.to_string(),
         };
-        let mut out = BufWriter::new(File::create(path).map_err(werr)?);
+        let (staged, file) = Staged::create(path)?;
+        let mut out = BufWriter::new(file);
         out.write_all(MAGIC).map_err(werr)?;
         out.write_all(&[0u8; 16]).map_err(werr)?; // n_docs, n_tokens: patched in finish()
         out.write_all(&(fingerprint.len() as u32).to_le_bytes())
@@ -40,6 +48,7 @@ impl TokWriter {
         out.write_all(fingerprint.as_bytes()).map_err(werr)?;
         Ok(TokWriter {
             path: path.into(),
+            staged,
             out,
             offsets: vec![0],
         })
@@ -57,7 +66,8 @@ impl TokWriter {
         Ok(())
     }
 
-    /// Writes the offsets and header counts; returns (documents, tokens).
+    /// Writes the offsets and header counts, fsyncs and renames the file into place; returns
+    /// (documents, tokens).
     pub fn finish(mut self) -> Result<(u64, u64)> {
         let n_docs = (self.offsets.len() - 1) as u64;
         let n_tokens = self.offsets.last().copied().unwrap_or(0);
@@ -77,7 +87,7 @@ impl TokWriter {
         f.seek(SeekFrom::Start(8)).map_err(werr)?;
         f.write_all(&n_docs.to_le_bytes()).map_err(werr)?;
         f.write_all(&n_tokens.to_le_bytes()).map_err(werr)?;
-        f.sync_all().map_err(werr)?;
+        self.staged.commit(f)?;
         Ok((n_docs, n_tokens))
     }
 
@@ -86,6 +96,20 @@ impl TokWriter {
             path: self.path.clone(),
             problem: e.to_string(),
         }
+    }
+}
+
+/// `; it was written by an older flamia ...` for a shard fingerprint `found` from a version 1
+/// `tokenizer.json` encoding (`hf:...`, which turned special-token text inside documents into
+/// special ids), else empty: appended to the error that refuses such a shard.
+pub fn old_fingerprint_hint(found: &str) -> String {
+    if found.starts_with("hf:") {
+        format!(
+            "; it was written by an older flamia whose encoding differs ({found:?} is a version 1 fingerprint, this build writes {}): re-run `flamia data tokenize` on its parquet shards",
+            crate::tokenizer::HF_FINGERPRINT_TAG
+        )
+    } else {
+        String::new()
     }
 }
 

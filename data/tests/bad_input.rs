@@ -152,8 +152,9 @@ fn pretokenized_shards_feed_the_same_stream_and_check_their_tokenizer() {
             .collect()
     };
     assert_eq!(take(p.display().to_string()), take(out.display().to_string()));
-    let report = flamia_data::inspect::inspect(&out.display().to_string(), &tok, 100).unwrap();
-    assert_eq!((report.rows, report.format.as_str()), (70, "ftok"));
+    let reports = flamia_data::inspect::inspect(&out.display().to_string(), &tok, 100).unwrap();
+    assert_eq!(reports.len(), 1);
+    assert_eq!((reports[0].rows, reports[0].format.as_str()), (70, "ftok"));
     // Truncated .ftok: named, reported at open.
     let bytes = std::fs::read(&out).unwrap();
     std::fs::write(&out, &bytes[..bytes.len() - 3]).unwrap();

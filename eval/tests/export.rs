@@ -1,7 +1,10 @@
 //! Hugging Face export: tensor names, shapes and dtypes in model.safetensors, config.json fields,
+//! the tokenizer written as tokenizer.json, tokenizer_config.json's BOS settings, atomic writes,
 //! the RoPE row permutation, and rejection of incomplete tensor sets.
 
-use flamia_eval::export::{expected_shapes, interleaved_to_half, write_hf, HfConfig, RopeScaling, Tensor};
+use flamia_eval::export::{
+    expected_shapes, interleaved_to_half, write_hf, HfConfig, RopeScaling, Tensor, TokenizerConfig,
+};
 use std::collections::BTreeMap;
 
 fn cfg(tied: bool) -> HfConfig {
@@ -63,10 +66,12 @@ fn writes_safetensors_config_and_tokenizer() {
     let c = cfg(true);
     let t = tensors(&c);
     let dir = tempfile::tempdir().unwrap();
-    let tok = dir.path().join("tokenizer.json");
-    std::fs::write(&tok, "{\"model\":{}}").unwrap();
     let out = dir.path().join("hf");
-    write_hf(&c, &t, &out, &[tok]).unwrap();
+    // A stale tokenizer.json of an earlier export is replaced.
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("tokenizer.json"), "{\"stale\":true}").unwrap();
+    let tok = serde_json::json!({"model": {"type": "BPE"}, "post_processor": null});
+    write_hf(&c, &t, &out, &tok).unwrap();
     let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut names: Vec<&str> = st.names();
@@ -85,7 +90,63 @@ fn writes_safetensors_config_and_tokenizer() {
     assert_eq!(cfg_json["tie_word_embeddings"], true);
     assert_eq!(cfg_json["rope_scaling"]["rope_type"], "llama3");
     assert_eq!(cfg_json["rope_theta"], 500000.0);
-    assert!(out.join("tokenizer.json").is_file());
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer.json")).unwrap()).unwrap();
+    assert_eq!(written, tok);
+    let mut files: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["config.json", "model.safetensors", "tokenizer.json"],
+        "no .tmp left"
+    );
+}
+
+#[test]
+fn a_failed_export_leaves_the_earlier_files_whole() {
+    let c = cfg(false);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("hf");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("model.safetensors"), b"earlier export").unwrap();
+    // The temporary file cannot be created (a directory is in the way): the write fails.
+    std::fs::create_dir(out.join("model.safetensors.tmp")).unwrap();
+    let e = write_hf(&c, &tensors(&c), &out, &serde_json::json!({})).unwrap_err();
+    assert!(e.to_string().contains("model.safetensors"), "{e}");
+    assert_eq!(
+        std::fs::read(out.join("model.safetensors")).unwrap(),
+        b"earlier export"
+    );
+}
+
+#[test]
+fn tokenizer_config_says_whether_bos_is_added() {
+    let dir = tempfile::tempdir().unwrap();
+    let read = |t: &TokenizerConfig| -> serde_json::Value {
+        t.write(dir.path()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("tokenizer_config.json")).unwrap())
+            .unwrap()
+    };
+    let with = TokenizerConfig {
+        bos_token: Some("<|begin_of_text|>".into()),
+        eos_token: "<|end_of_text|>".into(),
+        model_max_length: 64,
+    };
+    let v = read(&with);
+    assert_eq!(v["bos_token"], "<|begin_of_text|>");
+    assert_eq!(v["add_bos_token"], true);
+    assert_eq!(v["add_eos_token"], false);
+    assert_eq!(v["eos_token"], "<|end_of_text|>");
+    let v = read(&TokenizerConfig {
+        bos_token: None,
+        ..with
+    });
+    assert_eq!(v["bos_token"], serde_json::Value::Null);
+    assert_eq!(v["add_bos_token"], false);
+    assert!(!dir.path().join("tokenizer_config.json.tmp").exists());
 }
 
 #[test]
@@ -98,9 +159,14 @@ fn incomplete_or_misshapen_sets_are_rejected() {
         Tensor::from_f32(vec![16, 48], &[0.0; 768]).unwrap(),
     );
     t.insert("extra.weight".into(), Tensor::from_f32(vec![1], &[0.0]).unwrap());
-    let e = write_hf(&c, &t, tempfile::tempdir().unwrap().path(), &[])
-        .unwrap_err()
-        .to_string();
+    let e = write_hf(
+        &c,
+        &t,
+        tempfile::tempdir().unwrap().path(),
+        &serde_json::json!({}),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("missing [\"lm_head.weight\"]"), "{e}");
     assert!(e.contains("unexpected [\"extra.weight\"]"), "{e}");
     assert!(e.contains("up_proj.weight: [16, 48], want [48, 16]"), "{e}");
@@ -176,7 +242,7 @@ fn trainer_checkpoint_names_map_to_hf() {
     let k = &hf["model.layers.1.self_attn.k_proj.weight"];
     let row = |r: usize| f32::from_le_bytes(k.data[r * 64..r * 64 + 4].try_into().unwrap());
     assert_eq!([row(0), row(1), row(2), row(3)], [0.0, 32.0, 16.0, 48.0]);
-    write_hf(&c, &hf, &dir.path().join("hf"), &[]).unwrap();
+    write_hf(&c, &hf, &dir.path().join("hf"), &serde_json::json!({})).unwrap();
     let mut bad = BTreeMap::new();
     bad.insert(
         "layers.0.attention.wz.weight".to_string(),

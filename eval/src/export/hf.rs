@@ -1,5 +1,8 @@
 //! `LlamaForCausalLM` config, the expected tensor names and shapes, the RoPE row permutation and
-//! the writer of `config.json` + `model.safetensors` + tokenizer files.
+//! the writer of `config.json` + `model.safetensors` + `tokenizer.json` (+ `tokenizer_config.json`).
+//! Every file is written as `NAME.tmp`, fsynced and renamed into place, so a failed export never
+//! leaves a truncated file (a file of an earlier export into the same directory stays whole until
+//! its replacement is complete).
 
 use super::{Dtype, Tensor};
 use crate::error::{Error, Result};
@@ -97,7 +100,9 @@ impl HfConfig {
 /// over the exported `tokenizer.json`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenizerConfig {
-    /// The token that starts every training document, if the tokenizer has one.
+    /// The token that starts every training document, if the tokenizer has one. `add_bos_token`
+    /// is written as whether there is one: the exported `tokenizer.json`'s post-processor puts it
+    /// before every encoding made with special tokens (transformers' default).
     pub bos_token: Option<String>,
     /// The end-of-text token.
     pub eos_token: String,
@@ -112,19 +117,54 @@ impl TokenizerConfig {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
+            "add_bos_token": self.bos_token.is_some(),
+            "add_eos_token": false,
             "model_max_length": self.model_max_length,
             "clean_up_tokenization_spaces": false,
             "model_input_names": ["input_ids", "attention_mask"],
         })
     }
 
-    /// Writes `out_dir/tokenizer_config.json`.
+    /// Writes `out_dir/tokenizer_config.json` (atomically).
     pub fn write(&self, out_dir: &Path) -> Result<()> {
         std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
-        let p = out_dir.join("tokenizer_config.json");
         let text = serde_json::to_string_pretty(&self.to_json()).map_err(|e| Error::Export(e.to_string()))?;
-        std::fs::write(&p, text + "\n").map_err(|e| Error::io(&p, e))
+        write_atomic(&out_dir.join("tokenizer_config.json"), (text + "\n").as_bytes())
     }
+}
+
+/// `path` + `.tmp`: where a file is written before it is renamed into place.
+fn temp_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".tmp");
+    PathBuf::from(s)
+}
+
+/// Fsyncs the finished temporary file of `path`, renames it over `path` and fsyncs the directory.
+fn commit(tmp: &Path, path: &Path) -> Result<()> {
+    std::fs::File::open(tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(tmp, e))?;
+    std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))?;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))
+}
+
+/// Writes `bytes` to `path` through `path.tmp` (removed if the write fails).
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = temp_path(path);
+    let r = std::fs::write(&tmp, bytes)
+        .map_err(|e| Error::io(&tmp, e))
+        .and_then(|_| commit(&tmp, path));
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
 }
 
 /// Every tensor a `LlamaForCausalLM` with `cfg` has, with its shape.
@@ -185,14 +225,15 @@ pub fn interleaved_to_half(t: &Tensor, heads: usize, head_dim: usize) -> Result<
     })
 }
 
-/// Writes `config.json`, `model.safetensors` (every tensor converted to BF16) and copies the
-/// `tokenizer_files` into `out_dir`. `tensors` must hold exactly the names of
+/// Writes `config.json`, `model.safetensors` (every tensor converted to BF16) and `tokenizer`
+/// as `tokenizer.json` (the name transformers' `AutoTokenizer` loads, whatever the tokenizer's
+/// file was called) into `out_dir`, each atomically. `tensors` must hold exactly the names of
 /// [`expected_shapes`] with those shapes; errors list what is missing, extra or misshapen.
 pub fn write_hf(
     cfg: &HfConfig,
     tensors: &BTreeMap<String, Tensor>,
     out_dir: &Path,
-    tokenizer_files: &[PathBuf],
+    tokenizer: &serde_json::Value,
 ) -> Result<()> {
     cfg.validate()?;
     let want = expected_shapes(cfg);
@@ -224,17 +265,18 @@ pub fn write_hf(
         .collect::<Result<Vec<_>>>()?;
     let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
     let st = out_dir.join("model.safetensors");
-    safetensors::tensor::serialize_to_file(views, Some(meta), &st)
-        .map_err(|e| Error::Export(format!("{}: {e}", st.display())))?;
-    let cfg_path = out_dir.join("config.json");
-    let text = serde_json::to_string_pretty(&cfg.to_json()).map_err(|e| Error::Export(e.to_string()))?;
-    std::fs::write(&cfg_path, text + "\n").map_err(|e| Error::io(&cfg_path, e))?;
-    for f in tokenizer_files {
-        let name = f
-            .file_name()
-            .ok_or_else(|| Error::Export(format!("tokenizer path {} has no file name", f.display())))?;
-        std::fs::copy(f, out_dir.join(name)).map_err(|e| Error::io(f, e))?;
+    let st_tmp = temp_path(&st);
+    let written = safetensors::tensor::serialize_to_file(views, Some(meta), &st_tmp)
+        .map_err(|e| Error::Export(format!("{}: {e}", st.display())))
+        .and_then(|_| commit(&st_tmp, &st));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&st_tmp);
     }
+    written?;
+    let text = serde_json::to_string_pretty(&cfg.to_json()).map_err(|e| Error::Export(e.to_string()))?;
+    write_atomic(&out_dir.join("config.json"), (text + "\n").as_bytes())?;
+    let text = serde_json::to_string(tokenizer).map_err(|e| Error::Export(e.to_string()))?;
+    write_atomic(&out_dir.join("tokenizer.json"), text.as_bytes())?;
     debug_assert!(bf16.values().all(|t| t.dtype == Dtype::BF16));
     Ok(())
 }

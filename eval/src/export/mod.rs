@@ -1,5 +1,5 @@
 //! Export to Hugging Face `LlamaForCausalLM` format: `config.json` (with the tokenizer's BOS and
-//! EOS ids), `model.safetensors`, the tokenizer files and a `tokenizer_config.json`, so
+//! EOS ids), `model.safetensors`, `tokenizer.json` and a `tokenizer_config.json`, so
 //! lm-evaluation-harness (or transformers' `AutoTokenizer` / `AutoModelForCausalLM`) can load a
 //! flamia checkpoint.
 //!

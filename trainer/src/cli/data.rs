@@ -1,6 +1,7 @@
 //! `flamia data ...`: build shards from text, inspect shards, pre-tokenise, and benchmark the data
 //! pipeline. Thin wrappers over `flamia_data`; errors carry the file at fault.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use clap::{Args, Subcommand};
 use flamia_data::makeshard::{DEFAULT_DOC_CHARS, DEFAULT_ROWS_PER_GROUP};
 use flamia_data::source::Filters;
 use flamia_data::{Config, Tokenizer};
+use indicatif::{ProgressBar, ProgressStyle};
 
 /// `flamia data` arguments.
 #[derive(Debug, Args)]
@@ -55,20 +57,25 @@ enum DataCmd {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
-    /// Show a shard's schema, rows, row groups and token statistics.
+    /// Show a shard's schema, rows, row groups and token statistics (of every shard of a
+    /// directory or glob, then their totals).
     Inspect {
-        /// A .parquet or .ftok file, or embedded:train / embedded:val.
+        /// A .parquet or .ftok file, a directory (searched at any depth), a glob, or
+        /// embedded:train / embedded:val.
         path: String,
         /// "bytes" or a tokenizer.json.
         #[arg(long, default_value = "bytes")]
         tokenizer: String,
-        /// Documents whose tokens are counted.
+        /// Documents whose tokens are counted, per shard.
         #[arg(long, default_value_t = 10_000)]
         max_docs: u64,
     },
     /// Pre-tokenise parquet shards into one .ftok shard (the loader reads .ftok like parquet).
+    /// .ftok inputs are copied unchanged and must come from the same tokenizer; the output is
+    /// written as OUT.tmp and renamed over OUT when complete.
     Tokenize {
-        /// Input shards: files, directories, globs or embedded:*.
+        /// Input shards: files, directories, globs or embedded:*. An output found in an input
+        /// directory or glob is left out (naming it as an input is an error).
         #[arg(long = "input", num_args = 1.., required = true)]
         inputs: Vec<String>,
         /// Output .ftok file.
@@ -89,6 +96,10 @@ enum DataCmd {
         /// Skip bad shards instead of failing.
         #[arg(long)]
         skip_bad_shards: bool,
+        /// Seconds between progress lines on stderr when it is not a terminal (a terminal gets a
+        /// progress bar); 0 = after every row group.
+        #[arg(long, default_value_t = 10.0)]
+        progress_every: f64,
     },
     /// Measure tokens/s through the whole pipeline and of tokenisation alone.
     Bench(BenchArgs),
@@ -167,9 +178,7 @@ pub fn run(args: DataArgs) -> anyhow::Result<()> {
             max_docs,
         } => {
             let tok = Tokenizer::from_spec(&tokenizer)?;
-            let r = flamia_data::inspect::inspect(&path, &tok, max_docs)
-                .with_context(|| format!("inspect {path}"))?;
-            print!("{r}");
+            inspect(&path, &tok, max_docs).with_context(|| format!("inspect {path}"))?;
         }
         DataCmd::Tokenize {
             inputs,
@@ -179,7 +188,11 @@ pub fn run(args: DataArgs) -> anyhow::Result<()> {
             language,
             threads,
             skip_bad_shards,
+            progress_every,
         } => {
+            if !(progress_every.is_finite() && progress_every >= 0.0) {
+                anyhow::bail!("--progress-every {progress_every}: must be a number of seconds >= 0");
+            }
             let tok = Tokenizer::from_spec(&tokenizer)?;
             let filters = Filters {
                 min_int_score,
@@ -190,9 +203,18 @@ pub fn run(args: DataArgs) -> anyhow::Result<()> {
                 ..Config::default()
             }
             .threads();
-            let r =
-                flamia_data::pretokenize::tokenize(&inputs, &filters, &tok, &out, threads, skip_bad_shards)
-                    .with_context(|| format!("tokenize into {}", out.display()))?;
+            let mut progress = TokenizeProgress::new(Duration::from_secs_f64(progress_every));
+            let r = flamia_data::pretokenize::tokenize_with_progress(
+                &inputs,
+                &filters,
+                &tok,
+                &out,
+                threads,
+                skip_bad_shards,
+                &mut |p| progress.update(p),
+            );
+            progress.finish();
+            let r = r.with_context(|| format!("tokenize into {}", out.display()))?;
             println!(
                 "wrote {}: {} documents, {} tokens in {:.2} s ({:.0} tokens/s)",
                 out.display(),
@@ -205,6 +227,80 @@ pub fn run(args: DataArgs) -> anyhow::Result<()> {
         DataCmd::Bench(b) => bench(b)?,
     }
     Ok(())
+}
+
+/// Prints the report of every shard of `spec` as it is made (a directory of many shards shows
+/// progress), then, for more than one, their totals.
+fn inspect(spec: &str, tok: &Tokenizer, max_docs: u64) -> anyhow::Result<()> {
+    let shards = flamia_data::inspect::shards(spec)?;
+    let n = shards.len();
+    if n > 1 {
+        println!("{n} shards in {spec}\n");
+    }
+    let (mut rows, mut bytes, mut groups) = (0u64, 0u64, 0usize);
+    for (i, src) in shards.iter().enumerate() {
+        let r = flamia_data::inspect::inspect_source(src, tok, max_docs)?;
+        (rows, bytes, groups) = (rows + r.rows, bytes + r.bytes, groups + r.row_groups);
+        print!("{r}");
+        if i + 1 < n {
+            println!();
+        }
+    }
+    if n > 1 {
+        println!("\ntotal       {rows} rows in {groups} row groups, {bytes} bytes in {n} shards");
+    }
+    Ok(())
+}
+
+/// Progress of `data tokenize`: an indicatif bar over row groups when stderr is a terminal, else
+/// a `tokenize: ...` log line every `every`.
+struct TokenizeProgress {
+    bar: Option<ProgressBar>,
+    log: flamia_data::pretokenize::ProgressLog,
+}
+
+impl TokenizeProgress {
+    fn new(every: Duration) -> TokenizeProgress {
+        TokenizeProgress {
+            bar: std::io::stderr().is_terminal().then(ProgressBar::no_length),
+            log: flamia_data::pretokenize::ProgressLog::new(every),
+        }
+    }
+
+    fn update(&mut self, p: &flamia_data::pretokenize::Progress) {
+        match &self.bar {
+            Some(bar) => {
+                if bar.length().is_none() {
+                    bar.set_length(p.units as u64);
+                    bar.set_style(
+                        ProgressStyle::with_template(
+                            "{elapsed_precise} [{bar:30}] {pos}/{len} row groups {msg}",
+                        )
+                        .expect("static template")
+                        .progress_chars("=> "),
+                    );
+                }
+                bar.set_position(p.units_done as u64);
+                bar.set_message(format!(
+                    "| {} docs | {} tokens | {:.0} tok/s",
+                    p.docs,
+                    p.tokens,
+                    p.tokens as f64 / p.seconds.max(1e-9)
+                ));
+            }
+            None => {
+                if let Some(line) = self.log.line(p) {
+                    tracing::info!("{line}");
+                }
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
 }
 
 fn bench(b: BenchArgs) -> anyhow::Result<()> {

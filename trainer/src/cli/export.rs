@@ -1,9 +1,14 @@
 //! `flamia export`: a checkpoint to Hugging Face `LlamaForCausalLM` format (`config.json` with the
-//! tokenizer's BOS/EOS ids, `model.safetensors` in BF16, `tokenizer.json` — generated for the byte
-//! tokenizer, copied otherwise — and `tokenizer_config.json`), for lm-evaluation-harness or
-//! transformers.
+//! tokenizer's BOS/EOS ids, `model.safetensors` in BF16, `tokenizer.json` and
+//! `tokenizer_config.json`), for lm-evaluation-harness or transformers.
+//!
+//! The tokenizer is `--tokenizer` when given, else the run's `data.tokenizer`; it is written as
+//! `tokenizer.json` whatever its file is called (generated for the byte tokenizer), with a
+//! post-processor that puts BOS before every encoding made with special tokens, as training put
+//! it before every document ([`flamia_data::Tokenizer::export_json`]).
 
 use anyhow::{bail, Context};
+use flamia_data::Tokenizer;
 use flamia_eval::export::{flamia, write_hf, HfConfig, RopeScaling, TokenizerConfig};
 use flamia_trainer::config::TrainConfig;
 use std::path::{Path, PathBuf};
@@ -16,16 +21,17 @@ pub struct ExportArgs {
     /// Output directory.
     #[arg(long)]
     out: PathBuf,
-    /// Tokenizer files to copy (default: the run's `data.tokenizer` when it is a tokenizer.json).
+    /// The tokenizer the run trained with: "bytes" or a tokenizer.json (any file name; written as
+    /// tokenizer.json). Default: the run's `data.tokenizer`. Give it when that path is gone or
+    /// moved; BOS/EOS ids come from this tokenizer, and its vocabulary must fit the checkpoint.
     #[arg(long)]
-    tokenizer: Vec<PathBuf>,
+    tokenizer: Option<String>,
 }
 
-/// The HF config of a checkpoint's model, from its resolved config and vocabulary size.
-pub fn hf_config(cfg: &TrainConfig, vocab: usize) -> anyhow::Result<HfConfig> {
+/// The HF config of a checkpoint's model, from its resolved config, vocabulary size (embedding
+/// rows) and tokenizer (BOS/EOS ids).
+pub fn hf_config(cfg: &TrainConfig, vocab: usize, tok: &Tokenizer) -> anyhow::Result<HfConfig> {
     let shape = cfg.model.shape(vocab)?;
-    let tok = flamia_data::Tokenizer::from_spec(&cfg.data.tokenizer)
-        .with_context(|| format!("loading tokenizer {:?}", cfg.data.tokenizer))?;
     let r = &cfg.model.rope_scaling;
     Ok(HfConfig {
         vocab_size: vocab,
@@ -56,12 +62,10 @@ pub fn hf_config(cfg: &TrainConfig, vocab: usize) -> anyhow::Result<HfConfig> {
 }
 
 /// The `tokenizer_config.json` of a run: its tokenizer's BOS and EOS spellings and context.
-pub fn tokenizer_config(cfg: &TrainConfig) -> anyhow::Result<TokenizerConfig> {
-    let tok = flamia_data::Tokenizer::from_spec(&cfg.data.tokenizer)
-        .with_context(|| format!("loading tokenizer {:?}", cfg.data.tokenizer))?;
+pub fn tokenizer_config(cfg: &TrainConfig, tok: &Tokenizer) -> anyhow::Result<TokenizerConfig> {
     let name = |id: u32| {
         tok.token_name(id)
-            .with_context(|| format!("tokenizer {:?} has no token {id}", cfg.data.tokenizer))
+            .with_context(|| format!("tokenizer {:?} has no token {id}", tok.spec()))
     };
     Ok(TokenizerConfig {
         bos_token: tok.bos_id().map(name).transpose()?,
@@ -74,7 +78,47 @@ pub fn tokenizer_config(cfg: &TrainConfig) -> anyhow::Result<TokenizerConfig> {
 pub fn checkpoint_config(dir: &Path) -> anyhow::Result<TrainConfig> {
     let path = dir.join("config.toml");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(TrainConfig::from_toml(&text)?)
+    // (as it was saved: not re-validated against this environment or a later build's rules)
+    TrainConfig::from_saved_toml(&text).with_context(|| format!("{}", path.display()))
+}
+
+/// The export's tokenizer: `--tokenizer`, else the run's `data.tokenizer`. Its vocabulary must
+/// give the checkpoint's embedding rows (`model.shape` pads it to `model.vocab_size`); a
+/// `--tokenizer` that differs from a still loadable `data.tokenizer` is used with a warning.
+pub fn export_tokenizer(cfg: &TrainConfig, given: Option<&str>, rows: usize) -> anyhow::Result<Tokenizer> {
+    let spec = given.unwrap_or(&cfg.data.tokenizer);
+    let tok = Tokenizer::from_spec(spec).with_context(|| {
+        if given.is_some() {
+            format!("loading --tokenizer {spec:?}")
+        } else {
+            format!("loading the run's data.tokenizer {spec:?} (moved? give its file with --tokenizer)")
+        }
+    })?;
+    let want = cfg.model.shape(tok.vocab_size())?.vocab;
+    if want != rows {
+        let ids = if want == tok.vocab_size() {
+            format!("{want} ids")
+        } else {
+            format!("{} ids, padded to model.vocab_size = {want}", tok.vocab_size())
+        };
+        bail!(
+            "tokenizer {spec:?} has {ids}, but the checkpoint's tok_embeddings has {rows} rows: it is not the tokenizer this run trained with (data.tokenizer = {:?}); give that one with --tokenizer",
+            cfg.data.tokenizer
+        );
+    }
+    if given.is_some_and(|g| g != cfg.data.tokenizer) {
+        if let Ok(run_tok) = Tokenizer::from_spec(&cfg.data.tokenizer) {
+            if run_tok.fingerprint() != tok.fingerprint() {
+                tracing::warn!(
+                    "--tokenizer {spec:?} ({}) differs from the run's data.tokenizer {:?} ({}): exporting with --tokenizer",
+                    tok.fingerprint(),
+                    cfg.data.tokenizer,
+                    run_tok.fingerprint()
+                );
+            }
+        }
+    }
+    Ok(tok)
 }
 
 pub fn run(a: ExportArgs) -> anyhow::Result<()> {
@@ -85,21 +129,25 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         Some(t) if t.shape.len() == 2 => t.shape[0],
         _ => bail!("{} has no 2-d tok_embeddings.weight", st.display()),
     };
-    let hf = hf_config(&cfg, vocab)?;
-    let mut tok_files = a.tokenizer.clone();
-    let bytes = cfg.data.tokenizer == "bytes";
-    if tok_files.is_empty() && !bytes {
-        tok_files.push(PathBuf::from(&cfg.data.tokenizer));
-    }
+    let tok = export_tokenizer(&cfg, a.tokenizer.as_deref(), vocab)?;
+    let hf = hf_config(&cfg, vocab, &tok)?;
+    let tok_json = tok
+        .export_json()
+        .with_context(|| format!("reading tokenizer {:?}", tok.spec()))?;
     let hf_tensors = flamia::to_hf(&hf, tensors)?;
-    write_hf(&hf, &hf_tensors, &a.out, &tok_files)?;
-    if bytes && a.tokenizer.is_empty() {
-        // The built-in byte tokenizer has no file: write its tokenizer.json equivalent.
-        let p = a.out.join("tokenizer.json");
-        std::fs::write(&p, flamia_data::tokenizer::byte_tokenizer_json().to_string())
-            .with_context(|| format!("writing {}", p.display()))?;
+    write_hf(&hf, &hf_tensors, &a.out, &tok_json)?;
+    tokenizer_config(&cfg, &tok)?.write(&a.out)?;
+    println!(
+        "exported {} tensors and tokenizer {} (as tokenizer.json) to {}",
+        hf_tensors.len(),
+        tok.spec(),
+        a.out.display()
+    );
+    if tok.bos_id().is_some() {
+        println!(
+            "the model expects BOS first: transformers adds it by default; for lm-evaluation-harness give --model_args pretrained={},add_bos_token=True",
+            a.out.display()
+        );
     }
-    tokenizer_config(&cfg)?.write(&a.out)?;
-    println!("exported {} tensors to {}", hf_tensors.len(), a.out.display());
     Ok(())
 }

@@ -30,7 +30,10 @@ impl TrainedModel {
     pub fn load(dir: &Path, device: Option<&str>) -> anyhow::Result<TrainedModel> {
         let loaded =
             checkpoint::load(dir).with_context(|| format!("loading checkpoint {}", dir.display()))?;
-        let cfg = TrainConfig::from_toml(&loaded.config_toml)?;
+        // (as it was saved: a checkpoint of a deterministic mxfp8 run must load in a shell without
+        // its CUBLAS_WORKSPACE_CONFIG, or under a later build's rules)
+        let cfg = TrainConfig::from_saved_toml(&loaded.config_toml)
+            .with_context(|| format!("{}", dir.join("config.toml").display()))?;
         let device = parse_device(device.unwrap_or(&cfg.run.device))?;
         let compute = compute_kind(&cfg.run.compute, device);
         let tok = flamia_data::Tokenizer::from_spec(&cfg.data.tokenizer)
