@@ -250,5 +250,10 @@ mutate fwd-trim-tables attn_fwd_v4.cu 's/sm.kf\[s\]\[FWD_TILE_TRIM ? lane : 32 \
 # (the test's overflowing row), where the default gives the finite output of its later tiles.
 mutate fwd-trim-mref softmax.cuh 's/mref\[r\] = FINITE ? fmaxf(mn, -3.402823466e38f) : /mref[r] = FINITE ? mn : /' \
   forward_tile_trims_give_bitwise_the_same
+# 43. FWD_EV_RUN's running maximum started at 0 instead of "no group seen": every row's V fold
+# reference is then at least 0 (eV of N(0,1) blocks is about -6), P' six binades smaller, other
+# bits where the default's and the knob's must agree (every V block with one exponent).
+mutate fwd-ev-run-init attn_fwd_v4.cu 's/st.evo\[r\] = FWD_EV_RUN ? -1000 : 0;/st.evo[r] = 0;/' \
+  forward_ev_running_max_keeps_uniform_exponents_bitwise_and_holds_on_spread_ones
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))

@@ -615,7 +615,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdV4Params& P, FwdV4Smem& sm
       st.qf[r] = it.qf[R];
       st.m[r] = NEG_INF;
       st.l[r] = 0.f;
-      st.evo[r] = 0;
+      st.evo[r] = FWD_EV_RUN ? -1000 : 0;  // (FWD_EV_RUN: no group seen yet)
     }
     mbar_arrive(smem_u32(&sm.q_empty[qb]));
     if (++qb == QSLOTS) { qb = 0; qph ^= 1; }

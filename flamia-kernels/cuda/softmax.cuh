@@ -76,6 +76,21 @@ __device__ __forceinline__ float2 lds_f2(u32 a) {
 #ifndef FWD_TILE_TRIM
 #define FWD_TILE_TRIM 0
 #endif
+// FWD_EV_RUN 1 (host knob FLAMIA_FWD_EV_RUN=1; off by default until it has run on a GPU, session
+// 41): V's fold reference Ev is the running maximum of eV over the groups the row has seen so far
+// (Ev = max(Ev of the earlier tiles, this tile's)), the reference's rule over the keys seen so
+// far (reference/fwd.rs folds with the maximum over all of the row's keys), instead of this tile's
+// own maximum. O's unit factor 2^(Ev_old - Ev) is then <= 1: with the tile's own maximum, a tile
+// whose visible V blocks are all zero (eV -126) would multiply O by ~2^120 and overflow f32 (a
+// review's finding; GPU test spread_block_scales_and_zero_value_tiles_are_as_accurate_as_the_
+// reference). One integer max per row and tile. Token-block scales only (the per-token path's
+// folds come from the producer per tile). RowState.evo starts at -1000 (no group seen yet).
+#ifndef FWD_EV_RUN
+#define FWD_EV_RUN 0
+#endif
+#if FWD_EV_RUN && PER_TOKEN_COLS
+#error "FWD_EV_RUN: token-block scales only (the per-token path folds per tile in the producer)"
+#endif
 // New running max of each row from its tile maximum; alpha = exp2(m_old - m_new); mref = the
 // value subtracted (0 for a row with no visible key yet, so exp2 sees -inf, never NaN; FINITE:
 // an interior tile, FWD_TILE_TRIM: -FLT_MAX for such a row, the same P', alpha and sums).
@@ -180,6 +195,10 @@ __device__ __forceinline__ void tile_factors(TileFactors<NS>& f, const RowState&
       const bool vis = MASKED ? 32 * G <= lim : true;
       f.Ev[r] = max(f.Ev[r], vis ? eg[G] : -1000);
     }
+    // (the groups of the earlier tiles; the interior tiles are a prefix every row of the
+    // warpgroup sees whole, so there both rows' running maxima are equal: row 0's serves both
+    // and the folds stay per group, not per row and group)
+    if (FWD_EV_RUN) f.Ev[r] = max(f.Ev[r], MASKED ? st.evo[r] : st.evo[0]);
 #pragma unroll
     for (int G = 0; G < NG; ++G) {
       f.fe[r][G] = max(eg[G] - f.Ev[r] + 8, -20);
@@ -287,6 +306,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
       tmax[r] = fmaxf(tmax[r], gm[r][G] * cf[r][G]);  // -inf * 0 = NaN is ignored by fmaxf
       Ev[r] = max(Ev[r], (MASKED ? 32 * G <= lim[r] : true) ? eg[G] : -1000);
     }
+    if (FWD_EV_RUN) Ev[r] = max(Ev[r], MASKED ? st.evo[r] : st.evo[0]);  // (as tile_factors)
   }
   update_max<FWD_TILE_TRIM && !MASKED>(st, tmax, alpha, mref);
   float fe[2][NG], bias[2][NG], ps[2][NG];

@@ -138,6 +138,36 @@ fn spread_block_scales_and_zero_value_tiles_are_as_accurate_as_the_reference() {
     }
 }
 
+/// FLAMIA_FWD_EV_RUN=1 (V's fold reference the running maximum of eV, FWD_EV_RUN, session 41)
+/// gives the default's bits wherever every V block has one exponent (each token's first V
+/// element exactly 4, the rest within +-3.9: every block's maximum is 4), and holds the accuracy
+/// bounds on spread block scales with all-zero V tiles, where the default's per-tile reference
+/// may overflow O.
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn forward_ev_running_max_keeps_uniform_exponents_bitwise_and_holds_on_spread_ones() {
+    const SPREAD_LENS: [usize; 3] = [1100, 517, 64];
+    let gpu = gpu();
+    for hd in [128, 64] {
+        let shape = VarlenShape::from_lens(&SPREAD_LENS, 4, 2, hd).unwrap();
+        with_seeds(&format!("ev run, one V exponent, d = {hd}"), |mut rng| {
+            let mut call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
+            for (i, v) in call.v.iter_mut().enumerate() {
+                *v = if i % hd == 0 { 4.0 } else { v.clamp(-3.9, 3.9) };
+            }
+            same_bits_whatever(&gpu, &call, "FLAMIA_FWD_EV_RUN", &["1"]);
+        });
+        let _on = EnvGuard::set("FLAMIA_FWD_EV_RUN", "1");
+        let spread = |rng: &mut ChaCha8Rng, call| spread_blocks_and_zero_values(rng, call, &SPREAD_LENS);
+        check_accuracy_of(
+            &format!("mxfp8 spread scales, FWD_EV_RUN, d = {hd}"),
+            &shape,
+            AttnOptions::new(AttnPath::Mxfp8),
+            spread,
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn mxfp8_causal_gqa_is_as_accurate_as_the_reference() {

@@ -1357,6 +1357,12 @@ impl Attention {
                 variant = variant.define(define, 1);
             }
         }
+        // (session 41: V's fold reference as a running maximum, FWD_EV_RUN, token-block scales;
+        // other O bits where eV varies between key tiles, no overflow after an all-zero V tile;
+        // off by default until it has run on a GPU: docs/numerics.md "Known deviations")
+        if super::env_on("FLAMIA_FWD_EV_RUN") && !per_token {
+            variant = variant.define("FWD_EV_RUN", 1);
+        }
         FwdBuild {
             variant,
             smem,
@@ -2096,7 +2102,11 @@ mod tests {
                 // (with the other cuts, FWD_DESC_ADD and FWD_TILE_TRIM)
                 let v = v.define("FWD_VPERM", 1).define("FWD_DESC_ADD", 1);
                 jobs.push(("attn_fwd_v4.cu", v.clone()));
-                jobs.push(("attn_fwd_v4.cu", v.define("FWD_TILE_TRIM", 1)));
+                jobs.push(("attn_fwd_v4.cu", v.clone().define("FWD_TILE_TRIM", 1)));
+                // V's fold reference as a running maximum (FWD_EV_RUN, token-block scales only)
+                if !per_token {
+                    jobs.push(("attn_fwd_v4.cu", v.define("FWD_EV_RUN", 1)));
+                }
             }
             for (per_token, stages) in [
                 (false, 2),
