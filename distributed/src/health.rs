@@ -172,6 +172,20 @@ mod tests {
         );
     }
 
+    /// Registers a hook that signals when it runs and then blocks until released (at most 20 s,
+    /// so a failing run still ends): (entered, release).
+    fn blocking_hook(h: &Arc<Health>) -> (mpsc::Receiver<()>, mpsc::Sender<()>) {
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let (entered_tx, entered_rx) = mpsc::channel::<()>();
+        let entered_tx = Mutex::new(entered_tx);
+        h.on_failure(move || {
+            let _ = entered_tx.lock().unwrap().send(());
+            let _ = release_rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
+        });
+        (entered_rx, release_tx)
+    }
+
     /// A hook that blocks (an abort waiting on a hung call) must not keep the exit timer from
     /// starting: the expiry fires while the hook is still blocked.
     #[test]
@@ -185,15 +199,7 @@ mod tests {
                 let _ = expired_tx.lock().unwrap().send(reason.to_string());
             }),
         );
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        let release_rx = Mutex::new(release_rx);
-        let (entered_tx, entered_rx) = mpsc::channel::<()>();
-        let entered_tx = Mutex::new(entered_tx);
-        h.on_failure(move || {
-            let _ = entered_tx.lock().unwrap().send(());
-            // Blocks until the test releases it (at most 20 s, so a failing run still ends).
-            let _ = release_rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
-        });
+        let (entered_rx, release_tx) = blocking_hook(&h);
         let h2 = h.clone();
         let recorder = std::thread::spawn(move || h2.record("rank 1 stopped heartbeating"));
         entered_rx
@@ -262,14 +268,7 @@ mod tests {
     #[test]
     fn a_hook_registered_while_a_hook_blocks_runs() {
         let h = Health::new(0, None);
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        let release_rx = Mutex::new(release_rx);
-        let (entered_tx, entered_rx) = mpsc::channel::<()>();
-        let entered_tx = Mutex::new(entered_tx);
-        h.on_failure(move || {
-            let _ = entered_tx.lock().unwrap().send(());
-            let _ = release_rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
-        });
+        let (entered_rx, release_tx) = blocking_hook(&h);
         let h2 = h.clone();
         let recorder = std::thread::spawn(move || h2.record("failed"));
         entered_rx.recv_timeout(Duration::from_secs(10)).unwrap();
