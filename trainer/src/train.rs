@@ -157,7 +157,7 @@ fn run_steps(run: &mut Run, cfg: &TrainConfig, ddp: &mut Ddp) -> Result<()> {
         let attn0 = callback_seconds();
         let step = match next.take() {
             Some(s) => s,
-            None => run.batch()?,
+            None => run.batch(ddp)?,
         };
         let loss_sum = run.forward_backward(ddp, &step)?;
         let (loss, grad_norm) = run.reduce(ddp, &loss_sum, &step)?;
@@ -165,7 +165,7 @@ fn run_steps(run: &mut Run, cfg: &TrainConfig, ddp: &mut Ddp) -> Result<()> {
         // device now, so the copies that wait for the stream (`Packing::new`'s `cu_seqlens`)
         // wait for nothing, and the next forward's kernels queue right behind the optimizer's.
         if run.st.step + 1 < run.end {
-            next = Some(run.batch()?);
+            next = Some(run.batch(ddp)?);
         }
         let lr = lr_at(&cfg.training, run.st.step);
         let skipped = run.optimizer(ddp, loss, grad_norm, lr, &step)?;
@@ -191,6 +191,10 @@ struct Step {
     micro: Vec<Micro>,
     /// Targets that count in the loss, over all micro-batches.
     targets: usize,
+    /// What the step's summed token loss is divided by: the mean over ranks of `targets`, so that
+    /// the ranks' averaged gradients and losses are the exact mean over every rank's target
+    /// tokens (this rank's own count at world size 1).
+    denom: f64,
     /// This rank's model FLOPs for the step ([`crate::model::Shape::train_flops`]).
     flops: f64,
     /// The data position right after this step's micro-batches (the loader may have been read
@@ -490,11 +494,14 @@ impl<'a> Run<'a> {
     /// A step's `grad_accum` micro-batches, read and moved to the device before any compute
     /// (the host-to-device copies that wait for the stream wait here, once, not between
     /// micro-batches; the loop calls it while the stream is idle).
-    fn batch(&mut self) -> Result<Step> {
+    /// Collective with several ranks (the target counts' mean): every rank calls it at the same
+    /// points of the loop, after the previous step's collectives have completed.
+    fn batch(&mut self, ddp: &Ddp) -> Result<Step> {
         let n = self.cfg.training.grad_accum;
         let mut step = Step {
             micro: Vec::with_capacity(n),
             targets: 0,
+            denom: 0.0,
             flops: 0.0,
             data: self.loader.state(),
         };
@@ -515,6 +522,14 @@ impl<'a> Run<'a> {
             step.micro.push(micro);
         }
         step.targets = step.targets.max(1);
+        // (a rank's gradient is summed over its targets / denom, then averaged over the ranks:
+        // sum over all targets / (world x mean) = the mean over all of them; dividing by its own
+        // count instead weighted a token by 1 / (world x its rank's count))
+        step.denom = if self.world_size > 1 {
+            ddp.mean(&[step.targets as f64])?[0]
+        } else {
+            step.targets as f64
+        };
         step.data = self.loader.state();
         Ok(step)
     }
@@ -529,7 +544,7 @@ impl<'a> Run<'a> {
             ddp.begin_backward(i + 1 == n);
             let ls = self
                 .model
-                .forward_backward(&m.input, &m.targets, step.targets as f64, &opts)
+                .forward_backward(&m.input, &m.targets, step.denom, &opts)
                 .map_err(|e| {
                     self.oom(e, || {
                         format!(
@@ -556,9 +571,7 @@ impl<'a> Run<'a> {
         // ZeRO-1 with sharded reduction: this rank's part of the norm, combined below.
         let sharded = self.zero1 && ddp.grads_sharded();
         let pair = (|| -> Result<Vec<f64>> {
-            let loss = loss_sum
-                .f_to_kind(Kind::Double)?
-                .f_div_scalar(step.targets as f64)?;
+            let loss = loss_sum.f_to_kind(Kind::Double)?.f_div_scalar(step.denom)?;
             let norm = match sharded {
                 true => self.opt.grad_norm_of(ddp.zero_range(self.opt.numel()))?,
                 false => self.opt.grad_norm()?,
