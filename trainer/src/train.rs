@@ -441,7 +441,8 @@ impl<'a> Run<'a> {
         let jsonl = main
             .then(|| JsonlWriter::open(&run_dir, opts.resume.then_some(start_step)))
             .transpose()?;
-        let wandb = main.then(|| Wandb::start(&cfg.wandb, &cfg.run.name, &config_toml, &run_dir));
+        let resumed_at = plan.as_ref().map(|r| r.state.step);
+        let wandb = main.then(|| Wandb::start(&cfg.wandb, &cfg.run.name, &config_toml, &run_dir, resumed_at));
         let progress = Progress::new(cfg.training.steps, start_step, cfg.run.progress && main);
         let end = opts
             .stop_after
@@ -897,11 +898,18 @@ impl<'a> Run<'a> {
         if self.main {
             let json =
                 serde_json::to_string_pretty(&summary).map_err(|e| TrainError::Invalid(e.to_string()))?;
-            std::fs::write(self.run_dir.join("summary.json"), json)
-                .map_err(|e| TrainError::io(&self.run_dir, e))?;
+            checkpoint::write_atomic(&self.run_dir.join("summary.json"), json.as_bytes())?;
         }
         if let Some(w) = self.wandb.as_mut() {
-            w.finish(0, &summary);
+            // (a stopped run exits 75 for a requeue, within the scheduler's kill grace)
+            match summary.stopped_by {
+                Some(_) => w.finish_within(
+                    flamia_dist::PREEMPTED_EXIT_CODE,
+                    &summary,
+                    std::time::Duration::from_secs(3),
+                ),
+                None => w.finish(0, &summary),
+            }
         }
         Ok(summary)
     }

@@ -20,6 +20,18 @@ struct Req {
 
 /// Serves until dropped; answers 500 to the first `fail_first` file_stream posts.
 fn server(fail_first: usize) -> (String, Arc<Mutex<Vec<Req>>>) {
+    let (addr, log, _) = server_failing(fail_first, "500 Internal Server Error");
+    (addr, log)
+}
+
+/// [`server`] answering `status` to the first `fail_first` file_stream posts (`usize::MAX`: all
+/// of them); the count of every request received, failed ones included.
+fn server_failing(
+    fail_first: usize,
+    status: &'static str,
+) -> (String, Arc<Mutex<Vec<Req>>>, Arc<std::sync::atomic::AtomicUsize>) {
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen2 = seen.clone();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = format!("http://{}", listener.local_addr().unwrap());
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -56,9 +68,10 @@ fn server(fail_first: usize) -> (String, Arc<Mutex<Vec<Req>>>) {
             assert_eq!(method, "POST", "every W&B call is a POST");
             let body: Value = serde_json::from_slice(&body).expect("JSON body");
             let is_stream = path.ends_with("/file_stream");
+            seen2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let (status, reply) = if is_stream && failed < fail_first {
                 failed += 1;
-                ("500 Internal Server Error", "{}".to_string())
+                (status, "{}".to_string())
             } else if is_stream {
                 log2.lock().unwrap().push(Req { path, auth, body });
                 ("200 OK", "{\"exitcode\":null}".to_string())
@@ -69,7 +82,7 @@ fn server(fail_first: usize) -> (String, Arc<Mutex<Vec<Req>>>) {
             let _ = write!(stream, "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}", reply.len());
         }
     });
-    (addr, log)
+    (addr, log, seen)
 }
 
 fn metrics(step: usize) -> StepMetrics {
@@ -104,7 +117,7 @@ fn wandb_protocol_shapes_offsets_retries_and_finish() {
         heartbeat_secs: 1,
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut w = Wandb::start(&cfg, "tiny", "[training]\nsteps = 3\n", dir.path());
+    let mut w = Wandb::start(&cfg, "tiny", "[training]\nsteps = 3\n", dir.path(), None);
     let t0 = std::time::Instant::now();
     for s in 1..=3 {
         w.log(&metrics(s));
@@ -113,7 +126,9 @@ fn wandb_protocol_shapes_offsets_retries_and_finish() {
         t0.elapsed().as_millis() < 50,
         "logging never waits on the network"
     );
-    std::thread::sleep(std::time::Duration::from_millis(2500)); // heartbeats
+    // (the two 500s back the uploader off 1 s, then 2 s: the lines go out at ~3 s, then a
+    // heartbeat at the next 1 s tick)
+    std::thread::sleep(std::time::Duration::from_millis(4500));
     w.finish(0, &serde_json::json!({"final_loss": 4.7}));
 
     let reqs = log.lock().unwrap().clone();
@@ -165,7 +180,7 @@ fn wandb_protocol_shapes_offsets_retries_and_finish() {
         .iter()
         .filter(|r| r.body.get("files").is_none() && r.body["complete"] == false)
         .count();
-    assert!(heartbeats >= 1, "a heartbeat within 2.5 s at 1 s interval");
+    assert!(heartbeats >= 1, "a heartbeat within 4.5 s at 1 s interval (after the backoff)");
     let summary = streams
         .iter()
         .find_map(|r| r.body["files"].get("wandb-summary.json"))
@@ -192,11 +207,66 @@ fn unreachable_server_never_blocks_training() {
         ..Default::default()
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut w = Wandb::start(&cfg, "x", "", dir.path());
+    let mut w = Wandb::start(&cfg, "x", "", dir.path(), None);
     let t0 = std::time::Instant::now();
     for s in 1..=100 {
         w.log(&metrics(s));
     }
     assert!(t0.elapsed().as_millis() < 100);
     w.finish(1, &serde_json::json!({}));
+}
+
+fn config(base: String) -> WandbConfig {
+    WandbConfig {
+        enabled: true,
+        project: "proj".into(),
+        entity: "ent".into(),
+        base_url: base,
+        heartbeat_secs: 1,
+    }
+}
+
+/// A server that keeps failing is retried with backoff (not once per logged step), and a
+/// rejected key turns W&B off after one try; training never waits either way.
+#[test]
+fn failures_back_off_and_a_rejected_key_stops_the_uploads() {
+    std::env::set_var("WANDB_API_KEY", "k");
+    for (status, most) in [("503 Service Unavailable", 6), ("401 Unauthorized", 1)] {
+        let (base, _, seen) = server_failing(usize::MAX, status);
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Wandb::start(&config(base), "x", "", dir.path(), None);
+        let t0 = std::time::Instant::now();
+        // 40 steps over ~2 s: without backoff, a post per step
+        for s in 1..=40 {
+            w.log(&metrics(s));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(t0.elapsed().as_secs_f64() < 3.0, "logging never waits");
+        let posts = seen.load(std::sync::atomic::Ordering::SeqCst) - 1; // (the GraphQL call)
+        assert!(posts <= most, "{status}: {posts} file_stream posts in 2 s");
+        w.finish_within(0, &serde_json::json!({}), std::time::Duration::from_secs(5));
+    }
+}
+
+/// A resumed run logs to its own W&B run (the original's history offsets are not known here).
+#[test]
+fn a_resumed_run_gets_its_own_wandb_run() {
+    std::env::set_var("WANDB_API_KEY", "k");
+    let dir = tempfile::tempdir().unwrap();
+    let mut names = Vec::new();
+    for resumed in [None, Some(1000)] {
+        let (base, log) = server(0);
+        let mut w = Wandb::start(&config(base), "tiny", "", dir.path(), resumed);
+        w.log(&metrics(1));
+        w.finish(0, &serde_json::json!({}));
+        let reqs = log.lock().unwrap().clone();
+        let vars = reqs[0].body["variables"].clone();
+        names.push((
+            vars["name"].as_str().unwrap().to_string(),
+            vars["displayName"].as_str().unwrap().to_string(),
+        ));
+    }
+    assert_eq!(names[1].0, format!("{}-r1000", names[0].0));
+    assert_eq!(names[0].1, "tiny");
+    assert_eq!(names[1].1, "tiny (resumed at step 1000)");
 }

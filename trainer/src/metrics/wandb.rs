@@ -4,8 +4,13 @@
 //! it complete with the exit code.
 //!
 //! Everything runs on a background thread fed by a channel: the training loop only enqueues. A
-//! network failure is logged and the pending lines are retried on the next tick; it never blocks
-//! or stops training. The key comes from `WANDB_API_KEY`.
+//! network failure is logged once per outage and the pending lines are retried with exponential
+//! backoff (1 s doubling to 60 s); a rejected key (HTTP 401/403) is reported once and turns W&B
+//! off for the run. Nothing here blocks or stops training. The key comes from `WANDB_API_KEY`.
+//!
+//! A resumed run (`--resume`) logs to its own W&B run, `<id>-r<step>`, named "<name> (resumed at
+//! step N)": the file_stream offsets of the original run are not known here, and writing from
+//! offset 0 again would overwrite its first history lines.
 
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -39,7 +44,14 @@ enum Event {
 
 impl Wandb {
     /// Starts the uploader when `cfg.enabled` and `WANDB_API_KEY` is set; otherwise a no-op.
-    pub fn start(cfg: &WandbConfig, run_name: &str, config_toml: &str, run_dir: &Path) -> Wandb {
+    /// `resumed_at`: the step a `--resume` continues from (its own W&B run, module docs).
+    pub fn start(
+        cfg: &WandbConfig,
+        run_name: &str,
+        config_toml: &str,
+        run_dir: &Path,
+        resumed_at: Option<usize>,
+    ) -> Wandb {
         if !cfg.enabled {
             return Wandb {
                 tx: None,
@@ -66,13 +78,22 @@ impl Wandb {
             key,
             entity: cfg.entity.clone(),
             project: cfg.project.clone(),
-            run_id: run_id(run_dir),
-            display_name: run_name.to_string(),
+            run_id: match resumed_at {
+                Some(step) => format!("{}-r{step}", run_id(run_dir)),
+                None => run_id(run_dir),
+            },
+            display_name: match resumed_at {
+                Some(step) => format!("{run_name} (resumed at step {step})"),
+                None => run_name.to_string(),
+            },
             config,
             created: false,
             history_offset: 0,
             pending: Vec::new(),
             started: Instant::now(),
+            backoff: Duration::ZERO,
+            retry_at: None,
+            disabled: false,
         };
         let heartbeat = Duration::from_secs(cfg.heartbeat_secs.max(1));
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -93,19 +114,25 @@ impl Wandb {
     /// Sends the summary and marks the run finished with `exit_code`; waits up to 30 s for the
     /// uploader to drain.
     pub fn finish(&mut self, exit_code: i32, summary: &impl serde::Serialize) {
+        self.finish_within(exit_code, summary, Duration::from_secs(30));
+    }
+
+    /// [`Wandb::finish`] waiting at most `wait`: a preempted run must exit (and be requeued)
+    /// within the scheduler's kill grace, whatever the network does.
+    pub fn finish_within(&mut self, exit_code: i32, summary: &impl serde::Serialize, wait: Duration) {
         let Some(tx) = self.tx.take() else { return };
         let summary = serde_json::to_value(summary).unwrap_or(Value::Null);
         let _ = tx.send(Event::Finish { exit_code, summary });
         drop(tx);
         if let Some(t) = self.thread.take() {
-            let deadline = Instant::now() + Duration::from_secs(30);
+            let deadline = Instant::now() + wait;
             while !t.is_finished() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
             }
             if t.is_finished() {
                 let _ = t.join();
             } else {
-                tracing::warn!("W&B uploader still busy after 30 s; leaving it behind");
+                tracing::warn!("W&B uploader still busy after {wait:?}; leaving it behind");
             }
         }
     }
@@ -113,9 +140,10 @@ impl Wandb {
 
 impl Drop for Wandb {
     fn drop(&mut self) {
-        // A run that ends without `finish` (an error) is reported as failed.
+        // A run that ends without `finish` (an error) is reported as failed (not waiting long:
+        // the error is what the user needs to see).
         if self.tx.is_some() {
-            self.finish(1, &json!({}));
+            self.finish_within(1, &json!({}), Duration::from_secs(10));
         }
     }
 }
@@ -146,6 +174,11 @@ struct Uploader {
     history_offset: usize,
     pending: Vec<String>,
     started: Instant,
+    /// Exponential backoff after a failed post (zero: none), and when the next try is due.
+    backoff: Duration,
+    retry_at: Option<Instant>,
+    /// The server rejected the key: nothing more is sent.
+    disabled: bool,
 }
 
 impl Uploader {
@@ -165,7 +198,7 @@ impl Uploader {
                 Err(RecvTimeoutError::Timeout) => {
                     if last_post.elapsed() >= heartbeat {
                         self.flush();
-                        if self.pending.is_empty() && self.created {
+                        if self.pending.is_empty() && self.created && !self.disabled {
                             let _ = self.post_stream(&json!({"complete": false, "failed": false}));
                         }
                         last_post = Instant::now();
@@ -260,31 +293,61 @@ impl Uploader {
         }
     }
 
-    /// Sends the pending history lines; on failure keeps them for the next try.
-    fn flush(&mut self) {
-        if let Err(e) = self.ensure_created() {
-            tracing::warn!("W&B: creating the run failed ({e}); will retry");
+    /// Sends the pending history lines; on failure keeps them for the next try, which waits out
+    /// the backoff unless `force` (the run's end).
+    fn flush_now(&mut self, force: bool) {
+        if self.disabled || (!force && self.retry_at.is_some_and(|t| Instant::now() < t)) {
             return;
         }
-        if self.pending.is_empty() {
-            return;
-        }
-        let body = json!({"files": {"wandb-history.jsonl": {"offset": self.history_offset, "content": self.pending}}});
-        match self.post_stream(&body) {
+        let r = self.ensure_created().and_then(|()| {
+            if self.pending.is_empty() {
+                return Ok(());
+            }
+            let body = json!({"files": {"wandb-history.jsonl": {"offset": self.history_offset, "content": self.pending}}});
+            self.post_stream(&body)?;
+            self.history_offset += self.pending.len();
+            self.pending.clear();
+            Ok(())
+        });
+        match r {
             Ok(()) => {
-                self.history_offset += self.pending.len();
+                if !self.backoff.is_zero() {
+                    tracing::info!("W&B: reachable again; the lines kept meanwhile are sent");
+                }
+                self.backoff = Duration::ZERO;
+                self.retry_at = None;
+            }
+            Err(e) if e.contains("HTTP 401") || e.contains("HTTP 403") => {
+                tracing::error!(
+                    "W&B rejected the API key ({e}); not logging to W&B for the rest of this run \
+                     (check WANDB_API_KEY and wandb.entity / wandb.project)"
+                );
+                self.disabled = true;
                 self.pending.clear();
             }
-            Err(e) => tracing::warn!(
-                "W&B: file_stream post failed ({e}); {} lines kept for retry",
-                self.pending.len()
-            ),
+            Err(e) => {
+                if self.backoff.is_zero() {
+                    tracing::warn!(
+                        "W&B: sending failed ({e}); {} lines kept, retrying with backoff up to 60 s",
+                        self.pending.len()
+                    );
+                }
+                self.backoff = (self.backoff * 2).clamp(Duration::from_secs(1), Duration::from_secs(60));
+                self.retry_at = Some(Instant::now() + self.backoff);
+            }
         }
     }
 
+    fn flush(&mut self) {
+        self.flush_now(false);
+    }
+
     fn finish(&mut self, exit_code: i32, summary: Value) {
+        if self.disabled {
+            return;
+        }
         for attempt in 0..3 {
-            self.flush();
+            self.flush_now(true);
             if self.created && self.pending.is_empty() {
                 break;
             }
