@@ -180,7 +180,10 @@ fn wandb_protocol_shapes_offsets_retries_and_finish() {
         .iter()
         .filter(|r| r.body.get("files").is_none() && r.body["complete"] == false)
         .count();
-    assert!(heartbeats >= 1, "a heartbeat within 4.5 s at 1 s interval (after the backoff)");
+    assert!(
+        heartbeats >= 1,
+        "a heartbeat within 4.5 s at 1 s interval (after the backoff)"
+    );
     let summary = streams
         .iter()
         .find_map(|r| r.body["files"].get("wandb-summary.json"))
