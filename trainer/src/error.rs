@@ -26,11 +26,7 @@ pub enum TrainError {
     Tch(#[from] tch::TchError),
     /// The device ran out of memory: what was running, how much memory was in use, and what to
     /// change (see [`crate::memory::explain`]).
-    #[error(
-        "out of memory during {what} ({in_use}); {detail}\nremedies: \
-         training.activation_checkpointing = \"selective\" or \"full\"; shorter rows (data.seq_len); \
-         fewer rows per micro-batch (data.batch_rows, raising training.grad_accum keeps the batch)"
-    )]
+    #[error("out of memory during {what} ({in_use}); {detail}\nremedies: {remedies}")]
     OutOfMemory {
         /// The phase of the step (e.g. `the forward/backward of micro-batch 2 of 4 (16384 tokens)`).
         what: String,
@@ -38,6 +34,8 @@ pub enum TrainError {
         in_use: String,
         /// The allocator's own message (first line).
         detail: String,
+        /// What to change, for the phase that ran out ([`crate::memory::Phase`]).
+        remedies: String,
     },
     /// File system errors, with the path.
     #[error("{path}: {source}")]

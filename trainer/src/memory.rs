@@ -22,9 +22,60 @@ pub fn is_out_of_memory(msg: &str) -> bool {
     .any(|p| m.contains(p))
 }
 
+/// Which part of a run ran out of memory: what helps differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// A training step's forward/backward (and what is moved or reduced for it); `full`: the
+    /// activation checkpointing is already `full`.
+    Step { full_checkpointing: bool },
+    /// Building the model and optimizer, or the optimizer's update: parameters and moments.
+    State,
+    /// A validation or evaluation batch (no gradients, no optimizer).
+    Validation,
+}
+
+impl Phase {
+    /// What to change, in the words of the config.
+    pub fn remedies(self) -> String {
+        match self {
+            Phase::Step { full_checkpointing } => {
+                let ckpt = if full_checkpointing {
+                    ""
+                } else {
+                    "training.activation_checkpointing = \"selective\" or \"full\"; "
+                };
+                format!(
+                    "{ckpt}shorter rows (data.seq_len); fewer rows per micro-batch (data.batch_rows, \
+                     raising training.grad_accum keeps the batch)"
+                )
+            }
+            Phase::State => "a smaller model (model.size); distributed.zero1 = true with several GPUs \
+                             (each keeps a share of the optimizer moments); a device with more memory"
+                .into(),
+            Phase::Validation => "fewer rows per batch (data.batch_rows: validation scores whole batches \
+                                  of it) or shorter rows (data.seq_len); training.val_every = 0 turns \
+                                  validation off"
+                .into(),
+        }
+    }
+}
+
 /// Turns an out-of-memory failure during `what` into [`TrainError::OutOfMemory`] (memory in use
-/// on `device` now, the allocator's first message line); other errors pass through unchanged.
+/// on `device` now, the allocator's first message line, the remedies of a training step); other
+/// errors pass through unchanged.
 pub fn explain(e: TrainError, what: impl FnOnce() -> String, device: Device) -> TrainError {
+    explain_in(
+        e,
+        what,
+        device,
+        Phase::Step {
+            full_checkpointing: false,
+        },
+    )
+}
+
+/// [`explain`] with the remedies of `phase`.
+pub fn explain_in(e: TrainError, what: impl FnOnce() -> String, device: Device, phase: Phase) -> TrainError {
     let msg = match &e {
         TrainError::Tch(t) => t.to_string(),
         TrainError::Attention(m) => m.clone(),
@@ -58,6 +109,7 @@ pub fn explain(e: TrainError, what: impl FnOnce() -> String, device: Device) -> 
         what: what(),
         in_use,
         detail: first,
+        remedies: phase.remedies(),
     }
 }
 
@@ -134,5 +186,35 @@ mod tests {
             Device::Cpu,
         );
         assert!(matches!(other, TrainError::Tch(_)));
+    }
+
+    #[test]
+    fn the_remedies_fit_the_phase_that_ran_out() {
+        let oom = || {
+            TrainError::Tch(tch::TchError::Torch(
+                "CUDA out of memory. Tried to allocate 1 GiB".into(),
+            ))
+        };
+        let text = |phase| explain_in(oom(), || "x".into(), Device::Cpu, phase).to_string();
+        // Checkpointing already full: not suggested again; the rows still help.
+        let t = text(Phase::Step {
+            full_checkpointing: true,
+        });
+        assert!(
+            !t.contains("activation_checkpointing") && t.contains("data.batch_rows"),
+            "{t}"
+        );
+        // Parameters and moments: rows and checkpointing do not help.
+        let t = text(Phase::State);
+        assert!(
+            t.contains("zero1") && !t.contains("data.seq_len") && !t.contains("activation"),
+            "{t}"
+        );
+        // Validation keeps no activations for a backward.
+        let t = text(Phase::Validation);
+        assert!(
+            t.contains("val_every") && !t.contains("activation") && !t.contains("grad_accum"),
+            "{t}"
+        );
     }
 }

@@ -362,7 +362,7 @@ impl<'a> Run<'a> {
         check_gpu_head_dim(cfg, &attn, &cfg.model.shape(loader.vocab_size())?, device)?;
         let setup = || "the model and optimizer set-up".to_string();
         let model = Llama::new(&cfg.model, loader.vocab_size(), device)
-            .map_err(|e| crate::memory::explain(e, setup, device))?;
+            .map_err(|e| crate::memory::explain_in(e, setup, device, crate::memory::Phase::State))?;
         let (n_params, n_emb) = model.shape.param_counts();
         tracing::info!(
             "model {}: {} parameters ({} non-embedding), {:?}, device {:?}, compute {:?}, attention {}, \
@@ -378,7 +378,7 @@ impl<'a> Run<'a> {
         );
         let params = model.named_parameters();
         let mut opt = AdamW::new(model.named_parameters(), &cfg.training, Llama::no_decay)
-            .map_err(|e| crate::memory::explain(e, setup, device))?;
+            .map_err(|e| crate::memory::explain_in(e, setup, device, crate::memory::Phase::State))?;
 
         let mut st = TrainState {
             step: 0,
@@ -489,7 +489,13 @@ impl<'a> Run<'a> {
     }
 
     fn oom(&self, e: TrainError, what: impl FnOnce() -> String) -> TrainError {
-        crate::memory::explain(e, what, self.device)
+        let full_checkpointing = self.checkpointing == Checkpointing::Full;
+        crate::memory::explain_in(
+            e,
+            what,
+            self.device,
+            crate::memory::Phase::Step { full_checkpointing },
+        )
     }
 
     /// A step's `grad_accum` micro-batches, read and moved to the device before any compute
@@ -637,8 +643,14 @@ impl<'a> Run<'a> {
                 }
                 opt.step(lr)
             };
-            update(&mut self.opt)
-                .map_err(|e| crate::memory::explain(e, || "the optimizer step".into(), device))?;
+            update(&mut self.opt).map_err(|e| {
+                crate::memory::explain_in(
+                    e,
+                    || "the optimizer step".into(),
+                    device,
+                    crate::memory::Phase::State,
+                )
+            })?;
             if self.zero1 {
                 // Every rank updated its own range: put the others' in place.
                 ddp.all_gather_in_place(self.opt.flat_params())?;

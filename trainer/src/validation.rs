@@ -132,10 +132,11 @@ impl Validator {
                 model.loss_sum_no_grad(&input, &y, opts)
             })()
             .map_err(|e| {
-                crate::memory::explain(
+                crate::memory::explain_in(
                     e,
                     || format!("validation batch {} of {n} ({} tokens)", i + 1, tokens.len()),
                     device,
+                    crate::memory::Phase::Validation,
                 )
             })?;
             targets += b.target_tokens();
