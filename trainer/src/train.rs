@@ -175,11 +175,8 @@ fn run_steps(run: &mut Run, cfg: &TrainConfig, ddp: &mut Ddp) -> Result<()> {
         run.checkpoint(ddp)?;
         if run.stopped_by.is_some() && run.st.step < run.end {
             let why = run.stopped_by.clone().unwrap_or_default();
-            run.progress.println(format!(
-                "step {}: stopping on {why}; checkpoint written",
-                run.st.step
-            ));
-            tracing::warn!(step = run.st.step, "stopping on {why} after the checkpoint");
+            // (the log line prints above the bar: progress.rs)
+            tracing::warn!("step {}: stopping on {why}; checkpoint written", run.st.step);
             break;
         }
     }
@@ -625,15 +622,10 @@ impl<'a> Run<'a> {
         let skipped = !loss.is_finite() || !grad_norm.is_finite() || spike;
         if skipped {
             st.skipped_steps += 1;
-            self.progress.println(format!(
-                "step {}: update skipped (loss {loss:.4}, grad norm {grad_norm:.4}, recent mean {mean_recent:.4})",
-                st.step + 1
-            ));
             tracing::warn!(
-                step = st.step + 1,
-                loss,
-                grad_norm,
-                "skipped a non-finite or spiking step"
+                "step {}: update skipped, a non-finite or spiking step (loss {loss:.4}, grad norm \
+                 {grad_norm:.4}, recent mean {mean_recent:.4})",
+                st.step + 1
             );
         } else {
             let device = self.device;
@@ -752,10 +744,8 @@ impl<'a> Run<'a> {
             r.tokens,
             r.seconds
         );
+        // (every rank logs it; the line prints above the bar: progress.rs)
         tracing::info!("{line}");
-        if self.main {
-            self.progress.println(line);
-        }
         Ok(Some(r))
     }
 

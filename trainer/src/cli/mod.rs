@@ -52,7 +52,8 @@ pub fn run() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
+        // (with the training progress bar suspended while a line is written)
+        .with_writer(|| flamia_trainer::metrics::progress::LogWriter)
         .init();
     match Cli::parse().command {
         Command::Train(a) => train::run(a),

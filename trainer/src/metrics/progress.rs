@@ -1,6 +1,38 @@
-//! The console progress bar: loss, tokens/s, MFU and memory, updated every step.
+//! The console progress bar: loss, tokens/s, MFU and memory, updated every step. Log lines
+//! (`tracing`, written through [`LogWriter`]) are printed with the bar suspended, so the two never
+//! mix on the terminal.
+
+use std::io::Write;
+use std::sync::Mutex;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// The bar on the terminal now, if any (log lines suspend it while they are written).
+static SHOWN: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+/// `f` with the bar on the terminal (if any) cleared meanwhile and redrawn after.
+fn suspended<R>(f: impl FnOnce() -> R) -> R {
+    let bar = SHOWN.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    match bar {
+        Some(b) => b.suspend(f),
+        None => f(),
+    }
+}
+
+/// stderr for the log: each write with the progress bar suspended (`tracing_subscriber`'s
+/// `with_writer(|| LogWriter)`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        suspended(|| std::io::stderr().write_all(buf)).map(|()| buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
 
 use super::StepMetrics;
 
@@ -22,6 +54,9 @@ impl Progress {
                 .progress_chars("=> "),
         );
         bar.set_position(start as u64);
+        if enabled {
+            *SHOWN.lock().unwrap_or_else(|p| p.into_inner()) = Some(bar.clone());
+        }
         Progress { bar }
     }
 
@@ -46,12 +81,14 @@ impl Progress {
         self.bar.set_message(s.into());
     }
 
-    /// Prints a line above the bar.
-    pub fn println(&self, s: impl AsRef<str>) {
-        self.bar.println(s.as_ref());
-    }
-
     pub fn finish(&self) {
         self.bar.finish();
+        SHOWN.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        SHOWN.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }
