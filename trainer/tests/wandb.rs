@@ -273,3 +273,41 @@ fn a_resumed_run_gets_its_own_wandb_run() {
     assert_eq!(names[0].1, "tiny");
     assert_eq!(names[1].1, "tiny (resumed at step 1000)");
 }
+
+/// A backlog (lines kept through an outage) goes out in posts of at most 1000 lines, in order,
+/// with the offsets continuing, each line stamped when it was logged.
+#[test]
+fn a_backlog_goes_out_in_parts() {
+    std::env::set_var("WANDB_API_KEY", "k");
+    let (base, log) = server(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Wandb::start(&config(base), "x", "", dir.path(), None);
+    for s in 1..=2500 {
+        w.log(&metrics(s));
+    }
+    let logged = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    std::thread::sleep(std::time::Duration::from_millis(1500)); // (the backoff after the 500)
+    w.finish(0, &serde_json::json!({}));
+    let reqs = log.lock().unwrap().clone();
+    let (mut next, mut steps) = (0usize, Vec::new());
+    for r in reqs.iter().filter(|r| r.path.ends_with("/file_stream")) {
+        if let Some(h) = r.body["files"].get("wandb-history.jsonl") {
+            let content = h["content"].as_array().unwrap();
+            assert!(content.len() <= 1000, "a post of {} lines", content.len());
+            assert_eq!(h["offset"].as_u64().unwrap() as usize, next);
+            next += content.len();
+            for line in content {
+                let v: Value = serde_json::from_str(line.as_str().unwrap()).unwrap();
+                assert!(
+                    v["_timestamp"].as_f64().unwrap() <= logged + 0.5,
+                    "stamped when logged: {v}"
+                );
+                steps.push(v["_step"].as_u64().unwrap());
+            }
+        }
+    }
+    assert_eq!(steps, (1..=2500).collect::<Vec<u64>>());
+}

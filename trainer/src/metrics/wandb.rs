@@ -34,12 +34,26 @@ const VIEWER: &str = "query Viewer { viewer { id entity } }";
 pub struct Wandb {
     tx: Option<Sender<Event>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// When the run started here (`_runtime` of each line, taken when the step is logged).
+    started: Instant,
+    /// History lines dropped because the queue was full (a long outage).
+    dropped: u64,
 }
+
+/// History lines the uploader holds at most (queued and pending): about a day of steps at one
+/// per second; beyond it new lines are dropped and counted, not kept without bound.
+const MAX_QUEUED: usize = 100_000;
+/// History lines per file_stream post (a long backlog goes out in parts, not one huge body).
+const LINES_PER_POST: usize = 1000;
 
 #[derive(Debug)]
 enum Event {
-    Log(Value),
-    Finish { exit_code: i32, summary: Value },
+    /// A history line, stamped when the step was logged.
+    Log(String),
+    Finish {
+        exit_code: i32,
+        summary: Value,
+    },
 }
 
 impl Wandb {
@@ -53,17 +67,11 @@ impl Wandb {
         resumed_at: Option<usize>,
     ) -> Wandb {
         if !cfg.enabled {
-            return Wandb {
-                tx: None,
-                thread: None,
-            };
+            return Wandb::off();
         }
         let Some(key) = std::env::var("WANDB_API_KEY").ok().filter(|k| !k.is_empty()) else {
             tracing::warn!("wandb.enabled but WANDB_API_KEY is not set: not logging to W&B");
-            return Wandb {
-                tx: None,
-                thread: None,
-            };
+            return Wandb::off();
         };
         let config: Value = toml::from_str::<toml::Value>(config_toml)
             .ok()
@@ -96,18 +104,42 @@ impl Wandb {
             disabled: false,
         };
         let heartbeat = Duration::from_secs(cfg.heartbeat_secs.max(1));
-        let (tx, rx) = crossbeam_channel::unbounded();
+        let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED);
+        let started = uploader.started;
         let thread = std::thread::Builder::new()
             .name("wandb".into())
             .spawn(move || uploader.run(rx, heartbeat))
             .ok();
-        Wandb { tx: Some(tx), thread }
+        Wandb {
+            tx: Some(tx),
+            thread,
+            started,
+            dropped: 0,
+        }
     }
 
-    /// Enqueues one history line (never blocks on the network).
+    fn off() -> Wandb {
+        Wandb {
+            tx: None,
+            thread: None,
+            started: Instant::now(),
+            dropped: 0,
+        }
+    }
+
+    /// Enqueues one history line (never blocks on the network; a full queue drops it and counts
+    /// it). Its `_runtime` and `_timestamp` are the step's, not the upload's.
     pub fn log(&mut self, m: &StepMetrics) {
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Event::Log(serde_json::to_value(m).unwrap_or(Value::Null)));
+            let line = history_line(serde_json::to_value(m).unwrap_or(Value::Null), self.started);
+            if tx.try_send(Event::Log(line)).is_err() {
+                self.dropped += 1;
+                if self.dropped == 1 {
+                    tracing::warn!(
+                        "W&B: {MAX_QUEUED} history lines are waiting to be sent; dropping new ones"
+                    );
+                }
+            }
         }
     }
 
@@ -121,6 +153,12 @@ impl Wandb {
     /// within the scheduler's kill grace, whatever the network does.
     pub fn finish_within(&mut self, exit_code: i32, summary: &impl serde::Serialize, wait: Duration) {
         let Some(tx) = self.tx.take() else { return };
+        if self.dropped > 0 {
+            tracing::warn!(
+                "W&B: {} history lines were dropped while it was unreachable",
+                self.dropped
+            );
+        }
         let summary = serde_json::to_value(summary).unwrap_or(Value::Null);
         let _ = tx.send(Event::Finish { exit_code, summary });
         drop(tx);
@@ -146,6 +184,21 @@ impl Drop for Wandb {
             self.finish_within(1, &json!({}), Duration::from_secs(10));
         }
     }
+}
+
+/// A history line: the metrics with W&B's `_step`, `_runtime` (since `started`) and `_timestamp`.
+fn history_line(mut v: Value, started: Instant) -> String {
+    if let Value::Object(map) = &mut v {
+        let step = map.get("step").cloned().unwrap_or(Value::Null);
+        map.insert("_step".into(), step);
+        map.insert("_runtime".into(), json!(started.elapsed().as_secs_f64()));
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        map.insert("_timestamp".into(), json!(now));
+    }
+    v.to_string()
 }
 
 /// A stable id per run directory (so a resumed run continues the same W&B run).
@@ -186,8 +239,8 @@ impl Uploader {
         let mut last_post = Instant::now();
         loop {
             match rx.recv_timeout(heartbeat) {
-                Ok(Event::Log(v)) => {
-                    self.pending.push(self.history_line(v));
+                Ok(Event::Log(line)) => {
+                    self.pending.push(line);
                     self.flush();
                     last_post = Instant::now();
                 }
@@ -210,20 +263,6 @@ impl Uploader {
                 }
             }
         }
-    }
-
-    fn history_line(&self, mut v: Value) -> String {
-        if let Value::Object(map) = &mut v {
-            let step = map.get("step").cloned().unwrap_or(Value::Null);
-            map.insert("_step".into(), step);
-            map.insert("_runtime".into(), json!(self.started.elapsed().as_secs_f64()));
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs_f64())
-                .unwrap_or(0.0);
-            map.insert("_timestamp".into(), json!(now));
-        }
-        v.to_string()
     }
 
     fn graphql(&self, query: &str, variables: Value) -> Result<Value, String> {
@@ -303,10 +342,14 @@ impl Uploader {
             if self.pending.is_empty() {
                 return Ok(());
             }
-            let body = json!({"files": {"wandb-history.jsonl": {"offset": self.history_offset, "content": self.pending}}});
-            self.post_stream(&body)?;
-            self.history_offset += self.pending.len();
-            self.pending.clear();
+            // (a backlog goes out in parts: no one huge body for the server to refuse)
+            while !self.pending.is_empty() {
+                let n = self.pending.len().min(LINES_PER_POST);
+                let body = json!({"files": {"wandb-history.jsonl": {"offset": self.history_offset, "content": &self.pending[..n]}}});
+                self.post_stream(&body)?;
+                self.history_offset += n;
+                self.pending.drain(..n);
+            }
             Ok(())
         });
         match r {
