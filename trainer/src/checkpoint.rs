@@ -211,18 +211,13 @@ impl Drop for Writer {
 }
 
 /// Replaces `path` with `bytes` so that a crash leaves either the old file or the new one, never
-/// a truncated one: written to `path.tmp`, fsynced, renamed over `path`, the directory fsynced.
+/// a truncated one (`flamia_data::atomic::write`: `path.tmp`, fsynced, renamed over `path`, the
+/// directory fsynced; a failed write removes `path.tmp`).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    write_synced(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).map_err(|e| TrainError::io(path, e))?;
-    sync_dir(
-        path.parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new(".")),
-    )
+    flamia_data::atomic::write(path, bytes).map_err(|e| match e {
+        flamia_data::DataError::Write { problem, .. } => TrainError::io(path, std::io::Error::other(problem)),
+        other => TrainError::io(path, std::io::Error::other(other.to_string())),
+    })
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {

@@ -98,14 +98,13 @@ impl Wandb {
             created: false,
             history_offset: 0,
             pending: Vec::new(),
-            started: Instant::now(),
             backoff: Duration::ZERO,
             retry_at: None,
             disabled: false,
         };
         let heartbeat = Duration::from_secs(cfg.heartbeat_secs.max(1));
         let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED);
-        let started = uploader.started;
+        let started = Instant::now();
         let thread = std::thread::Builder::new()
             .name("wandb".into())
             .spawn(move || uploader.run(rx, heartbeat))
@@ -226,7 +225,6 @@ struct Uploader {
     created: bool,
     history_offset: usize,
     pending: Vec<String>,
-    started: Instant,
     /// Exponential backoff after a failed post (zero: none), and when the next try is due.
     backoff: Duration,
     retry_at: Option<Instant>,
