@@ -359,6 +359,41 @@ fn a_stop_signal_checkpoints_every_rank_and_resume_continues_bitwise() {
     assert_eq!(losses(&stopped), reference, "resumed from step {}", LONG - 4);
 }
 
+#[test]
+fn a_killed_rank_stops_the_other_with_the_peer_failure_status_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("killed");
+    // (steps enough that the run cannot end before the kill lands)
+    let mut ranks = spawn_ranks(&dir, 2, 1, |_, c| {
+        c.args(["--set", "training.steps=100000", "--set", "training.val_every=0"]);
+    });
+    let start = Instant::now();
+    while std::fs::read_to_string(dir.join("metrics.jsonl")).map_or(0, |t| t.lines().count()) < 3 {
+        assert!(start.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut victim = ranks.pop().unwrap();
+    victim.kill().unwrap();
+    let _ = victim.wait();
+    let killed = Instant::now();
+    let out = ranks.pop().unwrap().wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(flamia_dist::PEER_FAILURE_EXIT_CODE),
+        "the survivor must exit with the peer-failure status, not its own failure's 1: {err}"
+    );
+    assert!(
+        err.contains("rank 1"),
+        "the survivor's error must name the dead rank: {err}"
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        killed.elapsed()
+    );
+}
+
 /// Both ranks fail at start-up, within `limit`, and their errors contain every `needle`.
 fn both_fail_naming(ranks: Vec<Child>, needles: &[&str], limit: Duration) {
     let start = Instant::now();

@@ -13,7 +13,6 @@ pub mod gpu_check;
 pub mod group;
 pub mod health;
 pub mod hostlist;
-pub mod metrics;
 pub mod nccl;
 pub mod server;
 pub mod signal;

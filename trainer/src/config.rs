@@ -87,7 +87,7 @@ impl Default for RunConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AttentionConfig {
-    /// `bf16` (exact control), `mxfp8` (FLAMIA default), `nvfp4`, `leaky-fp8` (negative control).
+    /// `bf16` (exact control), `mxfp8` (FLAMIA's main path; the default is `bf16`), `nvfp4`, `leaky-fp8` (negative control).
     pub path: String,
     /// One power-of-two scale per token instead of per 32-token block.
     pub per_token_scales: bool,
@@ -537,6 +537,20 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn one_rope_scaling_key_keeps_the_others_defaults() {
+        let c = TrainConfig::load(None, &["model.rope_scaling.factor=8".into()]).unwrap();
+        let d = crate::model::sizes::RopeScaling::default();
+        assert_eq!(c.model.rope_scaling.factor, 8.0);
+        assert_eq!(
+            c.model.rope_scaling.original_max_position,
+            d.original_max_position
+        );
+        assert_eq!(c.model.rope_scaling.high_freq_factor, d.high_freq_factor);
+        let bad = TrainConfig::load(None, &["model.rope_scaling.fctor=8".into()]);
+        assert!(bad.unwrap_err().to_string().contains("fctor"));
     }
 
     #[test]

@@ -590,6 +590,11 @@ impl Ddp {
         }
     }
 
+    /// The group's first recorded failure (a peer's death, error or hang), if any.
+    pub fn group_failure(&self) -> Option<String> {
+        self.pg.as_ref().and_then(|pg| pg.health().failure())
+    }
+
     /// Tell every rank this one is failing (they stop with `reason` instead of timing out).
     pub fn fail(&self, reason: &str) {
         if let Some(pg) = &self.pg {

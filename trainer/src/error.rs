@@ -21,6 +21,11 @@ pub enum TrainError {
     /// to train, and not a failure (a requeued job that already finished exits 0 on it).
     #[error("{0}")]
     Complete(String),
+    /// This rank stopped because the process group had failed (another rank died, hung or
+    /// reported an error) before its own error surfaced; the CLI exits with
+    /// `flamia_dist::PEER_FAILURE_EXIT_CODE` so a launcher can tell it from the rank's own failure.
+    #[error("{0}")]
+    PeerFailure(String),
     /// libtorch reported an error.
     #[error("libtorch: {0}")]
     Tch(#[from] tch::TchError),

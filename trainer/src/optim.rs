@@ -33,7 +33,7 @@
 //!
 //! ZeRO-1 ([`AdamW::shard_moments`]): a data-parallel rank keeps the moments of one contiguous
 //! range of the flat buffers only and updates only that range of the parameters; the trainer
-//! then all-gathers the parameters (`Ddp::all_gather_flat`). The update of each element is the
+//! then all-gathers the parameters (`Ddp::all_gather_in_place`). The update of each element is the
 //! same arithmetic as unsharded, so the parameters are bitwise those of plain data parallelism.
 
 use std::ffi::c_char;

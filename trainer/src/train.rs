@@ -121,8 +121,14 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
             Err(e)
         }
         Err(e) => {
+            // A failure the group recorded before this rank's own error surfaced is a peer's (or
+            // a hung collective's): the exit status tells a launcher which (`PeerFailure`).
+            let peer = ddp.group_failure();
             ddp.fail(&format!("rank {}: {e}", ddp.rank()));
-            Err(e)
+            Err(match peer {
+                Some(_) => TrainError::PeerFailure(e.to_string()),
+                None => e,
+            })
         }
     }
 }
@@ -1039,11 +1045,10 @@ fn check_resume_config(saved: &TrainConfig, now: &TrainConfig, path: &std::path:
     Ok(())
 }
 
-/// The gathered per-rank data states (JSON of each `DataState`, by rank) as the content of
-/// [`DATA_STATES`], written into the checkpoint before it is renamed into place.
-/// FLAMIA's GPU kernels are built for head dim 128: a FLAMIA path on CUDA with another head dim is
-/// refused before the model is built, naming the shape and what to change (on the CPU the
-/// reference implementation takes 64 and 128).
+/// FLAMIA's GPU kernels take head dim 64 or 128 (the v3.1 kernels of the NVFP4 path and the v3 /
+/// promotion switches 128 only: `gpu::check_head_dim`): a FLAMIA path on CUDA with a head dim its
+/// kernels do not take is refused before the model is built, naming the shape and what to change
+/// (on the CPU the reference implementation takes 64 and 128).
 fn check_gpu_head_dim(
     cfg: &TrainConfig,
     opts: &flamia_kernels::AttnOptions,
@@ -1073,6 +1078,8 @@ fn check_gpu_head_dim(
     )))
 }
 
+/// The gathered per-rank data states (JSON of each `DataState`, by rank) as the content of
+/// [`DATA_STATES`], written into the checkpoint before it is renamed into place.
 fn data_states_json(states: &[Vec<u8>]) -> Result<Vec<u8>> {
     let parsed: Vec<serde_json::Value> = states
         .iter()

@@ -158,8 +158,9 @@ impl std::fmt::Debug for Plan {
 }
 
 /// Head dims the GPU kernels are built for (the `HEAD_DIM` define of every module): the v4
-/// attention kernels and the E4M3 quantiser take both; the v3.1 kernels (NVFP4 scores, the
-/// `row_ds_exponents` backward) 128 only, which [`super::Attention`] checks.
+/// attention kernels (also the `row_ds_exponents` backward) and the E4M3 quantiser take both; the
+/// v3.1 kernels (NVFP4 scores, the FP32-promotion and `v3` switches) 128 only, which
+/// [`super::check_head_dim`] checks.
 pub const GPU_HEAD_DIMS: [usize; 2] = [64, 128];
 
 impl Plan {

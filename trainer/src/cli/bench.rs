@@ -1,5 +1,5 @@
 //! `flamia bench attention`: times the FLAMIA GPU kernels on the nine packed workloads of
-//! `bench/anchors.py` (16 heads, d = 128, causal, 65,536 tokens per row) and prints, per
+//! `bench/anchors.py` (16 heads, causal, 65,536 tokens per row; d = 128, or 64 with `--head-dim 64`) and prints, per
 //! workload, CUDA-event medians of the quantisers, forward, backward and the whole training call
 //! with TFLOP/s, the kernels' registers/spills and the SM clock (nvidia-smi) before and after.
 //! `bench/run_bench.sh` runs it and the BF16 anchors in one device call.

@@ -50,6 +50,12 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             println!("{msg}");
             return Ok(());
         }
+        // the group failed under this rank: a status of its own for the launcher (the error
+        // names the rank that failed first)
+        Err(e @ TrainError::PeerFailure(_)) => {
+            eprintln!("Error: training run in {}: {e}", cfg.run_dir().display());
+            std::process::exit(flamia_dist::PEER_FAILURE_EXIT_CODE);
+        }
         r => r.with_context(|| format!("training run in {}", cfg.run_dir().display()))?,
     };
     println!(

@@ -109,8 +109,9 @@ pub fn ffn_dim(dim: usize, multiplier: Option<f64>, multiple_of: usize) -> usize
 }
 
 /// Llama-3 RoPE frequency scaling (the `rope_scaling` of Llama 3.1/3.2).
+/// Each key is optional: one left out keeps its default (Llama 3.2's values).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct RopeScaling {
     /// Divisor of the low frequencies (32 for Llama 3.2, 8 for 3.1).
     pub factor: f64,
@@ -137,7 +138,7 @@ impl Default for RopeScaling {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// Size from the table: tiny, debug, 125m, 350m, 1b.
+    /// Size from the table ([`SIZES`]): tiny, debug, 125m, 350m, 1b, 1b-d64.
     pub size: String,
     /// RoPE base (Llama 3: 500000).
     pub rope_theta: f64,
