@@ -178,9 +178,11 @@ impl Wandb {
 impl Drop for Wandb {
     fn drop(&mut self) {
         // A run that ends without `finish` (an error) is reported as failed (not waiting long:
-        // the error is what the user needs to see).
+        // the error is what the user needs to see, and under a launcher the failing rank's exit
+        // timer, `FLAMIA_DIST_EXIT_GRACE_S` = 10 s by default, is already running: a longer wait
+        // could see the process ended with the peer-failure status instead of its own).
         if self.tx.is_some() {
-            self.finish_within(1, &json!({}), Duration::from_secs(10));
+            self.finish_within(1, &json!({}), Duration::from_secs(3));
         }
     }
 }
