@@ -1,7 +1,8 @@
 //! `flamia train` end to end on CPU: 20 steps straight give bitwise the same losses as 12 steps,
 //! stop, `--resume` from the mid-run checkpoint of step 10, 10 more; checkpoints are complete, pruned to `keep_checkpoints`, and the
 //! resolved config and metrics land in the run directory. Validation during training
-//! (`training.val_every`) is repeatable and leaves the training losses bitwise unchanged.
+//! (`training.val_every`) is repeatable and leaves the training losses bitwise unchanged. A stop
+//! signal during the run's last step ends it complete (status 0, not the requeue status 75).
 
 use std::path::Path;
 
@@ -108,6 +109,65 @@ fn records(dir: &Path) -> Vec<serde_json::Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
+}
+
+#[test]
+fn a_stop_signal_during_the_last_step_ends_the_run_complete_with_status_0() {
+    use std::io::BufRead;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    // One step of ~1 s (8K tokens): the signal, sent once the handlers are in, lands inside it.
+    let mut child = flamia()
+        .current_dir(repo())
+        .args(["train", "--config", "configs/tiny-cpu.toml"])
+        .args(["--set", "training.steps=1", "--set", "run.device=cpu"])
+        .args(["--set", &format!("run.dir={}", dir.display())])
+        .args(["--set", "data.seq_len=256", "--set", "data.batch_rows=8"])
+        .args([
+            "--set",
+            "data.max_doc_tokens=256",
+            "--set",
+            "training.grad_accum=4",
+        ])
+        .args(["--set", "training.val_every=0", "--set", "run.progress=false"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run flamia train");
+    let mut err = String::new();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        err.push_str(&line);
+        err.push('\n');
+        if line.contains("SIGTERM / SIGUSR1 from here on") {
+            let sent = std::process::Command::new("kill")
+                .args(["-USR1", &child.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(sent.success());
+            break;
+        }
+    }
+    for line in lines {
+        err.push_str(&line.unwrap());
+        err.push('\n');
+    }
+    let status = child.wait().unwrap();
+    assert!(
+        err.contains("SIGUSR1 came during the run's last step (step 1)"),
+        "the signal must land in the run's one step: {err}"
+    );
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "a complete run must not ask for a requeue (75): {err}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 1);
+    assert!(summary["stopped_by"].is_null(), "{summary}");
+    assert!(dir.join("checkpoints/step_00000001/model.safetensors").is_file());
 }
 
 #[test]

@@ -155,6 +155,10 @@ fn run_steps(run: &mut Run, cfg: &TrainConfig, ddp: &mut Ddp) -> Result<()> {
     if cfg.distributed.stop_on_signal {
         flamia_dist::signal::install(&flamia_dist::signal::STOP_SIGNALS)
             .map_err(|e| TrainError::Invalid(e.to_string()))?;
+        tracing::info!(
+            "SIGTERM / SIGUSR1 from here on: the ranks stop at the same step, checkpoint and exit {}",
+            flamia_dist::PREEMPTED_EXIT_CODE
+        );
     }
     let mut next: Option<Step> = None;
     while run.st.step < run.end {
@@ -900,9 +904,15 @@ impl<'a> Run<'a> {
             // status must not ask a launcher to requeue it)
             stopped_by: self
                 .stopped_by
-                .take()
+                .clone()
                 .filter(|_| self.st.step < self.cfg.training.steps),
         };
+        if let (Some(why), None) = (&self.stopped_by, &summary.stopped_by) {
+            tracing::info!(
+                "{why} came during the run's last step (step {}): the run is complete, exiting 0",
+                self.st.step
+            );
+        }
         if self.main {
             let json =
                 serde_json::to_string_pretty(&summary).map_err(|e| TrainError::Invalid(e.to_string()))?;
