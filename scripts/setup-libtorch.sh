@@ -97,9 +97,7 @@ if ! torch_lib >/dev/null; then
     created=0
     [ -e "$venv" ] || created=1
     rm -f "$marker"
-    "$py" -m venv "$venv"
     tmp="$venv.pip-tmp"
-    rm -rf "$tmp" && mkdir -p "$tmp"
     fail() {
         echo "setup-libtorch: $1" >&2
         rm -rf "$tmp"
@@ -107,6 +105,10 @@ if ! torch_lib >/dev/null; then
         if [ "$created" = 1 ]; then rm -rf "$venv"; echo "setup-libtorch: removed the partial $venv" >&2; fi
         exit 1
     }
+    # Its output to stderr: stdout is the lib dir, which env.sh drops on failure, and Debian's venv
+    # without python3-venv says so on stdout (leaving a venv without pip behind).
+    "$py" -m venv "$venv" >&2 || fail "$py could not create a venv at $venv (see above)"
+    rm -rf "$tmp" && mkdir -p "$tmp"
     TMPDIR="$tmp" "$venv/bin/python" -m pip install --disable-pip-version-check --no-cache-dir \
         "torch==$want" >&2 || fail "pip could not install torch==$want into $venv (see above)"
     rm -rf "$tmp"

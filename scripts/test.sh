@@ -27,6 +27,14 @@ model store_model.py "a wrong or missing column in common.cuh's BF16 row stores"
 model dq_stsm_model.py "a wrong position, a bank conflict or other bits in BWD_DQ_STSM's dQ partial or its converter"
 model pair_sum_model.py "a word of BWD_PAIR 2's dQ pair sum read twice, missed, not the warp's own, or with a bank conflict"
 model pair_protocol_model.py "a deadlock, a stale stage, an early dQ read or a partial out of turn in the CTA pairs' protocol"
+# the libtorch installer's guards (marker, lock, cleanup, disk and Python checks) against fake
+# python/pip/df: no network, a few seconds
+if ! out=$(bash scripts/setup_libtorch_test.sh); then
+    echo "$out" >&2
+    echo "test.sh: scripts/setup_libtorch_test.sh found scripts/setup-libtorch.sh installing twice," \
+        "keeping or removing the wrong venv, printing a wrong lib dir, or a check or lock not working" >&2
+    exit 1
+fi
 # every GPU mutation's sed pattern still matches the kernel sources (bench/gpu_mutations.sh)
 bash bench/gpu_mutations.sh --patterns >/dev/null || {
     echo "test.sh: bench/gpu_mutations.sh has mutations whose patterns the kernels no longer contain" \
