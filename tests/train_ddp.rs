@@ -394,6 +394,40 @@ fn a_killed_rank_stops_the_other_with_the_peer_failure_status_naming_it() {
     );
 }
 
+#[test]
+fn a_rank_failing_mid_run_exits_1_and_the_other_the_peer_failure_status() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("failing");
+    // Rank 1 alone cannot write its checksum trace (its directory does not exist): its own error
+    // in the first step's reduce.
+    let missing = tmp.path().join("no-such-dir/trace.txt");
+    let ranks = spawn_ranks(&dir, 2, 1, |r, c| {
+        c.args(["--set", "training.val_every=0"]);
+        if r == 1 {
+            c.env("FLAMIA_TRACE_CHECKSUMS", &missing);
+        }
+    });
+    let outs: Vec<Output> = ranks.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let err: Vec<String> = outs
+        .iter()
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .collect();
+    assert_eq!(
+        outs[1].status.code(),
+        Some(1),
+        "the failing rank keeps its own status: {}",
+        err[1]
+    );
+    assert!(err[1].contains("no-such-dir"), "{}", err[1]);
+    assert_eq!(
+        outs[0].status.code(),
+        Some(flamia_dist::PEER_FAILURE_EXIT_CODE),
+        "the survivor: {}",
+        err[0]
+    );
+    assert!(err[0].contains("rank 1"), "{}", err[0]);
+}
+
 /// Both ranks fail at start-up, within `limit`, and their errors contain every `needle`.
 fn both_fail_naming(ranks: Vec<Child>, needles: &[&str], limit: Duration) {
     let start = Instant::now();

@@ -120,32 +120,40 @@ pub fn train(cfg: &TrainConfig, opts: &RunOptions) -> Result<Summary> {
             ddp.shutdown()?;
             Err(e)
         }
-        Err(e) => {
-            // A failure the group recorded before this rank's own error surfaced is a peer's (or
-            // a hung collective's): the exit status tells a launcher which (`PeerFailure`).
-            let peer = ddp.group_failure();
-            ddp.fail(&format!("rank {}: {e}", ddp.rank()));
-            Err(match peer {
-                Some(_) => TrainError::PeerFailure(e.to_string()),
-                None => e,
-            })
-        }
+        // (`train_rank` told the group already)
+        Err(e) => Err(e),
+    }
+}
+
+/// Tells the other ranks this one is failing with `e`, and returns `e`, or `e` as a
+/// [`TrainError::PeerFailure`] where the group had failed before it surfaced (a peer's death or
+/// error, or a hung collective), which the exit status tells a launcher. Call it once per error,
+/// before anything else tells the group (after this rank's own `fail`, the group has failed too).
+fn fail_group(ddp: &Ddp, e: TrainError) -> TrainError {
+    // (a complete run is not a failure: every rank decided it from the same plan)
+    if matches!(e, TrainError::PeerFailure(_) | TrainError::Complete(_)) {
+        return e;
+    }
+    let peer = ddp.group_failure();
+    ddp.fail(&format!("rank {}: {e}", ddp.rank()));
+    match peer {
+        Some(_) => TrainError::PeerFailure(e.to_string()),
+        None => e,
     }
 }
 
 /// The training loop of one rank, a step at a time: batch, forward/backward, reduce, optimizer,
 /// metrics, checkpoint.
 fn train_rank(cfg: &TrainConfig, opts: &RunOptions, ddp: &mut Ddp, device: Device) -> Result<Summary> {
-    let mut run = Run::start(cfg, opts, ddp, device)?;
+    let mut run = Run::start(cfg, opts, ddp, device).map_err(|e| fail_group(ddp, e))?;
     if let Err(e) = run_steps(&mut run, cfg, ddp) {
         // The other ranks learn of it now, before `run` drops and its checkpoint writer is
         // joined (they would otherwise wait in a collective meanwhile and time out with a
         // reason of their own). This rank's exit grace (`FLAMIA_DIST_EXIT_GRACE_S`) then bounds
         // that join when there are several ranks.
-        ddp.fail(&format!("rank {}: {e}", ddp.rank()));
-        return Err(e);
+        return Err(fail_group(ddp, e));
     }
-    run.finish()
+    run.finish().map_err(|e| fail_group(ddp, e))
 }
 
 /// The steps of this invocation (`train_rank`'s loop).
