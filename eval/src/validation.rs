@@ -55,6 +55,27 @@ pub struct ValidationReport {
     pub gap_bpb: f64,
 }
 
+impl ValidationReport {
+    /// The report of both passes over `source`, its gaps derived from them.
+    pub fn new(
+        source: String,
+        seq_len: usize,
+        prefix_token: u32,
+        training: ValStats,
+        exact: ValStats,
+    ) -> Self {
+        ValidationReport {
+            source,
+            seq_len,
+            prefix_token: Some(prefix_token),
+            gap_loss: exact.loss - training.loss,
+            gap_bpb: exact.bpb - training.bpb,
+            training,
+            exact,
+        }
+    }
+}
+
 /// Tokenised windows of a set of documents, with the byte and token totals they predict.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Windows {
@@ -156,15 +177,13 @@ pub fn report<M: LanguageModel + ?Sized>(
     let w = windows(model, texts, opts.seq_len)?;
     let training = evaluate(model, &w, AttnMode::Training, opts.batch_size)?;
     let exact = evaluate(model, &w, AttnMode::Exact, opts.batch_size)?;
-    Ok(ValidationReport {
-        source: source.to_string(),
-        seq_len: opts.seq_len,
-        prefix_token: Some(model.prefix_token()),
-        gap_loss: exact.loss - training.loss,
-        gap_bpb: exact.bpb - training.bpb,
+    Ok(ValidationReport::new(
+        source.to_string(),
+        opts.seq_len,
+        model.prefix_token(),
         training,
         exact,
-    })
+    ))
 }
 
 /// Reads held-out documents: a `.txt` file is one document; `.jsonl`/`.json`/`.parquet` records

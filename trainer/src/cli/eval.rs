@@ -218,15 +218,13 @@ fn score_validation(
         format!("validation through the training path ({path})"),
     )?;
     let exact = pass(m, AttnMode::Exact, "validation through exact attention".into())?;
-    Ok(ValidationReport {
-        source: v.source,
-        seq_len: v.seq_len,
-        prefix_token: Some(m.prefix_token()),
-        gap_loss: exact.loss - training.loss,
-        gap_bpb: exact.bpb - training.bpb,
+    Ok(ValidationReport::new(
+        v.source,
+        v.seq_len,
+        m.prefix_token(),
         training,
         exact,
-    })
+    ))
 }
 
 /// The result file already at `out`, if any (read now, so that an unreadable one stops the
