@@ -318,6 +318,7 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
       }
     };
     if (nkt > 0) load_exps(0);
+    int evr = -1000;  // (FWD_EV_RUN: the item's running max eV, no key seen yet)
     float qf[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -364,6 +365,10 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
         int evt = max(max(ev[0], ev[1]), max(ev[2], ev[3]));
 #pragma unroll
         for (int o = 16; o; o >>= 1) evt = max(evt, __shfl_xor_sync(0xffffffffu, evt, o));
+        // (FWD_EV_RUN: the running maximum over the item's tiles so far; the interior tiles,
+        // which alone read vf and evt, are a prefix of the item's tiles that every row of the
+        // consumer sees whole, so it is each row's maximum over the keys it has seen)
+        if (FWD_EV_RUN) evt = evr = max(evr, evt);
 #pragma unroll
         for (int j = 0; j < 4; ++j) sm.vf[s][4 * lane + j] = ev[j] > -1000 ? exp2i(ev[j] - evt + 8) : 0.f;
         if (lane == 0) sm.evt[s] = evt;
@@ -451,8 +456,8 @@ __device__ __forceinline__ void turn_pass(int cw) {
 
 // P' (the 64 x 128 score fragment, E4M3-ready; a half tile's 32 scores, FWD_HALF_TILES) -> PV's
 // A fragments (32 keys each).
-// FWD_VPERM 1 (host knob FLAMIA_FWD_VPERM=1, attention.rs fwd_vperm; off by default until it has
-// run on a GPU): straight into the key-permuted fragments by cvt_e4m3x4 (slice_afrag_cvt4: two F2FP a
+// FWD_VPERM 1 (attention.rs fwd_vperm; the host's default since session 43, FLAMIA_FWD_VPERM=0
+// switches it off): straight into the key-permuted fragments by cvt_e4m3x4 (slice_afrag_cvt4: two F2FP a
 // register), V's dim-major copy holding the matching key order in each 32-key block
 // (DimOrder::QueryPerm, as Q's and dO's copies for BWD_QPERM; the v4 backward's in-place V
 // transpose puts the keys back, BWD_VT_VPERM): the same pairs multiplied in every k32 slice, so
@@ -475,8 +480,8 @@ __device__ __forceinline__ void p_to_afrag(const float (&sc)[NS], u32 (&pa)[NS /
 #endif
 }
 
-// FWD_DESC_ADD 1 (host knob FLAMIA_FWD_DESC_ADD=1, attention.rs forward_v4_build; off by default
-// until it has run on a GPU): each product's K-slice descriptors as the tile's descriptor plus
+// FWD_DESC_ADD 1 (attention.rs forward_v4_build; the host's default since session 43,
+// FLAMIA_FWD_DESC_ADD=0 switches it off): each product's K-slice descriptors as the tile's descriptor plus
 // 2 kk in the start-address field (desc_add, as the backward builds its own), instead of each
 // rebuilt from its address (mask, shift, or, the constant high word): the same 64-bit values
 // (tiles are 1024-byte aligned below 2^18), so the same products. 520 -> 505 SASS per interior

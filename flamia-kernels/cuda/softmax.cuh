@@ -64,7 +64,7 @@ __device__ __forceinline__ float2 lds_f2(u32 a) {
   return v;
 }
 
-// FWD_TILE_TRIM 1 (host knob FLAMIA_FWD_TILE_TRIM=1; off by default until it has run on a GPU):
+// FWD_TILE_TRIM 1 (the host's default since session 43; FLAMIA_FWD_TILE_TRIM=0 switches it off):
 // two cuts of the interior key tile that keep every value. update_max takes mref = max(mn,
 // -FLT_MAX) on an interior tile instead of testing for -inf (no mask there, so mn is -inf only
 // when every scaled score of the row overflowed to -inf, huge inputs: then alpha is 0 either way
@@ -76,20 +76,19 @@ __device__ __forceinline__ float2 lds_f2(u32 a) {
 #ifndef FWD_TILE_TRIM
 #define FWD_TILE_TRIM 0
 #endif
-// FWD_EV_RUN 1 (host knob FLAMIA_FWD_EV_RUN=1; off by default until it has run on a GPU, session
-// 41): V's fold reference Ev is the running maximum of eV over the groups the row has seen so far
+// FWD_EV_RUN 1 (session 41; the host's default since session 43, FLAMIA_FWD_EV_RUN=0 switches it
+// off): V's fold reference Ev is the running maximum of eV over the groups the row has seen so far
 // (Ev = max(Ev of the earlier tiles, this tile's)), the reference's rule over the keys seen so
 // far (reference/fwd.rs folds with the maximum over all of the row's keys), instead of this tile's
 // own maximum. O's unit factor 2^(Ev_old - Ev) is then <= 1: with the tile's own maximum, a tile
 // whose visible V blocks are all zero (eV -126) would multiply O by ~2^120 and overflow f32 (a
 // review's finding; GPU test spread_block_scales_and_zero_value_tiles_are_as_accurate_as_the_
-// reference). One integer max per row and tile. Token-block scales only (the per-token path's
-// folds come from the producer per tile). RowState.evo starts at -1000 (no group seen yet).
+// reference). One integer max per row and tile. Per-token scales: the producer keeps the
+// running maximum for the interior tiles' per-key folds (sm.evt, sm.vf: attn_fwd_v4.cu), the
+// masked tiles take each row's as the token-block path does. RowState.evo starts at -1000 (no
+// group seen yet).
 #ifndef FWD_EV_RUN
 #define FWD_EV_RUN 0
-#endif
-#if FWD_EV_RUN && PER_TOKEN_COLS
-#error "FWD_EV_RUN: token-block scales only (the per-token path folds per tile in the producer)"
 #endif
 // New running max of each row from its tile maximum; alpha = exp2(m_old - m_new); mref = the
 // value subtracted (0 for a row with no visible key yet, so exp2 sees -inf, never NaN; FINITE:
@@ -382,6 +381,10 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], RowState& st, const
   for (int r = 0; r < 2; ++r) tmax[r] = tmax[r] == NEG_INF ? NEG_INF : tmax[r] * st.qf[r];
   Ev[0] = quad_max_i(Ev[0]);
   Ev[1] = quad_max_i(Ev[1]);
+  if (FWD_EV_RUN) {  // (with the interior tiles' running maximum: the keys seen before this tile)
+    Ev[0] = max(Ev[0], st.evo[0]);
+    Ev[1] = max(Ev[1], st.evo[1]);
+  }
   update_max<FWD_TILE_TRIM && !MASKED>(st, tmax, alpha, mref);
   float ps[2] = {0.f, 0.f};
 #pragma unroll

@@ -30,6 +30,17 @@ const ATOL: f64 = 2e-3;
 /// way). Bounds at about twice those. The bound has caught real bugs: dV summed over GQA heads in
 /// different units (gap 0.06-0.25, call 1) and a broken dK (gap 0.15-0.56, calls 4-8).
 const GPU_CPU_REL: [f64; 5] = [0.01, 5e-5, 0.015, 0.015, 0.012];
+/// [`GPU_CPU_REL`] on spread block scales ([`spread_blocks_and_zero_values`]), where the LSE gap
+/// is set by the scores, not the sums: Q and K blocks at up to 2^+-2 make the scores up to 16x
+/// larger, the softmax nearly one-hot and LSE about the row's largest score, which the FP8
+/// wgmma's truncating accumulator (13 fraction bits, docs/numerics.md) computes ~1.3e-4 relative
+/// away from the reference's f64 dot product. Measured on the H200 (session 43, seed 1, d = 128,
+/// FLAMIA_FWD_EV_RUN=1): LSE 1.100e-4, the others within [`GPU_CPU_REL`] (O 3.4e-3, dQ 5.8e-3,
+/// dK 1.26e-2, dV 7.6e-3); the reference's LSE with its scores from the accumulator's bit-exact
+/// model (`cargo run --release -p flamia-kernels --example lse_accumulator`) is 1.101e-4 from the
+/// reference's own (seed 2: 1.118e-4; d = 64: 6.6e-5; Gaussian inputs: 1.47e-5, where the GPU's
+/// largest was 1.6e-5). LSE's bound at about 2.7 times that.
+const SPREAD_GPU_CPU_REL: [f64; 5] = [0.01, 3e-4, 0.015, 0.015, 0.012];
 
 const NAMES: [&str; 5] = ["O", "LSE", "dQ", "dK", "dV"];
 
@@ -38,14 +49,16 @@ fn outputs(r: &(Forward, Grads)) -> [&[f32]; 5] {
 }
 
 fn check_accuracy(tag: &str, shape: &VarlenShape, opts: AttnOptions) {
-    check_accuracy_of(tag, shape, opts, |_, call| call);
+    check_accuracy_with(tag, shape, opts, GPU_CPU_REL, |_, call| call);
 }
 
-/// [`check_accuracy`] on Gaussian inputs changed by `shape_inputs` (given the seed's RNG).
-fn check_accuracy_of(
+/// [`check_accuracy`] on Gaussian inputs changed by `shape_inputs` (given the seed's RNG), with
+/// the GPU-CPU gap bounds `bounds` (as [`GPU_CPU_REL`]).
+fn check_accuracy_with(
     tag: &str,
     shape: &VarlenShape,
     opts: AttnOptions,
+    bounds: [f64; 5],
     shape_inputs: impl Fn(&mut ChaCha8Rng, AttnCall) -> AttnCall,
 ) {
     let gpu = gpu();
@@ -69,17 +82,17 @@ fn check_accuracy_of(
             eprintln!(
                 "{tag}: {name:<3} rel L2 vs exact: gpu {e_gpu:.3e}  cpu reference {e_cpu:.3e}  \
                  |gpu - cpu| / |cpu| {gap:.3e} (bound {:.1e})",
-                GPU_CPU_REL[i]
+                bounds[i]
             );
             if e_gpu > 2.0 * e_cpu + ATOL {
                 bad.push(format!(
                     "{name} error {e_gpu:.3e} exceeds 2 x CPU reference error {e_cpu:.3e} + {ATOL}"
                 ));
             }
-            if gap > GPU_CPU_REL[i] {
+            if gap > bounds[i] {
                 bad.push(format!(
                     "{name} |gpu - cpu| / |cpu| = {gap:.3e} exceeds {:.1e}",
-                    GPU_CPU_REL[i]
+                    bounds[i]
                 ));
             }
         }
@@ -131,10 +144,11 @@ fn spread_block_scales_and_zero_value_tiles_are_as_accurate_as_the_reference() {
     for hd in [128, 64] {
         let shape = VarlenShape::from_lens(&SPREAD_LENS, 4, 2, hd).unwrap();
         let spread = |rng: &mut ChaCha8Rng, call| spread_blocks_and_zero_values(rng, call, &SPREAD_LENS);
-        check_accuracy_of(
+        check_accuracy_with(
             &format!("mxfp8 spread scales, d = {hd}"),
             &shape,
             AttnOptions::new(AttnPath::Mxfp8),
+            SPREAD_GPU_CPU_REL,
             spread,
         );
         let safe = AttnOptions {
@@ -142,36 +156,53 @@ fn spread_block_scales_and_zero_value_tiles_are_as_accurate_as_the_reference() {
             ..AttnOptions::new(AttnPath::Mxfp8)
         };
         if hd == 128 {
-            check_accuracy_of("mxfp8 spread scales, causally safe", &shape, safe, spread);
+            check_accuracy_with(
+                "mxfp8 spread scales, causally safe",
+                &shape,
+                safe,
+                SPREAD_GPU_CPU_REL,
+                spread,
+            );
         }
     }
 }
 
-/// FLAMIA_FWD_EV_RUN=1 (V's fold reference the running maximum of eV, FWD_EV_RUN, session 41)
-/// gives the default's bits wherever every V block has one exponent (each token's first V
-/// element exactly 4, the rest within +-3.9: every block's maximum is 4), and holds the accuracy
-/// bounds on spread block scales with all-zero V tiles, where the default's per-tile reference
-/// may overflow O.
+/// V's fold reference as the running maximum of eV (FWD_EV_RUN, the default since session 43;
+/// FLAMIA_FWD_EV_RUN=0 takes each key tile's own maximum, which overflowed O after an all-zero V
+/// tile on the H200) gives the per-tile rule's bits wherever every V block has one exponent (each
+/// token's first V element exactly 4, the rest within +-3.9: every block's maximum is 4), with
+/// token-block scales and with the causally safe options' per-token scales (whose interior tiles
+/// take the running maximum from the producer), and holds the accuracy bounds on spread block
+/// scales with all-zero V tiles with the causally safe options at both head dims
+/// (`spread_block_scales_and_zero_value_tiles_are_as_accurate_as_the_reference` runs the
+/// defaults).
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn forward_ev_running_max_keeps_uniform_exponents_bitwise_and_holds_on_spread_ones() {
     const SPREAD_LENS: [usize; 3] = [1100, 517, 64];
     let gpu = gpu();
+    let safe = AttnOptions {
+        precision: Precision::causally_safe(true),
+        ..AttnOptions::new(AttnPath::Mxfp8)
+    };
     for hd in [128, 64] {
         let shape = VarlenShape::from_lens(&SPREAD_LENS, 4, 2, hd).unwrap();
-        with_seeds(&format!("ev run, one V exponent, d = {hd}"), |mut rng| {
-            let mut call = gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8));
-            for (i, v) in call.v.iter_mut().enumerate() {
-                *v = if i % hd == 0 { 4.0 } else { v.clamp(-3.9, 3.9) };
-            }
-            same_bits_whatever(&gpu, &call, "FLAMIA_FWD_EV_RUN", &["1"]);
-        });
+        for (what, opts) in [("", AttnOptions::new(AttnPath::Mxfp8)), (", causally safe", safe)] {
+            with_seeds(&format!("ev run, one V exponent{what}, d = {hd}"), |mut rng| {
+                let mut call = gauss_call(&mut rng, &shape, opts);
+                for (i, v) in call.v.iter_mut().enumerate() {
+                    *v = if i % hd == 0 { 4.0 } else { v.clamp(-3.9, 3.9) };
+                }
+                same_bits_whatever(&gpu, &call, "FLAMIA_FWD_EV_RUN", &["0", "1"]);
+            });
+        }
         let _on = EnvGuard::set("FLAMIA_FWD_EV_RUN", "1");
         let spread = |rng: &mut ChaCha8Rng, call| spread_blocks_and_zero_values(rng, call, &SPREAD_LENS);
-        check_accuracy_of(
-            &format!("mxfp8 spread scales, FWD_EV_RUN, d = {hd}"),
+        check_accuracy_with(
+            &format!("mxfp8 spread scales, FWD_EV_RUN, causally safe, d = {hd}"),
             &shape,
-            AttnOptions::new(AttnPath::Mxfp8),
+            safe,
+            SPREAD_GPU_CPU_REL,
             spread,
         );
     }

@@ -912,7 +912,7 @@ impl Attention {
             bwd_stages: backward_v4_stages(),
             kd_xpose_env: kd_xpose_env(),
             vt_xpose_env: vt_xpose_env(),
-            vperm_env: super::env_on("FLAMIA_FWD_VPERM"),
+            vperm_env: !super::env_off("FLAMIA_FWD_VPERM"),
             qperm_env: !super::env_off("FLAMIA_BWD_QPERM"),
             cvt4_env: bwd_cvt4(),
             ds_stsm_env: !super::env_off("FLAMIA_BWD_DS_STSM"),
@@ -1177,10 +1177,10 @@ impl Attention {
     /// d = 64), V's dim-major copy then holding each 32-key block's keys in the matching order
     /// ([`Attention::v_dim_order`]); the v4 backward's in-place V transpose puts them back
     /// (`BWD_VT_VPERM`). The same pairs in every k32 slice: bitwise the same outputs (GPU test
-    /// `forward_vperm_gives_bitwise_the_same`). With the v4 forward when `FLAMIA_FWD_VPERM=1`
+    /// `forward_vperm_gives_bitwise_the_same`). With the v4 forward unless `FLAMIA_FWD_VPERM=0`
     /// (read when this value was made: V's copy written by one call's quantiser must be read
-    /// in the same order by its backward); off by default until it has run on a GPU (built in
-    /// session 40, when no device was lent after it: docs/perf.md "Next" 0).
+    /// in the same order by its backward); on by default since session 43 measured it on the
+    /// H200 (docs/perf.md "Session 43").
     pub fn fwd_vperm(&self) -> bool {
         self.uses_forward_v4() && self.vperm_env
     }
@@ -1346,21 +1346,24 @@ impl Attention {
         if self.fwd_vperm() {
             variant = variant.define("FWD_VPERM", 1);
         }
-        // (session 40's instruction cuts of the key tile, the same values, off by default until
-        // they have run on a GPU: the K-slice descriptors by one add each, FWD_DESC_ADD; the
-        // interior tile's finite maxima and the compact group tables, FWD_TILE_TRIM)
+        // (session 40's instruction cuts of the key tile, the same values: the K-slice
+        // descriptors by one add each, FWD_DESC_ADD; the interior tile's finite maxima and the
+        // compact group tables, FWD_TILE_TRIM; on by default since session 43 measured them on
+        // the H200, 777 -> 803 TFLOP/s at 1x65536 with FWD_VPERM; FLAMIA_FWD_DESC_ADD=0 or
+        // FLAMIA_FWD_TILE_TRIM=0 switch one off)
         for (var, define) in [
             ("FLAMIA_FWD_DESC_ADD", "FWD_DESC_ADD"),
             ("FLAMIA_FWD_TILE_TRIM", "FWD_TILE_TRIM"),
         ] {
-            if super::env_on(var) {
+            if !super::env_off(var) {
                 variant = variant.define(define, 1);
             }
         }
-        // (session 41: V's fold reference as a running maximum, FWD_EV_RUN, token-block scales;
-        // other O bits where eV varies between key tiles, no overflow after an all-zero V tile;
-        // off by default until it has run on a GPU: docs/numerics.md "Known deviations")
-        if super::env_on("FLAMIA_FWD_EV_RUN") && !per_token {
+        // (V's fold reference as a running maximum, FWD_EV_RUN, both scale modes: other O bits
+        // where eV varies between key tiles and no overflow after an all-zero V tile, where the
+        // tile's own maximum gave non-finite O on the H200 (session 43); on by default since,
+        // FLAMIA_FWD_EV_RUN=0 switches it off: docs/numerics.md "Known deviations")
+        if !super::env_off("FLAMIA_FWD_EV_RUN") {
             variant = variant.define("FWD_EV_RUN", 1);
         }
         FwdBuild {
@@ -2096,17 +2099,17 @@ mod tests {
                 jobs.push(("attn_fwd_v4.cu", v));
                 let (v, _) = forward_v4_variant(per_token, 4, hd, false, None, true, true);
                 jobs.push(("attn_fwd_v4.cu", v.clone()));
-                // P packed for V's permuted copy (FWD_VPERM, FLAMIA_FWD_VPERM=1), both builds
+                // P packed for V's permuted copy (FWD_VPERM, the default), both builds
                 jobs.push(("attn_fwd_v4.cu", v.define("FWD_VPERM", 1)));
                 let (v, _) = forward_v4_variant(per_token, 4, hd, true, None, false, true);
                 // (with the other cuts, FWD_DESC_ADD and FWD_TILE_TRIM)
                 let v = v.define("FWD_VPERM", 1).define("FWD_DESC_ADD", 1);
                 jobs.push(("attn_fwd_v4.cu", v.clone()));
-                jobs.push(("attn_fwd_v4.cu", v.clone().define("FWD_TILE_TRIM", 1)));
-                // V's fold reference as a running maximum (FWD_EV_RUN, token-block scales only)
-                if !per_token {
-                    jobs.push(("attn_fwd_v4.cu", v.define("FWD_EV_RUN", 1)));
-                }
+                let v = v.define("FWD_TILE_TRIM", 1);
+                jobs.push(("attn_fwd_v4.cu", v.clone()));
+                // V's fold reference as a running maximum (FWD_EV_RUN): with the three cuts, the
+                // default build
+                jobs.push(("attn_fwd_v4.cu", v.define("FWD_EV_RUN", 1)));
             }
             for (per_token, stages) in [
                 (false, 2),
