@@ -4,12 +4,17 @@
 //!
 //! Per row `i` (log2 domain, `x_ij = (Qs_i . Ks_j) * softmax_scale * log2(e)`, f64):
 //! - key tile `kt`: `m' = max(m, max_j x_ij)`, `alpha = 2^(m - m')`, `l = l alpha + sum_j 2^(x_ij - m')`,
-//!   `acc = acc alpha + sum_j decode(Pc_ij) * (V_j * 2^-eV_j)` with
-//!   `Pc_ij = e4m3_encode(f32(2^(x_ij - m') * 2^(eV_j - r_i)))`;
-//! - `r_i = max(eV_j over keys visible to row i) - 8` (the fold's reference exponent: folded
-//!   probabilities stay <= 2^8, clear of saturation at 448 and of the subnormals below 2^-6, and it
-//!   depends on visible keys only, so the fold cannot leak);
-//! - `O_i = acc * 2^r_i / l` rounded to BF16; `LSE_i = ln(2) (m + log2 l)` as f32.
+//!   `r' = max(r, max_j eV_j - 8)`,
+//!   `acc = acc alpha 2^(r - r') + sum_j decode(Pc_ij) * (V_j * 2^-eV_j)` with
+//!   `Pc_ij = e4m3_encode(f32(2^(x_ij - m') * 2^(eV_j - r')))`, `j` over the tile's keys visible
+//!   to the row;
+//! - `r` (the fold's reference exponent) is the running maximum of `eV_j - 8` over the keys the row
+//!   has seen, tile by tile: folded probabilities stay <= 2^8, clear of saturation at 448 and of
+//!   the subnormals below 2^-6; it depends on visible keys only, so the fold cannot leak; and the
+//!   factor `2^(r - r')` that rescales the earlier tiles' sum is <= 1, so no tile's keys (an
+//!   all-zero V tile's `eV` is the zero sentinel) can blow it up. The v4 forward keeps the same
+//!   running maximum (`FWD_EV_RUN`, `softmax.cuh`).
+//! - `O_i = acc * 2^r / l` rounded to BF16; `LSE_i = ln(2) (m + log2 l)` as f32.
 //!
 //! `exact`: the same loop with unquantised `p` and `V`, f64 throughout, O as f32.
 
@@ -54,24 +59,6 @@ impl Ctx<'_> {
     pub fn score(&self, h: usize, i: usize, j: usize) -> f64 {
         dot(self.prep.qs.row(h, i), self.prep.ks.row(self.kv_head(h), j)) * self.c
     }
-
-    /// `r_i` of every `(kv head, token)`: max V exponent over keys visible to the row, minus 8.
-    pub fn v_fold_refs(&self) -> Vec<i32> {
-        let (t, hkv) = (self.shape.tokens(), self.shape.heads_kv);
-        let mut r = vec![0i32; hkv * t];
-        for g in 0..hkv {
-            for w in self.shape.cu_seqlens.windows(2) {
-                let (s, e) = (w[0], w[1]);
-                let doc_max = (s..e).map(|j| self.prep.v.exp(g, j)).max().unwrap_or(0);
-                let mut run = i32::MIN;
-                for i in s..e {
-                    run = run.max(self.prep.v.exp(g, i));
-                    r[g * t + i] = if self.causal { run } else { doc_max } - 8;
-                }
-            }
-        }
-        r
-    }
 }
 
 /// Rounds to BF16 (round to nearest even) and back: the kernels' output format.
@@ -92,11 +79,6 @@ struct TileOut {
 pub(crate) fn forward(ctx: &Ctx) -> (Vec<f32>, Vec<f32>) {
     let shape = ctx.shape;
     let (t, hq, d) = (shape.tokens(), shape.heads_q, shape.head_dim);
-    let vref = if ctx.prep.quantised {
-        ctx.v_fold_refs()
-    } else {
-        Vec::new()
-    };
     let mut tasks = Vec::new();
     for h in 0..hq {
         for w in shape.cu_seqlens.windows(2) {
@@ -107,7 +89,7 @@ pub(crate) fn forward(ctx: &Ctx) -> (Vec<f32>, Vec<f32>) {
     }
     let outs: Vec<TileOut> = tasks
         .par_iter()
-        .map(|&(h, s, e, r0)| forward_tile(ctx, &vref, h, s, e, r0))
+        .map(|&(h, s, e, r0)| forward_tile(ctx, h, s, e, r0))
         .collect();
     let mut o = vec![0f32; t * hq * d];
     let mut lse = vec![0f32; t * hq];
@@ -123,25 +105,24 @@ pub(crate) fn forward(ctx: &Ctx) -> (Vec<f32>, Vec<f32>) {
 
 /// Runs [`forward_tile_body`] with AVX code generation where the CPU has it. AVX without FMA
 /// performs the same IEEE operations per element as SSE2, so the results are bitwise identical.
-fn forward_tile(ctx: &Ctx, vref: &[i32], h: usize, s: usize, e: usize, r0: usize) -> TileOut {
+fn forward_tile(ctx: &Ctx, h: usize, s: usize, e: usize, r0: usize) -> TileOut {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx") {
         // SAFETY: the CPU supports AVX (checked just above).
-        return unsafe { forward_tile_avx(ctx, vref, h, s, e, r0) };
+        return unsafe { forward_tile_avx(ctx, h, s, e, r0) };
     }
-    forward_tile_body(ctx, vref, h, s, e, r0)
+    forward_tile_body(ctx, h, s, e, r0)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
-unsafe fn forward_tile_avx(ctx: &Ctx, vref: &[i32], h: usize, s: usize, e: usize, r0: usize) -> TileOut {
-    forward_tile_body(ctx, vref, h, s, e, r0)
+unsafe fn forward_tile_avx(ctx: &Ctx, h: usize, s: usize, e: usize, r0: usize) -> TileOut {
+    forward_tile_body(ctx, h, s, e, r0)
 }
 
 #[inline(always)]
-fn forward_tile_body(ctx: &Ctx, vref: &[i32], h: usize, s: usize, e: usize, r0: usize) -> TileOut {
+fn forward_tile_body(ctx: &Ctx, h: usize, s: usize, e: usize, r0: usize) -> TileOut {
     let d = ctx.shape.head_dim;
-    let t = ctx.shape.tokens();
     let g = ctx.kv_head(h);
     let prep = ctx.prep;
     let r1 = (r0 + TILE).min(e);
@@ -151,7 +132,8 @@ fn forward_tile_body(ctx: &Ctx, vref: &[i32], h: usize, s: usize, e: usize, r0: 
     let mut acc = vec![0f64; d];
     for i in r0..r1 {
         let vis_end = ctx.visible_end(i, e);
-        let ri = if prep.quantised { vref[g * t + i] } else { 0 };
+        // (the fold's reference: no key seen yet; stays 0 for exact attention)
+        let mut ri = if prep.quantised { i32::MIN } else { 0 };
         let (mut m, mut l) = (f64::NEG_INFINITY, 0f64);
         acc.fill(0.0);
         for k0 in (s..vis_end).step_by(TILE) {
@@ -161,8 +143,16 @@ fn forward_tile_body(ctx: &Ctx, vref: &[i32], h: usize, s: usize, e: usize, r0: 
                 *xj = ctx.score(h, i, j);
             }
             let m_new = xs.iter().fold(m, |a, &b| a.max(b));
-            let alpha = (m - m_new).exp2();
+            let mut alpha = (m - m_new).exp2();
             l *= alpha;
+            if prep.quantised {
+                let r_new = (k0..k1).map(|j| prep.v.exp(g, j) - 8).fold(ri, i32::max);
+                if ri != i32::MIN {
+                    // (acc in units of 2^-r: an exact power-of-two rescale, the factor <= 1)
+                    alpha *= pow2(ri - r_new);
+                }
+                ri = r_new;
+            }
             for a in acc.iter_mut() {
                 *a *= alpha;
             }
