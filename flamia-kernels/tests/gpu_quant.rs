@@ -640,7 +640,7 @@ fn caller_buffer_case(
         let order = match name {
             "q" => attn.q_dim_order(),
             "k" => attn.k_dim_order(),
-            _ => attn.v_dim_order(),
+            _ => attn.v_dim_order(d),
         };
         let plain_dim = || {
             let permuted = part(op.dim, n_dim);

@@ -132,7 +132,10 @@ fn v_exponents_growing_over_the_key_tiles_and_a_zero_tile_keep_o_accurate() {
         }
         let got = reference::forward_backward(&call).unwrap();
         let exact = reference::forward_backward(&call.with_path(AttnPath::Exact)).unwrap();
-        assert!(got.0.o.iter().all(|x| x.is_finite()), "{precision:?}: non-finite O");
+        assert!(
+            got.0.o.iter().all(|x| x.is_finite()),
+            "{precision:?}: non-finite O"
+        );
         let err = rel_l2_to(&got, &exact).o;
         // (measured 0.052 either way, as with the whole-prefix reference of session 42: the
         // fourth tile's rows fold the first's keys by 2^-16 and the third's by 2^-12, under

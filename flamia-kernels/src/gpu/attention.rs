@@ -880,7 +880,8 @@ pub struct Attention {
     kd_xpose_env: Option<bool>,
     vt_xpose_env: Option<bool>,
     qd_fwd: QdFwd,
-    vperm_env: bool,
+    /// `FLAMIA_FWD_VPERM`: `0` off, `1` on, otherwise per head dim ([`Attention::fwd_vperm`]).
+    vperm_env: Option<bool>,
     /// `FLAMIA_BWD_QPERM`, `FLAMIA_BWD_CVT4`, `FLAMIA_BWD_DS_STSM` not set to 0.
     qperm_env: bool,
     cvt4_env: bool,
@@ -912,7 +913,7 @@ impl Attention {
             bwd_stages: backward_v4_stages(),
             kd_xpose_env: kd_xpose_env(),
             vt_xpose_env: vt_xpose_env(),
-            vperm_env: !super::env_off("FLAMIA_FWD_VPERM"),
+            vperm_env: env_choice("FLAMIA_FWD_VPERM", &["1"]),
             qperm_env: !super::env_off("FLAMIA_BWD_QPERM"),
             cvt4_env: bwd_cvt4(),
             ds_stsm_env: !super::env_off("FLAMIA_BWD_DS_STSM"),
@@ -976,7 +977,7 @@ impl Attention {
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
         let mut xposed = with_xposes(v.0, kd, vt);
-        if vt && self.fwd_vperm() {
+        if vt && self.fwd_vperm(hd as usize) {
             // (V's dim-major copy in the forward's permuted key order: the transpose undoes it)
             xposed = xposed.define("BWD_VT_VPERM", 1);
         }
@@ -1098,7 +1099,7 @@ impl Attention {
         }
         let qi = QuantInput::new(q, had, qo).with_dim_order(self.q_dim_order());
         let ki = QuantInput::new(k, had, saved.k).with_dim_order(self.k_dim_order());
-        let vi = QuantInput::new(v, false, saved.v).with_dim_order(self.v_dim_order());
+        let vi = QuantInput::new(v, false, saved.v).with_dim_order(self.v_dim_order(plan.shape().head_dim));
         quantize_e4m3_fused(g, stream, plan, &[qi, ki, vi], m, None, Some(&self.amax))?;
         if let (Some(q4), Some(k4)) = (saved.q4, saved.k4) {
             quantize_nvfp4(g, stream, plan, q, had, q4)?;
@@ -1177,19 +1178,20 @@ impl Attention {
     /// d = 64), V's dim-major copy then holding each 32-key block's keys in the matching order
     /// ([`Attention::v_dim_order`]); the v4 backward's in-place V transpose puts them back
     /// (`BWD_VT_VPERM`). The same pairs in every k32 slice: bitwise the same outputs (GPU test
-    /// `forward_vperm_gives_bitwise_the_same`). With the v4 forward unless `FLAMIA_FWD_VPERM=0`
-    /// (read when this value was made: V's copy written by one call's quantiser must be read
-    /// in the same order by its backward); on by default since session 43 measured it on the
-    /// H200 (docs/perf.md "Session 43").
-    pub fn fwd_vperm(&self) -> bool {
-        self.uses_forward_v4() && self.vperm_env
+    /// `forward_vperm_gives_bitwise_the_same`). With the v4 forward at head dim `hd`: by default at
+    /// d = 128 only, where session 43 measured the forward at 1x65536 777 -> 803 TFLOP/s with the
+    /// other two cuts, while at d = 64 it cost 10% (497 -> 447; docs/perf.md "Session 43");
+    /// `FLAMIA_FWD_VPERM=1` or `0` sets it for both (read when this value was made: V's copy
+    /// written by one call's quantiser must be read in the same order by its backward).
+    pub fn fwd_vperm(&self, hd: usize) -> bool {
+        self.uses_forward_v4() && self.vperm_env.unwrap_or(hd == 128)
     }
 
     /// The order of V's dim-major copy: permuted for the v4 forward's P packing
     /// ([`Attention::fwd_vperm`]), else plain. Public so a caller reading [`Saved`]'s V copy
     /// knows its order.
-    pub fn v_dim_order(&self) -> DimOrder {
-        if self.fwd_vperm() {
+    pub fn v_dim_order(&self, hd: usize) -> DimOrder {
+        if self.fwd_vperm(hd) {
             DimOrder::QueryPerm
         } else {
             DimOrder::Plain
@@ -1343,7 +1345,7 @@ impl Attention {
             o_tma,
             fwd_half_tiles(cw),
         );
-        if self.fwd_vperm() {
+        if self.fwd_vperm(hd) {
             variant = variant.define("FWD_VPERM", 1);
         }
         // (session 40's instruction cuts of the key tile, the same values: the K-slice
