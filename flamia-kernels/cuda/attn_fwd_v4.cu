@@ -136,7 +136,7 @@ struct FwdV4Smem {
   alignas(16) int ev[FWD_STAGES][KT];  // eV per key (-1000: no key)
 #if PER_TOKEN_COLS
   alignas(16) float vf[FWD_STAGES][KT];  // 2^(eV - evt + 8) per key (0: no key): the interior tiles' P fold
-  int evt[FWD_STAGES];       // max eV of the tile's keys
+  int evt[FWD_STAGES];       // max eV of the tile's keys (FWD_EV_RUN: of the item's tiles so far)
 #endif
   ItemSlot item[QSLOTS];
   u64 q_full[QSLOTS], q_empty[QSLOTS], kv_full[FWD_STAGES], kv_empty[FWD_STAGES];
@@ -289,7 +289,8 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
 }
 #else
 // Per-token scales: every key's exponents (4 keys per lane) and the interior tiles' per-key P
-// folds (sm.vf, sm.evt: the tile's max eV by a warp reduction).
+// folds (sm.vf, sm.evt: the tile's max eV by a warp reduction; FWD_EV_RUN: the running max over
+// the item's tiles).
 __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm) {
   const AttnParams& a = P.a;
   const int lane = threadIdx.x & 31;

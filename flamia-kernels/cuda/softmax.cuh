@@ -78,9 +78,8 @@ __device__ __forceinline__ float2 lds_f2(u32 a) {
 #endif
 // FWD_EV_RUN 1 (session 41; the host's default since session 43, FLAMIA_FWD_EV_RUN=0 switches it
 // off): V's fold reference Ev is the running maximum of eV over the groups the row has seen so far
-// (Ev = max(Ev of the earlier tiles, this tile's)), the reference's rule over the keys seen so
-// far (reference/fwd.rs folds with the maximum over all of the row's keys), instead of this tile's
-// own maximum. O's unit factor 2^(Ev_old - Ev) is then <= 1: with the tile's own maximum, a tile
+// (Ev = max(Ev of the earlier tiles, this tile's)), the reference's rule (reference/fwd.rs, since
+// session 43), instead of this tile's own maximum. O's unit factor 2^(Ev_old - Ev) is then <= 1: with the tile's own maximum, a tile
 // whose visible V blocks are all zero (eV -126) would multiply O by ~2^120 and overflow f32 (a
 // review's finding; GPU test spread_block_scales_and_zero_value_tiles_are_as_accurate_as_the_
 // reference). One integer max per row and tile. Per-token scales: the producer keeps the
@@ -209,8 +208,9 @@ __device__ __forceinline__ void tile_factors(TileFactors<NS>& f, const RowState&
 // One score tile -> P' (in place, ready for the E4M3 conversion), the row state updated and the
 // factor alpha_o each O row is multiplied by before this tile's PV is added. kf / ev: 2^eK and eV
 // per key of the tile (shared memory); R0 = row of s[0] in the 128-row query tile.
-// vf / evt (per-token scales only): the producer's per-key fold 2^(eV_c - evt + 8) and the tile's
-// max eV, which on an interior tile (every row sees every key) are exactly each row's Ev and fold.
+// vf / evt (per-token scales only): the producer's per-key fold 2^(eV_c - evt + 8) and evt, the
+// tile's max eV (FWD_EV_RUN: the max over the item's tiles so far), which on an interior tile
+// (every row sees every key, and every earlier tile) are exactly each row's Ev and fold.
 // NS: scores per thread, 64 (the 128-key tile) or 32 (its first 64 keys only: a masked tile no
 // row of the warpgroup sees past key 63, FWD_HALF_TILES; the 32 elements are the first 32 of
 // the full tile's, and the skipped keys would have added exact zeros, so the same bits).

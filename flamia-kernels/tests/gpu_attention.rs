@@ -35,7 +35,7 @@ const GPU_CPU_REL: [f64; 5] = [0.01, 5e-5, 0.015, 0.015, 0.012];
 /// larger, the softmax nearly one-hot and LSE about the row's largest score, which the FP8
 /// wgmma's truncating accumulator (13 fraction bits, docs/numerics.md) computes ~1.3e-4 relative
 /// away from the reference's f64 dot product. Measured on the H200 (session 43, seed 1, d = 128,
-/// FLAMIA_FWD_EV_RUN=1): LSE 1.100e-4, the others within [`GPU_CPU_REL`] (O 3.4e-3, dQ 5.8e-3,
+/// FLAMIA_FWD_EV_RUN=1, against the reference's earlier whole-prefix V fold): LSE 1.100e-4, the others within [`GPU_CPU_REL`] (O 3.4e-3, dQ 5.8e-3,
 /// dK 1.26e-2, dV 7.6e-3); the reference's LSE with its scores from the accumulator's bit-exact
 /// model (`cargo run --release -p flamia-kernels --example lse_accumulator`) is 1.101e-4 from the
 /// reference's own (seed 2: 1.118e-4; d = 64: 6.6e-5; Gaussian inputs: 1.47e-5, where the GPU's

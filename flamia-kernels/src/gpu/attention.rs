@@ -2110,7 +2110,10 @@ mod tests {
                 let v = v.define("FWD_TILE_TRIM", 1);
                 jobs.push(("attn_fwd_v4.cu", v.clone()));
                 // V's fold reference as a running maximum (FWD_EV_RUN): with the three cuts, the
-                // default build
+                // d = 128 default build; without FWD_VPERM, d = 64's
+                jobs.push(("attn_fwd_v4.cu", v.define("FWD_EV_RUN", 1)));
+                let (v, _) = forward_v4_variant(per_token, 4, hd, true, None, false, true);
+                let v = v.define("FWD_DESC_ADD", 1).define("FWD_TILE_TRIM", 1);
                 jobs.push(("attn_fwd_v4.cu", v.define("FWD_EV_RUN", 1)));
             }
             for (per_token, stages) in [
