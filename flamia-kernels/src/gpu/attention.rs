@@ -1350,14 +1350,16 @@ impl Attention {
         }
         // (session 40's instruction cuts of the key tile, the same values: the K-slice
         // descriptors by one add each, FWD_DESC_ADD; the interior tile's finite maxima and the
-        // compact group tables, FWD_TILE_TRIM; on by default since session 43 measured them on
-        // the H200, 777 -> 803 TFLOP/s at 1x65536 with FWD_VPERM; FLAMIA_FWD_DESC_ADD=0 or
-        // FLAMIA_FWD_TILE_TRIM=0 switch one off)
+        // compact group tables, FWD_TILE_TRIM; by default at d = 128 since session 43 measured
+        // them on the H200, 777 -> 803 TFLOP/s at 1x65536 with FWD_VPERM; at d = 64 TILE_TRIM
+        // cost 10% (1x65536: 508 without, 452 with), DESC_ADD within noise or worse (500 with,
+        // 508 without, one run each), so neither there; FLAMIA_FWD_DESC_ADD=0|1 and
+        // FLAMIA_FWD_TILE_TRIM=0|1 set them for both head dims)
         for (var, define) in [
             ("FLAMIA_FWD_DESC_ADD", "FWD_DESC_ADD"),
             ("FLAMIA_FWD_TILE_TRIM", "FWD_TILE_TRIM"),
         ] {
-            if !super::env_off(var) {
+            if env_choice(var, &["1"]).unwrap_or(hd == 128) {
                 variant = variant.define(define, 1);
             }
         }
@@ -2110,10 +2112,9 @@ mod tests {
                 let v = v.define("FWD_TILE_TRIM", 1);
                 jobs.push(("attn_fwd_v4.cu", v.clone()));
                 // V's fold reference as a running maximum (FWD_EV_RUN): with the three cuts, the
-                // d = 128 default build; without FWD_VPERM, d = 64's
+                // d = 128 default build; alone, d = 64's (no consumer copies there)
                 jobs.push(("attn_fwd_v4.cu", v.define("FWD_EV_RUN", 1)));
-                let (v, _) = forward_v4_variant(per_token, 4, hd, true, None, false, true);
-                let v = v.define("FWD_DESC_ADD", 1).define("FWD_TILE_TRIM", 1);
+                let (v, _) = forward_v4_variant(per_token, 4, hd, false, None, true, true);
                 jobs.push(("attn_fwd_v4.cu", v.define("FWD_EV_RUN", 1)));
             }
             for (per_token, stages) in [
