@@ -3,6 +3,10 @@
 # and V's running fold reference (FWD_EV_RUN, now also in the per-token producer) made the
 # defaults after session 43's first calls measured the cuts (777 -> 803 TFLOP/s at 1x65536) and
 # the per-tile reference's non-finite O on spread block scales with an all-zero V tile.
+# Run once in session 43 (call 4, docs/perf.md "Session 43"): the spread tests' seed 2 missed the
+# dK bound (bound widened for spread inputs since), d = 64's cuts cost 10% (only EV_RUN is on at
+# d = 64 since). Next session: `v` again on the final tree (the spread tests' d = 64 halves have
+# not run), then the whole suite (`device_s40v.sh a`, `b`).
 # Stage here:
 #   rm -rf .device-carry/bwd4 .device-carry/z; bash bench/device_bwd4.sh --stage; strip .device-carry/bwd4/*
 #   rm -f .device-carry/bwd4/{bridge_cuda,model_cuda}
