@@ -17,8 +17,8 @@
 #      where V's exponents are uniform, both scale modes), gpu_quant, then the accuracy, leakage,
 #      isolation and repeatability tests on the new defaults.
 #   t (~2 min): d = 128, the new default against FLAMIA_FWD_EV_RUN=0 (the cost of the running
-#      maximum) on six workloads; d = 64 (FWD_VPERM off there) against session 42's default on
-#      three; --causally-safe both ways on two.
+#      maximum) on six workloads; d = 64 against session 42's default on three (since call 5 only EV_RUN
+#      is on at d = 64, so this compares EV_RUN on and off); --causally-safe both ways on two.
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
@@ -51,8 +51,8 @@ t)
       bench_mhz "d=128 $e round $r" "$e" "${W[@]}"
     done
   done
-  # d = 64: FWD_VPERM is off there by default (-10% at 1x65536, this session's first call); the
-  # default (DESC_ADD, TILE_TRIM, EV_RUN without VPERM) against session 42's default (all off)
+  # d = 64: the default (since call 5: EV_RUN alone; DESC_ADD and TILE_TRIM are d = 128 only)
+  # against session 42's default (all off)
   for r in 1 2; do
     for e in - "FLAMIA_FWD_DESC_ADD=0 FLAMIA_FWD_TILE_TRIM=0 FLAMIA_FWD_EV_RUN=0"; do
       bench_mhz "d=64 $e round $r" "$e" --head-dim 64 --workload 1x65536 --workload 16x4096 --workload 256x256

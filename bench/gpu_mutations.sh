@@ -252,7 +252,8 @@ mutate fwd-trim-mref softmax.cuh 's/mref\[r\] = FINITE ? fmaxf(mn, -3.402823466e
   forward_tile_trims_give_bitwise_the_same
 # 43. FWD_EV_RUN's running maximum started at 0 instead of "no group seen": every row's V fold
 # reference is then at least 0 (eV of N(0,1) blocks is about -6), P' six binades smaller, other
-# bits where the default's and the knob's must agree (every V block with one exponent).
+# bits where the running maximum (the default since session 43) and FLAMIA_FWD_EV_RUN=0's per-tile
+# reference must agree (every V block with one exponent).
 mutate fwd-ev-run-init attn_fwd_v4.cu 's/st.evo\[r\] = FWD_EV_RUN ? -1000 : 0;/st.evo[r] = 0;/' \
   forward_ev_running_max_keeps_uniform_exponents_bitwise_and_holds_on_spread_ones
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"

@@ -26,8 +26,8 @@
 //! `tests/gpu_attention.rs` draw them (ChaCha8 from the seed, `gauss_call`, then
 //! `spread_blocks_and_zero_values` for the spread cases).
 //!
-//! Measured (seeds 1, 2): spread d = 128 (b) 1.101e-4, 1.118e-4 (the H200 gave 1.100e-4 on seed 1,
-//! session 41); spread d = 64 6.6e-5, 6.2e-5; Gaussian `LENS` d = 128 1.47e-5, 1.48e-5 (the
+//! Measured (seeds 1, 2): spread d = 128 (b) 1.101e-4, 1.118e-4 (the H200 gave 1.100e-4 on seed 1
+//! and 1.118e-4 on seed 2, session 43); spread d = 64 6.6e-5, 6.2e-5; Gaussian `LENS` d = 128 1.47e-5, 1.48e-5 (the
 //! largest GPU gap seen there: 1.6e-5); (c) 6e-9..4e-8 everywhere. (a) equals the reference's
 //! LSE bitwise on every row.
 //!

@@ -38,7 +38,7 @@ const GPU_CPU_REL: [f64; 5] = [0.01, 5e-5, 0.015, 0.015, 0.012];
 /// FLAMIA_FWD_EV_RUN=1, against the reference's earlier whole-prefix V fold): LSE 1.100e-4, the others within [`GPU_CPU_REL`] (O 3.4e-3, dQ 5.8e-3,
 /// dK 1.26e-2, dV 7.6e-3); the reference's LSE with its scores from the accumulator's bit-exact
 /// model (`cargo run --release -p flamia-kernels --example lse_accumulator`) is 1.101e-4 from the
-/// reference's own (seed 2: 1.118e-4; d = 64: 6.6e-5; Gaussian inputs: 1.47e-5, where the GPU's
+/// reference's own (seed 2: 1.118e-4, where the H200 gave 1.118e-4; d = 64: 6.6e-5; Gaussian inputs: 1.47e-5, where the GPU's
 /// largest was 1.6e-5). LSE's bound at about 2.7 times that. dK: 1.570e-2 and 1.590e-2 (seed 2,
 /// default and causally safe, session 43's fourth call; seed 1 1.26e-2), with the GPU's error
 /// against exact 0.327 where the reference's is 0.324. Not modelled; the likely cause: dO spread
@@ -468,7 +468,8 @@ fn forward_tile_trims_give_bitwise_the_same() {
     // its -inf test (max(m, -FLT_MAX) instead), and each 32-key group's 2^eK and eV written by
     // the token-block producer into four compact entries that the consumers read by one 16-byte
     // load each: the same values, so every output bitwise the same. The forward knobs' cases
-    // (block and tensor-wide scales, both head dims) alone and with the other cuts on; a row
+    // (block and tensor-wide scales, both head dims) with the head dim's default cuts (d = 128:
+    // all, d = 64: none) and with VPERM and DESC_ADD forced on; a row
     // whose scaled scores all overflow to -inf on its first (interior) key tile (the maximum's
     // only case: a first version gave NaN there); the causally safe options (per-token scales:
     // only the maximum's change); the consumer copies.

@@ -1352,8 +1352,9 @@ impl Attention {
         // descriptors by one add each, FWD_DESC_ADD; the interior tile's finite maxima and the
         // compact group tables, FWD_TILE_TRIM; by default at d = 128 since session 43 measured
         // them on the H200, 777 -> 803 TFLOP/s at 1x65536 with FWD_VPERM; at d = 64 TILE_TRIM
-        // cost 10% (1x65536: 508 without, 452 with), DESC_ADD within noise or worse (500 with,
-        // 508 without, one run each), so neither there; FLAMIA_FWD_DESC_ADD=0|1 and
+        // cost 10% (1x65536 forward beside DESC_ADD and EV_RUN: 499.6 without, 452.5 with) and
+        // DESC_ADD did not help without it (EV_RUN alone 508.1, with DESC_ADD 499.6; one run
+        // each), so neither there; FLAMIA_FWD_DESC_ADD=0|1 and
         // FLAMIA_FWD_TILE_TRIM=0|1 set them for both head dims)
         for (var, define) in [
             ("FLAMIA_FWD_DESC_ADD", "FWD_DESC_ADD"),
