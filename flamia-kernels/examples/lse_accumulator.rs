@@ -31,6 +31,20 @@
 //! largest GPU gap seen there: 1.6e-5); (c) 6e-9..4e-8 everywhere. (a) equals the reference's
 //! LSE bitwise on every row.
 //!
+//! Backward section (d = 128 cases): how much of the GPU's larger dK gap on spread inputs does
+//! the LSE difference alone explain? `reference::forward` gives O and `LSE_ref`; then
+//! `reference::backward` runs with `LSE_ref` (g_a) and with (b)'s LSE as f32 (same q, k, v, O,
+//! dout; exact scores), and prints `||g_b - g_a|| / ||g_a||` for dQ, dK, dV ((c)'s LSE as a
+//! control). Measured (seeds 1, 2): spread dQ 5.97e-3, 5.16e-3; dK 8.09e-3, 7.82e-3; dV 4.83e-3,
+//! 7.69e-3 (H200 GPU vs CPU: dQ 5.8e-3, 8.3e-3; dK 1.262e-2, 1.570e-2; dV 7.6e-3, 4.7e-3).
+//! Gaussian `LENS`: dQ 1.68e-3, 3.00e-3; dK 1.83e-3, 2.86e-3; dV 3.01e-3, 1.87e-3 (largest GPU
+//! dK gap seen: 7.3e-3). (c): 0 except dV 1.0e-5 on spread seed 2; the dS zero fraction does
+//! not move. So a ~1e-4 relative LSE shift alone gives dK gaps of 8e-3 on spread inputs, about
+//! 3-4x those on Gaussian ones, but not the whole GPU gap; and it is a counterfactual: the GPU
+//! backward's `S^T = K Q^T` goes through the same e4m3 accumulator, so its scores carry errors
+//! correlated with its LSE's (they partly cancel in P: on spread seed 2 this dV gap exceeds the
+//! GPU's).
+//!
 //! Run: `cargo run --release -p flamia-kernels --example lse_accumulator`.
 
 use flamia_kernels::formats::{e4m3_decode, pow2_f32, pow2_f64};
@@ -290,8 +304,9 @@ fn row_lse(
     }
 }
 
-/// Runs one case and prints its line.
-fn case(tag: &str, call: &AttnCall) {
+/// Runs one case and prints its lines; with `backward`, also the backward section (see the module
+/// docs).
+fn case(tag: &str, call: &AttnCall, backward: bool) {
     let (shape, opts) = (&call.shape, &call.opts);
     assert_eq!(opts.path, AttnPath::Mxfp8, "the example models the mxfp8 path");
     let (hq, hkv) = (shape.heads_q, shape.heads_kv);
@@ -320,25 +335,24 @@ fn case(tag: &str, call: &AttnCall) {
     let rms_lse = (lse[0].iter().map(|x| x * x).sum::<f64>() / lse[0].len() as f64).sqrt();
 
     // (a) against the reference itself: the same inputs and scores.
-    let ref_lse = reference::forward(&call.q, &call.k, &call.v, shape, opts)
-        .unwrap()
-        .lse;
+    let fwd = reference::forward(&call.q, &call.k, &call.v, shape, opts).unwrap();
+    let ref_lse = &fwd.lse;
     let a32: Vec<f32> = lse[0].iter().map(|&x| x as f32).collect();
     let same = a32
         .iter()
-        .zip(&ref_lse)
+        .zip(ref_lse)
         .filter(|(x, y)| x.to_bits() == y.to_bits())
         .count();
     let ref_max = a32
         .iter()
-        .zip(&ref_lse)
+        .zip(ref_lse)
         .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     println!(
         "{tag}: {} rows; (a) vs reference::forward LSE: {same}/{} bitwise equal, max |diff| {ref_max:.1e}, \
          rel L2 {:.1e}",
         a32.len(),
         a32.len(),
-        rel_l2(&a32, &ref_lse)
+        rel_l2(&a32, ref_lse)
     );
     println!(
         "    scores: mean row max x {mean_max:.1} (log2 units), rms LSE {rms_lse:.2}; score rel L2 vs (a): \
@@ -367,6 +381,34 @@ fn case(tag: &str, call: &AttnCall) {
             signed / lse[v].len() as f64
         );
     }
+    if backward {
+        backward_gaps(call, &fwd, &lse);
+    }
+}
+
+/// The backward section: `reference::backward` with the reference's own LSE (g_a) and with the
+/// model's (b) and the control's (c) LSE as f32 (same O, q, k, v, dout), and the relative L2 gaps
+/// `||g_v - g_a|| / ||g_a||` of dQ, dK, dV.
+fn backward_gaps(call: &AttnCall, fwd: &reference::Forward, lse: &[Vec<f64>]) {
+    let (shape, opts) = (&call.shape, &call.opts);
+    let bwd = |l: &[f32]| {
+        reference::backward(&call.q, &call.k, &call.v, &fwd.o, l, &call.dout, shape, opts).unwrap()
+    };
+    let ga = bwd(&fwd.lse);
+    for (v, name) in [(1, "(b) accumulator model"), (2, "(c) exact S in fp32  ")] {
+        let l32: Vec<f32> = lse[v].iter().map(|&x| x as f32).collect();
+        let g = bwd(&l32);
+        println!(
+            "    backward with LSE {name}: rel L2 vs LSE_ref: dQ {:.3e}, dK {:.3e}, dV {:.3e} \
+             (LSE f32 rel L2 {:.2e}; dS zero fraction {:.4} vs {:.4})",
+            rel_l2(&g.dq, &ga.dq),
+            rel_l2(&g.dk, &ga.dk),
+            rel_l2(&g.dv, &ga.dv),
+            rel_l2(&l32, &fwd.lse),
+            g.ds_zero_fraction,
+            ga.ds_zero_fraction
+        );
+    }
 }
 
 fn main() {
@@ -380,12 +422,17 @@ fn main() {
             case(
                 &format!("spread scales {SPREAD_LENS:?} 4/2, d = {d}, seed {seed}"),
                 &call,
+                d == 128,
             );
         }
     }
     let shape = VarlenShape::from_lens(&LENS, 4, 2, 128).unwrap();
     for seed in [1u64, 2] {
         let call = gauss_call(&mut ChaCha8Rng::seed_from_u64(seed), &shape, opts);
-        case(&format!("gaussian {LENS:?} 4/2, d = 128, seed {seed}"), &call);
+        case(
+            &format!("gaussian {LENS:?} 4/2, d = 128, seed {seed}"),
+            &call,
+            true,
+        );
     }
 }
