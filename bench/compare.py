@@ -1,7 +1,8 @@
 """Per workload: our training call and forward (flamia bench attention JSON, one or two runs of the
 same device call) against the best BF16 baseline of anchors.py from that call, as a markdown table
 (docs/perf.md's form), and against cuDNN FP8 (bench/cudnn_fp8.py's JSON) where given. "ours / best"
-takes our slower run: < 1 means we are faster.
+takes our slower run: < 1 means we are faster. Ends with a verdict line per comparison (training call,
+forward, quantiser + forward): under the best BF16 on how many workloads, and which are not.
 Usage: python3 bench/compare.py OURS.json ANCHORS.json [OURS2.json] [--fp8 CUDNN_FP8.json]"""
 import json
 import sys
@@ -66,6 +67,8 @@ if fp8 is not None:
 print()
 print("| " + " | ".join(head) + " |")
 print("|" + "---|" * len(head))
+# per column, each workload's ratio (our slower run over the best baseline) for the verdict below
+ratios = {"train_ms": [], "fwd_ms": [], "quant_fwd_ms": []}
 for r in ours[0]["rows"]:
     w = r["workload"]
     rs, b = runs(w), base.get(w, {})
@@ -81,6 +84,7 @@ for r in ours[0]["rows"]:
         cols.append(" / ".join("%.3f" % m for m in mine))
         hit = best(b, keys)
         if hit:
+            ratios[ms_key].append((w, max(mine) / hit[1]))
             name = NAMES[hit[0].replace("_fwd_ms", "").replace("_ms", "")]
             if ms_key == "quant_fwd_ms":  # (the baseline is the one in the fwd column)
                 cols += ["%.2fx" % (max(mine) / hit[1])]
@@ -102,6 +106,13 @@ for r in ours[0]["rows"]:
         else:
             cols += ["-", "-", "-", "-"]
     print("| " + " | ".join(cols) + " |")
+for key, what in (("train_ms", "training call"), ("fwd_ms", "forward (FP8 inputs)"),
+                  ("quant_fwd_ms", "quantiser + forward (BF16 inputs)")):
+    got = ratios[key]
+    over = ["%s %.2fx" % (w, x) for w, x in got if x >= 1.0]
+    print("\nverdict: %s under the best BF16 on %d of %d workloads%s" % (
+        what, len(got) - len(over), len(got), " (not: " + ", ".join(over) + ")" if over else ""), end="")
+print()
 print("\nours / best: our slower run's ms over the best BF16 baseline's ms of the same device call (< 1: faster)")
 print("ours fwd ms: the FP8 forward on inputs already quantised (issue 12's forward TFLOP/s); ours quant+fwd ms: "
       "with the Q/K/V quantiser before it, the forward from BF16 inputs as the BF16 baselines' forward starts")
