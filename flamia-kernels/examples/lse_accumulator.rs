@@ -22,8 +22,8 @@
 //!
 //! and prints `||LSE_b - LSE_a|| / ||LSE_a||` (the GPU test's measure), the largest per-row
 //! `|LSE_b - LSE_a|`, the mean signed difference (truncation is biased toward zero) and the same
-//! for (c), on the inputs of the GPU tests, drawn exactly as `tests/gpu_common` and
-//! `tests/gpu_attention.rs` draw them (ChaCha8 from the seed, `gauss_call`, then
+//! for (c), on the inputs of the GPU tests, drawn by the tests' own generators
+//! (`tests/gpu_common/inputs.rs`, included by path: ChaCha8 from the seed, `gauss_call`, then
 //! `spread_blocks_and_zero_values` for the spread cases).
 //!
 //! Measured (seeds 1, 2): spread d = 128 (b) 1.101e-4, 1.118e-4 (the H200 gave 1.100e-4 on seed 1
@@ -53,10 +53,8 @@ use flamia_kernels::numerics::rel_l2;
 use flamia_kernels::quant::{quantize_e4m3, E4m3Tensor, ScaleMode};
 use flamia_kernels::reference::{self, TILE};
 use flamia_kernels::{AttnCall, AttnOptions, AttnPath, VarlenShape};
-use half::bf16;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use rand_distr::{Distribution, StandardNormal};
 use rayon::prelude::*;
 
 /// The GPU tests' Gaussian document lengths (`LENS` of `tests/gpu_attention.rs`).
@@ -64,55 +62,11 @@ const LENS: [usize; 7] = [1, 31, 33, 64, 127, 129, 257];
 /// The spread-scale tests' document lengths (`SPREAD_LENS`).
 const SPREAD_LENS: [usize; 3] = [1100, 517, 64];
 
-// ---- Inputs: the GPU tests' generators (tests/gpu_common/mod.rs, tests/gpu_attention.rs). ----
+// ---- Inputs: the GPU tests' own generators (one file, so a seed draws the same values). ----
 
-/// Plain Gaussian `N(0, sigma^2)` values rounded to BF16 (`gauss_tensor`).
-fn gauss_tensor(rng: &mut ChaCha8Rng, n: usize, sigma: f64) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            let g: f64 = StandardNormal.sample(rng);
-            bf16::from_f32((g * sigma) as f32).to_f32()
-        })
-        .collect()
-}
-
-/// Gaussian q, k, v, dout drawn in this order (`gauss_call`).
-fn gauss_call(rng: &mut ChaCha8Rng, shape: &VarlenShape, opts: AttnOptions) -> AttnCall {
-    let (t, hq, hkv, d) = (shape.tokens(), shape.heads_q, shape.heads_kv, shape.head_dim);
-    let q = gauss_tensor(rng, t * hq * d, 1.0);
-    let k = gauss_tensor(rng, t * hkv * d, 1.0);
-    let v = gauss_tensor(rng, t * hkv * d, 1.0);
-    let dout = gauss_tensor(rng, t * hq * d, 1.0);
-    AttnCall::new(q, k, v, dout, shape.clone(), opts).unwrap()
-}
-
-/// Every input's 32-token blocks scaled by `2^u` (u in -2..=2 for Q and K, -10..=10 for V and dO)
-/// and two runs of V zeroed (`spread_blocks_and_zero_values`).
-fn spread_blocks_and_zero_values(rng: &mut ChaCha8Rng, mut call: AttnCall, lens: &[usize]) -> AttnCall {
-    let (hq, hkv, d) = (call.shape.heads_q, call.shape.heads_kv, call.shape.head_dim);
-    for (x, heads, spread) in [
-        (&mut call.q, hq, 2),
-        (&mut call.k, hkv, 2),
-        (&mut call.v, hkv, 10),
-        (&mut call.dout, hq, 10),
-    ] {
-        let mut s = 0;
-        for &len in lens {
-            for b0 in (s..s + len).step_by(32) {
-                let f = 2f32.powi(rng.random_range(-spread..=spread));
-                let b1 = (b0 + 32).min(s + len);
-                x[b0 * heads * d..b1 * heads * d].iter_mut().for_each(|v| *v *= f);
-            }
-            s += len;
-        }
-    }
-    let row = hkv * d;
-    call.v[256 * row..384 * row].iter_mut().for_each(|v| *v = 0.0);
-    call.v[lens[0] * row..(lens[0] + 32) * row]
-        .iter_mut()
-        .for_each(|v| *v = 0.0);
-    call
-}
+#[path = "../tests/gpu_common/inputs.rs"]
+mod inputs;
+use inputs::{gauss_call, spread_blocks_and_zero_values};
 
 // ---- The score operands: the reference's `operands::prepare` for mxfp8, as codes. ----
 

@@ -4,9 +4,13 @@
 //! Layouts: `(tokens, heads, head_dim)` row-major; LSE `(tokens, heads_q)`.
 #![allow(dead_code)]
 
+mod inputs;
+#[allow(unused_imports)]
+pub use inputs::{gauss_call, gauss_tensor, spread_blocks_and_zero_values};
+
 use flamia_kernels::gpu::{DeviceBuf, Gpu, RawStream};
 use flamia_kernels::reference::{Forward, Grads};
-use flamia_kernels::{AttnCall, AttnOptions, VarlenShape};
+use flamia_kernels::AttnCall;
 use half::bf16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -150,18 +154,6 @@ pub fn awkward_tensor_d(
     x
 }
 
-/// Plain Gaussian activations `N(0, sigma^2)` in BF16 precision.
-pub fn gauss_tensor(rng: &mut ChaCha8Rng, n: usize, sigma: f64) -> Vec<f32> {
-    let mut x: Vec<f32> = (0..n)
-        .map(|_| {
-            let g: f64 = StandardNormal.sample(rng);
-            (g * sigma) as f32
-        })
-        .collect();
-    round_bf16(&mut x);
-    x
-}
-
 pub fn upload_bf16(gpu: &Gpu, x: &[f32]) -> DeviceBuf<u16> {
     DeviceBuf::from_host(gpu, &to_bits(x)).unwrap()
 }
@@ -177,16 +169,6 @@ pub fn poisoned_f32(gpu: &Gpu, n: usize) -> DeviceBuf<f32> {
 
 pub fn count_nan(a: &[f32]) -> usize {
     a.iter().filter(|x| !x.is_finite()).count()
-}
-
-/// Gaussian N(0, 1) q, k, v, dout in BF16 precision for `shape`, as one call with `opts`.
-pub fn gauss_call(rng: &mut ChaCha8Rng, shape: &VarlenShape, opts: AttnOptions) -> AttnCall {
-    let (t, hq, hkv, d) = (shape.tokens(), shape.heads_q, shape.heads_kv, shape.head_dim);
-    let q = gauss_tensor(rng, t * hq * d, 1.0);
-    let k = gauss_tensor(rng, t * hkv * d, 1.0);
-    let v = gauss_tensor(rng, t * hkv * d, 1.0);
-    let dout = gauss_tensor(rng, t * hq * d, 1.0);
-    AttnCall::new(q, k, v, dout, shape.clone(), opts).unwrap()
 }
 
 /// `call` with its keys' magnitudes spread over the 128-key tiles: token t's K rows scaled by
