@@ -43,7 +43,7 @@ json.dump({"env": {"grads": sys.argv[1], "head_dim": 128}, "rows": rows}, open(s
 c) B=$B O=$O bash bench/vs-anchors.sh ;;
 t)
   for t in spread_block_scales_and_zero_value_tiles_are_as_accurate_as_the_reference \
-           forward_ev_running_max_keeps_uniform_exponents_bitwise_and_holds_on_spread_ones \
+           forward_ev_running_max_keeps_uniform_exponents_bitwise \
            documents_are_isolated_bitwise \
            head_dim_64_documents_are_isolated_and_default_mxfp8_is_causal_before_the_block \
            head_dim_64_is_bitwise_repeatable_whatever_the_reduce_order_and_chunking; do

@@ -13,9 +13,10 @@
 #   mkdir -p .device-carry/z; tar -C .device-carry -czf .device-carry/z/bwd4.tgz bwd4
 # carry .device-carry/z, run from the repo root on the device:
 #   tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s43.sh MODE
-#   v (~4 min): the spread and zero-V accuracy tests (defaults, causally safe, FWD_EV_RUN bitwise
-#      where V's exponents are uniform, both scale modes), gpu_quant, then the accuracy, leakage,
-#      isolation and repeatability tests on the new defaults.
+#   v (~4 min): the spread and zero-V accuracy tests (one per head dim since session 43's end, each
+#      with the defaults and the causally safe options), FWD_EV_RUN bitwise where V's exponents
+#      are uniform (both scale modes), gpu_quant, then the accuracy, leakage, isolation and
+#      repeatability tests on the new defaults (their filter runs the spread tests again).
 #   t (~2 min): d = 128, the new default against FLAMIA_FWD_EV_RUN=0 (the cost of the running
 #      maximum) on six workloads; d = 64 against session 42's default on three (since call 5 only EV_RUN
 #      is on at d = 64, so this compares EV_RUN on and off); --causally-safe both ways on two.
@@ -31,7 +32,8 @@ date
 case $mode in
 v)
   for t in spread_block_scales_and_zero_value_tiles_are_as_accurate_as_the_reference \
-           forward_ev_running_max_keeps_uniform_exponents_bitwise_and_holds_on_spread_ones; do
+           head_dim_64_spread_block_scales_and_zero_value_tiles_are_as_accurate_as_the_reference \
+           forward_ev_running_max_keeps_uniform_exponents_bitwise; do
     echo "=== $t"; date
     FLAMIA_BWD_HANG_TRAP=1 timeout 150 $C/gpu_attention --ignored --exact "$t" --nocapture --test-threads=1 \
       > "$O/$t.log" 2>&1; echo "rc=$?"; grep -E "rel L2|panicked|test result|FAILED|differs|non-finite" "$O/$t.log" | tail -40

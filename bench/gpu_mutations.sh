@@ -255,6 +255,6 @@ mutate fwd-trim-mref softmax.cuh 's/mref\[r\] = FINITE ? fmaxf(mn, -3.402823466e
 # bits where the running maximum (the default since session 43) and FLAMIA_FWD_EV_RUN=0's per-tile
 # reference must agree (every V block with one exponent).
 mutate fwd-ev-run-init attn_fwd_v4.cu 's/st.evo\[r\] = FWD_EV_RUN ? -1000 : 0;/st.evo[r] = 0;/' \
-  forward_ev_running_max_keeps_uniform_exponents_bitwise_and_holds_on_spread_ones
+  forward_ev_running_max_keeps_uniform_exponents_bitwise
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))
