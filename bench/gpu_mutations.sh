@@ -256,5 +256,10 @@ mutate fwd-trim-mref softmax.cuh 's/mref\[r\] = FINITE ? fmaxf(mn, -3.402823466e
 # reference must agree (every V block with one exponent).
 mutate fwd-ev-run-init attn_fwd_v4.cu 's/st.evo\[r\] = FWD_EV_RUN ? -1000 : 0;/st.evo[r] = 0;/' \
   forward_ev_running_max_keeps_uniform_exponents_bitwise
+# 44. BWD_KEYS_TMA's records (session 44) with each query head's KV head taken as h mod Hkv instead
+# of h / group: heads 1 and 2 of the tests' four (two KV heads) read the other KV head's K and V
+# exponents, so their factors, and the gradients, differ from the producer's own (FLAMIA_BWD_KEYS_TMA=0).
+mutate bwd4-keys-kv-head attn_bwd_v4.cu 's/    const int hk = h \/ (p.hq \/ p.hkv);/    const int hk = h % p.hkv;/' \
+  key_factors_by_bulk_copy_give_bitwise_the_same
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))

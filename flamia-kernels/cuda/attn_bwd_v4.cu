@@ -253,6 +253,22 @@
 #if BWD_COLS_TMA && BWD_FOLD
 #error "BWD_COLS_TMA needs the per-stage constants unfolded (BWD_FOLD 0)"
 #endif
+// BWD_KEYS_TMA (the host defines it with BWD_COLS_TMA; src/gpu/attention.rs bwd_keys_tma): each
+// item's per-key factors (BwdItem's kf, vf, cf for the steps, the tail's fk, fv for the item's
+// end) come by two bulk copies, counted in kv_full's bytes, from records (BwdKeyRec per item code)
+// that bwd_cols wrote before the launch, instead of the producer loading K's and V's exponents and
+// the dV fold exponents for its 128 keys and computing them. Session 44's profile of the short
+// documents (BWD_PROF_PHASES, H100, 256x256): those twelve loads, at the producer's 24 registers
+// each spilled to local memory as it landed, took ~6,000-10,000 clocks per item between the next
+// item's first stage and its K/V issue, and the consumers waited ~700 clocks per step for stages
+// and ~900 per item for K and V. Same values from the same expressions (key_factors): bitwise the
+// same gradients. Not with CTA pairs (BWD_PAIR: each rank's own tile) or BWD_FOLD.
+#ifndef BWD_KEYS_TMA
+#define BWD_KEYS_TMA 0
+#endif
+#if BWD_KEYS_TMA && !BWD_COLS_TMA
+#error "BWD_KEYS_TMA's records are bwd_cols' (BWD_COLS_TMA)"
+#endif
 #define BKT 128  // keys per work item (two consumer warpgroups x 64)
 #define BQT 64   // queries per step
 // BWD_L2_PROBE (timing only, wrong results: bench/device_s36.sh), bits: 1, odd steps skip their
@@ -299,6 +315,8 @@
 #ifndef BWD_PAIR
 #define BWD_PAIR 0
 #endif
+// (BWD_KEYS_TMA where it applies: not with CTA pairs, whose ranks hold other tiles of a pair's item)
+#define BWD_KEYS (BWD_KEYS_TMA && !BWD_PAIR)
 #if BWD_PAIR && (!BWD_LATE_CLAIM || BWD_L2_PROBE)
 #error "BWD_PAIR: with the late claim (the pairs' hand-over), without the L2 probe"
 #endif
@@ -345,6 +363,7 @@ struct BwdV4Params {
   int* dq_sem;       // per (query head, global 64-query tile), zeroed
   int* kv_sem;       // per (KV head, key tile), zeroed
   const u8* colc;    // BWD_COLS_TMA: BwdColPair [Hq][Tpad / 2] (bwd_cols), null otherwise
+  const u8* keys;    // BWD_KEYS_TMA: BwdKeyRec per item code (key tile * hq + head; bwd_cols), null otherwise
   int nitems, nqt, nkt;
   int h0, hk0, hkc;  // this launch's head chunk: query heads h0.., KV heads hk0..hk0 + hkc (scratch)
   int jitter;        // test knob: nonzero delays each dQ reduce by a pseudo-random few microseconds
@@ -358,7 +377,7 @@ struct BwdV4Params {
 
 // Per-key factors the steps read (one copy: the next item's are written once this item's last
 // step is done with them; unused under BWD_FOLD, whose steps read sm.cols' fold slots) ...
-struct BwdItem {
+struct alignas(16) BwdItem {
   float kf[BKT];  // 2^eK per key (0 past the document)
   float vf[BKT];  // 2^eV
   float cf[BKT];  // 2^-c
@@ -429,9 +448,16 @@ struct BwdItemTail {
   int partner;    // whether the other CTA has one (the pair has both tiles)
 #endif
   BwdTile tile;
-  float fk[BKT];  // scale 2^-eK: dK's unfold at the item's end
-  float fv[BKT];  // 2^c: dV's unfold
+  alignas(16) float fk[BKT];  // scale 2^-eK: dK's unfold at the item's end (16-byte aligned: BWD_KEYS_TMA's bulk copy)
+  float fv[BKT];              // 2^c: dV's unfold
 };
+// BWD_KEYS_TMA's record of one item (code = key tile * hq + head): its BwdItem (kf, vf, cf) and
+// its tail's fk, fv, in that order (two bulk copies), written by bwd_cols.
+struct BwdKeyRec {
+  float kf[BKT], vf[BKT], cf[BKT];
+  float fk[BKT], fv[BKT];
+};
+static_assert(sizeof(BwdKeyRec) == 5 * BKT * 4, "BwdKeyRec: five 128-float arrays (src/gpu/attention.rs BWD_KEY_REC_BYTES)");
 
 // Per-query constants of one step (0 / -inf past the document: those columns drop out), by
 // column pair: a consumer thread's columns come in pairs 8j + 2q, +1, so one 16-byte load gives
@@ -572,6 +598,19 @@ __device__ __forceinline__ void spin_until(const int* p, int target) {
 }
 // Exponent of the operand fold, clamped as exp2i clamps (the unfold must use the same value).
 __device__ __forceinline__ int fold_exp(int e) { return max(e, -126); }
+// One key's item factors, f = (kf, vf, cf, fk, fv): 2^eK, 2^eV, 2^-c for the steps, scale
+// 2^-fold(eK) and 2^c for the item's end, from element e of the [T, Hkv] exponent tables and ce of
+// the dV fold exponents [T, Hq]; all 0 for a key past the document (ok false). The producer's per
+// item and bwd_cols' records (BWD_KEYS_TMA) both come from here, so they are the same bits.
+__device__ __forceinline__ void key_factors(float (&f)[5], bool ok, long long e, long long ce, const i8* k_exp,
+                                            const i8* v_exp, const int* cexp, float scale) {
+  const int ek = ok ? k_exp[e] : 0, c = ok ? cexp[ce] : 0;
+  f[0] = ok ? exp2i(ek) : 0.f;
+  f[1] = ok ? exp2i(v_exp[e]) : 0.f;
+  f[2] = ok ? exp2i(-c) : 0.f;
+  f[3] = ok ? scale * exp2i(-fold_exp(ek)) : 0.f;
+  f[4] = ok ? exp2i(c) : 0.f;
+}
 
 __device__ __forceinline__ int bwd_steps(const BwdTile& t, int causal) {
   const int qstart = causal ? t.k0 : 0;
@@ -777,7 +816,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     // arriving, every lane writes its 4 keys' factors (BWD_EARLY_FACTORS: before the wait, into
     // the tail; then copies the step factors into item) and arrives.
     BwdItemTail& tail = sm.tail[ni % BWD_TAILS];
-#if !BWD_FOLD
+#if !BWD_FOLD && !BWD_KEYS
 #if BWD_EARLY_FACTORS
     BwdItem& it = sm.item_next;
 #else
@@ -796,7 +835,14 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
         tail.partner = both;
 #endif
         if (BWD_OWN) {
-          mbar_expect_tx(kvbar, 2 * BKT * HEAD_DIM);
+          mbar_expect_tx(kvbar, 2 * BKT * HEAD_DIM + (BWD_KEYS ? (u32)sizeof(BwdKeyRec) : 0u));
+#if BWD_KEYS
+          // the item's factors: the steps' into sm.item (free: the previous item's steps are
+          // done, kv_wait), the end's into this item's tail
+          const BwdKeyRec* rec = reinterpret_cast<const BwdKeyRec*>(P.keys) + code;
+          bulk_load(smem_u32(&sm.item), rec->kf, 3 * BKT * 4, kvbar);
+          bulk_load(smem_u32(tail.fk), rec->fk, 2 * BKT * 4, kvbar);
+#endif
           tma_load_3d(smem_u32(sm.k), &P.k_map, kvbar, 0, hk, t.doc0 + t.k0);
 #if BWD_VT_XPOSE
           // (dim-major, one 64-key half per consumer warpgroup: xpose_vt_half)
@@ -814,23 +860,33 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       PROD_ACC(2, t_kve);
     };
     PROD_T(t_kvf);
-#if !BWD_EARLY_FACTORS
+#if !BWD_EARLY_FACTORS && !BWD_KEYS
     kv_wait();
     kv_issue();
 #endif
+#if BWD_KEYS
+    // (the factors come with K and V: kv_issue's bulk copies of the item's record)
+    kv_wait();
+    PROD_ACC(3, t_kvf);
+    PROD_T(t_kvi);
+    kv_issue();
+    mbar_arrive(kvbar);
+    PROD_ACC(3, t_kvi);
+#else
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int key = t.k0 + 4 * lane + j;
       const bool ok = BWD_OWN && key < t.len;
-      const long long e = (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk;
-      const int ek = ok ? a.k_exp[e] : 0, c = ok ? P.cexp[(long long)(t.doc0 + key) * a.hq + h] : 0;
+      float f[5];
+      key_factors(f, ok, (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk, (long long)(t.doc0 + key) * a.hq + h,
+                  a.k_exp, a.v_exp, P.cexp, a.scale);
 #if !BWD_FOLD  // (BWD_FOLD: the steps read the fold slots instead)
-      it.kf[4 * lane + j] = ok ? exp2i(ek) : 0.f;
-      it.vf[4 * lane + j] = ok ? exp2i(a.v_exp[e]) : 0.f;
-      it.cf[4 * lane + j] = ok ? exp2i(-c) : 0.f;
+      it.kf[4 * lane + j] = f[0];
+      it.vf[4 * lane + j] = f[1];
+      it.cf[4 * lane + j] = f[2];
 #endif
-      tail.fk[4 * lane + j] = ok ? a.scale * exp2i(-fold_exp(ek)) : 0.f;
-      tail.fv[4 * lane + j] = ok ? exp2i(c) : 0.f;
+      tail.fk[4 * lane + j] = f[3];
+      tail.fv[4 * lane + j] = f[4];
     }
 #if BWD_EARLY_FACTORS
     kv_wait();
@@ -853,6 +909,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
     mbar_arrive(kvbar);
     PROD_ACC(3, t_kvf);
 #endif
+#endif  // BWD_KEYS
 #ifdef BWD_PROF_PHASES
     if (lane == 0) bwd_prod_clk[4] += code >= 0;
 #endif
@@ -2263,7 +2320,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_v4(const __grid_co
 
 // BWD_COLS_TMA's table: per (query head, padded position pair) the BwdColPair of the step
 // constants, the expressions the producer uses without it (0 / -inf past the document: padding
-// rows). One thread per pair. Mirrors ColsParams in src/gpu/attention.rs.
+// rows). One thread per pair. With `keys` (BWD_KEYS_TMA) also each item's BwdKeyRec (the
+// producer's key_factors of the item's 128 keys, 0 past the document): 32 more threads per item
+// code (key tile * hq + head, the tile of `tiles`), 4 keys each. Mirrors ColsParams in
+// src/gpu/attention.rs.
 struct ColsParams {
   const i8* q_exp;     // [T, Hq]
   const i8* do_exp;    // [T, Hq]
@@ -2271,15 +2331,46 @@ struct ColsParams {
   const float* delta;  // [T, Hq]
   const int* pad_tok;  // [Tpad] the token of each padded position (-1: padding)
   BwdColPair* colc;    // [Hq][Tpad / 2]
+  // BWD_KEYS_TMA's records (keys null: none)
+  const BwdTile* tiles;  // the backward's key tiles
+  BwdKeyRec* keys;       // [nkt * hq]
+  const i8* k_exp;       // [T, Hkv]
+  const i8* v_exp;       // [T, Hkv]
+  const int* cexp;       // [T, Hq] (bwd_dv_fold, the launch before)
   float scale_log2;
+  float scale;
   int hq, tpad;
+  int hkv, nkt;
 };
 extern "C" __global__ void __launch_bounds__(256) bwd_cols(const ColsParams p) {
-  pdl_wait();  // (chained launch: D and dO's exponents)
+  pdl_wait();  // (chained launch: D and dO's exponents, the dV fold exponents)
   pdl_trigger();
   const long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   const int pairs = p.tpad / 2;
-  if (g >= (long long)pairs * p.hq) return;
+  if (g >= (long long)pairs * p.hq) {
+    const long long r = g - (long long)pairs * p.hq;
+    if (p.keys == nullptr || r >= (long long)p.nkt * p.hq * 32) return;
+    const int code = (int)(r >> 5), lane = (int)(r & 31), tile = code / p.hq, h = code - tile * p.hq;
+    const int hk = h / (p.hq / p.hkv);
+    const BwdTile t = p.tiles[tile];
+    float f[5][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int key = t.k0 + 4 * lane + j;
+      const bool ok = key < t.len;
+      float fj[5];
+      key_factors(fj, ok, (long long)(t.doc0 + (ok ? key : 0)) * p.hkv + hk, (long long)(t.doc0 + key) * p.hq + h,
+                  p.k_exp, p.v_exp, p.cexp, p.scale);
+#pragma unroll
+      for (int k = 0; k < 5; ++k) f[k][j] = fj[k];
+    }
+    BwdKeyRec& rec = p.keys[code];
+    float* dst[5] = {rec.kf, rec.vf, rec.cf, rec.fk, rec.fv};
+#pragma unroll
+    for (int k = 0; k < 5; ++k)
+      reinterpret_cast<float4*>(dst[k])[lane] = make_float4(f[k][0], f[k][1], f[k][2], f[k][3]);
+    return;
+  }
   const int h = (int)(g / pairs), pr = (int)(g - (long long)h * pairs);
   float c[5][2];
 #pragma unroll

@@ -553,6 +553,25 @@ fn step_constants_by_bulk_copy_give_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn key_factors_by_bulk_copy_give_bitwise_the_same() {
+    // FLAMIA_BWD_KEYS_TMA=1 (the default with the step constants' table) has bwd_cols also write
+    // each item's per-key factors (2^eK, 2^eV, 2^-c, scale 2^-eK, 2^c; 0 past the document) into
+    // a record the producer bulk-copies with K and V, instead of loading the exponents and
+    // computing them per item: the same expressions (key_factors) on the same inputs, so bitwise
+    // the same gradients. The code-path cases (GQA: 4 query heads on 2 KV heads, documents
+    // ending mid-tile, a one-token one, both head dims, causal and not, row dS) in both walks,
+    // then on three CTAs (each CTA's tails and item slots turn over many times; per-token scales
+    // at d = 128). At d = 64 with block scales the producer folds the factors and the knob
+    // changes nothing.
+    for up in walks() {
+        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
+        backward_knob_keeps_every_bit("FLAMIA_BWD_KEYS_TMA", &CODE_KNOB_CASES);
+    }
+    operand_tile_knob_keeps_every_bit("FLAMIA_BWD_KEYS_TMA", &["0", "1"]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same() {
     // FLAMIA_BWD_KD_XPOSE=2 (unset: the default for short and mid-length documents, all of
     // these) has the v4 backward's consumer warpgroups transpose each item's token-major K tile

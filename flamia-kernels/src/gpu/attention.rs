@@ -377,6 +377,18 @@ fn bwd_cols_tma(hd: u32, key_blocks: bool) -> bool {
     !producer_fold && !super::env_off("FLAMIA_BWD_COLS_TMA")
 }
 
+/// The v4 backward's per-item key factors (2^eK, 2^eV, 2^-c for the steps, scale 2^-eK and 2^c
+/// for the item's end) by two bulk copies with K and V from records that `bwd_cols` writes before
+/// the launch (`BWD_KEYS_TMA`, with [`bwd_cols_tma`]; not with CTA pairs, which the kernel
+/// source excludes), instead of the producer warp loading the 128 keys' exponents and the dV
+/// fold exponents and computing them per item (session 44's profile at 256x256 on an H100:
+/// ~6,000-10,000 producer clocks per item, each load spilled at 24 registers, while the
+/// consumers waited ~700 clocks per step for their stage). Bitwise the same gradients. On unless
+/// `FLAMIA_BWD_KEYS_TMA=0` (A/B and the bitwise test).
+fn bwd_keys_tma(hd: u32, key_blocks: bool) -> bool {
+    bwd_cols_tma(hd, key_blocks) && !super::env_off("FLAMIA_BWD_KEYS_TMA")
+}
+
 /// The v4 backward's producer loads an item's per-key factors before waiting for the previous
 /// item's K/V slot instead of after (`BWD_EARLY_FACTORS`: a third item tail and a staging copy
 /// of the step factors, 2 KB of shared memory; session 18's producer clocks put the factors'
@@ -607,6 +619,7 @@ struct BwdV4Params {
     dq_sem: u64,
     kv_sem: u64,
     colc: u64,
+    keys: u64,
     nitems: i32,
     nqt: i32,
     nkt: i32,
@@ -642,13 +655,24 @@ struct ColsParams {
     delta: u64,
     pad_tok: u64,
     colc: u64,
+    tiles: u64,
+    keys: u64,
+    k_exp: u64,
+    v_exp: u64,
+    cexp: u64,
     scale_log2: f32,
+    scale: f32,
     hq: i32,
     tpad: i32,
+    hkv: i32,
+    nkt: i32,
 }
 
 /// Bytes of one column pair of the v4 backward's step constants (`struct BwdColPair`).
 const BWD_COL_PAIR_BYTES: usize = 48;
+
+/// Bytes of one item's key factors (`struct BwdKeyRec`: five arrays of 128 floats).
+const BWD_KEY_REC_BYTES: usize = 5 * BWD_KT * 4;
 
 /// Mirrors `struct DqConvertParams` of `cuda/attn_bwd_v4.cu`.
 #[repr(C)]
@@ -675,6 +699,9 @@ pub struct BwdScratch {
     sems: DeviceBuf<i32>,
     cexp: DeviceBuf<i32>,
     cols: DeviceBuf<u8>,
+    /// `BWD_KEYS_TMA`'s records, one per item code (key tile x query head); empty where the
+    /// step constants' table is never built (head dim 64 with key blocks: the producer's fold).
+    keys: DeviceBuf<u8>,
     dkv: Option<DeviceBuf<f32>>,
 }
 
@@ -685,6 +712,7 @@ impl BwdScratch {
             + self.sems.bytes()
             + self.cexp.bytes()
             + self.cols.bytes()
+            + self.keys.bytes()
             + self.dkv.as_ref().map_or(0, |b| b.bytes())
     }
 }
@@ -975,6 +1003,9 @@ impl Attention {
         if bwd_cols_tma(hd, self.bwd_key_blocks()) {
             v.0 = v.0.define("BWD_COLS_TMA", 1);
         }
+        if bwd_keys_tma(hd, self.bwd_key_blocks()) {
+            v.0 = v.0.define("BWD_KEYS_TMA", 1);
+        }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
         let mut xposed = with_xposes(v.0, kd, vt);
         if vt && self.fwd_vperm(hd as usize) {
@@ -1065,6 +1096,14 @@ impl Attention {
                 sems: DeviceBuf::zeros(&self.gpu, sems)?,
                 cexp: DeviceBuf::zeros(&self.gpu, t * s.heads_q)?,
                 cols: DeviceBuf::zeros(&self.gpu, rows / 2 * s.heads_q * BWD_COL_PAIR_BYTES)?,
+                keys: DeviceBuf::zeros(
+                    &self.gpu,
+                    if hd == 64 && self.bwd_key_blocks() {
+                        0
+                    } else {
+                        nkt * s.heads_q * BWD_KEY_REC_BYTES
+                    },
+                )?,
                 dkv,
             })
         } else {
@@ -1557,8 +1596,22 @@ impl Attention {
         // SAFETY: params mirror DvFoldParams; do_exp and cexp are [T, Hq], cu has docs + 1
         // entries, sems nsems words (alloc_grad); the kernel waits (pdl_wait) before reading.
         unsafe { launch_chained(&f, grid, block, 0, stream, &fold, name) }?;
-        // the step constants' table (BWD_COLS_TMA): every query head, padded position pairs
+        let vt = self.bwd_vt_xpose(plan);
+        let f = self.backward_v4_fused(plan)?;
+        let (fused, smem, pair, ctas) = (f.function, f.smem, f.pair_mode > 0, f.ctas);
+        // the step constants' table (BWD_COLS_TMA): every query head, padded position pairs; with
+        // BWD_KEYS_TMA (not with CTA pairs: the kernel source excludes them) each item's key factors
         let cols_tma = bwd_cols_tma(hd as u32, self.bwd_key_blocks());
+        let keys_tma = !pair && bwd_keys_tma(hd as u32, self.bwd_key_blocks());
+        let key_threads = if keys_tma { nkt * s.heads_q * 32 } else { 0 };
+        if keys_tma && sc.keys.bytes() < nkt * s.heads_q * BWD_KEY_REC_BYTES {
+            return Err(GpuError::NotSupported(format!(
+                "the v4 backward's key-factor records need {} bytes; this workspace holds {} \
+                 (allocated without them: head dim 64 with block scales)",
+                nkt * s.heads_q * BWD_KEY_REC_BYTES,
+                sc.keys.bytes()
+            )));
+        }
         if cols_tma {
             let tpad = plan.tpad();
             let cp = ColsParams {
@@ -1568,14 +1621,25 @@ impl Attention {
                 delta: a.delta,
                 pad_tok: plan.pad_tok.ptr(),
                 colc: sc.cols.ptr(),
+                tiles: plan.bwd_tiles.ptr(),
+                keys: if keys_tma { sc.keys.ptr() } else { 0 },
+                k_exp: a.k_exp,
+                v_exp: a.v_exp,
+                cexp: sc.cexp.ptr(),
                 scale_log2: a.scale_log2,
+                scale: a.scale,
                 hq: s.heads_q as i32,
                 tpad: tpad as i32,
+                hkv: s.heads_kv as i32,
+                nkt: nkt as i32,
             };
             let f = self.gpu.function("attn_bwd_v4.cu", &v, "bwd_cols", 0)?;
-            let threads = tpad / 2 * s.heads_q;
+            let threads = tpad / 2 * s.heads_q + key_threads;
             // SAFETY: params mirror ColsParams; the exponent, LSE and D tables are [T, Hq], pad_tok
-            // [Tpad], colc holds Tpad / 2 x Hq column pairs (alloc_grad); one thread per pair.
+            // [Tpad], colc holds Tpad / 2 x Hq column pairs (alloc_grad); one thread per pair; with
+            // keys, 32 threads per item code over the plan's nkt key tiles (bwd_tiles) and Hq heads,
+            // whose records `keys` holds (checked above), K's and V's exponents [T, Hkv], cexp
+            // [T, Hq] (bwd_dv_fold, the launch before).
             unsafe {
                 launch_chained(
                     &f,
@@ -1593,9 +1657,6 @@ impl Attention {
         if memsets {
             self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
         }
-        let vt = self.bwd_vt_xpose(plan);
-        let f = self.backward_v4_fused(plan)?;
-        let (fused, smem, pair, ctas) = (f.function, f.smem, f.pair_mode > 0, f.ctas);
         let convert = self
             .gpu
             .function("attn_bwd_v4.cu", &with_dq_stsm(v), "bwd_dq_convert", 0)?;
@@ -1645,6 +1706,7 @@ impl Attention {
                 dq_sem: sc.sems.ptr(),
                 kv_sem: sc.sems.ptr() + 4 * (s.heads_q * bw.query_tiles) as u64,
                 colc: if cols_tma { sc.cols.ptr() } else { 0 },
+                keys: if keys_tma { sc.keys.ptr() } else { 0 },
                 nitems: range.len() as i32,
                 nqt: bw.query_tiles as i32,
                 nkt: nkt as i32,
@@ -1997,15 +2059,16 @@ mod tests {
                         backward_v4_variant(stages, hd, row_ds, key_blocks, stress, skip_dead, walk_up);
                     // (at d = 64 with key blocks the producer's fold both ways: the budget has
                     // room for it whatever the source's default)
-                    // (elsewhere the step constants by bulk copy, BWD_COLS_TMA, as the runtime
-                    // builds them; the QPERM builds below keep the producer's own constants)
+                    // (elsewhere the step constants and the key factors by bulk copy,
+                    // BWD_COLS_TMA and BWD_KEYS_TMA, as the runtime builds them; the QPERM builds
+                    // below keep the producer's own constants and factors)
                     let vs = if key_blocks && hd == 64 {
                         vec![
                             v.clone().define("BWD_PRODUCER_FOLD", 0),
                             v.define("BWD_PRODUCER_FOLD", 1),
                         ]
                     } else {
-                        vec![v.define("BWD_COLS_TMA", 1)]
+                        vec![v.define("BWD_COLS_TMA", 1).define("BWD_KEYS_TMA", 1)]
                     };
                     for v in vs {
                         jobs.push(("attn_bwd_v4.cu", v));
@@ -2066,8 +2129,9 @@ mod tests {
                     .define("BWD_QPERM", 1)
                     .define("BWD_DS_STSM", 1)
                     .define("BWD_DQ_STSM", 1);
+                // (BWD_KEYS_TMA as the runtime defines it: the kernel source leaves pairs out)
                 let v = if bwd_cols_tma(hd, !row_ds) {
-                    v.define("BWD_COLS_TMA", 1)
+                    v.define("BWD_COLS_TMA", 1).define("BWD_KEYS_TMA", 1)
                 } else {
                     v
                 };
