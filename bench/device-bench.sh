@@ -76,11 +76,13 @@ start_power_log() {
   echo "power log ($f) into $1 from unix $(date +%s.%N)"
 }
 # suite_or_standing MODE: the modes every session script shares, run and exit: a, b the whole GPU
-# suite (device_suite.sh 1, 2, on $C's test binaries), c the standing against the anchors
+# suite in halves (device_suite.sh 1, 2 of PARTS=2, on $C's test binaries; a half no longer fits
+# a call on a fresh machine, session 44), s1..s4 in quarters (PARTS=4), c the standing against the anchors
 # (vs-anchors.sh with $C/flamia); any other mode returns for the script's own.
 suite_or_standing() {
   case $1 in
-  a | b) T=$C bash bench/device_suite.sh $([ "$1" = a ] && echo 1 || echo 2); exit ;;
+  a | b) PARTS=2 T=$C bash bench/device_suite.sh $([ "$1" = a ] && echo 1 || echo 2); exit ;;
+  s1 | s2 | s3 | s4) PARTS=4 T=$C bash bench/device_suite.sh "${1#s}"; exit ;;
   c) B=$C/flamia bash bench/vs-anchors.sh; exit ;;
   esac
 }

@@ -14,7 +14,9 @@
 #  removed from bwd4 before packing bwd4.tgz, so each tarball stays under the carry's 64 MiB.)
 # carry .device-carry/z (and .device-carry/z2 for m), run from the repo root on the device:
 #   tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s44.sh MODE
-#   a, b: the whole GPU suite, halves 1 and 2 (device_suite.sh; gpu_quant with b)
+#   s1..s4: the whole GPU suite in quarters (device_suite.sh, PARTS=4; gpu_quant with s4); a, b
+#         the halves, which no longer fit a call on a fresh machine (call 5: part 1 of 2 ran out
+#         of the call's 560 s, the kernels compiling within it)
 #   m:    mutations 38-43 (FWD_VPERM, FWD_DESC_ADD, FWD_TILE_TRIM, FWD_EV_RUN: never run on a GPU
 #         since session 40 built them), then the bridge and model GPU tests
 #   p:    the backward's phases (BWD_PROF_PHASES: clocks per step phase and per item, CTAs 0-1)
@@ -32,7 +34,7 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s44.sh a|b|c|k|m|p}
+mode=${1:?usage: device_s44.sh s1|s2|s3|s4|a|b|c|k|m|p}
 suite_or_standing "$mode"
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv

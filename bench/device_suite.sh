@@ -1,6 +1,7 @@
 #!/bin/bash
 # The whole GPU suite in device calls of under 600 s: `bash bench/device_suite.sh K` runs part K
-# of PARTS (default 2) of gpu_attention's GPU tests (sorted by name, split evenly by count), the
+# of PARTS (default 4 since session 44: 48 tests, part 1's 24 did not finish in 480 s on a
+# fresh H100) of gpu_attention's GPU tests (sorted by name, split evenly by count), the
 # last part gpu_quant too. Session 27's suite did not fit one call (33 of its 36 tests in 525 s),
 # session 28 split it in three; in session 29 all 36 took about 390 s (11 contract tests 57 s,
 # the other 25 330 s) and gpu_quant 7 s, so two parts leave each call half its time spare. Binaries staged by `bash bench/device_bwd4.sh --stage` (T overrides the test
@@ -9,7 +10,7 @@ set -u
 C=${T:-.device-carry/bwd4}
 [ -e "$(dirname "$0")/device-env.sh" ] && . "$(dirname "$0")/device-env.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-P=${PARTS:-2}
+P=${PARTS:-4}
 part=${1:?usage: device_suite.sh K [--list]  (K = 1..PARTS, PARTS=2 unless set)}
 if ! [[ "$part" =~ ^[0-9]+$ ]] || [ "$part" -lt 1 ] || [ "$part" -gt "$P" ]; then
   echo "device_suite.sh: the part is 1..$P (PARTS=$P), not '$part'" >&2; exit 2
@@ -23,8 +24,11 @@ if [ "${2:-}" = --list ]; then printf '%s\n' "${sel[@]}"; echo "(${#sel[@]} of $
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 echo "=== gpu_attention, part $part: ${#sel[@]} of $n tests"; date
-timeout 540 $C/gpu_attention --ignored --exact --test-threads=1 "${sel[@]}" 2>&1 \
-  | grep -E "test result|panicked|FAILED|^test |exceeds|differs"
+# (the whole output into a log under $O and grep line-buffered, so a call cut by its limit still
+# brings back every result so far: session 44's part 1 ran 480 s on a fresh H100, the kernels
+# compiling within it, and its results, held in grep's buffer, were lost)
+timeout 540 $C/gpu_attention --ignored --exact --test-threads=1 "${sel[@]}" 2>&1 | tee "$O/suite-$part-tests.log" \
+  | grep --line-buffered -E "test result|panicked|FAILED|^test |exceeds|differs"
 [ "${PIPESTATUS[0]}" = 124 ] && echo "=== part $part: cut by the 540 s timeout (the tests without a result did not finish)"
 if [ "$part" = "$P" ]; then timeout 50 $C/gpu_quant --ignored 2>&1 | grep -E "test result|panicked"; fi
 date
