@@ -25,6 +25,9 @@
 #         each against the default in the same call: what each part of the short documents'
 #         backward costs (issue 13's short-document bar, docs/perf.md "Next")
 #   c:    the standing (vs-anchors.sh; carry .whl for cuDNN FP8)
+#   e:    BWD_KV_EARLY (the K/V slot released in the item's last product step; FLAMIA_BWD_KV_EARLY=1,
+#         off by default): its bitwise test and mutation 45, the A/B against the default, six
+#         workloads, two rounds (~4 minutes; built in session 44, not yet run)
 #   k:    BWD_KEYS_TMA (the item's key factors by bulk copy from bwd_cols' records): its bitwise
 #         test and mutation, model_cuda with its whole message, the A/B against
 #         FLAMIA_BWD_KEYS_TMA=0 (six workloads, two rounds) and the 256x256 phases with it
@@ -34,7 +37,7 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s44.sh s1|s2|s3|s4|a|b|c|k|m|p}
+mode=${1:?usage: device_s44.sh s1|s2|s3|s4|a|b|c|e|k|m|p}
 suite_or_standing "$mode"
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -83,7 +86,20 @@ k)
   FLAMIA_CUDA_DIR=$C/cuda-phases timeout 120 $C/flamia bench attention --workload 256x256 > "$O/phases-keys.log" 2>&1 || echo "rc=$?"
   grep -E "^bwd4 " "$O/phases-keys.log" | head -6
   ;;
-*) echo "device_s44.sh: unknown mode '$mode' (a, b, c, k, m or p)"; exit 2 ;;
+e)
+  # BWD_KV_EARLY (session 44, built, not yet run): its bitwise test and mutation, then the A/B
+  # against the default (the slot released after the step loops), six workloads, two rounds
+  echo "=== kv_slot_released_early_gives_bitwise_the_same"
+  FLAMIA_BWD_HANG_TRAP=1 timeout 240 $C/gpu_attention --ignored --exact kv_slot_released_early_gives_bitwise_the_same \
+    --test-threads=1 > "$O/kv-early-test.log" 2>&1
+  echo "rc=$?"; grep -E "test result|panicked|differs|exceeds|hang" "$O/kv-early-test.log" | head -8
+  ONLY=bwd4-kv-early-first T=$C/gpu_attention bash bench/gpu_mutations.sh
+  W=(--workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096 --workload 1x65536 --workload lognormal)
+  for r in 1 2; do
+    for e in - FLAMIA_BWD_KV_EARLY=1; do bench_mhz "kv-early $e round $r" "$e" "${W[@]}"; done
+  done
+  ;;
+*) echo "device_s44.sh: unknown mode '$mode' (s1..s4, a, b, c, e, k, m or p)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s44-$mode.log"

@@ -261,5 +261,12 @@ mutate fwd-ev-run-init attn_fwd_v4.cu 's/st.evo\[r\] = FWD_EV_RUN ? -1000 : 0;/s
 # exponents, so their factors, and the gradients, differ from the producer's own (FLAMIA_BWD_KEYS_TMA=0).
 mutate bwd4-keys-kv-head attn_bwd_v4.cu 's/    const int hk = h \/ (p.hq \/ p.hkv);/    const int hk = h % p.hkv;/' \
   key_factors_by_bulk_copy_give_bitwise_the_same
+# 45. BWD_KV_EARLY (session 44, FLAMIA_BWD_KV_EARLY=1) releasing the K/V slot in the FIRST of an
+# item's masked steps walking down instead of the last (a causal tile has two: one step too
+# early): the producer then loads the next item's K, V and factors while the second masked step
+# still reads them. A race: caught where the next item's bytes land before that step's products
+# and factor loads (not necessarily every run; the test runs many short items on three CTAs).
+mutate bwd4-kv-early-first attn_bwd_v4.cu 's/bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 \* cw : 1 << 20, lim, left == 1);/bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim, left == nmask - ndead);/' \
+  kv_slot_released_early_gives_bitwise_the_same
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))

@@ -317,6 +317,18 @@
 #endif
 // (BWD_KEYS_TMA where it applies: not with CTA pairs, whose ranks hold other tiles of a pair's item)
 #define BWD_KEYS (BWD_KEYS_TMA && !BWD_PAIR)
+// BWD_KV_EARLY 1 (the host's FLAMIA_BWD_KV_EARLY=1; off by default until measured): each consumer
+// warp releases the item's K/V slot (kv_empty) in the item's last product step, right after its
+// elementwise part (the S^T and dP^T products waited for, the item's factors read), instead of
+// after the step loops. The producer may then load the next item's K, V and factors while this
+// step's maxima, codes, dV, dK and dQ and the item's end run: session 44's phases at 256x256 had
+// the producer waiting ~11,300 clocks per item for the slot and the consumers ~700-990 per item
+// for the next K and V after their item's end. Timing only: the same values (GPU test
+// kv_slot_released_early_gives_bitwise_the_same). Not with CTA pairs or BWD_FOLD.
+#ifndef BWD_KV_EARLY
+#define BWD_KV_EARLY 0
+#endif
+#define BWD_KV_REL (BWD_KV_EARLY && !BWD_PAIR && !BWD_FOLD)
 #if BWD_PAIR && (!BWD_LATE_CLAIM || BWD_L2_PROBE)
 #error "BWD_PAIR: with the late claim (the pairs' hand-over), without the L2 probe"
 #endif
@@ -1261,9 +1273,11 @@ __device__ __forceinline__ void bwd_release_stage(BwdV4Smem& sm, int s, int lane
 // one of a tile that passes the document's end: key row r sees query column c iff r <= c + off
 // (causal; off = q0 - k0 - 64c, or 1 << 20 without the causal mask) and r <= lim (the
 // warpgroup's last key inside the document).
+// REL (BWD_KV_REL): this is the item's last step with products, which releases the K/V slot.
 template <bool MASKED>
 __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, const BwdItem& it,
-                                         float (&dk)[HEAD_DIM / 2], float (&dv)[HEAD_DIM / 2], int off, int lim) {
+                                         float (&dk)[HEAD_DIM / 2], float (&dv)[HEAD_DIM / 2], int off, int lim,
+                                         bool rel = false) {
   const int cw = C.cw, w = C.w(), lane = C.lane(), qd = C.qd(), s = C.s;
   const int r0 = 16 * w + C.g();  // key row (in the warpgroup's 64) of fragment element 0
   // (masked steps) row r0 + 8r sees the thread's column 8j + 2q + b iff 8j + b >= thr[r]
@@ -1462,6 +1476,16 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
 #endif
   BWD_PHASE(2);
+#if BWD_KV_REL
+  // the item's last product step: K and V (both products waited for) and the item's factors (their
+  // loads above, ordered by the arrive's release) are read; the rest of the step reads neither
+  if (rel) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_u32(&sm.kv_empty));
+  }
+#else
+  (void)rel;
+#endif
   const int par = C.nstep & 1, buf = C.nstep % BWD_DS_BUFS;
   u32 ads[2][4], ap[2][4];
   float fk[2][2];           // dK's scale-in 2^e per [query slice][key row r0, r0 + 8]
@@ -2071,18 +2095,20 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
         dq_after_step(q0);
       }
       for (int left = nmask - ndead; left > 0; --left, q0 += BQT) {
-        bwd_step<true>(P, sm, C, sm.item, dk, dv, q0 - tl.k0 - 64 * cw, lim);  // (causal: up)
+        bwd_step<true>(P, sm, C, sm.item, dk, dv, q0 - tl.k0 - 64 * cw, lim, left == 1 && nint == 0);  // (causal: up)
         dq_after_step(q0);
       }
     }
+    // (BWD_KV_REL: the last product step releases K/V: walking up the last interior one, else the
+    // last masked one; walking down the last masked one, else the last interior one)
     const int dir = up ? BQT : -BQT;
     for (int left = nint; left > 0; --left, q0 += dir) {
-      bwd_step<false>(P, sm, C, sm.item, dk, dv, 0, 63);
+      bwd_step<false>(P, sm, C, sm.item, dk, dv, 0, 63, left == 1 && (up || nmask == ndead));
       dq_after_step(q0);
     }
     if (!up) {
       for (int left = nmask - ndead; left > 0; --left, q0 -= BQT) {
-        bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim);
+        bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim, left == 1);
         dq_after_step(q0);
       }
       for (int left = ndead; left > 0; --left, q0 -= BQT) {
@@ -2099,8 +2125,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     // n and qstart in local memory and reloaded both at every step's end, right before their use
     // (~190 clocks per step, ncu, session 9).
     int q0 = qstart + BQT * (n - 1);
+    // (BWD_KV_REL: the last product step releases K/V: the last masked one, else the last interior
+    // one, when every masked step is dead; BWD_KV_REL first, so that without it the flag is a
+    // constant and the loop's code the measured one)
     for (int left = nint; left > 0; --left, q0 -= BQT) {
-      bwd_step<false>(P, sm, C, sm.item, dk, dv, 0, 63);
+      bwd_step<false>(P, sm, C, sm.item, dk, dv, 0, 63,
+                      BWD_KV_REL && left == 1 &&
+                          (BWD_SKIP_DEAD ? min(n - nint, lim < 0 ? n - nint : (a.causal && cw == 1 ? 1 : 0)) : 0) == n - nint);
       dq_after_step(q0);
     }
     // Dead steps (BWD_SKIP_DEAD), the last ones: no key of this warpgroup in the document (every
@@ -2108,7 +2139,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     const int nmask = n - nint;
     const int ndead = BWD_SKIP_DEAD ? min(nmask, lim < 0 ? nmask : (a.causal && cw == 1 ? 1 : 0)) : 0;
     for (int left = nmask - ndead; left > 0; --left, q0 -= BQT) {
-      bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim);
+      bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim, left == 1);
       dq_after_step(q0);
     }
     for (int left = ndead; left > 0; --left, q0 -= BQT) {
@@ -2120,8 +2151,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
 #endif
     // the item's K and V are read (each warp's own waits): the producer may load the next item's
-    __syncwarp();
-    if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty));
+    // (BWD_KV_REL: released in the last product step already, unless the item had none)
+    if (!BWD_KV_REL || n == ndead) {
+      __syncwarp();
+      if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty));
+    }
     if (BWD_DEFER_DQ && pend_q0 >= 0) dq(C.nstep - 1, pend_q0);
 #if BWD_KD_XPOSE != 2
     // the item's dim-major K is read (each warp's own dQ waits): the producer may load the next

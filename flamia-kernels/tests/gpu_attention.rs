@@ -560,14 +560,44 @@ fn key_factors_by_bulk_copy_give_bitwise_the_same() {
     // computing them per item: the same expressions (key_factors) on the same inputs, so bitwise
     // the same gradients. The code-path cases (GQA: 4 query heads on 2 KV heads, documents
     // ending mid-tile, a one-token one, both head dims, causal and not, row dS) in both walks,
-    // then on three CTAs (each CTA's tails and item slots turn over many times; per-token scales
-    // at d = 128). At d = 64 with block scales the producer folds the factors and the knob
-    // changes nothing.
-    for up in walks() {
-        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
-        backward_knob_keeps_every_bit("FLAMIA_BWD_KEYS_TMA", &CODE_KNOB_CASES);
+    // then the same on three CTAs (each CTA's tails and item slots turn over many times; on a
+    // full grid these shapes give each CTA one item), then the operand-tile cases (per-token
+    // scales at d = 128). At d = 64 with block scales the producer folds the factors and the
+    // knob changes nothing.
+    for ctas in [None, Some("3")] {
+        let _ctas = ctas.map(|n| EnvGuard::set("FLAMIA_BWD_CTAS", n));
+        for up in walks() {
+            let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
+            backward_knob_keeps_every_bit("FLAMIA_BWD_KEYS_TMA", &CODE_KNOB_CASES);
+        }
     }
     operand_tile_knob_keeps_every_bit("FLAMIA_BWD_KEYS_TMA", &["0", "1"]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn kv_slot_released_early_gives_bitwise_the_same() {
+    // FLAMIA_BWD_KV_EARLY=1 (off by default until measured) has each consumer warp release the
+    // item's K/V slot in the item's last product step, after its elementwise part, so the
+    // producer loads the next item's K, V and factors under the rest of the step and the item's
+    // end: a timing change, so bitwise the same gradients, unless the slot is released before
+    // its last read (then the next item's bytes land under the products or the factors' loads).
+    // The code-path cases on three CTAs (so each CTA runs many items and the next item's bytes
+    // can land under a step that reads the slot too late; on a full grid these shapes give each
+    // CTA one item), in both walks (walking up the last product step is an interior one, walking
+    // down a masked one: non-causal partial tiles have only masked steps), with and without the
+    // dead steps' skip (FLAMIA_BWD_SKIP_DEAD=1: items whose warpgroup has only dead steps release
+    // after the loops), then the operand-tile cases (per-token scales).
+    let _ctas = EnvGuard::set("FLAMIA_BWD_CTAS", "3");
+    for up in walks() {
+        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
+        for skip in ["0", "1"] {
+            let _skip = EnvGuard::set("FLAMIA_BWD_SKIP_DEAD", skip);
+            backward_knob_keeps_every_bit("FLAMIA_BWD_KV_EARLY", &CODE_KNOB_CASES);
+        }
+    }
+    drop(_ctas);
+    operand_tile_knob_keeps_every_bit("FLAMIA_BWD_KV_EARLY", &["0", "1"]);
 }
 
 #[test]

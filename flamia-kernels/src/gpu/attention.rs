@@ -389,6 +389,17 @@ fn bwd_keys_tma(hd: u32, key_blocks: bool) -> bool {
     bwd_cols_tma(hd, key_blocks) && !super::env_off("FLAMIA_BWD_KEYS_TMA")
 }
 
+/// `FLAMIA_BWD_KV_EARLY=1` (off by default until a GPU has measured it): the v4 backward's
+/// consumers release the item's K/V slot in its last product step, after the step's elementwise
+/// part, instead of after the step loops (`BWD_KV_EARLY`; not with CTA pairs or the producer's
+/// fold, which the kernel source excludes), so the next item's K, V and factors load under the
+/// step's rest and the item's end (session 44's phases at 256x256: the producer waited ~11,300
+/// clocks per item for the slot, the consumers ~700-990 per item for the next K and V). Timing
+/// only: bitwise the same gradients (GPU test `kv_slot_released_early_gives_bitwise_the_same`).
+fn bwd_kv_early() -> bool {
+    env_choice("FLAMIA_BWD_KV_EARLY", &["1"]).unwrap_or(false)
+}
+
 /// The v4 backward's producer loads an item's per-key factors before waiting for the previous
 /// item's K/V slot instead of after (`BWD_EARLY_FACTORS`: a third item tail and a staging copy
 /// of the step factors, 2 KB of shared memory; session 18's producer clocks put the factors'
@@ -1005,6 +1016,9 @@ impl Attention {
         }
         if bwd_keys_tma(hd, self.bwd_key_blocks()) {
             v.0 = v.0.define("BWD_KEYS_TMA", 1);
+        }
+        if bwd_kv_early() {
+            v.0 = v.0.define("BWD_KV_EARLY", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
         let mut xposed = with_xposes(v.0, kd, vt);
@@ -2075,6 +2089,15 @@ mod tests {
                     }
                 }
             }
+            // the K/V slot released in the last product step (FLAMIA_BWD_KV_EARLY=1) in the
+            // downward-only build, with the dead steps' skip and the key factors' records
+            let (v, _) = backward_v4_variant(3, hd, false, false, false, Some(true), false);
+            jobs.push((
+                "attn_bwd_v4.cu",
+                v.define("BWD_COLS_TMA", 1)
+                    .define("BWD_KEYS_TMA", 1)
+                    .define("BWD_KV_EARLY", 1),
+            ));
             // the key-permuted packing of dV's and dK's A fragments (FLAMIA_BWD_QPERM=1), block and
             // row dS exponents, without and with the four-code conversions (BWD_CVT4) and the
             // redux block maxima (BWD_REDUX), and the defaults with K and V transposed in shared
@@ -2093,6 +2116,12 @@ mod tests {
                     .define("BWD_DS_STSM", 1)
                     .define("BWD_DQ_STSM", 1)
                     .define("BWD_VT_VPERM", 1);
+                // (the K/V slot released in the last product step, FLAMIA_BWD_KV_EARLY=1: both
+                // walks' loops, with the transposes and without)
+                if !row_ds {
+                    jobs.push(("attn_bwd_v4.cu", xposed2.clone().define("BWD_KV_EARLY", 1)));
+                    jobs.push(("attn_bwd_v4.cu", v.clone().define("BWD_KV_EARLY", 1)));
+                }
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
                 // (the dS tile by stmatrix, BWD_DS_STSM, the default: K's dim-major tile from
                 // the quantiser and from the consumers' transpose; and the dQ partial by
