@@ -260,9 +260,10 @@
 // the dV fold exponents for its 128 keys and computing them. Session 44's profile of the short
 // documents (BWD_PROF_PHASES, H100, 256x256): those twelve loads, at the producer's 24 registers
 // each spilled to local memory as it landed, took ~6,000-10,000 clocks per item between the next
-// item's first stage and its K/V issue, and the consumers waited ~700 clocks per step for stages
-// and ~900 per item for K and V. Same values from the same expressions (key_factors): bitwise the
-// same gradients. Not with CTA pairs (BWD_PAIR: each rank's own tile) or BWD_FOLD.
+// item's first stage and its K/V issue, and the consumers waited ~900 clocks per item for K and V.
+// Measured (session 44, H100, same call): fused backward -1..-3% (256x256 -3%). Same values from
+// the same expressions (key_factors): bitwise the same gradients. Not with CTA pairs (BWD_PAIR:
+// each rank's own tile) or BWD_FOLD.
 #ifndef BWD_KEYS_TMA
 #define BWD_KEYS_TMA 0
 #endif

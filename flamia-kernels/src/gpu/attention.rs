@@ -383,7 +383,7 @@ fn bwd_cols_tma(hd: u32, key_blocks: bool) -> bool {
 /// source excludes), instead of the producer warp loading the 128 keys' exponents and the dV
 /// fold exponents and computing them per item (session 44's profile at 256x256 on an H100:
 /// ~6,000-10,000 producer clocks per item, each load spilled at 24 registers, while the
-/// consumers waited ~700 clocks per step for their stage). Bitwise the same gradients. On unless
+/// consumers waited ~900 clocks per item for the next K and V). Bitwise the same gradients. On unless
 /// `FLAMIA_BWD_KEYS_TMA=0` (A/B and the bitwise test).
 fn bwd_keys_tma(hd: u32, key_blocks: bool) -> bool {
     bwd_cols_tma(hd, key_blocks) && !super::env_off("FLAMIA_BWD_KEYS_TMA")
