@@ -572,6 +572,26 @@ fn key_factors_by_bulk_copy_give_bitwise_the_same() {
         }
     }
     operand_tile_knob_keeps_every_bit("FLAMIA_BWD_KEYS_TMA", &["0", "1"]);
+    // Spread block scales (K's and V's exponents differ between blocks and KV heads, so a record
+    // with another KV head's or block's factors changes bits: with Gaussian inputs nearly every
+    // block has the same exponents), on three CTAs; d = 64 with per-token scales (with block
+    // scales the producer folds the factors there).
+    let gpu = gpu();
+    let _ctas = EnvGuard::set("FLAMIA_BWD_CTAS", "3");
+    let lens = [1100usize, 517, 300, 65, 1];
+    for hd in [128, 64] {
+        let shape = VarlenShape::from_lens(&lens, 4, 2, hd).unwrap();
+        with_seeds(
+            &format!("FLAMIA_BWD_KEYS_TMA, spread scales, d = {hd}"),
+            |mut rng| {
+                let mut opts = AttnOptions::new(AttnPath::Mxfp8);
+                opts.precision.per_token_scales = hd == 64;
+                let call = gauss_call(&mut rng, &shape, opts);
+                let call = spread_blocks_and_zero_values(&mut rng, call, &lens);
+                same_bits_whatever(&gpu, &call, "FLAMIA_BWD_KEYS_TMA", &["0", "1"]);
+            },
+        );
+    }
 }
 
 #[test]
