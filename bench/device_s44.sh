@@ -25,9 +25,11 @@
 #         each against the default in the same call: what each part of the short documents'
 #         backward costs (issue 13's short-document bar, docs/perf.md "Next")
 #   c:    the standing (vs-anchors.sh; carry .whl for cuDNN FP8)
-#   e:    BWD_KV_EARLY (the K/V slot released in the item's last product step; FLAMIA_BWD_KV_EARLY=1,
-#         off by default): its bitwise test and mutation 45, the A/B against the default, six
-#         workloads, two rounds (~4 minutes; built in session 44, not yet run)
+#   e:    BWD_KV_EARLY (the K/V slot released in the item's last product step; FLAMIA_BWD_KV_EARLY=1)
+#         and BWD_BULK_ST (the item's dK/dV by bulk copies through the dS tiles;
+#         FLAMIA_BWD_BULK_ST=1), both off by default: their bitwise tests and mutations 45, 46
+#         (~5 minutes; built in session 44, not yet run)
+#   f:    their timings: the default, each and both, six workloads, two rounds (~4 minutes)
 #   k:    BWD_KEYS_TMA (the item's key factors by bulk copy from bwd_cols' records): its bitwise
 #         test and mutation, model_cuda with its whole message, the A/B against
 #         FLAMIA_BWD_KEYS_TMA=0 (six workloads, two rounds) and the 256x256 phases with it
@@ -37,7 +39,7 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s44.sh s1|s2|s3|s4|a|b|c|e|k|m|p}
+mode=${1:?usage: device_s44.sh s1|s2|s3|s4|a|b|c|e|f|k|m|p}
 suite_or_standing "$mode"
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -94,12 +96,21 @@ e)
     --test-threads=1 > "$O/kv-early-test.log" 2>&1
   echo "rc=$?"; grep -E "test result|panicked|differs|exceeds|hang" "$O/kv-early-test.log" | head -8
   ONLY=bwd4-kv-early-first T=$C/gpu_attention bash bench/gpu_mutations.sh
+  echo "=== dk_dv_by_bulk_copies_give_bitwise_the_same"
+  FLAMIA_BWD_HANG_TRAP=1 timeout 240 $C/gpu_attention --ignored --exact dk_dv_by_bulk_copies_give_bitwise_the_same \
+    --test-threads=1 > "$O/bulk-st-test.log" 2>&1
+  echo "rc=$?"; grep -E "test result|panicked|differs|exceeds|hang" "$O/bulk-st-test.log" | head -8
+  ONLY=bwd4-bulk-row-stride T=$C/gpu_attention bash bench/gpu_mutations.sh
+  ;;
+f)
   W=(--workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096 --workload 1x65536 --workload lognormal)
   for r in 1 2; do
-    for e in - FLAMIA_BWD_KV_EARLY=1; do bench_mhz "kv-early $e round $r" "$e" "${W[@]}"; done
+    for e in - FLAMIA_BWD_KV_EARLY=1 FLAMIA_BWD_BULK_ST=1 "FLAMIA_BWD_KV_EARLY=1 FLAMIA_BWD_BULK_ST=1"; do
+      bench_mhz "kv-early/bulk-st $e round $r" "$e" "${W[@]}"
+    done
   done
   ;;
-*) echo "device_s44.sh: unknown mode '$mode' (s1..s4, a, b, c, e, k, m or p)"; exit 2 ;;
+*) echo "device_s44.sh: unknown mode '$mode' (s1..s4, a, b, c, e, f, k, m or p)"; exit 2 ;;
 esac
 date
 } 2>&1 | tee "$O/s44-$mode.log"

@@ -330,6 +330,17 @@
 #define BWD_KV_EARLY 0
 #endif
 #define BWD_KV_REL (BWD_KV_EARLY && !BWD_PAIR && !BWD_FOLD)
+// BWD_BULK_ST 1 (the host's FLAMIA_BWD_BULK_ST=1; off by default until measured): the item's BF16
+// dK, then dV, go out through the dS tiles in shared memory by one bulk copy per key row inside
+// the document (bwd_rows_bulk) instead of 8-byte stores from the fragments: the consumers then
+// wait only for the copies' shared-memory reads, not for their stores to drain through the
+// LSU. Session 44's knock-out at 256x256 (no dK/dV stores at all): fused backward -7%. The same
+// bytes in the same places (GPU test dk_dv_by_bulk_copies_give_bitwise_the_same). Needs the four
+// dS tiles (BWD_DEFER_DQ: 32 KB, both warpgroups' 64 rows of HEAD_DIM BF16); not with CTA pairs.
+#ifndef BWD_BULK_ST
+#define BWD_BULK_ST 0
+#endif
+#define BWD_BULK (BWD_BULK_ST && !BWD_PAIR)
 #if BWD_PAIR && (!BWD_LATE_CLAIM || BWD_L2_PROBE)
 #error "BWD_PAIR: with the late claim (the pairs' hand-over), without the L2 probe"
 #endif
@@ -1868,9 +1879,56 @@ __device__ __forceinline__ void hadamard_frag_rows(float (&d)[R]) {
   for (int i = 0; i < R; ++i) d[i] *= INV_SQRT_HD;
 }
 
+#if BWD_BULK
+static_assert(2 * 64 * 2 * HEAD_DIM <= BWD_DS_BUFS * BQT * BKT, "BWD_BULK_ST stages both warpgroups' rows in the dS tiles");
+// BWD_BULK_ST: this warpgroup's 64 rows of x (an m64n{HEAD_DIM} FP32 fragment) in BF16 into its half
+// of the dS tiles (row kk at 2 HEAD_DIM kk bytes; 16-byte pieces after a quad transpose, as
+// store_frag_row_bf16), then warp 0's lanes copy rows kk = lane, lane + 32 to out_row(kk) where
+// `ok` (the key inside the document), and wait until the copies have read the tile, so the
+// caller may stage the next tensor there. Barrier 6 + cw (the warpgroup's 128 threads) before
+// the copies and after the wait.
+template <class Row>
+__device__ __forceinline__ void bwd_rows_bulk(const BwdConsumer& C, BwdV4Smem& sm, const float (&x)[HEAD_DIM / 2],
+                                              int nvalid, Row out_row) {
+  constexpr int ROWB = 2 * HEAD_DIM;  // bytes of a BF16 row
+  u8* base = &sm.ds[0][0] + C.cw * 64 * ROWB;
+  const int q = C.qd(), r0 = 16 * C.w() + C.g();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    u8* row = base + (r0 + 8 * r) * ROWB;
+#pragma unroll
+    for (int J = 0; J < HEAD_DIM / 32; ++J) {
+      u32 w[4];
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = 4 * J + jj;
+        w[jj] = pack_bf16x2(x[4 * j + 2 * r], x[4 * j + 2 * r + 1]);
+      }
+      quad_transpose(w, q);
+      *reinterpret_cast<uint4*>(row + 16 * (4 * J + q)) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+  fence_async_smem();  // (the generic proxy's writes, before the bulk copies read them)
+  const int bar = 6 + C.cw;
+  named_sync(bar, 128);
+  if (C.w() == 0) {
+    const int lane = C.lane();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int kk = lane + 32 * h;
+      if (kk < nvalid) bulk_store(out_row(kk), smem_u32(base + kk * ROWB), ROWB);
+    }
+    bulk_commit();
+    bulk_wait_read_all();
+  }
+  named_sync(bar, 128);
+}
+#endif
+
 // The item's end for one warpgroup: GQA partial sums in head order, then BF16 dK and dV.
-__device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdConsumer& C, const BwdItemTail& it,
-                                             float (&dk)[HEAD_DIM / 2], float (&dv)[HEAD_DIM / 2]) {
+__device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, BwdV4Smem& sm, const BwdConsumer& C,
+                                             const BwdItemTail& it, float (&dk)[HEAD_DIM / 2],
+                                             float (&dv)[HEAD_DIM / 2]) {
   const AttnParams& a = P.a;
   const BwdTile& tl = it.tile;
 #if defined(BWD_CENSUS_ITEM) && BWD_CENSUS_ITEM == 2  // (census of the MHA path: no GQA sums)
@@ -1953,11 +2011,25 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, const BwdCons
 #ifndef BWD_PROF_NOHAD
   if (a.hadamard) hadamard_frag_rows(dk);
 #endif
+#if BWD_BULK
+  // through the dS tiles: both warpgroups' last dQ has read them (barrier 10 over the 256
+  // consumer threads), dK then dV, and the tiles free again for the next item's first dS codes
+  // once both warpgroups' copies have read them (barrier 10 again)
+  (void)store_row;
+  const int nvalid = min(64, tl.len - tl.k0 - 64 * C.cw);  // (<= 0 for a warpgroup without keys: no copies)
+  const long long row0 = (long long)(tl.doc0 + tl.k0 + 64 * C.cw) * a.hkv + hk;
+  named_sync(10, 256);
+  bwd_rows_bulk(C, sm, dk, nvalid, [&](int kk) { return a.dk + (row0 + (long long)kk * a.hkv) * HEAD_DIM; });
+  bwd_rows_bulk(C, sm, dv, nvalid, [&](int kk) { return a.dv + (row0 + (long long)kk * a.hkv) * HEAD_DIM; });
+  named_sync(10, 256);
+#else
+  (void)sm;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     store_row(dk, r, a.dk);
     store_row(dv, r, a.dv);
   }
+#endif
 }
 
 __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm, int cw) {
@@ -2166,12 +2238,15 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #if BWD_PAIR
     if (own)
 #endif
-      bwd_item_end(P, C, tail, dk, dv);
+      bwd_item_end(P, sm, C, tail, dk, dv);
     BWD_PHASE(12);
 #ifdef BWD_PROF_PHASES
     ++C.nitem;
 #endif
   }
+#if BWD_BULK
+  if (C.w() == 0) bulk_wait_all();  // (the item ends' bulk copies written before the CTA leaves)
+#endif
   {  // no more partials: the reducer warp finishes the pending ones and stops
     const int db = C.nstep % BWD_DQ_BUFS;
     bwd_wait(smem_u32(&sm.dq_empty[db][cw]), ((C.nstep / BWD_DQ_BUFS) & 1) ^ 1, 9);

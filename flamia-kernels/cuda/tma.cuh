@@ -172,6 +172,12 @@ __device__ __forceinline__ void tma_store_3d(const TmaMap* map, u32 src, int x, 
                "r"(src), "r"(x), "r"(y), "r"(z)
                : "memory");
 }
+// `bytes` (a multiple of 16) from smem `src` to global `dst` (16-byte aligned): a bulk store of
+// the thread's bulk group (commit, then wait below).
+__device__ __forceinline__ void bulk_store(void* dst, u32 src, u32 bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"((u64)dst), "r"(src), "r"(bytes)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 template <int N>

@@ -622,6 +622,25 @@ fn kv_slot_released_early_gives_bitwise_the_same() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn dk_dv_by_bulk_copies_give_bitwise_the_same() {
+    // FLAMIA_BWD_BULK_ST=1 (off by default until measured) has the item's end stage its BF16 dK,
+    // then dV, in the dS tiles and send each key row inside the document by a bulk copy, instead
+    // of storing from the fragments: the same bytes in the same places, so bitwise the same
+    // gradients; a copy of a row past the document would write the next document's rows. The
+    // code-path cases (GQA 4 on 2: the group's last head stores, documents ending mid-tile, a
+    // one-token one, both head dims, causal and not, row dS) on three CTAs (the tiles serve the
+    // next item's dS codes right after) in both walks, then the operand-tile cases.
+    let _ctas = EnvGuard::set("FLAMIA_BWD_CTAS", "3");
+    for up in walks() {
+        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
+        backward_knob_keeps_every_bit("FLAMIA_BWD_BULK_ST", &CODE_KNOB_CASES);
+    }
+    drop(_ctas);
+    operand_tile_knob_keeps_every_bit("FLAMIA_BWD_BULK_ST", &["0", "1"]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn dim_major_k_transposed_in_shared_memory_gives_bitwise_the_same() {
     // FLAMIA_BWD_KD_XPOSE=2 (unset: the default for short and mid-length documents, all of
     // these) has the v4 backward's consumer warpgroups transpose each item's token-major K tile

@@ -400,6 +400,15 @@ fn bwd_kv_early() -> bool {
     env_choice("FLAMIA_BWD_KV_EARLY", &["1"]).unwrap_or(false)
 }
 
+/// `FLAMIA_BWD_BULK_ST=1` (off by default until a GPU has measured it): the v4 backward's item end
+/// sends BF16 dK and dV through the dS tiles in shared memory by one bulk copy per key row inside
+/// the document (`BWD_BULK_ST`; not with CTA pairs, which the kernel source excludes) instead of
+/// 8-byte stores from the fragments (session 44's knock-out at 256x256: the fused backward -7%
+/// with no dK/dV stores at all). The same bytes: GPU test `dk_dv_by_bulk_copies_give_bitwise_the_same`.
+fn bwd_bulk_st() -> bool {
+    env_choice("FLAMIA_BWD_BULK_ST", &["1"]).unwrap_or(false)
+}
+
 /// The v4 backward's producer loads an item's per-key factors before waiting for the previous
 /// item's K/V slot instead of after (`BWD_EARLY_FACTORS`: a third item tail and a staging copy
 /// of the step factors, 2 KB of shared memory; session 18's producer clocks put the factors'
@@ -1019,6 +1028,9 @@ impl Attention {
         }
         if bwd_kv_early() {
             v.0 = v.0.define("BWD_KV_EARLY", 1);
+        }
+        if bwd_bulk_st() {
+            v.0 = v.0.define("BWD_BULK_ST", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
         let mut xposed = with_xposes(v.0, kd, vt);
@@ -2090,14 +2102,19 @@ mod tests {
                 }
             }
             // the K/V slot released in the last product step (FLAMIA_BWD_KV_EARLY=1) in the
-            // downward-only build, with the dead steps' skip and the key factors' records
-            let (v, _) = backward_v4_variant(3, hd, false, false, false, Some(true), false);
-            jobs.push((
-                "attn_bwd_v4.cu",
-                v.define("BWD_COLS_TMA", 1)
-                    .define("BWD_KEYS_TMA", 1)
-                    .define("BWD_KV_EARLY", 1),
-            ));
+            // downward-only build, with the dead steps' skip and the key factors' records, and
+            // there and in the upward walk's build the item's dK/dV by bulk copies
+            // (FLAMIA_BWD_BULK_ST=1)
+            for walk_up in [false, true] {
+                let (v, _) = backward_v4_variant(3, hd, false, false, false, Some(true), walk_up);
+                jobs.push((
+                    "attn_bwd_v4.cu",
+                    v.define("BWD_COLS_TMA", 1)
+                        .define("BWD_KEYS_TMA", 1)
+                        .define("BWD_KV_EARLY", 1)
+                        .define("BWD_BULK_ST", 1),
+                ));
+            }
             // the key-permuted packing of dV's and dK's A fragments (FLAMIA_BWD_QPERM=1), block and
             // row dS exponents, without and with the four-code conversions (BWD_CVT4) and the
             // redux block maxima (BWD_REDUX), and the defaults with K and V transposed in shared
