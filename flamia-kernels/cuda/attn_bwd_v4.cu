@@ -1892,21 +1892,11 @@ __device__ __forceinline__ void bwd_rows_bulk(const BwdConsumer& C, BwdV4Smem& s
                                               int nvalid, Row out_row) {
   constexpr int ROWB = 2 * HEAD_DIM;  // bytes of a BF16 row
   u8* base = &sm.ds[0][0] + C.cw * 64 * ROWB;
-  const int q = C.qd(), r0 = 16 * C.w() + C.g();
+  const int r0 = 16 * C.w() + C.g();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     u8* row = base + (r0 + 8 * r) * ROWB;
-#pragma unroll
-    for (int J = 0; J < HEAD_DIM / 32; ++J) {
-      u32 w[4];
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const int j = 4 * J + jj;
-        w[jj] = pack_bf16x2(x[4 * j + 2 * r], x[4 * j + 2 * r + 1]);
-      }
-      quad_transpose(w, q);
-      *reinterpret_cast<uint4*>(row + 16 * (4 * J + q)) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    frag_row_bf16_pieces(x, r, 1.f, [&](int o, uint4 piece) { *reinterpret_cast<uint4*>(row + 2 * o) = piece; });
   }
   fence_async_smem();  // (the generic proxy's writes, before the bulk copies read them)
   const int bar = 6 + C.cw;

@@ -204,8 +204,10 @@ __device__ __forceinline__ void quad_transpose(u32 (&w)[4], int q) {
 // the quad's 4-byte column pairs of blocks 4J..4J+3 go through quad_transpose so thread q writes
 // block 4J + q whole (full sectors; the fragment layout's 4-byte stores wrote half sectors). All
 // 32 lanes must call it (shuffles); `valid` only gates the stores.
-template <int R>
-__device__ __forceinline__ void store_frag_row_bf16(const float (&x)[R], int r, float f, u16* out, bool valid) {
+// (its pieces: put(o, piece) per 16-byte piece, o = 8 (4J + q) the piece's first column, as the
+// attention backward's bulk stores stage them in shared memory too: bwd_rows_bulk)
+template <int R, class Put>
+__device__ __forceinline__ void frag_row_bf16_pieces(const float (&x)[R], int r, float f, Put&& put) {
   const int q = threadIdx.x & 3;
 #pragma unroll
   for (int J = 0; J < R / 16; ++J) {
@@ -216,8 +218,14 @@ __device__ __forceinline__ void store_frag_row_bf16(const float (&x)[R], int r, 
       w[jj] = pack_bf16x2(x[4 * j + 2 * r] * f, x[4 * j + 2 * r + 1] * f);
     }
     quad_transpose(w, q);
-    if (valid) *reinterpret_cast<uint4*>(out + 8 * (4 * J + q)) = make_uint4(w[0], w[1], w[2], w[3]);
+    put(8 * (4 * J + q), make_uint4(w[0], w[1], w[2], w[3]));
   }
+}
+template <int R>
+__device__ __forceinline__ void store_frag_row_bf16(const float (&x)[R], int r, float f, u16* out, bool valid) {
+  frag_row_bf16_pieces(x, r, f, [&](int o, uint4 piece) {
+    if (valid) *reinterpret_cast<uint4*>(out + o) = piece;
+  });
 }
 
 // As store_frag_row_bf16, 8 bytes per store: per pair of 8-column blocks (2k, 2k + 1) one word

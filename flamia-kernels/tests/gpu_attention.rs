@@ -564,13 +564,11 @@ fn key_factors_by_bulk_copy_give_bitwise_the_same() {
     // full grid these shapes give each CTA one item), then the operand-tile cases (per-token
     // scales at d = 128). At d = 64 with block scales the producer folds the factors and the
     // knob changes nothing.
-    for ctas in [None, Some("3")] {
-        let _ctas = ctas.map(|n| EnvGuard::set("FLAMIA_BWD_CTAS", n));
-        for up in walks() {
-            let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
-            backward_knob_keeps_every_bit("FLAMIA_BWD_KEYS_TMA", &CODE_KNOB_CASES);
-        }
+    for up in walks() {
+        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
+        backward_knob_keeps_every_bit("FLAMIA_BWD_KEYS_TMA", &CODE_KNOB_CASES);
     }
+    item_turnover_knob_keeps_every_bit("FLAMIA_BWD_KEYS_TMA");
     operand_tile_knob_keeps_every_bit("FLAMIA_BWD_KEYS_TMA", &["0", "1"]);
     // Spread block scales (K's and V's exponents differ between blocks and KV heads, so a record
     // with another KV head's or block's factors changes bits: with Gaussian inputs nearly every
@@ -608,16 +606,22 @@ fn kv_slot_released_early_gives_bitwise_the_same() {
     // down a masked one: non-causal partial tiles have only masked steps), with and without the
     // dead steps' skip (FLAMIA_BWD_SKIP_DEAD=1: items whose warpgroup has only dead steps release
     // after the loops), then the operand-tile cases (per-token scales).
+    for skip in ["0", "1"] {
+        let _skip = EnvGuard::set("FLAMIA_BWD_SKIP_DEAD", skip);
+        item_turnover_knob_keeps_every_bit("FLAMIA_BWD_KV_EARLY");
+    }
+    operand_tile_knob_keeps_every_bit("FLAMIA_BWD_KV_EARLY", &["0", "1"]);
+}
+
+/// [`backward_knob_keeps_every_bit`] of `var` on the code-path cases in both walks, on three CTAs:
+/// on a full grid these shapes give each CTA one item, so what an item leaves for the next (its
+/// shared-memory slots, tiles and barriers) would never be tested.
+fn item_turnover_knob_keeps_every_bit(var: &str) {
     let _ctas = EnvGuard::set("FLAMIA_BWD_CTAS", "3");
     for up in walks() {
         let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
-        for skip in ["0", "1"] {
-            let _skip = EnvGuard::set("FLAMIA_BWD_SKIP_DEAD", skip);
-            backward_knob_keeps_every_bit("FLAMIA_BWD_KV_EARLY", &CODE_KNOB_CASES);
-        }
+        backward_knob_keeps_every_bit(var, &CODE_KNOB_CASES);
     }
-    drop(_ctas);
-    operand_tile_knob_keeps_every_bit("FLAMIA_BWD_KV_EARLY", &["0", "1"]);
 }
 
 #[test]
@@ -630,12 +634,7 @@ fn dk_dv_by_bulk_copies_give_bitwise_the_same() {
     // code-path cases (GQA 4 on 2: the group's last head stores, documents ending mid-tile, a
     // one-token one, both head dims, causal and not, row dS) on three CTAs (the tiles serve the
     // next item's dS codes right after) in both walks, then the operand-tile cases.
-    let _ctas = EnvGuard::set("FLAMIA_BWD_CTAS", "3");
-    for up in walks() {
-        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
-        backward_knob_keeps_every_bit("FLAMIA_BWD_BULK_ST", &CODE_KNOB_CASES);
-    }
-    drop(_ctas);
+    item_turnover_knob_keeps_every_bit("FLAMIA_BWD_BULK_ST");
     operand_tile_knob_keeps_every_bit("FLAMIA_BWD_BULK_ST", &["0", "1"]);
 }
 
