@@ -1884,7 +1884,7 @@ static_assert(2 * 64 * 2 * HEAD_DIM <= BWD_DS_BUFS * BQT * BKT, "BWD_BULK_ST sta
 // BWD_BULK_ST: this warpgroup's 64 rows of x (an m64n{HEAD_DIM} FP32 fragment) in BF16 into its half
 // of the dS tiles (row kk at 2 HEAD_DIM kk bytes; 16-byte pieces after a quad transpose, as
 // store_frag_row_bf16), then warp 0's lanes copy rows kk = lane, lane + 32 to out_row(kk) where
-// `ok` (the key inside the document), and wait until the copies have read the tile, so the
+// kk < nvalid (the key inside the document), and wait until the copies have read the tile, so the
 // caller may stage the next tensor there. Barrier 6 + cw (the warpgroup's 128 threads) before
 // the copies and after the wait.
 template <class Row>
