@@ -623,17 +623,26 @@ __device__ __forceinline__ void spin_until(const int* p, int target) {
 // Exponent of the operand fold, clamped as exp2i clamps (the unfold must use the same value).
 __device__ __forceinline__ int fold_exp(int e) { return max(e, -126); }
 // One key's item factors, f = (kf, vf, cf, fk, fv): 2^eK, 2^eV, 2^-c for the steps, scale
-// 2^-fold(eK) and 2^c for the item's end, from element e of the [T, Hkv] exponent tables and ce of
-// the dV fold exponents [T, Hq]; all 0 for a key past the document (ok false). The producer's per
-// item and bwd_cols' records (BWD_KEYS_TMA) both come from here, so they are the same bits.
-__device__ __forceinline__ void key_factors(float (&f)[5], bool ok, long long e, long long ce, const i8* k_exp,
-                                            const i8* v_exp, const int* cexp, float scale) {
-  const int ek = ok ? k_exp[e] : 0, c = ok ? cexp[ce] : 0;
+// 2^-fold(eK) and 2^c for the item's end, of key `key` of the tile starting at token doc0 (query
+// head h, KV head hk) from the [T, Hkv] exponent tables and the dV fold exponents [T, Hq]; all 0
+// where ok is false (a key past the document). The producer's per item and bwd_cols' records
+// (BWD_KEYS_TMA) both come from here, so they are the same bits.
+__device__ __forceinline__ void key_factors(float (&f)[5], bool ok, int doc0, int key, int h, int hk, int hq, int hkv,
+                                            const i8* k_exp, const i8* v_exp, const int* cexp, float scale) {
+  const long long e = (long long)(doc0 + (ok ? key : 0)) * hkv + hk;
+  const int ek = ok ? k_exp[e] : 0, c = ok ? cexp[(long long)(doc0 + key) * hq + h] : 0;
   f[0] = ok ? exp2i(ek) : 0.f;
   f[1] = ok ? exp2i(v_exp[e]) : 0.f;
   f[2] = ok ? exp2i(-c) : 0.f;
   f[3] = ok ? scale * exp2i(-fold_exp(ek)) : 0.f;
   f[4] = ok ? exp2i(c) : 0.f;
+}
+
+// Dead steps of a warpgroup's item (BWD_SKIP_DEAD) among its nmask masked ones: all of them when
+// none of its keys is in the document (lim < 0), causal the second warpgroup's step at the tile's
+// first query tile, else none.
+__device__ __forceinline__ int bwd_dead_steps(int nmask, int lim, int causal, int cw) {
+  return BWD_SKIP_DEAD ? min(nmask, lim < 0 ? nmask : (causal && cw == 1 ? 1 : 0)) : 0;
 }
 
 __device__ __forceinline__ int bwd_steps(const BwdTile& t, int causal) {
@@ -902,8 +911,7 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
       const int key = t.k0 + 4 * lane + j;
       const bool ok = BWD_OWN && key < t.len;
       float f[5];
-      key_factors(f, ok, (long long)(t.doc0 + (ok ? key : 0)) * a.hkv + hk, (long long)(t.doc0 + key) * a.hq + h,
-                  a.k_exp, a.v_exp, P.cexp, a.scale);
+      key_factors(f, ok, t.doc0, key, h, hk, a.hq, a.hkv, a.k_exp, a.v_exp, P.cexp, a.scale);
 #if !BWD_FOLD  // (BWD_FOLD: the steps read the fold slots instead)
       it.kf[4 * lane + j] = f[0];
       it.vf[4 * lane + j] = f[1];
@@ -2146,7 +2154,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     const int nmask = n - nint;
     // (at most nmask: BWD_PAIR's CTA without a tile in its pair has no steps, n = 0, so no dead
     // one either; its warpgroup 1 would otherwise take a stage more than its partner's)
-    const int ndead = BWD_SKIP_DEAD ? min(nmask, lim < 0 ? nmask : (a.causal && cw == 1 ? 1 : 0)) : 0;
+    const int ndead = bwd_dead_steps(nmask, lim, a.causal, cw);
     const bool up = tl.up;
     int q0 = up ? qstart : qstart + BQT * (n - 1);
     if (up) {
@@ -2194,13 +2202,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     for (int left = nint; left > 0; --left, q0 -= BQT) {
       bwd_step<false>(P, sm, C, sm.item, dk, dv, 0, 63,
                       BWD_KV_REL && left == 1 &&
-                          (BWD_SKIP_DEAD ? min(n - nint, lim < 0 ? n - nint : (a.causal && cw == 1 ? 1 : 0)) : 0) == n - nint);
+                          bwd_dead_steps(n - nint, lim, a.causal, cw) == n - nint);
       dq_after_step(q0);
     }
     // Dead steps (BWD_SKIP_DEAD), the last ones: no key of this warpgroup in the document (every
     // masked step), or causal, the second warpgroup's step at the tile's first query tile.
     const int nmask = n - nint;
-    const int ndead = BWD_SKIP_DEAD ? min(nmask, lim < 0 ? nmask : (a.causal && cw == 1 ? 1 : 0)) : 0;
+    const int ndead = bwd_dead_steps(nmask, lim, a.causal, cw);
     for (int left = nmask - ndead; left > 0; --left, q0 -= BQT) {
       bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim, left == 1);
       dq_after_step(q0);
@@ -2459,8 +2467,7 @@ extern "C" __global__ void __launch_bounds__(256) bwd_cols(const ColsParams p) {
       const int key = t.k0 + 4 * lane + j;
       const bool ok = key < t.len;
       float fj[5];
-      key_factors(fj, ok, (long long)(t.doc0 + (ok ? key : 0)) * p.hkv + hk, (long long)(t.doc0 + key) * p.hq + h,
-                  p.k_exp, p.v_exp, p.cexp, p.scale);
+      key_factors(fj, ok, t.doc0, key, h, hk, p.hq, p.hkv, p.k_exp, p.v_exp, p.cexp, p.scale);
 #pragma unroll
       for (int k = 0; k < 5; ++k) f[k][j] = fj[k];
     }
