@@ -18,13 +18,16 @@
 #          then their timings: the default, each knob and both, six workloads, two rounds
 #   suite: the whole GPU suite (gpu_attention in JOBS processes, gpu_quant, bridge_cuda,
 #          model_cuda), each test's result line in $OUT/suite-jK.log
+#   b:     BWD_BULK_ST rebuilt as bulk tensor stores (session 45): its bitwise test and mutation
+#          46 (two processes), then the A/B against the default, six workloads at d = 128 and
+#          three at d = 64, two rounds
 #   c:     the standing (vs-anchors.sh; carry .whl for cuDNN FP8)
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s45.sh ef|suite|c}
+mode=${1:?usage: device_s45.sh ef|b|suite|c}
 K=/tmp/fk-cache
 mkdir -p $K/ptx $K/sass
 [ -s .device-carry/kc/kcache.tgz ] && tar -C $K -xzf .device-carry/kc/kcache.tgz
@@ -62,7 +65,7 @@ ef)
   p1=$!
   (ONLY=bwd4-kv-early-first T=$C/gpu_attention bash bench/gpu_mutations.sh) &
   p2=$!
-  (ONLY=bwd4-bulk-row-stride T=$C/gpu_attention bash bench/gpu_mutations.sh) &
+  (ONLY=bwd4-bulk-dv-head T=$C/gpu_attention bash bench/gpu_mutations.sh) &
   p3=$!
   wait $p1 $p2 $p3
   date
@@ -70,6 +73,22 @@ ef)
   for r in 1 2; do
     for e in - FLAMIA_BWD_KV_EARLY=1 FLAMIA_BWD_BULK_ST=1 "FLAMIA_BWD_KV_EARLY=1 FLAMIA_BWD_BULK_ST=1"; do
       bench_mhz "kv-early/bulk-st $e round $r" "$e" "${W[@]}"
+    done
+  done
+  ;;
+b)
+  (par_tests 1 bulk-test $C/gpu_attention dk_dv_by_bulk_copies_give_bitwise_the_same) &
+  p1=$!
+  (ONLY=bwd4-bulk-dv-head T=$C/gpu_attention bash bench/gpu_mutations.sh) &
+  p2=$!
+  wait $p1 $p2
+  date
+  W=(--workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096 --workload 1x65536 --workload lognormal)
+  W64=(--head-dim 64 --workload 256x256 --workload 64x1024 --workload 16x4096)
+  for r in 1 2; do
+    for e in - FLAMIA_BWD_BULK_ST=1; do
+      bench_mhz "bulk-st $e round $r" "$e" "${W[@]}"
+      bench_mhz "bulk-st d=64 $e round $r" "$e" "${W64[@]}"
     done
   done
   ;;
@@ -89,7 +108,7 @@ suite)
   wait
   ;;
 c) pack_caches; B=$C/flamia bash bench/vs-anchors.sh; exit ;;
-*) echo "device_s45.sh: unknown mode '$mode' (ef, suite or c)"; exit 2 ;;
+*) echo "device_s45.sh: unknown mode '$mode' (ef, b, suite or c)"; exit 2 ;;
 esac
 pack_caches
 date

@@ -268,10 +268,9 @@ mutate bwd4-keys-kv-head attn_bwd_v4.cu 's/    const int hk = h \/ (p.hq \/ p.hk
 # and factor loads (not necessarily every run; the test runs many short items on three CTAs).
 mutate bwd4-kv-early-first attn_bwd_v4.cu 's/bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 \* cw : 1 << 20, lim, left == 1);/bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim, left == nmask - ndead);/' \
   kv_slot_released_early_gives_bitwise_the_same
-# 46. BWD_BULK_ST (session 44, FLAMIA_BWD_BULK_ST=1) with each key row's copy going to the next
-# token's row of the same KV head's stride ignored (row0 + kk instead of row0 + kk Hkv): with two
-# KV heads the rows land interleaved with the other head's, whose own rows overwrite some.
-mutate bwd4-bulk-row-stride attn_bwd_v4.cu 's/return a.dk + (row0 + (long long)kk \* a.hkv) \* HEAD_DIM;/return a.dk + (row0 + (long long)kk) * HEAD_DIM;/' \
+# 46. BWD_BULK_ST (FLAMIA_BWD_BULK_ST=1; session 45's bulk tensor stores) with dV's boxes sent to
+# KV head 0 whatever the item's KV head: with two KV heads, head 1's dV lands on head 0's rows.
+mutate bwd4-bulk-dv-head attn_bwd_v4.cu 's/bwd_box_store(C, stage, dv, &P.dv_map, hk, tok, false);/bwd_box_store(C, stage, dv, \&P.dv_map, 0, tok, false);/' \
   dk_dv_by_bulk_copies_give_bitwise_the_same
 [ $check = 2 ] && [ $fails = 0 ] && echo "gpu_mutations.sh: every mutation's pattern found"
 exit $((fails > 0))

@@ -330,11 +330,16 @@
 #define BWD_KV_EARLY 0
 #endif
 #define BWD_KV_REL (BWD_KV_EARLY && !BWD_PAIR && !BWD_FOLD)
-// BWD_BULK_ST 1 (the host's FLAMIA_BWD_BULK_ST=1; off by default until measured): the item's BF16
-// dK, then dV, go out through the dS tiles in shared memory by one bulk copy per key row inside
-// the document (bwd_rows_bulk) instead of 8-byte stores from the fragments: the consumers then
-// wait only for the copies' shared-memory reads, not for their stores to drain through the
-// LSU. Session 44's knock-out at 256x256 (no dK/dV stores at all): fused backward -7%. The same
+// BWD_BULK_ST 1 (the host's FLAMIA_BWD_BULK_ST=1; off by default until measured): a warpgroup
+// whose 64 keys all lie in the document sends its BF16 dK, then dV, through its half of the dS
+// tiles (stage_frag_bf16_sw128: two 64 x 64-dim boxes at d = 128) by bulk tensor stores
+// (bwd_box_store; dk_map / dv_map), as the forward's O goes (FWD_O_TMA), instead of 16-byte
+// stores from the fragments; a warpgroup with keys past the document keeps those. The consumers
+// wait for dK's boxes to be read out of the tiles before staging dV, and for dV's only at the
+// next item's start (barrier 10 over both warpgroups, before its first dS codes go there), so
+// dV's bytes drain under the next item's K/V wait and transposes. Session 44's knock-out at
+// 256x256 (no dK/dV stores at all): fused backward -7%. Session 44's first version (one bulk copy
+// per key row, each waited for at the item's end) measured +18% at 256x256 (session 45). The same
 // bytes in the same places (GPU test dk_dv_by_bulk_copies_give_bitwise_the_same). Needs the four
 // dS tiles (BWD_DEFER_DQ: 32 KB, both warpgroups' 64 rows of HEAD_DIM BF16); not with CTA pairs.
 #ifndef BWD_BULK_ST
@@ -397,6 +402,9 @@ struct BwdV4Params {
   // no zeroing; 0: token rows, zeroed by the host, every partial a reduce-add.
   int dq_first_store;
   int tpad;          // padded positions (BWD_COLS_TMA: colc's rows per head x 2)
+  // (last, so that the other members' offsets, and the builds without them, stay as they were)
+  TmaMap dk_map;     // BWD_BULK_ST: dK BF16 (HEAD_DIM, Hkv, T), box (64, 1, 64), 128-byte swizzle
+  TmaMap dv_map;     // BWD_BULK_ST: dV, same
 };
 
 // Per-key factors the steps read (one copy: the next item's are written once this item's last
@@ -1889,42 +1897,31 @@ __device__ __forceinline__ void hadamard_frag_rows(float (&d)[R]) {
 
 #if BWD_BULK
 static_assert(2 * 64 * 2 * HEAD_DIM <= BWD_DS_BUFS * BQT * BKT, "BWD_BULK_ST stages both warpgroups' rows in the dS tiles");
-// BWD_BULK_ST: this warpgroup's 64 rows of x (an m64n{HEAD_DIM} FP32 fragment) in BF16 into its half
-// of the dS tiles (row kk at 2 HEAD_DIM kk bytes; 16-byte pieces after a quad transpose, as
-// store_frag_row_bf16), then warp 0's lanes copy rows kk = lane, lane + 32 to out_row(kk) where
-// kk < nvalid (the key inside the document), and wait until the copies have read the tile, so the
-// caller may stage the next tensor there. Barrier 6 + cw (the warpgroup's 128 threads) before
-// the copies and after the wait.
-template <class Row>
-__device__ __forceinline__ void bwd_rows_bulk(const BwdConsumer& C, BwdV4Smem& sm, const float (&x)[HEAD_DIM / 2],
-                                              int nvalid, Row out_row) {
-  constexpr int ROWB = 2 * HEAD_DIM;  // bytes of a BF16 row
-  u8* base = &sm.ds[0][0] + C.cw * 64 * ROWB;
-  const int r0 = 16 * C.w() + C.g();
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    u8* row = base + (r0 + 8 * r) * ROWB;
-    frag_row_bf16_pieces(x, r, 1.f, [&](int o, uint4 piece) { *reinterpret_cast<uint4*>(row + 2 * o) = piece; });
-  }
-  fence_async_smem();  // (the generic proxy's writes, before the bulk copies read them)
+// BWD_BULK_ST: this warpgroup's 64 key rows of x (an m64n{HEAD_DIM} FP32 fragment) in BF16 into its
+// 16 KB (d = 128) of the dS tiles at `stage`, then its thread 0 sends them to rows tok.. of KV head
+// hk by bulk tensor stores (`map`: (HEAD_DIM, Hkv, T) BF16, box (64, 1, 64)). `wait`: thread 0
+// then waits until the stores have read the tiles, and barrier 6 + cw holds the warpgroup until
+// it has, so the caller may stage again; else the read is the caller's to wait for.
+__device__ __forceinline__ void bwd_box_store(const BwdConsumer& C, u32 stage, const float (&x)[HEAD_DIM / 2], const TmaMap* map,
+                                              int hk, int tok, bool wait) {
+  const float one[2] = {1.f, 1.f};
+  stage_frag_bf16_sw128(x, one, stage, C.t(), C.lane());
+  fence_async_smem();  // (the generic proxy's writes, before the bulk stores read them)
   const int bar = 6 + C.cw;
   named_sync(bar, 128);
-  if (C.w() == 0) {
-    const int lane = C.lane();
+  if (C.t() == 0) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int kk = lane + 32 * h;
-      if (kk < nvalid) bulk_store(out_row(kk), smem_u32(base + kk * ROWB), ROWB);
-    }
+    for (int b = 0; b < HEAD_DIM / 64; ++b) tma_store_3d(map, stage + 8192u * b, 64 * b, hk, tok);
     bulk_commit();
-    bulk_wait_read_all();
+    if (wait) bulk_wait_read_all();
   }
-  named_sync(bar, 128);
+  if (wait) named_sync(bar, 128);
 }
 #endif
 
-// The item's end for one warpgroup: GQA partial sums in head order, then BF16 dK and dV.
-__device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, BwdV4Smem& sm, const BwdConsumer& C,
+// The item's end for one warpgroup: GQA partial sums in head order, then BF16 dK and dV. Returns
+// whether it stored them (the group's last head; the same for both warpgroups).
+__device__ __forceinline__ bool bwd_item_end(const BwdV4Params& P, BwdV4Smem& sm, const BwdConsumer& C,
                                              const BwdItemTail& it, float (&dk)[HEAD_DIM / 2],
                                              float (&dv)[HEAD_DIM / 2]) {
   const AttnParams& a = P.a;
@@ -1973,7 +1970,7 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, BwdV4Smem& sm
       __threadfence();
       named_sync(bar, 128);
       if (C.t() == 0) red_release_add(sem, 1);
-      return;
+      return false;
     }
   }
 #ifdef BWD_PROF_NOSTORE  // knock-out: one store per thread (the sums keep the work above alive)
@@ -1985,7 +1982,7 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, BwdV4Smem& sm
 #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; ++i) x += dk[i] + dv[i];
     if (x == 1.2345f) a.dk[0] = 0;
-    return;
+    return true;
   }
 #endif
   // BF16 out, 16 bytes per store (store_frag_row_bf16: the 4-byte stores of the fragment layout
@@ -2010,16 +2007,23 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, BwdV4Smem& sm
   if (a.hadamard) hadamard_frag_rows(dk);
 #endif
 #if BWD_BULK
-  // through the dS tiles: both warpgroups' last dQ has read them (barrier 10 over the 256
-  // consumer threads), dK then dV, and the tiles free again for the next item's first dS codes
-  // once both warpgroups' copies have read them (barrier 10 again)
-  (void)store_row;
-  const int nvalid = min(64, tl.len - tl.k0 - 64 * C.cw);  // (<= 0 for a warpgroup without keys: no copies)
-  const long long row0 = (long long)(tl.doc0 + tl.k0 + 64 * C.cw) * a.hkv + hk;
+  // through the dS tiles once both warpgroups' last dQ has read them (barrier 10 over the 256
+  // consumer threads): dK, its read waited for, then dV, whose read the next item's start waits
+  // for (bwd_consumer); a warpgroup with keys past the document stores from the fragments
+  const int nvalid = tl.len - tl.k0 - 64 * C.cw;
   named_sync(10, 256);
-  bwd_rows_bulk(C, sm, dk, nvalid, [&](int kk) { return a.dk + (row0 + (long long)kk * a.hkv) * HEAD_DIM; });
-  bwd_rows_bulk(C, sm, dv, nvalid, [&](int kk) { return a.dv + (row0 + (long long)kk * a.hkv) * HEAD_DIM; });
-  named_sync(10, 256);
+  if (nvalid >= 64) {
+    const u32 stage = smem_u32(&sm.ds[0][0]) + C.cw * (64 * 2 * HEAD_DIM);
+    const int tok = tl.doc0 + tl.k0 + 64 * C.cw;
+    bwd_box_store(C, stage, dk, &P.dk_map, hk, tok, true);
+    bwd_box_store(C, stage, dv, &P.dv_map, hk, tok, false);
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      store_row(dk, r, a.dk);
+      store_row(dv, r, a.dv);
+    }
+  }
 #else
   (void)sm;
 #pragma unroll
@@ -2028,6 +2032,7 @@ __device__ __forceinline__ void bwd_item_end(const BwdV4Params& P, BwdV4Smem& sm
     store_row(dv, r, a.dv);
   }
 #endif
+  return true;
 }
 
 __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm, int cw) {
@@ -2054,6 +2059,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     for (int i = 0; i < 14; ++i) bwd_phase_clk[cw][i] = 0;
     bwd_phase_last[cw] = clock64();
   }
+#endif
+#if BWD_BULK
+  bool bulk_pending = false;  // the last item's dV boxes may still be reading the dS tiles
 #endif
   for (int ni = 0;; ++ni) {
 #ifdef BWD_PROF_TIMERS
@@ -2109,6 +2117,15 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
                     BWD_VT_VPERM);
       fence_async_smem();
       named_sync(8 + cw, 128);
+    }
+#endif
+#if BWD_BULK
+    // the previous item's dV boxes have been read out of the dS tiles (each warpgroup's thread 0
+    // waits for its own stores, barrier 10 for both), before this item's first dS codes go there
+    if (bulk_pending) {
+      if (C.t() == 0) bulk_wait_read_all();
+      named_sync(10, 256);
+      bulk_pending = false;
     }
 #endif
 #ifdef BWD_CENSUS_ITEM  // census build (scripts/kernel-regs.py --bwd-per-item): no steps, wrong results
@@ -2236,14 +2253,18 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #if BWD_PAIR
     if (own)
 #endif
+#if BWD_BULK
+      bulk_pending = bwd_item_end(P, sm, C, tail, dk, dv);
+#else
       bwd_item_end(P, sm, C, tail, dk, dv);
+#endif
     BWD_PHASE(12);
 #ifdef BWD_PROF_PHASES
     ++C.nitem;
 #endif
   }
 #if BWD_BULK
-  if (C.w() == 0) bulk_wait_all();  // (the item ends' bulk copies written before the CTA leaves)
+  if (C.t() == 0) bulk_wait_all();  // (the last item's dK / dV stores done before the CTA leaves)
 #endif
   {  // no more partials: the reducer warp finishes the pending ones and stops
     const int db = C.nstep % BWD_DQ_BUFS;

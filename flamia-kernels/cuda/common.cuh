@@ -246,9 +246,29 @@ __device__ __forceinline__ void store_bf16_x8_pair(const float (&x)[R], int r, f
                : "memory");
   if constexpr (K + 1 < R / 8) store_bf16_x8_pair<K + 1>(x, r, f, o, b0, valid);
 }
+
 template <int R>
 __device__ __forceinline__ void store_frag_row_bf16_x8(const float (&x)[R], int r, float f, u16* out, bool valid) {
   const int q = threadIdx.x & 3;
   const bool b0 = q & 1;
   store_bf16_x8_pair<0>(x, r, f, reinterpret_cast<u64>(out + 2 * q + (b0 ? 6 : 0)), b0, (u32)valid);
+}
+
+// An m64n{HEAD_DIM} FP32 fragment (rows 16 w + g and + 8 of a warpgroup's 64; row r scaled by f[r])
+// in BF16 into `stage`: HEAD_DIM / 64 boxes of 64 rows x 128 bytes (64 BF16 dims, 128-byte
+// swizzle, 1024-byte aligned), what a bulk tensor store of a (64 dims, 1 head, 64 rows) box reads.
+// One stmatrix.x4 per 16 dims writes the fragment's rows g and g + 8 of two 8-dim blocks. t: the
+// thread's index in its warpgroup. Users: the forward's O (store_o_lse_tma), the v4 backward's
+// dK and dV (BWD_BULK_ST).
+__device__ __forceinline__ void stage_frag_bf16_sw128(const float (&o)[HEAD_DIM / 2], const float (&f)[2], u32 stage, int t,
+                                                      int lane) {
+  // this lane's stmatrix row: matrix m = lane / 8 is rows 16 w + 8 (m & 1) .. + 7 of block 2J + (m >> 1)
+  const u32 row = 16 * (t >> 5) + (lane & 7) + 8 * ((lane >> 3) & 1), hi = lane >> 4;
+#pragma unroll
+  for (int J = 0; J < HEAD_DIM / 16; ++J) {
+    const u32 blk = 2 * J + hi;  // 8-dim block: box blk / 8, 16-byte chunk blk % 8 of the row
+    const u32 a = stage + (blk >> 3) * 8192u + row * 128u + (((blk & 7u) ^ (row & 7u)) << 4);
+    stsm_x4(a, pack_bf16x2(o[8 * J] * f[0], o[8 * J + 1] * f[0]), pack_bf16x2(o[8 * J + 2] * f[1], o[8 * J + 3] * f[1]),
+            pack_bf16x2(o[8 * J + 4] * f[0], o[8 * J + 5] * f[0]), pack_bf16x2(o[8 * J + 6] * f[1], o[8 * J + 7] * f[1]));
+  }
 }

@@ -34,8 +34,8 @@ __device__ __forceinline__ void store_o_lse(const float (&o)[HEAD_DIM / 2], RowS
 // tiles run while the TMA unit drains them). `stage`: the warpgroup's HEAD_DIM / 64 staging
 // boxes of 64 rows x 128 bytes (64 BF16 dims, 128-byte swizzle, 1024-byte aligned), the O map's
 // box; `bar` a named barrier of the warpgroup's 128 threads; `row0` the token of its row 0.
-// Bitwise the same values as store_o_lse (the same products, the same rounding): one
-// stmatrix.x4 per 16 dims writes the fragment's rows g and g + 8 of two 8-dim blocks.
+// Bitwise the same values as store_o_lse (the same products, the same rounding:
+// stage_frag_bf16_sw128, common.cuh).
 __device__ __forceinline__ void store_o_lse_tma(const float (&o)[HEAD_DIM / 2], RowState& st, float* lse, long long tok0, int heads,
                                                 int h, u32 stage, const TmaMap* omap, int row0, int bar) {
   float f[2];
@@ -44,15 +44,7 @@ __device__ __forceinline__ void store_o_lse_tma(const float (&o)[HEAD_DIM / 2], 
   const int t = threadIdx.x & 127, lane = threadIdx.x & 31;
   if (t == 0) bulk_wait_read_all();  // the previous item's boxes have left the staging tiles
   named_sync(bar, 128);
-  // this lane's stmatrix row: matrix m = lane / 8 is rows 16 w + 8 (m & 1) .. + 7 of block 2J + (m >> 1)
-  const u32 row = 16 * (t >> 5) + (lane & 7) + 8 * ((lane >> 3) & 1), hi = lane >> 4;
-#pragma unroll
-  for (int J = 0; J < HEAD_DIM / 16; ++J) {
-    const u32 blk = 2 * J + hi;  // 8-dim block: box blk / 8, 16-byte chunk blk % 8 of the row
-    const u32 a = stage + (blk >> 3) * 8192u + row * 128u + (((blk & 7u) ^ (row & 7u)) << 4);
-    stsm_x4(a, pack_bf16x2(o[8 * J] * f[0], o[8 * J + 1] * f[0]), pack_bf16x2(o[8 * J + 2] * f[1], o[8 * J + 3] * f[1]),
-            pack_bf16x2(o[8 * J + 4] * f[0], o[8 * J + 5] * f[0]), pack_bf16x2(o[8 * J + 6] * f[1], o[8 * J + 7] * f[1]));
-  }
+  stage_frag_bf16_sw128(o, f, stage, t, lane);
   fence_async_smem();
   named_sync(bar, 128);
   if (t == 0) {

@@ -627,13 +627,14 @@ fn item_turnover_knob_keeps_every_bit(var: &str) {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn dk_dv_by_bulk_copies_give_bitwise_the_same() {
-    // FLAMIA_BWD_BULK_ST=1 (off by default until measured) has the item's end stage its BF16 dK,
-    // then dV, in the dS tiles and send each key row inside the document by a bulk copy, instead
-    // of storing from the fragments: the same bytes in the same places, so bitwise the same
-    // gradients; a copy of a row past the document would write the next document's rows. The
-    // code-path cases (GQA 4 on 2: the group's last head stores, documents ending mid-tile, a
-    // one-token one, both head dims, causal and not, row dS) on three CTAs (the tiles serve the
-    // next item's dS codes right after) in both walks, then the operand-tile cases.
+    // FLAMIA_BWD_BULK_ST=1 (off by default until measured) has a consumer warpgroup whose 64 keys
+    // all lie in the document stage its BF16 dK, then dV, in the dS tiles and send them by bulk
+    // tensor stores of 64-key boxes, instead of storing from the fragments (which a warpgroup with
+    // keys past the document still does): the same bytes in the same places, so bitwise the same
+    // gradients. The code-path cases (GQA 4 on 2: the group's last head stores, into its KV
+    // head's box; documents ending mid-tile, so both paths run, a one-token one, both head dims,
+    // causal and not, row dS) on three CTAs (the tiles serve the next item's dS codes right
+    // after) in both walks, then the operand-tile cases.
     item_turnover_knob_keeps_every_bit("FLAMIA_BWD_BULK_ST");
     operand_tile_knob_keeps_every_bit("FLAMIA_BWD_BULK_ST", &["0", "1"]);
 }

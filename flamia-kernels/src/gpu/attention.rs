@@ -400,11 +400,13 @@ fn bwd_kv_early() -> bool {
     env_choice("FLAMIA_BWD_KV_EARLY", &["1"]).unwrap_or(false)
 }
 
-/// `FLAMIA_BWD_BULK_ST=1` (off by default until a GPU has measured it): the v4 backward's item end
-/// sends BF16 dK and dV through the dS tiles in shared memory by one bulk copy per key row inside
-/// the document (`BWD_BULK_ST`; not with CTA pairs, which the kernel source excludes) instead of
-/// 8-byte stores from the fragments (session 44's knock-out at 256x256: the fused backward -7%
-/// with no dK/dV stores at all). The same bytes: GPU test `dk_dv_by_bulk_copies_give_bitwise_the_same`.
+/// `FLAMIA_BWD_BULK_ST=1` (off by default until a GPU has measured it): at the v4 backward's item
+/// end a consumer warpgroup whose 64 keys all lie in the document sends its BF16 dK and dV
+/// through the dS tiles in shared memory by bulk tensor stores of 64-key boxes (`BWD_BULK_ST`;
+/// not with CTA pairs, which the kernel source excludes) instead of 16-byte stores from the
+/// fragments (session 44's knock-out at 256x256: the fused backward -7% with no dK/dV stores at
+/// all; its first version, a bulk copy per key row, measured +18% in session 45). The same
+/// bytes: GPU test `dk_dv_by_bulk_copies_give_bitwise_the_same`.
 fn bwd_bulk_st() -> bool {
     env_choice("FLAMIA_BWD_BULK_ST", &["1"]).unwrap_or(false)
 }
@@ -649,6 +651,8 @@ struct BwdV4Params {
     jitter: i32,
     dq_first_store: i32,
     tpad: i32,
+    dk_map: TmaMap,
+    dv_map: TmaMap,
 }
 
 /// Mirrors `struct DvFoldParams` of `cuda/attn_bwd_v4.cu`.
@@ -1691,6 +1695,7 @@ impl Attention {
         // dQ accumulator rows: padded positions when each query tile's first partial is stored
         // (no zeroing), else tokens
         let first_store = bwd_dq_first_store();
+        let bulk_st = bwd_bulk_st() && !pair;
         let acc_rows = if first_store { plan.tpad() } else { t };
         for c in 0..bw.chunks {
             let range = if pair { bw.pair_range(c) } else { bw.chunk_range(c) };
@@ -1742,6 +1747,17 @@ impl Attention {
                 jitter: bwd_jitter(),
                 dq_first_store: first_store as i32,
                 tpad: plan.tpad() as i32,
+                // (BWD_BULK_ST: dK and dV in boxes of 64 keys by bulk tensor stores)
+                dk_map: if bulk_st {
+                    tma::bf16_rows(a.dk, t, s.heads_kv, hd, 64)?
+                } else {
+                    TmaMap::default()
+                },
+                dv_map: if bulk_st {
+                    tma::bf16_rows(a.dv, t, s.heads_kv, hd, 64)?
+                } else {
+                    TmaMap::default()
+                },
             };
             // SAFETY: params mirror BwdV4Params; the maps cover the saved and dO code buffers of
             // `plan`'s shape and the scratch of `ws` (allocated for this plan: one chunk's heads),
