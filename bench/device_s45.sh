@@ -14,13 +14,16 @@
 #   options and compiler versions, so a stale entry is a miss, never a wrong module.)
 # Stage as bench/device_s44.sh says; run from the repo root on the device:
 #   tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s45.sh MODE
-#   ef:    BWD_KV_EARLY's and BWD_BULK_ST's bitwise tests and mutations 45, 46 (four processes),
-#          then their timings: the default, each knob and both, six workloads, two rounds
+#   ef:    (call 1, on 39063dc's binaries) BWD_KV_EARLY's and BWD_BULK_ST's first version's bitwise
+#          tests and mutations 45, 46, then their timings: the default, each knob and both, six
+#          workloads, two rounds. BWD_KV_EARLY and mutation 45 were removed after it, and BULK_ST
+#          rebuilt (mode b): on today's tree this mode no longer runs as it did
 #   suite: the whole GPU suite (gpu_attention in JOBS processes, gpu_quant, bridge_cuda,
 #          model_cuda), each test's result line in $OUT/suite-jK.log
 #   b:     BWD_BULK_ST rebuilt as bulk tensor stores (session 45): its bitwise test and mutation
-#          46 (two processes), then the A/B against the default, six workloads at d = 128 and
-#          three at d = 64, two rounds
+#          46 (two processes), then the A/B, six workloads at d = 128 and three at d = 64, two
+#          rounds (call 4 ran it with the knob off by default: "-" then FLAMIA_BWD_BULK_ST=1; now
+#          FLAMIA_BWD_BULK_ST=0 then the default)
 #   c:     the standing (vs-anchors.sh; carry .whl for cuDNN FP8)
 set -u
 C=.device-carry/bwd4
@@ -86,7 +89,7 @@ b)
   W=(--workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096 --workload 1x65536 --workload lognormal)
   W64=(--head-dim 64 --workload 256x256 --workload 64x1024 --workload 16x4096)
   for r in 1 2; do
-    for e in - FLAMIA_BWD_BULK_ST=1; do
+    for e in FLAMIA_BWD_BULK_ST=0 -; do
       bench_mhz "bulk-st $e round $r" "$e" "${W[@]}"
       bench_mhz "bulk-st d=64 $e round $r" "$e" "${W64[@]}"
     done

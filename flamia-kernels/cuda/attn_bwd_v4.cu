@@ -318,19 +318,7 @@
 #endif
 // (BWD_KEYS_TMA where it applies: not with CTA pairs, whose ranks hold other tiles of a pair's item)
 #define BWD_KEYS (BWD_KEYS_TMA && !BWD_PAIR)
-// BWD_KV_EARLY 1 (the host's FLAMIA_BWD_KV_EARLY=1; off by default until measured): each consumer
-// warp releases the item's K/V slot (kv_empty) in the item's last product step, right after its
-// elementwise part (the S^T and dP^T products waited for, the item's factors read), instead of
-// after the step loops. The producer may then load the next item's K, V and factors while this
-// step's maxima, codes, dV, dK and dQ and the item's end run: session 44's phases at 256x256 had
-// the producer waiting ~11,300 clocks per item for the slot and the consumers ~700-990 per item
-// for the next K and V after their item's end. Timing only: the same values (GPU test
-// kv_slot_released_early_gives_bitwise_the_same). Not with CTA pairs or BWD_FOLD.
-#ifndef BWD_KV_EARLY
-#define BWD_KV_EARLY 0
-#endif
-#define BWD_KV_REL (BWD_KV_EARLY && !BWD_PAIR && !BWD_FOLD)
-// BWD_BULK_ST 1 (the host's FLAMIA_BWD_BULK_ST=1; off by default until measured): a warpgroup
+// BWD_BULK_ST 1 (the host's default at head dim 128: bwd_bulk_st; FLAMIA_BWD_BULK_ST=0|1): a warpgroup
 // whose 64 keys all lie in the document sends its BF16 dK, then dV, through its half of the dS
 // tiles (stage_frag_bf16_sw128: two 64 x 64-dim boxes at d = 128) by bulk tensor stores
 // (bwd_box_store; dk_map / dv_map), as the forward's O goes (FWD_O_TMA), instead of 16-byte
@@ -1301,11 +1289,9 @@ __device__ __forceinline__ void bwd_release_stage(BwdV4Smem& sm, int s, int lane
 // one of a tile that passes the document's end: key row r sees query column c iff r <= c + off
 // (causal; off = q0 - k0 - 64c, or 1 << 20 without the causal mask) and r <= lim (the
 // warpgroup's last key inside the document).
-// REL (BWD_KV_REL): this is the item's last step with products, which releases the K/V slot.
 template <bool MASKED>
 __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, BwdConsumer& C, const BwdItem& it,
-                                         float (&dk)[HEAD_DIM / 2], float (&dv)[HEAD_DIM / 2], int off, int lim,
-                                         bool rel = false) {
+                                         float (&dk)[HEAD_DIM / 2], float (&dv)[HEAD_DIM / 2], int off, int lim) {
   const int cw = C.cw, w = C.w(), lane = C.lane(), qd = C.qd(), s = C.s;
   const int r0 = 16 * w + C.g();  // key row (in the warpgroup's 64) of fragment element 0
   // (masked steps) row r0 + 8r sees the thread's column 8j + 2q + b iff 8j + b >= thr[r]
@@ -1504,16 +1490,6 @@ __device__ __forceinline__ void bwd_step(const BwdV4Params& P, BwdV4Smem& sm, Bw
   }
 #endif
   BWD_PHASE(2);
-#if BWD_KV_REL
-  // the item's last product step: K and V (both products waited for) and the item's factors (their
-  // loads above, ordered by the arrive's release) are read; the rest of the step reads neither
-  if (rel) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(smem_u32(&sm.kv_empty));
-  }
-#else
-  (void)rel;
-#endif
   const int par = C.nstep & 1, buf = C.nstep % BWD_DS_BUFS;
   u32 ads[2][4], ap[2][4];
   float fk[2][2];           // dK's scale-in 2^e per [query slice][key row r0, r0 + 8]
@@ -1901,15 +1877,23 @@ static_assert(2 * 64 * 2 * HEAD_DIM <= BWD_DS_BUFS * BQT * BKT, "BWD_BULK_ST sta
 // 16 KB (d = 128) of the dS tiles at `stage`, then its thread 0 sends them to rows tok.. of KV head
 // hk by bulk tensor stores (`map`: (HEAD_DIM, Hkv, T) BF16, box (64, 1, 64)). `wait`: thread 0
 // then waits until the stores have read the tiles, and barrier 6 + cw holds the warpgroup until
-// it has, so the caller may stage again; else the read is the caller's to wait for.
+// it has, so the caller may stage again; else the read is the caller's to wait for. `jitter`
+// (BWD_STRESS test builds, P.jitter): thread 0 first sleeps a pseudo-random few microseconds, so
+// the other warpgroup, which the next item's start holds only by the read's wait (bulk_pending),
+// would otherwise write its next dS codes into the tiles before these stores read them.
 __device__ __forceinline__ void bwd_box_store(const BwdConsumer& C, u32 stage, const float (&x)[HEAD_DIM / 2], const TmaMap* map,
-                                              int hk, int tok, bool wait) {
+                                              int hk, int tok, bool wait, int jitter) {
   const float one[2] = {1.f, 1.f};
   stage_frag_bf16_sw128(x, one, stage, C.t(), C.lane());
   fence_async_smem();  // (the generic proxy's writes, before the bulk stores read them)
   const int bar = 6 + C.cw;
   named_sync(bar, 128);
   if (C.t() == 0) {
+#if BWD_STRESS
+    if (jitter) stress_sleep((u32)jitter, (u32)blockIdx.x, (u32)(tok + C.cw) | 1u << 30, 8191);
+#else
+    (void)jitter;
+#endif
 #pragma unroll
     for (int b = 0; b < HEAD_DIM / 64; ++b) tma_store_3d(map, stage + 8192u * b, 64 * b, hk, tok);
     bulk_commit();
@@ -2015,8 +1999,8 @@ __device__ __forceinline__ bool bwd_item_end(const BwdV4Params& P, BwdV4Smem& sm
   if (nvalid >= 64) {
     const u32 stage = smem_u32(&sm.ds[0][0]) + C.cw * (64 * 2 * HEAD_DIM);
     const int tok = tl.doc0 + tl.k0 + 64 * C.cw;
-    bwd_box_store(C, stage, dk, &P.dk_map, hk, tok, true);
-    bwd_box_store(C, stage, dv, &P.dv_map, hk, tok, false);
+    bwd_box_store(C, stage, dk, &P.dk_map, hk, tok, true, 0);
+    bwd_box_store(C, stage, dv, &P.dv_map, hk, tok, false, P.jitter);
   } else {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -2183,20 +2167,18 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
         dq_after_step(q0);
       }
       for (int left = nmask - ndead; left > 0; --left, q0 += BQT) {
-        bwd_step<true>(P, sm, C, sm.item, dk, dv, q0 - tl.k0 - 64 * cw, lim, left == 1 && nint == 0);  // (causal: up)
+        bwd_step<true>(P, sm, C, sm.item, dk, dv, q0 - tl.k0 - 64 * cw, lim);  // (causal: up)
         dq_after_step(q0);
       }
     }
-    // (BWD_KV_REL: the last product step releases K/V: walking up the last interior one, else the
-    // last masked one; walking down the last masked one, else the last interior one)
     const int dir = up ? BQT : -BQT;
     for (int left = nint; left > 0; --left, q0 += dir) {
-      bwd_step<false>(P, sm, C, sm.item, dk, dv, 0, 63, left == 1 && (up || nmask == ndead));
+      bwd_step<false>(P, sm, C, sm.item, dk, dv, 0, 63);
       dq_after_step(q0);
     }
     if (!up) {
       for (int left = nmask - ndead; left > 0; --left, q0 -= BQT) {
-        bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim, left == 1);
+        bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim);
         dq_after_step(q0);
       }
       for (int left = ndead; left > 0; --left, q0 -= BQT) {
@@ -2213,13 +2195,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     // n and qstart in local memory and reloaded both at every step's end, right before their use
     // (~190 clocks per step, ncu, session 9).
     int q0 = qstart + BQT * (n - 1);
-    // (BWD_KV_REL: the last product step releases K/V: the last masked one, else the last interior
-    // one, when every masked step is dead; BWD_KV_REL first, so that without it the flag is a
-    // constant and the loop's code the measured one)
     for (int left = nint; left > 0; --left, q0 -= BQT) {
-      bwd_step<false>(P, sm, C, sm.item, dk, dv, 0, 63,
-                      BWD_KV_REL && left == 1 &&
-                          bwd_dead_steps(n - nint, lim, a.causal, cw) == n - nint);
+      bwd_step<false>(P, sm, C, sm.item, dk, dv, 0, 63);
       dq_after_step(q0);
     }
     // Dead steps (BWD_SKIP_DEAD), the last ones: no key of this warpgroup in the document (every
@@ -2227,7 +2204,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     const int nmask = n - nint;
     const int ndead = bwd_dead_steps(nmask, lim, a.causal, cw);
     for (int left = nmask - ndead; left > 0; --left, q0 -= BQT) {
-      bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim, left == 1);
+      bwd_step<true>(P, sm, C, sm.item, dk, dv, a.causal ? q0 - tl.k0 - 64 * cw : 1 << 20, lim);
       dq_after_step(q0);
     }
     for (int left = ndead; left > 0; --left, q0 -= BQT) {
@@ -2239,11 +2216,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #endif
 #endif
     // the item's K and V are read (each warp's own waits): the producer may load the next item's
-    // (BWD_KV_REL: released in the last product step already, unless the item had none)
-    if (!BWD_KV_REL || n == ndead) {
-      __syncwarp();
-      if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty));
-    }
+    __syncwarp();
+    if (C.lane() == 0) mbar_arrive(smem_u32(&sm.kv_empty));
     if (BWD_DEFER_DQ && pend_q0 >= 0) dq(C.nstep - 1, pend_q0);
 #if BWD_KD_XPOSE != 2
     // the item's dim-major K is read (each warp's own dQ waits): the producer may load the next

@@ -592,27 +592,6 @@ fn key_factors_by_bulk_copy_give_bitwise_the_same() {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
-fn kv_slot_released_early_gives_bitwise_the_same() {
-    // FLAMIA_BWD_KV_EARLY=1 (off by default until measured) has each consumer warp release the
-    // item's K/V slot in the item's last product step, after its elementwise part, so the
-    // producer loads the next item's K, V and factors under the rest of the step and the item's
-    // end: a timing change, so bitwise the same gradients, unless the slot is released before
-    // its last read (then the next item's bytes land under the products or the factors' loads).
-    // The code-path cases on three CTAs (so each CTA runs many items and the next item's bytes
-    // can land under a step that reads the slot too late; on a full grid these shapes give each
-    // CTA one item), in both walks (walking up the last product step is an interior one, walking
-    // down a masked one: non-causal partial tiles have only masked steps), with and without the
-    // dead steps' skip (FLAMIA_BWD_SKIP_DEAD=1: items whose warpgroup has only dead steps release
-    // after the loops), then the operand-tile cases (per-token scales).
-    for skip in ["0", "1"] {
-        let _skip = EnvGuard::set("FLAMIA_BWD_SKIP_DEAD", skip);
-        item_turnover_knob_keeps_every_bit("FLAMIA_BWD_KV_EARLY");
-    }
-    operand_tile_knob_keeps_every_bit("FLAMIA_BWD_KV_EARLY", &["0", "1"]);
-}
-
 /// [`backward_knob_keeps_every_bit`] of `var` on the code-path cases in both walks, on three CTAs:
 /// on a full grid these shapes give each CTA one item, so what an item leaves for the next (its
 /// shared-memory slots, tiles and barriers) would never be tested.
@@ -627,7 +606,7 @@ fn item_turnover_knob_keeps_every_bit(var: &str) {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn dk_dv_by_bulk_copies_give_bitwise_the_same() {
-    // FLAMIA_BWD_BULK_ST=1 (off by default until measured) has a consumer warpgroup whose 64 keys
+    // FLAMIA_BWD_BULK_ST=1 (the default at head dim 128) has a consumer warpgroup whose 64 keys
     // all lie in the document stage its BF16 dK, then dV, in the dS tiles and send them by bulk
     // tensor stores of 64-key boxes, instead of storing from the fragments (which a warpgroup with
     // keys past the document still does): the same bytes in the same places, so bitwise the same

@@ -389,26 +389,18 @@ fn bwd_keys_tma(hd: u32, key_blocks: bool) -> bool {
     bwd_cols_tma(hd, key_blocks) && !super::env_off("FLAMIA_BWD_KEYS_TMA")
 }
 
-/// `FLAMIA_BWD_KV_EARLY=1` (off by default until a GPU has measured it): the v4 backward's
-/// consumers release the item's K/V slot in its last product step, after the step's elementwise
-/// part, instead of after the step loops (`BWD_KV_EARLY`; not with CTA pairs or the producer's
-/// fold, which the kernel source excludes), so the next item's K, V and factors load under the
-/// step's rest and the item's end (session 44's phases at 256x256: the producer waited ~11,300
-/// clocks per item for the slot, the consumers ~700-990 per item for the next K and V). Timing
-/// only: bitwise the same gradients (GPU test `kv_slot_released_early_gives_bitwise_the_same`).
-fn bwd_kv_early() -> bool {
-    env_choice("FLAMIA_BWD_KV_EARLY", &["1"]).unwrap_or(false)
-}
-
-/// `FLAMIA_BWD_BULK_ST=1` (off by default until a GPU has measured it): at the v4 backward's item
-/// end a consumer warpgroup whose 64 keys all lie in the document sends its BF16 dK and dV
-/// through the dS tiles in shared memory by bulk tensor stores of 64-key boxes (`BWD_BULK_ST`;
-/// not with CTA pairs, which the kernel source excludes) instead of 16-byte stores from the
-/// fragments (session 44's knock-out at 256x256: the fused backward -7% with no dK/dV stores at
-/// all; its first version, a bulk copy per key row, measured +18% in session 45). The same
-/// bytes: GPU test `dk_dv_by_bulk_copies_give_bitwise_the_same`.
-fn bwd_bulk_st() -> bool {
-    env_choice("FLAMIA_BWD_BULK_ST", &["1"]).unwrap_or(false)
+/// The v4 backward's item end by bulk tensor stores (`BWD_BULK_ST`; not with CTA pairs, which the
+/// kernel source excludes): a consumer warpgroup whose 64 keys all lie in the document stages its
+/// BF16 dK, then dV, in the dS tiles and sends them as 64-key boxes, instead of 16-byte stores from
+/// the fragments, so dV's bytes drain under the next item's start. Measured (session 45, H200, same
+/// call, two rounds): the fused backward -2.2% at 256x256 and 64x1024, -1.8% at 32x2048, -1.3% at
+/// 16x4096, within noise at 1x65536; d = 64 within noise at 256x256 and 64x1024, +2% at
+/// 16x4096: on by default at head dim 128 only. (Its first version, one bulk copy per key row,
+/// each waited for at the item's end, measured +18% at 256x256.) `FLAMIA_BWD_BULK_ST=0|1`
+/// forces it at both head dims. Bitwise the same gradients: GPU test
+/// `dk_dv_by_bulk_copies_give_bitwise_the_same`.
+fn bwd_bulk_st(hd: u32) -> bool {
+    env_choice("FLAMIA_BWD_BULK_ST", &["1"]).unwrap_or(hd == 128)
 }
 
 /// The v4 backward's producer loads an item's per-key factors before waiting for the previous
@@ -1030,10 +1022,7 @@ impl Attention {
         if bwd_keys_tma(hd, self.bwd_key_blocks()) {
             v.0 = v.0.define("BWD_KEYS_TMA", 1);
         }
-        if bwd_kv_early() {
-            v.0 = v.0.define("BWD_KV_EARLY", 1);
-        }
-        if bwd_bulk_st() {
+        if bwd_bulk_st(hd) {
             v.0 = v.0.define("BWD_BULK_ST", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
@@ -1695,7 +1684,7 @@ impl Attention {
         // dQ accumulator rows: padded positions when each query tile's first partial is stored
         // (no zeroing), else tokens
         let first_store = bwd_dq_first_store();
-        let bulk_st = bwd_bulk_st() && !pair;
+        let bulk_st = bwd_bulk_st(hd as u32) && !pair;
         let acc_rows = if first_store { plan.tpad() } else { t };
         for c in 0..bw.chunks {
             let range = if pair { bw.pair_range(c) } else { bw.chunk_range(c) };
@@ -2117,17 +2106,15 @@ mod tests {
                     }
                 }
             }
-            // the K/V slot released in the last product step (FLAMIA_BWD_KV_EARLY=1) in the
-            // downward-only build, with the dead steps' skip and the key factors' records, and
-            // there and in the upward walk's build the item's dK/dV by bulk copies
-            // (FLAMIA_BWD_BULK_ST=1)
+            // the item's dK/dV by bulk tensor stores (BWD_BULK_ST, the default at d = 128) in the
+            // downward-only build (at d = 128 the long documents' default: key blocks) and the
+            // upward walk's, with the dead steps' skip and the key factors' records
             for walk_up in [false, true] {
-                let (v, _) = backward_v4_variant(3, hd, false, false, false, Some(true), walk_up);
+                let (v, _) = backward_v4_variant(3, hd, false, hd == 128, false, Some(true), walk_up);
                 jobs.push((
                     "attn_bwd_v4.cu",
                     v.define("BWD_COLS_TMA", 1)
                         .define("BWD_KEYS_TMA", 1)
-                        .define("BWD_KV_EARLY", 1)
                         .define("BWD_BULK_ST", 1),
                 ));
             }
@@ -2149,12 +2136,9 @@ mod tests {
                     .define("BWD_DS_STSM", 1)
                     .define("BWD_DQ_STSM", 1)
                     .define("BWD_VT_VPERM", 1);
-                // (the K/V slot released in the last product step, FLAMIA_BWD_KV_EARLY=1: both
-                // walks' loops, with the transposes and without)
-                if !row_ds {
-                    jobs.push(("attn_bwd_v4.cu", xposed2.clone().define("BWD_KV_EARLY", 1)));
-                    jobs.push(("attn_bwd_v4.cu", v.clone().define("BWD_KV_EARLY", 1)));
-                }
+                // (the item's dK/dV by bulk tensor stores, BWD_BULK_ST: with the short
+                // documents' transposes, as the d = 128 default builds them, block and row dS)
+                jobs.push(("attn_bwd_v4.cu", vperm.clone().define("BWD_BULK_ST", 1)));
                 let plain = v.clone().define("BWD_CVT4", 0).define("BWD_REDUX", 0);
                 // (the dS tile by stmatrix, BWD_DS_STSM, the default: K's dim-major tile from
                 // the quantiser and from the consumers' transpose; and the dQ partial by
