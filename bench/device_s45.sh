@@ -25,12 +25,19 @@
 #          rounds (call 4 ran it with the knob off by default: "-" then FLAMIA_BWD_BULK_ST=1; now
 #          FLAMIA_BWD_BULK_ST=0 then the default)
 #   c:     the standing (vs-anchors.sh; carry .whl for cuDNN FP8)
+#   p:     (prepared for session 46) where the short documents' backward spends its clocks on the
+#          new defaults (BWD_BULK_ST at d = 128): the phases (BWD_PROF_PHASES) at 256x256 and
+#          64x1024, then knock-outs against the default, two rounds: no K / V transposes at the
+#          item's start (BWD_PROF_NOXPOSE: do phase 0's ~1,900 clocks per item belong to them?),
+#          no dK/dV stores, no dQ reduces. Stage the variants after device_bwd4.sh --stage:
+#            for v in "phases BWD_PROF_PHASES=1" "noxpose BWD_PROF_NOXPOSE=1" "nostore BWD_PROF_NOSTORE=1" \
+#                     "nored BWD_PROF_NORED=1"; do set -- $v; bash bench/stage_variant.sh $1 - attn_bwd_v4.cu:$2; done
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s45.sh ef|b|suite|c}
+mode=${1:?usage: device_s45.sh ef|b|p|suite|c}
 K=/tmp/fk-cache
 mkdir -p $K/ptx $K/sass
 [ -s .device-carry/kc/kcache.tgz ] && tar -C $K -xzf .device-carry/kc/kcache.tgz
@@ -95,6 +102,15 @@ b)
     done
   done
   ;;
+p)
+  for w in 256x256 64x1024; do
+    echo "=== phases $w"
+    FLAMIA_CUDA_DIR=$C/cuda-phases timeout 120 $C/flamia bench attention --workload $w > "$O/phases-$w.log" 2>&1 || echo "rc=$?"
+    grep -E "^bwd4 |phase" "$O/phases-$w.log" | tail -12
+  done
+  date
+  ab_dirs cuda-noxpose cuda-nostore cuda-nored -- --workload 256x256 --workload 64x1024
+  ;;
 suite)
   mapfile -t all < <($C/gpu_attention --ignored --list 2>/dev/null | sed -n 's/: test$//p' | sort)
   echo "=== gpu_attention: ${#all[@]} tests in ${JOBS:-6} processes"
@@ -111,7 +127,7 @@ suite)
   wait
   ;;
 c) pack_caches; B=$C/flamia bash bench/vs-anchors.sh; exit ;;
-*) echo "device_s45.sh: unknown mode '$mode' (ef, b, suite or c)"; exit 2 ;;
+*) echo "device_s45.sh: unknown mode '$mode' (ef, b, p, suite or c)"; exit 2 ;;
 esac
 pack_caches
 date

@@ -989,7 +989,10 @@ __device__ __forceinline__ void bwd_producer(const BwdV4Params& P, BwdV4Smem& sm
 // partial to shared memory, 11 hand-off to the reducer warp; per item: 12 the item's end (dK/dV
 // unfold, GQA sums, stores), 13 waiting for the next item's K and V. Knock-outs (timing only, wrong
 // results): BWD_PROF_NOSTORE (the item's end stores nothing), BWD_PROF_NOHAD (no Hadamard on dK),
-// BWD_PROF_NOSEM / BWD_PROF_NORED (dQ reduces unordered / left out), BWD_PROF_NODQ (no dQ products).
+// BWD_PROF_NOSEM / BWD_PROF_NORED (dQ reduces unordered / left out), BWD_PROF_NODQ (no dQ products),
+// BWD_PROF_NOXPOSE (no K / V transposes at the item's start, nor their barrier: what phase 0's
+// ~1,900 clocks per item at 256x256 really hold, session 44's profile having put them there while
+// the transposes are 4 + 4 shared-memory instructions per warp).
 #ifdef BWD_PROF_PHASES
 __shared__ long long bwd_phase_clk[2][14];
 __shared__ long long bwd_phase_last[2];
@@ -2072,7 +2075,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
 #if BWD_PAIR
     const bool own = tail.own;
 #endif
-#if BWD_KD_XPOSE == 2
+#if BWD_KD_XPOSE == 2 && !defined(BWD_PROF_NOXPOSE)
 #if BWD_PAIR
     if (own)
 #endif
@@ -2084,10 +2087,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdV4Params& P, BwdV4Smem& sm
     // SASS; 2 with them opaque, 1 without the transpose; none at d = 64 either way).
     xpose_kd_half(sm.k + opaque_u32(0u), sm.kd + opaque_u32(0u), cw, C.w(), tl.len - tl.k0, (int)opaque_u32(C.lane()),
                   BWD_DS_STSM ? XPOSE_ILEAVE : XPOSE_PLAIN);
-#else
+#elif BWD_KD_XPOSE != 2
     bwd_wait(smem_u32(&sm.kd_full), ni & 1, 8);  // the item's dim-major K (issued before the last item's end)
 #endif
-#if BWD_VT_XPOSE
+#if BWD_VT_XPOSE && !defined(BWD_PROF_NOXPOSE)
     // this warpgroup's 64 keys of the item's token-major V, in place from the dim-major half the
     // producer loaded for it (its loads before its stores: barrier 8 + cw over its 128 threads),
     // published to its first dP product by a proxy fence and the same barrier. Warpgroup, warp
