@@ -75,14 +75,56 @@ start_power_log() {
   POWER_LOG_PID=$!
   echo "power log ($f) into $1 from unix $(date +%s.%N)"
 }
-# suite_or_standing MODE: the modes every session script shares, run and exit: a, b the whole GPU
-# suite in halves (device_suite.sh 1, 2 of PARTS=2, on $C's test binaries; a half no longer fits
-# a call on a fresh machine, session 44), s1..s4 in quarters (PARTS=4), c the standing against the anchors
+# kcache_setup: the kernel caches (FLAMIA_KERNEL_CACHE: NVRTC's PTX; CUDA_CACHE_PATH: the driver's
+# SASS) in /tmp/fk-cache, the PTX unpacked from .device-carry/kc/kcache.tgz when that is carried
+# (a fresh machine otherwise compiles every kernel inside the tests: session 44's half suite ran
+# out of its call). Entries are keyed by source text, options and compiler versions, so a stale
+# entry is a miss, never a wrong module. kcache_pack: the PTX into $O/kcache.tgz (~16 MB for
+# the whole suite's kernels; the SASS cache, 35-130 MB, is over what a call brings back) -- copy
+# it from the reply's files_at to .device-carry/kc/ and carry that folder next time.
+KC=/tmp/fk-cache
+kcache_setup() {
+  mkdir -p $KC/ptx $KC/sass
+  [ -s .device-carry/kc/kcache.tgz ] && tar -C $KC -xzf .device-carry/kc/kcache.tgz
+  export FLAMIA_KERNEL_CACHE=$KC/ptx CUDA_CACHE_PATH=$KC/sass CUDA_CACHE_MAXSIZE=4294967296
+  echo "kernel caches: $(ls $KC/ptx | wc -l) PTX entries, $(du -sh $KC/sass | cut -f1) of SASS"
+}
+kcache_pack() {
+  tar -C $KC -czf "${O:-/tmp/flamia-out}/kcache.tgz" ptx
+  echo "kernel cache packed: $(ls $KC/ptx | wc -l) PTX entries, $(du -h "${O:-/tmp/flamia-out}/kcache.tgz" | cut -f1)"
+}
+# par_tests JOBS LABEL BIN TEST...: the tests split round-robin over JOBS processes of BIN (each
+# --test-threads=1, FLAMIA_BWD_HANG_TRAP=1, TLIM seconds, default 520), each logged whole to
+# $O/LABEL-jK.log; then every test's result line. Separate processes are separate CUDA contexts,
+# which the GPU time-slices, so two persistent kernels (whose CTAs wait on each other's
+# semaphores) never share the SMs, as threads of one process could; NVRTC and the driver's
+# compiler then use the machine's cores (session 45: the whole suite in 205 s on an H100).
+par_tests() {
+  local jobs=$1 label=$2 bin=$3 j i o=${O:-/tmp/flamia-out}
+  shift 3
+  local all=("$@") pids=()
+  for ((j = 0; j < jobs; j++)); do
+    local sel=()
+    for ((i = j; i < ${#all[@]}; i += jobs)); do sel+=("${all[$i]}"); done
+    [ ${#sel[@]} = 0 ] && continue
+    (FLAMIA_BWD_HANG_TRAP=1 timeout ${TLIM:-520} $bin --ignored --exact --test-threads=1 "${sel[@]}" > "$o/$label-j$j.log" 2>&1
+     echo "=== $label-j$j: rc=$? (${#sel[@]} tests)") &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  grep -hE "^test .*(ok|FAILED)$|panicked|exceeds|differs" "$o"/$label-j*.log | sort | uniq
+  grep -h "test result" "$o"/$label-j*.log
+}
+# suite_or_standing MODE: the modes every session script shares, run and exit: suite the whole GPU
+# suite at once in parallel processes (device_suite.sh all, on $C's test binaries; session 45),
+# a, b in halves (device_suite.sh 1, 2 of PARTS=2; a half no longer fits a call on a fresh
+# machine, session 44), s1..s4 in quarters (PARTS=4), c the standing against the anchors
 # (vs-anchors.sh with $C/flamia); any other mode returns for the script's own.
 suite_or_standing() {
   case $1 in
   a | b) PARTS=2 T=$C bash bench/device_suite.sh $([ "$1" = a ] && echo 1 || echo 2); exit ;;
   s1 | s2 | s3 | s4) PARTS=4 T=$C bash bench/device_suite.sh "${1#s}"; exit ;;
+  suite) T=$C bash bench/device_suite.sh all; exit ;;
   c) B=$C/flamia bash bench/vs-anchors.sh; exit ;;
   esac
 }

@@ -2,24 +2,21 @@
 # Session 45's device calls. Two changes against session 44's scripts, both about a fresh machine
 # spending most of a call compiling kernels (session 44: half the GPU suite did not finish in
 # 480 s):
-# - the tests run as several processes at once (JOBS, default 6), each its own share of the test
-#   names with --test-threads=1. Separate processes are separate CUDA contexts, which the GPU
-#   time-slices, so two persistent kernels (whose CTAs wait on each other's semaphores) never
-#   share the SMs; threads of one process could, and could deadlock. NVRTC and the driver's PTX
-#   compiler then use the machine's 16 cores instead of one.
-# - the kernel caches (FLAMIA_KERNEL_CACHE: NVRTC's PTX; CUDA_CACHE_PATH: the driver's SASS) live
-#   in /tmp/fk-cache, are packed into $OUT/kcache.tgz at the end, and are unpacked from
-#   .device-carry/kc/kcache.tgz when that is carried: copy the file from the reply's files_at
-#   there and carry .device-carry/kc beside .device-carry/z. (Entries are keyed by source text,
-#   options and compiler versions, so a stale entry is a miss, never a wrong module.)
+# - the tests run as several processes at once (device-bench.sh par_tests; the whole suite:
+#   device_suite.sh all), each its own share of the test names with --test-threads=1: separate
+#   CUDA contexts, which the GPU time-slices, so two persistent kernels never share the SMs (threads
+#   of one process could, and could deadlock); NVRTC and the driver's compiler use the 16 cores.
+# - the kernels' PTX cache is packed into $OUT/kcache.tgz at the end and unpacked from
+#   .device-carry/kc/kcache.tgz when that is carried (device-bench.sh kcache_setup, kcache_pack):
+#   copy the file from the reply's files_at there and carry .device-carry/kc beside .device-carry/z.
 # Stage as bench/device_s44.sh says; run from the repo root on the device:
 #   tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s45.sh MODE
 #   ef:    (call 1, on 39063dc's binaries) BWD_KV_EARLY's and BWD_BULK_ST's first version's bitwise
 #          tests and mutations 45, 46, then their timings: the default, each knob and both, six
 #          workloads, two rounds. BWD_KV_EARLY and mutation 45 were removed after it, and BULK_ST
 #          rebuilt (mode b): on today's tree this mode no longer runs as it did
-#   suite: the whole GPU suite (gpu_attention in JOBS processes, gpu_quant, bridge_cuda,
-#          model_cuda), each test's result line in $OUT/suite-jK.log
+#   suite: the whole GPU suite (device_suite.sh all: gpu_attention in JOBS processes, gpu_quant,
+#          bridge_cuda, model_cuda), each process's log in $OUT/suite-jK.log
 #   b:     BWD_BULK_ST rebuilt as bulk tensor stores (session 45): its bitwise test and mutation
 #          46 (two processes), then the A/B, six workloads at d = 128 and three at d = 64, two
 #          rounds (call 4 ran it with the knob off by default: "-" then FLAMIA_BWD_BULK_ST=1; now
@@ -38,54 +35,13 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:?usage: device_s45.sh ef|b|p|suite|c}
-K=/tmp/fk-cache
-mkdir -p $K/ptx $K/sass
-[ -s .device-carry/kc/kcache.tgz ] && tar -C $K -xzf .device-carry/kc/kcache.tgz
-export FLAMIA_KERNEL_CACHE=$K/ptx CUDA_CACHE_PATH=$K/sass CUDA_CACHE_MAXSIZE=4294967296
-echo "kernel caches: $(ls $K/ptx | wc -l) PTX entries, $(du -sh $K/sass | cut -f1) of SASS"
-pack_caches() {
-  tar -C $K -czf "$O/kcache.tgz" ptx sass
-  echo "kernel caches packed: $(ls $K/ptx | wc -l) PTX entries, $(du -h "$O/kcache.tgz" | cut -f1)"
-}
-# par_tests JOBS LABEL BIN TEST...: the tests split round-robin over JOBS processes of BIN, each
-# logged whole to $O/LABEL-jK.log; prints each result line as it lands
-par_tests() {
-  local jobs=$1 label=$2 bin=$3 j i
-  shift 3
-  local all=("$@") pids=()
-  for ((j = 0; j < jobs; j++)); do
-    local sel=()
-    for ((i = j; i < ${#all[@]}; i += jobs)); do sel+=("${all[$i]}"); done
-    [ ${#sel[@]} = 0 ] && continue
-    (FLAMIA_BWD_HANG_TRAP=1 timeout ${TLIM:-520} $bin --ignored --exact --test-threads=1 "${sel[@]}" > "$O/$label-j$j.log" 2>&1
-     echo "=== $label-j$j: rc=$? (${#sel[@]} tests)") &
-    pids+=($!)
-  done
-  wait "${pids[@]}"
-  grep -hE "^test .*(ok|FAILED)$|panicked|exceeds|differs" "$O"/$label-j*.log | sort | uniq
-  grep -h "test result" "$O"/$label-j*.log
-}
+kcache_setup
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
-ef)
-  (par_tests 2 knob-tests $C/gpu_attention kv_slot_released_early_gives_bitwise_the_same \
-     dk_dv_by_bulk_copies_give_bitwise_the_same) &
-  p1=$!
-  (ONLY=bwd4-kv-early-first T=$C/gpu_attention bash bench/gpu_mutations.sh) &
-  p2=$!
-  (ONLY=bwd4-bulk-dv-head T=$C/gpu_attention bash bench/gpu_mutations.sh) &
-  p3=$!
-  wait $p1 $p2 $p3
-  date
-  W=(--workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096 --workload 1x65536 --workload lognormal)
-  for r in 1 2; do
-    for e in - FLAMIA_BWD_KV_EARLY=1 FLAMIA_BWD_BULK_ST=1 "FLAMIA_BWD_KV_EARLY=1 FLAMIA_BWD_BULK_ST=1"; do
-      bench_mhz "kv-early/bulk-st $e round $r" "$e" "${W[@]}"
-    done
-  done
-  ;;
+ef) echo "device_s45.sh ef: ran in call 1 on 39063dc's binaries (device_s44.sh e and f, the tests as"
+    echo "parallel processes); BWD_KV_EARLY and mutation 45 are gone since"; exit 2 ;;
 b)
   (par_tests 1 bulk-test $C/gpu_attention dk_dv_by_bulk_copies_give_bitwise_the_same) &
   p1=$!
@@ -111,24 +67,10 @@ p)
   date
   ab_dirs cuda-noxpose cuda-nostore cuda-nored -- --workload 256x256 --workload 64x1024
   ;;
-suite)
-  mapfile -t all < <($C/gpu_attention --ignored --list 2>/dev/null | sed -n 's/: test$//p' | sort)
-  echo "=== gpu_attention: ${#all[@]} tests in ${JOBS:-6} processes"
-  (par_tests ${JOBS:-6} suite $C/gpu_attention "${all[@]}") &
-  p1=$!
-  for t in gpu_quant bridge_cuda model_cuda; do
-    if [ -x $C/$t ]; then
-      (timeout 400 $C/$t --ignored --test-threads=1 > "$O/suite-$t.log" 2>&1
-       echo "=== $t: rc=$?"; grep -E "^test .*(ok|FAILED)$|test result|panicked" "$O/suite-$t.log") &
-    else
-      echo "=== $t: not staged (skipped)"
-    fi
-  done
-  wait
-  ;;
-c) pack_caches; B=$C/flamia bash bench/vs-anchors.sh; exit ;;
+suite) T=$C bash bench/device_suite.sh all ;;
+c) B=$C/flamia bash bench/vs-anchors.sh ;;
 *) echo "device_s45.sh: unknown mode '$mode' (ef, b, p, suite or c)"; exit 2 ;;
 esac
-pack_caches
+kcache_pack
 date
 } 2>&1 | tee "$O/s45-$mode.log"
