@@ -21,6 +21,7 @@
 #          46 (two processes), then the A/B, six workloads at d = 128 and three at d = 64, two
 #          rounds (call 4 ran it with the knob off by default: "-" then FLAMIA_BWD_BULK_ST=1; now
 #          FLAMIA_BWD_BULK_ST=0 then the default)
+#   n1:    (prepared for session 46) suite, then mutation 47 (bwd4-bulk-no-start-wait)
 #   c:     the standing (vs-anchors.sh; carry .whl for cuDNN FP8)
 #   p:     (prepared for session 46) where the short documents' backward spends its clocks on the
 #          new defaults (BWD_BULK_ST at d = 128): the phases (BWD_PROF_PHASES) at 256x256 and
@@ -34,7 +35,7 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s45.sh ef|b|p|suite|c}
+mode=${1:?usage: device_s45.sh ef|b|p|n1|suite|c}
 kcache_setup
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -68,8 +69,14 @@ p)
   ab_dirs cuda-noxpose cuda-nostore cuda-nored -- --workload 256x256 --workload 64x1024
   ;;
 suite) T=$C bash bench/device_suite.sh all ;;
+n1)
+  # (prepared for session 46's first call) the whole suite on session 45's defaults, then
+  # mutation 47 (the stress build's delayed dV boxes without the next item's wait)
+  T=$C bash bench/device_suite.sh all
+  ONLY=bwd4-bulk-no-start-wait T=$C/gpu_attention bash bench/gpu_mutations.sh
+  ;;
 c) B=$C/flamia bash bench/vs-anchors.sh ;;
-*) echo "device_s45.sh: unknown mode '$mode' (ef, b, p, suite or c)"; exit 2 ;;
+*) echo "device_s45.sh: unknown mode '$mode' (ef, b, p, n1, suite or c)"; exit 2 ;;
 esac
 kcache_pack
 date
