@@ -27,9 +27,12 @@
 #          new defaults (BWD_BULK_ST at d = 128): the phases (BWD_PROF_PHASES) at 256x256 and
 #          64x1024, then knock-outs against the default, two rounds: no K / V transposes at the
 #          item's start (BWD_PROF_NOXPOSE: do phase 0's ~1,900 clocks per item belong to them?),
-#          no dK/dV stores, no dQ reduces. Stage the variants after device_bwd4.sh --stage:
+#          no dK/dV stores, no dQ reduces, the reduces unordered (BWD_PROF_NOSEM: is the -5% of
+#          no reduces the semaphores' waits or the reduces' traffic?). Stage the variants after
+#          device_bwd4.sh --stage:
 #            for v in "phases BWD_PROF_PHASES=1" "noxpose BWD_PROF_NOXPOSE=1" "nostore BWD_PROF_NOSTORE=1" \
-#                     "nored BWD_PROF_NORED=1"; do set -- $v; bash bench/stage_variant.sh $1 - attn_bwd_v4.cu:$2; done
+#                     "nored BWD_PROF_NORED=1" "nosem BWD_PROF_NOSEM=1"; do
+#              set -- $v; bash bench/stage_variant.sh $1 - attn_bwd_v4.cu:$2; done
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
@@ -66,7 +69,7 @@ p)
     grep -E "^bwd4 |phase" "$O/phases-$w.log" | tail -12
   done
   date
-  ab_dirs cuda-noxpose cuda-nostore cuda-nored -- --workload 256x256 --workload 64x1024
+  ab_dirs cuda-noxpose cuda-nostore cuda-nored cuda-nosem -- --workload 256x256 --workload 64x1024
   ;;
 suite) T=$C bash bench/device_suite.sh all ;;
 n1)
