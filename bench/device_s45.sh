@@ -28,10 +28,11 @@
 #          64x1024, then knock-outs against the default, two rounds: no K / V transposes at the
 #          item's start (BWD_PROF_NOXPOSE: do phase 0's ~1,900 clocks per item belong to them?),
 #          no dK/dV stores, no dQ reduces, the reduces unordered (BWD_PROF_NOSEM: is the -5% of
-#          no reduces the semaphores' waits or the reduces' traffic?). Stage the variants after
+#          no reduces the semaphores' waits or the reduces' traffic?), and the reducers' own
+#          clocks (BWD_PROF_REDUCER). Stage the variants after
 #          device_bwd4.sh --stage:
 #            for v in "phases BWD_PROF_PHASES=1" "noxpose BWD_PROF_NOXPOSE=1" "nostore BWD_PROF_NOSTORE=1" \
-#                     "nored BWD_PROF_NORED=1" "nosem BWD_PROF_NOSEM=1"; do
+#                     "nored BWD_PROF_NORED=1" "nosem BWD_PROF_NOSEM=1" "redprof BWD_PROF_REDUCER=1"; do
 #              set -- $v; bash bench/stage_variant.sh $1 - attn_bwd_v4.cu:$2; done
 set -u
 C=.device-carry/bwd4
@@ -67,6 +68,11 @@ p)
     echo "=== phases $w"
     FLAMIA_CUDA_DIR=$C/cuda-phases timeout 120 $C/flamia bench attention --workload $w > "$O/phases-$w.log" 2>&1 || echo "rc=$?"
     grep -E "^bwd4 |phase" "$O/phases-$w.log" | tail -12
+    # the dQ reducers' clocks (BWD_PROF_REDUCER, CTAs 0-1): waiting for a partial, for the
+    # semaphore's turn, for the TMA's read, for the reduce to land
+    echo "=== reducers $w"
+    FLAMIA_CUDA_DIR=$C/cuda-redprof timeout 120 $C/flamia bench attention --workload $w > "$O/redprof-$w.log" 2>&1 || echo "rc=$?"
+    grep -E "^bwd4 reducer" "$O/redprof-$w.log" | tail -4
   done
   date
   ab_dirs cuda-noxpose cuda-nostore cuda-nored cuda-nosem -- --workload 256x256 --workload 64x1024
