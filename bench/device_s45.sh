@@ -22,6 +22,8 @@
 #          rounds (call 4 ran it with the knob off by default: "-" then FLAMIA_BWD_BULK_ST=1; now
 #          FLAMIA_BWD_BULK_ST=0 then the default)
 #   n1:    (prepared for session 46) suite, then mutation 47 (bwd4-bulk-no-start-wait)
+#   cs:    (prepared for session 46) the nine workloads by default and with --causally-safe,
+#          interleaved, two rounds: the precision options' cost on the new defaults (~4 minutes)
 #   c:     the standing (vs-anchors.sh; carry .whl for cuDNN FP8)
 #   p:     (prepared for session 46) where the short documents' backward spends its clocks on the
 #          new defaults (BWD_BULK_ST at d = 128): the phases (BWD_PROF_PHASES) at 256x256 and
@@ -39,7 +41,7 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s45.sh ef|b|p|n1|suite|c}
+mode=${1:?usage: device_s45.sh ef|b|p|n1|cs|suite|c}
 kcache_setup
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -78,6 +80,14 @@ p)
   ab_dirs cuda-noxpose cuda-nostore cuda-nored cuda-nosem -- --workload 256x256 --workload 64x1024
   ;;
 suite) T=$C bash bench/device_suite.sh all ;;
+cs)
+  # (prepared for session 46) the precision options' cost on the new defaults: the nine
+  # workloads by default and with --causally-safe, interleaved, two rounds (issue 13: <= 5%)
+  for r in 1 2; do
+    bench_mhz "default round $r" -
+    bench_mhz "--causally-safe round $r" - --causally-safe
+  done
+  ;;
 n1)
   # (prepared for session 46's first call) the whole suite on session 45's defaults, then
   # mutation 47 (the stress build's delayed dV boxes without the next item's wait)
@@ -85,7 +95,7 @@ n1)
   ONLY=bwd4-bulk-no-start-wait T=$C/gpu_attention bash bench/gpu_mutations.sh
   ;;
 c) B=$C/flamia bash bench/vs-anchors.sh ;;
-*) echo "device_s45.sh: unknown mode '$mode' (ef, b, p, n1, suite or c)"; exit 2 ;;
+*) echo "device_s45.sh: unknown mode '$mode' (ef, b, p, n1, cs, suite or c)"; exit 2 ;;
 esac
 kcache_pack
 date
