@@ -393,8 +393,8 @@ fn bwd_keys_tma(hd: u32, key_blocks: bool) -> bool {
 /// kernel source excludes): a consumer warpgroup whose 64 keys all lie in the document stages its
 /// BF16 dK, then dV, in the dS tiles and sends them as 64-key boxes, instead of 16-byte stores from
 /// the fragments, so dV's bytes drain under the next item's start. Measured (session 45, H200, same
-/// call, two rounds): the fused backward -2.2% at 256x256 and 64x1024, -1.8% at 32x2048, -1.3% at
-/// 16x4096, within noise at 1x65536; d = 64 within noise at 256x256 and 64x1024, +2% at
+/// call, two rounds): the fused backward -2.2% at 256x256, -2.3% at 64x1024, -1.5% at 32x2048,
+/// -1.4% at 16x4096, within noise at 1x65536; d = 64 within noise at 256x256 and 64x1024, +2% at
 /// 16x4096: on by default at head dim 128 only. (Its first version, one bulk copy per key row,
 /// each waited for at the item's end, measured +18% at 256x256.) `FLAMIA_BWD_BULK_ST=0|1`
 /// forces it at both head dims. Bitwise the same gradients: GPU test
