@@ -76,22 +76,31 @@ start_power_log() {
   echo "power log ($f) into $1 from unix $(date +%s.%N)"
 }
 # kcache_setup: the kernel caches (FLAMIA_KERNEL_CACHE: NVRTC's PTX; CUDA_CACHE_PATH: the driver's
-# SASS) in /tmp/fk-cache, the PTX unpacked from .device-carry/kc/kcache.tgz when that is carried
-# (a fresh machine otherwise compiles every kernel inside the tests: session 44's half suite ran
-# out of its call). Entries are keyed by source text, options and compiler versions, so a stale
-# entry is a miss, never a wrong module. kcache_pack: the PTX into $O/kcache.tgz (~16 MB for
-# the whole suite's kernels; the SASS cache, 35-130 MB, is over what a call brings back) -- copy
-# it from the reply's files_at to .device-carry/kc/ and carry that folder next time.
+# SASS) in /tmp/fk-cache, the PTX unpacked from .device-carry/kc/kcache.txz (or .tgz) when that
+# is carried (a fresh machine otherwise compiles every kernel inside the tests: session 44's half
+# suite ran out of its call). Entries are keyed by source text, options and compiler versions, so
+# a stale entry is a miss, never a wrong module. kcache_pack: the PTX into $O/kcache.txz (xz on
+# all cores: the whole suite's 125 MB of PTX is 6 MB, 16.5 MB with gzip; the SASS cache, 35-130
+# MB, is over what a call brings back) -- copy it from the reply's files_at to .device-carry/kc/
+# (that folder holding one of the two) and carry the folder next time.
 KC=/tmp/fk-cache
 kcache_setup() {
   mkdir -p $KC/ptx $KC/sass
-  [ -s .device-carry/kc/kcache.tgz ] && tar -C $KC -xzf .device-carry/kc/kcache.tgz
+  local f
+  for f in .device-carry/kc/kcache.txz .device-carry/kc/kcache.tgz; do
+    [ -s $f ] && { tar -C $KC -xf $f || echo "kcache_setup: $f did not unpack (compiling from scratch)"; break; }
+  done
   export FLAMIA_KERNEL_CACHE=$KC/ptx CUDA_CACHE_PATH=$KC/sass CUDA_CACHE_MAXSIZE=4294967296
   echo "kernel caches: $(ls $KC/ptx | wc -l) PTX entries, $(du -sh $KC/sass | cut -f1) of SASS"
 }
 kcache_pack() {
-  tar -C $KC -czf "${O:-/tmp/flamia-out}/kcache.tgz" ptx
-  echo "kernel cache packed: $(ls $KC/ptx | wc -l) PTX entries, $(du -h "${O:-/tmp/flamia-out}/kcache.tgz" | cut -f1)"
+  local o=${O:-/tmp/flamia-out}
+  if command -v xz >/dev/null; then
+    tar -C $KC -cf - ptx | xz -T0 -6 > "$o/kcache.txz"
+  else
+    tar -C $KC -czf "$o/kcache.tgz" ptx
+  fi
+  echo "kernel cache packed: $(ls $KC/ptx | wc -l) PTX entries, $(du -h "$o"/kcache.t?z | cut -f1)"
 }
 # par_tests JOBS LABEL BIN TEST...: the tests split round-robin over JOBS processes of BIN (each
 # --test-threads=1, FLAMIA_BWD_HANG_TRAP=1, TLIM seconds, default 520), each logged whole to

@@ -6,8 +6,8 @@
 #   device_suite.sh all), each its own share of the test names with --test-threads=1: separate
 #   CUDA contexts, which the GPU time-slices, so two persistent kernels never share the SMs (threads
 #   of one process could, and could deadlock); NVRTC and the driver's compiler use the 16 cores.
-# - the kernels' PTX cache is packed into $OUT/kcache.tgz at the end and unpacked from
-#   .device-carry/kc/kcache.tgz when that is carried (device-bench.sh kcache_setup, kcache_pack):
+# - the kernels' PTX cache is packed into $OUT/kcache.txz at the end and unpacked from
+#   .device-carry/kc/kcache.txz when that is carried (device-bench.sh kcache_setup, kcache_pack):
 #   copy the file from the reply's files_at there and carry .device-carry/kc beside .device-carry/z.
 # Stage as bench/device_s44.sh says; run from the repo root on the device:
 #   tar -C .device-carry -xzf .device-carry/z/bwd4.tgz && bash bench/device_s45.sh MODE
