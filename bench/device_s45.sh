@@ -22,6 +22,8 @@
 #          rounds (call 4 ran it with the knob off by default: "-" then FLAMIA_BWD_BULK_ST=1; now
 #          FLAMIA_BWD_BULK_ST=0 then the default)
 #   n1:    (prepared for session 46) suite, then mutation 47 (bwd4-bulk-no-start-wait)
+#   p2:    (prepared for session 46) FLAMIA_BWD_STAGES=2, and with FLAMIA_BWD_DQ_BUFS=2, against the
+#          default at 256x256, 64x1024 and 32x2048, two rounds (~3 minutes)
 #   cs:    (prepared for session 46) the nine workloads by default and with --causally-safe,
 #          interleaved, two rounds: the precision options' cost on the new defaults (~4 minutes)
 #   c:     the standing (vs-anchors.sh; carry .whl for cuDNN FP8)
@@ -41,7 +43,7 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
-mode=${1:?usage: device_s45.sh ef|b|p|n1|cs|suite|c}
+mode=${1:?usage: device_s45.sh ef|b|p|p2|n1|cs|suite|c}
 kcache_setup
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -80,6 +82,17 @@ p)
   ab_dirs cuda-noxpose cuda-nostore cuda-nored cuda-nosem -- --workload 256x256 --workload 64x1024
   ;;
 suite) T=$C bash bench/device_suite.sh all ;;
+p2)
+  # (prepared for session 46) a ring stage traded for a second dQ partial buffer per warpgroup at
+  # short documents (the 3-stage build has no room for it at d = 128): 2 stages alone, then with
+  # two dQ buffers, against the default, two rounds (session 13's timers: ~300 clocks of dQ
+  # buffer wait per step at 256x256)
+  for r in 1 2; do
+    for e in - FLAMIA_BWD_STAGES=2 "FLAMIA_BWD_STAGES=2 FLAMIA_BWD_DQ_BUFS=2"; do
+      bench_mhz "stages/dq-bufs $e round $r" "$e" --workload 256x256 --workload 64x1024 --workload 32x2048
+    done
+  done
+  ;;
 cs)
   # (prepared for session 46) the precision options' cost on the new defaults: the nine
   # workloads by default and with --causally-safe, interleaved, two rounds (issue 13: <= 5%)
@@ -95,7 +108,7 @@ n1)
   ONLY=bwd4-bulk-no-start-wait T=$C/gpu_attention bash bench/gpu_mutations.sh
   ;;
 c) B=$C/flamia bash bench/vs-anchors.sh ;;
-*) echo "device_s45.sh: unknown mode '$mode' (ef, b, p, n1, cs, suite or c)"; exit 2 ;;
+*) echo "device_s45.sh: unknown mode '$mode' (ef, b, p, p2, n1, cs, suite or c)"; exit 2 ;;
 esac
 kcache_pack
 date
