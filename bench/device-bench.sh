@@ -102,6 +102,15 @@ kcache_pack() {
   fi
   echo "kernel cache packed: $(ls $KC/ptx | wc -l) PTX entries, $(du -h "$o"/kcache.t?z | cut -f1)"
 }
+# prof_log NAME DIR WORKLOAD PATTERN N: one `flamia bench attention` at WORKLOAD on the kernel
+# sources $C/DIR (a profiling build that prints at the kernel's end: BWD_PROF_PHASES,
+# BWD_PROF_REDUCER), its whole output in $O/NAME-WORKLOAD.log, then its last N lines matching PATTERN.
+prof_log() {
+  local name=$1 dir=$2 w=$3 pat=$4 n=$5 log=${O:-/tmp/flamia-out}/$1-$3.log
+  echo "=== $name $w"
+  FLAMIA_CUDA_DIR=$C/$dir timeout 120 $C/flamia bench attention --workload $w > "$log" 2>&1 || echo "rc=$?"
+  grep -E "$pat" "$log" | tail -$n
+}
 # par_tests JOBS LABEL BIN TEST...: the tests split round-robin over JOBS processes of BIN (each
 # --test-threads=1, FLAMIA_BWD_HANG_TRAP=1, TLIM seconds, default 520), each logged whole to
 # $O/LABEL-jK.log; then every test's result line. Separate processes are separate CUDA contexts,

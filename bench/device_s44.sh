@@ -60,11 +60,7 @@ m)
   done
   ;;
 p)
-  for w in 256x256 64x1024 1x65536; do
-    echo "=== phases $w"
-    FLAMIA_CUDA_DIR=$C/cuda-phases timeout 120 $C/flamia bench attention --workload $w > "$O/phases-$w.log" 2>&1 || echo "rc=$?"
-    grep -E "^bwd4 |phase" "$O/phases-$w.log" | tail -12
-  done
+  for w in 256x256 64x1024 1x65536; do prof_log phases cuda-phases $w "^bwd4 |phase" 12; done
   date
   ab_dirs cuda-nostore cuda-nohad cuda-nored cuda-nodq -- --workload 256x256 --workload 64x1024
   ;;

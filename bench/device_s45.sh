@@ -69,14 +69,10 @@ b)
   ;;
 p)
   for w in 256x256 64x1024; do
-    echo "=== phases $w"
-    FLAMIA_CUDA_DIR=$C/cuda-phases timeout 120 $C/flamia bench attention --workload $w > "$O/phases-$w.log" 2>&1 || echo "rc=$?"
-    grep -E "^bwd4 |phase" "$O/phases-$w.log" | tail -12
+    prof_log phases cuda-phases $w "^bwd4 |phase" 12
     # the dQ reducers' clocks (BWD_PROF_REDUCER, CTAs 0-1): waiting for a partial, for the
     # semaphore's turn, for the TMA's read, for the reduce to land
-    echo "=== reducers $w"
-    FLAMIA_CUDA_DIR=$C/cuda-redprof timeout 120 $C/flamia bench attention --workload $w > "$O/redprof-$w.log" 2>&1 || echo "rc=$?"
-    grep -E "^bwd4 reducer" "$O/redprof-$w.log" | tail -4
+    prof_log redprof cuda-redprof $w "^bwd4 reducer" 4
   done
   date
   ab_dirs cuda-noxpose cuda-nostore cuda-nored cuda-nosem -- --workload 256x256 --workload 64x1024

@@ -1996,7 +1996,7 @@ __device__ __forceinline__ bool bwd_item_end(const BwdV4Params& P, BwdV4Smem& sm
 #if BWD_BULK
   // through the dS tiles once both warpgroups' last dQ has read them (barrier 10 over the 256
   // consumer threads): dK, its read waited for, then dV, whose read the next item's start waits
-  // for (bwd_consumer); a warpgroup with keys past the document stores from the fragments
+  // for (bwd_consumer); a warpgroup with keys past the document stores from the fragments (below)
   const int nvalid = tl.len - tl.k0 - 64 * C.cw;
   named_sync(10, 256);
   if (nvalid >= 64) {
@@ -2004,21 +2004,16 @@ __device__ __forceinline__ bool bwd_item_end(const BwdV4Params& P, BwdV4Smem& sm
     const int tok = tl.doc0 + tl.k0 + 64 * C.cw;
     bwd_box_store(C, stage, dk, &P.dk_map, hk, tok, true, 0);
     bwd_box_store(C, stage, dv, &P.dv_map, hk, tok, false, P.jitter);
-  } else {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      store_row(dk, r, a.dk);
-      store_row(dv, r, a.dv);
-    }
+    return true;
   }
 #else
   (void)sm;
+#endif
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     store_row(dk, r, a.dk);
     store_row(dv, r, a.dv);
   }
-#endif
   return true;
 }
 
