@@ -99,6 +99,10 @@ def main():
                     help="v4 backward: the SASS instructions of each step loop (interior and masked: the loops "
                          "whose body holds one step's wgmma: at least 16, 12 at HEAD_DIM=64) per consumer thread per step, "
                          "by class")
+    ap.add_argument("--max-step-local", type=int, default=None, metavar="N",
+                    help="with --bwd-per-step: exit 1 when a step loop holds more than N local-memory "
+                         "instructions (LDL / STL: values ptxas carries around the loop in local memory; "
+                         "session 46 found 18 per step in the long documents' default build, 5.5-7%% slower)")
     ap.add_argument("--opcodes", action="store_true",
                     help="with --bwd-per-step or --per-score: also every opcode of each loop with its count (session 26 "
                          "found the dQ store's 32 FSEL and the exponents' 16 VIMNMX that way)")
@@ -374,6 +378,7 @@ def bwd_per_step(a):
     loops = loops_with(ins, n_gmma)
     if not loops:
         sys.exit(f"no loop with one step's {n_gmma} wgmma found in the attn_bwd_v4 SASS")
+    over = 0
     for lo, hi in loops:
         body = [op for addr, op, _ in ins if lo <= addr <= hi]
         texts = [t for addr, _, t in ins if lo <= addr <= hi]
@@ -391,8 +396,12 @@ def bwd_per_step(a):
               f"per step (64 queries x 64 keys per warpgroup: {len(body) / 32:.1f} per score){note}")
         print("   " + ", ".join(f"{k} {v}" for k, v in counts.items()) + f", other {other}"
               + f" (of which local-memory LDL/STL {local})")
+        if a.max_step_local is not None and local > a.max_step_local:
+            print(f"   ^ {local} local-memory instructions in this step loop, more than the {a.max_step_local} allowed")
+            over += 1
         if a.opcodes:
             print_opcodes(body)
+    return 1 if over else 0
 
 
 def bwd_per_item(a):

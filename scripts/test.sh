@@ -27,6 +27,26 @@ model store_model.py "a wrong or missing column in common.cuh's BF16 row stores"
 model dq_stsm_model.py "a wrong position, a bank conflict or other bits in BWD_DQ_STSM's dQ partial or its converter"
 model pair_sum_model.py "a word of BWD_PAIR 2's dQ pair sum read twice, missed, not the warp's own, or with a bank conflict"
 model pair_protocol_model.py "a deadlock, a stale stage, an early dQ read or a partial out of turn in the CTA pairs' protocol"
+# the v4 backward's step loops in the d = 128 default builds (attention.rs backward_v4_kernel:
+# key blocks, 3 stages, the column and key records, early factors, QPERM, both stmatrix stores)
+# carry (almost) nothing through local memory: session 46 found BWD_BULK_ST giving the long
+# documents' build (every tile walking down) 18 LDL / STL per step, 5.5-7% slower at 1x65536;
+# the short documents' build (walking up, both transposes, BWD_BULK_ST) holds 2 today
+BWD128="-D HEAD_DIM=128 -D BWD_ROW_DS=0 -D BWD_KEY_BLOCKS=1 -D BWD_STAGES=3 -D BWD_COLS_TMA=1 -D BWD_KEYS_TMA=1
+ -D BWD_EARLY_FACTORS=1 -D BWD_QPERM=1 -D BWD_DS_STSM=1 -D BWD_DQ_STSM=1 -D SMEM_BWD4_BUDGET=227328"
+step_local() {  # max, defines...
+    local max=$1
+    shift
+    # shellcheck disable=SC2086
+    if ! out=$(python3 scripts/kernel-regs.py $BWD128 "$@" --bwd-per-step --max-step-local "$max" attn_bwd_v4.cu); then
+        echo "$out" >&2
+        echo "test.sh: the v4 backward's build [$*] carries more than $max values per step through local" \
+            "memory (kernel-regs.py --bwd-per-step): measure it on a GPU before it becomes a default" >&2
+        exit 1
+    fi
+}
+step_local 0 -D BWD_WALK_UP=0
+step_local 2 -D BWD_WALK_UP=1 -D BWD_KD_XPOSE=2 -D BWD_VT_XPOSE=1 -D BWD_VT_VPERM=1 -D BWD_BULK_ST=1
 # the libtorch installer's guards (marker, lock, cleanup, disk and Python checks) against fake
 # python/pip/df: no network, a few seconds
 if ! out=$(bash scripts/setup_libtorch_test.sh); then

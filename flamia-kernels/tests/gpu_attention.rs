@@ -606,7 +606,7 @@ fn item_turnover_knob_keeps_every_bit(var: &str) {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn dk_dv_by_bulk_copies_give_bitwise_the_same() {
-    // FLAMIA_BWD_BULK_ST=1 (the default at head dim 128) has a consumer warpgroup whose 64 keys
+    // FLAMIA_BWD_BULK_ST=1 (the default at head dim 128 where tiles walk up) has a consumer warpgroup whose 64 keys
     // all lie in the document stage its BF16 dK, then dV, in the dS tiles and send them by bulk
     // tensor stores of 64-key boxes, instead of storing from the fragments (which a warpgroup with
     // keys past the document still does): the same bytes in the same places, so bitwise the same

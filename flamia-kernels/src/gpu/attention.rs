@@ -396,11 +396,16 @@ fn bwd_keys_tma(hd: u32, key_blocks: bool) -> bool {
 /// call, two rounds): the fused backward -2.2% at 256x256, -2.3% at 64x1024, -1.5% at 32x2048,
 /// -1.4% at 16x4096, within noise at 1x65536; d = 64 within noise at 256x256 and 64x1024, +2% at
 /// 16x4096: on by default at head dim 128 only. (Its first version, one bulk copy per key row,
-/// each waited for at the item's end, measured +18% at 256x256.) `FLAMIA_BWD_BULK_ST=0|1`
-/// forces it at both head dims. Bitwise the same gradients: GPU test
-/// `dk_dv_by_bulk_copies_give_bitwise_the_same`.
-fn bwd_bulk_st(hd: u32) -> bool {
-    env_choice("FLAMIA_BWD_BULK_ST", &["1"]).unwrap_or(hd == 128)
+/// each waited for at the item's end, measured +18% at 256x256.) Only for plans with tiles that
+/// walk up (`walk_up`: documents up to `BWD_UP_TILES`, where items are short): in the build whose
+/// tiles all walk down, ptxas then carries 9 values through local memory in every step (18
+/// LDL / STL, 1,013 -> 1,033 SASS per interior step, `kernel-regs.py --bwd-per-step`), and session
+/// 46 measured that default 5.5-7% slower at 1x65536 on an H100 (fused backward 82.2 / 82.7 ms
+/// against 78.4 / 77.8 with `FLAMIA_BWD_KEYS_TMA=0`, whose build does not spill; the walk-up
+/// builds spill less with it). `FLAMIA_BWD_BULK_ST=0|1` forces it at both head dims and walks.
+/// Bitwise the same gradients: GPU test `dk_dv_by_bulk_copies_give_bitwise_the_same`.
+fn bwd_bulk_st(hd: u32, walk_up: bool) -> bool {
+    env_choice("FLAMIA_BWD_BULK_ST", &["1"]).unwrap_or(hd == 128 && walk_up)
 }
 
 /// The v4 backward's producer loads an item's per-key factors before waiting for the previous
@@ -1022,7 +1027,7 @@ impl Attention {
         if bwd_keys_tma(hd, self.bwd_key_blocks()) {
             v.0 = v.0.define("BWD_KEYS_TMA", 1);
         }
-        if bwd_bulk_st(hd) {
+        if bwd_bulk_st(hd, walk_up) {
             v.0 = v.0.define("BWD_BULK_ST", 1);
         }
         let v = with_early_factors(v, bwd_early_factors(hd, self.opts.precision.row_ds_exponents));
@@ -1684,7 +1689,7 @@ impl Attention {
         // dQ accumulator rows: padded positions when each query tile's first partial is stored
         // (no zeroing), else tokens
         let first_store = bwd_dq_first_store();
-        let bulk_st = bwd_bulk_st(hd as u32) && !pair;
+        let bulk_st = bwd_bulk_st(hd as u32, bw.walks_up()) && !pair;
         let acc_rows = if first_store { plan.tpad() } else { t };
         for c in 0..bw.chunks {
             let range = if pair { bw.pair_range(c) } else { bw.chunk_range(c) };
@@ -2106,9 +2111,9 @@ mod tests {
                     }
                 }
             }
-            // the item's dK/dV by bulk tensor stores (BWD_BULK_ST, the default at d = 128) in the
-            // downward-only build (at d = 128 the long documents' default: key blocks) and the
-            // upward walk's, with the dead steps' skip and the key factors' records
+            // the item's dK/dV by bulk tensor stores (BWD_BULK_ST, the default at d = 128 where
+            // tiles walk up) in the downward-only build (FLAMIA_BWD_BULK_ST=1 there: key blocks)
+            // and the upward walk's, with the dead steps' skip and the key factors' records
             for walk_up in [false, true] {
                 let (v, _) = backward_v4_variant(3, hd, false, hd == 128, false, Some(true), walk_up);
                 jobs.push((
