@@ -100,9 +100,10 @@ def main():
                          "whose body holds one step's wgmma: at least 16, 12 at HEAD_DIM=64) per consumer thread per step, "
                          "by class")
     ap.add_argument("--max-step-local", type=int, default=None, metavar="N",
-                    help="with --bwd-per-step: exit 1 when a step loop holds more than N local-memory "
-                         "instructions (LDL / STL: values ptxas carries around the loop in local memory; "
-                         "session 46 found 18 per step in the long documents' default build, 5.5-7%% slower)")
+                    help="with --bwd-per-step (or --per-score: the forward's key-tile loops): exit 1 when a "
+                         "loop holds more than N local-memory instructions (LDL / STL: values ptxas carries "
+                         "around the loop in local memory; session 46 found 18 per step in the backward's long "
+                         "documents' default build, 5.5-7%% slower)")
     ap.add_argument("--opcodes", action="store_true",
                     help="with --bwd-per-step or --per-score: also every opcode of each loop with its count (session 26 "
                          "found the dQ store's 32 FSEL and the exponents' 16 VIMNMX that way)")
@@ -428,6 +429,7 @@ def bwd_per_item(a):
 
 def per_score(a):
     lib = load_nvrtc()
+    over = 0
     if a.full:
         builds = (("", []), ("", ["PER_TOKEN_COLS=1"]))
     else:
@@ -445,6 +447,11 @@ def per_score(a):
         tag = "per-token scales" if "PER_TOKEN_COLS=1" in extra else "token-block scales"
         for c, (lo, hi) in enumerate(sorted(loops)):
             body = [op for addr, op, _ in ins if lo <= addr <= hi]
+            local = sum(1 for op in body if op.startswith(("LDL", "STL")))
+            if a.max_step_local is not None and local > a.max_step_local:
+                print(f"attn_fwd_v4 key-tile loop [{lo:#x}, {hi:#x}] ({tag}): {local} local-memory instructions, "
+                      f"more than the {a.max_step_local} allowed")
+                over += 1
             counts, other = class_counts(body)
             n = len(body)
             copy = f", copy {c}" if len(loops) > 1 and not a.full else ""
@@ -459,6 +466,7 @@ def per_score(a):
                   + f", other {other / V4_SCORES_PER_THREAD:.2f}")
             if a.opcodes:
                 print_opcodes(body)
+    return 1 if over else 0
 
 
 if __name__ == "__main__":

@@ -47,6 +47,18 @@ step_local() {  # max, defines...
 }
 step_local 0 -D BWD_WALK_UP=0
 step_local 2 -D BWD_WALK_UP=1 -D BWD_KD_XPOSE=2 -D BWD_VT_XPOSE=1 -D BWD_VT_VPERM=1 -D BWD_BULK_ST=1
+# and the forward's key-tile loops none, in the d = 128 builds of both scale modes (attention.rs
+# forward_v4_build: the three cuts and the running maximum; the long documents' consumer copies)
+for fwd in "-D FWD_CW_CONST=1" "-D FWD_HALF_TILES=1 -D FWD_O_TMA=1"; do
+    # shellcheck disable=SC2086
+    if ! out=$(python3 scripts/kernel-regs.py -D HEAD_DIM=128 -D FWD_STAGES=4 -D FWD_VPERM=1 -D FWD_DESC_ADD=1 \
+        -D FWD_TILE_TRIM=1 -D FWD_EV_RUN=1 $fwd --per-score --full --max-step-local 0); then
+        echo "$out" >&2
+        echo "test.sh: the v4 forward's build [$fwd] carries values through local memory in a key-tile loop" \
+            "(kernel-regs.py --per-score): measure it on a GPU before it becomes a default" >&2
+        exit 1
+    fi
+done
 # the libtorch installer's guards (marker, lock, cleanup, disk and Python checks) against fake
 # python/pip/df: no network, a few seconds
 if ! out=$(bash scripts/setup_libtorch_test.sh); then
