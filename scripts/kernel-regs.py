@@ -103,7 +103,7 @@ def main():
                     help="with --bwd-per-step (or --per-score: the forward's key-tile loops): exit 1 when a "
                          "loop holds more than N local-memory instructions (LDL / STL: values ptxas carries "
                          "around the loop in local memory; session 46 found 18 per step in the backward's long "
-                         "documents' default build, 5.5-7%% slower)")
+                         "documents' default build, 5-7%% slower)")
     ap.add_argument("--opcodes", action="store_true",
                     help="with --bwd-per-step or --per-score: also every opcode of each loop with its count (session 26 "
                          "found the dQ store's 32 FSEL and the exponents' 16 VIMNMX that way)")

@@ -30,7 +30,7 @@ model pair_protocol_model.py "a deadlock, a stale stage, an early dQ read or a p
 # the v4 backward's step loops in the d = 128 default builds (attention.rs backward_v4_kernel:
 # key blocks, 3 stages, the column and key records, early factors, QPERM, both stmatrix stores)
 # carry (almost) nothing through local memory: session 46 found BWD_BULK_ST giving the long
-# documents' build (every tile walking down) 18 LDL / STL per step, 5.5-7% slower at 1x65536;
+# documents' build (every tile walking down) 18 LDL / STL per step, 5-7% slower at 1x65536;
 # the short documents' build (walking up, both transposes, BWD_BULK_ST) holds 2 today
 BWD128="-D HEAD_DIM=128 -D BWD_ROW_DS=0 -D BWD_KEY_BLOCKS=1 -D BWD_STAGES=3 -D BWD_COLS_TMA=1 -D BWD_KEYS_TMA=1
  -D BWD_EARLY_FACTORS=1 -D BWD_QPERM=1 -D BWD_DS_STSM=1 -D BWD_DQ_STSM=1 -D SMEM_BWD4_BUDGET=227328"

@@ -400,7 +400,7 @@ fn bwd_keys_tma(hd: u32, key_blocks: bool) -> bool {
 /// walk up (`walk_up`: documents up to `BWD_UP_TILES`, where items are short): in the build whose
 /// tiles all walk down, ptxas then carries 9 values through local memory in every step (18
 /// LDL / STL, 1,013 -> 1,033 SASS per interior step, `kernel-regs.py --bwd-per-step`), and session
-/// 46 measured that default 5.5-7% slower at 1x65536 on an H100 (fused backward 82.2 / 82.7 ms
+/// 46 measured that default 5-7% slower at 1x65536 on an H100 (fused backward 82.2 / 82.7 ms
 /// against 78.4 / 77.8 with `FLAMIA_BWD_KEYS_TMA=0`, whose build does not spill; the walk-up
 /// builds spill less with it). `FLAMIA_BWD_BULK_ST=0|1` forces it at both head dims and walks.
 /// Bitwise the same gradients: GPU test `dk_dv_by_bulk_copies_give_bitwise_the_same`.
