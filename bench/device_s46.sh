@@ -7,8 +7,9 @@
 #      both FLAMIA_BWD_KEYS_TMA=0 and FLAMIA_BWD_BULK_ST=0, and the old binary, two rounds,
 #      1x65536, 4x16384, 16x4096 (d = 128)
 #   w: after r (BWD_BULK_ST now only where tiles walk up): the new default, FLAMIA_BWD_BULK_ST=1
-#      (session 45's default) and session 43's binary, two rounds, 1x65536, 2x32768 (both walk
-#      down) and 4x16384 (walks up: unchanged)
+#      (session 45's default), FLAMIA_BWD_PAIR=1 (CTA pairs at d = 128: session 38 measured no
+#      gain, before the key records) and session 43's binary, two rounds, 1x65536 and 2x32768
+#      (both walk down; ~4 minutes)
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
@@ -32,10 +33,10 @@ r)
   done
   ;;
 w)
-  W=(--workload 1x65536 --workload 2x32768 --workload 4x16384)
+  W=(--workload 1x65536 --workload 2x32768)
   C0=$C
   for r in 1 2; do
-    for e in - FLAMIA_BWD_BULK_ST=1 old; do
+    for e in - FLAMIA_BWD_BULK_ST=1 FLAMIA_BWD_PAIR=1 old; do
       if [ "$e" = old ]; then C=$C0/old; e=-; fi
       bench_mhz "walk-down bulk $([ "$C" = "$C0" ] && echo "$e" || echo "session 43's binary") round $r" "$e" "${W[@]}"
       C=$C0
