@@ -338,15 +338,30 @@ fn dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in() {
     // Both walks (walks()): session 12 saw the unordered-reduce mutation pass when the 8,192-token
     // document walked up (its key tiles run two steps apart, so they arrive in order anyway);
     // walking down, all 64 start on the last query tile and only the semaphores order them.
+    // The item's end by bulk tensor stores (BWD_BULK_ST, whose next item waits for dV's boxes to
+    // be read: mutation bwd4-bulk-no-start-wait) is the default at d = 128 only where tiles walk
+    // up, so the downward walk also runs with it forced, keeping it under the stress build in
+    // both walks.
     let gpu = gpu();
     let shape = VarlenShape::from_lens(&[8192, 300], 4, 1, 128).unwrap();
     for up in walks() {
         let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", &up);
-        with_seeds(&format!("jitter, FLAMIA_BWD_UP_TILES={up}"), |mut rng| {
-            // (keys spread over the tiles' magnitudes: the partials' sum rounds, spread_key_tiles)
-            let call = spread_key_tiles(gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8)));
-            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1", "2"]);
-        });
+        let bulks: &[&str] = if up == "0" { &["", "1"] } else { &[""] };
+        for &bulk in bulks {
+            let _bulk = (!bulk.is_empty()).then(|| EnvGuard::set("FLAMIA_BWD_BULK_ST", bulk));
+            with_seeds(
+                &format!(
+                    "jitter, FLAMIA_BWD_UP_TILES={up}, FLAMIA_BWD_BULK_ST={}",
+                    if bulk.is_empty() { "unset" } else { bulk }
+                ),
+                |mut rng| {
+                    // (keys spread over the tiles' magnitudes: the partials' sum rounds, spread_key_tiles)
+                    let call =
+                        spread_key_tiles(gauss_call(&mut rng, &shape, AttnOptions::new(AttnPath::Mxfp8)));
+                    same_bits_whatever(&gpu, &call, "FLAMIA_BWD_JITTER", &["1", "2"]);
+                },
+            );
+        }
     }
 }
 
