@@ -40,8 +40,8 @@ step_local() {  # max, defines...
     # shellcheck disable=SC2086
     if ! out=$(python3 scripts/kernel-regs.py $BWD128 "$@" --bwd-per-step --max-step-local "$max" attn_bwd_v4.cu); then
         echo "$out" >&2
-        echo "test.sh: the v4 backward's build [$*] carries more than $max values per step through local" \
-            "memory (kernel-regs.py --bwd-per-step): measure it on a GPU before it becomes a default" >&2
+        echo "test.sh: the v4 backward's build [$*] holds more than $max local-memory instructions (LDL / STL)" \
+            "in a step loop (kernel-regs.py --bwd-per-step): measure it on a GPU before it becomes a default" >&2
         exit 1
     fi
 }
