@@ -31,7 +31,8 @@ model pair_protocol_model.py "a deadlock, a stale stage, an early dQ read or a p
 # key blocks, 3 stages, the column and key records, early factors, QPERM, both stmatrix stores)
 # carry (almost) nothing through local memory: session 46 found BWD_BULK_ST giving the long
 # documents' build (every tile walking down) 18 LDL / STL per step, 5-7% slower at 1x65536;
-# the short documents' build (walking up, both transposes, BWD_BULK_ST) holds 2 today
+# the short documents' build (walking up, both transposes, BWD_BULK_ST) holds 2 today, the
+# mid-length documents' (walking up without the transposes, e.g. 4x16384) 1
 BWD128="-D HEAD_DIM=128 -D BWD_ROW_DS=0 -D BWD_KEY_BLOCKS=1 -D BWD_STAGES=3 -D BWD_COLS_TMA=1 -D BWD_KEYS_TMA=1
  -D BWD_EARLY_FACTORS=1 -D BWD_QPERM=1 -D BWD_DS_STSM=1 -D BWD_DQ_STSM=1 -D SMEM_BWD4_BUDGET=227328"
 step_local() {  # max, defines...
@@ -47,6 +48,7 @@ step_local() {  # max, defines...
 }
 step_local 0 -D BWD_WALK_UP=0
 step_local 2 -D BWD_WALK_UP=1 -D BWD_KD_XPOSE=2 -D BWD_VT_XPOSE=1 -D BWD_VT_VPERM=1 -D BWD_BULK_ST=1
+step_local 1 -D BWD_WALK_UP=1 -D BWD_BULK_ST=1
 # and the forward's key-tile loops none, in the d = 128 builds of both scale modes (attention.rs
 # forward_v4_build: the three cuts and the running maximum; the long documents' consumer copies)
 for fwd in "-D FWD_CW_CONST=1" "-D FWD_HALF_TILES=1 -D FWD_O_TMA=1"; do

@@ -352,7 +352,7 @@ fn dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in() {
             with_seeds(
                 &format!(
                     "jitter, FLAMIA_BWD_UP_TILES={up}, FLAMIA_BWD_BULK_ST={}",
-                    if bulk.is_empty() { "unset" } else { bulk }
+                    if bulk.is_empty() { "default" } else { bulk }
                 ),
                 |mut rng| {
                     // (keys spread over the tiles' magnitudes: the partials' sum rounds, spread_key_tiles)

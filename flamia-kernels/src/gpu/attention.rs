@@ -395,9 +395,10 @@ fn bwd_keys_tma(hd: u32, key_blocks: bool) -> bool {
 /// the fragments, so dV's bytes drain under the next item's start. Measured (session 45, H200, same
 /// call, two rounds): the fused backward -2.2% at 256x256, -2.3% at 64x1024, -1.5% at 32x2048,
 /// -1.4% at 16x4096, within noise at 1x65536; d = 64 within noise at 256x256 and 64x1024, +2% at
-/// 16x4096: on by default at head dim 128 only. (Its first version, one bulk copy per key row,
-/// each waited for at the item's end, measured +18% at 256x256.) Only for plans with tiles that
-/// walk up (`walk_up`: documents up to `BWD_UP_TILES`, where items are short): in the build whose
+/// 16x4096: on by default at head dim 128 only, and there only for plans with tiles that walk
+/// up (below). (Its first version, one bulk copy per key row, each waited for at the item's end,
+/// measured +18% at 256x256.) Only where tiles walk up (`walk_up`: documents up to
+/// `BWD_UP_TILES`, where items are short) since session 46: in the build whose
 /// tiles all walk down, ptxas then carries 9 values through local memory in every step (18
 /// LDL / STL, 1,013 -> 1,033 SASS per interior step, `kernel-regs.py --bwd-per-step`), and session
 /// 46 measured that default 5-7% slower at 1x65536 on an H100 (fused backward 82.2 / 82.7 ms
