@@ -1975,10 +1975,10 @@ impl Attention {
 #[cfg(test)]
 mod tests {
     use super::{
-        attention_variant, backward_v4_variant, bwd_cols_tma, bwd_early_factors, bwd_pair_default,
-        bwd_pair_env, forward_v4_variant, fused_bwd_grid, fwd_cw_const, fwd_o_tma, parse_choice,
-        parse_promote, short_items, smem_bwd4, smem_fwd4, with_dq_bufs, with_early_factors, with_xposes,
-        QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
+        attention_variant, backward_v4_variant, bwd_bulk_st, bwd_cols_tma, bwd_early_factors,
+        bwd_pair_default, bwd_pair_env, forward_v4_variant, fused_bwd_grid, fwd_cw_const, fwd_o_tma,
+        parse_choice, parse_promote, short_items, smem_bwd4, smem_fwd4, with_dq_bufs, with_early_factors,
+        with_xposes, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::tests::nvrtc_or_skip;
     use crate::gpu::runtime::{compile_ptx, Variant};
@@ -2403,6 +2403,16 @@ mod tests {
         assert!(!fwd_cw_const(128, 8.0));
         assert!(!fwd_cw_const(128, 1.5));
         assert!(!fwd_cw_const(64, 256.5));
+    }
+
+    #[test]
+    fn bulk_stores_by_default_only_at_head_dim_128_where_tiles_walk_up() {
+        // (FLAMIA_BWD_BULK_ST unset here: no other test of this binary sets it) session 46: with
+        // every tile walking down the build spills in every step (scripts/test.sh's guard)
+        assert!(bwd_bulk_st(128, true));
+        assert!(!bwd_bulk_st(128, false));
+        assert!(!bwd_bulk_st(64, true));
+        assert!(!bwd_bulk_st(64, false));
     }
 
     #[test]
