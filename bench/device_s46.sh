@@ -16,33 +16,34 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:?usage: device_s46.sh r|w}
+# rounds_vs_old LABEL VARIANT... -- ARGS: two rounds of bench_mhz with ARGS over the variants, each
+# an environment setting ("-": the default) or "old" (session 43's binary, $C/old/flamia)
+rounds_vs_old() {
+  local label=$1 r e c0=$C vs=()
+  shift
+  while [ "$1" != -- ]; do vs+=("$1"); shift; done
+  shift
+  for r in 1 2; do
+    for e in "${vs[@]}"; do
+      if [ "$e" = old ]; then
+        C=$c0/old
+        bench_mhz "$label session 43's binary round $r" - "$@"
+        C=$c0
+      else
+        bench_mhz "$label $e round $r" "$e" "$@"
+      fi
+    done
+  done
+}
 kcache_setup
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
-r)
-  W=(--workload 1x65536 --workload 4x16384 --workload 16x4096)
-  C0=$C
-  for r in 1 2; do
-    for e in - FLAMIA_BWD_KEYS_TMA=0 "FLAMIA_BWD_KEYS_TMA=0 FLAMIA_BWD_BULK_ST=0" old; do
-      if [ "$e" = old ]; then C=$C0/old; e=-; fi
-      bench_mhz "regression $([ "$C" = "$C0" ] && echo "$e" || echo "session 43's binary") round $r" "$e" "${W[@]}"
-      C=$C0
-    done
-  done
-  ;;
-w)
-  W=(--workload 1x65536 --workload 2x32768)
-  C0=$C
-  for r in 1 2; do
-    for e in - FLAMIA_BWD_BULK_ST=1 FLAMIA_BWD_PAIR=1 old; do
-      if [ "$e" = old ]; then C=$C0/old; e=-; fi
-      bench_mhz "walk-down bulk $([ "$C" = "$C0" ] && echo "$e" || echo "session 43's binary") round $r" "$e" "${W[@]}"
-      C=$C0
-    done
-  done
-  ;;
+r) rounds_vs_old regression - FLAMIA_BWD_KEYS_TMA=0 "FLAMIA_BWD_KEYS_TMA=0 FLAMIA_BWD_BULK_ST=0" old -- \
+     --workload 1x65536 --workload 4x16384 --workload 16x4096 ;;
+w) rounds_vs_old "walk-down bulk" - FLAMIA_BWD_BULK_ST=1 FLAMIA_BWD_PAIR=1 old -- \
+     --workload 1x65536 --workload 2x32768 ;;
 *) echo "device_s46.sh: unknown mode '$mode' (r, w)"; exit 2 ;;
 esac
 kcache_pack

@@ -35,32 +35,29 @@ model pair_protocol_model.py "a deadlock, a stale stage, an early dQ read or a p
 # mid-length documents' (walking up without the transposes, e.g. 4x16384) 1
 BWD128="-D HEAD_DIM=128 -D BWD_ROW_DS=0 -D BWD_KEY_BLOCKS=1 -D BWD_STAGES=3 -D BWD_COLS_TMA=1 -D BWD_KEYS_TMA=1
  -D BWD_EARLY_FACTORS=1 -D BWD_QPERM=1 -D BWD_DS_STSM=1 -D BWD_DQ_STSM=1 -D SMEM_BWD4_BUDGET=227328"
-step_local() {  # max, defines...
-    local max=$1
-    shift
-    # shellcheck disable=SC2086
-    if ! out=$(python3 scripts/kernel-regs.py $BWD128 "$@" --bwd-per-step --max-step-local "$max" attn_bwd_v4.cu); then
+FWD128="-D HEAD_DIM=128 -D FWD_STAGES=4 -D FWD_VPERM=1 -D FWD_DESC_ADD=1 -D FWD_TILE_TRIM=1 -D FWD_EV_RUN=1"
+loops_local() {  # what, max, kernel-regs.py arguments...
+    local what=$1 max=$2
+    shift 2
+    if ! out=$(python3 scripts/kernel-regs.py "$@" --max-step-local "$max"); then
         echo "$out" >&2
-        echo "test.sh: the v4 backward's build [$*] holds more than $max local-memory instructions (LDL / STL)" \
-            "in a step loop (kernel-regs.py --bwd-per-step): measure it on a GPU before it becomes a default" >&2
+        echo "test.sh: $what [$*] hold more than $max local-memory instructions (LDL / STL)" \
+            "(kernel-regs.py): measure the build on a GPU before it becomes a default" >&2
         exit 1
     fi
 }
-step_local 0 -D BWD_WALK_UP=0
-step_local 2 -D BWD_WALK_UP=1 -D BWD_KD_XPOSE=2 -D BWD_VT_XPOSE=1 -D BWD_VT_VPERM=1 -D BWD_BULK_ST=1
-step_local 1 -D BWD_WALK_UP=1 -D BWD_BULK_ST=1
-# and the forward's key-tile loops none, in the d = 128 builds of both scale modes (attention.rs
-# forward_v4_build: the three cuts and the running maximum; the long documents' consumer copies)
-for fwd in "-D FWD_CW_CONST=1" "-D FWD_HALF_TILES=1 -D FWD_O_TMA=1"; do
-    # shellcheck disable=SC2086
-    if ! out=$(python3 scripts/kernel-regs.py -D HEAD_DIM=128 -D FWD_STAGES=4 -D FWD_VPERM=1 -D FWD_DESC_ADD=1 \
-        -D FWD_TILE_TRIM=1 -D FWD_EV_RUN=1 $fwd --per-score --full --max-step-local 0); then
-        echo "$out" >&2
-        echo "test.sh: the v4 forward's build [$fwd] carries values through local memory in a key-tile loop" \
-            "(kernel-regs.py --per-score): measure it on a GPU before it becomes a default" >&2
-        exit 1
-    fi
-done
+# shellcheck disable=SC2086
+{
+    loops_local "the v4 backward's step loops" 0 $BWD128 -D BWD_WALK_UP=0 --bwd-per-step attn_bwd_v4.cu
+    loops_local "the v4 backward's step loops" 2 $BWD128 -D BWD_WALK_UP=1 -D BWD_KD_XPOSE=2 -D BWD_VT_XPOSE=1 \
+        -D BWD_VT_VPERM=1 -D BWD_BULK_ST=1 --bwd-per-step attn_bwd_v4.cu
+    loops_local "the v4 backward's step loops" 1 $BWD128 -D BWD_WALK_UP=1 -D BWD_BULK_ST=1 --bwd-per-step attn_bwd_v4.cu
+    # and the forward's key-tile loops none, in the d = 128 builds of both scale modes
+    # (attention.rs forward_v4_build: the three cuts and the running maximum; the long documents'
+    # consumer copies, the short ones' half tiles and O by TMA)
+    loops_local "the v4 forward's key-tile loops" 0 $FWD128 -D FWD_CW_CONST=1 --per-score --full
+    loops_local "the v4 forward's key-tile loops" 0 $FWD128 -D FWD_HALF_TILES=1 -D FWD_O_TMA=1 --per-score --full
+}
 # the libtorch installer's guards (marker, lock, cleanup, disk and Python checks) against fake
 # python/pip/df: no network, a few seconds
 if ! out=$(bash scripts/setup_libtorch_test.sh); then
