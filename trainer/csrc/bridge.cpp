@@ -596,6 +596,33 @@ int32_t flamia_bridge_fused_adamw(const at::Tensor* params, const at::Tensor* gr
     }
 }
 
+// A pinned (page-locked) host copy of the CPU tensor t, from libtorch's caching host allocator;
+// on success *out is a new at::Tensor* owned by the caller. `Tensor::pin_memory()` without a
+// device: libtorch 2.11 deprecates the device argument and prints a warning on every call that
+// passes one, which tch's `pin_memory(device)` always does (six lines a training step). 0 on
+// success, else a message in err.
+int32_t flamia_bridge_pin_memory(const at::Tensor* t, at::Tensor** out, char* err, size_t err_len) {
+    try {
+        TORCH_CHECK(t->device().is_cpu(), "pin_memory: the tensor is on ", t->device(), ", not the CPU");
+        *out = new at::Tensor(t->pin_memory());
+        return 0;
+    } catch (const std::exception& e) {
+        write_err(err, err_len, e.what());
+        return 1;
+    }
+}
+
+// Whether t's memory is pinned (`Tensor::is_pinned()` without the deprecated device argument):
+// 1 pinned, 0 not, -1 on error (message in err).
+int32_t flamia_bridge_is_pinned(const at::Tensor* t, char* err, size_t err_len) {
+    try {
+        return t->is_pinned() ? 1 : 0;
+    } catch (const std::exception& e) {
+        write_err(err, err_len, e.what());
+        return -1;
+    }
+}
+
 // 1 when this build can see CUDA streams (compiled with the CUDA headers).
 int32_t flamia_bridge_has_cuda() {
 #ifdef FLAMIA_WITH_CUDA

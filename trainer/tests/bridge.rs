@@ -253,3 +253,21 @@ fn cpu_attention_keeps_its_inputs_when_asked_to_release_them() {
         }
     }
 }
+
+#[test]
+fn uploads_on_the_cpu_keep_values_and_convert_kinds() {
+    use flamia_trainer::attention::upload;
+    let vals: Vec<i64> = vec![0, 1, -7, 1 << 40, i64::MAX];
+    let t = Tensor::from_slice(&vals);
+    let same = upload(&t, Kind::Int64, Device::Cpu).unwrap();
+    assert_eq!(Vec::<i64>::try_from(&same).unwrap(), vals);
+    assert_eq!(
+        same.data_ptr(),
+        t.data_ptr(),
+        "same kind on the CPU: the tensor itself, no copy"
+    );
+    let small: Vec<i64> = vec![0, 5, 4096, 65_536];
+    let as_int = upload(&Tensor::from_slice(&small), Kind::Int, Device::Cpu).unwrap();
+    assert_eq!(as_int.kind(), Kind::Int);
+    assert_eq!(Vec::<i32>::try_from(&as_int).unwrap(), vec![0, 5, 4096, 65_536]);
+}

@@ -3,7 +3,8 @@
 //! dO buffers reused while the packing stays the same, rebuilt when it changes, no stream
 //! synchronisation per call) gives every call the same bits as a fresh one; and each backward
 //! reads its own forward's quantised Q, K, V (kept per call), never q, k, v themselves, so their
-//! memory may go right after the forward (`release_unsaved_inputs`).
+//! memory may go right after the forward (`release_unsaved_inputs`); host uploads go through
+//! pinned memory without libtorch's deprecated device argument.
 
 use flamia_kernels::{AttnOptions, AttnPath};
 use flamia_trainer::attention::{attention, release_unsaved_inputs, Packing};
@@ -202,4 +203,29 @@ fn cuda_flamia_paths_free_q_k_v_after_the_forward_and_backward_the_same() {
             }
         }
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn cuda_uploads_go_through_pinned_memory_and_keep_every_value() {
+    use flamia_trainer::attention::{is_pinned, pinned_copy, upload};
+    let vals: Vec<i64> = vec![0, 1, -7, 1 << 40, i64::MAX, i64::MIN];
+    let t = Tensor::from_slice(&vals);
+    assert!(!is_pinned(&t).unwrap(), "a fresh host tensor is pageable");
+    let p = pinned_copy(&t).unwrap();
+    assert!(is_pinned(&p).unwrap(), "pinned_copy gave pageable memory");
+    assert_eq!(Vec::<i64>::try_from(&p).unwrap(), vals);
+    let dev = Device::Cuda(0);
+    let u = upload(&t, Kind::Int64, dev).unwrap();
+    assert_eq!(u.device(), dev);
+    assert_eq!(Vec::<i64>::try_from(&u.to_device(Device::Cpu)).unwrap(), vals);
+    let cu: Vec<i32> = vec![0, 37, 101, 65_536];
+    let c = upload(&Tensor::from_slice(&cu), Kind::Int, dev).unwrap();
+    assert_eq!((c.device(), c.kind()), (dev, Kind::Int));
+    assert_eq!(Vec::<i32>::try_from(&c.to_device(Device::Cpu)).unwrap(), cu);
+    let err = pinned_copy(&u).unwrap_err().to_string();
+    assert!(
+        err.contains("not the CPU"),
+        "a device tensor must be refused: {err}"
+    );
 }

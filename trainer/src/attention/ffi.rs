@@ -80,6 +80,13 @@ extern "C" {
     fn flamia_bridge_deterministic() -> i32;
     fn flamia_bridge_fill_uninitialized() -> i32;
     fn flamia_bridge_checksum(t: *const CTensor, out: *mut i64, err: *mut c_char, err_len: usize) -> i32;
+    fn flamia_bridge_pin_memory(
+        t: *const CTensor,
+        out: *mut *mut CTensor,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+    fn flamia_bridge_is_pinned(t: *const CTensor, err: *mut c_char, err_len: usize) -> i32;
     fn flamia_bridge_release_unsaved_inputs(
         q: *const CTensor,
         k: *const CTensor,
@@ -121,6 +128,31 @@ pub(crate) fn deterministic() -> bool {
 pub(crate) fn fill_uninitialized() -> bool {
     // SAFETY: a plain query without arguments.
     unsafe { flamia_bridge_fill_uninitialized() != 0 }
+}
+
+/// A pinned host copy of the CPU tensor `t` (see `flamia_bridge_pin_memory`: libtorch's
+/// `pin_memory()` without the device argument it deprecates).
+pub(crate) fn pin_memory(t: &tch::Tensor) -> Result<tch::Tensor, String> {
+    let mut out: *mut CTensor = std::ptr::null_mut();
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: `t` is a live tensor; on success the bridge stores a new heap at::Tensor in `out`.
+    let rc = unsafe { flamia_bridge_pin_memory(t.as_ptr(), &mut out, err.as_mut_ptr(), err.len()) };
+    if rc != 0 || out.is_null() {
+        return Err(bridge_error(&err));
+    }
+    // SAFETY: `out` is a fresh `new at::Tensor` from the bridge, owned from here on.
+    Ok(unsafe { tch::Tensor::from_ptr(out) })
+}
+
+/// Whether `t`'s memory is pinned (libtorch's `is_pinned()` without a device argument).
+pub(crate) fn is_pinned(t: &tch::Tensor) -> Result<bool, String> {
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: `t` is a live tensor; err is writable.
+    match unsafe { flamia_bridge_is_pinned(t.as_ptr(), err.as_mut_ptr(), err.len()) } {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(bridge_error(&err)),
+    }
 }
 
 /// The bit checksums of `t` (see `bits_checksum` in bridge.cpp).

@@ -63,6 +63,29 @@ pub fn release_unsaved_inputs(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttnOpt
     ffi::release_unsaved_inputs(q, k, v, opts.path).map_err(TrainError::Attention)
 }
 
+/// A pinned (page-locked) host copy of the CPU tensor `t`, from libtorch's caching host
+/// allocator. Unlike tch's `pin_memory(device)`, it does not pass the device argument libtorch
+/// 2.11 deprecates (a warning line on every call). Needs a CUDA device.
+pub fn pinned_copy(t: &Tensor) -> Result<Tensor> {
+    ffi::pin_memory(t).map_err(|e| TrainError::Tch(tch::TchError::Torch(e)))
+}
+
+/// Whether `t`'s memory is pinned (without libtorch's deprecated device argument).
+pub fn is_pinned(t: &Tensor) -> Result<bool> {
+    ffi::is_pinned(t).map_err(|e| TrainError::Tch(tch::TchError::Torch(e)))
+}
+
+/// `t` (a CPU tensor) on `device` as `kind`: on CUDA through a [`pinned_copy`] and a
+/// non-blocking upload, so the copy does not wait for the whole stream (a plain `to_device` of
+/// pageable memory does; libtorch's host caching allocator keeps the pinned block until the copy
+/// has run); elsewhere a plain `to_device` (on the CPU, `t` itself where `kind` is its own).
+pub fn upload(t: &Tensor, kind: Kind, device: Device) -> Result<Tensor> {
+    match device {
+        Device::Cuda(_) => Ok(pinned_copy(t)?.f_to_device_(device, kind, true, false)?),
+        _ => Ok(t.f_to_device_(device, kind, false, false)?),
+    }
+}
+
 /// Seconds spent so far inside attention forward/backward calls of every path (on CUDA only
 /// meaningful with [`set_profile_cuda`], since kernels run asynchronously).
 pub fn callback_seconds() -> f64 {
@@ -95,16 +118,10 @@ impl Packing {
         }
         let cu: Vec<i32> = cu_seqlens.iter().map(|&c| c as i32).collect();
         let cu_host = Tensor::from_slice(&cu);
-        // On CUDA: a pinned staging copy and a non-blocking upload (libtorch's host caching
-        // allocator keeps the pinned block until the copy has run), so building a packing never
-        // drains the stream; `cu_host` stays pageable for the bridge's host-side reads.
-        let cu_dev = if device == Device::Cpu {
-            cu_host.shallow_clone()
-        } else {
-            cu_host
-                .f_pin_memory(device)?
-                .f_to_device_(device, Kind::Int, true, false)?
-        };
+        // On CUDA a pinned staging copy and a non-blocking upload ([`upload`]), so building a
+        // packing never drains the stream; `cu_host` stays pageable for the bridge's host-side
+        // reads.
+        let cu_dev = upload(&cu_host, Kind::Int, device)?;
         let max_seqlen = cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0) as i64;
         Ok(Packing {
             cu_host,

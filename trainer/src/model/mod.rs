@@ -491,13 +491,7 @@ fn backprop(y: &Tensor, g: &Tensor) -> Result<()> {
 /// Copies host int64 data to `device`: asynchronously from pinned memory on CUDA (a plain
 /// `to_device` of pageable memory waits for the whole stream), as is on the CPU.
 pub fn host_to_device(data: &[i64], device: Device) -> Result<Tensor> {
-    let t = Tensor::from_slice(data);
-    match device {
-        Device::Cuda(_) => Ok(t
-            .f_pin_memory(device)?
-            .f_to_device_(device, Kind::Int64, true, false)?),
-        _ => Ok(t),
-    }
+    crate::attention::upload(&Tensor::from_slice(data), Kind::Int64, device)
 }
 
 #[cfg(test)]
