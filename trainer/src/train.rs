@@ -33,6 +33,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use flamia_data::{Batch, DataState, Loader};
+use flamia_kernels::gpu::kernel_builds;
 use flamia_kernels::{AttnOptions, AttnPath};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
@@ -173,6 +174,7 @@ fn run_steps(run: &mut Run, cfg: &TrainConfig, ddp: &mut Ddp) -> Result<()> {
         ddp.check()?;
         let t0 = Instant::now();
         let attn0 = callback_seconds();
+        let builds0 = kernel_builds();
         let step = match next.take() {
             Some(s) => s,
             None => run.batch(ddp)?,
@@ -187,7 +189,7 @@ fn run_steps(run: &mut Run, cfg: &TrainConfig, ddp: &mut Ddp) -> Result<()> {
         }
         let lr = lr_at(&cfg.training, run.st.step);
         let skipped = run.optimizer(ddp, loss, grad_norm, lr, &step)?;
-        let timing = run.timing(t0, attn0);
+        let timing = run.timing(t0, attn0, builds0);
         let val = run.validate(ddp)?;
         run.metrics(&step, timing, loss, grad_norm, lr, skipped, val)?;
         run.checkpoint(ddp)?;
@@ -279,10 +281,26 @@ struct ResumePlan {
     data_states: Option<Vec<DataState>>,
 }
 
-/// A step's wall time and attention seconds, taken before any validation pass.
+/// A step's wall time and attention seconds, taken before any validation pass, and the kernel
+/// builds (count, seconds) it ran into.
 struct Timing {
     dt: f64,
     attn: f64,
+    builds: (u64, f64),
+}
+
+/// The log line for a step that spent a second or more building kernels (`builds`: count,
+/// seconds), so its step time is not read as the kernels' speed; `None` below that.
+fn build_note(step: usize, builds: (u64, f64), step_s: f64) -> Option<String> {
+    let (n, secs) = builds;
+    (n > 0 && secs >= 1.0).then(|| {
+        format!(
+            "step {step}: {secs:.1} s of its {step_s:.1} s built {n} attention kernel module{} (the \
+             first use of a kernel variant in this process; the PTX is cached on disk and the \
+             driver caches the machine code, so later runs on this machine skip most of it)",
+            if n == 1 { "" } else { "s" }
+        )
+    })
 }
 
 impl<'a> Run<'a> {
@@ -697,13 +715,15 @@ impl<'a> Run<'a> {
 
     /// The step's wall time and attention seconds; logged steps wait for the device first (only
     /// those do, so their step time is complete).
-    fn timing(&self, t0: Instant, attn0: f64) -> Timing {
+    fn timing(&self, t0: Instant, attn0: f64, builds0: (u64, f64)) -> Timing {
         if let (true, Device::Cuda(i)) = (self.logged(), self.device) {
             tch::Cuda::synchronize(i as i64);
         }
+        let builds = kernel_builds();
         Timing {
             dt: t0.elapsed().as_secs_f64(),
             attn: callback_seconds() - attn0,
+            builds: (builds.0 - builds0.0, builds.1 - builds0.1),
         }
     }
 
@@ -797,10 +817,14 @@ impl<'a> Run<'a> {
             step_time_s: dt,
             attn_time_s: timing.attn,
             memory_gib: crate::memory::peak_gib(self.device, &mut self.peak_mem),
+            kernel_build_s: (timing.builds.0 > 0).then_some(timing.builds.1),
             val_loss: val.map(|v| v.loss),
             val_tokens: val.map(|v| v.tokens),
             val_loss_exact: val.and_then(|v| v.exact_loss),
         };
+        if let Some(line) = build_note(s, timing.builds, dt) {
+            tracing::info!("{line}");
+        }
         self.losses.push(loss);
         self.tps_sum += tps;
         self.mfu_sum += mfu.unwrap_or(0.0);
@@ -1206,6 +1230,23 @@ pub fn fmt_count(n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steps_that_built_kernels_for_a_second_or_more_say_so() {
+        assert_eq!(build_note(3, (0, 0.0), 0.4), None, "no builds");
+        assert_eq!(
+            build_note(3, (2, 0.2), 0.6),
+            None,
+            "builds from the caches are quick: no line"
+        );
+        let line = build_note(8, (1, 3.78), 4.01).unwrap();
+        assert!(
+            line.starts_with("step 8: 3.8 s of its 4.0 s built 1 attention kernel module "),
+            "{line}"
+        );
+        let line = build_note(1, (14, 6.79), 7.55).unwrap();
+        assert!(line.contains("built 14 attention kernel modules"), "{line}");
+    }
 
     #[test]
     fn flamia_paths_on_cuda_refuse_head_dims_their_kernels_do_not_take() {

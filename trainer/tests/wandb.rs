@@ -98,6 +98,7 @@ fn metrics(step: usize) -> StepMetrics {
         step_time_s: 0.1,
         attn_time_s: 0.01,
         memory_gib: 0.5,
+        kernel_build_s: None,
         // Step 2 is a validation step.
         val_loss: (step == 2).then_some(4.9),
         val_tokens: (step == 2).then_some(4096),

@@ -164,6 +164,21 @@ pub fn arch_for(major: i32, minor: i32) -> &'static str {
     }
 }
 
+/// Kernel modules this process has built (NVRTC's PTX, or the disk cache's, then the driver's
+/// load, which compiles the PTX to SASS unless its own per-machine cache has it) and the
+/// nanoseconds that took: [`kernel_builds`].
+static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static BUILD_NANOS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many kernel modules this process has built so far (each (source, variant) once per GPU,
+/// on its first launch) and the wall seconds those builds took. A build of a large variant takes
+/// seconds when neither the disk cache ([`super::kcache`]) nor the driver's own cache has it, so
+/// a caller that times its work (the trainer's step times) can tell a build from a slow step.
+pub fn kernel_builds() -> (u64, f64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (BUILDS.load(Relaxed), BUILD_NANOS.load(Relaxed) as f64 * 1e-9)
+}
+
 /// True when libnvrtc can be loaded.
 pub fn nvrtc_available() -> bool {
     // SAFETY: only tries to dlopen the library by its usual names.
@@ -382,6 +397,7 @@ impl Gpu {
         if let Some(m) = modules.get(&key) {
             return Ok(m.clone());
         }
+        let t0 = std::time::Instant::now();
         let dir = kcache::cache_dir();
         let (ptx, cached) = compile_ptx_cached(dir.as_deref(), source, variant, self.arch)?;
         let m = match self.ctx.load_module(ptx) {
@@ -394,6 +410,11 @@ impl Gpu {
         }
         .ctx(&format!("cuModuleLoadData({source} [{}])", variant.key()))?;
         modules.insert(key, m.clone());
+        {
+            use std::sync::atomic::Ordering::Relaxed;
+            BUILDS.fetch_add(1, Relaxed);
+            BUILD_NANOS.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        }
         Ok(m)
     }
 
