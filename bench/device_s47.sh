@@ -7,7 +7,8 @@
 # .device-carry/kc, and run `tar -C .device-carry -xzf .device-carry/z/bwd4.tgz` first.
 #   p: bridge_cuda (all four GPU tests, the new upload test among them), then the 1B model at
 #      16,384-token rows, short documents, bf16 and mxfp8 (bench/trainer_1b.sh), and the count
-#      of deprecation lines in its logs (0 expected)
+#      of deprecation lines in its logs (0 expected); the steps that built kernels (log lines and
+#      metrics.jsonl's kernel_build_s)
 #   pw: p, then device_s46.sh w (the long documents' default against session 43's binary; for
 #      an H200, which has not run session 46's fix)
 set -u
@@ -25,6 +26,8 @@ p|pw) $C/bridge_cuda --ignored --test-threads 1 2>&1 | tail -8
    mkdir -p "$O/t1b"
    OUT=$O/t1b B=$C/flamia ROWS=16384 DOCS=short OOM_CHECK=0 bash bench/trainer_1b.sh 2>&1 | grep -v "Memory.cpp" | tail -8
    echo "deprecation lines in the trainer logs: $(cat "$O"/t1b/t1b-*.log | grep -c "is deprecated")"
+   grep -h "attention kernel module" "$O"/t1b/t1b-*.log | cut -c1-200
+   grep -o '"run":"[^"]*","step":[0-9]*\|"kernel_build_s":[0-9.]*' "$O"/t1b/trainer_1b_metrics.jsonl | paste -sd' ' | fold -w 200
    tar -C "$O" -czf "$O/t1b.tgz" t1b && rm -rf "$O/t1b" ;;
 *) echo "device_s47.sh: unknown mode '$mode' (p, pw)"; exit 2 ;;
 esac
