@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use flamia_data::{Batch, DataState, Loader};
-use flamia_kernels::gpu::kernel_builds;
+use flamia_kernels::gpu::{kernel_builds, KernelBuilds};
 use flamia_kernels::{AttnOptions, AttnPath};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
@@ -254,6 +254,9 @@ struct Run<'a> {
     peak_mem: f64,
     t_run: Instant,
     attn_run0: f64,
+    /// The kernel builds up to the last logged metrics line (`kernel_build_s` reports the ones
+    /// after it).
+    builds_logged: KernelBuilds,
     /// `FLAMIA_TRACE_CHECKSUMS`: per-step gradient checksums (docs/training.md).
     trace: Option<crate::determinism::Trace>,
     /// Validation during training (`training.val_every`), if on and there is a split.
@@ -282,17 +285,17 @@ struct ResumePlan {
 }
 
 /// A step's wall time and attention seconds, taken before any validation pass, and the kernel
-/// builds (count, seconds) it ran into.
+/// builds it ran into.
 struct Timing {
     dt: f64,
     attn: f64,
-    builds: (u64, f64),
+    builds: KernelBuilds,
 }
 
-/// The log line for a step that spent a second or more building kernels (`builds`: count,
-/// seconds), so its step time is not read as the kernels' speed; `None` below that.
-fn build_note(step: usize, builds: (u64, f64), step_s: f64) -> Option<String> {
-    let (n, secs) = builds;
+/// The log line for a step that spent a second or more building kernels, so its step time is
+/// not read as the kernels' speed; `None` below that.
+fn build_note(step: usize, builds: KernelBuilds, step_s: f64) -> Option<String> {
+    let (n, secs) = (builds.modules, builds.seconds);
     (n > 0 && secs >= 1.0).then(|| {
         format!(
             "step {step}: {secs:.1} s of its {step_s:.1} s built {n} attention kernel module{} (the \
@@ -510,6 +513,7 @@ impl<'a> Run<'a> {
             peak_mem: 0.0,
             t_run: Instant::now(),
             attn_run0: callback_seconds(),
+            builds_logged: kernel_builds(),
             trace: crate::determinism::Trace::from_env(),
             validator,
             val_losses: Vec::new(),
@@ -715,15 +719,14 @@ impl<'a> Run<'a> {
 
     /// The step's wall time and attention seconds; logged steps wait for the device first (only
     /// those do, so their step time is complete).
-    fn timing(&self, t0: Instant, attn0: f64, builds0: (u64, f64)) -> Timing {
+    fn timing(&self, t0: Instant, attn0: f64, builds0: KernelBuilds) -> Timing {
         if let (true, Device::Cuda(i)) = (self.logged(), self.device) {
             tch::Cuda::synchronize(i as i64);
         }
-        let builds = kernel_builds();
         Timing {
             dt: t0.elapsed().as_secs_f64(),
             attn: callback_seconds() - attn0,
-            builds: (builds.0 - builds0.0, builds.1 - builds0.1),
+            builds: kernel_builds().since(&builds0),
         }
     }
 
@@ -805,6 +808,15 @@ impl<'a> Run<'a> {
         let dt = timing.dt;
         let tps = self.tokens_per_step as f64 / dt;
         let mfu = matches!(self.device, Device::Cuda(_)).then(|| 100.0 * step.flops / dt / PEAK_BF16_FLOPS);
+        // the kernel builds since the previous logged line (validation passes' included)
+        let kernel_build_s = if logged {
+            let now = kernel_builds();
+            let b = now.since(&self.builds_logged);
+            self.builds_logged = now;
+            (b.modules > 0).then_some(b.seconds)
+        } else {
+            None
+        };
         let m = StepMetrics {
             step: s,
             loss,
@@ -817,11 +829,12 @@ impl<'a> Run<'a> {
             step_time_s: dt,
             attn_time_s: timing.attn,
             memory_gib: crate::memory::peak_gib(self.device, &mut self.peak_mem),
-            kernel_build_s: (timing.builds.0 > 0).then_some(timing.builds.1),
+            kernel_build_s,
             val_loss: val.map(|v| v.loss),
             val_tokens: val.map(|v| v.tokens),
             val_loss_exact: val.and_then(|v| v.exact_loss),
         };
+        // (every rank logs it: each builds its own kernels)
         if let Some(line) = build_note(s, timing.builds, dt) {
             tracing::info!("{line}");
         }
@@ -1231,20 +1244,24 @@ pub fn fmt_count(n: usize) -> String {
 mod tests {
     use super::*;
 
+    fn kb(modules: u64, seconds: f64) -> KernelBuilds {
+        KernelBuilds { modules, seconds }
+    }
+
     #[test]
     fn steps_that_built_kernels_for_a_second_or_more_say_so() {
-        assert_eq!(build_note(3, (0, 0.0), 0.4), None, "no builds");
+        assert_eq!(build_note(3, kb(0, 0.0), 0.4), None, "no builds");
         assert_eq!(
-            build_note(3, (2, 0.2), 0.6),
+            build_note(3, kb(2, 0.2), 0.6),
             None,
             "builds from the caches are quick: no line"
         );
-        let line = build_note(8, (1, 3.78), 4.01).unwrap();
+        let line = build_note(8, kb(1, 3.78), 4.01).unwrap();
         assert!(
             line.starts_with("step 8: 3.8 s of its 4.0 s built 1 attention kernel module "),
             "{line}"
         );
-        let line = build_note(1, (14, 6.79), 7.55).unwrap();
+        let line = build_note(1, kb(14, 6.79), 7.55).unwrap();
         assert!(line.contains("built 14 attention kernel modules"), "{line}");
     }
 

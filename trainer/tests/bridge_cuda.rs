@@ -209,6 +209,7 @@ fn cuda_flamia_paths_free_q_k_v_after_the_forward_and_backward_the_same() {
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn cuda_uploads_go_through_pinned_memory_and_keep_every_value() {
     use flamia_trainer::attention::{is_pinned, pinned_copy, upload};
+    assert!(tch::Cuda::is_available(), "this test needs a CUDA device");
     let vals: Vec<i64> = vec![0, 1, -7, 1 << 40, i64::MAX, i64::MIN];
     let t = Tensor::from_slice(&vals);
     assert!(!is_pinned(&t).unwrap(), "a fresh host tensor is pageable");
@@ -223,6 +224,28 @@ fn cuda_uploads_go_through_pinned_memory_and_keep_every_value() {
     let c = upload(&Tensor::from_slice(&cu), Kind::Int, dev).unwrap();
     assert_eq!((c.device(), c.kind()), (dev, Kind::Int));
     assert_eq!(Vec::<i32>::try_from(&c.to_device(Device::Cpu)).unwrap(), cu);
+    // a converting upload (i64 on the host, int32 on the device)
+    let c64 = upload(&Tensor::from_slice(&[3i64, -9, 70_000]), Kind::Int, dev).unwrap();
+    assert_eq!(
+        Vec::<i32>::try_from(&c64.to_device(Device::Cpu)).unwrap(),
+        vec![3, -9, 70_000]
+    );
+    // many uploads queued without a synchronisation, each host tensor dropped right away: the
+    // pinned blocks must not be reused before their copies have run
+    let ups: Vec<Tensor> = (0..256i64)
+        .map(|i| {
+            let host: Vec<i64> = (0..1000).map(|j| i * 1_000_003 + j).collect();
+            upload(&Tensor::from_slice(&host), Kind::Int64, dev).unwrap()
+        })
+        .collect();
+    for (i, u) in ups.iter().enumerate() {
+        let want: Vec<i64> = (0..1000).map(|j| i as i64 * 1_000_003 + j).collect();
+        assert_eq!(
+            Vec::<i64>::try_from(&u.to_device(Device::Cpu)).unwrap(),
+            want,
+            "upload {i}"
+        );
+    }
     let err = pinned_copy(&u).unwrap_err().to_string();
     assert!(
         err.contains("not the CPU"),

@@ -33,7 +33,7 @@ pub use buffer::DeviceBuf;
 pub use error::{GpuError, GpuResult};
 pub use plan::{Plan, GPU_HEAD_DIMS};
 pub use quant::{Nvfp4Operand, Operand};
-pub use runtime::{kernel_builds, Gpu, RawStream, Variant};
+pub use runtime::{kernel_builds, Gpu, KernelBuilds, RawStream, Variant};
 
 /// The number in environment variable `var` (surrounding spaces ignored), if it is set and parses:
 /// the development and test knobs of the kernels (`FLAMIA_*`).

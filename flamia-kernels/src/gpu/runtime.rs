@@ -166,17 +166,38 @@ pub fn arch_for(major: i32, minor: i32) -> &'static str {
 
 /// Kernel modules this process has built (NVRTC's PTX, or the disk cache's, then the driver's
 /// load, which compiles the PTX to SASS unless its own per-machine cache has it) and the
-/// nanoseconds that took: [`kernel_builds`].
-static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-static BUILD_NANOS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// nanoseconds that took, updated together: [`kernel_builds`].
+static BUILDS: Mutex<(u64, u64)> = Mutex::new((0, 0));
 
-/// How many kernel modules this process has built so far (each (source, variant) once per GPU,
-/// on its first launch) and the wall seconds those builds took. A build of a large variant takes
-/// seconds when neither the disk cache ([`super::kcache`]) nor the driver's own cache has it, so
-/// a caller that times its work (the trainer's step times) can tell a build from a slow step.
-pub fn kernel_builds() -> (u64, f64) {
-    use std::sync::atomic::Ordering::Relaxed;
-    (BUILDS.load(Relaxed), BUILD_NANOS.load(Relaxed) as f64 * 1e-9)
+/// Kernel modules built and the wall seconds the builds took (see [`kernel_builds`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct KernelBuilds {
+    /// Modules built (each (source, variant) once per GPU and process, on its first launch).
+    pub modules: u64,
+    /// Wall seconds those builds took.
+    pub seconds: f64,
+}
+
+impl KernelBuilds {
+    /// The builds after `earlier` (an earlier [`kernel_builds`] reading) up to `self`.
+    pub fn since(&self, earlier: &KernelBuilds) -> KernelBuilds {
+        KernelBuilds {
+            modules: self.modules.saturating_sub(earlier.modules),
+            seconds: (self.seconds - earlier.seconds).max(0.0),
+        }
+    }
+}
+
+/// The kernel modules this process has built so far and the seconds those builds took. A build
+/// of a large variant takes seconds when neither the disk cache ([`super::kcache`]) nor the
+/// driver's own cache has it, so a caller that times its work (the trainer's step times) can tell
+/// a build from a slow step: take a reading before and after, then [`KernelBuilds::since`].
+pub fn kernel_builds() -> KernelBuilds {
+    let (modules, nanos) = *BUILDS.lock().unwrap_or_else(|p| p.into_inner());
+    KernelBuilds {
+        modules,
+        seconds: nanos as f64 * 1e-9,
+    }
 }
 
 /// True when libnvrtc can be loaded.
@@ -411,9 +432,9 @@ impl Gpu {
         .ctx(&format!("cuModuleLoadData({source} [{}])", variant.key()))?;
         modules.insert(key, m.clone());
         {
-            use std::sync::atomic::Ordering::Relaxed;
-            BUILDS.fetch_add(1, Relaxed);
-            BUILD_NANOS.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+            let mut b = BUILDS.lock().unwrap_or_else(|p| p.into_inner());
+            b.0 += 1;
+            b.1 += t0.elapsed().as_nanos() as u64;
         }
         Ok(m)
     }
@@ -667,6 +688,30 @@ pub(crate) mod tests {
         );
         eprintln!("{test}: SKIPPED, NVRTC not found (source scripts/env.sh to run it)");
         false
+    }
+
+    #[test]
+    fn kernel_builds_since_an_earlier_reading_count_only_the_later_builds() {
+        let a = KernelBuilds {
+            modules: 3,
+            seconds: 1.5,
+        };
+        let b = KernelBuilds {
+            modules: 5,
+            seconds: 4.0,
+        };
+        assert_eq!(
+            b.since(&a),
+            KernelBuilds {
+                modules: 2,
+                seconds: 2.5
+            }
+        );
+        assert_eq!(b.since(&b), KernelBuilds::default());
+        // (never negative, whatever order the readings come in)
+        assert_eq!(a.since(&b), KernelBuilds::default());
+        let now = kernel_builds();
+        assert!(now.since(&KernelBuilds::default()) == now && now.seconds >= 0.0);
     }
 
     #[test]

@@ -65,7 +65,9 @@ pub fn release_unsaved_inputs(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttnOpt
 
 /// A pinned (page-locked) host copy of the CPU tensor `t`, from libtorch's caching host
 /// allocator. Unlike tch's `pin_memory(device)`, it does not pass the device argument libtorch
-/// 2.11 deprecates (a warning line on every call). Needs a CUDA device.
+/// 2.11 deprecates (a warning line on every call). Needs a CUDA device. Errors are libtorch's
+/// (`TrainError::Tch`, as tch's own `pin_memory` gave them, so a host out-of-memory reads the
+/// same), not the attention bridge's.
 pub fn pinned_copy(t: &Tensor) -> Result<Tensor> {
     ffi::pin_memory(t).map_err(|e| TrainError::Tch(tch::TchError::Torch(e)))
 }
@@ -75,13 +77,22 @@ pub fn is_pinned(t: &Tensor) -> Result<bool> {
     ffi::is_pinned(t).map_err(|e| TrainError::Tch(tch::TchError::Torch(e)))
 }
 
-/// `t` (a CPU tensor) on `device` as `kind`: on CUDA through a [`pinned_copy`] and a
-/// non-blocking upload, so the copy does not wait for the whole stream (a plain `to_device` of
-/// pageable memory does; libtorch's host caching allocator keeps the pinned block until the copy
-/// has run); elsewhere a plain `to_device` (on the CPU, `t` itself where `kind` is its own).
+/// `t` (a CPU tensor) on `device` as `kind`: on CUDA converted on the host first, then through a
+/// [`pinned_copy`] and a non-blocking upload, so the copy does not wait for the whole stream (a
+/// plain `to_device` of pageable memory does; libtorch's host caching allocator keeps the pinned
+/// block until the copy has run); elsewhere a plain `to_device` (on the CPU, `t` itself where
+/// `kind` is its own).
 pub fn upload(t: &Tensor, kind: Kind, device: Device) -> Result<Tensor> {
     match device {
-        Device::Cuda(_) => Ok(pinned_copy(t)?.f_to_device_(device, kind, true, false)?),
+        Device::Cuda(_) => {
+            // (a conversion inside the copy would go through a pageable temporary)
+            let host = if t.kind() == kind {
+                t.shallow_clone()
+            } else {
+                t.f_to_kind(kind)?
+            };
+            Ok(pinned_copy(&host)?.f_to_device_(device, kind, true, false)?)
+        }
         _ => Ok(t.f_to_device_(device, kind, false, false)?),
     }
 }
@@ -118,7 +129,7 @@ impl Packing {
         }
         let cu: Vec<i32> = cu_seqlens.iter().map(|&c| c as i32).collect();
         let cu_host = Tensor::from_slice(&cu);
-        // On CUDA a pinned staging copy and a non-blocking upload ([`upload`]), so building a
+        // On CUDA a pinned staging copy and a non-blocking upload (`upload`), so building a
         // packing never drains the stream; `cu_host` stays pageable for the bridge's host-side
         // reads.
         let cu_dev = upload(&cu_host, Kind::Int, device)?;

@@ -38,10 +38,11 @@ pub struct StepMetrics {
     pub attn_time_s: f64,
     /// Peak memory in GiB (GPU: device memory in use at its highest; CPU: process peak RSS).
     pub memory_gib: f64,
-    /// Seconds of this step spent building attention kernels (the first launch of a kernel
-    /// variant in this process: NVRTC or the disk cache, then the driver's load; seconds only on
-    /// a machine that has not built the variant before). Only on steps that built any; the key
-    /// is absent otherwise, so a slow step is told from slow kernels.
+    /// Seconds spent building attention kernels since the previous logged line, validation
+    /// passes included (the first launch of a kernel variant in this process: NVRTC or the disk
+    /// cache, then the driver's load; seconds only on a machine that has not built the variant
+    /// before). Only on lines after which kernels were built; the key is absent otherwise, so a
+    /// slow step is told from slow kernels.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_build_s: Option<f64>,
     /// Mean next-token loss on the validation split after this step's update (only on
