@@ -11,12 +11,18 @@
 #      metrics.jsonl's kernel_build_s)
 #   pw: p, then device_s46.sh w (the long documents' default against session 43's binary; for
 #      an H200, which has not run session 46's fix)
+#   o: where the long documents' remaining 4-6% of cycles against session 43's binary go (calls
+#      1 and 5: at 1x65536 only, 2x32768 level, the step loops the same opcodes): the phases
+#      (BWD_PROF_PHASES) and the dQ reducers' clocks (BWD_PROF_REDUCER) of today's default and
+#      of session 43's binary on its own sources, at 1x65536 and 2x32768. Stage the old builds'
+#      profiling sources in $C/old/cuda-phases and $C/old/cuda-redprof (354b87a's cuda/ with the
+#      define at the top of attn_bwd_v4.cu: `git archive 354b87a flamia-kernels/cuda`)
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s47.sh p|pw}
+mode=${1:?usage: device_s47.sh p|pw|o}
 kcache_setup
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -29,7 +35,16 @@ p|pw) $C/bridge_cuda --ignored --test-threads 1 2>&1 | tail -8
    grep -h "attention kernel module" "$O"/t1b/t1b-*.log | cut -c1-200
    grep -o '"run":"[^"]*","step":[0-9]*\|"kernel_build_s":[0-9.]*' "$O"/t1b/trainer_1b_metrics.jsonl | paste -sd' ' | fold -w 200
    tar -C "$O" -czf "$O/t1b.tgz" t1b && rm -rf "$O/t1b" ;;
-*) echo "device_s47.sh: unknown mode '$mode' (p, pw)"; exit 2 ;;
+o) c0=$C
+   for w in 1x65536 2x32768; do
+     for b in new old; do
+       [ $b = old ] && C=$c0/old
+       prof_log phases-$b cuda-phases $w "^bwd4 |phase" 12
+       prof_log redprof-$b cuda-redprof $w "^bwd4 reducer" 4
+       C=$c0
+     done
+   done ;;
+*) echo "device_s47.sh: unknown mode '$mode' (p, pw, o)"; exit 2 ;;
 esac
 kcache_pack
 date
