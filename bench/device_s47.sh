@@ -17,12 +17,16 @@
 #      of session 43's binary on its own sources, at 1x65536 and 2x32768. Stage the old builds'
 #      profiling sources in $C/old/cuda-phases and $C/old/cuda-redprof (354b87a's cuda/ with the
 #      define at the top of attn_bwd_v4.cu: `git archive 354b87a flamia-kernels/cuda`)
+#   l: the layout test: session 43's binary on its own sources with `char pad47[24];` before
+#      BwdV4Smem's `red` ($C/old/cuda-pad24: today's shared-memory offsets in the interior step
+#      loop, checked with kernel-regs.py --step-diff), beside that binary and today's default,
+#      two rounds at 1x65536
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s47.sh p|pw|o}
+mode=${1:?usage: device_s47.sh p|pw|o|l}
 kcache_setup
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -44,7 +48,18 @@ o) c0=$C
        C=$c0
      done
    done ;;
-*) echo "device_s47.sh: unknown mode '$mode' (p, pw, o)"; exit 2 ;;
+l) # is the 24-byte shift the cause? session 43's binary on its own sources with 24 bytes of
+   # padding before the block maxima (today's offsets in the interior step loop: kernel-regs.py
+   # --step-diff), beside the plain old binary and today's default, two rounds at 1x65536
+   c0=$C
+   for r in 1 2; do
+     bench_mhz "layout today's default round $r" - --workload 1x65536
+     C=$c0/old
+     bench_mhz "layout session 43's binary round $r" - --workload 1x65536
+     bench_mhz "layout session 43's binary, offsets +24 round $r" "FLAMIA_CUDA_DIR=$C/cuda-pad24" --workload 1x65536
+     C=$c0
+   done ;;
+*) echo "device_s47.sh: unknown mode '$mode' (p, pw, o, l)"; exit 2 ;;
 esac
 kcache_pack
 date

@@ -26,6 +26,7 @@ import argparse
 import re
 import ctypes
 import glob
+import difflib
 import os
 import subprocess
 import sys
@@ -123,6 +124,12 @@ def main():
                          "whether the SASS of every kernel is the same, instruction for instruction (addresses "
                          "and line info aside), else where they first differ: a refactor's check that the "
                          "build a measurement was taken on is unchanged (session 38)")
+    ap.add_argument("--step-diff", metavar="DIR",
+                    help="with --bwd-per-step: each step loop's SASS from --dir against the same loop built from "
+                         "DIR's sources (same defines), registers and predicates renamed away, as a unified "
+                         "diff: whether two builds' step code differs beyond register allocation (session 47: "
+                         "the long build's loops are session 43's but for one UIADD3 and shared-memory offsets "
+                         "24 bytes higher)")
     ap.add_argument("--whole", action="store_true", help="with --lines: count the whole kernel, not its largest loop")
     ap.add_argument("--top", type=int, default=40, help="with --lines: how many source lines to print (default 40)")
     a = ap.parse_args()
@@ -402,7 +409,33 @@ def bwd_per_step(a):
             over += 1
         if a.opcodes:
             print_opcodes(body)
+    if a.step_diff:
+        other = sass_lines(lib, a.step_diff, "attn_bwd_v4.cu", a.defines, "attn_bwd_v4")
+        theirs = loops_with(other, n_gmma)
+        if len(theirs) != len(loops):
+            print(f"step-diff: {len(loops)} step loops here, {len(theirs)} in {a.step_diff}")
+            return 1
+        for (lo, hi), (olo, ohi) in zip(loops, theirs):
+            mine = [normalised(t) for addr, _, t in ins if lo <= addr <= hi]
+            them = [normalised(t) for addr, _, t in other if olo <= addr <= ohi]
+            diff = list(difflib.unified_diff(them, mine, f"{a.step_diff} [{olo:#x}, {ohi:#x}]",
+                                             f"{a.dir} [{lo:#x}, {hi:#x}]", n=0, lineterm=""))
+            changed = sum(1 for d in diff if d[:1] in "+-" and not d.startswith(("+++", "---")))
+            print(f"step-diff [{lo:#x}, {hi:#x}]: {changed} lines differ from {a.step_diff}'s loop"
+                  + (" (the same code)" if not changed else ""))
+            for d in diff:
+                print("   " + d)
     return 1 if over else 0
+
+
+def normalised(text):
+    """A SASS instruction without its register and predicate names (and branch targets'
+    addresses, which move with the code around a loop): what two builds' loops share when only
+    the allocation differs."""
+    t = text.split(";")[0].strip()
+    t = re.sub(r"\bU?R\d+\b", "R", t)
+    t = re.sub(r"\bU?P\d\b", "P", t)
+    return re.sub(r"\b(BRA|BSSY B\d+,|CALL\.REL(?:\.NOINC)?) (`?\(?)0x[0-9a-f]+", r"\1 \2ADDR", t)
 
 
 def bwd_per_item(a):
