@@ -20,7 +20,9 @@
 #   l: the layout test: session 43's binary on its own sources with `char pad47[24];` before
 #      BwdV4Smem's `red` ($C/old/cuda-pad24: today's shared-memory offsets in the interior step
 #      loop, checked with kernel-regs.py --step-diff), beside that binary and today's default,
-#      two rounds at 1x65536
+#      and today's sources with `char pad47[104];` there ($C/cuda-pad128: session 43's offsets
+#      + 128, the same banks: the candidate fix if the offsets are the cause), two rounds at
+#      1x65536
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
@@ -54,6 +56,7 @@ l) # is the 24-byte shift the cause? session 43's binary on its own sources with
    c0=$C
    for r in 1 2; do
      bench_mhz "layout today's default round $r" - --workload 1x65536
+     bench_mhz "layout today's default, offsets of session 43 + 128 round $r" "FLAMIA_CUDA_DIR=$C/cuda-pad128" --workload 1x65536
      C=$c0/old
      bench_mhz "layout session 43's binary round $r" - --workload 1x65536
      bench_mhz "layout session 43's binary, offsets +24 round $r" "FLAMIA_CUDA_DIR=$C/cuda-pad24" --workload 1x65536
