@@ -22,7 +22,7 @@
 #      loop, checked with kernel-regs.py --step-diff), beside that binary and today's default,
 #      and today's sources with `char pad47[104];` there ($C/cuda-pad128: session 43's offsets
 #      + 128, the same banks: the candidate fix if the offsets are the cause), two rounds at
-#      1x65536
+#      1x65536; then one call at 1x131072 for the memory bar
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
@@ -61,7 +61,10 @@ l) # is the 24-byte shift the cause? session 43's binary on its own sources with
      bench_mhz "layout session 43's binary round $r" - --workload 1x65536
      bench_mhz "layout session 43's binary, offsets +24 round $r" "FLAMIA_CUDA_DIR=$C/cuda-pad24" --workload 1x65536
      C=$c0
-   done ;;
+   done
+   # issue 13's memory bar (<= 2.7 GB for one call at a 131,072-token row; 2,376 MiB in session
+   # 25, before BWD_KEYS_TMA's key records, ~40 MiB more at this length): the MiB column
+   bench_mhz "memory today's default" - --workload 1x131072 ;;
 *) echo "device_s47.sh: unknown mode '$mode' (p, pw, o, l)"; exit 2 ;;
 esac
 kcache_pack
