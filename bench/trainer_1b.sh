@@ -67,13 +67,18 @@ run() {  # name, seq_len, max_doc_tokens, path, checkpointing, steps[, model.rms
 import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1])]
 if not rows: sys.exit(0)
-warm = [r for r in rows if r["step"] > 2] or rows
+# (steps that spent half a second or more building kernels, metrics.jsonl's kernel_build_s, time
+# the build, not the kernels: left out of the medians and counted)
+built = lambda r: (r.get("kernel_build_s") or 0) >= 0.5
+warm = [r for r in rows if r["step"] > 2 and not built(r)] or rows
 def med(k):
     v = [r[k] for r in warm if r.get(k) is not None]
     return statistics.median(v) if v else float("nan")
+nb = sum(1 for r in rows if r["step"] > 2 and built(r))
 print(f'{sys.argv[2]:<28} steps {len(rows)}  tok/s {med("tps"):>9,.0f}  MFU {med("mfu_pct"):5.1f}%  '
       f'step {med("step_time_s"):6.3f} s  peak {max(r["memory_gib"] for r in rows):6.2f} GiB  '
-      f'loss {rows[0]["loss"]:.3f} -> {rows[-1]["loss"]:.3f}')
+      f'loss {rows[0]["loss"]:.3f} -> {rows[-1]["loss"]:.3f}'
+      + (f'  ({nb} later step{"s" if nb > 1 else ""} with kernel builds left out)' if nb else ''))
 PY
   sed "s/^{/{\"run\":\"$name\",/" /tmp/t1b-$name/metrics.jsonl >> "$O/trainer_1b_metrics.jsonl"
   rm -rf /tmp/t1b-$name
@@ -98,23 +103,30 @@ if [ "${OOM_CHECK:-1}" = 1 ]; then  # expected to fail: a clear out-of-memory er
 fi
 # Per step, each mxfp8 run against the bf16 run of the same rows, documents and settings (the
 # same data step by step): a medians-only table hides a step that one path spent compiling a
-# kernel variant or that held other documents (session 29: 1.062x by medians, 1.14-1.19x by step).
+# kernel variant or that held other documents (session 29: 1.062x by medians, 1.14-1.19x by step);
+# steps with kernel builds (metrics.jsonl's kernel_build_s, since session 47) are shown, not counted.
 [ -f "$O/trainer_1b_metrics.jsonl" ] && "$PY" - "$O/trainer_1b_metrics.jsonl" <<'PY'
 import json, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    runs.setdefault(r["run"], {})[r["step"]] = r["tps"]
+    runs.setdefault(r["run"], {})[r["step"]] = (r["tps"], r.get("kernel_build_s") or 0)
 for name, fp8 in runs.items():
     if not name.startswith("mxfp8-") or "bf16-" + name[6:] not in runs:
         continue
     bf = runs["bf16-" + name[6:]]
     steps = sorted(s for s in fp8 if s in bf and s > 1)
-    ratios = [fp8[s] / bf[s] for s in steps]
+    # (a step either run spent half a second or more building kernels is shown, not counted)
+    built = {s for s in steps if max(fp8[s][1], bf[s][1]) >= 0.5}
+    ratios = {s: fp8[s][0] / bf[s][0] for s in steps}
+    kept = [ratios[s] for s in steps if s not in built]
     if not ratios:
         continue
-    per = "  ".join(f"{s}: {fp8[s]:,.0f}/{bf[s]:,.0f} = {x:.3f}" for s, x in zip(steps, ratios))
-    print(f"per step, mxfp8/bf16 tok/s, {name[6:]}: {per}  (median {statistics.median(ratios):.3f})")
+    per = "  ".join(f"{s}: {fp8[s][0]:,.0f}/{bf[s][0]:,.0f} = {ratios[s]:.3f}" + (" (kernel builds)" if s in built else "")
+                    for s in steps)
+    note = f", {len(built)} step{'s' if len(built) > 1 else ''} with kernel builds left out" if built else ""
+    med = f"{statistics.median(kept):.3f}" if kept else "n/a"
+    print(f"per step, mxfp8/bf16 tok/s, {name[6:]}: {per}  (median {med}{note})")
 PY
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv
 } 2>&1 | tee "$O/trainer_1b.log"
