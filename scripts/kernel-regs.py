@@ -28,6 +28,7 @@ import ctypes
 import glob
 import difflib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,7 +50,11 @@ def load_nvrtc():
     return ctypes.CDLL(os.path.join(libdir, "libnvrtc.so.13"))
 
 
-def nvrtc_ptx(lib, src_dir, name, defines):
+class NvrtcError(Exception):
+    pass
+
+
+def nvrtc_ptx(lib, src_dir, name, defines, quiet=False):
     headers = sorted(f for f in os.listdir(src_dir) if f.endswith(".cuh"))
     texts = [open(os.path.join(src_dir, h), "rb").read() for h in headers]
     prog = ctypes.c_void_p()
@@ -66,10 +71,12 @@ def nvrtc_ptx(lib, src_dir, name, defines):
     log = ctypes.create_string_buffer(size.value)
     lib.nvrtcGetProgramLog(prog, log)
     if rc != 0:
+        if quiet:
+            raise NvrtcError(log.value.decode())
         sys.exit(f"{name} [{' '.join(defines)}]: NVRTC failed\n{log.value.decode()}")
     # With a real sm_ target NVRTC also runs ptxas; its info lines are printed below, per kernel.
     for line in log.value.decode().splitlines():
-        if line.strip() and not line.startswith("ptxas"):
+        if line.strip() and not line.startswith("ptxas") and not quiet:
             print(line)
     lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
     ptx = ctypes.create_string_buffer(size.value)
@@ -130,9 +137,17 @@ def main():
                          "diff: whether two builds' step code differs beyond register allocation (session 47: "
                          "the long build's loops are session 43's but for one UIADD3 and shared-memory offsets "
                          "24 bytes higher)")
+    ap.add_argument("--smem-offsets", metavar="STRUCT",
+                    help="the byte offset of each top-level field of STRUCT (e.g. BwdV4Smem) as the source and "
+                         "defines lay it out, with the offset mod 128 (the shared-memory bank line), and its "
+                         "size; with --dir-b DIR the same from DIR's sources beside it: where a layout moved "
+                         "(session 48: today's small arrays 24 bytes past session 43's)")
+    ap.add_argument("--dir-b", metavar="DIR", help="with --smem-offsets: a second source directory to compare")
     ap.add_argument("--whole", action="store_true", help="with --lines: count the whole kernel, not its largest loop")
     ap.add_argument("--top", type=int, default=40, help="with --lines: how many source lines to print (default 40)")
     a = ap.parse_args()
+    if a.smem_offsets:
+        return smem_offsets(a)
     if a.same_sass:
         return same_sass(a)
     if a.lines:
@@ -184,6 +199,74 @@ def main():
                 c["GMMA"] += "GMMA" in op
         for fn, c in sorted(counts.items()):
             print(f"{name:12s} {fn:16s} SASS: " + ", ".join(f"{k} {v}" for k, v in c.items()))
+
+
+def struct_fields(src, struct):
+    """The top-level field names of `struct` in the source text (preprocessor lines kept out, so
+    a field under an #if that the defines leave out fails to compile and is dropped below)."""
+    m = re.search(r"struct\s+(?:alignas\(\d+\)\s+)?" + re.escape(struct) + r"\s*\{", src)
+    if not m:
+        sys.exit(f"kernel-regs: struct {struct} not found")
+    depth, i = 1, m.end()
+    while depth:
+        depth += {"{": 1, "}": -1}.get(src[i], 0)
+        i += 1
+    names = []
+    for line in src[m.end():i - 1].splitlines():
+        line = line.split("//")[0].strip()
+        if not line or line.startswith("#") or "(" in line:
+            continue
+        for decl in line.rstrip(";").split(","):
+            w = re.findall(r"([A-Za-z_]\w*)\s*(?:\[|$)", decl.strip())
+            if w:
+                names.append(w[0])
+    return names
+
+
+def struct_offsets(lib, src_dir, name, defines, struct):
+    """{field: offset} and sizeof of `struct`, read from the PTX of a kernel that stores each
+    field's address difference (NVRTC has no offsetof): fields that the defines leave out are
+    retried without."""
+    src = open(os.path.join(src_dir, name)).read()
+    fields = struct_fields(src, struct)
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in os.listdir(src_dir):
+            if f.endswith(".cuh"):
+                shutil.copy(os.path.join(src_dir, f), tmp)
+        while True:
+            body = "".join(f"  o[{i}] = (int)((char*)&s->{f} - (char*)s);\n" for i, f in enumerate(fields))
+            probe = (f"\nextern \"C\" __global__ void kernel_regs_offsets(int* o, {struct}* s) {{\n{body}"
+                     f"  o[{len(fields)}] = (int)sizeof({struct});\n}}\n")
+            open(os.path.join(tmp, name), "w").write(src + probe)
+            try:
+                ptx = nvrtc_ptx(lib, tmp, name, defines, quiet=True).decode()
+                break
+            except NvrtcError as e:
+                gone = [f for f in fields if re.search(rf'"{f}" is undefined|has no member "{f}"', str(e))]
+                if not gone:
+                    sys.exit(f"kernel-regs: the offsets probe of {struct} did not compile\n{e}")
+                fields = [f for f in fields if f not in gone]
+    k = ptx[ptx.index(".entry kernel_regs_offsets"):]
+    regs = dict(re.findall(r"mov\.u32\s+(%r\d+),\s*(\d+);", k))
+    out = {}
+    for off, v in re.findall(r"st\.global\.u32\s+\[%rd\d+(?:\+(\d+))?\],\s*(%r\d+|\d+);", k):
+        out[(fields + ["sizeof"])[int(off or 0) // 4]] = int(regs.get(v, v))
+    return out
+
+
+def smem_offsets(a):
+    lib = load_nvrtc()
+    for name in a.sources:
+        cols = [(a.dir, struct_offsets(lib, a.dir, name, a.defines, a.smem_offsets))]
+        if a.dir_b:
+            cols.append((a.dir_b, struct_offsets(lib, a.dir_b, name, a.defines, a.smem_offsets)))
+        print(f"{name} {a.smem_offsets}: offset (mod 128) per field" + "".join(f" | {d}" for d, _ in cols))
+        keys = list(cols[0][1]) + [k for k in (cols[1][1] if len(cols) > 1 else {}) if k not in cols[0][1]]
+        keys = sorted(keys, key=lambda k: (k == "sizeof", min(c.get(k, 1 << 30) for _, c in cols)))
+        for k in keys:
+            row = [f"{c[k]:>8} ({c[k] % 128:3})" if k in c else f"{'-':>14}" for _, c in cols]
+            moved = len(cols) > 1 and all(k in c for _, c in cols) and cols[0][1][k] != cols[1][1][k]
+            print(f"  {k:14s} " + "  ".join(row) + (f"  {cols[0][1][k] - cols[1][1][k]:+d}" if moved else ""))
 
 
 # Scores per consumer thread per key tile of the v4 forward (64 x 128 tile, 128 threads).
