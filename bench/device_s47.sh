@@ -55,7 +55,9 @@ l) # is the 24-byte shift the cause? session 43's binary on its own sources with
    # --step-diff), beside the plain old binary and today's default, two rounds at 1x65536
    # (16x4096 and 64x1024 too: the short documents' build has the same shifted arrays, and
    # 16x4096 sits at 1.01x the best BF16)
-   c0=$C LW=(--workload 1x65536 --workload 16x4096 --workload 64x1024)
+   # (LAYOUT_WL: the workloads, default "1x65536 16x4096 64x1024"; a short call: LAYOUT_WL=1x65536)
+   c0=$C LW=()
+   for w in ${LAYOUT_WL:-1x65536 16x4096 64x1024}; do LW+=(--workload "$w"); done
    for r in 1 2; do
      bench_mhz "layout today's default round $r" - "${LW[@]}"
      bench_mhz "layout today's default, offsets of session 43 + 128 round $r" "FLAMIA_CUDA_DIR=$C/cuda-pad128" "${LW[@]}"
