@@ -55,10 +55,11 @@ l) # is the 24-byte shift the cause? session 43's binary on its own sources with
    # --step-diff), beside the plain old binary and today's default, two rounds at 1x65536
    # (16x4096 and 64x1024 too: the short documents' build has the same shifted arrays, and
    # 16x4096 sits at 1.01x the best BF16)
-   # (LAYOUT_WL: the workloads, default "1x65536 16x4096 64x1024"; a short call: LAYOUT_WL=1x65536)
+   # (LAYOUT_WL: the workloads, default "1x65536 16x4096 64x1024"; LAYOUT_ROUNDS, default 2; a
+   # short call: LAYOUT_WL=1x65536 LAYOUT_ROUNDS=1)
    c0=$C LW=()
    for w in ${LAYOUT_WL:-1x65536 16x4096 64x1024}; do LW+=(--workload "$w"); done
-   for r in 1 2; do
+   for r in $(seq 1 "${LAYOUT_ROUNDS:-2}"); do
      bench_mhz "layout today's default round $r" - "${LW[@]}"
      bench_mhz "layout today's default, offsets of session 43 + 128 round $r" "FLAMIA_CUDA_DIR=$C/cuda-pad128" "${LW[@]}"
      C=$c0/old
