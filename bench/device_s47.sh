@@ -57,6 +57,9 @@ l) # is the 24-byte shift the cause? session 43's binary on its own sources with
    # 16x4096 sits at 1.01x the best BF16)
    # (LAYOUT_WL: the workloads, default "1x65536 16x4096 64x1024"; LAYOUT_ROUNDS, default 2; a
    # short call: LAYOUT_WL=1x65536 LAYOUT_ROUNDS=1)
+   # issue 13's memory bar first (<= 2.7 GB for one call at a 131,072-token row; 2,376 MiB in
+   # session 25, before BWD_KEYS_TMA's key records, ~40 MiB more at this length): the MiB column
+   bench_mhz "memory today's default" - --workload 1x131072
    c0=$C LW=()
    for w in ${LAYOUT_WL:-1x65536 16x4096 64x1024}; do LW+=(--workload "$w"); done
    for r in $(seq 1 "${LAYOUT_ROUNDS:-2}"); do
@@ -67,9 +70,7 @@ l) # is the 24-byte shift the cause? session 43's binary on its own sources with
      bench_mhz "layout session 43's binary, offsets +24 round $r" "FLAMIA_CUDA_DIR=$C/cuda-pad24" "${LW[@]}"
      C=$c0
    done
-   # issue 13's memory bar (<= 2.7 GB for one call at a 131,072-token row; 2,376 MiB in session
-   # 25, before BWD_KEYS_TMA's key records, ~40 MiB more at this length): the MiB column
-   bench_mhz "memory today's default" - --workload 1x131072 ;;
+   ;;
 *) echo "device_s47.sh: unknown mode '$mode' (p, pw, o, l)"; exit 2 ;;
 esac
 kcache_pack
