@@ -51,6 +51,24 @@ for r in d.get("rows", d.get("results", [])):
           "train", r.get("train_ms"), "@", r.get("train_mhz"))
 PY
 }
+# rounds_vs_old LABEL VARIANT... -- ARGS: two rounds of bench_mhz with ARGS over the variants, each
+# an environment setting ("-": the default), "old" (the staged older binary, $C/old/flamia) or
+# "old:ENV" (that binary with ENV, e.g. old:FLAMIA_CUDA_DIR=.device-carry/bwd4/old/cuda-pad24)
+rounds_vs_old() {
+  local label=$1 r e c0=$C vs=()
+  shift
+  while [ "$1" != -- ]; do vs+=("$1"); shift; done
+  shift
+  for r in 1 2; do
+    for e in "${vs[@]}"; do
+      case $e in
+      old) C=$c0/old; bench_mhz "$label old binary round $r" - "$@"; C=$c0 ;;
+      old:*) C=$c0/old; bench_mhz "$label old binary ${e#old:} round $r" "${e#old:}" "$@"; C=$c0 ;;
+      *) bench_mhz "$label $e round $r" "$e" "$@" ;;
+      esac
+    done
+  done
+}
 # ab_dirs DIR... -- ARGS...: two rounds, each the embedded sources then every kernel-source
 # variant $C/DIR (FLAMIA_CUDA_DIR), bench_mhz with ARGS
 ab_dirs() {

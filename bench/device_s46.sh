@@ -16,25 +16,6 @@ C=.device-carry/bwd4
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
 mode=${1:?usage: device_s46.sh r|w}
-# rounds_vs_old LABEL VARIANT... -- ARGS: two rounds of bench_mhz with ARGS over the variants, each
-# an environment setting ("-": the default) or "old" (session 43's binary, $C/old/flamia)
-rounds_vs_old() {
-  local label=$1 r e c0=$C vs=()
-  shift
-  while [ "$1" != -- ]; do vs+=("$1"); shift; done
-  shift
-  for r in 1 2; do
-    for e in "${vs[@]}"; do
-      if [ "$e" = old ]; then
-        C=$c0/old
-        bench_mhz "$label session 43's binary round $r" - "$@"
-        C=$c0
-      else
-        bench_mhz "$label $e round $r" "$e" "$@"
-      fi
-    done
-  done
-}
 kcache_setup
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
