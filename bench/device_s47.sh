@@ -21,8 +21,10 @@
 #      BwdV4Smem's `red` ($C/old/cuda-pad24: today's shared-memory offsets in the interior step
 #      loop, checked with kernel-regs.py --step-diff), beside that binary and today's default,
 #      and today's sources with `char pad47[104];` there ($C/cuda-pad128: session 43's offsets
-#      + 128, the same banks: the candidate fix if the offsets are the cause), two rounds at
-#      1x65536; then one call at 1x131072 for the memory bar
+#      + 128, the same banks: the candidate fix if the offsets are the cause), and today's sources
+#      without item_next and the third tail (dead under BWD_KEYS_TMA; made on the device from the
+#      tree's sources: $C/cuda-lean48), two rounds at 1x65536, 16x4096 and 64x1024 (LAYOUT_WL,
+#      LAYOUT_ROUNDS); the call starts with one run at 1x131072 for the memory bar
 set -u
 C=.device-carry/bwd4
 . "$(dirname "$0")/device-env.sh"
@@ -60,11 +62,20 @@ l) # is the 24-byte shift the cause? session 43's binary on its own sources with
    # issue 13's memory bar first (<= 2.7 GB for one call at a 131,072-token row; 2,376 MiB in
    # session 25, before BWD_KEYS_TMA's key records, ~40 MiB more at this length): the MiB column
    bench_mhz "memory today's default" - --workload 1x131072
+   # today's sources without item_next and the third tail, both dead under BWD_KEYS_TMA (the
+   # key records arrive after the K/V slot's release, so two tails suffice): 2,608 bytes less,
+   # the small arrays at 96 mod 128 (session 48; kernel-regs.py --smem-offsets), made here from
+   # the tree's sources (timing only: the suite has not run it)
+   L48=$C/cuda-lean48
+   rm -rf "$L48" && cp -r flamia-kernels/cuda "$L48"
+   sed -i 's/^#define BWD_TAILS (BWD_EARLY_FACTORS ? 3 : 2)$/#define BWD_TAILS ((BWD_EARLY_FACTORS \&\& !BWD_KEYS) ? 3 : 2)  \/\/ (lean48)/; s/^#if BWD_EARLY_FACTORS \&\& !BWD_FOLD$/#if BWD_EARLY_FACTORS \&\& !BWD_FOLD \&\& !BWD_KEYS  \/\/ (lean48)/' "$L48/attn_bwd_v4.cu"
+   [ "$(grep -c '(lean48)' "$L48/attn_bwd_v4.cu")" = 2 ] || { echo "lean48: the two edits did not apply (skipped)"; L48=; }
    c0=$C LW=()
    for w in ${LAYOUT_WL:-1x65536 16x4096 64x1024}; do LW+=(--workload "$w"); done
    for r in $(seq 1 "${LAYOUT_ROUNDS:-2}"); do
      bench_mhz "layout today's default round $r" - "${LW[@]}"
      bench_mhz "layout today's default, offsets of session 43 + 128 round $r" "FLAMIA_CUDA_DIR=$C/cuda-pad128" "${LW[@]}"
+     [ -n "$L48" ] && bench_mhz "layout today's default without the dead item_next and third tail round $r" "FLAMIA_CUDA_DIR=$L48" "${LW[@]}"
      C=$c0/old
      bench_mhz "layout session 43's binary round $r" - "${LW[@]}"
      bench_mhz "layout session 43's binary, offsets +24 round $r" "FLAMIA_CUDA_DIR=$C/cuda-pad24" "${LW[@]}"
