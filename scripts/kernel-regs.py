@@ -251,6 +251,9 @@ def struct_offsets(lib, src_dir, name, defines, struct):
     out = {}
     for off, v in re.findall(r"st\.global\.u32\s+\[%rd\d+(?:\+(\d+))?\],\s*(%r\d+|\d+);", k):
         out[(fields + ["sizeof"])[int(off or 0) // 4]] = int(regs.get(v, v))
+    missing = [f for f in fields + ["sizeof"] if f not in out]
+    if missing:  # (a store form the parser does not read, e.g. a vector store: say so, never guess)
+        sys.exit(f"kernel-regs: the offsets of {', '.join(missing)} were not found in the probe's PTX")
     return out
 
 
