@@ -53,13 +53,14 @@ PY
 }
 # rounds_vs_old LABEL VARIANT... -- ARGS: two rounds of bench_mhz with ARGS over the variants, each
 # an environment setting ("-": the default), "old" (the staged older binary, $C/old/flamia) or
-# "old:ENV" (that binary with ENV, e.g. old:FLAMIA_CUDA_DIR=.device-carry/bwd4/old/cuda-pad24)
+# "old:ENV" (that binary with ENV, e.g. old:FLAMIA_CUDA_DIR=.device-carry/bwd4/old/cuda-pad24);
+# ROUNDS (default 2) rounds
 rounds_vs_old() {
   local label=$1 r e c0=$C vs=()
   shift
   while [ "$1" != -- ]; do vs+=("$1"); shift; done
   shift
-  for r in 1 2; do
+  for r in $(seq 1 "${ROUNDS:-2}"); do
     for e in "${vs[@]}"; do
       case $e in
       old) C=$c0/old; bench_mhz "$label old binary round $r" - "$@"; C=$c0 ;;

@@ -54,9 +54,9 @@ o) c0=$C
    done ;;
 l) # is the 24-byte shift the cause? session 43's binary on its own sources with 24 bytes of
    # padding before the block maxima (today's offsets in the interior step loop: kernel-regs.py
-   # --step-diff), beside the plain old binary and today's default, two rounds at 1x65536
-   # (16x4096 and 64x1024 too: the short documents' build has the same shifted arrays, and
-   # 16x4096 sits at 1.01x the best BF16)
+   # --step-diff), beside the plain old binary and today's default (device-bench.sh's
+   # rounds_vs_old), two rounds at 1x65536, 16x4096 and 64x1024 (the short documents' build has
+   # the same shifted arrays, and 16x4096 sits at 1.01x the best BF16)
    # (LAYOUT_WL: the workloads, default "1x65536 16x4096 64x1024"; LAYOUT_ROUNDS, default 2; a
    # short call: LAYOUT_WL=1x65536 LAYOUT_ROUNDS=1)
    # issue 13's memory bar first (<= 2.7 GB for one call at a 131,072-token row; 2,376 MiB in
@@ -70,17 +70,12 @@ l) # is the 24-byte shift the cause? session 43's binary on its own sources with
    rm -rf "$L48" && cp -r flamia-kernels/cuda "$L48"
    sed -i 's/^#define BWD_TAILS (BWD_EARLY_FACTORS ? 3 : 2)$/#define BWD_TAILS ((BWD_EARLY_FACTORS \&\& !BWD_KEYS) ? 3 : 2)  \/\/ (lean48)/; s/^#if BWD_EARLY_FACTORS \&\& !BWD_FOLD$/#if BWD_EARLY_FACTORS \&\& !BWD_FOLD \&\& !BWD_KEYS  \/\/ (lean48)/' "$L48/attn_bwd_v4.cu"
    [ "$(grep -c '(lean48)' "$L48/attn_bwd_v4.cu")" = 2 ] || { echo "lean48: the two edits did not apply (skipped)"; L48=; }
-   c0=$C LW=()
+   LW=()
    for w in ${LAYOUT_WL:-1x65536 16x4096 64x1024}; do LW+=(--workload "$w"); done
-   for r in $(seq 1 "${LAYOUT_ROUNDS:-2}"); do
-     bench_mhz "layout today's default round $r" - "${LW[@]}"
-     bench_mhz "layout today's default, offsets of session 43 + 128 round $r" "FLAMIA_CUDA_DIR=$C/cuda-pad128" "${LW[@]}"
-     [ -n "$L48" ] && bench_mhz "layout today's default without the dead item_next and third tail round $r" "FLAMIA_CUDA_DIR=$L48" "${LW[@]}"
-     C=$c0/old
-     bench_mhz "layout session 43's binary round $r" - "${LW[@]}"
-     bench_mhz "layout session 43's binary, offsets +24 round $r" "FLAMIA_CUDA_DIR=$C/cuda-pad24" "${LW[@]}"
-     C=$c0
-   done
+   vs=(- "FLAMIA_CUDA_DIR=$C/cuda-pad128")
+   [ -n "$L48" ] && vs+=("FLAMIA_CUDA_DIR=$L48")
+   vs+=(old "old:FLAMIA_CUDA_DIR=$C/old/cuda-pad24")
+   ROUNDS=${LAYOUT_ROUNDS:-2} rounds_vs_old layout "${vs[@]}" -- "${LW[@]}"
    ;;
 *) echo "device_s47.sh: unknown mode '$mode' (p, pw, o, l)"; exit 2 ;;
 esac
