@@ -165,3 +165,16 @@ suite_or_standing() {
   c) B=$C/flamia bash bench/vs-anchors.sh; exit ;;
   esac
 }
+# make_lean48 DIR: the tree's kernel sources in DIR without item_next and the third tail of the
+# backward's shared memory (session 48: both dead under BWD_KEYS_TMA; timing only, the suite has
+# not run it) by two checked sed edits; prints DIR, or nothing (and why) if they did not apply
+make_lean48() {
+  local d=$1
+  rm -rf "$d" && cp -r flamia-kernels/cuda "$d" || return
+  sed -i 's/^#define BWD_TAILS (BWD_EARLY_FACTORS ? 3 : 2)$/#define BWD_TAILS ((BWD_EARLY_FACTORS \&\& !BWD_KEYS) ? 3 : 2)  \/\/ (lean48)/; s/^#if BWD_EARLY_FACTORS \&\& !BWD_FOLD$/#if BWD_EARLY_FACTORS \&\& !BWD_FOLD \&\& !BWD_KEYS  \/\/ (lean48)/' "$d/attn_bwd_v4.cu"
+  if [ "$(grep -c '(lean48)' "$d/attn_bwd_v4.cu")" = 2 ]; then
+    echo "$d"
+  else
+    echo "lean48: the two edits did not apply (skipped)" >&2
+  fi
+}

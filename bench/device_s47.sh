@@ -61,20 +61,25 @@ l) # is the 24-byte shift the cause? session 43's binary on its own sources with
    # short call: LAYOUT_WL=1x65536 LAYOUT_ROUNDS=1)
    # issue 13's memory bar first (<= 2.7 GB for one call at a 131,072-token row; 2,376 MiB in
    # session 25, before BWD_KEYS_TMA's key records, ~40 MiB more at this length): the MiB column
-   bench_mhz "memory today's default" - --workload 1x131072
+   [ "${LAYOUT_SET:-all}" = lean ] || bench_mhz "memory today's default" - --workload 1x131072
    # today's sources without item_next and the third tail, both dead under BWD_KEYS_TMA (the
    # key records arrive after the K/V slot's release, so two tails suffice): 2,608 bytes less,
    # the small arrays at 96 mod 128 (session 48; kernel-regs.py --smem-offsets), made here from
    # the tree's sources (timing only: the suite has not run it)
-   L48=$C/cuda-lean48
-   rm -rf "$L48" && cp -r flamia-kernels/cuda "$L48"
-   sed -i 's/^#define BWD_TAILS (BWD_EARLY_FACTORS ? 3 : 2)$/#define BWD_TAILS ((BWD_EARLY_FACTORS \&\& !BWD_KEYS) ? 3 : 2)  \/\/ (lean48)/; s/^#if BWD_EARLY_FACTORS \&\& !BWD_FOLD$/#if BWD_EARLY_FACTORS \&\& !BWD_FOLD \&\& !BWD_KEYS  \/\/ (lean48)/' "$L48/attn_bwd_v4.cu"
-   [ "$(grep -c '(lean48)' "$L48/attn_bwd_v4.cu")" = 2 ] || { echo "lean48: the two edits did not apply (skipped)"; L48=; }
+   L48=$(make_lean48 "$C/cuda-lean48")
    LW=()
    for w in ${LAYOUT_WL:-1x65536 16x4096 64x1024}; do LW+=(--workload "$w"); done
-   vs=(- "FLAMIA_CUDA_DIR=$C/cuda-pad128")
-   [ -n "$L48" ] && vs+=("FLAMIA_CUDA_DIR=$L48")
-   vs+=(old "old:FLAMIA_CUDA_DIR=$C/old/cuda-pad24")
+   # LAYOUT_SET=lean: only today's default, the lean tails and session 43's binary (session 49:
+   # the pads settled in call 1, the lean tails' -2.4% at 1x65536 within two rounds' noise)
+   if [ "${LAYOUT_SET:-all}" = lean ]; then
+     vs=(-)
+     [ -n "$L48" ] && vs+=("FLAMIA_CUDA_DIR=$L48")
+     vs+=(old)
+   else
+     vs=(- "FLAMIA_CUDA_DIR=$C/cuda-pad128")
+     [ -n "$L48" ] && vs+=("FLAMIA_CUDA_DIR=$L48")
+     vs+=(old "old:FLAMIA_CUDA_DIR=$C/old/cuda-pad24")
+   fi
    ROUNDS=${LAYOUT_ROUNDS:-2} rounds_vs_old layout "${vs[@]}" -- "${LW[@]}"
    ;;
 *) echo "device_s47.sh: unknown mode '$mode' (p, pw, o, l)"; exit 2 ;;

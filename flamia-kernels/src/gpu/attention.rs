@@ -255,6 +255,19 @@ fn bwd_ctas() -> Option<usize> {
     super::env_number::<usize>("FLAMIA_BWD_CTAS").map(|n| n.max(1))
 }
 
+/// `FLAMIA_FWD_CTAS=n` (a test knob, read when an [`Attention`] is made): the v4 forward's
+/// persistent grid capped at `n` CTAs (at least 1) instead of one per SM
+/// ([`Attention::with_forward_ctas`]).
+fn fwd_ctas_env() -> Option<usize> {
+    super::env_number::<usize>("FLAMIA_FWD_CTAS").map(|n| n.max(1))
+}
+
+/// The v4 forward's persistent grid: one CTA per SM (`sms`), no more than the `items`, capped
+/// by `cap`; at least 1.
+fn fwd_v4_grid(items: usize, sms: usize, cap: Option<usize>) -> usize {
+    items.min(sms).min(cap.unwrap_or(usize::MAX)).max(1)
+}
+
 /// The fused backward's persistent grid in CTAs: one per SM (`resident` = the SMs), or with CTA
 /// pairs one cluster of two per cluster that fits at once (`resident` = those clusters); a
 /// `FLAMIA_BWD_CTAS` cap lowers it, never above what runs at once (each CTA's first item is its
@@ -939,6 +952,8 @@ pub struct Attention {
     /// Clusters of two of the paired backward that run at once, per kernel and shared memory
     /// (`cuOccupancyMaxActiveClusters`, asked once).
     clusters: std::sync::Mutex<std::collections::HashMap<(usize, u32), usize>>,
+    /// The v4 forward's persistent grid cap ([`Attention::with_forward_ctas`]).
+    fwd_ctas: Option<usize>,
 }
 
 impl Attention {
@@ -969,7 +984,17 @@ impl Attention {
             ds_stsm_env: !super::env_off("FLAMIA_BWD_DS_STSM"),
             qd_fwd: QdFwd::from_env(),
             clusters: Default::default(),
+            fwd_ctas: fwd_ctas_env(),
         })
+    }
+
+    /// These options with the v4 forward's persistent grid capped at `cap` CTAs (at least 1,
+    /// never more than one per SM; `None`: one per SM), so that other work can have the SMs
+    /// it leaves (the overlap experiment of `flamia bench attention`, `FLAMIA_BENCH_OVERLAP`).
+    /// The forward's items are claimed from a counter, so any grid computes the same bytes.
+    pub fn with_forward_ctas(mut self, cap: Option<usize>) -> Self {
+        self.fwd_ctas = cap.map(|n| n.max(1));
+        self
     }
 
     /// The options.
@@ -1477,7 +1502,8 @@ impl Attention {
         if launch_memsets() {
             self.memset32(stream, plan.counter.ptr(), 2, "work counter")?;
         }
-        let grid = (nitems.min(self.gpu.sm_count().max(1) as usize) as u32, 1, 1);
+        let sms = self.gpu.sm_count().max(1) as usize;
+        let grid = (fwd_v4_grid(nitems, sms, self.fwd_ctas) as u32, 1, 1);
         // SAFETY: params mirror FwdV4Params; the maps cover the saved code buffers of `plan`'s
         // shape, the tables and counter belong to `plan` (zero between launches: sched_done), o
         // and lse are the caller's (sized by plan); the kernel waits (pdl_wait) before reading.
@@ -1977,8 +2003,8 @@ mod tests {
     use super::{
         attention_variant, backward_v4_variant, bwd_bulk_st, bwd_cols_tma, bwd_early_factors,
         bwd_pair_default, bwd_pair_env, forward_v4_variant, fused_bwd_grid, fwd_cw_const, fwd_o_tma,
-        parse_choice, parse_promote, short_items, smem_bwd4, smem_fwd4, with_dq_bufs, with_early_factors,
-        with_xposes, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
+        fwd_v4_grid, parse_choice, parse_promote, short_items, smem_bwd4, smem_fwd4, with_dq_bufs,
+        with_early_factors, with_xposes, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::tests::nvrtc_or_skip;
     use crate::gpu::runtime::{compile_ptx, Variant};
@@ -2259,6 +2285,15 @@ mod tests {
         // the v3.1 kernels refuse another head dim at compile time
         let v = attention_variant(false, 0).define("HEAD_DIM", 64);
         assert!(compile_ptx("attn_fwd.cu", &v, "sm_90a").is_err());
+    }
+
+    #[test]
+    fn forward_grids_are_capped_and_never_empty() {
+        assert_eq!(fwd_v4_grid(5000, 132, None), 132);
+        assert_eq!(fwd_v4_grid(5000, 132, Some(100)), 100);
+        assert_eq!(fwd_v4_grid(5000, 132, Some(500)), 132);
+        assert_eq!(fwd_v4_grid(40, 132, Some(100)), 40);
+        assert_eq!(fwd_v4_grid(0, 132, None), 1);
     }
 
     #[test]

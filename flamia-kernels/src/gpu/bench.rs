@@ -116,6 +116,18 @@ fn unix_ms() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// `FLAMIA_BENCH_OVERLAP=k1,k2,..`: the SM counts left to the quantiser in the overlap
+/// experiment of [`run_workload`] (unset, empty or unparsable: no experiment).
+fn overlap_sms() -> Option<Vec<usize>> {
+    parse_overlap(std::env::var("FLAMIA_BENCH_OVERLAP").ok().as_deref())
+}
+
+/// [`overlap_sms`] of the variable's value.
+fn parse_overlap(v: Option<&str>) -> Option<Vec<usize>> {
+    let ks: Option<Vec<usize>> = v?.split(',').map(|k| k.trim().parse().ok()).collect();
+    ks.filter(|ks| !ks.is_empty())
+}
+
 /// Runs `f` `warm` times, then `reps` times between CUDA events on the default stream.
 fn time_ms(gpu: &Gpu, warm: usize, reps: usize, f: &mut dyn FnMut() -> GpuResult<()>) -> GpuResult<Vec<f64>> {
     Ok(time_ms_stamped(gpu, warm, reps, f, &mut |_| Ok(()))?
@@ -487,6 +499,39 @@ pub fn run_workload(
             inside[0], inside[1], inside[2], inside[3]
         );
     }
+    if let Some(ks) = overlap_sms() {
+        // the quantiser beside the forward (session 49's experiment for short documents, before
+        // a forward that waits on the quantiser's per-tile flags is built): the forward on a
+        // second stream with its persistent grid capped at SMs - k CTAs (each takes a whole SM:
+        // registers), launched first, then the quantiser on the default stream, whose CTAs land
+        // on the k SMs left and on the forward's as it drains. Timing only: the forward reads
+        // the codes of the previous call, the same bytes here (the inputs do not change).
+        let main = gpu.context().default_stream();
+        let side = gpu.context().new_stream().ctx("cuStreamCreate")?;
+        let ss = RawStream(side.cu_stream());
+        let sms = gpu.sm_count().max(1) as usize;
+        for k in ks {
+            let cap = sms.saturating_sub(k).max(1);
+            let capped = Attention::new(gpu.clone(), opts)?.with_forward_ctas(Some(cap));
+            let fwd_cap_ms = median(time_ms(gpu, 2, reps, &mut || {
+                capped.forward_quantized(s, &plan, &saved, o.ptr(), lse.ptr())
+            })?);
+            let both_ms = median(time_ms(gpu, 2, reps, &mut || {
+                side.join(&main).ctx("cuStreamWaitEvent")?;
+                capped.forward_quantized(ss, &plan, &saved, o.ptr(), lse.ptr())?;
+                quant()?;
+                main.join(&side).ctx("cuStreamWaitEvent")
+            })?);
+            let seq = quant_ms + fwd_ms;
+            eprintln!(
+                "{name}: overlap, the quantiser beside a forward of {cap} CTAs: together {both_ms:.3} ms \
+                 against {seq:.3} in sequence (quantiser {quant_ms:.3} + forward {fwd_ms:.3} on {} CTAs), \
+                 {:+.1}%; that forward alone {fwd_cap_ms:.3} ms",
+                sms.min(plan.tables.fwd.items.len()),
+                100.0 * (both_ms / seq - 1.0)
+            );
+        }
+    }
     if super::env_on("FLAMIA_BENCH_ENERGY") {
         // each phase alone, then the whole call, ~1.5 s queued back to back apiece (the power
         // log's samples every 20-100 ms give a window ~15 of them)
@@ -548,6 +593,15 @@ pub fn run_workload(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overlap_lists_parse_or_are_refused_whole() {
+        assert_eq!(parse_overlap(Some("16, 32,48")), Some(vec![16, 32, 48]));
+        assert_eq!(parse_overlap(Some("24")), Some(vec![24]));
+        assert_eq!(parse_overlap(Some("16,x")), None);
+        assert_eq!(parse_overlap(Some("")), None);
+        assert_eq!(parse_overlap(None), None);
+    }
 
     #[test]
     fn every_workload_is_one_full_row() {

@@ -1,0 +1,47 @@
+#!/bin/bash
+# Session 49's device calls. Carry .device-carry/s49 and .device-carry/kc (the PTX cache).
+# .device-carry/s49/s49.txz holds flamia (the tree's release build, stripped) and old/flamia
+# (session 43's binary, as in .device-carry/z); it is unpacked into .device-carry/s49 here.
+#   o: the quantiser beside the forward at short documents (perf.md "Session 49"): `flamia bench
+#      attention` with FLAMIA_BENCH_OVERLAP (the forward on a second stream, its persistent grid
+#      capped at SMs - k CTAs, the Q/K/V quantiser on the SMs it leaves; timing only: the
+#      forward reads the previous call's codes, the same bytes), k = OVERLAP_KS (default
+#      16,24,32,40,48), two rounds at 256x256, 64x1024, 32x2048 and 16x4096 (OVERLAP_WL); what a
+#      forward that waits on the quantiser's per-tile flags could at best save, and which k
+#   l: the lean tails (make_lean48: today's sources without item_next and the third tail)
+#      beside today's default and session 43's binary, LEAN_ROUNDS (default 4) rounds at
+#      1x65536 and 2x32768 (call 1 of session 49: -2.4% cycles at 1x65536 in two rounds, within
+#      the default's own spread)
+#   ol: o, then l
+set -u
+C=.device-carry/s49
+. "$(dirname "$0")/device-env.sh"
+. "$(dirname "$0")/device-bench.sh"
+O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
+mode=${1:?usage: device_s49.sh o|l|ol}
+tar -C $C -xJf $C/s49.txz || { echo "device_s49.sh: $C/s49.txz did not unpack"; exit 1; }
+kcache_setup
+{
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
+date
+case $mode in
+o|l|ol) ;;
+*) echo "device_s49.sh: unknown mode '$mode' (o, l, ol)"; exit 2 ;;
+esac
+if [ "$mode" != l ]; then
+  W=()
+  for w in ${OVERLAP_WL:-256x256 64x1024 32x2048 16x4096}; do W+=(--workload "$w"); done
+  for r in 1 2; do
+    bench_mhz "overlap round $r" "FLAMIA_BENCH_OVERLAP=${OVERLAP_KS:-16,24,32,40,48}" "${W[@]}"
+  done
+fi
+if [ "$mode" != o ]; then
+  vs=(-)
+  L48=$(make_lean48 "$C/cuda-lean48")
+  [ -n "$L48" ] && vs+=("FLAMIA_CUDA_DIR=$L48")
+  vs+=(old)
+  ROUNDS=${LEAN_ROUNDS:-4} rounds_vs_old lean "${vs[@]}" -- --workload 1x65536 --workload 2x32768
+fi
+kcache_pack
+date
+} 2>&1 | tee "$O/s49-$mode.log"
