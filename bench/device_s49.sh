@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 49's device calls. Carry .device-carry/s49 and .device-carry/kc (the PTX cache).
 # .device-carry/s49/s49.txz holds flamia (the tree's release build, stripped) and old/flamia
-# (session 43's binary, as in .device-carry/z); it is unpacked into .device-carry/s49 here.
+# (session 43's binary, as in .device-carry/z) and gpu_quant (the tree's test binary); it is
+# unpacked into .device-carry/s49 here.
 #   o: the quantiser beside the forward at short documents (perf.md "Session 49"): `flamia bench
 #      attention` with FLAMIA_BENCH_OVERLAP (the forward on a second stream, its persistent grid
 #      capped at SMs - k CTAs, the Q/K/V quantiser on the SMs it leaves; timing only: the
@@ -13,29 +14,51 @@
 #      1x65536 and 2x32768 (call 1 of session 49: -2.4% cycles at 1x65536 in two rounds, within
 #      the default's own spread)
 #   ol: o, then l
+#   b: the quantiser beside the forward for real (Attention::quantize_and_forward: the forward's
+#      producer waits on the quantiser's ready flags, cuda/qflags.cuh): gpu_quant's tests (the
+#      new quantiser_beside_the_forward_gives_the_sequential_bytes first, under a timeout: a
+#      forward that waits forever hangs), then FLAMIA_QF_BESIDE=k for k = BESIDE_KS (default 16 24
+#      32 48) beside the default, two rounds at OVERLAP_WL (the train column runs the quantiser
+#      beside; a line per workload gives quantiser + forward against one after the other)
 set -u
 C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s49.sh o|l|ol}
+mode=${1:?usage: device_s49.sh o|l|ol|b}
 tar -C $C -xJf $C/s49.txz || { echo "device_s49.sh: $C/s49.txz did not unpack"; exit 1; }
 kcache_setup
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
-o|l|ol) ;;
-*) echo "device_s49.sh: unknown mode '$mode' (o, l, ol)"; exit 2 ;;
+o|l|ol|b) ;;
+*) echo "device_s49.sh: unknown mode '$mode' (o, l, ol, b)"; exit 2 ;;
 esac
-if [ "$mode" != l ]; then
-  W=()
-  for w in ${OVERLAP_WL:-256x256 64x1024 32x2048 16x4096}; do W+=(--workload "$w"); done
+W=()
+for w in ${OVERLAP_WL:-256x256 64x1024 32x2048 16x4096}; do W+=(--workload "$w"); done
+if [ "$mode" = b ]; then
+  echo "=== gpu_quant: the quantiser beside the forward (timeout 180 s)"
+  timeout 180 $C/gpu_quant --ignored --test-threads 1 quantiser_beside > "$O/beside-test.log" 2>&1
+  tail -6 "$O/beside-test.log"
+  vs=(-)
+  if grep -q "test result: ok. 1 passed" "$O/beside-test.log"; then
+    for k in ${BESIDE_KS:-16 24 32 48}; do vs+=("FLAMIA_QF_BESIDE=$k"); done
+  else
+    echo "(the beside test did not pass: no FLAMIA_QF_BESIDE benches)"
+  fi
+  echo "=== gpu_quant: every test (timeout 240 s)"
+  timeout 240 $C/gpu_quant --ignored --test-threads 1 2>&1 | grep -E "^test |test result" | tail -20
+  for r in 1 2; do
+    for v in "${vs[@]}"; do bench_mhz "beside $v round $r" "$v" "${W[@]}"; done
+  done
+fi
+if [ "$mode" = o ] || [ "$mode" = ol ]; then
   for r in 1 2; do
     bench_mhz "overlap round $r" "FLAMIA_BENCH_OVERLAP=${OVERLAP_KS:-16,24,32,40,48}" "${W[@]}"
   done
 fi
-if [ "$mode" != o ]; then
+if [ "$mode" = l ] || [ "$mode" = ol ]; then
   vs=(-)
   L48=$(make_lean48 "$C/cuda-lean48")
   [ -n "$L48" ] && vs+=("FLAMIA_CUDA_DIR=$L48")

@@ -838,3 +838,66 @@ fn a_module_from_the_disk_cache_loads_with_its_kernels() {
         m.load_function(name).unwrap_or_else(|e| panic!("{name}: {e:?}"));
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn quantiser_beside_the_forward_gives_the_sequential_bytes() {
+    // Attention::quantize_and_forward with the Q/K/V quantiser on k SMs beside a forward capped
+    // at the other SMs (FLAMIA_QF_BESIDE: the forward's producer waits on the quantiser's ready
+    // flags per chunk, cuda/qflags.cuh) against quantize_inputs then forward_quantized: every
+    // saved byte, O and LSE bitwise the same, each call into buffers poisoned before it, three
+    // calls per k (a new epoch each call: the previous call's flags must not pass). k = 1
+    // leaves the quantiser one SM, so a forward that did not wait for it would read poison.
+    let gpu = gpu();
+    let mut rng = rng("quantiser_beside");
+    let lens = [256usize, 1, 300, 1024, 33, 129, 256, 2048, 64, 4095, 31];
+    let (hq, hkv) = (4, 2);
+    let sms = gpu.sm_count().max(2) as usize;
+    for d in HEAD_DIMS {
+        let shape = VarlenShape::from_lens(&lens, hq, hkv, d).unwrap();
+        let t = shape.tokens();
+        let plan = Plan::new(&gpu, &shape, true).unwrap();
+        let x = [
+            wide_tensor(&mut rng, t, hq, d),
+            wide_tensor(&mut rng, t, hkv, d),
+            wide_tensor(&mut rng, t, hkv, d),
+        ];
+        let dev: Vec<_> = x.iter().map(|x| upload_bf16(&gpu, x)).collect();
+        let run = |attn: &Attention| -> (Vec<u8>, Vec<u16>, Vec<u32>) {
+            let bytes = attn.saved_bytes(&plan);
+            let buf = DeviceBuf::<u8>::from_host(&gpu, &vec![0x7Fu8; bytes]).unwrap();
+            let saved = attn.saved_in(&plan, buf.ptr(), bytes).unwrap();
+            let o = DeviceBuf::<u16>::from_host(&gpu, &vec![0x7FC1u16; t * hq * d]).unwrap();
+            let lse = DeviceBuf::<f32>::from_host(&gpu, &vec![f32::NAN; t * hq]).unwrap();
+            let (q, k, v) = (dev[0].ptr(), dev[1].ptr(), dev[2].ptr());
+            attn.quantize_and_forward(stream(), &plan, q, k, v, &saved, o.ptr(), lse.ptr())
+                .unwrap();
+            let lse = lse.to_host().unwrap().iter().map(|x| x.to_bits()).collect();
+            (buf.to_host().unwrap(), o.to_host().unwrap(), lse)
+        };
+        let opts = AttnOptions::new(AttnPath::Mxfp8);
+        let plain = Attention::new(gpu.clone(), opts)
+            .unwrap()
+            .with_quantiser_beside(None);
+        assert_eq!(plain.quantiser_beside(&plan), None);
+        let want = run(&plain);
+        for k in [1, 16, sms - 1] {
+            let attn = Attention::new(gpu.clone(), opts)
+                .unwrap()
+                .with_quantiser_beside(Some(k));
+            assert_eq!(
+                attn.quantiser_beside(&plan),
+                Some(k),
+                "d={d}: beside on {k} SMs as set"
+            );
+            for call in 0..3 {
+                let (codes, o, lse) = run(&attn);
+                let tag = format!("d={d}, quantiser on {k} SMs, call {call}");
+                let diff = |a: &[u8], b: &[u8]| a.iter().zip(b).filter(|(x, y)| x != y).count();
+                assert_eq!(diff(&codes, &want.0), 0, "{tag}: saved bytes differ");
+                assert!(o == want.1, "{tag}: O differs");
+                assert!(lse == want.2, "{tag}: LSE differs");
+            }
+        }
+    }
+}

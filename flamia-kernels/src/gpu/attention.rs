@@ -33,11 +33,11 @@
 //! FP16 partial sums and so no prescale that could see other rows.
 
 use super::buffer::DeviceBuf;
-use super::error::{GpuError, GpuResult};
+use super::error::{DriverContext, GpuError, GpuResult};
 use super::plan::Plan;
 use super::quant::{
-    e4m3_bytes, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, Carver, DeltaOut, DimOrder, Nvfp4Ref,
-    Operand, OperandRef, QuantInput, PART_ALIGN,
+    e4m3_bytes, prepare_e4m3_flagged, quantize_e4m3_flagged, quantize_e4m3_fused, quantize_nvfp4,
+    AmaxScratch, Carver, DeltaOut, DimOrder, Nvfp4Ref, Operand, OperandRef, QuantInput, PART_ALIGN,
 };
 use super::runtime::{
     launch, launch_chained, launch_clustered, max_active_clusters, Gpu, RawStream, Variant,
@@ -777,6 +777,10 @@ struct FwdV4Params {
     tiles: u64,
     counter: u64,
     nitems: i32,
+    /// `FWD_QUANT_FLAGS`: the plan's quantiser ready flags, this call's value, hq + 2 hkv.
+    qflags: u64,
+    epoch: u32,
+    qslots: i32,
 }
 
 /// Which E4M3 K = 128 products sum their four K = 32 wgmma steps in FP32 instead of chaining one
@@ -954,6 +958,51 @@ pub struct Attention {
     clusters: std::sync::Mutex<std::collections::HashMap<(usize, u32), usize>>,
     /// The v4 forward's persistent grid cap ([`Attention::with_forward_ctas`]).
     fwd_ctas: Option<usize>,
+    /// `FLAMIA_QF_BESIDE` ([`Attention::quantiser_beside`]).
+    beside_env: Option<usize>,
+    /// The second stream of [`Attention::quantize_and_forward`], made on first use.
+    beside: std::sync::Mutex<Option<Beside>>,
+}
+
+/// The quantiser's stream beside the forward's and the event that orders one after the other
+/// ([`Attention::quantize_and_forward`]).
+struct Beside {
+    stream: Arc<cudarc::driver::CudaStream>,
+    event: cudarc::driver::CudaEvent,
+}
+
+impl std::fmt::Debug for Beside {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Beside({:?})", self.stream.cu_stream())
+    }
+}
+
+impl Beside {
+    fn new(gpu: &Gpu) -> GpuResult<Beside> {
+        let ctx = gpu.context();
+        Ok(Beside {
+            stream: ctx.new_stream().ctx("cuStreamCreate")?,
+            event: ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .ctx("cuEventCreate")?,
+        })
+    }
+
+    /// Work queued on `after` from now on starts once the work queued on `first` so far is done.
+    fn order(&self, first: RawStream, after: RawStream) -> GpuResult<()> {
+        let e = self.event.cu_event();
+        // SAFETY: the event and the side stream live as long as self; `first` and `after` are
+        // the caller's live streams (or the legacy default stream) of this context.
+        unsafe {
+            cudarc::driver::result::event::record(e, first.0).ctx("cuEventRecord")?;
+            cudarc::driver::result::stream::wait_event(
+                after.0,
+                e,
+                cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .ctx("cuStreamWaitEvent")
+        }
+    }
 }
 
 impl Attention {
@@ -985,6 +1034,8 @@ impl Attention {
             qd_fwd: QdFwd::from_env(),
             clusters: Default::default(),
             fwd_ctas: fwd_ctas_env(),
+            beside_env: super::env_number::<usize>("FLAMIA_QF_BESIDE").filter(|&k| k > 0),
+            beside: Default::default(),
         })
     }
 
@@ -994,6 +1045,14 @@ impl Attention {
     /// The forward's items are claimed from a counter, so any grid computes the same bytes.
     pub fn with_forward_ctas(mut self, cap: Option<usize>) -> Self {
         self.fwd_ctas = cap.map(|n| n.max(1));
+        self
+    }
+
+    /// These options with the Q/K/V quantiser beside the forward on `k` SMs (`Some(k)`, k > 0;
+    /// `None` or 0: one after the other), as `FLAMIA_QF_BESIDE=k` sets it
+    /// ([`Attention::quantize_and_forward`]).
+    pub fn with_quantiser_beside(mut self, k: Option<usize>) -> Self {
+        self.beside_env = k.filter(|&k| k > 0);
         self
     }
 
@@ -1181,20 +1240,100 @@ impl Attention {
         let had = self.opts.precision.hadamard;
         let m = self.scale_mode();
         let g = &self.gpu;
-        // (Q's dim-major copy: the forward's, when it writes it)
-        let mut qo = saved.q;
-        if self.fwd_writes_qd(plan) {
-            qo.dim = 0;
-        }
-        let qi = QuantInput::new(q, had, qo).with_dim_order(self.q_dim_order());
-        let ki = QuantInput::new(k, had, saved.k).with_dim_order(self.k_dim_order());
-        let vi = QuantInput::new(v, false, saved.v).with_dim_order(self.v_dim_order(plan.shape().head_dim));
-        quantize_e4m3_fused(g, stream, plan, &[qi, ki, vi], m, None, Some(&self.amax))?;
+        let inputs = self.qkv_inputs(plan, [q, k, v], saved);
+        quantize_e4m3_fused(g, stream, plan, &inputs, m, None, Some(&self.amax))?;
         if let (Some(q4), Some(k4)) = (saved.q4, saved.k4) {
             quantize_nvfp4(g, stream, plan, q, had, q4)?;
             quantize_nvfp4(g, stream, plan, k, had, k4)?;
         }
         Ok(())
+    }
+
+    /// The Q/K/V quantiser's inputs `x` = [q, k, v] into `saved` (no dim-major Q when the
+    /// forward writes it).
+    fn qkv_inputs(&self, plan: &Plan, x: [u64; 3], saved: &Saved) -> [QuantInput; 3] {
+        let had = self.opts.precision.hadamard;
+        let mut qo = saved.q;
+        if self.fwd_writes_qd(plan) {
+            qo.dim = 0;
+        }
+        [
+            QuantInput::new(x[0], had, qo).with_dim_order(self.q_dim_order()),
+            QuantInput::new(x[1], had, saved.k).with_dim_order(self.k_dim_order()),
+            QuantInput::new(x[2], false, saved.v).with_dim_order(self.v_dim_order(plan.shape().head_dim)),
+        ]
+    }
+
+    /// SMs left to the Q/K/V quantiser when it runs beside the forward for `plan`
+    /// ([`Attention::quantize_and_forward`]), or `None`: one after the other. Only with the v4
+    /// forward, token-block scales and E4M3 scores, and for now only where `FLAMIA_QF_BESIDE=k`
+    /// (k > 0 SMs, read when this value was made) asks for it (session 49: measured first).
+    pub fn quantiser_beside(&self, plan: &Plan) -> Option<usize> {
+        let able = self.uses_forward_v4()
+            && self.scale_mode() == ScaleMode::TokenBlock
+            && self.opts.path != AttnPath::Nvfp4;
+        let _ = plan;
+        self.beside_env.filter(|_| able)
+    }
+
+    /// Quantises Q, K, V into `saved` and runs the forward on them (O, LSE): the quantiser
+    /// beside the forward where [`Attention::quantiser_beside`] says (the forward, launched
+    /// first on `stream` with its grid capped at the SMs - k, waits for the quantiser's ready
+    /// flags per tile, `cuda/qflags.cuh`; the quantiser runs on a second stream that forks from
+    /// `stream` before and joins it after), else [`Attention::quantize_inputs`] then
+    /// [`Attention::forward_quantized`]. The same bytes either way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn quantize_and_forward(
+        &self,
+        stream: RawStream,
+        plan: &Plan,
+        q: u64,
+        k: u64,
+        v: u64,
+        saved: &Saved,
+        o: u64,
+        lse: u64,
+    ) -> GpuResult<()> {
+        let Some(k_sms) = self.quantiser_beside(plan) else {
+            self.quantize_inputs(stream, plan, q, k, v, saved)?;
+            return self.forward_quantized(stream, plan, saved, o, lse);
+        };
+        self.check_plan(plan)?;
+        self.gpu.bind()?;
+        let inputs = self.qkv_inputs(plan, [q, k, v], saved);
+        // (the quantiser's module before the forward's launch: a forward left waiting for a
+        // quantiser that failed to build would never end)
+        prepare_e4m3_flagged(&self.gpu, plan, &inputs)?;
+        let mut guard = self.beside.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            *guard = Some(Beside::new(&self.gpu)?);
+        }
+        let b = guard.as_ref().expect("made above");
+        let side = RawStream(b.stream.cu_stream());
+        b.order(stream, side)?;
+        let sms = self.gpu.sm_count().max(1) as usize;
+        let epoch = plan.next_epoch();
+        let mut p = self.params(plan, saved);
+        p.o = o;
+        p.lse = lse;
+        self.forward_v4(
+            stream,
+            plan,
+            saved,
+            p,
+            Some((epoch, sms.saturating_sub(k_sms).max(1))),
+        )?;
+        quantize_e4m3_flagged(
+            &self.gpu,
+            side,
+            plan,
+            &inputs,
+            ScaleMode::TokenBlock,
+            None,
+            None,
+            Some((epoch, k_sms)),
+        )?;
+        b.order(side, stream)
     }
 
     /// Variant of the attention modules: the NVFP4 switch, the dynamic shared memory each
@@ -1409,7 +1548,7 @@ impl Attention {
         p.o = o;
         p.lse = lse;
         if self.uses_forward_v4() {
-            return self.forward_v4(stream, plan, saved, p);
+            return self.forward_v4(stream, plan, saved, p, None);
         }
         let (v, i) = self.variant();
         let f = self.gpu.function("attn_fwd.cu", &v, "attn_fwd", SMEM_FWD[i])?;
@@ -1470,12 +1609,24 @@ impl Attention {
 
     /// The v4 forward: persistent grid of at most one CTA per SM over the plan's longest-first
     /// work items, TMA maps of this call's code buffers.
-    fn forward_v4(&self, stream: RawStream, plan: &Plan, saved: &Saved, a: AttnParams) -> GpuResult<()> {
+    /// `beside`: the quantiser runs beside this launch (`Some(epoch, cap)`): the producer waits
+    /// for its ready flags of `epoch` (`FWD_QUANT_FLAGS`) and the grid is capped at `cap` CTAs.
+    fn forward_v4(
+        &self,
+        stream: RawStream,
+        plan: &Plan,
+        saved: &Saved,
+        a: AttnParams,
+        beside: Option<(u32, usize)>,
+    ) -> GpuResult<()> {
         let s = plan.shape();
         let (t, hd) = (s.tokens(), s.head_dim);
         let nitems = plan.tables.fwd.items.len();
         let mean_tiles = plan.tables.fwd.mean_key_tiles();
-        let b = self.forward_v4_build(hd, mean_tiles, fwd_cw_const(hd, mean_tiles));
+        let mut b = self.forward_v4_build(hd, mean_tiles, fwd_cw_const(hd, mean_tiles));
+        if beside.is_some() {
+            b.variant = b.variant.define("FWD_QUANT_FLAGS", 1);
+        }
         let p = FwdV4Params {
             q_map: tma::token_major(saved.q.tok, t, s.heads_q, hd, FWD_QT as u32)?,
             k_map: tma::token_major(saved.k.tok, t, s.heads_kv, hd, 128)?,
@@ -1495,6 +1646,9 @@ impl Attention {
             tiles: plan.fwd_tiles.ptr(),
             counter: plan.counter.ptr(),
             nitems: nitems as i32,
+            qflags: plan.qflags.ptr(),
+            epoch: beside.map_or(0, |(e, _)| e),
+            qslots: (s.heads_q + 2 * s.heads_kv) as i32,
         };
         let f = self
             .gpu
@@ -1503,7 +1657,12 @@ impl Attention {
             self.memset32(stream, plan.counter.ptr(), 2, "work counter")?;
         }
         let sms = self.gpu.sm_count().max(1) as usize;
-        let grid = (fwd_v4_grid(nitems, sms, self.fwd_ctas) as u32, 1, 1);
+        let cap = match (beside, self.fwd_ctas) {
+            (Some((_, c)), Some(f)) => Some(c.min(f)),
+            (Some((_, c)), None) => Some(c),
+            (None, f) => f,
+        };
+        let grid = (fwd_v4_grid(nitems, sms, cap) as u32, 1, 1);
         // SAFETY: params mirror FwdV4Params; the maps cover the saved code buffers of `plan`'s
         // shape, the tables and counter belong to `plan` (zero between launches: sched_done), o
         // and lse are the caller's (sized by plan); the kernel waits (pdl_wait) before reading.
@@ -1523,8 +1682,7 @@ impl Attention {
         lse: u64,
     ) -> GpuResult<Saved> {
         let saved = self.alloc_saved(plan)?;
-        self.quantize_inputs(stream, plan, q, k, v, &saved)?;
-        self.forward_quantized(stream, plan, &saved, o, lse)?;
+        self.quantize_and_forward(stream, plan, q, k, v, &saved, o, lse)?;
         Ok(saved)
     }
 
