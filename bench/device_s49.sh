@@ -14,6 +14,9 @@
 #      1x65536 and 2x32768 (call 1 of session 49: -2.4% cycles at 1x65536 in two rounds, within
 #      the default's own spread)
 #   ol: o, then l
+#   s: the whole GPU suite on the tree (device_suite.sh all: gpu_attention in JOBS processes,
+#      gpu_quant, bridge_cuda, model_cuda; s49.txz then holds those test binaries too), then the
+#      default against session 43's binary, two rounds at 1x65536, 16x4096 and 64x1024
 #   b: the quantiser beside the forward for real (Attention::quantize_and_forward: the forward's
 #      producer waits on the quantiser's ready flags, cuda/qflags.cuh): gpu_quant's tests (the
 #      new quantiser_beside_the_forward_gives_the_sequential_bytes first, under a timeout: a
@@ -25,7 +28,7 @@ C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s49.sh o|l|ol|b}
+mode=${1:?usage: device_s49.sh o|l|ol|b|s}
 tar -C $C -xJf $C/s49.txz || { echo "device_s49.sh: $C/s49.txz did not unpack"; exit 1; }
 kcache_setup
 {
@@ -33,7 +36,9 @@ nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
 o|l|ol|b) ;;
-*) echo "device_s49.sh: unknown mode '$mode' (o, l, ol, b)"; exit 2 ;;
+s) T=$C JOBS=${JOBS:-6} bash "$(dirname "$0")/device_suite.sh" all
+   ROUNDS=2 rounds_vs_old final - old -- --workload 1x65536 --workload 16x4096 --workload 64x1024 ;;
+*) echo "device_s49.sh: unknown mode '$mode' (o, l, ol, b, s)"; exit 2 ;;
 esac
 W=()
 for w in ${OVERLAP_WL:-256x256 64x1024 32x2048 16x4096}; do W+=(--workload "$w"); done

@@ -318,8 +318,8 @@
 #endif
 // (BWD_KEYS_TMA where it applies: not with CTA pairs, whose ranks hold other tiles of a pair's item)
 #define BWD_KEYS (BWD_KEYS_TMA && !BWD_PAIR)
-// BWD_BULK_ST 1 (the host's default at head dim 128: bwd_bulk_st; FLAMIA_BWD_BULK_ST=0|1): a warpgroup
-// whose 64 keys all lie in the document sends its BF16 dK, then dV, through its half of the dS
+// BWD_BULK_ST 1 (the host's default at head dim 128 where tiles walk up: bwd_bulk_st;
+// FLAMIA_BWD_BULK_ST=0|1): a warpgroup whose 64 keys all lie in the document sends its BF16 dK, then dV, through its half of the dS
 // tiles (stage_frag_bf16_sw128: two 64 x 64-dim boxes at d = 128) by bulk tensor stores
 // (bwd_box_store; dk_map / dv_map), as the forward's O goes (FWD_O_TMA), instead of 16-byte
 // stores from the fragments; a warpgroup with keys past the document keeps those. The consumers
@@ -414,10 +414,14 @@ struct alignas(16) BwdItem {
 // for kv_full stayed (the K/V tiles' own latency, not the factors). A third copy
 // because tail[n % 3] is last read by item n - 3's end, which precedes item n - 2's steps, whose
 // K/V release the producer has already waited for; two copies would race item n - 2's end.
+// With BWD_KEYS (the item's factors by bulk copy with K and V, after the kv_empty wait) nothing
+// is written before that wait: two tails, as without early factors, and no item_next (session
+// 49: 2,608 bytes less; bwd -1.5..-2.5% at 1x65536 on an H100 in five rounds of two calls,
+// level at 2x32768, 16x4096 and 64x1024; docs/perf.md "Session 49").
 #ifndef BWD_EARLY_FACTORS
 #define BWD_EARLY_FACTORS 0  // the host defines it (2 KB more shared memory: attention.rs with_early_factors)
 #endif
-#define BWD_TAILS (BWD_EARLY_FACTORS ? 3 : 2)
+#define BWD_TAILS ((BWD_EARLY_FACTORS && !BWD_KEYS) ? 3 : 2)
 #ifndef BWD_DS_STSM
 // BWD_DS_STSM 1 (the host's default since session 26 with the four-code conversions, attention.rs
 // bwd_ds_stsm; FLAMIA_BWD_DS_STSM=0 builds 0): the dS tile for dQ (ds_codes; row dS's dQ copy in
@@ -533,7 +537,7 @@ struct BwdV4Smem {
   u8 ds[BWD_DS_BUFS][BQT * BKT];       // dS codes [64 queries][128 keys], no-swizzle K-major
   BwdCols cols[BWD_STAGES];
   BwdItem item;
-#if BWD_EARLY_FACTORS && !BWD_FOLD
+#if BWD_EARLY_FACTORS && !BWD_FOLD && !BWD_KEYS
   BwdItem item_next;                   // the next item's step factors until item is free (the producer's)
 #endif
 #if BWD_FOLD
