@@ -37,6 +37,8 @@ date
 case $mode in
 o|l|ol|b) ;;
 s) T=$C JOBS=${JOBS:-6} bash "$(dirname "$0")/device_suite.sh" all
+   echo "=== mutation 48 (qflags-nowait: the beside test must fail)"
+   ONLY=qflags-nowait T=$C/gpu_attention bash "$(dirname "$0")/gpu_mutations.sh"
    ROUNDS=2 rounds_vs_old final - old -- --workload 1x65536 --workload 16x4096 --workload 64x1024 ;;
 *) echo "device_s49.sh: unknown mode '$mode' (o, l, ol, b, s)"; exit 2 ;;
 esac
