@@ -6,7 +6,7 @@
 
 use super::attention::{Attention, BwdKernel, BwdOutputs};
 use super::buffer::DeviceBuf;
-use super::error::{DriverContext, GpuResult};
+use super::error::{DriverContext, GpuError, GpuResult};
 use super::plan::Plan;
 use super::runtime::{Gpu, RawStream, Variant};
 use crate::options::{AttnOptions, VarlenShape};
@@ -116,6 +116,52 @@ fn unix_ms() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Bytes of one chunk of [`sm_copy_ms`]'s copy.
+const SMCOPY_CHUNK: usize = 16 << 10;
+
+/// `bench.cu`'s `sm_copy` on `k` SMs (one CTA each: `stages` x [`SMCOPY_CHUNK`] bytes of
+/// shared memory), reading `bytes_in` and writing `bytes_out` as the quantiser does: the
+/// median ms of 10 after 2 warm-ups.
+fn sm_copy_ms(gpu: &Gpu, k: usize, stages: usize, bytes_in: usize, bytes_out: usize) -> GpuResult<f64> {
+    let nchunks = (bytes_in / SMCOPY_CHUNK).max(1);
+    let out = (SMCOPY_CHUNK * bytes_out / bytes_in.max(1)) / 16 * 16;
+    // (a pattern, checked in three chunks after the timing: a kernel that moved nothing fails)
+    let pattern: Vec<u8> = (0..nchunks * SMCOPY_CHUNK).map(|i| (i % 251) as u8).collect();
+    let src = DeviceBuf::<u8>::from_host(gpu, &pattern)?;
+    let dst = DeviceBuf::<u8>::zeros(gpu, (nchunks * out).max(16))?;
+    let (sp, dp) = (src.ptr(), dst.ptr());
+    let (n, chunk, out, st) = (
+        nchunks as i64,
+        SMCOPY_CHUNK as i32,
+        out as i32,
+        stages.clamp(1, 32) as i32,
+    );
+    let smem = (st as usize * SMCOPY_CHUNK) as u32;
+    let ms = median(time_ms(gpu, 2, 10, &mut || {
+        let mut args: [*mut std::ffi::c_void; 6] = [
+            &sp as *const u64 as *mut _,
+            &dp as *const u64 as *mut _,
+            &n as *const i64 as *mut _,
+            &chunk as *const i32 as *mut _,
+            &out as *const i32 as *mut _,
+            &st as *const i32 as *mut _,
+        ];
+        // SAFETY: the six pointers match sm_copy(const u8*, u8*, long long, int, int, int); src
+        // holds nchunks chunks, dst nchunks x out bytes, smem the ring of st chunks.
+        unsafe { launch_bench_kernel_smem(gpu, "sm_copy", (k.max(1) as u32, 32, smem), &mut args) }
+    })?);
+    let got = dst.to_host()?;
+    let out = out as usize;
+    for c in [0, nchunks / 2, nchunks - 1] {
+        if got[c * out..][..out] != pattern[c * SMCOPY_CHUNK..][..out] {
+            return Err(GpuError::NotSupported(format!(
+                "sm_copy on {k} SMs, {stages} stages: chunk {c} of {nchunks} did not arrive"
+            )));
+        }
+    }
+    Ok(ms)
+}
+
 /// `FLAMIA_BENCH_OVERLAP=k1,k2,..`: the SM counts left to the quantiser in the overlap
 /// experiment of [`run_workload`] (unset, empty or unparsable: no experiment).
 fn overlap_sms() -> Option<Vec<usize>> {
@@ -176,14 +222,31 @@ unsafe fn launch_bench_kernel(
     block: u32,
     args: &mut [*mut std::ffi::c_void],
 ) -> GpuResult<()> {
-    let f = gpu.function("bench.cu", &Variant::new(), name, 0)?;
+    // SAFETY: the caller's contract, no dynamic shared memory
+    unsafe { launch_bench_kernel_smem(gpu, name, (grid, block, 0), args) }
+}
+
+/// [`launch_bench_kernel`] with `smem` bytes of dynamic shared memory: `geometry` = (grid,
+/// block, smem).
+///
+/// # Safety
+/// As [`launch_bench_kernel`], and the kernel may use at most `smem` bytes of dynamic shared
+/// memory.
+unsafe fn launch_bench_kernel_smem(
+    gpu: &Gpu,
+    name: &str,
+    geometry: (u32, u32, u32),
+    args: &mut [*mut std::ffi::c_void],
+) -> GpuResult<()> {
+    let (grid, block, smem) = geometry;
+    let f = gpu.function("bench.cu", &Variant::new(), name, smem)?;
     // SAFETY: the caller's contract above
     unsafe {
         cudarc::driver::result::launch_kernel(
             f.cu_function(),
             (grid, 1, 1),
             (block, 1, 1),
-            0,
+            smem,
             std::ptr::null_mut(),
             args,
         )
@@ -541,6 +604,26 @@ pub fn run_workload(
                 sms.min(plan.tables.fwd.items.len()),
                 100.0 * (both_ms / seq - 1.0)
             );
+        }
+    }
+    if let Some(ks) = parse_overlap(std::env::var("FLAMIA_BENCH_SMCOPY").ok().as_deref()) {
+        // what k SMs can move by bulk copies, the Q/K/V quantiser's bytes (session 49: the
+        // quantiser beside the forward needs ~80 GB/s per SM; today's quantiser does 23-28)
+        let bytes_in = t * (HEADS + 2 * kv_heads) * hd * 2; // (Q, K, V in BF16)
+        let bytes_out = attn.input_quant_bytes(&plan).saturating_sub(bytes_in);
+        let stages = parse_overlap(std::env::var("FLAMIA_BENCH_SMCOPY_STAGES").ok().as_deref())
+            .unwrap_or_else(|| vec![4, 12]);
+        for k in ks {
+            for &st in &stages {
+                let ms = sm_copy_ms(gpu, k, st, bytes_in, bytes_out)?;
+                let gbs = (bytes_in + bytes_out) as f64 / ms / 1e6;
+                eprintln!(
+                    "{name}: sm_copy on {k} SMs, {st} stages of {} KB: {bytes_in} B in, {bytes_out} B out in \
+                     {ms:.3} ms: {gbs:.0} GB/s, {:.1} GB/s per SM",
+                    SMCOPY_CHUNK >> 10,
+                    gbs / k.max(1) as f64
+                );
+            }
         }
     }
     if super::env_on("FLAMIA_BENCH_ENERGY") {
