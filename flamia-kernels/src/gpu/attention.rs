@@ -1272,7 +1272,7 @@ impl Attention {
         let able = self.uses_forward_v4()
             && self.scale_mode() == ScaleMode::TokenBlock
             && self.opts.path != AttnPath::Nvfp4;
-        let _ = plan;
+        let _ = plan; // (the choice will be per plan, as the half tiles', once a default is measured)
         self.beside_env.filter(|_| able)
     }
 
