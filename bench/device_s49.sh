@@ -17,6 +17,9 @@
 #   c: the per-SM ceiling of bulk copies (FLAMIA_BENCH_SMCOPY: bench.cu's sm_copy on k SMs,
 #      the Q/K/V quantiser's bytes in and out at 256x256) for k = SMCOPY_KS (default
 #      8,16,32,48,132) and 4, 8 and 12 stages of 16 KB: can a quantiser on ~32 SMs keep up?
+#   a: the standing (bench/vs-anchors.sh: ours, the BF16 anchors, cuDNN FP8 where .whl is
+#      carried too, ours again; ~8-9 minutes) on the staged binary: for an H200, which has not
+#      run since session 46
 #   s: the whole GPU suite on the tree (device_suite.sh all: gpu_attention in JOBS processes,
 #      gpu_quant, bridge_cuda, model_cuda; s49.txz then holds those test binaries too), then the
 #      default against session 43's binary, two rounds at 1x65536, 16x4096 and 64x1024
@@ -31,7 +34,7 @@ C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s49.sh o|l|ol|b|s|c}
+mode=${1:?usage: device_s49.sh o|l|ol|b|s|c|a}
 tar -C $C -xJf $C/s49.txz || { echo "device_s49.sh: $C/s49.txz did not unpack"; exit 1; }
 kcache_setup
 {
@@ -45,7 +48,8 @@ s) T=$C JOBS=${JOBS:-6} bash "$(dirname "$0")/device_suite.sh" all
    ROUNDS=2 rounds_vs_old final - old -- --workload 1x65536 --workload 16x4096 --workload 64x1024 ;;
 c) bench_mhz "sm_copy" "FLAMIA_BENCH_SMCOPY=${SMCOPY_KS:-8,16,32,48,132} FLAMIA_BENCH_SMCOPY_STAGES=4,8,12" \
      --workload 256x256 ;;
-*) echo "device_s49.sh: unknown mode '$mode' (o, l, ol, b, s, c)"; exit 2 ;;
+a) B=$C/flamia bash "$(dirname "$0")/vs-anchors.sh" ;;
+*) echo "device_s49.sh: unknown mode '$mode' (o, l, ol, b, s, c, a)"; exit 2 ;;
 esac
 W=()
 for w in ${OVERLAP_WL:-256x256 64x1024 32x2048 16x4096}; do W+=(--workload "$w"); done
