@@ -3,17 +3,11 @@
 # .device-carry/s49/s49.txz holds flamia (the tree's release build, stripped) and old/flamia
 # (session 43's binary, as in .device-carry/z) and gpu_quant (the tree's test binary); it is
 # unpacked into .device-carry/s49 here.
-#   o: the quantiser beside the forward at short documents (perf.md "Session 49"): `flamia bench
-#      attention` with FLAMIA_BENCH_OVERLAP (the forward on a second stream, its persistent grid
-#      capped at SMs - k CTAs, the Q/K/V quantiser on the SMs it leaves; timing only: the
-#      forward reads the previous call's codes, the same bytes), k = OVERLAP_KS (default
-#      16,24,32,40,48), two rounds at 256x256, 64x1024, 32x2048 and 16x4096 (OVERLAP_WL); what a
-#      forward that waits on the quantiser's per-tile flags could at best save, and which k
 #   l: the lean tails (make_lean48: today's sources without item_next and the third tail)
 #      beside today's default and session 43's binary, LEAN_ROUNDS (default 4) rounds at
 #      1x65536 and 2x32768 (call 1 of session 49: -2.4% cycles at 1x65536 in two rounds, within
-#      the default's own spread)
-#   ol: o, then l
+#      the default's own spread; with the lean tails in the source, the default against
+#      session 43's binary)
 #   c: the per-SM ceiling of bulk copies (FLAMIA_BENCH_SMCOPY: bench.cu's sm_copy on k SMs,
 #      the Q/K/V quantiser's bytes in and out at 256x256) for k = SMCOPY_KS (default
 #      8,16,32,48,132) and 4, 8 and 12 stages of 16 KB: can a quantiser on ~32 SMs keep up?
@@ -27,21 +21,22 @@
 #      producer waits on the quantiser's ready flags, cuda/qflags.cuh): gpu_quant's tests (the
 #      new quantiser_beside_the_forward_gives_the_sequential_bytes first, under a timeout: a
 #      forward that waits forever hangs), then FLAMIA_QF_BESIDE=k for k = BESIDE_KS (default 16 24
-#      32 48) beside the default, two rounds at OVERLAP_WL (the train column runs the quantiser
+#      32 48) beside the default, two rounds at BESIDE_WL (default 256x256, 64x1024, 32x2048
+#      and 16x4096; the train column runs the quantiser
 #      beside; a line per workload gives quantiser + forward against one after the other)
 set -u
 C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s49.sh o|l|ol|b|s|c|a}
+mode=${1:?usage: device_s49.sh l|b|s|c|a}
 tar -C $C -xJf $C/s49.txz || { echo "device_s49.sh: $C/s49.txz did not unpack"; exit 1; }
 kcache_setup
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
-o|l|ol|b) ;;
+l|b) ;;
 s) T=$C JOBS=${JOBS:-6} bash "$(dirname "$0")/device_suite.sh" all
    echo "=== mutation 48 (qflags-nowait: the beside test must fail)"
    ONLY=qflags-nowait T=$C/gpu_attention bash "$(dirname "$0")/gpu_mutations.sh"
@@ -49,10 +44,10 @@ s) T=$C JOBS=${JOBS:-6} bash "$(dirname "$0")/device_suite.sh" all
 c) bench_mhz "sm_copy" "FLAMIA_BENCH_SMCOPY=${SMCOPY_KS:-8,16,32,48,132} FLAMIA_BENCH_SMCOPY_STAGES=4,8,12" \
      --workload 256x256 ;;
 a) B=$C/flamia bash "$(dirname "$0")/vs-anchors.sh" ;;
-*) echo "device_s49.sh: unknown mode '$mode' (o, l, ol, b, s, c, a)"; exit 2 ;;
+*) echo "device_s49.sh: unknown mode '$mode' (l, b, s, c, a)"; exit 2 ;;
 esac
 W=()
-for w in ${OVERLAP_WL:-256x256 64x1024 32x2048 16x4096}; do W+=(--workload "$w"); done
+for w in ${BESIDE_WL:-256x256 64x1024 32x2048 16x4096}; do W+=(--workload "$w"); done
 if [ "$mode" = b ]; then
   echo "=== gpu_quant: the quantiser beside the forward (timeout 180 s)"
   timeout 180 $C/gpu_quant --ignored --test-threads 1 quantiser_beside > "$O/beside-test.log" 2>&1
@@ -69,12 +64,7 @@ if [ "$mode" = b ]; then
     for v in "${vs[@]}"; do bench_mhz "beside $v round $r" "$v" "${W[@]}"; done
   done
 fi
-if [ "$mode" = o ] || [ "$mode" = ol ]; then
-  for r in 1 2; do
-    bench_mhz "overlap round $r" "FLAMIA_BENCH_OVERLAP=${OVERLAP_KS:-16,24,32,40,48}" "${W[@]}"
-  done
-fi
-if [ "$mode" = l ] || [ "$mode" = ol ]; then
+if [ "$mode" = l ]; then
   vs=(-)
   L48=$(make_lean48 "$C/cuda-lean48")
   [ -n "$L48" ] && vs+=("FLAMIA_CUDA_DIR=$L48")

@@ -182,7 +182,6 @@ struct QuantParams {
   u32 epoch;                     // QUANT_FLAGS: this call's value of a ready flag
 };
 
-
 // Field-wise select (a dynamic index into the parameter struct would copy it to local memory).
 __device__ __forceinline__ QuantTensor pick_input(const QuantParams& p, int ti) {
   QuantTensor t;

@@ -255,13 +255,6 @@ fn bwd_ctas() -> Option<usize> {
     super::env_number::<usize>("FLAMIA_BWD_CTAS").map(|n| n.max(1))
 }
 
-/// `FLAMIA_FWD_CTAS=n` (a test knob, read when an [`Attention`] is made): the v4 forward's
-/// persistent grid capped at `n` CTAs (at least 1) instead of one per SM
-/// ([`Attention::with_forward_ctas`]).
-fn fwd_ctas_env() -> Option<usize> {
-    super::env_number::<usize>("FLAMIA_FWD_CTAS").map(|n| n.max(1))
-}
-
 /// The v4 forward's persistent grid: one CTA per SM (`sms`), no more than the `items`, capped
 /// by `cap`; at least 1.
 fn fwd_v4_grid(items: usize, sms: usize, cap: Option<usize>) -> usize {
@@ -956,8 +949,6 @@ pub struct Attention {
     /// Clusters of two of the paired backward that run at once, per kernel and shared memory
     /// (`cuOccupancyMaxActiveClusters`, asked once).
     clusters: std::sync::Mutex<std::collections::HashMap<(usize, u32), usize>>,
-    /// The v4 forward's persistent grid cap ([`Attention::with_forward_ctas`]).
-    fwd_ctas: Option<usize>,
     /// `FLAMIA_QF_BESIDE` ([`Attention::quantiser_beside`]).
     beside_env: Option<usize>,
     /// The second stream of [`Attention::quantize_and_forward`], made on first use.
@@ -1033,19 +1024,9 @@ impl Attention {
             ds_stsm_env: !super::env_off("FLAMIA_BWD_DS_STSM"),
             qd_fwd: QdFwd::from_env(),
             clusters: Default::default(),
-            fwd_ctas: fwd_ctas_env(),
             beside_env: super::env_number::<usize>("FLAMIA_QF_BESIDE").filter(|&k| k > 0),
             beside: Default::default(),
         })
-    }
-
-    /// These options with the v4 forward's persistent grid capped at `cap` CTAs (at least 1,
-    /// never more than one per SM; `None`: one per SM), so that other work can have the SMs
-    /// it leaves (the overlap experiment of `flamia bench attention`, `FLAMIA_BENCH_OVERLAP`).
-    /// The forward's items are claimed from a counter, so any grid computes the same bytes.
-    pub fn with_forward_ctas(mut self, cap: Option<usize>) -> Self {
-        self.fwd_ctas = cap.map(|n| n.max(1));
-        self
     }
 
     /// These options with the Q/K/V quantiser beside the forward on `k` SMs (`Some(k)`, k > 0;
@@ -1657,12 +1638,7 @@ impl Attention {
             self.memset32(stream, plan.counter.ptr(), 2, "work counter")?;
         }
         let sms = self.gpu.sm_count().max(1) as usize;
-        let cap = match (beside, self.fwd_ctas) {
-            (Some((_, c)), Some(f)) => Some(c.min(f)),
-            (Some((_, c)), None) => Some(c),
-            (None, f) => f,
-        };
-        let grid = (fwd_v4_grid(nitems, sms, cap) as u32, 1, 1);
+        let grid = (fwd_v4_grid(nitems, sms, beside.map(|(_, cap)| cap)) as u32, 1, 1);
         // SAFETY: params mirror FwdV4Params; the maps cover the saved code buffers of `plan`'s
         // shape, the tables and counter belong to `plan` (zero between launches: sched_done), o
         // and lse are the caller's (sized by plan); the kernel waits (pdl_wait) before reading.

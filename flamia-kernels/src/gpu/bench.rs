@@ -119,57 +119,78 @@ fn unix_ms() -> f64 {
 /// Bytes of one chunk of [`sm_copy_ms`]'s copy.
 const SMCOPY_CHUNK: usize = 16 << 10;
 
-/// `bench.cu`'s `sm_copy` on `k` SMs (one CTA each: `stages` x [`SMCOPY_CHUNK`] bytes of
-/// shared memory), reading `bytes_in` and writing `bytes_out` as the quantiser does: the
-/// median ms of 10 after 2 warm-ups.
-fn sm_copy_ms(gpu: &Gpu, k: usize, stages: usize, bytes_in: usize, bytes_out: usize) -> GpuResult<f64> {
-    let nchunks = (bytes_in / SMCOPY_CHUNK).max(1);
-    let out = (SMCOPY_CHUNK * bytes_out / bytes_in.max(1)) / 16 * 16;
-    // (a pattern, checked in three chunks after the timing: a kernel that moved nothing fails)
-    let pattern: Vec<u8> = (0..nchunks * SMCOPY_CHUNK).map(|i| (i % 251) as u8).collect();
-    let src = DeviceBuf::<u8>::from_host(gpu, &pattern)?;
-    let dst = DeviceBuf::<u8>::zeros(gpu, (nchunks * out).max(16))?;
-    let (sp, dp) = (src.ptr(), dst.ptr());
-    let (n, chunk, out, st) = (
-        nchunks as i64,
-        SMCOPY_CHUNK as i32,
-        out as i32,
-        stages.clamp(1, 32) as i32,
-    );
-    let smem = (st as usize * SMCOPY_CHUNK) as u32;
-    let ms = median(time_ms(gpu, 2, 10, &mut || {
-        let mut args: [*mut std::ffi::c_void; 6] = [
-            &sp as *const u64 as *mut _,
-            &dp as *const u64 as *mut _,
-            &n as *const i64 as *mut _,
-            &chunk as *const i32 as *mut _,
-            &out as *const i32 as *mut _,
-            &st as *const i32 as *mut _,
-        ];
-        // SAFETY: the six pointers match sm_copy(const u8*, u8*, long long, int, int, int); src
-        // holds nchunks chunks, dst nchunks x out bytes, smem the ring of st chunks.
-        unsafe { launch_bench_kernel_smem(gpu, "sm_copy", (k.max(1) as u32, 32, smem), &mut args) }
-    })?);
-    let got = dst.to_host()?;
-    let out = out as usize;
-    for c in [0, nchunks / 2, nchunks - 1] {
-        if got[c * out..][..out] != pattern[c * SMCOPY_CHUNK..][..out] {
-            return Err(GpuError::NotSupported(format!(
-                "sm_copy on {k} SMs, {stages} stages: chunk {c} of {nchunks} did not arrive"
-            )));
-        }
+/// The buffers of `bench.cu`'s `sm_copy`: `bytes_in` in [`SMCOPY_CHUNK`] chunks of a pattern
+/// (made and uploaded once for every k and stage count), and of each chunk the share that
+/// `bytes_out` is of `bytes_in` (a multiple of 16) out, as the quantiser reads and writes.
+struct SmCopyBufs {
+    pattern: Vec<u8>,
+    src: DeviceBuf<u8>,
+    dst: DeviceBuf<u8>,
+    nchunks: usize,
+    out: usize,
+}
+
+impl SmCopyBufs {
+    fn new(gpu: &Gpu, bytes_in: usize, bytes_out: usize) -> GpuResult<SmCopyBufs> {
+        let nchunks = (bytes_in / SMCOPY_CHUNK).max(1);
+        let out = (SMCOPY_CHUNK * bytes_out / bytes_in.max(1)) / 16 * 16;
+        let pattern: Vec<u8> = (0..nchunks * SMCOPY_CHUNK).map(|i| (i % 251) as u8).collect();
+        let src = DeviceBuf::<u8>::from_host(gpu, &pattern)?;
+        let dst = DeviceBuf::<u8>::zeros(gpu, (nchunks * out).max(16))?;
+        Ok(SmCopyBufs {
+            pattern,
+            src,
+            dst,
+            nchunks,
+            out,
+        })
     }
-    Ok(ms)
+
+    /// `sm_copy` on `k` SMs (one CTA each: `stages` x [`SMCOPY_CHUNK`] bytes of shared
+    /// memory): the median ms of 10 after 2 warm-ups; then three chunks are checked against the
+    /// pattern (a kernel that moved nothing fails).
+    fn time_ms(&self, gpu: &Gpu, k: usize, stages: usize) -> GpuResult<f64> {
+        let (sp, dp) = (self.src.ptr(), self.dst.ptr());
+        let (n, chunk, out, st) = (
+            self.nchunks as i64,
+            SMCOPY_CHUNK as i32,
+            self.out as i32,
+            stages.clamp(1, 32) as i32,
+        );
+        let smem = (st as usize * SMCOPY_CHUNK) as u32;
+        let ms = median(time_ms(gpu, 2, 10, &mut || {
+            let mut args: [*mut std::ffi::c_void; 6] = [
+                &sp as *const u64 as *mut _,
+                &dp as *const u64 as *mut _,
+                &n as *const i64 as *mut _,
+                &chunk as *const i32 as *mut _,
+                &out as *const i32 as *mut _,
+                &st as *const i32 as *mut _,
+            ];
+            // SAFETY: the six pointers match sm_copy(const u8*, u8*, long long, int, int, int);
+            // src holds nchunks chunks, dst nchunks x out bytes, smem the ring of st chunks.
+            unsafe { launch_bench_kernel_smem(gpu, "sm_copy", (k.max(1) as u32, 32, smem), &mut args) }
+        })?);
+        let (got, out, nchunks) = (self.dst.to_host()?, self.out, self.nchunks);
+        for c in [0, nchunks / 2, nchunks - 1] {
+            if got[c * out..][..out] != self.pattern[c * SMCOPY_CHUNK..][..out] {
+                return Err(GpuError::NotSupported(format!(
+                    "sm_copy on {k} SMs, {stages} stages: chunk {c} of {nchunks} did not arrive"
+                )));
+            }
+        }
+        Ok(ms)
+    }
 }
 
-/// `FLAMIA_BENCH_OVERLAP=k1,k2,..`: the SM counts left to the quantiser in the overlap
-/// experiment of [`run_workload`] (unset, empty or unparsable: no experiment).
-fn overlap_sms() -> Option<Vec<usize>> {
-    parse_overlap(std::env::var("FLAMIA_BENCH_OVERLAP").ok().as_deref())
+/// The comma-separated list of counts in the environment variable `var`
+/// (`FLAMIA_BENCH_SMCOPY=k1,k2,..` and its `_STAGES`; unset, empty or unparsable: `None`).
+fn env_list(var: &str) -> Option<Vec<usize>> {
+    parse_list(std::env::var(var).ok().as_deref())
 }
 
-/// [`overlap_sms`] of the variable's value.
-fn parse_overlap(v: Option<&str>) -> Option<Vec<usize>> {
+/// [`env_list`] of the variable's value.
+fn parse_list(v: Option<&str>) -> Option<Vec<usize>> {
     let ks: Option<Vec<usize>> = v?.split(',').map(|k| k.trim().parse().ok()).collect();
     ks.filter(|ks| !ks.is_empty())
 }
@@ -573,49 +594,16 @@ pub fn run_workload(
             inside[0], inside[1], inside[2], inside[3]
         );
     }
-    if let Some(ks) = overlap_sms() {
-        // the quantiser beside the forward (session 49's experiment for short documents, before
-        // a forward that waits on the quantiser's per-tile flags is built): the forward on a
-        // second stream with its persistent grid capped at SMs - k CTAs (each takes a whole SM:
-        // registers), launched first, then the quantiser on the default stream, whose CTAs land
-        // on the k SMs left and on the forward's as it drains. Timing only: the forward reads
-        // the codes of the previous call, the same bytes here (the inputs do not change).
-        let main = gpu.context().default_stream();
-        let side = gpu.context().new_stream().ctx("cuStreamCreate")?;
-        let ss = RawStream(side.cu_stream());
-        let sms = gpu.sm_count().max(1) as usize;
-        for k in ks {
-            let cap = sms.saturating_sub(k).max(1);
-            let capped = Attention::new(gpu.clone(), opts)?.with_forward_ctas(Some(cap));
-            let fwd_cap_ms = median(time_ms(gpu, 2, reps, &mut || {
-                capped.forward_quantized(s, &plan, &saved, o.ptr(), lse.ptr())
-            })?);
-            let both_ms = median(time_ms(gpu, 2, reps, &mut || {
-                side.join(&main).ctx("cuStreamWaitEvent")?;
-                capped.forward_quantized(ss, &plan, &saved, o.ptr(), lse.ptr())?;
-                quant()?;
-                main.join(&side).ctx("cuStreamWaitEvent")
-            })?);
-            let seq = quant_ms + fwd_ms;
-            eprintln!(
-                "{name}: overlap, the quantiser beside a forward of {cap} CTAs: together {both_ms:.3} ms \
-                 against {seq:.3} in sequence (quantiser {quant_ms:.3} + forward {fwd_ms:.3} on {} CTAs), \
-                 {:+.1}%; that forward alone {fwd_cap_ms:.3} ms",
-                sms.min(plan.tables.fwd.items.len()),
-                100.0 * (both_ms / seq - 1.0)
-            );
-        }
-    }
-    if let Some(ks) = parse_overlap(std::env::var("FLAMIA_BENCH_SMCOPY").ok().as_deref()) {
+    if let Some(ks) = env_list("FLAMIA_BENCH_SMCOPY") {
         // what k SMs can move by bulk copies, the Q/K/V quantiser's bytes (session 49: the
         // quantiser beside the forward needs ~80 GB/s per SM; today's quantiser does 23-28)
         let bytes_in = t * (HEADS + 2 * kv_heads) * hd * 2; // (Q, K, V in BF16)
         let bytes_out = attn.input_quant_bytes(&plan).saturating_sub(bytes_in);
-        let stages = parse_overlap(std::env::var("FLAMIA_BENCH_SMCOPY_STAGES").ok().as_deref())
-            .unwrap_or_else(|| vec![4, 12]);
+        let stages = env_list("FLAMIA_BENCH_SMCOPY_STAGES").unwrap_or_else(|| vec![4, 12]);
+        let bufs = SmCopyBufs::new(gpu, bytes_in, bytes_out)?;
         for k in ks {
             for &st in &stages {
-                let ms = sm_copy_ms(gpu, k, st, bytes_in, bytes_out)?;
+                let ms = bufs.time_ms(gpu, k, st)?;
                 let gbs = (bytes_in + bytes_out) as f64 / ms / 1e6;
                 eprintln!(
                     "{name}: sm_copy on {k} SMs, {st} stages of {} KB: {bytes_in} B in, {bytes_out} B out in \
@@ -689,12 +677,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn overlap_lists_parse_or_are_refused_whole() {
-        assert_eq!(parse_overlap(Some("16, 32,48")), Some(vec![16, 32, 48]));
-        assert_eq!(parse_overlap(Some("24")), Some(vec![24]));
-        assert_eq!(parse_overlap(Some("16,x")), None);
-        assert_eq!(parse_overlap(Some("")), None);
-        assert_eq!(parse_overlap(None), None);
+    fn count_lists_parse_or_are_refused_whole() {
+        assert_eq!(parse_list(Some("16, 32,48")), Some(vec![16, 32, 48]));
+        assert_eq!(parse_list(Some("24")), Some(vec![24]));
+        assert_eq!(parse_list(Some("16,x")), None);
+        assert_eq!(parse_list(Some("")), None);
+        assert_eq!(parse_list(None), None);
     }
 
     #[test]
