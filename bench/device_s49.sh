@@ -31,6 +31,9 @@ C=.device-carry/s49
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
 mode=${1:?usage: device_s49.sh l|b|s|c|a}
 tar -C $C -xJf $C/s49.txz || { echo "device_s49.sh: $C/s49.txz did not unpack"; exit 1; }
+if [ -f .device-carry/s50/flamia.xz ]; then # a newer flamia carried beside (session 50)
+  xz -dc .device-carry/s50/flamia.xz > $C/flamia && chmod +x $C/flamia && echo "flamia from .device-carry/s50"
+fi
 kcache_setup
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv

@@ -261,6 +261,15 @@ unsafe fn launch_bench_kernel_smem(
 ) -> GpuResult<()> {
     let (grid, block, smem) = geometry;
     let f = gpu.function("bench.cu", &Variant::new(), name, smem)?;
+    if smem > 48 * 1024 {
+        // the function is cached with the limit of its first launch; a later, larger one
+        // (sm_copy's 4, 8, 12 stages) raises it
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .ctx(&format!("cuFuncSetAttribute({name}, max dynamic smem {smem})"))?;
+    }
     // SAFETY: the caller's contract above
     unsafe {
         cudarc::driver::result::launch_kernel(
