@@ -17,19 +17,13 @@
 #   s: the whole GPU suite on the tree (device_suite.sh all: gpu_attention in JOBS processes,
 #      gpu_quant, bridge_cuda, model_cuda; s49.txz then holds those test binaries too), then the
 #      default against session 43's binary, two rounds at 1x65536, 16x4096 and 64x1024
-#   b: the quantiser beside the forward for real (Attention::quantize_and_forward: the forward's
-#      producer waits on the quantiser's ready flags, cuda/qflags.cuh): gpu_quant's tests (the
-#      new quantiser_beside_the_forward_gives_the_sequential_bytes first, under a timeout: a
-#      forward that waits forever hangs), then FLAMIA_QF_BESIDE=k for k = BESIDE_KS (default 16 24
-#      32 48) beside the default, two rounds at BESIDE_WL (default 256x256, 64x1024, 32x2048
-#      and 16x4096; the train column runs the quantiser
-#      beside; a line per workload gives quantiser + forward against one after the other)
+#   (b, the quantiser beside the forward, went with that path in session 50)
 set -u
 C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s49.sh l|b|s|c|a}
+mode=${1:?usage: device_s49.sh l|s|c|a}
 tar -C $C -xJf $C/s49.txz || { echo "device_s49.sh: $C/s49.txz did not unpack"; exit 1; }
 if [ -f .device-carry/s50/flamia.xz ]; then # a newer flamia carried beside (session 50)
   xz -dc .device-carry/s50/flamia.xz > $C/flamia && chmod +x $C/flamia && echo "flamia from .device-carry/s50"
@@ -39,34 +33,14 @@ kcache_setup
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
-l|b) ;;
+l) ;;
 s) T=$C JOBS=${JOBS:-6} bash "$(dirname "$0")/device_suite.sh" all
-   echo "=== mutation 48 (qflags-nowait: the beside test must fail)"
-   ONLY=qflags-nowait T=$C/gpu_attention bash "$(dirname "$0")/gpu_mutations.sh"
    ROUNDS=2 rounds_vs_old final - old -- --workload 1x65536 --workload 16x4096 --workload 64x1024 ;;
 c) bench_mhz "sm_copy" "FLAMIA_BENCH_SMCOPY=${SMCOPY_KS:-8,16,32,48,132} FLAMIA_BENCH_SMCOPY_STAGES=4,8,12" \
      --workload 256x256 ;;
 a) B=$C/flamia bash "$(dirname "$0")/vs-anchors.sh" ;;
-*) echo "device_s49.sh: unknown mode '$mode' (l, b, s, c, a)"; exit 2 ;;
+*) echo "device_s49.sh: unknown mode '$mode' (l, s, c, a)"; exit 2 ;;
 esac
-W=()
-for w in ${BESIDE_WL:-256x256 64x1024 32x2048 16x4096}; do W+=(--workload "$w"); done
-if [ "$mode" = b ]; then
-  echo "=== gpu_quant: the quantiser beside the forward (timeout 180 s)"
-  timeout 180 $C/gpu_quant --ignored --test-threads 1 quantiser_beside > "$O/beside-test.log" 2>&1
-  tail -6 "$O/beside-test.log"
-  vs=(-)
-  if grep -q "test result: ok. 1 passed" "$O/beside-test.log"; then
-    for k in ${BESIDE_KS:-16 24 32 48}; do vs+=("FLAMIA_QF_BESIDE=$k"); done
-  else
-    echo "(the beside test did not pass: no FLAMIA_QF_BESIDE benches)"
-  fi
-  echo "=== gpu_quant: every test (timeout 240 s)"
-  timeout 240 $C/gpu_quant --ignored --test-threads 1 2>&1 | grep -E "^test |test result" | tail -20
-  for r in 1 2; do
-    for v in "${vs[@]}"; do bench_mhz "beside $v round $r" "$v" "${W[@]}"; done
-  done
-fi
 if [ "$mode" = l ]; then
   vs=(-)
   L48=$(make_lean48 "$C/cuda-lean48")

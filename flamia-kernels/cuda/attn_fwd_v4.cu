@@ -29,7 +29,6 @@
 #include "softmax.cuh"
 #include "epilogue.cuh"
 #include "xpose.cuh"
-#include "qflags.cuh"
 
 // FWD_CW_CONST 1: the consumer body inlined once per warpgroup (consumer_copies, tma.cuh), the
 // warpgroup index a compile-time constant in each copy, so ptxas keeps the wgmma descriptors and
@@ -97,15 +96,6 @@ static_assert(128 * FWD_PROD_REGS + 256 * FWD_CONS_REGS <= 168 * 384, "attn_fwd_
 #ifndef FWD_HALF_TILES
 #define FWD_HALF_TILES 0
 #endif
-// FWD_QUANT_FLAGS 1 (session 49): the Q/K/V quantiser runs beside this launch (QUANT_FLAGS,
-// qflags.cuh) and the producer waits for the ready flags of every chunk a Q or K/V tile spans
-// before it reads the tile's exponents or issues its TMA (the token-block producer only).
-#ifndef FWD_QUANT_FLAGS
-#define FWD_QUANT_FLAGS 0
-#endif
-#if FWD_QUANT_FLAGS && PER_TOKEN_COLS
-#error "FWD_QUANT_FLAGS: the token-block producer only"
-#endif
 
 // Mirrors FwdV4Params in src/gpu/attention.rs.
 struct FwdV4Params {
@@ -119,20 +109,7 @@ struct FwdV4Params {
   const int* tiles;  // int4 per 128-token query tile (WorkTile)
   int* counter;      // [2], zero at the launch (sched_done leaves it so)
   int nitems;
-  const u32* qflags; // FWD_QUANT_FLAGS: the quantiser's ready flags [chunks, qslots] (qflags.cuh)
-  u32 epoch;         // FWD_QUANT_FLAGS: this call's ready value
-  int qslots;        // FWD_QUANT_FLAGS: the quantiser's head slots, hq + 2 hkv (Q, K, V)
 };
-
-#if FWD_QUANT_FLAGS
-// Waits for the quantiser's K and V chunk items under key tile kt of a tile's document (padded
-// start pad0, length len) at KV head hk (qflags.cuh).
-__device__ __forceinline__ void fwd_kv_wait(const FwdV4Params& P, int pad0, int len, int hk, int kt) {
-  const int pos = pad0 + kt * KT, n = min(KT, len - kt * KT);
-  qflags_wait(P.qflags, P.qslots, P.a.hq + hk, pos, n, P.epoch);
-  qflags_wait(P.qflags, P.qslots, P.a.hq + P.a.hkv + hk, pos, n, P.epoch);
-}
-#endif
 
 // A work item as the consumers see it.
 struct ItemSlot {
@@ -256,10 +233,6 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
       const WorkTile t{__shfl_sync(0xffffffffu, u, 0), __shfl_sync(0xffffffffu, u, 1), __shfl_sync(0xffffffffu, u, 2),
                        __shfl_sync(0xffffffffu, u, 3)};
       nkt = code >= 0 ? fwd_key_tiles(t, a.causal) : 0;
-#if FWD_QUANT_FLAGS
-      if (code >= 0) qflags_wait(P.qflags, P.qslots, h, t.pad0 + t.q0, min(QT, t.len - t.q0), P.epoch);
-      if (nkt > 0) fwd_kv_wait(P, t.pad0, t.len, hk, 0);
-#endif
       if (nkt > 0) load_exps(0, t.doc0, t.len, hk);
       mbar_wait(smem_u32(&sm.q_empty[qb]), nq < QSLOTS ? 1 : 0);
       const u32 qbar = smem_u32(&sm.q_full[qb]);
@@ -309,9 +282,6 @@ __device__ __forceinline__ void fwd_producer(const FwdV4Params& P, FwdV4Smem& sm
       }
       ring = nkv + 1 == 2 * FWD_STAGES ? ring & 0xffu : ring + 0x100;
       if (kt == 0 && lane != 4) u = decode(ncode);  // after the first tile's TMA
-#if FWD_QUANT_FLAGS
-      if (kt + 1 < nkt) fwd_kv_wait(P, it.tile.pad0, it.tile.len, hk, kt + 1);
-#endif
       if (kt + 1 < nkt) load_exps(kt + 1, doc0, it.tile.len, hk);
     }
     code = ncode;

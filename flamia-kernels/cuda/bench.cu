@@ -33,8 +33,8 @@ extern "C" __global__ void clock_probe(unsigned long long* out, long long ns) {
   out[1] = t1 - t0;
 }
 
-// The rate one SM can move by bulk copies (FLAMIA_BENCH_SMCOPY: can a quantiser on k SMs keep up
-// with the forward beside it? session 49): thread 0 of each CTA streams its chunks (chunk c =
+// The rate one SM can move by bulk copies (FLAMIA_BENCH_SMCOPY, session 49: the ceiling of a
+// quantiser whose loads and stores are bulk copies, on k SMs or all of them): thread 0 of each CTA streams its chunks (chunk c =
 // blockIdx.x + j gridDim.x, `chunk` bytes at src + c chunk) through a ring of `stages`
 // shared-memory stages (dynamic, stages x chunk bytes: one CTA per SM) by bulk loads, `stages`
 // of them in flight, and sends the first `out` bytes of each back out (dst + c out) by a bulk

@@ -38,7 +38,6 @@
 // The bit-level contract is src/quant.rs; GPU tests compare every byte.
 #include "formats.cuh"
 #include "sched.cuh"  // sched_done (QUANT_DYN)
-#include "qflags.cuh"  // QUANT_FLAGS
 
 #ifndef MODE
 #define MODE 0
@@ -125,21 +124,6 @@
 #ifndef QUANT_STCS
 #define QUANT_STCS 0
 #endif
-// QUANT_FLAGS 1 (session 49; the Q/K/V launch when a forward runs beside it, qflags.cuh): every
-// chunk item ends by publishing p.epoch in p.flags[c * slots + s] once all its stores are done.
-#ifndef QUANT_FLAGS
-#define QUANT_FLAGS 0
-#endif
-// Every chunk item is then claimed from the counter, the first too (not blockIdx.x): a CTA the
-// forward keeps from starting holds no item the forward waits for.
-#if QUANT_FLAGS && (DELTA || MODE != 0 || !QUANT_DYN)
-#error "QUANT_FLAGS: the Q/K/V launch with 32-token blocks and QUANT_DYN only"
-#endif
-#if QUANT_FLAGS
-#define QUANT_CLAIM_BASE 0
-#else
-#define QUANT_CLAIM_BASE ((int)gridDim.x)  // (the first gridDim.x items are the CTAs' first ones)
-#endif
 template <class V>
 __device__ __forceinline__ void st_codes(V* p, V v) {
 #if QUANT_STCS
@@ -178,8 +162,6 @@ struct QuantParams {
   int slots;                     // heads of all inputs together
   int nchunks;                   // Tpad / 128
   int* counter;                  // QUANT_DYN: [2], the chunk items' claim counter (sched_done resets it)
-  u32* flags;                    // QUANT_FLAGS: [nchunks, slots], the chunk items' ready flags
-  u32 epoch;                     // QUANT_FLAGS: this call's value of a ready flag
 };
 
 // Field-wise select (a dynamic index into the parameter struct would copy it to local memory).
@@ -199,17 +181,6 @@ struct Item {
   int doc0, L, pad0, b0;  // the plan's block entry
   int ti, h;
 };
-
-// QUANT_FLAGS: after a CTA barrier that follows every store of chunk item (c, head slot s),
-// thread 0 publishes it (a no-op without QUANT_FLAGS).
-__device__ __forceinline__ void publish_item(const QuantParams& p, int c, int s) {
-#if QUANT_FLAGS
-  if (threadIdx.x == 0) {
-    __threadfence();  // (cumulative over the CTA's stores the barrier ordered before it)
-    qflag_release(p.flags + (long long)c * p.slots + s, p.epoch);
-  }
-#endif
-}
 
 __device__ __forceinline__ int4 load_block(const QuantParams& p, int b) {
   return __ldg(reinterpret_cast<const int4*>(p.blocks) + b);
@@ -498,15 +469,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   __shared__ __align__(16) u8 dimbuf[HEAD_DIM * 128];
   pdl_wait();  // (chained launch: the inputs' producers, the previous call's readers of the codes)
   pdl_trigger();
-#if QUANT_FLAGS
-  __shared__ int first_s;
-  if (tid == 0) first_s = atomicAdd(p.counter, 1);
-  __syncthreads();
-  const int first = first_s;
-#else
-  const int first = (int)blockIdx.x;
-#endif
-  Cursor nu{first / slots, first % slots, 0, make_int4(0, 0, 0, 0)};
+  Cursor nu{(int)blockIdx.x / slots, (int)blockIdx.x % slots, 0, make_int4(0, 0, 0, 0)};
 #if QUANT_DYN
   // the claim slots (two: see QUANT_DYN), the parity of the next publication and whether a claim
   // is in flight, thread 0's claim, the next chunk item (every thread)
@@ -516,15 +479,12 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     if (tid == 0) sched_done(p.counter);
     return;
   }
-  if (tid == 0) claim = QUANT_CLAIM_BASE + atomicAdd(p.counter, 1);
+  if (tid == 0) claim = (int)gridDim.x + atomicAdd(p.counter, 1);
 #else
   if (nu.c >= p.nchunks) return;
 #endif
   nu.cb = load_chunk(p, nu.c);
   int cc = nu.c, cj = 0;  // this block's chunk and slot
-#if QUANT_FLAGS
-  int cs = nu.s;  // this block's head slot
-#endif
   Item it = make_item(p, load_block(p, nu.cb.x), nu.s);
 #if QUANT_ASYNC
   __shared__ __align__(16) uint4 stage[2][NK][128];
@@ -548,7 +508,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
   nxt = claim_s[0];
   cst = 1;  // (slot 0 may still be read: the loop's first publication goes to slot 1)
   if (cursor_next_dyn(p, nu, nxt)) {
-    if (tid == 0) claim_s[1] = QUANT_CLAIM_BASE + atomicAdd(p.counter, 1);
+    if (tid == 0) claim_s[1] = (int)gridDim.x + atomicAdd(p.counter, 1);
     __syncthreads();
     nxt = claim_s[1];
     cst = 0;  // (every thread has read slot 0 before this barrier)
@@ -567,9 +527,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
     const bool has_next = nu.c < p.nchunks;
     const bool flush = !has_next || nu.j == 0;  // this block is its chunk item's last
     const int ncc = nu.c, ncj = nu.j;
-#if QUANT_FLAGS
-    const int ncs = nu.s;
-#endif
     Item nx = it;
     if (has_next) {
       nx = make_item(p, load_block(p, chunk_block(nu.cb, nu.j)), nu.s);
@@ -581,7 +538,7 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
 #endif
 #if QUANT_DYN
       if (cursor_next_dyn(p, nu, nxt)) {  // (uniform) took the claim: the next one goes out now
-        if (tid == 0) claim = QUANT_CLAIM_BASE + atomicAdd(p.counter, 1);
+        if (tid == 0) claim = (int)gridDim.x + atomicAdd(p.counter, 1);
         cst |= 2;
       }
 #else
@@ -696,10 +653,6 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
       // the copy into an `if (dim)` before one shared tail made ptxas spill 48 B at d = 128.)
       __syncthreads();
       QUANT_DYN_READ();
-#if QUANT_FLAGS
-      if (flush) publish_item(p, cc, cs);  // (the barrier follows the item's stores)
-      cs = ncs;
-#endif
       cc = ncc;
       cj = ncj;
       if (!has_next) break;
@@ -771,16 +724,9 @@ extern "C" __global__ void __launch_bounds__(128, QUANT_CTAS_PER_SM) quant_e4m3(
           st_codes(reinterpret_cast<uint4*>(dst), v);
         }
       }
-#if QUANT_FLAGS
-      __syncthreads();  // (every thread's stores of the item, then its flag)
-      publish_item(p, cc, cs);
-#endif
     }
     cc = ncc;
     cj = ncj;
-#if QUANT_FLAGS
-    cs = ncs;
-#endif
     if (!has_next) break;
     it = nx;
   }

@@ -33,11 +33,11 @@
 //! FP16 partial sums and so no prescale that could see other rows.
 
 use super::buffer::DeviceBuf;
-use super::error::{DriverContext, GpuError, GpuResult};
+use super::error::{GpuError, GpuResult};
 use super::plan::Plan;
 use super::quant::{
-    e4m3_bytes, prepare_e4m3_flagged, quantize_e4m3_flagged, quantize_e4m3_fused, quantize_nvfp4,
-    AmaxScratch, Carver, DeltaOut, DimOrder, Nvfp4Ref, Operand, OperandRef, QuantInput, PART_ALIGN,
+    e4m3_bytes, quantize_e4m3_fused, quantize_nvfp4, AmaxScratch, Carver, DeltaOut, DimOrder, Nvfp4Ref,
+    Operand, OperandRef, QuantInput, PART_ALIGN,
 };
 use super::runtime::{
     launch, launch_chained, launch_clustered, max_active_clusters, Gpu, RawStream, Variant,
@@ -255,10 +255,10 @@ fn bwd_ctas() -> Option<usize> {
     super::env_number::<usize>("FLAMIA_BWD_CTAS").map(|n| n.max(1))
 }
 
-/// The v4 forward's persistent grid: one CTA per SM (`sms`), no more than the `items`, capped
-/// by `cap`; at least 1.
-fn fwd_v4_grid(items: usize, sms: usize, cap: Option<usize>) -> usize {
-    items.min(sms).min(cap.unwrap_or(usize::MAX)).max(1)
+/// The v4 forward's persistent grid: one CTA per SM (`sms`), no more than the `items`; at
+/// least 1.
+fn fwd_v4_grid(items: usize, sms: usize) -> usize {
+    items.min(sms).max(1)
 }
 
 /// The fused backward's persistent grid in CTAs: one per SM (`resident` = the SMs), or with CTA
@@ -770,10 +770,6 @@ struct FwdV4Params {
     tiles: u64,
     counter: u64,
     nitems: i32,
-    /// `FWD_QUANT_FLAGS`: the plan's quantiser ready flags, this call's value, hq + 2 hkv.
-    qflags: u64,
-    epoch: u32,
-    qslots: i32,
 }
 
 /// Which E4M3 K = 128 products sum their four K = 32 wgmma steps in FP32 instead of chaining one
@@ -949,51 +945,6 @@ pub struct Attention {
     /// Clusters of two of the paired backward that run at once, per kernel and shared memory
     /// (`cuOccupancyMaxActiveClusters`, asked once).
     clusters: std::sync::Mutex<std::collections::HashMap<(usize, u32), usize>>,
-    /// `FLAMIA_QF_BESIDE` ([`Attention::quantiser_beside`]).
-    beside_env: Option<usize>,
-    /// The second stream of [`Attention::quantize_and_forward`], made on first use.
-    beside: std::sync::Mutex<Option<Beside>>,
-}
-
-/// The quantiser's stream beside the forward's and the event that orders one after the other
-/// ([`Attention::quantize_and_forward`]).
-struct Beside {
-    stream: Arc<cudarc::driver::CudaStream>,
-    event: cudarc::driver::CudaEvent,
-}
-
-impl std::fmt::Debug for Beside {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Beside({:?})", self.stream.cu_stream())
-    }
-}
-
-impl Beside {
-    fn new(gpu: &Gpu) -> GpuResult<Beside> {
-        let ctx = gpu.context();
-        Ok(Beside {
-            stream: ctx.new_stream().ctx("cuStreamCreate")?,
-            event: ctx
-                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .ctx("cuEventCreate")?,
-        })
-    }
-
-    /// Work queued on `after` from now on starts once the work queued on `first` so far is done.
-    fn order(&self, first: RawStream, after: RawStream) -> GpuResult<()> {
-        let e = self.event.cu_event();
-        // SAFETY: the event and the side stream live as long as self; `first` and `after` are
-        // the caller's live streams (or the legacy default stream) of this context.
-        unsafe {
-            cudarc::driver::result::event::record(e, first.0).ctx("cuEventRecord")?;
-            cudarc::driver::result::stream::wait_event(
-                after.0,
-                e,
-                cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-            .ctx("cuStreamWaitEvent")
-        }
-    }
 }
 
 impl Attention {
@@ -1024,17 +975,7 @@ impl Attention {
             ds_stsm_env: !super::env_off("FLAMIA_BWD_DS_STSM"),
             qd_fwd: QdFwd::from_env(),
             clusters: Default::default(),
-            beside_env: super::env_number::<usize>("FLAMIA_QF_BESIDE").filter(|&k| k > 0),
-            beside: Default::default(),
         })
-    }
-
-    /// These options with the Q/K/V quantiser beside the forward on `k` SMs (`Some(k)`, k > 0;
-    /// `None` or 0: one after the other), as `FLAMIA_QF_BESIDE=k` sets it
-    /// ([`Attention::quantize_and_forward`]).
-    pub fn with_quantiser_beside(mut self, k: Option<usize>) -> Self {
-        self.beside_env = k.filter(|&k| k > 0);
-        self
     }
 
     /// The options.
@@ -1243,78 +1184,6 @@ impl Attention {
             QuantInput::new(x[1], had, saved.k).with_dim_order(self.k_dim_order()),
             QuantInput::new(x[2], false, saved.v).with_dim_order(self.v_dim_order(plan.shape().head_dim)),
         ]
-    }
-
-    /// SMs left to the Q/K/V quantiser when it runs beside the forward for `plan`
-    /// ([`Attention::quantize_and_forward`]), or `None`: one after the other. Only with the v4
-    /// forward, token-block scales and E4M3 scores, and for now only where `FLAMIA_QF_BESIDE=k`
-    /// (k > 0 SMs, read when this value was made) asks for it (session 49: measured first).
-    pub fn quantiser_beside(&self, plan: &Plan) -> Option<usize> {
-        let able = self.uses_forward_v4()
-            && self.scale_mode() == ScaleMode::TokenBlock
-            && self.opts.path != AttnPath::Nvfp4;
-        let _ = plan; // (the choice will be per plan, as the half tiles', once a default is measured)
-        self.beside_env.filter(|_| able)
-    }
-
-    /// Quantises Q, K, V into `saved` and runs the forward on them (O, LSE): the quantiser
-    /// beside the forward where [`Attention::quantiser_beside`] says (the forward, launched
-    /// first on `stream` with its grid capped at the SMs - k, waits for the quantiser's ready
-    /// flags per tile, `cuda/qflags.cuh`; the quantiser runs on a second stream that forks from
-    /// `stream` before and joins it after), else [`Attention::quantize_inputs`] then
-    /// [`Attention::forward_quantized`]. The same bytes either way.
-    #[allow(clippy::too_many_arguments)]
-    pub fn quantize_and_forward(
-        &self,
-        stream: RawStream,
-        plan: &Plan,
-        q: u64,
-        k: u64,
-        v: u64,
-        saved: &Saved,
-        o: u64,
-        lse: u64,
-    ) -> GpuResult<()> {
-        let Some(k_sms) = self.quantiser_beside(plan) else {
-            self.quantize_inputs(stream, plan, q, k, v, saved)?;
-            return self.forward_quantized(stream, plan, saved, o, lse);
-        };
-        self.check_plan(plan)?;
-        self.gpu.bind()?;
-        let inputs = self.qkv_inputs(plan, [q, k, v], saved);
-        // (the quantiser's module before the forward's launch: a forward left waiting for a
-        // quantiser that failed to build would never end)
-        prepare_e4m3_flagged(&self.gpu, plan, &inputs)?;
-        let mut guard = self.beside.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            *guard = Some(Beside::new(&self.gpu)?);
-        }
-        let b = guard.as_ref().expect("made above");
-        let side = RawStream(b.stream.cu_stream());
-        b.order(stream, side)?;
-        let sms = self.gpu.sm_count().max(1) as usize;
-        let epoch = plan.next_epoch();
-        let mut p = self.params(plan, saved);
-        p.o = o;
-        p.lse = lse;
-        self.forward_v4(
-            stream,
-            plan,
-            saved,
-            p,
-            Some((epoch, sms.saturating_sub(k_sms).max(1))),
-        )?;
-        quantize_e4m3_flagged(
-            &self.gpu,
-            side,
-            plan,
-            &inputs,
-            ScaleMode::TokenBlock,
-            None,
-            None,
-            Some((epoch, k_sms)),
-        )?;
-        b.order(side, stream)
     }
 
     /// Variant of the attention modules: the NVFP4 switch, the dynamic shared memory each
@@ -1529,7 +1398,7 @@ impl Attention {
         p.o = o;
         p.lse = lse;
         if self.uses_forward_v4() {
-            return self.forward_v4(stream, plan, saved, p, None);
+            return self.forward_v4(stream, plan, saved, p);
         }
         let (v, i) = self.variant();
         let f = self.gpu.function("attn_fwd.cu", &v, "attn_fwd", SMEM_FWD[i])?;
@@ -1590,24 +1459,12 @@ impl Attention {
 
     /// The v4 forward: persistent grid of at most one CTA per SM over the plan's longest-first
     /// work items, TMA maps of this call's code buffers.
-    /// `beside`: the quantiser runs beside this launch (`Some(epoch, cap)`): the producer waits
-    /// for its ready flags of `epoch` (`FWD_QUANT_FLAGS`) and the grid is capped at `cap` CTAs.
-    fn forward_v4(
-        &self,
-        stream: RawStream,
-        plan: &Plan,
-        saved: &Saved,
-        a: AttnParams,
-        beside: Option<(u32, usize)>,
-    ) -> GpuResult<()> {
+    fn forward_v4(&self, stream: RawStream, plan: &Plan, saved: &Saved, a: AttnParams) -> GpuResult<()> {
         let s = plan.shape();
         let (t, hd) = (s.tokens(), s.head_dim);
         let nitems = plan.tables.fwd.items.len();
         let mean_tiles = plan.tables.fwd.mean_key_tiles();
-        let mut b = self.forward_v4_build(hd, mean_tiles, fwd_cw_const(hd, mean_tiles));
-        if beside.is_some() {
-            b.variant = b.variant.define("FWD_QUANT_FLAGS", 1);
-        }
+        let b = self.forward_v4_build(hd, mean_tiles, fwd_cw_const(hd, mean_tiles));
         let p = FwdV4Params {
             q_map: tma::token_major(saved.q.tok, t, s.heads_q, hd, FWD_QT as u32)?,
             k_map: tma::token_major(saved.k.tok, t, s.heads_kv, hd, 128)?,
@@ -1627,9 +1484,6 @@ impl Attention {
             tiles: plan.fwd_tiles.ptr(),
             counter: plan.counter.ptr(),
             nitems: nitems as i32,
-            qflags: plan.qflags.ptr(),
-            epoch: beside.map_or(0, |(e, _)| e),
-            qslots: (s.heads_q + 2 * s.heads_kv) as i32,
         };
         let f = self
             .gpu
@@ -1638,7 +1492,7 @@ impl Attention {
             self.memset32(stream, plan.counter.ptr(), 2, "work counter")?;
         }
         let sms = self.gpu.sm_count().max(1) as usize;
-        let grid = (fwd_v4_grid(nitems, sms, beside.map(|(_, cap)| cap)) as u32, 1, 1);
+        let grid = (fwd_v4_grid(nitems, sms) as u32, 1, 1);
         // SAFETY: params mirror FwdV4Params; the maps cover the saved code buffers of `plan`'s
         // shape, the tables and counter belong to `plan` (zero between launches: sched_done), o
         // and lse are the caller's (sized by plan); the kernel waits (pdl_wait) before reading.
@@ -1658,7 +1512,8 @@ impl Attention {
         lse: u64,
     ) -> GpuResult<Saved> {
         let saved = self.alloc_saved(plan)?;
-        self.quantize_and_forward(stream, plan, q, k, v, &saved, o, lse)?;
+        self.quantize_inputs(stream, plan, q, k, v, &saved)?;
+        self.forward_quantized(stream, plan, &saved, o, lse)?;
         Ok(saved)
     }
 
@@ -2422,12 +2277,10 @@ mod tests {
     }
 
     #[test]
-    fn forward_grids_are_capped_and_never_empty() {
-        assert_eq!(fwd_v4_grid(5000, 132, None), 132);
-        assert_eq!(fwd_v4_grid(5000, 132, Some(100)), 100);
-        assert_eq!(fwd_v4_grid(5000, 132, Some(500)), 132);
-        assert_eq!(fwd_v4_grid(40, 132, Some(100)), 40);
-        assert_eq!(fwd_v4_grid(0, 132, None), 1);
+    fn forward_grids_are_one_cta_per_sm_at_most_and_never_empty() {
+        assert_eq!(fwd_v4_grid(5000, 132), 132);
+        assert_eq!(fwd_v4_grid(40, 132), 40);
+        assert_eq!(fwd_v4_grid(0, 132), 1);
     }
 
     #[test]

@@ -489,9 +489,6 @@ pub fn run_workload(
     let s = RawStream(std::ptr::null_mut());
     let mut quant = || attn.quantize_inputs(s, &plan, q.ptr(), k.ptr(), v.ptr(), &saved);
     let mut fwd = || attn.forward_quantized(s, &plan, &saved, o.ptr(), lse.ptr());
-    // the training call's first half as the trainer runs it (the quantiser beside the forward
-    // where Attention::quantiser_beside says; else quant then fwd)
-    let qf = || attn.quantize_and_forward(s, &plan, q.ptr(), k.ptr(), v.ptr(), &saved, o.ptr(), lse.ptr());
     let mut bwd = || -> GpuResult<()> {
         attn.quantize_grad(s, &plan, d_o.ptr(), o.ptr(), &ws)?;
         attn.backward_quantized(s, &plan, &saved, &ws, lse.ptr(), dq.ptr(), dk.ptr(), dv.ptr())
@@ -519,9 +516,9 @@ pub fn run_workload(
     quant()?;
     fwd()?;
     bwd()?;
-    qf()?;
     let probe = time_ms(gpu, 0, 1, &mut || {
-        qf()?;
+        quant()?;
+        fwd()?;
         bwd()
     })?[0];
     let reps = ((1000.0 / probe.max(0.01)) as usize).clamp(5, 30);
@@ -537,21 +534,13 @@ pub fn run_workload(
     } else {
         0.0
     };
-    if let Some(k) = attn.quantiser_beside(&plan) {
-        let qf_ms = median(time_ms(gpu, 2, reps, &mut || qf())?);
-        eprintln!(
-            "{name}: the quantiser beside the forward on {k} SMs: quantiser and forward {qf_ms:.3} ms \
-             against {:.3} one after the other ({:+.1}%; the train column's call runs them so)",
-            quant_ms + fwd_ms,
-            100.0 * (qf_ms / (quant_ms + fwd_ms) - 1.0)
-        );
-    }
     let train = time_ms_stamped(
         gpu,
         2,
         reps,
         &mut || {
-            qf()?;
+            quant()?;
+            fwd()?;
             bwd()
         },
         &mut |_| Ok(()),
@@ -604,8 +593,8 @@ pub fn run_workload(
         );
     }
     if let Some(ks) = env_list("FLAMIA_BENCH_SMCOPY") {
-        // what k SMs can move by bulk copies, the Q/K/V quantiser's bytes (session 49: the
-        // quantiser beside the forward needs ~80 GB/s per SM; today's quantiser does 23-28)
+        // what k SMs can move by bulk copies, the Q/K/V quantiser's bytes (session 49: today's
+        // quantiser moves 23-28 GB/s per SM on 16-48 SMs, ~25 on all of them)
         let bytes_in = t * (HEADS + 2 * kv_heads) * hd * 2; // (Q, K, V in BF16)
         let bytes_out = attn.input_quant_bytes(&plan).saturating_sub(bytes_in);
         let stages = env_list("FLAMIA_BENCH_SMCOPY_STAGES").unwrap_or_else(|| vec![4, 12]);

@@ -142,11 +142,6 @@ pub struct Plan {
     pub(crate) cu: DeviceBuf<i32>,
     /// [`PlanTables::pad_tok`].
     pub(crate) pad_tok: DeviceBuf<i32>,
-    /// The Q/K/V quantiser's ready flags, one word per chunk item (`[chunks, hq + 2 hkv]`), for
-    /// a forward that runs beside it (`cuda/qflags.cuh`), and the last epoch handed out
-    /// ([`Plan::next_epoch`]).
-    pub(crate) qflags: DeviceBuf<u32>,
-    epoch: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Plan {
@@ -160,12 +155,6 @@ impl std::fmt::Debug for Plan {
             self.tables.tiles.len()
         )
     }
-}
-
-/// The ready value of call `n` of a plan ([`Plan::next_epoch`]): 1 ..= u32::MAX in turn, so
-/// never 0 and never the previous call's, also across the wrap.
-fn epoch_of_call(n: u64) -> u32 {
-    (n % u32::MAX as u64) as u32 + 1
 }
 
 /// Head dims the GPU kernels are built for (the `HEAD_DIM` define of every module): the v4
@@ -210,8 +199,6 @@ impl Plan {
             &shape.cu_seqlens.iter().map(|&x| x as i32).collect::<Vec<i32>>(),
         )?;
         let pad_tok = DeviceBuf::from_host(gpu, &tables.pad_tok)?;
-        let qslots = shape.heads_q + 2 * shape.heads_kv;
-        let qflags = DeviceBuf::zeros(gpu, tables.chunks.len().max(1) * qslots)?;
         Ok(Plan {
             shape: shape.clone(),
             causal,
@@ -227,15 +214,7 @@ impl Plan {
             bwd_pairs,
             cu,
             pad_tok,
-            qflags,
-            epoch: std::sync::atomic::AtomicU64::new(0),
         })
-    }
-
-    /// The next call's value of the quantiser's ready flags (`cuda/qflags.cuh`): never 0, the
-    /// flags' value before any call, and different from the previous call's.
-    pub(crate) fn next_epoch(&self) -> u32 {
-        epoch_of_call(self.epoch.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
     }
 
     /// The packing this plan was built for.
@@ -258,33 +237,6 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ready_epochs_are_never_zero_nor_the_previous_calls() {
-        assert_eq!(epoch_of_call(0), 1);
-        assert_eq!(epoch_of_call(1), 2);
-        let wrap = u32::MAX as u64;
-        assert_eq!(epoch_of_call(wrap - 1), u32::MAX);
-        assert_eq!(epoch_of_call(wrap), 1);
-        for n in [
-            0,
-            1,
-            7,
-            wrap - 2,
-            wrap - 1,
-            wrap,
-            wrap + 1,
-            3 * wrap - 1,
-            u64::MAX - 1,
-        ] {
-            let (a, b) = (epoch_of_call(n), epoch_of_call(n + 1));
-            assert!(
-                a != 0 && b != 0 && a != b,
-                "calls {n} and {}: {a} then {b}",
-                n + 1
-            );
-        }
-    }
 
     #[test]
     fn quantiser_chunks_hold_every_block_once_at_its_position() {

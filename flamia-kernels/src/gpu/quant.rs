@@ -266,9 +266,6 @@ struct QuantParams {
     nchunks: i32,
     /// `QUANT_DYN`: the plan's quantiser claim counter ([`Plan::quant_counter`]).
     counter: u64,
-    /// `QUANT_FLAGS`: the plan's ready flags ([`Plan::qflags`]) and this call's value of them.
-    flags: u64,
-    epoch: u32,
 }
 
 /// One input of a fused launch: the BF16 tensor at `x` (`(tokens, out.heads, d)`, `d` the plan's
@@ -393,20 +390,17 @@ fn quant_variant(head_dim: usize, mode: ScaleMode, delta: bool) -> Variant {
     }
 }
 
-/// CTAs of `f` (128 threads each) that fit on one SM (at least 1).
-fn ctas_per_sm(f: &cudarc::driver::CudaFunction) -> GpuResult<usize> {
-    Ok(f.occupancy_max_active_blocks_per_multiprocessor(128, 0, None)
-        .ctx("cuOccupancyMaxActiveBlocksPerMultiprocessor")?
-        .max(1) as usize)
-}
-
 /// The persistent grid of `f` (128 threads per CTA): as many CTAs as the driver says fit on
 /// every SM (the kernel's `__launch_bounds__` ask for 7, 8 with cp.async staging, 5 with D),
 /// at most one per item, and at most `FLAMIA_QUANT_CTAS` when set (a test knob, at least 1: with
 /// a few CTAs on a small plan, [`quant_dyn`]'s claims hand out most items, as they do on a
 /// 65,536-token row).
 fn persistent_grid(gpu: &Gpu, f: &cudarc::driver::CudaFunction, items: usize) -> GpuResult<(u32, u32, u32)> {
-    let per_sm = ctas_per_sm(f)?;
+    let threads = 128;
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+        .ctx("cuOccupancyMaxActiveBlocksPerMultiprocessor")?
+        .max(1) as usize;
     let cap = super::env_number::<usize>("FLAMIA_QUANT_CTAS").map_or(usize::MAX, |n| n.max(1));
     Ok((
         (items.max(1).min(gpu.sm_count().max(1) as usize * per_sm).min(cap)) as u32,
@@ -442,13 +436,16 @@ pub fn quantize_e4m3_fused(
     delta: Option<DeltaOut>,
     amax: Option<&AmaxScratch>,
 ) -> GpuResult<()> {
-    quantize_e4m3_flagged(gpu, stream, plan, inputs, mode, delta, amax, None)
-}
-
-/// The `quant.cu` variant of a fused launch of `inputs` (their dim-major orders as masks; the
-/// ready flags when `flags`).
-fn e4m3_variant(plan: &Plan, inputs: &[QuantInput], mode: ScaleMode, delta: bool, flags: bool) -> Variant {
-    let mut variant = quant_variant(plan.shape().head_dim, mode, delta);
+    if inputs.is_empty() || inputs.len() > MAX_INPUTS || (delta.is_some() && inputs.len() != 1) {
+        return Err(GpuError::NotSupported(format!(
+            "a fused quantiser launch takes 1 to {MAX_INPUTS} inputs, and exactly one with D; got {} (D: {})",
+            inputs.len(),
+            delta.is_some()
+        )));
+    }
+    gpu.bind()?;
+    let t = plan.shape().tokens();
+    let mut variant = quant_variant(plan.shape().head_dim, mode, delta.is_some());
     let order_mask = |order: DimOrder| -> u32 {
         inputs
             .iter()
@@ -465,57 +462,6 @@ fn e4m3_variant(plan: &Plan, inputs: &[QuantInput], mode: ScaleMode, delta: bool
             variant = variant.define(define, mask);
         }
     }
-    if flags {
-        // (QUANT_FLAGS claims every item: QUANT_DYN at both head dims, no cp.async staging)
-        variant = variant
-            .define("QUANT_FLAGS", 1)
-            .define("QUANT_DYN", 1)
-            .define("QUANT_ASYNC", 0);
-    }
-    variant
-}
-
-/// Loads (compiling if need be) the module that [`quantize_e4m3_flagged`] launches with ready
-/// flags for `inputs`, so that a forward launched first to wait on those flags is never left
-/// waiting for a quantiser that then fails to build.
-pub(crate) fn prepare_e4m3_flagged(gpu: &Gpu, plan: &Plan, inputs: &[QuantInput]) -> GpuResult<()> {
-    let variant = e4m3_variant(plan, inputs, ScaleMode::TokenBlock, false, true);
-    gpu.function("quant.cu", &variant, "quant_e4m3", 0).map(|_| ())
-}
-
-/// [`quantize_e4m3_fused`] that also publishes every chunk item's ready flag with the epoch in
-/// the plan's flags when `beside` = `Some((epoch, k))` (`QUANT_FLAGS`: for a forward launched
-/// beside it, which waits on them and leaves it k SMs: the grid is cut to the CTAs that fit on
-/// those; Q, K and V, 32-token blocks, no D).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn quantize_e4m3_flagged(
-    gpu: &Gpu,
-    stream: RawStream,
-    plan: &Plan,
-    inputs: &[QuantInput],
-    mode: ScaleMode,
-    delta: Option<DeltaOut>,
-    amax: Option<&AmaxScratch>,
-    beside: Option<(u32, usize)>,
-) -> GpuResult<()> {
-    if beside.is_some() && (mode != ScaleMode::TokenBlock || delta.is_some() || inputs.len() != 3) {
-        return Err(GpuError::NotSupported(format!(
-            "ready flags (a forward beside the quantiser) need Q, K and V with 32-token blocks and no D; \
-             got {} inputs, {mode:?}, D: {}",
-            inputs.len(),
-            delta.is_some()
-        )));
-    }
-    if inputs.is_empty() || inputs.len() > MAX_INPUTS || (delta.is_some() && inputs.len() != 1) {
-        return Err(GpuError::NotSupported(format!(
-            "a fused quantiser launch takes 1 to {MAX_INPUTS} inputs, and exactly one with D; got {} (D: {})",
-            inputs.len(),
-            delta.is_some()
-        )));
-    }
-    gpu.bind()?;
-    let t = plan.shape().tokens();
-    let variant = e4m3_variant(plan, inputs, mode, delta.is_some(), beside.is_some());
     let mut p = QuantParams {
         blocks: plan.blocks.ptr(),
         chunks: plan.chunks.ptr(),
@@ -528,10 +474,6 @@ pub(crate) fn quantize_e4m3_flagged(
         counter: plan.quant_counter(),
         ..Default::default()
     };
-    if let Some((e, _)) = beside {
-        p.flags = plan.qflags.ptr();
-        p.epoch = e;
-    }
     for (dst, i) in p.inputs.iter_mut().zip(inputs) {
         *dst = QuantTensor {
             x: i.x,
@@ -565,10 +507,7 @@ pub(crate) fn quantize_e4m3_flagged(
         unsafe { launch(&f, grid, 128, 0, stream, &p, "quant_amax") }?;
     }
     let f = gpu.function("quant.cu", &variant, "quant_e4m3", 0)?;
-    let mut grid = persistent_grid(gpu, &f, chunk_items)?;
-    if let Some((_, k)) = beside {
-        grid.0 = grid.0.min((k.max(1) * ctas_per_sm(&f)?) as u32);
-    }
+    let grid = persistent_grid(gpu, &f, chunk_items)?;
     // SAFETY: params mirror QuantParams; every operand is sized by `plan` and its heads
     // (OperandRef::sizes), each x holds tokens*heads*head_dim BF16 (caller); the module's
     // HEAD_DIM is the plan's head dim; the kernel waits (pdl_wait) before reading.

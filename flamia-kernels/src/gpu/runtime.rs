@@ -22,7 +22,6 @@ const SOURCES: &[(&str, &str)] = &[
     ("attn_common.cuh", include_str!("../../cuda/attn_common.cuh")),
     ("tma.cuh", include_str!("../../cuda/tma.cuh")),
     ("sched.cuh", include_str!("../../cuda/sched.cuh")),
-    ("qflags.cuh", include_str!("../../cuda/qflags.cuh")),
     ("softmax.cuh", include_str!("../../cuda/softmax.cuh")),
     ("epilogue.cuh", include_str!("../../cuda/epilogue.cuh")),
     ("xpose.cuh", include_str!("../../cuda/xpose.cuh")),

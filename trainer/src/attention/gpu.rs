@@ -149,9 +149,10 @@ pub(crate) fn run(call: &FlamiaCall, backward: bool) -> Result<(), String> {
             .saved_in(&w.plan, p(call.saved), call.saved_bytes.max(0) as usize)
             .map_err(e)?;
         if !backward {
-            let (q, k, v) = (p(call.q), p(call.k), p(call.v));
+            attn.quantize_inputs(stream, &w.plan, p(call.q), p(call.k), p(call.v), &saved)
+                .map_err(e)?;
             return attn
-                .quantize_and_forward(stream, &w.plan, q, k, v, &saved, p(call.o), p(call.lse))
+                .forward_quantized(stream, &w.plan, &saved, p(call.o), p(call.lse))
                 .map_err(e);
         }
         attn.quantize_grad(stream, &w.plan, p(call.d_o), p(call.o), &w.grad)
