@@ -14,6 +14,8 @@
 #   a: the standing (bench/vs-anchors.sh: ours, the BF16 anchors, cuDNN FP8 where .whl is
 #      carried too, ours again; ~8-9 minutes) on the staged binary: for an H200, which has not
 #      run since session 46
+#   w: a warm-up before a: flamia bench attention on the nine, so the PTX cache holds the
+#      tree's kernels (vs-anchors.sh gives each of its runs 100 s; session 50)
 #   s: the whole GPU suite on the tree (device_suite.sh all: gpu_attention in JOBS processes,
 #      gpu_quant, bridge_cuda, model_cuda; s49.txz then holds those test binaries too), then the
 #      default against session 43's binary, two rounds at 1x65536, 16x4096 and 64x1024
@@ -23,7 +25,7 @@ C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s49.sh l|s|c|a}
+mode=${1:?usage: device_s49.sh l|s|c|a|w}
 tar -C $C -xJf $C/s49.txz || { echo "device_s49.sh: $C/s49.txz did not unpack"; exit 1; }
 if [ -f .device-carry/s50/flamia.xz ]; then # a newer flamia carried beside (session 50)
   xz -dc .device-carry/s50/flamia.xz > $C/flamia && chmod +x $C/flamia && echo "flamia from .device-carry/s50"
@@ -39,7 +41,10 @@ s) T=$C JOBS=${JOBS:-6} bash "$(dirname "$0")/device_suite.sh" all
 c) bench_mhz "sm_copy" "FLAMIA_BENCH_SMCOPY=${SMCOPY_KS:-8,16,32,48,132} FLAMIA_BENCH_SMCOPY_STAGES=4,8,12" \
      --workload 256x256 ;;
 a) B=$C/flamia bash "$(dirname "$0")/vs-anchors.sh" ;;
-*) echo "device_s49.sh: unknown mode '$mode' (l, s, c, a)"; exit 2 ;;
+w) echo "=== warm-up: flamia bench attention on the nine (compiles what the PTX cache lacks)"
+   timeout 400 $C/flamia bench attention > "$O/warm.log" 2>&1; echo "rc $?"
+   grep -E "^[0-9]|^lognormal|^workload" "$O/warm.log" ;;
+*) echo "device_s49.sh: unknown mode '$mode' (l, s, c, a, w)"; exit 2 ;;
 esac
 if [ "$mode" = l ]; then
   vs=(-)
