@@ -30,6 +30,9 @@ tar -C $C -xJf $C/s49.txz || { echo "device_s49.sh: $C/s49.txz did not unpack"; 
 if [ -f .device-carry/s50/flamia.xz ]; then # a newer flamia carried beside (session 50)
   xz -dc .device-carry/s50/flamia.xz > $C/flamia && chmod +x $C/flamia && echo "flamia from .device-carry/s50"
 fi
+if [ -f .device-carry/s50/tests.txz ]; then # and newer test binaries (gpu_attention, gpu_quant, ...)
+  tar -C $C -xJf .device-carry/s50/tests.txz && echo "test binaries from .device-carry/s50"
+fi
 kcache_setup
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
