@@ -19,13 +19,15 @@
 #   s: the whole GPU suite on the tree (device_suite.sh all: gpu_attention in JOBS processes,
 #      gpu_quant, bridge_cuda, model_cuda; s49.txz then holds those test binaries too), then the
 #      default against session 43's binary, two rounds at 1x65536, 16x4096 and 64x1024
+#   t: the whole GPU suite alone (s without the rounds; session 50: the test binaries of
+#      .device-carry/s50/tests.txz, the tree after the beside path's removal)
 #   (b, the quantiser beside the forward, went with that path in session 50)
 set -u
 C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s49.sh l|s|c|a|w}
+mode=${1:?usage: device_s49.sh l|s|t|c|a|w}
 tar -C $C -xJf $C/s49.txz || { echo "device_s49.sh: $C/s49.txz did not unpack"; exit 1; }
 if [ -f .device-carry/s50/flamia.xz ]; then # a newer flamia carried beside (session 50)
   xz -dc .device-carry/s50/flamia.xz > $C/flamia && chmod +x $C/flamia && echo "flamia from .device-carry/s50"
@@ -39,6 +41,7 @@ nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
 date
 case $mode in
 l) ;;
+t) T=$C JOBS=${JOBS:-6} bash "$(dirname "$0")/device_suite.sh" all ;;
 s) T=$C JOBS=${JOBS:-6} bash "$(dirname "$0")/device_suite.sh" all
    ROUNDS=2 rounds_vs_old final - old -- --workload 1x65536 --workload 16x4096 --workload 64x1024 ;;
 c) bench_mhz "sm_copy" "FLAMIA_BENCH_SMCOPY=${SMCOPY_KS:-8,16,32,48,132} FLAMIA_BENCH_SMCOPY_STAGES=4,8,12" \
@@ -47,7 +50,7 @@ a) B=$C/flamia bash "$(dirname "$0")/vs-anchors.sh" ;;
 w) echo "=== warm-up: flamia bench attention on the nine (compiles what the PTX cache lacks)"
    timeout 400 $C/flamia bench attention > "$O/warm.log" 2>&1; echo "rc $?"
    grep -E "^[0-9]|^lognormal|^workload" "$O/warm.log" ;;
-*) echo "device_s49.sh: unknown mode '$mode' (l, s, c, a, w)"; exit 2 ;;
+*) echo "device_s49.sh: unknown mode '$mode' (l, s, t, c, a, w)"; exit 2 ;;
 esac
 if [ "$mode" = l ]; then
   vs=(-)
