@@ -899,6 +899,90 @@ fn one_plan_and_workspace_serve_call_after_call() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn dq_conversion_alone_rewrites_bitwise_the_backwards_dq() {
+    // BwdKernel::DqConvert (the benchmark's timing of `bwd_dq_convert` alone, session 50) on the
+    // accumulator a Fused backward left: with one head chunk it holds the whole call's sums, so
+    // the dQ it writes into poisoned memory is bitwise the backward's. Both head dims, causal
+    // walking down and up, documents ending mid-tile; a workspace of the v3.1 backward is refused.
+    use flamia_kernels::gpu::{Attention, BwdKernel, BwdOutputs, Plan};
+    let gpu = gpu();
+    let s = stream();
+    for (hd, up) in [(128, "0"), (128, "64"), (64, "64")] {
+        let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", up);
+        let shape = VarlenShape::from_lens(&[2048, 300, 1, 65], 4, 2, hd).unwrap();
+        let (t, hq, hkv) = (shape.tokens(), shape.heads_q, shape.heads_kv);
+        let opts = AttnOptions::new(AttnPath::Mxfp8);
+        let mut rng = rng("dq conversion alone");
+        let call = gauss_call(&mut rng, &shape, opts);
+        let attn = Attention::new(gpu.clone(), opts).unwrap();
+        let plan = Plan::new(&gpu, &shape, true).unwrap();
+        let ws = attn.alloc_grad(&plan).unwrap();
+        let (q, k, v, d_o) = (
+            upload_bf16(&gpu, &call.q),
+            upload_bf16(&gpu, &call.k),
+            upload_bf16(&gpu, &call.v),
+            upload_bf16(&gpu, &call.dout),
+        );
+        let (o, lse) = (poisoned_bf16(&gpu, t * hq * hd), poisoned_f32(&gpu, t * hq));
+        let saved = attn
+            .forward(s, &plan, q.ptr(), k.ptr(), v.ptr(), o.ptr(), lse.ptr())
+            .unwrap();
+        let (dq, dk, dv) = (
+            poisoned_bf16(&gpu, t * hq * hd),
+            poisoned_bf16(&gpu, t * hkv * hd),
+            poisoned_bf16(&gpu, t * hkv * hd),
+        );
+        let out = BwdOutputs {
+            lse: lse.ptr(),
+            dq: dq.ptr(),
+            dk: dk.ptr(),
+            dv: dv.ptr(),
+        };
+        attn.quantize_grad(s, &plan, d_o.ptr(), o.ptr(), &ws).unwrap();
+        attn.backward_kernel(BwdKernel::Fused, s, &plan, &saved, &ws, out)
+            .unwrap();
+        let want = dq.to_host().unwrap();
+        let again = poisoned_bf16(&gpu, t * hq * hd);
+        attn.backward_kernel(
+            BwdKernel::DqConvert,
+            s,
+            &plan,
+            &saved,
+            &ws,
+            BwdOutputs {
+                dq: again.ptr(),
+                ..out
+            },
+        )
+        .unwrap();
+        let got = again.to_host().unwrap();
+        let bad = want.iter().zip(&got).filter(|(a, b)| a != b).count();
+        assert_eq!(
+            bad,
+            0,
+            "d = {hd}, up {up}: {bad} of {} dQ values differ",
+            want.len()
+        );
+    }
+    let v3 = Attention::new(gpu.clone(), AttnOptions::new(AttnPath::Nvfp4)).unwrap();
+    let shape = VarlenShape::from_lens(&[256], 2, 2, 128).unwrap();
+    let plan = Plan::new(&gpu, &shape, true).unwrap();
+    let ws = v3.alloc_grad(&plan).unwrap();
+    let saved = v3.alloc_saved(&plan).unwrap();
+    let out = BwdOutputs {
+        lse: 0,
+        dq: 0,
+        dk: 0,
+        dv: 0,
+    };
+    let err = v3
+        .backward_kernel(BwdKernel::DqConvert, s, &plan, &saved, &ws, out)
+        .unwrap_err();
+    assert!(err.to_string().contains("v4 backward"), "{err}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn launch_chain_knobs_keep_every_bit() {
     // The chained launches (programmatic dependent launch, FLAMIA_PDL=1), the host's memsets
     // instead of the kernels' own resets (FLAMIA_LAUNCH_MEMSETS=1) and the dV fold exponents by

@@ -863,6 +863,11 @@ pub enum BwdKernel {
     /// The v4 backward: `bwd_dv_fold`, `attn_bwd_v4`, `bwd_dq_convert` (where
     /// [`Attention::uses_backward_v4`]).
     Fused,
+    /// The v4 backward's dQ conversion alone (`bwd_dq_convert`, once per head chunk), on the
+    /// accumulator the last `Fused` call with this workspace left: a timing of its bytes only
+    /// (with several head chunks the accumulator holds the last chunk's sums, so the dQ it
+    /// writes is not the call's).
+    DqConvert,
 }
 
 /// Device pointers the backward kernels read (`lse`) and write (the BF16 gradients).
@@ -1697,9 +1702,6 @@ impl Attention {
         if memsets {
             self.memset32(stream, sc.sems.ptr(), sc.sems.len(), "backward semaphores")?;
         }
-        let convert = self
-            .gpu
-            .function("attn_bwd_v4.cu", &with_dq_stsm(v), "bwd_dq_convert", 0)?;
         let hc = bw.chunk_heads(s.heads_q);
         let hkc = s.heads_kv / bw.chunks;
         // dQ accumulator rows: padded positions when each query tile's first partial is stored
@@ -1782,35 +1784,59 @@ impl Attention {
                     launch_chained(&fused, grid, 384, smem, stream, &p, "attn_bwd_v4")
                 }
             }?;
-            let rows = acc_rows * hc;
-            let conv = DqConvertParams {
-                acc: sc.dq_acc.ptr(),
-                q_exp: saved.q.exps,
-                dq: out.dq,
-                pad_tok: if first_store { plan.pad_tok.ptr() } else { 0 },
-                rows: rows as i64,
-                scale: a.scale,
-                hadamard: a.hadamard,
-                hc: hc as i32,
-                hq: s.heads_q as i32,
-                h0: (c * hc) as i32,
-            };
-            // SAFETY: params mirror DqConvertParams; acc is [acc_rows, hc, hd] (acc_rows = T, or
-            // Tpad with pad_tok [Tpad] mapping its rows to tokens), dq [T, Hq, hd], q_exp [T, Hq],
-            // heads h0..h0 + hc; hd / 4 threads per row, 256 per CTA.
-            unsafe {
-                launch_chained(
-                    &convert,
-                    (rows.div_ceil(1024 / hd) as u32, 1, 1),
-                    256,
-                    0,
-                    stream,
-                    &conv,
-                    "bwd_dq_convert",
-                )
-            }?;
+            self.dq_convert(stream, plan, saved, sc, &a, c)?;
         }
         Ok(())
+    }
+
+    /// `bwd_dq_convert` of head chunk `c` (chained after the chunk's fused kernel): the FP32 dQ
+    /// accumulator of `sc` (positions padded when each query tile's first partial is stored,
+    /// else tokens) into BF16 dQ at `a.dq`, scaled by 2^-eQ and rotated back.
+    fn dq_convert(
+        &self,
+        stream: RawStream,
+        plan: &Plan,
+        saved: &Saved,
+        sc: &BwdScratch,
+        a: &AttnParams,
+        c: usize,
+    ) -> GpuResult<()> {
+        let s = plan.shape();
+        let hd = s.head_dim;
+        let v = Variant::new().define("HEAD_DIM", hd);
+        let convert = self
+            .gpu
+            .function("attn_bwd_v4.cu", &with_dq_stsm(v), "bwd_dq_convert", 0)?;
+        let hc = plan.tables.bwd.chunk_heads(s.heads_q);
+        let first_store = bwd_dq_first_store();
+        let acc_rows = if first_store { plan.tpad() } else { s.tokens() };
+        let rows = acc_rows * hc;
+        let conv = DqConvertParams {
+            acc: sc.dq_acc.ptr(),
+            q_exp: saved.q.exps,
+            dq: a.dq,
+            pad_tok: if first_store { plan.pad_tok.ptr() } else { 0 },
+            rows: rows as i64,
+            scale: a.scale,
+            hadamard: a.hadamard,
+            hc: hc as i32,
+            hq: s.heads_q as i32,
+            h0: (c * hc) as i32,
+        };
+        // SAFETY: params mirror DqConvertParams; acc is [acc_rows, hc, hd] (acc_rows = T, or
+        // Tpad with pad_tok [Tpad] mapping its rows to tokens), dq [T, Hq, hd], q_exp [T, Hq],
+        // heads h0..h0 + hc; hd / 4 threads per row, 256 per CTA.
+        unsafe {
+            launch_chained(
+                &convert,
+                (rows.div_ceil(1024 / hd) as u32, 1, 1),
+                256,
+                0,
+                stream,
+                &conv,
+                "bwd_dq_convert",
+            )
+        }
     }
 
     /// The v4 backward's fused kernel for `plan` with this call's options and knobs: its
@@ -1897,6 +1923,20 @@ impl Attention {
         if which == BwdKernel::Fused {
             return self.backward_v4(stream, plan, saved, ws, out);
         }
+        if which == BwdKernel::DqConvert {
+            let Some(sc) = &ws.v4 else {
+                return Err(GpuError::NotSupported(
+                    "the dQ conversion alone needs the v4 backward's workspace".into(),
+                ));
+            };
+            self.check_plan(plan)?;
+            self.gpu.bind()?;
+            let a = self.bwd_params(plan, saved, ws, out);
+            for c in 0..plan.tables.bwd.chunks {
+                self.dq_convert(stream, plan, saved, sc, &a, c)?;
+            }
+            return Ok(());
+        }
         self.check_plan(plan)?;
         self.gpu.bind()?;
         let p = self.bwd_params(plan, saved, ws, out);
@@ -1906,7 +1946,7 @@ impl Attention {
         let (name, heads, smem) = match which {
             BwdKernel::Dq => ("attn_bwd_dq", s.heads_q, SMEM_DQ[i]),
             BwdKernel::DkDv => ("attn_bwd_dkdv", s.heads_kv, SMEM_DKDV[i]),
-            BwdKernel::Fused => unreachable!("handled above"),
+            BwdKernel::Fused | BwdKernel::DqConvert => unreachable!("handled above"),
         };
         let f = self.gpu.function("attn_bwd.cu", &v, name, smem)?;
         // SAFETY: params mirror AttnParams; buffers sized by `plan` (caller: lse and the gradients).

@@ -82,7 +82,8 @@ pub struct BenchRow {
     pub dograd_ms: f64,
     /// v3.1: the dQ kernel alone; v4: the fused backward's three launches (dO quantiser excluded).
     pub dq_ms: f64,
-    /// v3.1: the dK/dV kernel alone; v4: 0.
+    /// v3.1: the dK/dV kernel alone; v4: the dQ conversion alone (`bwd_dq_convert`, every head
+    /// chunk's; part of `dq_ms`).
     pub dkdv_ms: f64,
     /// True when the v4 fused backward ran.
     pub bwd_v4: bool,
@@ -500,18 +501,15 @@ pub fn run_workload(
         dv: dv.ptr(),
     };
     let mut dograd = || attn.quantize_grad(s, &plan, d_o.ptr(), o.ptr(), &ws);
-    // v4: the fused backward's launches in the dq column, 0 in dkdv
+    // v4: the fused backward's launches in the dq column, their dQ conversion alone in dkdv
     let v4 = attn.uses_backward_v4();
     let (first, second) = if v4 {
-        (BwdKernel::Fused, None)
+        (BwdKernel::Fused, BwdKernel::DqConvert)
     } else {
-        (BwdKernel::Dq, Some(BwdKernel::DkDv))
+        (BwdKernel::Dq, BwdKernel::DkDv)
     };
     let mut dq_only = || attn.backward_kernel(first, s, &plan, &saved, &ws, grads);
-    let mut dkdv_only = || match second {
-        Some(k) => attn.backward_kernel(k, s, &plan, &saved, &ws, grads),
-        None => Ok(()),
-    };
+    let mut dkdv_only = || attn.backward_kernel(second, s, &plan, &saved, &ws, grads);
     // one full call first (compiles the modules), then size the repetitions to ~1 s per phase
     quant()?;
     fwd()?;
@@ -529,11 +527,8 @@ pub fn run_workload(
     let bwd_mhz = sm_mhz_now(gpu)?;
     let dograd_ms = median(time_ms(gpu, 2, reps, &mut dograd)?);
     let dq_ms = median(time_ms(gpu, 2, reps, &mut dq_only)?);
-    let dkdv_ms = if second.is_some() {
-        median(time_ms(gpu, 2, reps, &mut dkdv_only)?)
-    } else {
-        0.0
-    };
+    // (v4: after dq_only, so the accumulator holds a backward's sums)
+    let dkdv_ms = median(time_ms(gpu, 2, reps, &mut dkdv_only)?);
     let train = time_ms_stamped(
         gpu,
         2,
@@ -628,7 +623,7 @@ pub fn run_workload(
                 0 => sustained_window(gpu, secs, quant_ms, &mut quant)?,
                 1 => sustained_window(gpu, secs, fwd_ms, &mut fwd)?,
                 2 => sustained_window(gpu, secs, dograd_ms, &mut dograd)?,
-                3 => sustained_window(gpu, secs, dq_ms + dkdv_ms, &mut || {
+                3 => sustained_window(gpu, secs, if v4 { dq_ms } else { dq_ms + dkdv_ms }, &mut || {
                     attn.backward_quantized(s, &plan, &saved, &ws, lse.ptr(), dq.ptr(), dk.ptr(), dv.ptr())
                 })?,
                 _ => sustained_window(gpu, secs, train_ms, &mut || {

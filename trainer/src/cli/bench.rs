@@ -141,7 +141,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     );
     let mut rows: Vec<BenchRow> = Vec::new();
     println!(
-        "{:<14} {:>5} | {:>9} {:>6} {:>9} {:>9} {:>9} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>5}  (ms medians, quantiser GB/s read + written; TFLOP/s; bwd parts alone, ms: v4 = fused kernel in `dq`; MiB the call allocates; MHz: the SM clock measured on the GPU right after the training call's loop)",
+        "{:<14} {:>5} | {:>9} {:>6} {:>9} {:>9} {:>9} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>5}  (ms medians, quantiser GB/s read + written; TFLOP/s; bwd parts alone, ms: v4 = the fused backward's launches in `dq`, its dQ conversion alone in `dkdv`; MiB the call allocates; MHz: the SM clock measured on the GPU right after the training call's loop)",
         "workload", "docs", "quant", "GB/s", "fwd", "bwd", "train", "fwd", "bwd", "train", "dO quant", "dq", "dkdv", "MiB", "MHz"
     );
     for (name, lens) in &chosen {
