@@ -2,7 +2,8 @@
 # Session 49's device calls. Carry .device-carry/s49 and .device-carry/kc (the PTX cache).
 # .device-carry/s49/s49.txz holds flamia (the tree's release build, stripped) and old/flamia
 # (session 43's binary, as in .device-carry/z) and gpu_quant (the tree's test binary); it is
-# unpacked into .device-carry/s49 here.
+# unpacked into .device-carry/s49 here; a carried .device-carry/s50 (flamia.xz, tests.txz: session
+# 50's final tree) goes over it.
 #   l: the lean tails (make_lean48: today's sources without item_next and the third tail)
 #      beside today's default and session 43's binary, LEAN_ROUNDS (default 4) rounds at
 #      1x65536 and 2x32768 (call 1 of session 49: -2.4% cycles at 1x65536 in two rounds, within
