@@ -850,12 +850,7 @@ fn one_plan_and_workspace_serve_call_after_call() {
         let attn = Attention::new(gpu.clone(), opts).unwrap();
         let plan = Plan::new(&gpu, &shape, causal).unwrap();
         let ws = attn.alloc_grad(&plan).unwrap();
-        let (q, k, v, d_o) = (
-            upload_bf16(&gpu, &call.q),
-            upload_bf16(&gpu, &call.k),
-            upload_bf16(&gpu, &call.v),
-            upload_bf16(&gpu, &call.dout),
-        );
+        let [q, k, v, d_o] = upload_call(&gpu, &call);
         let bf = |b: &flamia_kernels::gpu::DeviceBuf<u16>| from_bits(&b.to_host().unwrap());
         let knobs = [
             None,
@@ -917,12 +912,7 @@ fn dq_conversion_alone_rewrites_bitwise_the_backwards_dq() {
         let attn = Attention::new(gpu.clone(), opts).unwrap();
         let plan = Plan::new(&gpu, &shape, true).unwrap();
         let ws = attn.alloc_grad(&plan).unwrap();
-        let (q, k, v, d_o) = (
-            upload_bf16(&gpu, &call.q),
-            upload_bf16(&gpu, &call.k),
-            upload_bf16(&gpu, &call.v),
-            upload_bf16(&gpu, &call.dout),
-        );
+        let [q, k, v, d_o] = upload_call(&gpu, &call);
         let (o, lse) = (poisoned_bf16(&gpu, t * hq * hd), poisoned_f32(&gpu, t * hq));
         let saved = attn
             .forward(s, &plan, q.ptr(), k.ptr(), v.ptr(), o.ptr(), lse.ptr())

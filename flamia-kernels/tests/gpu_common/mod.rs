@@ -158,6 +158,11 @@ pub fn upload_bf16(gpu: &Gpu, x: &[f32]) -> DeviceBuf<u16> {
     DeviceBuf::from_host(gpu, &to_bits(x)).unwrap()
 }
 
+/// Q, K, V and dO of `call` uploaded as BF16.
+pub fn upload_call(gpu: &Gpu, call: &AttnCall) -> [DeviceBuf<u16>; 4] {
+    [&call.q, &call.k, &call.v, &call.dout].map(|x| upload_bf16(gpu, x))
+}
+
 /// A BF16 buffer filled with NaN (0xFFFF) so unwritten outputs show.
 pub fn poisoned_bf16(gpu: &Gpu, n: usize) -> DeviceBuf<u16> {
     DeviceBuf::from_host(gpu, &vec![0xFFFFu16; n]).unwrap()
