@@ -43,6 +43,11 @@ for o in ours:
         q = [r["quant_gbs"] for r in o["rows"]]
         print("  quantiser %.0f-%.0f GB/s = %.1f-%.1f%% of the device copy (%.0f before, %.0f after the workloads)"
               % (min(q), max(q), 100 * min(q) / copy, 100 * max(q) / copy, o["copy_gbs_before"], o["copy_gbs_after"]))
+    # the v4 backward's dQ conversion timed alone (dkdv_ms since session 50; 0 in older JSON)
+    conv = [(r["workload"], r["dkdv_ms"], r["train_ms"]) for r in o["rows"] if r.get("bwd_v4") and r.get("dkdv_ms")]
+    if conv:
+        print("  dQ conversion alone: " + ", ".join("%s %.3f ms (%.1f%% of the call)" % (w, c, 100 * c / t)
+                                                 for w, c, t in conv))
 
 
 def best(b, keys):
