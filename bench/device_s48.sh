@@ -14,7 +14,7 @@
 #      build compiles here (kernel-regs.py --dir: Q/K/V with QUANT_DYN, NODIM without, the dO
 #      launch's DELTA builds). ~3-4 minutes warm.
 set -u
-C=.device-carry/bwd4
+C=${C:-.device-carry/bwd4}  # (session 50: C=.device-carry/s50 after unpacking its flamia.xz there)
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"
