@@ -117,7 +117,7 @@ fn unix_ms() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Bytes of one chunk of [`sm_copy_ms`]'s copy.
+/// Bytes of one chunk of `sm_copy`'s copy ([`SmCopyBufs::time_ms`]).
 const SMCOPY_CHUNK: usize = 16 << 10;
 
 /// The buffers of `bench.cu`'s `sm_copy`: `bytes_in` in [`SMCOPY_CHUNK`] chunks of a pattern
@@ -262,15 +262,6 @@ unsafe fn launch_bench_kernel_smem(
 ) -> GpuResult<()> {
     let (grid, block, smem) = geometry;
     let f = gpu.function("bench.cu", &Variant::new(), name, smem)?;
-    if smem > 48 * 1024 {
-        // the function is cached with the limit of its first launch; a later, larger one
-        // (sm_copy's 4, 8, 12 stages) raises it
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .ctx(&format!("cuFuncSetAttribute({name}, max dynamic smem {smem})"))?;
-    }
     // SAFETY: the caller's contract above
     unsafe {
         cudarc::driver::result::launch_kernel(

@@ -346,7 +346,8 @@ pub struct Gpu {
     name: String,
     sm_count: i32,
     modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
-    functions: Mutex<HashMap<(ModuleKey, String), CudaFunction>>,
+    /// Loaded functions and the dynamic shared memory limit each was given.
+    functions: Mutex<HashMap<(ModuleKey, String), (CudaFunction, u32)>>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -450,12 +451,24 @@ impl Gpu {
     ) -> GpuResult<CudaFunction> {
         let key = module_key(source, variant, self.arch);
         let fkey = (key, name.to_string());
-        if let Some(f) = self
+        let raise = |f: &CudaFunction| {
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .ctx(&format!("cuFuncSetAttribute({name}, max dynamic smem {smem})"))
+        };
+        if let Some((f, limit)) = self
             .functions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&fkey)
+            .get_mut(&fkey)
         {
+            // (a later launch may ask more than the first one did: session 50's sm_copy stages)
+            if smem > (*limit).max(48 * 1024) {
+                raise(f)?;
+                *limit = smem;
+            }
             return Ok(f.clone());
         }
         let m = self.module(source, variant)?;
@@ -463,16 +476,12 @@ impl Gpu {
             .load_function(name)
             .ctx(&format!("cuModuleGetFunction({name})"))?;
         if smem > 48 * 1024 {
-            f.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .ctx(&format!("cuFuncSetAttribute({name}, max dynamic smem {smem})"))?;
+            raise(&f)?;
         }
         self.functions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(fkey, f.clone());
+            .insert(fkey, (f.clone(), smem));
         Ok(f)
     }
 
