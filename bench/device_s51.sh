@@ -1,0 +1,60 @@
+#!/bin/bash
+# Session 51's device calls. Carry .device-carry/s49, .device-carry/s50 and .device-carry/kc (the
+# PTX cache); s50 holds session 50's final tree (flamia.xz, tests.txz), put over s49's.
+#   p: the short documents' phases on today's default (the bench's dkdv column: the v4
+#      backward's dQ conversion alone, never run in a benchmark before) at 256x256, 64x1024,
+#      32x2048 and 16x4096, beside head chunks small enough for one chunk's FP32 dQ accumulator
+#      to fit the L2 (FLAMIA_BWD_SCRATCH_MIB=32: one head a chunk, 32 MiB; =128: four heads),
+#      two rounds; then on an H200 only the quantiser's knock-outs (device_s48.sh q) and its 8
+#      CTAs per SM (device_s50.sh k): perf.md Next 5
+#   t: dQ converted by its last contributor (BWD_DQ_LAST; carry .device-carry/s51 and kc: the
+#      tree's flamia and test binaries): the new GPU test first (FLAMIA_BWD_HANG_TRAP=1, so a
+#      protocol hang fails at once), then the nine workloads by default against
+#      FLAMIA_BWD_DQ_LAST=0 (bwd_dq_convert after the fused kernel), two rounds, then the whole
+#      GPU suite (device_suite.sh all)
+set -u
+C=.device-carry/s49
+. "$(dirname "$0")/device-env.sh"
+. "$(dirname "$0")/device-bench.sh"
+O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
+mode=${1:?usage: device_s51.sh p|t}
+if [ "$mode" = p ]; then
+  tar -C $C -xJf $C/s49.txz || { echo "device_s51.sh: $C/s49.txz did not unpack"; exit 1; }
+  xz -dc .device-carry/s50/flamia.xz > $C/flamia && chmod +x $C/flamia && echo "flamia from .device-carry/s50"
+else
+  C=.device-carry/s51
+  xz -dc $C/flamia.xz > $C/flamia && chmod +x $C/flamia && tar -C $C -xJf $C/tests.txz || { echo "no s51 binaries"; exit 1; }
+fi
+kcache_setup
+{
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
+date
+case $mode in
+p) W=(--workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096)
+   for r in 1 2; do
+     for v in - FLAMIA_BWD_SCRATCH_MIB=32 FLAMIA_BWD_SCRATCH_MIB=128; do
+       bench_mhz "short $v round $r" "$v" "${W[@]}"
+       cp /tmp/b.json "$O/p-$r-${v##*=}.json" 2>/dev/null
+     done
+   done ;;
+t) echo "=== the new GPU test (hang trap on)"
+   FLAMIA_BWD_HANG_TRAP=1 timeout 200 $C/gpu_attention --ignored --exact dq_converted_by_its_last_contributor_gives_bitwise_the_same \
+     --nocapture > "$O/t-new.log" 2>&1; rc=$?
+   grep -E "^test |test result|panicked|hang|zeros of|left|right" "$O/t-new.log" | head -30; echo "new test rc=$rc"
+   for r in 1 2; do
+     for v in - FLAMIA_BWD_DQ_LAST=0; do
+       bench_mhz "nine $v round $r" "$v"
+       cp /tmp/b.json "$O/t-$r-${v##*=}.json" 2>/dev/null
+     done
+   done
+   if [ $rc = 0 ]; then TLIM=${TLIM:-280} T=$C JOBS=${JOBS:-6} bash "$(dirname "$0")/device_suite.sh" all; else echo "(suite skipped: the new test failed)"; fi ;;
+*) echo "device_s51.sh: unknown mode '$mode' (p, t)"; exit 2 ;;
+esac
+kcache_pack
+date
+} 2>&1 | tee "$O/s51-$mode.log"
+if [ "$mode" = p ] && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+  xz -dc .device-carry/s50/flamia.xz > .device-carry/s50/flamia && chmod +x .device-carry/s50/flamia \
+    && C=.device-carry/s50 bash "$(dirname "$0")/device_s48.sh" q
+  bash "$(dirname "$0")/device_s50.sh" k
+fi
