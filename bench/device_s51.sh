@@ -12,12 +12,15 @@
 #      protocol hang fails at once), then the nine workloads by default against
 #      FLAMIA_BWD_DQ_LAST=0 (bwd_dq_convert after the fused kernel), two rounds, then the whole
 #      GPU suite (device_suite.sh all)
+#   k: BWD_DQ_LAST's knock-outs (the tree's sources with BWD_PROF_DQL_NOCONV: the barriers and
+#      the release alone; BWD_PROF_DQL_NOWAIT: no wait for the turn, wrong sums) beside the
+#      default and FLAMIA_BWD_DQ_LAST=0, two rounds at 256x256, 64x1024 and 4x16384
 set -u
 C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s51.sh p|t}
+mode=${1:?usage: device_s51.sh p|t|k}
 if [ "$mode" = p ]; then
   tar -C $C -xJf $C/s49.txz || { echo "device_s51.sh: $C/s49.txz did not unpack"; exit 1; }
   xz -dc .device-carry/s50/flamia.xz > $C/flamia && chmod +x $C/flamia && echo "flamia from .device-carry/s50"
@@ -48,7 +51,16 @@ t) echo "=== the new GPU test (hang trap on)"
      done
    done
    if [ $rc = 0 ]; then TLIM=${TLIM:-280} T=$C JOBS=${JOBS:-6} bash "$(dirname "$0")/device_suite.sh" all; else echo "(suite skipped: the new test failed)"; fi ;;
-*) echo "device_s51.sh: unknown mode '$mode' (p, t)"; exit 2 ;;
+k) for k in NOCONV NOWAIT; do
+     d=$C/cuda-$k; rm -rf $d && cp -r flamia-kernels/cuda $d
+     { echo "#define BWD_PROF_DQL_$k 1"; cat flamia-kernels/cuda/attn_bwd_v4.cu; } > $d/attn_bwd_v4.cu
+   done
+   for r in 1 2; do
+     for v in FLAMIA_BWD_DQ_LAST=0 FLAMIA_CUDA_DIR=$C/cuda-NOCONV FLAMIA_CUDA_DIR=$C/cuda-NOWAIT -; do
+       bench_mhz "knock-outs $v round $r" "$v" --workload 256x256 --workload 64x1024 --workload 4x16384
+     done
+   done ;;
+*) echo "device_s51.sh: unknown mode '$mode' (p, t, k)"; exit 2 ;;
 esac
 kcache_pack
 date

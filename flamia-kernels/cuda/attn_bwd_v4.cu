@@ -1819,8 +1819,13 @@ __device__ __forceinline__ void bwd_dq_last_load(const BwdV4Params& P, const Bwd
 #pragma unroll
   for (int i = 0; i < DQL_NIT; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (!dql_reads(P, q0)) return;
+#ifdef BWD_PROF_DQL_NOCONV
+  return;
+#endif
   if (q0 >= BKT) {
+#ifndef BWD_PROF_DQL_NOWAIT  // (knock-out: no wait for the turn, wrong sums)
     if (C.lane() == 0) bwd_spin_turn(P.dq_sem + (long long)h * P.nqt + tl.qt0 + q0 / BQT, 2 * (q0 / BKT));
+#endif
     __syncwarp();  // (lane 0's acquire, before the warp's loads)
   }
   const int hc = P.hkc * (P.a.hq / P.a.hkv);
@@ -1847,6 +1852,7 @@ __device__ __forceinline__ void bwd_dq_last(const BwdV4Params& P, BwdV4Smem& sm,
   // 128-byte swizzle, as bwd_dq_store writes it)
   const u8* blk = sm.dqs[db][p / (HEAD_DIM / 2)][pp / 32];
   const int c = (pp % 32) / 4;
+#ifndef BWD_PROF_DQL_NOCONV  // (knock-out: the barriers and the release alone, no dQ)
 #pragma unroll
   for (int i = 0; i < DQL_NIT; ++i) {
     const int r = dql_row(C, i);
@@ -1858,6 +1864,9 @@ __device__ __forceinline__ void bwd_dq_last(const BwdV4Params& P, BwdV4Smem& sm,
     float x[4] = {s.x * f, s.y * f, s.z * f, s.w * f};
     dq_row_out_stsm(x, P.a.hadamard, P.a.dq + o * HEAD_DIM, ll, ok);
   }
+#else
+  (void)add, (void)acc, (void)blk, (void)c, (void)tl, (void)h, (void)q0, (void)P;
+#endif
   named_sync(BWD_DQL_BAR, 256);
   if (C.t() == 0) mbar_arrive(smem_u32(&sm.dq_empty[db][C.cw]));
 }
