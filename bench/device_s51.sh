@@ -15,12 +15,15 @@
 #   k: BWD_DQ_LAST's knock-outs (the tree's sources with BWD_PROF_DQL_NOCONV: the barriers and
 #      the release alone; BWD_PROF_DQL_NOWAIT: no wait for the turn, wrong sums) beside the
 #      default and FLAMIA_BWD_DQ_LAST=0, two rounds at 256x256, 64x1024 and 4x16384
+#   h: the tree's kernel sources (FLAMIA_CUDA_DIR=flamia-kernels/cuda: BWD_DQ_LAST with each
+#      row's scale and sum loaded before the rows' arithmetic) under the new GPU test, then the
+#      nine beside FLAMIA_BWD_DQ_LAST=0, two rounds
 set -u
 C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s51.sh p|t|k}
+mode=${1:?usage: device_s51.sh p|t|k|h}
 if [ "$mode" = p ]; then
   tar -C $C -xJf $C/s49.txz || { echo "device_s51.sh: $C/s49.txz did not unpack"; exit 1; }
   xz -dc .device-carry/s50/flamia.xz > $C/flamia && chmod +x $C/flamia && echo "flamia from .device-carry/s50"
@@ -60,7 +63,16 @@ k) for k in NOCONV NOWAIT; do
        bench_mhz "knock-outs $v round $r" "$v" --workload 256x256 --workload 64x1024 --workload 4x16384
      done
    done ;;
-*) echo "device_s51.sh: unknown mode '$mode' (p, t, k)"; exit 2 ;;
+h) echo "=== the new GPU test on the tree's sources (hang trap on)"
+   FLAMIA_CUDA_DIR=flamia-kernels/cuda FLAMIA_BWD_HANG_TRAP=1 timeout 200 $C/gpu_attention --ignored --exact \
+     dq_converted_by_its_last_contributor_gives_bitwise_the_same --nocapture > "$O/h-new.log" 2>&1
+   echo "new test rc=$?"; grep -E "^test |test result|panicked|hang|zeros of" "$O/h-new.log" | head -20
+   for r in 1 2; do
+     for v in FLAMIA_BWD_DQ_LAST=0 FLAMIA_CUDA_DIR=flamia-kernels/cuda; do
+       bench_mhz "nine $v round $r" "$v"
+     done
+   done ;;
+*) echo "device_s51.sh: unknown mode '$mode' (p, t, k, h)"; exit 2 ;;
 esac
 kcache_pack
 date

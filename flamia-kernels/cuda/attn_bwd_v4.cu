@@ -1811,13 +1811,25 @@ __device__ __forceinline__ void bwd_spin_turn(const int* sem, int target) {
 // Whether the last contributor reads the accumulator: when a key tile above has added to it, or
 // when every partial is added to a zeroed one (dq_first_store 0: 0 + x, as the reduce's sum).
 __device__ __forceinline__ bool dql_reads(const BwdV4Params& P, int q0) { return q0 >= BKT || !P.dq_first_store; }
-// This thread's rows of the accumulated sum (L2: the other CTAs' reduces), loaded before the
-// partial's hand-off so that their latency runs under the dq_empty wait, the stores and the
-// barrier; zeros where nothing is read.
+// This thread's rows: their scales (2^-eQ of each row's token, the conversion's f) and the
+// accumulated sum (L2: the other CTAs' reduces; zeros where nothing is read), all loaded before
+// the barrier and the rows' arithmetic: the compiler may not move a row's exponent load past the
+// previous row's dQ store (they might alias), and one dependent global load per row made the
+// conversion ~5 us per query tile (session 51, H100: the knock-outs).
+struct DqlRows {
+  float4 acc[DQL_NIT];
+  float f[DQL_NIT];
+};
 __device__ __forceinline__ void bwd_dq_last_load(const BwdV4Params& P, const BwdConsumer& C, const BwdTile& tl, int h,
-                                                 int q0, float4 (&acc)[DQL_NIT]) {
+                                                 int q0, DqlRows& R) {
 #pragma unroll
-  for (int i = 0; i < DQL_NIT; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int i = 0; i < DQL_NIT; ++i) {
+    const int r = dql_row(C, i);
+    const bool ok = q0 + r < tl.len;
+    const long long o = (long long)(tl.doc0 + (ok ? q0 + r : 0)) * P.a.hq + h;  // row of [T, Hq]
+    R.f[i] = P.a.scale * exp2i(-fold_exp(__ldg(P.a.q_exp + o)));
+    R.acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   if (!dql_reads(P, q0)) return;
 #ifdef BWD_PROF_DQL_NOCONV
   return;
@@ -1835,7 +1847,7 @@ __device__ __forceinline__ void bwd_dq_last_load(const BwdV4Params& P, const Bwd
   for (int i = 0; i < DQL_NIT; ++i) {
     const int r = dql_row(C, i);
     if (q0 + r < tl.len)
-      acc[i] = __ldcg(reinterpret_cast<const float4*>(P.dq_acc + ((row0 + r) * hc + (h - P.h0)) * HEAD_DIM) + ll);
+      R.acc[i] = __ldcg(reinterpret_cast<const float4*>(P.dq_acc + ((row0 + r) * hc + (h - P.h0)) * HEAD_DIM) + ll);
   }
 }
 // Both warpgroups' partials of step n are in dqs[db] (the first barrier): each thread adds its
@@ -1843,7 +1855,7 @@ __device__ __forceinline__ void bwd_dq_last_load(const BwdV4Params& P, const Bwd
 // them out as bwd_dq_convert does; the second barrier: every thread is done with both buffers,
 // which its warpgroup's thread 0 then frees in the reducer's place (dq_empty counts one).
 __device__ __forceinline__ void bwd_dq_last(const BwdV4Params& P, BwdV4Smem& sm, const BwdConsumer& C, int db,
-                                            const BwdTile& tl, int h, int q0, const float4 (&acc)[DQL_NIT]) {
+                                            const BwdTile& tl, int h, int q0, const DqlRows& R) {
   named_sync(BWD_DQL_BAR, 256);
   const bool add = dql_reads(P, q0);
   const int ll = C.lane() % DQL_LPR, p = 4 * ll, pp = p % (HEAD_DIM / 2);
@@ -1857,15 +1869,16 @@ __device__ __forceinline__ void bwd_dq_last(const BwdV4Params& P, BwdV4Smem& sm,
   for (int i = 0; i < DQL_NIT; ++i) {
     const int r = dql_row(C, i);
     const float4 v = *reinterpret_cast<const float4*>(blk + r * 128 + ((c ^ (r & 7)) << 4));
-    const float4 s = add ? make_float4(acc[i].x + v.x, acc[i].y + v.y, acc[i].z + v.z, acc[i].w + v.w) : v;
+    const float4 a = R.acc[i];
+    const float4 s = add ? make_float4(a.x + v.x, a.y + v.y, a.z + v.z, a.w + v.w) : v;
     const bool ok = q0 + r < tl.len;
     const long long o = (long long)(tl.doc0 + (ok ? q0 + r : 0)) * P.a.hq + h;  // row of [T, Hq]
-    const float f = P.a.scale * exp2i(-fold_exp(P.a.q_exp[o]));
+    const float f = R.f[i];
     float x[4] = {s.x * f, s.y * f, s.z * f, s.w * f};
     dq_row_out_stsm(x, P.a.hadamard, P.a.dq + o * HEAD_DIM, ll, ok);
   }
 #else
-  (void)add, (void)acc, (void)blk, (void)c, (void)tl, (void)h, (void)q0, (void)P;
+  (void)add, (void)R, (void)blk, (void)c, (void)tl, (void)h, (void)q0, (void)P;
 #endif
   named_sync(BWD_DQL_BAR, 256);
   if (C.t() == 0) mbar_arrive(smem_u32(&sm.dq_empty[db][C.cw]));
@@ -1946,8 +1959,8 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   // key tile 0 walking up: the query tile's last contributor converts it (bwd_dq_last)
   const bool last = it.tile.up && it.tile.k0 == 0;
 #if BWD_DQL_EARLY
-  float4 acc[DQL_NIT];
-  if (last) bwd_dq_last_load(P, C, it.tile, it.h, q0, acc);
+  DqlRows rows;
+  if (last) bwd_dq_last_load(P, C, it.tile, it.h, q0, rows);
 #endif
 #endif
   bwd_wait(smem_u32(&sm.dq_empty[db][cw]), ((n / BWD_DQ_BUFS) & 1) ^ 1, 6);
@@ -1959,10 +1972,10 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
 #if BWD_DQ_LAST
   if (last) {
 #if !BWD_DQL_EARLY
-    float4 acc[DQL_NIT];
-    bwd_dq_last_load(P, C, it.tile, it.h, q0, acc);
+    DqlRows rows;
+    bwd_dq_last_load(P, C, it.tile, it.h, q0, rows);
 #endif
-    bwd_dq_last(P, sm, C, db, it.tile, it.h, q0, acc);
+    bwd_dq_last(P, sm, C, db, it.tile, it.h, q0, rows);
     BWD_PHASE(11);
     return;
   }
