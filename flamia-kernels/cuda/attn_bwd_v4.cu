@@ -1885,6 +1885,25 @@ __device__ __forceinline__ void bwd_dq_last(const BwdV4Params& P, BwdV4Smem& sm,
 }
 #endif
 
+#if BWD_DQ_LAST
+// The conversion out of line (BWD_DQL_INLINE 0, the default): inlined into the step loops, its
+// ~1,300 SASS per copy sat between each loop's hot code (kernel-regs.py: the loops' range 17 ->
+// 37 KB) and every step ran slower (session 51).
+#ifndef BWD_DQL_INLINE
+#define BWD_DQL_INLINE 0
+#endif
+#if BWD_DQL_INLINE
+__device__ __forceinline__
+#else
+__device__ __noinline__
+#endif
+void bwd_dq_last_ool(const BwdV4Params& P, BwdV4Smem& sm, const BwdConsumer& C, int db, const BwdTile& tl, int h, int q0) {
+  DqlRows rows;
+  bwd_dq_last_load(P, C, tl, h, q0, rows);
+  bwd_dq_last(P, sm, C, db, tl, h, q0, rows);
+}
+#endif
+
 // dQ of step n (query tile q0) of a consumer warpgroup: both warpgroups' dS codes of that step
 // times this warpgroup's HEAD_DIM / 2 dims of K, handed to the reducer warp. Runs right after the step
 // (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
@@ -1971,11 +1990,11 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   BWD_PHASE(10);
 #if BWD_DQ_LAST
   if (last) {
-#if !BWD_DQL_EARLY
-    DqlRows rows;
-    bwd_dq_last_load(P, C, it.tile, it.h, q0, rows);
-#endif
+#if BWD_DQL_EARLY
     bwd_dq_last(P, sm, C, db, it.tile, it.h, q0, rows);
+#else
+    bwd_dq_last_ool(P, sm, C, db, it.tile, it.h, q0);
+#endif
     BWD_PHASE(11);
     return;
   }
