@@ -18,12 +18,15 @@
 #   h: the tree's kernel sources (FLAMIA_CUDA_DIR=flamia-kernels/cuda: BWD_DQ_LAST with each
 #      row's scale and sum loaded before the rows' arithmetic) under the new GPU test, then the
 #      nine beside FLAMIA_BWD_DQ_LAST=0, two rounds
+#   s: the tree's sources (the conversion stage by stage over each thread's rows, out of line)
+#      under the new GPU test, then beside FLAMIA_BWD_DQ_LAST=0 and the same sources inlined
+#      (BWD_DQL_INLINE 1), two rounds at 256x256, 64x1024, 16x4096 and 4x16384
 set -u
 C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s51.sh p|t|k|h}
+mode=${1:?usage: device_s51.sh p|t|k|h|s}
 if [ "$mode" = p ]; then
   tar -C $C -xJf $C/s49.txz || { echo "device_s51.sh: $C/s49.txz did not unpack"; exit 1; }
   xz -dc .device-carry/s50/flamia.xz > $C/flamia && chmod +x $C/flamia && echo "flamia from .device-carry/s50"
@@ -72,7 +75,18 @@ h) echo "=== the new GPU test on the tree's sources (hang trap on)"
        bench_mhz "nine $v round $r" "$v"
      done
    done ;;
-*) echo "device_s51.sh: unknown mode '$mode' (p, t, k, h)"; exit 2 ;;
+s) echo "=== the new GPU test on the tree's sources (hang trap on)"
+   FLAMIA_CUDA_DIR=flamia-kernels/cuda FLAMIA_BWD_HANG_TRAP=1 timeout 200 $C/gpu_attention --ignored --exact \
+     dq_converted_by_its_last_contributor_gives_bitwise_the_same --nocapture > "$O/s-new.log" 2>&1
+   echo "new test rc=$?"; grep -E "^test |test result|panicked|hang|zeros of" "$O/s-new.log" | head -20
+   d=$C/cuda-inline; rm -rf $d && cp -r flamia-kernels/cuda $d
+   { echo "#define BWD_DQL_INLINE 1"; cat flamia-kernels/cuda/attn_bwd_v4.cu; } > $d/attn_bwd_v4.cu
+   for r in 1 2; do
+     for v in FLAMIA_BWD_DQ_LAST=0 FLAMIA_CUDA_DIR=flamia-kernels/cuda FLAMIA_CUDA_DIR=$d; do
+       bench_mhz "stage-major $v round $r" "$v" --workload 256x256 --workload 64x1024 --workload 16x4096 --workload 4x16384
+     done
+   done ;;
+*) echo "device_s51.sh: unknown mode '$mode' (p, t, k, h, s)"; exit 2 ;;
 esac
 kcache_pack
 date

@@ -1760,6 +1760,35 @@ __device__ __forceinline__ void hadamard_hd_dq_stsm(float (&x)[4]) {
   for (int j = 0; j < 4; ++j) x[j] *= INV_SQRT_HD;
 }
 
+// hadamard_hd_dq_stsm on NR rows at once, stage by stage (each row's operations the same, in the
+// same order: the same bits as one row at a time).
+template <int NR>
+__device__ __forceinline__ void hadamard_rows(float (&x)[NR][4]) {
+  const int lane = threadIdx.x & 31;
+  const auto across = [&](int m) {
+    const bool upper = lane & m;
+#pragma unroll
+    for (int i = 0; i < NR; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float o = __shfl_xor_sync(0xffffffffu, x[i][j], m);
+        x[i][j] = upper ? (o - x[i][j]) : (x[i][j] + o);
+      }
+  };
+  across(1);
+#pragma unroll
+  for (int i = 0; i < NR; ++i) {
+    const float a0 = x[i][0] + x[i][1], a1 = x[i][0] - x[i][1], a2 = x[i][2] + x[i][3], a3 = x[i][2] - x[i][3];
+    x[i][0] = a0 + a2; x[i][1] = a1 + a3; x[i][2] = a0 - a2; x[i][3] = a1 - a3;
+  }
+#pragma unroll
+  for (int m = 2; m < HEAD_DIM / 4; m <<= 1) across(m);
+#pragma unroll
+  for (int i = 0; i < NR; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x[i][j] *= INV_SQRT_HD;
+}
+
 // One dQ row out: x holds positions 4 lane .. + 3 of the scaled FP32 row (dims 8 (lane / 2) + 2e +
 // (lane & 1), bwd_dq_store's stmatrix order); the Hadamard's stages in hadamard_hd's dim-bit
 // order (bit 0 across lanes ^ 1, bits 1 and 2 inside the thread, bits 3.. across lanes ^ 2,
@@ -1865,17 +1894,25 @@ __device__ __forceinline__ void bwd_dq_last(const BwdV4Params& P, BwdV4Smem& sm,
   const u8* blk = sm.dqs[db][p / (HEAD_DIM / 2)][pp / 32];
   const int c = (pp % 32) / 4;
 #ifndef BWD_PROF_DQL_NOCONV  // (knock-out: the barriers and the release alone, no dQ)
+  // stage by stage over the thread's rows (hadamard_rows), so each stage's shuffles of all rows
+  // issue back to back instead of one row's dependent chain after another's
+  float x[DQL_NIT][4];
 #pragma unroll
   for (int i = 0; i < DQL_NIT; ++i) {
     const int r = dql_row(C, i);
     const float4 v = *reinterpret_cast<const float4*>(blk + r * 128 + ((c ^ (r & 7)) << 4));
     const float4 a = R.acc[i];
     const float4 s = add ? make_float4(a.x + v.x, a.y + v.y, a.z + v.z, a.w + v.w) : v;
+    const float f = R.f[i];
+    x[i][0] = s.x * f, x[i][1] = s.y * f, x[i][2] = s.z * f, x[i][3] = s.w * f;
+  }
+  if (P.a.hadamard) hadamard_rows(x);
+#pragma unroll
+  for (int i = 0; i < DQL_NIT; ++i) {
+    const int r = dql_row(C, i);
     const bool ok = q0 + r < tl.len;
     const long long o = (long long)(tl.doc0 + (ok ? q0 + r : 0)) * P.a.hq + h;  // row of [T, Hq]
-    const float f = R.f[i];
-    float x[4] = {s.x * f, s.y * f, s.z * f, s.w * f};
-    dq_row_out_stsm(x, P.a.hadamard, P.a.dq + o * HEAD_DIM, ll, ok);
+    dq_row_out_stsm(x[i], 0, P.a.dq + o * HEAD_DIM, ll, ok);
   }
 #else
   (void)add, (void)R, (void)blk, (void)c, (void)tl, (void)h, (void)q0, (void)P;
