@@ -7,6 +7,9 @@
 #      to fit the L2 (FLAMIA_BWD_SCRATCH_MIB=32: one head a chunk, 32 MiB; =128: four heads),
 #      two rounds; then on an H200 only the quantiser's knock-outs (device_s48.sh q) and its 8
 #      CTAs per SM (device_s50.sh k): perf.md Next 5
+# Modes t, k, h and s measured BWD_DQ_LAST (dQ converted by its last contributor), which lost
+# everywhere and was removed: they need the sources of commits 7faf460 (t, k's knock-outs from
+# 2374071), 9492420 / f5ddd3f (h) and ebb8717 (s); docs/perf.md "Session 51".
 #   t: dQ converted by its last contributor (BWD_DQ_LAST; carry .device-carry/s51 and kc: the
 #      tree's flamia and test binaries): the new GPU test first (FLAMIA_BWD_HANG_TRAP=1, so a
 #      protocol hang fails at once), then the nine workloads by default against

@@ -393,7 +393,6 @@ struct BwdV4Params {
   // (last, so that the other members' offsets, and the builds without them, stay as they were)
   TmaMap dk_map;     // BWD_BULK_ST: dK BF16 (HEAD_DIM, Hkv, T), box (64, 1, 64), 128-byte swizzle
   TmaMap dv_map;     // BWD_BULK_ST: dV, same
-  const float* dq_acc;  // BWD_DQ_LAST: the FP32 dQ accumulator dq_map describes (its last contributors read it)
 };
 
 // Per-key factors the steps read (one copy: the next item's are written once this item's last
@@ -465,23 +464,6 @@ struct alignas(16) BwdItem {
 // Session 27 (H200, same call, two rounds): backward -1.6% at 1x65536, -3.6% at 8x8192,
 // -0.3..-2.0% on the other d = 128 workloads; d = 64 within noise (+0.4..-0.1%).
 #define BWD_DQ_STSM 0
-#endif
-#ifndef BWD_DQ_LAST
-// BWD_DQ_LAST 1 (the host's choice for plans whose tiles all walk up, attention.rs bwd_dq_last;
-// FLAMIA_BWD_DQ_LAST=0 builds 0): the query tile's last contributor converts its dQ. Walking up,
-// key tile 0's item is the last of every query tile's contributors (the semaphore's highest
-// turn) and every earlier one is listed, so started, before it: at each of its steps the
-// consumers, instead of handing the partial to the reducer, wait for the query tile's turn (lane
-// 0 of each warp: the other CTAs' reduces have landed), read the accumulated sum (rows the turn
-// says exist; a tile's only contributor reads nothing), add their own partial out of the dqs
-// buffers (both warpgroups' dims: a 256-thread barrier), scale by 2^-eQ, take the Hadamard back
-// and write BF16 dQ, as bwd_dq_convert does with the same sums in the same order
-// (dq_row_out_stsm), so bwd_dq_convert's launch and its 0.8 GB at 65,536 tokens and 16 heads go
-// (0.31 ms on an H100, session 51). Needs BWD_DQ_STSM's layout, one dQ buffer and no CTA pairs.
-#define BWD_DQ_LAST 0
-#endif
-#if BWD_DQ_LAST && (!BWD_DQ_STSM || BWD_DQ_BUFS != 1 || BWD_PAIR || !BWD_WALK_UP)
-#error "BWD_DQ_LAST: needs BWD_DQ_STSM 1, BWD_DQ_BUFS 1, BWD_PAIR 0 and BWD_WALK_UP 1"
 #endif
 struct BwdItemTail {
   int code, h;
@@ -595,7 +577,7 @@ static_assert(sizeof(BwdV4Smem) + 1024 <= SMEM_BWD4_BUDGET, "attn_bwd_v4: dynami
 // barrier's shared-memory address and parity, and traps, so a protocol hang fails its test with
 // a place instead of running into the test's timeout. Sites: 1 s_full (step), 2 s_full (dead
 // step), 3 s_full (passed stage), 4 pdq_full, 5 ds_ready, 6 dq_empty, 7 kv_full, 8 kd_full, 9
-// dq_empty (the end), 10 the dQ turn of BWD_DQ_LAST (bwd_spin_turn: 0 and the turn printed). Consumer warps only: the producer warpgroup's 24 registers leave no room
+// dq_empty (the end). Consumer warps only: the producer warpgroup's 24 registers leave no room
 // for the printf (sessions 12-13). Off: bwd_wait is mbar_wait.
 #ifdef BWD_HANG_TRAP
 __device__ __noinline__ void bwd_hang(u32 bar, u32 parity, int site) {
@@ -1736,211 +1718,6 @@ __device__ __forceinline__ void bwd_dq_pair_sum(BwdV4Smem& sm, BwdConsumer& C, i
 }
 #endif
 
-#if BWD_DQ_STSM
-// hadamard_hd on a row whose lane holds dims 8 (lane / 2) + 2e + (lane & 1) in x[e] (BWD_DQ_STSM):
-// the same butterflies in the same dim-bit order (bit 0: lanes ^ 1; bits 1, 2: x[e] pairs; bits
-// 3..: lanes ^ 2, ^ 4, ...), each the lower dim's value plus / minus the upper's, so every
-// result has hadamard_hd's bits.
-__device__ __forceinline__ void hadamard_hd_dq_stsm(float (&x)[4]) {
-  const int lane = threadIdx.x & 31;
-  const auto across = [&](int m) {
-    const bool upper = lane & m;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float o = __shfl_xor_sync(0xffffffffu, x[j], m);
-      x[j] = upper ? (o - x[j]) : (x[j] + o);
-    }
-  };
-  across(1);
-  float a0 = x[0] + x[1], a1 = x[0] - x[1], a2 = x[2] + x[3], a3 = x[2] - x[3];
-  x[0] = a0 + a2; x[1] = a1 + a3; x[2] = a0 - a2; x[3] = a1 - a3;
-#pragma unroll
-  for (int m = 2; m < HEAD_DIM / 4; m <<= 1) across(m);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) x[j] *= INV_SQRT_HD;
-}
-
-// hadamard_hd_dq_stsm on NR rows at once, stage by stage (each row's operations the same, in the
-// same order: the same bits as one row at a time).
-template <int NR>
-__device__ __forceinline__ void hadamard_rows(float (&x)[NR][4]) {
-  const int lane = threadIdx.x & 31;
-  const auto across = [&](int m) {
-    const bool upper = lane & m;
-#pragma unroll
-    for (int i = 0; i < NR; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float o = __shfl_xor_sync(0xffffffffu, x[i][j], m);
-        x[i][j] = upper ? (o - x[i][j]) : (x[i][j] + o);
-      }
-  };
-  across(1);
-#pragma unroll
-  for (int i = 0; i < NR; ++i) {
-    const float a0 = x[i][0] + x[i][1], a1 = x[i][0] - x[i][1], a2 = x[i][2] + x[i][3], a3 = x[i][2] - x[i][3];
-    x[i][0] = a0 + a2; x[i][1] = a1 + a3; x[i][2] = a0 - a2; x[i][3] = a1 - a3;
-  }
-#pragma unroll
-  for (int m = 2; m < HEAD_DIM / 4; m <<= 1) across(m);
-#pragma unroll
-  for (int i = 0; i < NR; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) x[i][j] *= INV_SQRT_HD;
-}
-
-// One dQ row out: x holds positions 4 lane .. + 3 of the scaled FP32 row (dims 8 (lane / 2) + 2e +
-// (lane & 1), bwd_dq_store's stmatrix order); the Hadamard's stages in hadamard_hd's dim-bit
-// order (bit 0 across lanes ^ 1, bits 1 and 2 inside the thread, bits 3.. across lanes ^ 2,
-// ^ 4, ...), the same sums; then each lane pair trades halves so that a lane holds dims
-// 4 lane .. + 3, stored as BF16 into `row` (HEAD_DIM values) where `ok`. Shared by
-// bwd_dq_convert and the backward's own conversion (BWD_DQ_LAST), so both give the same bits.
-__device__ __forceinline__ void dq_row_out_stsm(float (&x)[4], int hadamard, u16* row, int lane, bool ok) {
-  if (hadamard) hadamard_hd_dq_stsm(x);
-  const bool odd = lane & 1;
-  const float s0 = __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[2], 1);
-  const float s1 = __shfl_xor_sync(0xffffffffu, odd ? x[1] : x[3], 1);
-  const float y[4] = {odd ? s0 : x[0], odd ? x[2] : s0, odd ? s1 : x[1], odd ? x[3] : s1};
-  if (ok) reinterpret_cast<uint2*>(row)[lane] = make_uint2(pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3]));
-}
-#endif
-
-#if BWD_DQ_LAST
-// ---- dQ converted by its last contributor (BWD_DQ_LAST) ------------------------------------
-// 8 rows of the 64-query tile per consumer warp (warp 4 cw + w: rows 8 (4 cw + w) ..), each row
-// as bwd_dq_convert takes it: HEAD_DIM / 4 lanes, lane ll with positions 4 ll .. + 3, so
-// 32 / DQL_LPR rows per pass and DQL_NIT passes.
-// BWD_DQL_EARLY 1 (an A/B): the sum's loads issued before the dQ buffer's wait and the partial's
-// stores instead of after them; ptxas then keeps 84 values of the d = 128 short documents' step
-// loops in local memory (0 with the loads after the stores, 2 without BWD_DQ_LAST: kernel-regs.py
-// --bwd-per-step, session 51).
-#ifndef BWD_DQL_EARLY
-#define BWD_DQL_EARLY 0
-#endif
-#define DQL_LPR (HEAD_DIM / 4)
-#define DQL_NIT (8 * DQL_LPR / 32)
-#define BWD_DQL_BAR 11  // named barrier of the 256 consumer threads around the conversion
-__device__ __forceinline__ int dql_row(const BwdConsumer& C, int i) {
-  return 8 * (4 * C.cw + C.w()) + i * (32 / DQL_LPR) + C.lane() / DQL_LPR;
-}
-// The query tile's turn for key tile 0 (walking up: every key tile above it that sees the query
-// tile has added its two partials), waited for by lane 0 of each warp. Hang-trap builds give up
-// as bwd_wait does (site 10, the turn in place of the parity).
-__device__ __forceinline__ void bwd_spin_turn(const int* sem, int target) {
-#ifdef BWD_HANG_TRAP
-  const long long t0 = clock64();
-  while (ld_acquire(sem) < target) {
-    __nanosleep(64);
-    if (clock64() - t0 > (1ll << 33)) bwd_hang(0u, (u32)target, 10);
-  }
-#else
-  spin_until(sem, target);
-#endif
-}
-// Whether the last contributor reads the accumulator: when a key tile above has added to it, or
-// when every partial is added to a zeroed one (dq_first_store 0: 0 + x, as the reduce's sum).
-__device__ __forceinline__ bool dql_reads(const BwdV4Params& P, int q0) { return q0 >= BKT || !P.dq_first_store; }
-// This thread's rows: their scales (2^-eQ of each row's token, the conversion's f) and the
-// accumulated sum (L2: the other CTAs' reduces; zeros where nothing is read), all loaded before
-// the barrier and the rows' arithmetic: the compiler may not move a row's exponent load past the
-// previous row's dQ store (they might alias), and one dependent global load per row made the
-// conversion ~5 us per query tile (session 51, H100: the knock-outs).
-struct DqlRows {
-  float4 acc[DQL_NIT];
-  float f[DQL_NIT];
-};
-__device__ __forceinline__ void bwd_dq_last_load(const BwdV4Params& P, const BwdConsumer& C, const BwdTile& tl, int h,
-                                                 int q0, DqlRows& R) {
-#pragma unroll
-  for (int i = 0; i < DQL_NIT; ++i) {
-    const int r = dql_row(C, i);
-    const bool ok = q0 + r < tl.len;
-    const long long o = (long long)(tl.doc0 + (ok ? q0 + r : 0)) * P.a.hq + h;  // row of [T, Hq]
-    R.f[i] = P.a.scale * exp2i(-fold_exp(__ldg(P.a.q_exp + o)));
-    R.acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  if (!dql_reads(P, q0)) return;
-#ifdef BWD_PROF_DQL_NOCONV
-  return;
-#endif
-  if (q0 >= BKT) {
-#ifndef BWD_PROF_DQL_NOWAIT  // (knock-out: no wait for the turn, wrong sums)
-    if (C.lane() == 0) bwd_spin_turn(P.dq_sem + (long long)h * P.nqt + tl.qt0 + q0 / BQT, 2 * (q0 / BKT));
-#endif
-    __syncwarp();  // (lane 0's acquire, before the warp's loads)
-  }
-  const int hc = P.hkc * (P.a.hq / P.a.hkv);
-  const long long row0 = (long long)(P.dq_first_store ? tl.pad0 : tl.doc0) + q0;
-  const int ll = C.lane() % DQL_LPR;
-#pragma unroll
-  for (int i = 0; i < DQL_NIT; ++i) {
-    const int r = dql_row(C, i);
-    if (q0 + r < tl.len)
-      R.acc[i] = __ldcg(reinterpret_cast<const float4*>(P.dq_acc + ((row0 + r) * hc + (h - P.h0)) * HEAD_DIM) + ll);
-  }
-}
-// Both warpgroups' partials of step n are in dqs[db] (the first barrier): each thread adds its
-// rows' partial to the sum, as the reduce-add would (one FP32 addition, commutative), and writes
-// them out as bwd_dq_convert does; the second barrier: every thread is done with both buffers,
-// which its warpgroup's thread 0 then frees in the reducer's place (dq_empty counts one).
-__device__ __forceinline__ void bwd_dq_last(const BwdV4Params& P, BwdV4Smem& sm, const BwdConsumer& C, int db,
-                                            const BwdTile& tl, int h, int q0, const DqlRows& R) {
-  named_sync(BWD_DQL_BAR, 256);
-  const bool add = dql_reads(P, q0);
-  const int ll = C.lane() % DQL_LPR, p = 4 * ll, pp = p % (HEAD_DIM / 2);
-  // position p of a row: warpgroup p / (HEAD_DIM / 2)'s buffer, its 32-dim block pp / 32, 16-byte
-  // chunk (pp % 32) / 4 of the row's 128 bytes, swizzled by the row's low three bits (the TMA's
-  // 128-byte swizzle, as bwd_dq_store writes it)
-  const u8* blk = sm.dqs[db][p / (HEAD_DIM / 2)][pp / 32];
-  const int c = (pp % 32) / 4;
-#ifndef BWD_PROF_DQL_NOCONV  // (knock-out: the barriers and the release alone, no dQ)
-  // stage by stage over the thread's rows (hadamard_rows), so each stage's shuffles of all rows
-  // issue back to back instead of one row's dependent chain after another's
-  float x[DQL_NIT][4];
-#pragma unroll
-  for (int i = 0; i < DQL_NIT; ++i) {
-    const int r = dql_row(C, i);
-    const float4 v = *reinterpret_cast<const float4*>(blk + r * 128 + ((c ^ (r & 7)) << 4));
-    const float4 a = R.acc[i];
-    const float4 s = add ? make_float4(a.x + v.x, a.y + v.y, a.z + v.z, a.w + v.w) : v;
-    const float f = R.f[i];
-    x[i][0] = s.x * f, x[i][1] = s.y * f, x[i][2] = s.z * f, x[i][3] = s.w * f;
-  }
-  if (P.a.hadamard) hadamard_rows(x);
-#pragma unroll
-  for (int i = 0; i < DQL_NIT; ++i) {
-    const int r = dql_row(C, i);
-    const bool ok = q0 + r < tl.len;
-    const long long o = (long long)(tl.doc0 + (ok ? q0 + r : 0)) * P.a.hq + h;  // row of [T, Hq]
-    dq_row_out_stsm(x[i], 0, P.a.dq + o * HEAD_DIM, ll, ok);
-  }
-#else
-  (void)add, (void)R, (void)blk, (void)c, (void)tl, (void)h, (void)q0, (void)P;
-#endif
-  named_sync(BWD_DQL_BAR, 256);
-  if (C.t() == 0) mbar_arrive(smem_u32(&sm.dq_empty[db][C.cw]));
-}
-#endif
-
-#if BWD_DQ_LAST
-// The conversion out of line (BWD_DQL_INLINE 0, the default): inlined into the step loops, its
-// ~1,300 SASS per copy sat between each loop's hot code (kernel-regs.py: the loops' range 17 ->
-// 37 KB) and every step ran slower (session 51).
-#ifndef BWD_DQL_INLINE
-#define BWD_DQL_INLINE 0
-#endif
-#if BWD_DQL_INLINE
-__device__ __forceinline__
-#else
-__device__ __noinline__
-#endif
-void bwd_dq_last_ool(const BwdV4Params& P, BwdV4Smem& sm, const BwdConsumer& C, int db, const BwdTile& tl, int h, int q0) {
-  DqlRows rows;
-  bwd_dq_last_load(P, C, tl, h, q0, rows);
-  bwd_dq_last(P, sm, C, db, tl, h, q0, rows);
-}
-#endif
-
 // dQ of step n (query tile q0) of a consumer warpgroup: both warpgroups' dS codes of that step
 // times this warpgroup's HEAD_DIM / 2 dims of K, handed to the reducer warp. Runs right after the step
 // (BWD_DEFER_DQ 0) or after the next step's S..dK (1), so the warpgroups wait for each other's
@@ -2011,31 +1788,12 @@ __device__ __forceinline__ void bwd_dq(const BwdV4Params& P, BwdV4Smem& sm, BwdC
   const long long _t3 = clock64();
 #endif
   const int db = n % BWD_DQ_BUFS;
-#if BWD_DQ_LAST
-  // key tile 0 walking up: the query tile's last contributor converts it (bwd_dq_last)
-  const bool last = it.tile.up && it.tile.k0 == 0;
-#if BWD_DQL_EARLY
-  DqlRows rows;
-  if (last) bwd_dq_last_load(P, C, it.tile, it.h, q0, rows);
-#endif
-#endif
   bwd_wait(smem_u32(&sm.dq_empty[db][cw]), ((n / BWD_DQ_BUFS) & 1) ^ 1, 6);
 #ifdef BWD_PROF_TIMERS
   C.prof[3] += clock64() - _t3;
 #endif
   bwd_dq_store(P, sm, C, db, n, dq);  // (one line: bench/gpu_mutations.sh moves it past the release)
   BWD_PHASE(10);
-#if BWD_DQ_LAST
-  if (last) {
-#if BWD_DQL_EARLY
-    bwd_dq_last(P, sm, C, db, it.tile, it.h, q0, rows);
-#else
-    bwd_dq_last_ool(P, sm, C, db, it.tile, it.h, q0);
-#endif
-    BWD_PHASE(11);
-    return;
-  }
-#endif
 #if BWD_PAIR == 2
   // paired: the partner's tile sees q0 too (the pair has both tiles; the lower one's query tiles
   // below the upper tile, causal, are its own); the summer: the CTA of rank (q0 / 64) & 1
@@ -2841,6 +2599,30 @@ struct DqConvertParams {
   int hadamard;
   int hc, hq, h0;
 };
+#if BWD_DQ_STSM
+// hadamard_hd on a row whose lane holds dims 8 (lane / 2) + 2e + (lane & 1) in x[e] (BWD_DQ_STSM):
+// the same butterflies in the same dim-bit order (bit 0: lanes ^ 1; bits 1, 2: x[e] pairs; bits
+// 3..: lanes ^ 2, ^ 4, ...), each the lower dim's value plus / minus the upper's, so every
+// result has hadamard_hd's bits.
+__device__ __forceinline__ void hadamard_hd_dq_stsm(float (&x)[4]) {
+  const int lane = threadIdx.x & 31;
+  const auto across = [&](int m) {
+    const bool upper = lane & m;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float o = __shfl_xor_sync(0xffffffffu, x[j], m);
+      x[j] = upper ? (o - x[j]) : (x[j] + o);
+    }
+  };
+  across(1);
+  float a0 = x[0] + x[1], a1 = x[0] - x[1], a2 = x[2] + x[3], a3 = x[2] - x[3];
+  x[0] = a0 + a2; x[1] = a1 + a3; x[2] = a0 - a2; x[3] = a1 - a3;
+#pragma unroll
+  for (int m = 2; m < HEAD_DIM / 4; m <<= 1) across(m);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[j] *= INV_SQRT_HD;
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvertParams p) {
   pdl_wait();  // (chained launch: the fused kernel's dQ accumulator)
@@ -2860,8 +2642,17 @@ extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvert
   const float f = p.scale * exp2i(-fold_exp(p.q_exp[o]));
   float x[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
 #if BWD_DQ_STSM
-  // (positions 4 lane .. + 3: bwd_dq_store's stmatrix order, which dq_row_out_stsm undoes)
-  dq_row_out_stsm(x, p.hadamard, p.dq + o * HEAD_DIM, lane, ok);
+  // positions 4 lane .. + 3 hold dims 8 (lane / 2) + 2e + (lane & 1), e = 0..3 (bwd_dq_store's
+  // stmatrix order): the Hadamard's stages in hadamard_hd's dim-bit order (bit 0 across lanes
+  // ^ 1, bits 1 and 2 inside the thread, bits 3.. across lanes ^ 2, ^ 4, ...), the same sums;
+  // then each lane pair trades halves so that a lane holds dims 4 lane .. + 3
+  if (p.hadamard) hadamard_hd_dq_stsm(x);
+  const bool odd = lane & 1;
+  const float s0 = __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[2], 1);
+  const float s1 = __shfl_xor_sync(0xffffffffu, odd ? x[1] : x[3], 1);
+  const float y[4] = {odd ? s0 : x[0], odd ? x[2] : s0, odd ? s1 : x[1], odd ? x[3] : s1};
+  if (ok)
+    reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3]));
 #else
   if (p.hadamard) hadamard_hd(x);
   if (ok)

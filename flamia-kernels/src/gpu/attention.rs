@@ -554,18 +554,6 @@ fn bwd_dq_bufs() -> u32 {
     stages_from_env("FLAMIA_BWD_DQ_BUFS", 1..=2, 1)
 }
 
-/// Whether a plan whose key tiles all walk up has the v4 backward convert each query tile's dQ
-/// in its last contributor (kernel `BWD_DQ_LAST`: key tile 0's item, the last of every query
-/// tile's partials walking up, adds its own partial to the accumulated sum and writes BF16 dQ as
-/// `bwd_dq_convert` would, with the same sums in the same order) instead of launching
-/// `bwd_dq_convert` after the fused kernel (0.31 ms on an H100 at 65,536 tokens and 16 heads,
-/// whatever the documents: session 51). Needs one dQ buffer, `BWD_DQ_STSM` and no CTA pairs,
-/// which such plans have by default. `FLAMIA_BWD_DQ_LAST=0` keeps the separate conversion (A/B
-/// and the bitwise GPU test `dq_converted_by_its_last_contributor_gives_bitwise_the_same`).
-fn bwd_dq_last(all_up: bool, pair_mode: u32) -> bool {
-    all_up && pair_mode == 0 && bwd_dq_bufs() == 1 && bwd_dq_stsm() && !super::env_off("FLAMIA_BWD_DQ_LAST")
-}
-
 /// The most dynamic shared memory a CTA may have on sm_90 (227 KB).
 const SMEM_MAX: u32 = 227 * 1024;
 
@@ -634,8 +622,6 @@ struct FusedBwd {
     pair_mode: u32,
     /// The persistent grid's CTAs (with pairs: twice the clusters).
     ctas: usize,
-    /// The kernel converts dQ itself (`BWD_DQ_LAST`, [`bwd_dq_last`]): no `bwd_dq_convert`.
-    dq_last: bool,
 }
 
 /// Mirrors `struct BwdV4Params` of `cuda/attn_bwd_v4.cu`.
@@ -671,7 +657,6 @@ struct BwdV4Params {
     tpad: i32,
     dk_map: TmaMap,
     dv_map: TmaMap,
-    dq_acc: u64,
 }
 
 /// Mirrors `struct DvFoldParams` of `cuda/attn_bwd_v4.cu`.
@@ -881,8 +866,7 @@ pub enum BwdKernel {
     /// The v4 backward's dQ conversion alone (`bwd_dq_convert`, once per head chunk), on the
     /// accumulator the last `Fused` call with this workspace left: a timing of its bytes only
     /// (with several head chunks the accumulator holds the last chunk's sums, so the dQ it
-    /// writes is not the call's). Launches nothing where the fused kernel converts dQ itself
-    /// (plans whose tiles all walk up, `FLAMIA_BWD_DQ_LAST`).
+    /// writes is not the call's).
     DqConvert,
 }
 
@@ -1023,14 +1007,7 @@ impl Attention {
     /// the test knobs of the environment (`FLAMIA_BWD_JITTER`, `FLAMIA_BWD_SKIP_DEAD`); `walk_up`:
     /// the plan has tiles that walk up.
     /// `kd`: [`Attention::bwd_kd_xpose`]; `vt`: [`Attention::bwd_vt_xpose`].
-    fn backward_v4_kernel(
-        &self,
-        hd: u32,
-        walk_up: bool,
-        kd: bool,
-        vt: bool,
-        dq_last: bool,
-    ) -> GpuResult<(Variant, u32)> {
+    fn backward_v4_kernel(&self, hd: u32, walk_up: bool, kd: bool, vt: bool) -> GpuResult<(Variant, u32)> {
         let mut v = backward_v4_variant(
             self.bwd_stages,
             hd,
@@ -1070,9 +1047,6 @@ impl Attention {
         if vt && self.fwd_vperm(hd as usize) {
             // (V's dim-major copy in the forward's permuted key order: the transpose undoes it)
             xposed = xposed.define("BWD_VT_VPERM", 1);
-        }
-        if dq_last {
-            xposed = xposed.define("BWD_DQ_LAST", 1);
         }
         with_dq_bufs((xposed, v.1), hd, bwd_dq_bufs())
     }
@@ -1669,7 +1643,7 @@ impl Attention {
         unsafe { launch_chained(&f, grid, block, 0, stream, &fold, name) }?;
         let vt = self.bwd_vt_xpose(plan);
         let f = self.backward_v4_fused(plan)?;
-        let (fused, smem, pair, ctas, dq_last) = (f.function, f.smem, f.pair_mode > 0, f.ctas, f.dq_last);
+        let (fused, smem, pair, ctas) = (f.function, f.smem, f.pair_mode > 0, f.ctas);
         // the step constants' table (BWD_COLS_TMA): every query head, padded position pairs; with
         // BWD_KEYS_TMA (not with CTA pairs: the kernel source excludes them) each item's key factors
         let cols_tma = bwd_cols_tma(hd as u32, self.bwd_key_blocks());
@@ -1796,7 +1770,6 @@ impl Attention {
                 } else {
                     TmaMap::default()
                 },
-                dq_acc: sc.dq_acc.ptr(),
             };
             // SAFETY: params mirror BwdV4Params; the maps cover the saved and dO code buffers of
             // `plan`'s shape and the scratch of `ws` (allocated for this plan: one chunk's heads),
@@ -1811,10 +1784,7 @@ impl Attention {
                     launch_chained(&fused, grid, 384, smem, stream, &p, "attn_bwd_v4")
                 }
             }?;
-            // (BWD_DQ_LAST: the kernel has written BF16 dQ itself)
-            if !dq_last {
-                self.dq_convert(stream, plan, saved, sc, &a, c)?;
-            }
+            self.dq_convert(stream, plan, saved, sc, &a, c)?;
         }
         Ok(())
     }
@@ -1877,6 +1847,7 @@ impl Attention {
         let bw = &plan.tables.bwd;
         let hd = plan.shape().head_dim as u32;
         let (kd, vt) = (self.bwd_kd_xpose(plan), self.bwd_vt_xpose(plan));
+        let (v4, smem) = self.backward_v4_kernel(hd, bw.walks_up(), kd, vt)?;
         let pair_mode = if bw.pairs.is_empty() {
             0
         } else {
@@ -1892,8 +1863,6 @@ impl Attention {
                     .into(),
             ));
         }
-        let dq_last = bwd_dq_last(bw.all_up(), pair_mode);
-        let (v4, smem) = self.backward_v4_kernel(hd, bw.walks_up(), kd, vt, dq_last)?;
         let v4 = match pair_mode {
             0 => v4,
             2 if super::env_off("FLAMIA_BWD_PAIR_STRICT") => {
@@ -1925,7 +1894,6 @@ impl Attention {
             smem,
             pair_mode,
             ctas,
-            dq_last,
         })
     }
 
@@ -1963,9 +1931,6 @@ impl Attention {
             };
             self.check_plan(plan)?;
             self.gpu.bind()?;
-            if self.backward_v4_fused(plan)?.dq_last {
-                return Ok(()); // (the fused kernel converts dQ itself: no conversion to run)
-            }
             let a = self.bwd_params(plan, saved, ws, out);
             for c in 0..plan.tables.bwd.chunks {
                 self.dq_convert(stream, plan, saved, sc, &a, c)?;
@@ -2036,8 +2001,7 @@ impl Attention {
             // (the short documents' build, as for the forward's above)
             let kd = self.kd_xpose_at(1.5);
             let vt = self.vt_xpose_at(1.5);
-            let up = super::sched::bwd_up_tiles() > 0;
-            let (v4, smem) = self.backward_v4_kernel(hd32, up, kd, vt, bwd_dq_last(up, 0))?;
+            let (v4, smem) = self.backward_v4_kernel(hd32, super::sched::bwd_up_tiles() > 0, kd, vt)?;
             let f = self.gpu.function("attn_bwd_v4.cu", &v4, "attn_bwd_v4", smem)?;
             let (r, l) = super::runtime::resources(&f)?;
             out.push(("attn_bwd_v4".to_string(), r, l));

@@ -495,13 +495,6 @@ impl BwdSchedule {
         self.tiles.iter().any(|t| t[7] != 0)
     }
 
-    /// Whether every tile walks up (at least one tile and none walking down): the kernel may
-    /// then convert each query tile's dQ in key tile 0's item, its last contributor
-    /// (`BWD_DQ_LAST`).
-    pub fn all_up(&self) -> bool {
-        !self.tiles.is_empty() && self.tiles.iter().all(|t| t[7] != 0)
-    }
-
     /// Query heads per chunk.
     pub fn chunk_heads(&self, heads_q: usize) -> usize {
         heads_q / self.chunks
@@ -1013,41 +1006,6 @@ mod tests {
                 qt0 += len.div_ceil(BWD_QT);
             }
         }
-    }
-
-    #[test]
-    fn last_contributors_come_after_every_other_contributor_when_all_walk_up() {
-        // BWD_DQ_LAST (attention.rs bwd_dq_last): where every tile walks up, the item of a
-        // document's key tile 0 (the last of each query tile's partials) converts the query
-        // tiles' dQ, its consumers waiting for the other key tiles' partials: so every other item
-        // of that document and head must be listed before it (started earlier, never waiting on
-        // it), in every head chunk. all_up: no tile walking down, and not without the mask.
-        let lens = [100, 1000, 129, 600, 2100, 64, 300];
-        let shape = VarlenShape::from_lens(&lens, 4, 2, 128).unwrap();
-        for budget in [Some(BWD_SCRATCH_BUDGET), Some(0)] {
-            let s = BwdSchedule::new(&shape, &pads(&shape), true, budget, 100);
-            assert!(s.all_up());
-            let mut pos = std::collections::HashMap::new();
-            for (i, &it) in s.items.iter().enumerate() {
-                pos.insert((it as usize / 4, it as usize % 4), i);
-            }
-            assert_eq!(pos.len(), s.items.len());
-            for h in 0..4 {
-                for (t, tile) in s.tiles.iter().enumerate() {
-                    let first = t - tile[3] as usize / BWD_KT; // the document's key tile 0
-                    if first != t {
-                        assert!(
-                            pos[&(t, h)] < pos[&(first, h)],
-                            "head {h}: key tile {t} listed after its document's tile 0 ({first})"
-                        );
-                    }
-                }
-            }
-        }
-        let mixed = BwdSchedule::new(&shape, &pads(&shape), true, Some(BWD_SCRATCH_BUDGET), 5);
-        assert!(mixed.walks_up() && !mixed.all_up());
-        assert!(!BwdSchedule::new(&shape, &pads(&shape), false, Some(BWD_SCRATCH_BUDGET), 100).all_up());
-        assert!(!BwdSchedule::new(&shape, &pads(&shape), true, Some(BWD_SCRATCH_BUDGET), 0).all_up());
     }
 
     #[test]
