@@ -24,13 +24,21 @@
 #   s: the tree's sources (the conversion stage by stage over each thread's rows, out of line)
 #      under the new GPU test, then beside FLAMIA_BWD_DQ_LAST=0 and the same sources inlined
 #      (BWD_DQL_INLINE 1), two rounds at 256x256, 64x1024, 16x4096 and 4x16384
+#   x: for the next structural choice (carry .device-carry/s50 and kc: session 50's flamia, whose
+#      kernels are today's): the fused backward on fewer SMs (FLAMIA_BWD_CTAS=116 and 100: what
+#      converter CTAs beside it would cost) and without its dQ work (the tree's sources with
+#      BWD_PROF_NODQ, NORED and NOSEM: no dQ products, reduces or turns, wrong dQ: the floor of a
+#      dK/dV-only kernel), two rounds at 256x256, 64x1024, 32x2048 and 16x4096
 set -u
 C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s51.sh p|t|k|h|s}
-if [ "$mode" = p ]; then
+mode=${1:?usage: device_s51.sh p|t|k|h|s|x}
+if [ "$mode" = x ]; then
+  C=.device-carry/s50
+  xz -dc $C/flamia.xz > $C/flamia && chmod +x $C/flamia || { echo "no s50 flamia"; exit 1; }
+elif [ "$mode" = p ]; then
   tar -C $C -xJf $C/s49.txz || { echo "device_s51.sh: $C/s49.txz did not unpack"; exit 1; }
   xz -dc .device-carry/s50/flamia.xz > $C/flamia && chmod +x $C/flamia && echo "flamia from .device-carry/s50"
 else
@@ -89,7 +97,14 @@ s) echo "=== the new GPU test on the tree's sources (hang trap on)"
        bench_mhz "stage-major $v round $r" "$v" --workload 256x256 --workload 64x1024 --workload 16x4096 --workload 4x16384
      done
    done ;;
-*) echo "device_s51.sh: unknown mode '$mode' (p, t, k, h, s)"; exit 2 ;;
+x) d=$C/cuda-nodq; rm -rf $d && cp -r flamia-kernels/cuda $d
+   { printf '#define BWD_PROF_NODQ 1\n#define BWD_PROF_NORED 1\n#define BWD_PROF_NOSEM 1\n'; cat flamia-kernels/cuda/attn_bwd_v4.cu; } > $d/attn_bwd_v4.cu
+   for r in 1 2; do
+     for v in - FLAMIA_BWD_CTAS=116 FLAMIA_BWD_CTAS=100 FLAMIA_CUDA_DIR=$d; do
+       bench_mhz "fewer SMs / no dQ: $v round $r" "$v" --workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096
+     done
+   done ;;
+*) echo "device_s51.sh: unknown mode '$mode' (p, t, k, h, s, x)"; exit 2 ;;
 esac
 kcache_pack
 date
