@@ -29,12 +29,16 @@
 #      converter CTAs beside it would cost) and without its dQ work (the tree's sources with
 #      BWD_PROF_NODQ, NORED and NOSEM: no dQ products, reduces or turns, wrong dQ: the floor of a
 #      dK/dV-only kernel), two rounds at 256x256, 64x1024, 32x2048 and 16x4096
+#   r: bwd_dq_convert with 1, 2, 4 and 8 rows per thread (FLAMIA_DQ_CONVERT_ROWS; carry
+#      .device-carry/s51 restaged with the tree's flamia and gpu_attention, and kc): the GPU tests
+#      that run the conversion, then the bench's dkdv column (the conversion alone) per value, two
+#      rounds at 256x256, 64x1024, 16x4096 and 1x65536
 set -u
 C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s51.sh p|t|k|h|s|x}
+mode=${1:?usage: device_s51.sh p|t|k|h|s|x|r}
 if [ "$mode" = x ]; then
   C=.device-carry/s50
   xz -dc $C/flamia.xz > $C/flamia && chmod +x $C/flamia || { echo "no s50 flamia"; exit 1; }
@@ -104,7 +108,18 @@ x) d=$C/cuda-nodq; rm -rf $d && cp -r flamia-kernels/cuda $d
        bench_mhz "fewer SMs / no dQ: $v round $r" "$v" --workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096
      done
    done ;;
-*) echo "device_s51.sh: unknown mode '$mode' (p, t, k, h, s, x)"; exit 2 ;;
+r) echo "=== the conversion's GPU tests"
+   FLAMIA_BWD_HANG_TRAP=1 timeout 240 $C/gpu_attention --ignored --exact --test-threads=1 \
+     dq_conversion_alone_rewrites_bitwise_the_backwards_dq dq_partials_by_stmatrix_give_bitwise_the_same \
+     first_dq_partials_stored_give_bitwise_the_zeroed_accumulator mxfp8_causal_gqa_is_as_accurate_as_the_reference \
+     head_dim_64_is_as_accurate_as_the_reference > "$O/r-tests.log" 2>&1
+   echo "tests rc=$?"; grep -E "^test |test result|panicked|differ" "$O/r-tests.log" | head -20
+   for r in 1 2; do
+     for v in FLAMIA_DQ_CONVERT_ROWS=1 FLAMIA_DQ_CONVERT_ROWS=2 FLAMIA_DQ_CONVERT_ROWS=4 FLAMIA_DQ_CONVERT_ROWS=8; do
+       bench_mhz "conversion rows $v round $r" "$v" --workload 256x256 --workload 64x1024 --workload 16x4096 --workload 1x65536
+     done
+   done ;;
+*) echo "device_s51.sh: unknown mode '$mode' (p, t, k, h, s, x, r)"; exit 2 ;;
 esac
 kcache_pack
 date

@@ -899,11 +899,20 @@ fn dq_conversion_alone_rewrites_bitwise_the_backwards_dq() {
     // accumulator a Fused backward left: with one head chunk it holds the whole call's sums, so
     // the dQ it writes into poisoned memory is bitwise the backward's. Both head dims, causal
     // walking down and up, documents ending mid-tile; a workspace of the v3.1 backward is refused.
+    // The conversion alone runs with 1, 2, 4 and 8 rows per thread (FLAMIA_DQ_CONVERT_ROWS,
+    // session 51): the same bits whatever the backward's own conversion used, also over token
+    // rows (FLAMIA_BWD_DQ_STORE=0), whose 9,656 rows end inside a warp's 16 at d = 64 and 8 rows.
     use flamia_kernels::gpu::{Attention, BwdKernel, BwdOutputs, Plan};
     let gpu = gpu();
     let s = stream();
-    for (hd, up) in [(128, "0"), (128, "64"), (64, "64")] {
+    for (hd, up, zeroed) in [
+        (128, "0", false),
+        (128, "64", false),
+        (64, "64", false),
+        (64, "64", true),
+    ] {
         let _walk = EnvGuard::set("FLAMIA_BWD_UP_TILES", up);
+        let _zeroed = zeroed.then(|| EnvGuard::set("FLAMIA_BWD_DQ_STORE", "0"));
         let shape = VarlenShape::from_lens(&[2048, 300, 1, 65], 4, 2, hd).unwrap();
         let (t, hq, hkv) = (shape.tokens(), shape.heads_q, shape.heads_kv);
         let opts = AttnOptions::new(AttnPath::Mxfp8);
@@ -932,27 +941,30 @@ fn dq_conversion_alone_rewrites_bitwise_the_backwards_dq() {
         attn.backward_kernel(BwdKernel::Fused, s, &plan, &saved, &ws, out)
             .unwrap();
         let want = dq.to_host().unwrap();
-        let again = poisoned_bf16(&gpu, t * hq * hd);
-        attn.backward_kernel(
-            BwdKernel::DqConvert,
-            s,
-            &plan,
-            &saved,
-            &ws,
-            BwdOutputs {
-                dq: again.ptr(),
-                ..out
-            },
-        )
-        .unwrap();
-        let got = again.to_host().unwrap();
-        let bad = want.iter().zip(&got).filter(|(a, b)| a != b).count();
-        assert_eq!(
-            bad,
-            0,
-            "d = {hd}, up {up}: {bad} of {} dQ values differ",
-            want.len()
-        );
+        for rows in ["1", "2", "4", "8"] {
+            let _rows = EnvGuard::set("FLAMIA_DQ_CONVERT_ROWS", rows);
+            let again = poisoned_bf16(&gpu, t * hq * hd);
+            attn.backward_kernel(
+                BwdKernel::DqConvert,
+                s,
+                &plan,
+                &saved,
+                &ws,
+                BwdOutputs {
+                    dq: again.ptr(),
+                    ..out
+                },
+            )
+            .unwrap();
+            let got = again.to_host().unwrap();
+            let bad = want.iter().zip(&got).filter(|(a, b)| a != b).count();
+            assert_eq!(
+                bad,
+                0,
+                "d = {hd}, up {up}, zeroed {zeroed}, {rows} rows a thread: {bad} of {} dQ values differ",
+                want.len()
+            );
+        }
     }
     let v3 = Attention::new(gpu.clone(), AttnOptions::new(AttnPath::Nvfp4)).unwrap();
     let shape = VarlenShape::from_lens(&[256], 2, 2, 128).unwrap();

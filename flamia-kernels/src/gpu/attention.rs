@@ -554,6 +554,18 @@ fn bwd_dq_bufs() -> u32 {
     stages_from_env("FLAMIA_BWD_DQ_BUFS", 1..=2, 1)
 }
 
+/// Rows of the FP32 dQ accumulator each thread of `bwd_dq_convert` converts (its `DQC_ROWS`: all
+/// their loads in flight before the first row's arithmetic). `FLAMIA_DQ_CONVERT_ROWS=1|2|4|8`
+/// (an A/B knob; the same bits whatever the value, GPU test
+/// `dq_conversion_alone_rewrites_bitwise_the_backwards_dq`), 1 by default until a GPU has
+/// measured more.
+fn dq_convert_rows() -> usize {
+    match super::env_number::<usize>("FLAMIA_DQ_CONVERT_ROWS") {
+        Some(n @ (1 | 2 | 4 | 8)) => n,
+        _ => 1,
+    }
+}
+
 /// The most dynamic shared memory a CTA may have on sm_90 (227 KB).
 const SMEM_MAX: u32 = 227 * 1024;
 
@@ -1803,7 +1815,8 @@ impl Attention {
     ) -> GpuResult<()> {
         let s = plan.shape();
         let hd = s.head_dim;
-        let v = Variant::new().define("HEAD_DIM", hd);
+        let rpt = dq_convert_rows();
+        let v = Variant::new().define("HEAD_DIM", hd).define("DQC_ROWS", rpt);
         let convert = self
             .gpu
             .function("attn_bwd_v4.cu", &with_dq_stsm(v), "bwd_dq_convert", 0)?;
@@ -1829,7 +1842,7 @@ impl Attention {
         unsafe {
             launch_chained(
                 &convert,
-                (rows.div_ceil(1024 / hd) as u32, 1, 1),
+                (rows.div_ceil(rpt * 1024 / hd) as u32, 1, 1),
                 256,
                 0,
                 stream,
