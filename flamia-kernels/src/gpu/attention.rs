@@ -555,15 +555,19 @@ fn bwd_dq_bufs() -> u32 {
 }
 
 /// Rows of the FP32 dQ accumulator each thread of `bwd_dq_convert` converts (its `DQC_ROWS`: all
-/// their loads in flight before the first row's arithmetic). `FLAMIA_DQ_CONVERT_ROWS=1|2|4|8`
-/// (an A/B knob; the same bits whatever the value, GPU test
-/// `dq_conversion_alone_rewrites_bitwise_the_backwards_dq`), 1 by default until a GPU has
-/// measured more.
+/// their loads in flight before the first row's arithmetic). Measured (session 51, H100, same
+/// call, two rounds; the conversion alone, ms, at 256x256 / 64x1024 / 16x4096 / 1x65536): 1 row
+/// 0.327-0.331 / 0.331-0.332 / 0.332-0.350 / 0.340-0.342, **2 rows 0.284-0.288 / 0.286-0.288 /
+/// 0.292-0.293 / 0.300-0.301** (0.8 GB at ~2.8 TB/s, 94% of the device copy), 4 rows
+/// 0.285-0.308, 8 rows 0.332-0.363 (36, 59 and 92 registers at 2, 4 and 8: fewer CTAs per SM
+/// past 2). So 2 by default;
+/// `FLAMIA_DQ_CONVERT_ROWS=1|2|4|8` (an A/B knob) chooses, bitwise the same dQ whatever the
+/// value (GPU test `dq_conversion_alone_rewrites_bitwise_the_backwards_dq`).
 fn dq_convert_rows() -> usize {
-    match super::env_number::<usize>("FLAMIA_DQ_CONVERT_ROWS") {
-        Some(n @ (1 | 2 | 4 | 8)) => n,
-        _ => 1,
-    }
+    // (as the stage knobs: another value, or none, is the default)
+    super::env_number::<usize>("FLAMIA_DQ_CONVERT_ROWS")
+        .filter(|n| [1, 2, 4, 8].contains(n))
+        .unwrap_or(2)
 }
 
 /// The most dynamic shared memory a CTA may have on sm_90 (227 KB).
@@ -2044,8 +2048,8 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, bwd_bulk_st, bwd_cols_tma, bwd_early_factors,
-        bwd_pair_default, bwd_pair_env, forward_v4_variant, fused_bwd_grid, fwd_cw_const, fwd_o_tma,
-        fwd_v4_grid, parse_choice, parse_promote, short_items, smem_bwd4, smem_fwd4, with_dq_bufs,
+        bwd_pair_default, bwd_pair_env, dq_convert_rows, forward_v4_variant, fused_bwd_grid, fwd_cw_const,
+        fwd_o_tma, fwd_v4_grid, parse_choice, parse_promote, short_items, smem_bwd4, smem_fwd4, with_dq_bufs,
         with_early_factors, with_xposes, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::tests::nvrtc_or_skip;
@@ -2446,6 +2450,26 @@ mod tests {
         }
         for v in [None, Some("3"), Some("yes")] {
             assert_eq!(pair_mode(v), 7);
+        }
+        // FLAMIA_DQ_CONVERT_ROWS (read by the GPU backward alone): 1, 2, 4 or 8, else 2
+        let rows = |v: Option<&str>| {
+            match v {
+                Some(v) => std::env::set_var("FLAMIA_DQ_CONVERT_ROWS", v),
+                None => std::env::remove_var("FLAMIA_DQ_CONVERT_ROWS"),
+            }
+            let n = dq_convert_rows();
+            std::env::remove_var("FLAMIA_DQ_CONVERT_ROWS");
+            n
+        };
+        for (v, n) in [
+            (Some("1"), 1),
+            (Some("4"), 4),
+            (Some("8"), 8),
+            (None, 2),
+            (Some("3"), 2),
+            (Some("16"), 2),
+        ] {
+            assert_eq!(rows(v), n, "FLAMIA_DQ_CONVERT_ROWS={v:?}");
         }
         // the default: pairs (mode 1) only at d = 64 where every tile walks down, causal
         assert_eq!(bwd_pair_default(true, false, 64), 1);
