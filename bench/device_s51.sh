@@ -33,21 +33,24 @@
 #      .device-carry/s51 restaged with the tree's flamia and gpu_attention, and kc): the GPU tests
 #      that run the conversion, then the bench's dkdv column (the conversion alone) per value, two
 #      rounds at 256x256, 64x1024, 16x4096 and 1x65536
+#   f: the final tree's binaries (carry .device-carry/s50 and kc): the contract tests (bitwise
+#      repeatability whatever the reduce order, isolation, leakage, accuracy, walking up, d = 64)
+#      and the conversion's, in four processes
 set -u
 C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s51.sh p|t|k|h|s|x|r}
+mode=${1:?usage: device_s51.sh p|t|k|h|s|x|r|f}
 if [ "$mode" = x ]; then
   C=.device-carry/s50
   xz -dc $C/flamia.xz > $C/flamia && chmod +x $C/flamia || { echo "no s50 flamia"; exit 1; }
 elif [ "$mode" = p ]; then
   tar -C $C -xJf $C/s49.txz || { echo "device_s51.sh: $C/s49.txz did not unpack"; exit 1; }
   xz -dc .device-carry/s50/flamia.xz > $C/flamia && chmod +x $C/flamia && echo "flamia from .device-carry/s50"
-else
-  C=.device-carry/s51
-  xz -dc $C/flamia.xz > $C/flamia && chmod +x $C/flamia && tar -C $C -xJf $C/tests.txz || { echo "no s51 binaries"; exit 1; }
+else  # (.device-carry/s51 held each call's binaries; since the session's end .device-carry/s50 holds the final tree's)
+  C=.device-carry/s50
+  xz -dc $C/flamia.xz > $C/flamia && chmod +x $C/flamia && tar -C $C -xJf $C/tests.txz || { echo "no s50 binaries"; exit 1; }
 fi
 kcache_setup
 {
@@ -119,7 +122,13 @@ r) echo "=== the conversion's GPU tests"
        bench_mhz "conversion rows $v round $r" "$v" --workload 256x256 --workload 64x1024 --workload 16x4096 --workload 1x65536
      done
    done ;;
-*) echo "device_s51.sh: unknown mode '$mode' (p, t, k, h, s, x, r)"; exit 2 ;;
+f) TLIM=${TLIM:-220} par_tests 4 final $C/gpu_attention repeated_runs_are_bitwise_identical \
+     documents_are_isolated_bitwise causal_leakage_has_the_reference_properties \
+     dq_is_bitwise_the_same_whatever_order_the_reduces_arrive_in walking_up_is_accurate_repeatable_and_ordered \
+     head_dim_64_is_bitwise_repeatable_whatever_the_reduce_order_and_chunking \
+     long_documents_gqa_are_as_accurate_as_the_reference dq_conversion_alone_rewrites_bitwise_the_backwards_dq
+   grep -hE "^test .*(ok|FAILED)$|test result|panicked" "$O"/final-j*.log ;;
+*) echo "device_s51.sh: unknown mode '$mode' (p, t, k, h, s, x, r, f)"; exit 2 ;;
 esac
 kcache_pack
 date
