@@ -52,6 +52,18 @@ else  # (.device-carry/s51 held each call's binaries; since the session's end .d
   C=.device-carry/s50
   xz -dc $C/flamia.xz > $C/flamia && chmod +x $C/flamia && tar -C $C -xJf $C/tests.txz || { echo "no s50 binaries"; exit 1; }
 fi
+# src_variant DIR LINE...: the tree's kernel sources in DIR, LINE... (defines) put before attn_bwd_v4.cu's
+src_variant() {
+  local d=$1; shift
+  rm -rf "$d" && cp -r flamia-kernels/cuda "$d" && { printf '%s\n' "$@"; cat flamia-kernels/cuda/attn_bwd_v4.cu; } > "$d/attn_bwd_v4.cu"
+}
+# dql_test LOG: BWD_DQ_LAST's GPU test on the tree's sources (hang trap on), its lines from LOG
+dql_test() {
+  echo "=== the new GPU test on the tree's sources (hang trap on)"
+  FLAMIA_CUDA_DIR=flamia-kernels/cuda FLAMIA_BWD_HANG_TRAP=1 timeout 200 $C/gpu_attention --ignored --exact \
+    dq_converted_by_its_last_contributor_gives_bitwise_the_same --nocapture > "$1" 2>&1
+  echo "new test rc=$?"; grep -E "^test |test result|panicked|hang|zeros of" "$1" | head -20
+}
 kcache_setup
 {
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv
@@ -75,37 +87,26 @@ t) echo "=== the new GPU test (hang trap on)"
      done
    done
    if [ $rc = 0 ]; then TLIM=${TLIM:-280} T=$C JOBS=${JOBS:-6} bash "$(dirname "$0")/device_suite.sh" all; else echo "(suite skipped: the new test failed)"; fi ;;
-k) for k in NOCONV NOWAIT; do
-     d=$C/cuda-$k; rm -rf $d && cp -r flamia-kernels/cuda $d
-     { echo "#define BWD_PROF_DQL_$k 1"; cat flamia-kernels/cuda/attn_bwd_v4.cu; } > $d/attn_bwd_v4.cu
-   done
+k) for k in NOCONV NOWAIT; do src_variant $C/cuda-$k "#define BWD_PROF_DQL_$k 1"; done
    for r in 1 2; do
      for v in FLAMIA_BWD_DQ_LAST=0 FLAMIA_CUDA_DIR=$C/cuda-NOCONV FLAMIA_CUDA_DIR=$C/cuda-NOWAIT -; do
        bench_mhz "knock-outs $v round $r" "$v" --workload 256x256 --workload 64x1024 --workload 4x16384
      done
    done ;;
-h) echo "=== the new GPU test on the tree's sources (hang trap on)"
-   FLAMIA_CUDA_DIR=flamia-kernels/cuda FLAMIA_BWD_HANG_TRAP=1 timeout 200 $C/gpu_attention --ignored --exact \
-     dq_converted_by_its_last_contributor_gives_bitwise_the_same --nocapture > "$O/h-new.log" 2>&1
-   echo "new test rc=$?"; grep -E "^test |test result|panicked|hang|zeros of" "$O/h-new.log" | head -20
+h) dql_test "$O/h-new.log"
    for r in 1 2; do
      for v in FLAMIA_BWD_DQ_LAST=0 FLAMIA_CUDA_DIR=flamia-kernels/cuda; do
        bench_mhz "nine $v round $r" "$v"
      done
    done ;;
-s) echo "=== the new GPU test on the tree's sources (hang trap on)"
-   FLAMIA_CUDA_DIR=flamia-kernels/cuda FLAMIA_BWD_HANG_TRAP=1 timeout 200 $C/gpu_attention --ignored --exact \
-     dq_converted_by_its_last_contributor_gives_bitwise_the_same --nocapture > "$O/s-new.log" 2>&1
-   echo "new test rc=$?"; grep -E "^test |test result|panicked|hang|zeros of" "$O/s-new.log" | head -20
-   d=$C/cuda-inline; rm -rf $d && cp -r flamia-kernels/cuda $d
-   { echo "#define BWD_DQL_INLINE 1"; cat flamia-kernels/cuda/attn_bwd_v4.cu; } > $d/attn_bwd_v4.cu
+s) dql_test "$O/s-new.log"
+   d=$C/cuda-inline; src_variant $d "#define BWD_DQL_INLINE 1"
    for r in 1 2; do
      for v in FLAMIA_BWD_DQ_LAST=0 FLAMIA_CUDA_DIR=flamia-kernels/cuda FLAMIA_CUDA_DIR=$d; do
        bench_mhz "stage-major $v round $r" "$v" --workload 256x256 --workload 64x1024 --workload 16x4096 --workload 4x16384
      done
    done ;;
-x) d=$C/cuda-nodq; rm -rf $d && cp -r flamia-kernels/cuda $d
-   { printf '#define BWD_PROF_NODQ 1\n#define BWD_PROF_NORED 1\n#define BWD_PROF_NOSEM 1\n'; cat flamia-kernels/cuda/attn_bwd_v4.cu; } > $d/attn_bwd_v4.cu
+x) d=$C/cuda-nodq; src_variant $d "#define BWD_PROF_NODQ 1" "#define BWD_PROF_NORED 1" "#define BWD_PROF_NOSEM 1"
    for r in 1 2; do
      for v in - FLAMIA_BWD_CTAS=116 FLAMIA_BWD_CTAS=100 FLAMIA_CUDA_DIR=$d; do
        bench_mhz "fewer SMs / no dQ: $v round $r" "$v" --workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096
