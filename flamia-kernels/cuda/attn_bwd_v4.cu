@@ -2624,7 +2624,7 @@ __device__ __forceinline__ void hadamard_hd_dq_stsm(float (&x)[4]) {
 }
 #endif
 
-// DQC_ROWS (the host defines it: attention.rs DQ_CONVERT_ROWS) rows per thread, each warp's
+// DQC_ROWS (the host defines it: attention.rs dq_convert_rows) rows per thread, each warp's
 // rows consecutive: every thread's sums and padded-position lookups go out first, then the
 // exponents they point at, then the rows' arithmetic and stores (a row's exponent load cannot
 // pass an earlier row's store, which might alias it), so a thread keeps DQC_ROWS 16-byte loads in
