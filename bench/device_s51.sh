@@ -36,12 +36,17 @@
 #   f: the final tree's binaries (carry .device-carry/s50 and kc): the contract tests (bitwise
 #      repeatability whatever the reduce order, isolation, leakage, accuracy, walking up, d = 64)
 #      and the conversion's, in four processes
+#   c: (prepared for session 52; carry .device-carry/s50, restaged from the final tree, and kc)
+#      the conversion's rate on a few SMs, what converter CTAs beside the fused backward would
+#      move: bwd_dq_convert alone (the bench's dkdv column) on 8, 16, 33 and 66 CTAs of 256
+#      threads (FLAMIA_DQ_CONVERT_CTAS) with 2 and 8 rows a thread, beside the full grid, at
+#      256x256 and 64x1024 (0.806 GB: GB/s per SM = 806 / ms / CTAs); one round, ~1.5 minutes
 set -u
 C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s51.sh p|t|k|h|s|x|r|f}
+mode=${1:?usage: device_s51.sh p|t|k|h|s|x|r|f|c}
 if [ "$mode" = x ]; then
   C=.device-carry/s50
   xz -dc $C/flamia.xz > $C/flamia && chmod +x $C/flamia || { echo "no s50 flamia"; exit 1; }
@@ -129,7 +134,14 @@ f) TLIM=${TLIM:-220} par_tests 4 final $C/gpu_attention repeated_runs_are_bitwis
      head_dim_64_is_bitwise_repeatable_whatever_the_reduce_order_and_chunking \
      long_documents_gqa_are_as_accurate_as_the_reference dq_conversion_alone_rewrites_bitwise_the_backwards_dq
    grep -hE "^test .*(ok|FAILED)$|test result|panicked" "$O"/final-j*.log ;;
-*) echo "device_s51.sh: unknown mode '$mode' (p, t, k, h, s, x, r, f)"; exit 2 ;;
+c) bench_mhz "conversion: the full grid" - --workload 256x256 --workload 64x1024
+   for n in 8 16 33 66; do
+     for rows in 2 8; do
+       bench_mhz "conversion on $n CTAs, $rows rows a thread" "FLAMIA_DQ_CONVERT_CTAS=$n FLAMIA_DQ_CONVERT_ROWS=$rows" \
+         --workload 256x256 --workload 64x1024
+     done
+   done ;;
+*) echo "device_s51.sh: unknown mode '$mode' (p, t, k, h, s, x, r, f, c)"; exit 2 ;;
 esac
 kcache_pack
 date

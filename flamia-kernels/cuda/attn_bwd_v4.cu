@@ -2632,6 +2632,12 @@ __device__ __forceinline__ void hadamard_hd_dq_stsm(float (&x)[4]) {
 #ifndef DQC_ROWS
 #define DQC_ROWS 1
 #endif
+// DQC_PERSIST 1 (FLAMIA_DQ_CONVERT_CTAS, a measurement knob): a grid of fewer CTAs whose warps
+// stride over the rows, so the conversion's rate on a few SMs can be timed: what converter CTAs
+// beside the fused backward's workers would move (docs/perf.md "Session 51", Next 3).
+#ifndef DQC_PERSIST
+#define DQC_PERSIST 0
+#endif
 extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvertParams p) {
   pdl_wait();  // (chained launch: the fused kernel's dQ accumulator)
   pdl_trigger();
@@ -2640,46 +2646,49 @@ extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvert
   constexpr int LPR = HEAD_DIM / 4;  // lanes per row
   constexpr int RP = 32 / LPR;       // rows per warp and pass
   const long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  const long long w0 = (g >> 5) * (RP * DQC_ROWS);  // the warp's first row
   const int lane = (int)(g % LPR), sub = (int)((g & 31) / LPR);
-  if (w0 >= rows) return;  // whole warps only (the shuffles)
-  float4 v[DQC_ROWS];
-  int tok[DQC_ROWS];
+  for (long long wi = g >> 5;; wi += (long long)gridDim.x * (blockDim.x >> 5)) {
+    const long long w0 = wi * (RP * DQC_ROWS);  // the warp's first row
+    if (w0 >= rows) return;  // whole warps only (the shuffles)
+    float4 v[DQC_ROWS];
+    int tok[DQC_ROWS];
 #pragma unroll
-  for (int i = 0; i < DQC_ROWS; ++i) {
-    const long long r0 = w0 + i * RP + sub, r = r0 < rows ? r0 : rows - 1;
-    v[i] = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
-    tok[i] = p.pad_tok ? p.pad_tok[r / p.hc] : (int)(r / p.hc);
-  }
-  int e[DQC_ROWS];
+    for (int i = 0; i < DQC_ROWS; ++i) {
+      const long long r0 = w0 + i * RP + sub, r = r0 < rows ? r0 : rows - 1;
+      v[i] = reinterpret_cast<const float4*>(acc + r * HEAD_DIM)[lane];
+      tok[i] = p.pad_tok ? p.pad_tok[r / p.hc] : (int)(r / p.hc);
+    }
+    int e[DQC_ROWS];
 #pragma unroll
-  for (int i = 0; i < DQC_ROWS; ++i) {
-    const long long r0 = w0 + i * RP + sub, r = r0 < rows ? r0 : rows - 1;
-    e[i] = p.q_exp[(long long)max(tok[i], 0) * p.hq + p.h0 + r % p.hc];
-  }
+    for (int i = 0; i < DQC_ROWS; ++i) {
+      const long long r0 = w0 + i * RP + sub, r = r0 < rows ? r0 : rows - 1;
+      e[i] = p.q_exp[(long long)max(tok[i], 0) * p.hq + p.h0 + r % p.hc];
+    }
 #pragma unroll
-  for (int i = 0; i < DQC_ROWS; ++i) {
-    const long long r0 = w0 + i * RP + sub, r = r0 < rows ? r0 : rows - 1;
-    const bool ok = r0 < rows && tok[i] >= 0;
-    const long long o = (long long)max(tok[i], 0) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
-    const float f = p.scale * exp2i(-fold_exp(e[i]));
-    float x[4] = {v[i].x * f, v[i].y * f, v[i].z * f, v[i].w * f};
+    for (int i = 0; i < DQC_ROWS; ++i) {
+      const long long r0 = w0 + i * RP + sub, r = r0 < rows ? r0 : rows - 1;
+      const bool ok = r0 < rows && tok[i] >= 0;
+      const long long o = (long long)max(tok[i], 0) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
+      const float f = p.scale * exp2i(-fold_exp(e[i]));
+      float x[4] = {v[i].x * f, v[i].y * f, v[i].z * f, v[i].w * f};
 #if BWD_DQ_STSM
-    // positions 4 lane .. + 3 hold dims 8 (lane / 2) + 2e + (lane & 1), e = 0..3 (bwd_dq_store's
-    // stmatrix order): the Hadamard's stages in hadamard_hd's dim-bit order (bit 0 across lanes
-    // ^ 1, bits 1 and 2 inside the thread, bits 3.. across lanes ^ 2, ^ 4, ...), the same sums;
-    // then each lane pair trades halves so that a lane holds dims 4 lane .. + 3
-    if (p.hadamard) hadamard_hd_dq_stsm(x);
-    const bool odd = lane & 1;
-    const float s0 = __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[2], 1);
-    const float s1 = __shfl_xor_sync(0xffffffffu, odd ? x[1] : x[3], 1);
-    const float y[4] = {odd ? s0 : x[0], odd ? x[2] : s0, odd ? s1 : x[1], odd ? x[3] : s1};
-    if (ok)
-      reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3]));
+      // positions 4 lane .. + 3 hold dims 8 (lane / 2) + 2e + (lane & 1), e = 0..3 (bwd_dq_store's
+      // stmatrix order): the Hadamard's stages in hadamard_hd's dim-bit order (bit 0 across lanes
+      // ^ 1, bits 1 and 2 inside the thread, bits 3.. across lanes ^ 2, ^ 4, ...), the same sums;
+      // then each lane pair trades halves so that a lane holds dims 4 lane .. + 3
+      if (p.hadamard) hadamard_hd_dq_stsm(x);
+      const bool odd = lane & 1;
+      const float s0 = __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[2], 1);
+      const float s1 = __shfl_xor_sync(0xffffffffu, odd ? x[1] : x[3], 1);
+      const float y[4] = {odd ? s0 : x[0], odd ? x[2] : s0, odd ? s1 : x[1], odd ? x[3] : s1};
+      if (ok)
+        reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3]));
 #else
-    if (p.hadamard) hadamard_hd(x);
-    if (ok)
-      reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
+      if (p.hadamard) hadamard_hd(x);
+      if (ok)
+        reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
 #endif
+    }
+    if (!DQC_PERSIST) return;
   }
 }

@@ -900,8 +900,9 @@ fn dq_conversion_alone_rewrites_bitwise_the_backwards_dq() {
     // the dQ it writes into poisoned memory is bitwise the backward's. Both head dims, causal
     // walking down and up, documents ending mid-tile; a workspace of the v3.1 backward is refused.
     // The conversion alone runs with 1, 2, 4 and 8 rows per thread (FLAMIA_DQ_CONVERT_ROWS,
-    // session 51): the same bits whatever the backward's own conversion used, also over token
-    // rows (FLAMIA_BWD_DQ_STORE=0), whose 9,656 rows end inside a warp's 16 at d = 64 and 8 rows.
+    // session 51) and on 3 and 5 CTAs whose warps stride over the rows (FLAMIA_DQ_CONVERT_CTAS):
+    // the same bits whatever the backward's own conversion used, also over token rows
+    // (FLAMIA_BWD_DQ_STORE=0), whose 9,656 rows end inside a warp's 16 at d = 64 and 8 rows.
     use flamia_kernels::gpu::{Attention, BwdKernel, BwdOutputs, Plan};
     let gpu = gpu();
     let s = stream();
@@ -941,8 +942,16 @@ fn dq_conversion_alone_rewrites_bitwise_the_backwards_dq() {
         attn.backward_kernel(BwdKernel::Fused, s, &plan, &saved, &ws, out)
             .unwrap();
         let want = dq.to_host().unwrap();
-        for rows in ["1", "2", "4", "8"] {
+        for (rows, ctas) in [
+            ("1", None),
+            ("2", None),
+            ("4", None),
+            ("8", None),
+            ("2", Some("3")),
+            ("8", Some("5")),
+        ] {
             let _rows = EnvGuard::set("FLAMIA_DQ_CONVERT_ROWS", rows);
+            let _ctas = ctas.map(|n| EnvGuard::set("FLAMIA_DQ_CONVERT_CTAS", n));
             let again = poisoned_bf16(&gpu, t * hq * hd);
             attn.backward_kernel(
                 BwdKernel::DqConvert,
@@ -961,7 +970,7 @@ fn dq_conversion_alone_rewrites_bitwise_the_backwards_dq() {
             assert_eq!(
                 bad,
                 0,
-                "d = {hd}, up {up}, zeroed {zeroed}, {rows} rows a thread: {bad} of {} dQ values differ",
+                "d = {hd}, up {up}, zeroed {zeroed}, {rows} rows a thread, CTAs {ctas:?}: {bad} of {} dQ values differ",
                 want.len()
             );
         }

@@ -570,6 +570,15 @@ fn dq_convert_rows() -> usize {
         .unwrap_or(2)
 }
 
+/// `FLAMIA_DQ_CONVERT_CTAS=n` (a measurement knob, unset by default): `bwd_dq_convert` as a grid
+/// of at most n CTAs of 256 threads whose warps stride over the rows (`DQC_PERSIST`), so the
+/// benchmark's conversion alone (`dkdv`) times what the conversion moves on about n SMs: the rate
+/// converter CTAs beside the fused backward's workers would have (docs/perf.md, session 51's Next
+/// 3). The same bits whatever n (GPU test `dq_conversion_alone_rewrites_bitwise_the_backwards_dq`).
+fn dq_convert_ctas() -> Option<usize> {
+    super::env_number::<usize>("FLAMIA_DQ_CONVERT_CTAS").filter(|&n| n > 0)
+}
+
 /// The most dynamic shared memory a CTA may have on sm_90 (227 KB).
 const SMEM_MAX: u32 = 227 * 1024;
 
@@ -1820,7 +1829,11 @@ impl Attention {
         let s = plan.shape();
         let hd = s.head_dim;
         let rpt = dq_convert_rows();
-        let v = Variant::new().define("HEAD_DIM", hd).define("DQC_ROWS", rpt);
+        let persist = dq_convert_ctas();
+        let mut v = Variant::new().define("HEAD_DIM", hd).define("DQC_ROWS", rpt);
+        if persist.is_some() {
+            v = v.define("DQC_PERSIST", 1);
+        }
         let convert = self
             .gpu
             .function("attn_bwd_v4.cu", &with_dq_stsm(v), "bwd_dq_convert", 0)?;
@@ -1840,13 +1853,16 @@ impl Attention {
             hq: s.heads_q as i32,
             h0: (c * hc) as i32,
         };
+        // every row once (DQC_PERSIST: the warps of at most n CTAs stride over them)
+        let full = rows.div_ceil(rpt * 1024 / hd);
+        let ctas = persist.map_or(full, |n| n.min(full)).max(1);
         // SAFETY: params mirror DqConvertParams; acc is [acc_rows, hc, hd] (acc_rows = T, or
         // Tpad with pad_tok [Tpad] mapping its rows to tokens), dq [T, Hq, hd], q_exp [T, Hq],
         // heads h0..h0 + hc; hd / 4 threads per row, 256 per CTA.
         unsafe {
             launch_chained(
                 &convert,
-                (rows.div_ceil(rpt * 1024 / hd) as u32, 1, 1),
+                (ctas as u32, 1, 1),
                 256,
                 0,
                 stream,
@@ -2048,9 +2064,9 @@ impl Attention {
 mod tests {
     use super::{
         attention_variant, backward_v4_variant, bwd_bulk_st, bwd_cols_tma, bwd_early_factors,
-        bwd_pair_default, bwd_pair_env, dq_convert_rows, forward_v4_variant, fused_bwd_grid, fwd_cw_const,
-        fwd_o_tma, fwd_v4_grid, parse_choice, parse_promote, short_items, smem_bwd4, smem_fwd4, with_dq_bufs,
-        with_early_factors, with_xposes, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
+        bwd_pair_default, bwd_pair_env, dq_convert_ctas, dq_convert_rows, forward_v4_variant, fused_bwd_grid,
+        fwd_cw_const, fwd_o_tma, fwd_v4_grid, parse_choice, parse_promote, short_items, smem_bwd4, smem_fwd4,
+        with_dq_bufs, with_early_factors, with_xposes, QdFwd, FWD_CW_MIN_TILES, KD_XPOSE_MAX_TILES, SMEM_MAX,
     };
     use crate::gpu::runtime::tests::nvrtc_or_skip;
     use crate::gpu::runtime::{compile_ptx, Variant};
@@ -2450,6 +2466,20 @@ mod tests {
         }
         for v in [None, Some("3"), Some("yes")] {
             assert_eq!(pair_mode(v), 7);
+        }
+        // FLAMIA_DQ_CONVERT_CTAS: a positive count, else none (the full grid)
+        for (v, n) in [
+            (Some("16"), Some(16)),
+            (Some("0"), None),
+            (Some("x"), None),
+            (None, None),
+        ] {
+            match v {
+                Some(v) => std::env::set_var("FLAMIA_DQ_CONVERT_CTAS", v),
+                None => std::env::remove_var("FLAMIA_DQ_CONVERT_CTAS"),
+            }
+            assert_eq!(dq_convert_ctas(), n, "FLAMIA_DQ_CONVERT_CTAS={v:?}");
+            std::env::remove_var("FLAMIA_DQ_CONVERT_CTAS");
         }
         // FLAMIA_DQ_CONVERT_ROWS (read by the GPU backward alone): 1, 2, 4 or 8, else 2
         let rows = |v: Option<&str>| {
