@@ -41,12 +41,16 @@
 #      move: bwd_dq_convert alone (the bench's dkdv column) on 8, 16, 33 and 66 CTAs of 256
 #      threads (FLAMIA_DQ_CONVERT_CTAS) with 2 and 8 rows a thread, beside the full grid, at
 #      256x256 and 64x1024 (0.806 GB: GB/s per SM = 806 / ms / CTAs); one round, ~1.5 minutes
+#   v: (prepared for session 52, as c) dQ converted beside the fused kernel (bwd_dq_follow,
+#      FLAMIA_BWD_FOLLOWERS): its GPU test (hang trap on), the same test on the tree's sources
+#      with the follower waiting for one partial less (must fail: it then reads sums still being
+#      added), then the short workloads by default against 8, 16 and 24 follower SMs, two rounds
 set -u
 C=.device-carry/s49
 . "$(dirname "$0")/device-env.sh"
 . "$(dirname "$0")/device-bench.sh"
 O=${OUT:-/tmp/flamia-out}; mkdir -p "$O"; export OUT=$O
-mode=${1:?usage: device_s51.sh p|t|k|h|s|x|r|f|c}
+mode=${1:?usage: device_s51.sh p|t|k|h|s|x|r|f|c|v}
 if [ "$mode" = x ]; then
   C=.device-carry/s50
   xz -dc $C/flamia.xz > $C/flamia && chmod +x $C/flamia || { echo "no s50 flamia"; exit 1; }
@@ -141,7 +145,25 @@ c) bench_mhz "conversion: the full grid" - --workload 256x256 --workload 64x1024
          --workload 256x256 --workload 64x1024
      done
    done ;;
-*) echo "device_s51.sh: unknown mode '$mode' (p, t, k, h, s, x, r, f, c)"; exit 2 ;;
+v) T1=dq_converted_beside_the_fused_kernel_gives_bitwise_the_same
+   echo "=== $T1 (hang trap on)"
+   FLAMIA_BWD_HANG_TRAP=1 timeout 200 $C/gpu_attention --ignored --exact $T1 > "$O/v-test.log" 2>&1
+   echo "rc=$?"; grep -E "^test |test result|panicked" "$O/v-test.log" | head
+   d=$C/cuda-follow-early; rm -rf $d && cp -r flamia-kernels/cuda $d
+   sed -i 's|2 \* (q0 / BKT + 1));  // (acquire)|2 * (q0 / BKT + 1) - 1);  // (acquire)|' $d/attn_bwd_v4.cu
+   if grep -q "2 \* (q0 / BKT + 1) - 1);" $d/attn_bwd_v4.cu; then
+     echo "=== the mutation (one partial less): the test must fail"
+     FLAMIA_CUDA_DIR=$d timeout 200 $C/gpu_attention --ignored --exact $T1 > "$O/v-mut.log" 2>&1
+     echo "rc=$? (nonzero expected)"; grep -E "test result|panicked|differs" "$O/v-mut.log" | head -4
+   else
+     echo "(the mutation's pattern did not match: not run)"
+   fi
+   for r in 1 2; do
+     for v in - FLAMIA_BWD_FOLLOWERS=8 FLAMIA_BWD_FOLLOWERS=16 FLAMIA_BWD_FOLLOWERS=24; do
+       bench_mhz "followers $v round $r" "$v" --workload 256x256 --workload 64x1024 --workload 32x2048 --workload 16x4096
+     done
+   done ;;
+*) echo "device_s51.sh: unknown mode '$mode' (p, t, k, h, s, x, r, f, c, v)"; exit 2 ;;
 esac
 kcache_pack
 date

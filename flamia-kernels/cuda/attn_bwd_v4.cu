@@ -2624,6 +2624,28 @@ __device__ __forceinline__ void hadamard_hd_dq_stsm(float (&x)[4]) {
 }
 #endif
 
+// One row of the dQ accumulator out: v holds positions 4 lane .. + 3 of the FP32 sum, f its
+// scale (scale 2^-eQ); the Hadamard back and BF16 into `row` (HEAD_DIM values) where `ok`.
+// Shared by bwd_dq_convert and bwd_dq_follow, so both give the same bits.
+__device__ __forceinline__ void dq_row_out(float4 v, float f, int hadamard, u16* row, int lane, bool ok) {
+  float x[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
+#if BWD_DQ_STSM
+  // positions 4 lane .. + 3 hold dims 8 (lane / 2) + 2e + (lane & 1), e = 0..3 (bwd_dq_store's
+  // stmatrix order): the Hadamard's stages in hadamard_hd's dim-bit order (bit 0 across lanes
+  // ^ 1, bits 1 and 2 inside the thread, bits 3.. across lanes ^ 2, ^ 4, ...), the same sums;
+  // then each lane pair trades halves so that a lane holds dims 4 lane .. + 3
+  if (hadamard) hadamard_hd_dq_stsm(x);
+  const bool odd = lane & 1;
+  const float s0 = __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[2], 1);
+  const float s1 = __shfl_xor_sync(0xffffffffu, odd ? x[1] : x[3], 1);
+  const float y[4] = {odd ? s0 : x[0], odd ? x[2] : s0, odd ? s1 : x[1], odd ? x[3] : s1};
+  if (ok) reinterpret_cast<uint2*>(row)[lane] = make_uint2(pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3]));
+#else
+  if (hadamard) hadamard_hd(x);
+  if (ok) reinterpret_cast<uint2*>(row)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
+#endif
+}
+
 // DQC_ROWS (the host defines it: attention.rs dq_convert_rows) rows per thread, each warp's
 // rows consecutive: every thread's sums and padded-position lookups go out first, then the
 // exponents they point at, then the rows' arithmetic and stores (a row's exponent load cannot
@@ -2669,26 +2691,72 @@ extern "C" __global__ void __launch_bounds__(256) bwd_dq_convert(const DqConvert
       const long long r0 = w0 + i * RP + sub, r = r0 < rows ? r0 : rows - 1;
       const bool ok = r0 < rows && tok[i] >= 0;
       const long long o = (long long)max(tok[i], 0) * p.hq + p.h0 + r % p.hc;  // row of [T, Hq]
-      const float f = p.scale * exp2i(-fold_exp(e[i]));
-      float x[4] = {v[i].x * f, v[i].y * f, v[i].z * f, v[i].w * f};
-#if BWD_DQ_STSM
-      // positions 4 lane .. + 3 hold dims 8 (lane / 2) + 2e + (lane & 1), e = 0..3 (bwd_dq_store's
-      // stmatrix order): the Hadamard's stages in hadamard_hd's dim-bit order (bit 0 across lanes
-      // ^ 1, bits 1 and 2 inside the thread, bits 3.. across lanes ^ 2, ^ 4, ...), the same sums;
-      // then each lane pair trades halves so that a lane holds dims 4 lane .. + 3
-      if (p.hadamard) hadamard_hd_dq_stsm(x);
-      const bool odd = lane & 1;
-      const float s0 = __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[2], 1);
-      const float s1 = __shfl_xor_sync(0xffffffffu, odd ? x[1] : x[3], 1);
-      const float y[4] = {odd ? s0 : x[0], odd ? x[2] : s0, odd ? s1 : x[1], odd ? x[3] : s1};
-      if (ok)
-        reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3]));
-#else
-      if (p.hadamard) hadamard_hd(x);
-      if (ok)
-        reinterpret_cast<uint2*>(p.dq + o * HEAD_DIM)[lane] = make_uint2(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]));
-#endif
+      dq_row_out(v[i], p.scale * exp2i(-fold_exp(e[i])), p.hadamard, p.dq + o * HEAD_DIM, lane, ok);
     }
     if (!DQC_PERSIST) return;
   }
+}
+
+// ---- dQ converted beside the fused kernel (FLAMIA_BWD_FOLLOWERS) -----------------------------
+// bwd_dq_follow: launched right after attn_bwd_v4 with programmatic dependent launch, it runs on
+// the SMs the fused kernel's grid leaves free (the host caps that grid) and converts each (query
+// head, 64-query tile) of the chunk as soon as the tile's last dQ partial has landed (its
+// semaphore at its final count, causal: two partials per key tile that sees it), reading the
+// sums from L2, instead of bwd_dq_convert after the fused kernel. A CTA takes units in `units`'
+// order (the order in which the fused kernel finishes them: sched.rs BwdSchedule::dq_units),
+// thread 0 waits for the unit's count, and the CTA's 256 threads convert its 64 rows with
+// bwd_dq_convert's row code (dq_row_out: the same bits). It waits on nothing the fused kernel
+// waits on and starts only once every fused CTA has started (PDL), so neither holds the other up
+// for good; its pdl_wait at the end makes its completion imply the fused kernel's (dK, dV).
+// Needs the padded accumulator (dq_first_store) and a causal plan whose tiles all walk up.
+// Mirrors DqFollowParams in src/gpu/attention.rs.
+struct DqFollowParams {
+  DqConvertParams c;   // rows: padded positions x the chunk's heads h0..h0 + hc
+  const int* units;    // [nunits] h_local * nqt + qt (qt: global 64-query tile)
+  const int* qtiles;   // int4 per global 64-query tile: doc start, doc length, padded doc start, offset in doc
+  const int* sems;     // the fused kernel's dQ semaphores, [Hq][nqt]
+  int* counter;        // units taken so far (zeroed with the semaphores by bwd_dv_fold)
+  int nunits, nqt;
+};
+extern "C" __global__ void __launch_bounds__(256) bwd_dq_follow(const DqFollowParams p) {
+  constexpr int LPR = HEAD_DIM / 4, RP = 32 / LPR, R = 8 / RP;  // a warp: 8 rows of the tile, RP a pass
+  __shared__ int unit;
+  const int w = threadIdx.x >> 5, lane = threadIdx.x % LPR, sub = (threadIdx.x & 31) / LPR;
+  const int hc = p.c.hc;
+  for (;;) {
+    if (threadIdx.x == 0) {
+      const int u = atomicAdd(p.counter, 1);
+      int code = -1;
+      if (u < p.nunits) {
+        code = p.units[u];
+        const int qt = code % p.nqt, hl = code / p.nqt, q0 = p.qtiles[4 * qt + 3];
+        spin_until(p.sems + (long long)(p.c.h0 + hl) * p.nqt + qt, 2 * (q0 / BKT + 1));  // (acquire)
+      }
+      unit = code;
+    }
+    __syncthreads();  // (thread 0's acquire, before every thread's loads)
+    const int code = unit;
+    __syncthreads();  // (every thread has read it before thread 0 writes the next)
+    if (code < 0) break;
+    const int qt = code % p.nqt, hl = code / p.nqt;
+    const int doc0 = p.qtiles[4 * qt], len = p.qtiles[4 * qt + 1], pad0 = p.qtiles[4 * qt + 2];
+    const int q0 = p.qtiles[4 * qt + 3];
+    float4 v[R];
+    int e[R];
+#pragma unroll
+    for (int k = 0; k < R; ++k) {  // every load first (as bwd_dq_convert)
+      const int i = (w * R + k) * RP + sub;  // row of the tile
+      const long long r = (long long)(pad0 + q0 + i) * hc + hl;
+      v[k] = __ldcg(reinterpret_cast<const float4*>(p.c.acc + r * HEAD_DIM) + lane);
+      e[k] = p.c.q_exp[(long long)(doc0 + (q0 + i < len ? q0 + i : 0)) * p.c.hq + p.c.h0 + hl];
+    }
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      const int i = (w * R + k) * RP + sub;
+      const bool ok = q0 + i < len;
+      const long long o = (long long)(doc0 + (ok ? q0 + i : 0)) * p.c.hq + p.c.h0 + hl;  // row of [T, Hq]
+      dq_row_out(v[k], p.c.scale * exp2i(-fold_exp(e[k])), p.c.hadamard, p.c.dq + o * HEAD_DIM, lane, ok);
+    }
+  }
+  pdl_wait();  // (the fused kernel done: whoever waits for this kernel may read dK and dV)
 }

@@ -1092,6 +1092,42 @@ fn head_chunked_backward_is_bitwise_the_one_launch_backward() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device with --ignored"]
+fn dq_converted_beside_the_fused_kernel_gives_bitwise_the_same() {
+    // FLAMIA_BWD_FOLLOWERS=n (session 51, off by default): where every tile walks up, the fused
+    // kernel's grid leaves n SMs to bwd_dq_follow, which converts each (query head, query tile)
+    // once its semaphore says the last partial has landed, instead of bwd_dq_convert afterwards:
+    // the same sums, the same row code, so bitwise the same dQ (and dK, dV). Documents of 1 and
+    // 64 tokens and ending mid-tile, both head dims, GQA and not, head chunks (a follower counter
+    // each), the fused grid on 4 CTAs beside the followers, no Hadamard; and a plan with tiles
+    // walking down, where the knob does nothing.
+    let gpu = gpu();
+    let lens: &[usize] = &[1100, 2048, 517, 64, 1, 300];
+    for (hq, hkv, hd, hadamard, up, knob) in [
+        (4, 2, 128, true, "64", None),
+        (4, 4, 64, true, "64", None),
+        (4, 2, 128, false, "64", None),
+        (8, 2, 128, true, "64", Some(("FLAMIA_BWD_SCRATCH_MIB", "0"))),
+        (4, 2, 128, true, "64", Some(("FLAMIA_BWD_CTAS", "4"))),
+        (4, 2, 64, true, "64", Some(("FLAMIA_BWD_CTAS", "4"))),
+        (4, 2, 128, true, "5", None),
+    ] {
+        let _up = EnvGuard::set("FLAMIA_BWD_UP_TILES", up);
+        let _knob = knob.map(|(k, v)| EnvGuard::set(k, v));
+        let shape = VarlenShape::from_lens(lens, hq, hkv, hd).unwrap();
+        let tag = format!(
+            "followers, {hq}/{hkv} heads, d = {hd}, Hadamard {hadamard}, up to {up} tiles up, {knob:?}"
+        );
+        with_seeds(&tag, |mut rng| {
+            let mut opts = AttnOptions::new(AttnPath::Mxfp8);
+            opts.precision.hadamard = hadamard;
+            let call = gauss_call(&mut rng, &shape, opts);
+            same_bits_whatever(&gpu, &call, "FLAMIA_BWD_FOLLOWERS", &["8", "66"]);
+        });
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device with --ignored"]
 fn dead_steps_skipped_give_bitwise_the_full_backward() {
     // A step whose warpgroup keys see none of its queries (causal: the second warpgroup at a
     // tile's first query tile; any mask: a tile's second half past the document, e.g. the

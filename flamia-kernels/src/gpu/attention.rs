@@ -40,7 +40,7 @@ use super::quant::{
     Operand, OperandRef, QuantInput, PART_ALIGN,
 };
 use super::runtime::{
-    launch, launch_chained, launch_clustered, max_active_clusters, Gpu, RawStream, Variant,
+    launch, launch_chained, launch_clustered, launch_dependent, max_active_clusters, Gpu, RawStream, Variant,
 };
 use super::sched::{BWD_KT, BWD_QT, FWD_QT};
 use super::tma::{self, TmaMap};
@@ -570,6 +570,21 @@ fn dq_convert_rows() -> usize {
         .unwrap_or(2)
 }
 
+/// `FLAMIA_BWD_FOLLOWERS=n` (unset: 0, off until a GPU has measured it): SMs the v4 backward's
+/// fused grid leaves to `bwd_dq_follow`, which converts each query tile's dQ beside the fused
+/// kernel as soon as its last partial has landed, from L2, instead of `bwd_dq_convert` after it
+/// (docs/perf.md, session 51's Next 3: the fused kernel's time follows its SMs, the conversion
+/// took 0.28-0.30 ms on the whole card). Only where every tile walks up, without CTA pairs, with
+/// the padded accumulator; bitwise the same dQ (GPU test
+/// `dq_converted_beside_the_fused_kernel_gives_bitwise_the_same`).
+fn bwd_followers() -> usize {
+    super::env_number::<usize>("FLAMIA_BWD_FOLLOWERS").unwrap_or(0)
+}
+
+/// `bwd_dq_follow` CTAs per SM left to it (256 threads; 79 registers at d = 128 fit three, 40
+/// at 64 six; more wait for the fused kernel's SMs).
+const FOLLOWER_CTAS_PER_SM: usize = 4;
+
 /// `FLAMIA_DQ_CONVERT_CTAS=n` (a measurement knob, unset by default): `bwd_dq_convert` as a grid
 /// of at most n CTAs of 256 threads whose warps stride over the rows (`DQC_PERSIST`), so the
 /// benchmark's conversion alone (`dkdv`) times what the conversion moves on about n SMs: the rate
@@ -741,6 +756,19 @@ struct DqConvertParams {
     hc: i32,
     hq: i32,
     h0: i32,
+}
+
+/// Mirrors `struct DqFollowParams` of `cuda/attn_bwd_v4.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct DqFollowParams {
+    c: DqConvertParams,
+    units: u64,
+    qtiles: u64,
+    sems: u64,
+    counter: u64,
+    nunits: i32,
+    nqt: i32,
 }
 
 /// Scratch of the v4 backward, part of [`GradWorkspace`]: the FP32 dQ accumulator, the dQ and
@@ -1142,7 +1170,8 @@ impl Attention {
         let v4 = if self.uses_backward_v4() {
             let t = s.tokens();
             let nkt = plan.tables.bwd.tiles.len();
-            let sems = s.heads_q * plan.tables.bwd.query_tiles + s.heads_kv * nkt;
+            // dQ semaphores, dK/dV semaphores, one bwd_dq_follow counter per head chunk
+            let sems = s.heads_q * plan.tables.bwd.query_tiles + s.heads_kv * nkt + plan.tables.bwd.chunks;
             // one head chunk's accumulators (BwdSchedule::chunks launches reuse them)
             let chunks = plan.tables.bwd.chunks;
             let hd = s.head_dim;
@@ -1734,6 +1763,12 @@ impl Attention {
         let first_store = bwd_dq_first_store();
         let bulk_st = bwd_bulk_st(hd as u32, bw.walks_up()) && !pair;
         let acc_rows = if first_store { plan.tpad() } else { t };
+        // dQ converted beside the fused kernel (FLAMIA_BWD_FOLLOWERS) on SMs its grid leaves free
+        let followers = if bw.all_up() && plan.causal && !pair && first_store {
+            bwd_followers().min(ctas / 2)
+        } else {
+            0
+        };
         for c in 0..bw.chunks {
             let range = if pair { bw.pair_range(c) } else { bw.chunk_range(c) };
             if !first_store {
@@ -1805,11 +1840,15 @@ impl Attention {
                     let grid = (2 * range.len().min(ctas / 2) as u32, 1, 1);
                     launch_clustered(&fused, (grid, 384, smem), stream, &p, "attn_bwd_v4", 2)
                 } else {
-                    let grid = (range.len().min(ctas) as u32, 1, 1);
+                    let grid = (range.len().min(ctas - followers) as u32, 1, 1);
                     launch_chained(&fused, grid, 384, smem, stream, &p, "attn_bwd_v4")
                 }
             }?;
-            self.dq_convert(stream, plan, saved, sc, &a, c)?;
+            if followers > 0 {
+                self.dq_follow(stream, plan, saved, sc, &a, c, followers)?;
+            } else {
+                self.dq_convert(stream, plan, saved, sc, &a, c)?;
+            }
         }
         Ok(())
     }
@@ -1826,35 +1865,13 @@ impl Attention {
         a: &AttnParams,
         c: usize,
     ) -> GpuResult<()> {
-        let s = plan.shape();
-        let hd = s.head_dim;
+        let hd = plan.shape().head_dim;
         let rpt = dq_convert_rows();
         let persist = dq_convert_ctas();
-        let mut v = Variant::new().define("HEAD_DIM", hd).define("DQC_ROWS", rpt);
-        if persist.is_some() {
-            v = v.define("DQC_PERSIST", 1);
-        }
-        let convert = self
-            .gpu
-            .function("attn_bwd_v4.cu", &with_dq_stsm(v), "bwd_dq_convert", 0)?;
-        let hc = plan.tables.bwd.chunk_heads(s.heads_q);
-        let first_store = bwd_dq_first_store();
-        let acc_rows = if first_store { plan.tpad() } else { s.tokens() };
-        let rows = acc_rows * hc;
-        let conv = DqConvertParams {
-            acc: sc.dq_acc.ptr(),
-            q_exp: saved.q.exps,
-            dq: a.dq,
-            pad_tok: if first_store { plan.pad_tok.ptr() } else { 0 },
-            rows: rows as i64,
-            scale: a.scale,
-            hadamard: a.hadamard,
-            hc: hc as i32,
-            hq: s.heads_q as i32,
-            h0: (c * hc) as i32,
-        };
+        let convert = self.dq_module_function(hd, persist.is_some(), "bwd_dq_convert")?;
+        let conv = self.dq_convert_params(plan, saved, sc, a, c);
         // every row once (DQC_PERSIST: the warps of at most n CTAs stride over them)
-        let full = rows.div_ceil(rpt * 1024 / hd);
+        let full = (conv.rows as usize).div_ceil(rpt * 1024 / hd);
         let ctas = persist.map_or(full, |n| n.min(full)).max(1);
         // SAFETY: params mirror DqConvertParams; acc is [acc_rows, hc, hd] (acc_rows = T, or
         // Tpad with pad_tok [Tpad] mapping its rows to tokens), dq [T, Hq, hd], q_exp [T, Hq],
@@ -1868,6 +1885,101 @@ impl Attention {
                 stream,
                 &conv,
                 "bwd_dq_convert",
+            )
+        }
+    }
+
+    /// A kernel of the dQ conversions' module (`bwd_dq_convert`, `bwd_dq_follow`) at head dim
+    /// `hd`: its rows per thread ([`dq_convert_rows`]), `DQC_PERSIST` where asked, and the
+    /// partials' dim order of the fused kernel ([`with_dq_stsm`]).
+    fn dq_module_function(
+        &self,
+        hd: usize,
+        persist: bool,
+        name: &str,
+    ) -> GpuResult<cudarc::driver::CudaFunction> {
+        let mut v = Variant::new()
+            .define("HEAD_DIM", hd)
+            .define("DQC_ROWS", dq_convert_rows());
+        if persist {
+            v = v.define("DQC_PERSIST", 1);
+        }
+        self.gpu.function("attn_bwd_v4.cu", &with_dq_stsm(v), name, 0)
+    }
+
+    /// `bwd_dq_convert`'s parameters for head chunk `c`: the FP32 dQ accumulator of `sc`
+    /// (positions padded when each query tile's first partial is stored, else tokens) into BF16
+    /// dQ at `a.dq`.
+    fn dq_convert_params(
+        &self,
+        plan: &Plan,
+        saved: &Saved,
+        sc: &BwdScratch,
+        a: &AttnParams,
+        c: usize,
+    ) -> DqConvertParams {
+        let s = plan.shape();
+        let hc = plan.tables.bwd.chunk_heads(s.heads_q);
+        let first_store = bwd_dq_first_store();
+        let acc_rows = if first_store { plan.tpad() } else { s.tokens() };
+        DqConvertParams {
+            acc: sc.dq_acc.ptr(),
+            q_exp: saved.q.exps,
+            dq: a.dq,
+            pad_tok: if first_store { plan.pad_tok.ptr() } else { 0 },
+            rows: (acc_rows * hc) as i64,
+            scale: a.scale,
+            hadamard: a.hadamard,
+            hc: hc as i32,
+            hq: s.heads_q as i32,
+            h0: (c * hc) as i32,
+        }
+    }
+
+    /// `bwd_dq_follow` of head chunk `c` beside the chunk's fused kernel (launched right after
+    /// it, programmatic dependent launch): on the `followers` SMs the fused grid leaves free it
+    /// converts each (query head, query tile) of the chunk once its last partial has landed,
+    /// instead of `bwd_dq_convert` afterwards ([`bwd_followers`]). The plan's tiles all walk up
+    /// and its accumulator rows are padded positions (the caller checks both).
+    #[allow(clippy::too_many_arguments)]
+    fn dq_follow(
+        &self,
+        stream: RawStream,
+        plan: &Plan,
+        saved: &Saved,
+        sc: &BwdScratch,
+        a: &AttnParams,
+        c: usize,
+        followers: usize,
+    ) -> GpuResult<()> {
+        let s = plan.shape();
+        let bw = &plan.tables.bwd;
+        let follow = self.dq_module_function(s.head_dim, false, "bwd_dq_follow")?;
+        let nunits = bw.chunk_heads(s.heads_q) * bw.query_tiles;
+        let dq_sems = s.heads_q * bw.query_tiles;
+        let p = DqFollowParams {
+            c: self.dq_convert_params(plan, saved, sc, a, c),
+            units: plan.dq_units.ptr() + 4 * (c * nunits) as u64,
+            qtiles: plan.tiles.ptr(),
+            sems: sc.sems.ptr(),
+            // (chunk c's counter after the dQ and dK/dV semaphores: alloc_grad)
+            counter: sc.sems.ptr() + 4 * (dq_sems + s.heads_kv * bw.tiles.len() + c) as u64,
+            nunits: nunits as i32,
+            nqt: bw.query_tiles as i32,
+        };
+        // SAFETY: params mirror DqFollowParams: the accumulator and outputs as bwd_dq_convert's
+        // (padded rows), the plan's units (chunk c's nunits of BwdSchedule::dq_units), 64-token
+        // tiles [nqt][4] and the scratch's semaphores and counter, which bwd_dv_fold zeroed before
+        // the fused kernel; the kernel synchronises with the running fused kernel through the
+        // semaphores alone and waits for it (pdl_wait) before it exits.
+        unsafe {
+            launch_dependent(
+                &follow,
+                ((followers * FOLLOWER_CTAS_PER_SM) as u32, 1, 1),
+                256,
+                stream,
+                &p,
+                "bwd_dq_follow",
             )
         }
     }

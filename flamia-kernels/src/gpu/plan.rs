@@ -142,6 +142,9 @@ pub struct Plan {
     pub(crate) cu: DeviceBuf<i32>,
     /// [`PlanTables::pad_tok`].
     pub(crate) pad_tok: DeviceBuf<i32>,
+    /// [`super::sched::BwdSchedule::dq_units`] (`bwd_dq_follow`'s; one unused entry when there
+    /// are none).
+    pub(crate) dq_units: DeviceBuf<i32>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -199,6 +202,11 @@ impl Plan {
             &shape.cu_seqlens.iter().map(|&x| x as i32).collect::<Vec<i32>>(),
         )?;
         let pad_tok = DeviceBuf::from_host(gpu, &tables.pad_tok)?;
+        let mut units = tables.bwd.dq_units(shape.heads_q);
+        if units.is_empty() {
+            units.push(-1);
+        }
+        let dq_units = DeviceBuf::from_host(gpu, &units)?;
         Ok(Plan {
             shape: shape.clone(),
             causal,
@@ -214,6 +222,7 @@ impl Plan {
             bwd_pairs,
             cu,
             pad_tok,
+            dq_units,
         })
     }
 

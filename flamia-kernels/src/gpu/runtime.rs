@@ -520,6 +520,26 @@ pub(crate) unsafe fn launch<P>(
     unsafe { launch_as(f, (grid, block, smem), stream, params, what, false, 1) }
 }
 
+/// [`launch`] with programmatic stream serialisation whatever [`pdl_on`] says: for a kernel that
+/// must run *beside* the previous kernel of the stream (`bwd_dq_follow` beside the fused
+/// backward: it may start once every CTA of that kernel has called `pdl_trigger`).
+///
+/// # Safety
+/// As [`launch`]; the kernel must not read what the previous kernel writes before `pdl_wait()`
+/// except through its own synchronisation with it (acquire loads of flags the previous kernel
+/// releases), and must not wait on the previous kernel in a way that kernel waits on.
+pub(crate) unsafe fn launch_dependent<P>(
+    f: &CudaFunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    stream: RawStream,
+    params: &P,
+    what: &str,
+) -> GpuResult<()> {
+    // SAFETY: forwarded to the caller's contract.
+    unsafe { launch_as(f, (grid, block, 0), stream, params, what, true, 1) }
+}
+
 /// Whether [`launch_chained`] asks for programmatic dependent launch: off unless `FLAMIA_PDL=1`
 /// (the A/B knob; the kernels' `pdl_wait` makes either way correct). On by default from session
 /// 20 (measured within noise then) to 32, whose same-call A/Bs (three device calls, two rounds

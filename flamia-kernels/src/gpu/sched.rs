@@ -495,6 +495,39 @@ impl BwdSchedule {
         self.tiles.iter().any(|t| t[7] != 0)
     }
 
+    /// Whether every tile walks up (at least one tile, none walking down).
+    pub fn all_up(&self) -> bool {
+        !self.tiles.is_empty() && self.tiles.iter().all(|t| t[7] != 0)
+    }
+
+    /// The (query head, 64-query tile) units of `bwd_dq_follow` (`FLAMIA_BWD_FOLLOWERS`), chunk
+    /// by chunk (`chunk_heads` heads each, `query_tiles` units per head), each chunk's in the
+    /// order the fused kernel finishes them: where every tile walks up, a document's key tile 0
+    /// is the last of its query tiles' contributors and walks them from the first, so the units
+    /// follow the chunk's tile-0 items in list order, each item's query tiles ascending. A unit is
+    /// `(head - chunk's first head) * query_tiles + global query tile`. Empty unless
+    /// [`BwdSchedule::all_up`].
+    pub fn dq_units(&self, heads_q: usize) -> Vec<i32> {
+        if !self.all_up() {
+            return Vec::new();
+        }
+        let hc = self.chunk_heads(heads_q);
+        let nqt = self.query_tiles;
+        let mut units = Vec::with_capacity(heads_q * nqt);
+        for c in 0..self.chunks {
+            for &it in &self.items[self.chunk_range(c)] {
+                let (t, h) = (it as usize / heads_q, it as usize % heads_q);
+                let tile = &self.tiles[t];
+                if tile[3] != 0 {
+                    continue;
+                }
+                let (len, qt0) = (tile[1] as usize, tile[4] as usize);
+                units.extend((0..len.div_ceil(BWD_QT)).map(|q| ((h - c * hc) * nqt + qt0 + q) as i32));
+            }
+        }
+        units
+    }
+
     /// Query heads per chunk.
     pub fn chunk_heads(&self, heads_q: usize) -> usize {
         heads_q / self.chunks
@@ -1006,6 +1039,60 @@ mod tests {
                 qt0 += len.div_ceil(BWD_QT);
             }
         }
+    }
+
+    #[test]
+    fn follower_units_cover_each_chunks_heads_and_query_tiles_once_after_their_last_contributor() {
+        // bwd_dq_follow's units (FLAMIA_BWD_FOLLOWERS): where every tile walks up, each chunk
+        // lists every (head of the chunk, query tile) once, in the order of their documents'
+        // tile-0 items (the last contributor: every other item of that document and head is
+        // listed before it); mixed or non-causal plans have none.
+        let lens = [100, 1000, 129, 600, 2100, 64, 300];
+        let shape = VarlenShape::from_lens(&lens, 4, 2, 128).unwrap();
+        for budget in [Some(BWD_SCRATCH_BUDGET), Some(0)] {
+            let s = BwdSchedule::new(&shape, &pads(&shape), true, budget, 100);
+            assert!(s.all_up());
+            let units = s.dq_units(4);
+            let (hc, nqt) = (s.chunk_heads(4), s.query_tiles);
+            assert_eq!(units.len(), s.chunks * hc * nqt);
+            for (c, chunk) in units.chunks(hc * nqt).enumerate() {
+                let mut seen: Vec<i32> = chunk.to_vec();
+                seen.sort_unstable();
+                assert_eq!(seen, (0..(hc * nqt) as i32).collect::<Vec<_>>(), "chunk {c}");
+                // in the order of the chunk's tile-0 items, each document's query tiles ascending
+                let pos = |it: i32| s.items.iter().position(|&x| x == it).unwrap();
+                let mut last = 0;
+                for &u in chunk {
+                    let (hl, qt) = (u as usize / nqt, u as usize % nqt);
+                    let h = c * hc + hl;
+                    let t = (0..s.tiles.len())
+                        .find(|&t| {
+                            s.tiles[t][3] == 0
+                                && (s.tiles[t][4] as usize..).contains(&qt)
+                                && qt < s.tiles[t][4] as usize + (s.tiles[t][1] as usize).div_ceil(BWD_QT)
+                        })
+                        .unwrap();
+                    let p = pos((t * 4 + h) as i32);
+                    assert!(p >= last, "chunk {c}: unit {u} out of the items' order");
+                    last = p;
+                    // every other key tile of that document and head listed before its tile 0
+                    let n = (s.tiles[t][1] as usize).div_ceil(BWD_KT);
+                    for k in t + 1..t + n {
+                        assert!(pos((k * 4 + h) as i32) < p, "head {h}: key tile {k} after tile 0");
+                    }
+                }
+            }
+        }
+        assert!(
+            BwdSchedule::new(&shape, &pads(&shape), true, Some(BWD_SCRATCH_BUDGET), 5)
+                .dq_units(4)
+                .is_empty()
+        );
+        assert!(
+            BwdSchedule::new(&shape, &pads(&shape), false, Some(BWD_SCRATCH_BUDGET), 100)
+                .dq_units(4)
+                .is_empty()
+        );
     }
 
     #[test]
