@@ -202,11 +202,7 @@ impl Plan {
             &shape.cu_seqlens.iter().map(|&x| x as i32).collect::<Vec<i32>>(),
         )?;
         let pad_tok = DeviceBuf::from_host(gpu, &tables.pad_tok)?;
-        let mut units = tables.bwd.dq_units(shape.heads_q);
-        if units.is_empty() {
-            units.push(-1);
-        }
-        let dq_units = DeviceBuf::from_host(gpu, &units)?;
+        let dq_units = DeviceBuf::from_host(gpu, &tables.bwd.dq_units(shape.heads_q))?;
         Ok(Plan {
             shape: shape.clone(),
             causal,
